@@ -1,0 +1,1 @@
+"""The central Compute Broker: gRPC API, job lifecycle, scheduler loop, state."""

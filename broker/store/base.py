@@ -1,0 +1,124 @@
+"""The one narrow state interface the broker uses (DESIGN.md "State").
+
+Why this shape:
+- Jobs are stored as serialized ``computebroker.v1.Job`` protobufs with a
+  ``version`` that every write compares-and-sets, so two writers (scheduler loop,
+  an RPC, an agent stream, a second broker replica) can never silently overwrite
+  each other: the loser gets :class:`VersionConflict`, re-reads, and retries.
+- A job write and the events it causes are one atomic operation: history can
+  never disagree with state, and a crash between the two cannot happen.
+- Everything else (agents, plans, teams, regions, broker settings) is a small
+  keyed record: ``put_record``/``get_record``/``list_records`` per kind, protobuf
+  bytes as the value. Last writer wins there; those records have one owner each.
+- ``acquire_lease`` gives one leader among broker replicas (Redis); the embedded
+  SQLite store is single-process and always grants it.
+
+Implementations: ``broker.store.sqlite.SQLiteStore`` (embedded default) and
+``broker.store.redis.RedisStore`` (HA). Both pass ``tests/store/test_conformance.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from google.protobuf.message import Message
+
+from computebroker.v1 import common_pb2 as pb
+
+
+class StoreError(Exception):
+    """Base of store errors."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+class AlreadyExists(StoreError):
+    pass
+
+
+class VersionConflict(StoreError):
+    """The job changed since it was read; re-read and retry."""
+
+
+# Kinds of keyed records (put_record / get_record / list_records).
+KIND_AGENT = "agent"  # computebroker.v1.Register (+ broker bookkeeping), key = agent_id
+KIND_PLAN = "plan"  # computebroker.v1.TrainingPlan, key = plan id
+KIND_TEAM = "team"  # computebroker.v1.TeamQuota, key = team
+KIND_REGION = "region"  # computebroker.v1.RegionInfo (draining flag etc.), key = region
+
+
+class Store(abc.ABC):
+    """Narrow, synchronous, thread-safe state interface."""
+
+    # ---- jobs and their events -------------------------------------------------
+    @abc.abstractmethod
+    def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
+        """Insert a new job (version becomes 1) with its first events.
+
+        Raises AlreadyExists if the id exists, or if ``job.client_request_id`` is set
+        and a job with the same (team, client_request_id) exists: the caller then
+        returns that job (idempotent submit) via :meth:`find_job_by_request_id`.
+        """
+
+    @abc.abstractmethod
+    def get_job(self, job_id: str) -> pb.Job:
+        """Raises NotFound."""
+
+    @abc.abstractmethod
+    def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None: ...
+
+    @abc.abstractmethod
+    def update_job(
+        self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
+    ) -> pb.Job:
+        """Compare-and-set: write ``job`` if the stored version == expected_version.
+
+        The stored job gets version expected_version + 1 (returned). Events are
+        appended atomically with the write; the store assigns their ``seq``
+        (1, 2, 3 ... per job) and ``job_id``. Raises VersionConflict or NotFound.
+        """
+
+    @abc.abstractmethod
+    def list_jobs(
+        self,
+        *,
+        team: str = "",
+        phases: Sequence[int] = (),
+        region: str = "",
+        after_id: str = "",
+        limit: int = 100,
+    ) -> list[pb.Job]:
+        """Jobs ordered by id (ids sort by creation), after ``after_id``; filters AND."""
+
+    @abc.abstractmethod
+    def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
+        """A job's events with seq > after_seq, oldest first; limit 0 = all."""
+
+    @abc.abstractmethod
+    def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
+        """Append events that do not change the job (e.g. progress); returns them with seq."""
+
+    # ---- keyed records -----------------------------------------------------------
+    @abc.abstractmethod
+    def put_record(self, kind: str, key: str, message: Message) -> None: ...
+
+    @abc.abstractmethod
+    def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None: ...
+
+    @abc.abstractmethod
+    def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
+        """All records of a kind, ordered by key."""
+
+    @abc.abstractmethod
+    def delete_record(self, kind: str, key: str) -> bool: ...
+
+    # ---- leadership --------------------------------------------------------------
+    @abc.abstractmethod
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take or renew lease ``name`` for ``holder``; False if another holder has it."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections/files."""

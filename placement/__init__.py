@@ -1,0 +1,34 @@
+"""Pure placement and task-governance decisions (DESIGN.md "Placement").
+
+No I/O and nothing of ours imported: the broker builds a :class:`Snapshot`,
+calls :func:`schedule`, and applies the returned :class:`Decisions` (Kueue's
+snapshot / decide / apply split). Same input, same output.
+"""
+
+from placement.model import (
+    Admission,
+    CapacityType,
+    Decisions,
+    JobRequest,
+    NodeInfo,
+    Preemption,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TopologyLevel,
+)
+from placement.scheduler import schedule
+
+__all__ = [
+    "Admission",
+    "CapacityType",
+    "Decisions",
+    "JobRequest",
+    "NodeInfo",
+    "Preemption",
+    "RunningJob",
+    "Snapshot",
+    "TeamQuota",
+    "TopologyLevel",
+    "schedule",
+]

@@ -1,0 +1,168 @@
+"""The input and output types of the placement engine.
+
+Plain frozen dataclasses (not protobuf) on purpose: ``placement`` imports nothing
+of ours, so it can be tested, benchmarked and reasoned about without the API.
+The broker converts its state into these (``broker/snapshot.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class CapacityType(IntEnum):
+    """Mirrors computebroker.v1.CapacityType (same numbers)."""
+
+    UNSPECIFIED = 0
+    ON_DEMAND = 1
+    SPOT = 2
+    TRAINING_PLAN = 3
+    RESERVED = 4
+
+
+class TopologyLevel(IntEnum):
+    """Mirrors computebroker.v1.TopologyLevel: smaller = tighter domain."""
+
+    NONE = 0
+    ULTRASERVER = 1
+    LAYER_3 = 2
+    LAYER_2 = 3
+    LAYER_1 = 4
+    ZONE = 5
+    REGION = 6
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One schedulable node. ``agent_id`` is the cluster it belongs to: a gang
+    never spans two agents (and so never two regions)."""
+
+    id: str
+    agent_id: str
+    region: str
+    zone: str
+    gpus: int
+    accelerator: str = ""
+    instance_type: str = ""
+    layer1: str = ""
+    layer2: str = ""
+    layer3: str = ""
+    ultraserver: str = ""
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    pool: str = ""
+    price_per_gpu_hour: float = 0.0
+    interruption_risk: float = 0.0
+    healthy: bool = True
+    cordoned: bool = False
+    # Training-plan nodes exist only inside [plan_start, plan_end).
+    plan_start: float | None = None
+    plan_end: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A pending job, in queue order (the broker orders by priority, then submit time)."""
+
+    id: str
+    team: str
+    priority: int
+    nodes: int
+    gpus_per_node: int
+    accelerator: str = ""
+    required: TopologyLevel = TopologyLevel.NONE
+    preferred: TopologyLevel = TopologyLevel.NONE
+    allowed_regions: frozenset[str] = frozenset()
+    denied_regions: frozenset[str] = frozenset()
+    preferred_regions: tuple[str, ...] = ()
+    dataset_region: str = ""
+    # Empty = anything but SPOT (spot must be asked for).
+    capacity_types: frozenset[CapacityType] = frozenset()
+    max_price_per_gpu_hour: float = 0.0
+    min_nodes: int = 0  # elastic range; 0 = exactly `nodes`
+    max_nodes: int = 0
+    submit_time: float = 0.0
+    expected_duration_s: float = 0.0
+    # Seconds until the job could take its next durable checkpoint from a fresh start
+    # (used for training-plan windows); 0 = unknown.
+    checkpoint_interval_s: float = 0.0
+    excluded_nodes: frozenset[str] = frozenset()
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs now (admitted, launching, running or checkpointing)."""
+
+    id: str
+    team: str
+    priority: int
+    allocations: tuple[tuple[str, int], ...]  # (node_id, gpus)
+    accelerator: str = ""
+    started_time: float = 0.0
+    last_checkpoint_time: float = 0.0  # last durable checkpoint (or start when none)
+    restart_cost_s: float = 60.0  # time to relaunch and reload
+    preemptible: bool = True
+
+    @property
+    def gpus(self) -> int:
+        return sum(g for _, g in self.allocations)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamQuota:
+    team: str
+    cohort: str = ""
+    # accelerator ("" = any) -> guaranteed GPUs, global across regions
+    guaranteed: tuple[tuple[str, int], ...] = ()
+    borrow_limit: int | None = None  # None = unlimited
+    lend_limit: int | None = None
+    can_lend: bool = True
+    can_borrow: bool = True
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[NodeInfo, ...]
+    running: tuple[RunningJob, ...]
+    pending: tuple[JobRequest, ...]
+    teams: tuple[TeamQuota, ...] = ()
+    draining_regions: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    job_id: str
+    agent_id: str
+    region: str
+    assignments: tuple[tuple[str, int], ...]  # (node_id, gpus)
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    pool: str = ""
+    price_per_gpu_hour: float = 0.0
+    explanation: str = ""
+
+    @property
+    def nodes(self) -> int:
+        return len(self.assignments)
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: str  # the victim
+    for_job_id: str  # the job it makes room for
+    reason: str  # e.g. "reclaim_lent_quota", "higher_priority"
+    work_lost_gpu_s: float = 0.0
+    message: str = ""
+
+
+@dataclass(slots=True)
+class Decisions:
+    admissions: list[Admission] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    # job_id -> why it is still pending, for people
+    pending_reasons: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Generated gRPC API of Compute Broker (see scripts/gen_proto.py)."""

@@ -1,0 +1,284 @@
+from computebroker.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLAN_STATE_UNSPECIFIED: _ClassVar[PlanState]
+    PLAN_STATE_SCHEDULED: _ClassVar[PlanState]
+    PLAN_STATE_ACTIVE: _ClassVar[PlanState]
+    PLAN_STATE_EXPIRED: _ClassVar[PlanState]
+    PLAN_STATE_CANCELLED: _ClassVar[PlanState]
+
+class LendingStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LENDING_STRATEGY_UNSPECIFIED: _ClassVar[LendingStrategy]
+    LENDING_STRATEGY_LEND_AND_BORROW: _ClassVar[LendingStrategy]
+    LENDING_STRATEGY_LEND: _ClassVar[LendingStrategy]
+    LENDING_STRATEGY_DONT_LEND: _ClassVar[LendingStrategy]
+PLAN_STATE_UNSPECIFIED: PlanState
+PLAN_STATE_SCHEDULED: PlanState
+PLAN_STATE_ACTIVE: PlanState
+PLAN_STATE_EXPIRED: PlanState
+PLAN_STATE_CANCELLED: PlanState
+LENDING_STRATEGY_UNSPECIFIED: LendingStrategy
+LENDING_STRATEGY_LEND_AND_BORROW: LendingStrategy
+LENDING_STRATEGY_LEND: LendingStrategy
+LENDING_STRATEGY_DONT_LEND: LendingStrategy
+
+class ListRegionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RegionInfo(_message.Message):
+    __slots__ = ("name", "agent_ids", "connected", "last_heartbeat_time", "draining", "nodes", "total_gpus", "allocated_gpus", "free_gpus", "running_jobs", "checkpoint_bucket")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    connected: bool
+    last_heartbeat_time: float
+    draining: bool
+    nodes: int
+    total_gpus: int
+    allocated_gpus: int
+    free_gpus: int
+    running_jobs: int
+    checkpoint_bucket: str
+    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., connected: _Optional[bool] = ..., last_heartbeat_time: _Optional[float] = ..., draining: _Optional[bool] = ..., nodes: _Optional[int] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., checkpoint_bucket: _Optional[str] = ...) -> None: ...
+
+class ListRegionsResponse(_message.Message):
+    __slots__ = ("regions",)
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[RegionInfo]
+    def __init__(self, regions: _Optional[_Iterable[_Union[RegionInfo, _Mapping]]] = ...) -> None: ...
+
+class GetCapacityRequest(_message.Message):
+    __slots__ = ("region", "by_block", "include_nodes")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    BY_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_NODES_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    by_block: bool
+    include_nodes: bool
+    def __init__(self, region: _Optional[str] = ..., by_block: _Optional[bool] = ..., include_nodes: _Optional[bool] = ...) -> None: ...
+
+class CapacityRow(_message.Message):
+    __slots__ = ("region", "zone", "capacity_type", "pool", "accelerator", "block", "total_gpus", "allocated_gpus", "free_gpus", "borrowed_gpus", "price_per_gpu_hour", "unhealthy_gpus")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_GPUS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    zone: str
+    capacity_type: _common_pb2.CapacityType
+    pool: str
+    accelerator: str
+    block: str
+    total_gpus: int
+    allocated_gpus: int
+    free_gpus: int
+    borrowed_gpus: int
+    price_per_gpu_hour: float
+    unhealthy_gpus: int
+    def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., capacity_type: _Optional[_Union[_common_pb2.CapacityType, str]] = ..., pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., block: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., unhealthy_gpus: _Optional[int] = ...) -> None: ...
+
+class NodeUsage(_message.Message):
+    __slots__ = ("node", "allocated_gpus", "job_ids")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    node: _common_pb2.Node
+    allocated_gpus: int
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetCapacityResponse(_message.Message):
+    __slots__ = ("rows", "nodes")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[CapacityRow]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeUsage]
+    def __init__(self, rows: _Optional[_Iterable[_Union[CapacityRow, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeUsage, _Mapping]]] = ...) -> None: ...
+
+class TrainingPlan(_message.Message):
+    __slots__ = ("id", "name", "region", "zone", "instance_type", "accelerator", "instance_count", "gpus_per_instance", "start_time", "end_time", "state", "team", "price_per_gpu_hour")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    region: str
+    zone: str
+    instance_type: str
+    accelerator: str
+    instance_count: int
+    gpus_per_instance: int
+    start_time: float
+    end_time: float
+    state: PlanState
+    team: str
+    price_per_gpu_hour: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., instance_type: _Optional[str] = ..., accelerator: _Optional[str] = ..., instance_count: _Optional[int] = ..., gpus_per_instance: _Optional[int] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., state: _Optional[_Union[PlanState, str]] = ..., team: _Optional[str] = ..., price_per_gpu_hour: _Optional[float] = ...) -> None: ...
+
+class CreateTrainingPlanRequest(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: TrainingPlan
+    def __init__(self, plan: _Optional[_Union[TrainingPlan, _Mapping]] = ...) -> None: ...
+
+class ListTrainingPlansRequest(_message.Message):
+    __slots__ = ("region", "include_ended")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ENDED_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    include_ended: bool
+    def __init__(self, region: _Optional[str] = ..., include_ended: _Optional[bool] = ...) -> None: ...
+
+class ListTrainingPlansResponse(_message.Message):
+    __slots__ = ("plans",)
+    PLANS_FIELD_NUMBER: _ClassVar[int]
+    plans: _containers.RepeatedCompositeFieldContainer[TrainingPlan]
+    def __init__(self, plans: _Optional[_Iterable[_Union[TrainingPlan, _Mapping]]] = ...) -> None: ...
+
+class CancelTrainingPlanRequest(_message.Message):
+    __slots__ = ("plan_id",)
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    plan_id: str
+    def __init__(self, plan_id: _Optional[str] = ...) -> None: ...
+
+class QuotaEntry(_message.Message):
+    __slots__ = ("accelerator", "guaranteed_gpus", "borrow_limit_gpus", "lend_limit_gpus", "region_caps")
+    class RegionCapsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROW_LIMIT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    LEND_LIMIT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    REGION_CAPS_FIELD_NUMBER: _ClassVar[int]
+    accelerator: str
+    guaranteed_gpus: int
+    borrow_limit_gpus: int
+    lend_limit_gpus: int
+    region_caps: _containers.ScalarMap[str, int]
+    def __init__(self, accelerator: _Optional[str] = ..., guaranteed_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., lend_limit_gpus: _Optional[int] = ..., region_caps: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class TeamQuota(_message.Message):
+    __slots__ = ("team", "cohort", "strategy", "quotas", "fair_share_weight", "used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    LENT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    cohort: str
+    strategy: LendingStrategy
+    quotas: _containers.RepeatedCompositeFieldContainer[QuotaEntry]
+    fair_share_weight: float
+    used_gpus: int
+    borrowed_gpus: int
+    lent_gpus: int
+    pending_jobs: int
+    running_jobs: int
+    def __init__(self, team: _Optional[str] = ..., cohort: _Optional[str] = ..., strategy: _Optional[_Union[LendingStrategy, str]] = ..., quotas: _Optional[_Iterable[_Union[QuotaEntry, _Mapping]]] = ..., fair_share_weight: _Optional[float] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., lent_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+
+class SetTeamQuotaRequest(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: TeamQuota
+    def __init__(self, quota: _Optional[_Union[TeamQuota, _Mapping]] = ...) -> None: ...
+
+class GetTeamQuotaRequest(_message.Message):
+    __slots__ = ("team",)
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    def __init__(self, team: _Optional[str] = ...) -> None: ...
+
+class ListTeamsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTeamsResponse(_message.Message):
+    __slots__ = ("teams",)
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    teams: _containers.RepeatedCompositeFieldContainer[TeamQuota]
+    def __init__(self, teams: _Optional[_Iterable[_Union[TeamQuota, _Mapping]]] = ...) -> None: ...
+
+class DrainRegionRequest(_message.Message):
+    __slots__ = ("region", "undrain", "reason")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    undrain: bool
+    reason: str
+    def __init__(self, region: _Optional[str] = ..., undrain: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainRegionResponse(_message.Message):
+    __slots__ = ("region", "draining", "moved_job_ids")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    MOVED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    draining: bool
+    moved_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, region: _Optional[str] = ..., draining: _Optional[bool] = ..., moved_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CordonNodeRequest(_message.Message):
+    __slots__ = ("node_id", "uncordon")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNCORDON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    uncordon: bool
+    def __init__(self, node_id: _Optional[str] = ..., uncordon: _Optional[bool] = ...) -> None: ...
+
+class CordonNodeResponse(_message.Message):
+    __slots__ = ("node_id", "cordoned")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    cordoned: bool
+    def __init__(self, node_id: _Optional[str] = ..., cordoned: _Optional[bool] = ...) -> None: ...

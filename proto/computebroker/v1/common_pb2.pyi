@@ -1,0 +1,362 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_PHASE_UNSPECIFIED: _ClassVar[JobPhase]
+    JOB_PHASE_PENDING: _ClassVar[JobPhase]
+    JOB_PHASE_ADMITTED: _ClassVar[JobPhase]
+    JOB_PHASE_LAUNCHING: _ClassVar[JobPhase]
+    JOB_PHASE_RUNNING: _ClassVar[JobPhase]
+    JOB_PHASE_CHECKPOINTING: _ClassVar[JobPhase]
+    JOB_PHASE_SUSPENDED: _ClassVar[JobPhase]
+    JOB_PHASE_MIGRATING: _ClassVar[JobPhase]
+    JOB_PHASE_SUCCEEDED: _ClassVar[JobPhase]
+    JOB_PHASE_FAILED: _ClassVar[JobPhase]
+    JOB_PHASE_CANCELLED: _ClassVar[JobPhase]
+
+class CapacityType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPACITY_TYPE_UNSPECIFIED: _ClassVar[CapacityType]
+    CAPACITY_TYPE_ON_DEMAND: _ClassVar[CapacityType]
+    CAPACITY_TYPE_SPOT: _ClassVar[CapacityType]
+    CAPACITY_TYPE_TRAINING_PLAN: _ClassVar[CapacityType]
+    CAPACITY_TYPE_RESERVED: _ClassVar[CapacityType]
+
+class TopologyLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOPOLOGY_LEVEL_UNSPECIFIED: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_ULTRASERVER: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_LAYER_3: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_LAYER_2: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_LAYER_1: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_ZONE: _ClassVar[TopologyLevel]
+    TOPOLOGY_LEVEL_REGION: _ClassVar[TopologyLevel]
+JOB_PHASE_UNSPECIFIED: JobPhase
+JOB_PHASE_PENDING: JobPhase
+JOB_PHASE_ADMITTED: JobPhase
+JOB_PHASE_LAUNCHING: JobPhase
+JOB_PHASE_RUNNING: JobPhase
+JOB_PHASE_CHECKPOINTING: JobPhase
+JOB_PHASE_SUSPENDED: JobPhase
+JOB_PHASE_MIGRATING: JobPhase
+JOB_PHASE_SUCCEEDED: JobPhase
+JOB_PHASE_FAILED: JobPhase
+JOB_PHASE_CANCELLED: JobPhase
+CAPACITY_TYPE_UNSPECIFIED: CapacityType
+CAPACITY_TYPE_ON_DEMAND: CapacityType
+CAPACITY_TYPE_SPOT: CapacityType
+CAPACITY_TYPE_TRAINING_PLAN: CapacityType
+CAPACITY_TYPE_RESERVED: CapacityType
+TOPOLOGY_LEVEL_UNSPECIFIED: TopologyLevel
+TOPOLOGY_LEVEL_ULTRASERVER: TopologyLevel
+TOPOLOGY_LEVEL_LAYER_3: TopologyLevel
+TOPOLOGY_LEVEL_LAYER_2: TopologyLevel
+TOPOLOGY_LEVEL_LAYER_1: TopologyLevel
+TOPOLOGY_LEVEL_ZONE: TopologyLevel
+TOPOLOGY_LEVEL_REGION: TopologyLevel
+
+class Node(_message.Message):
+    __slots__ = ("id", "region", "zone", "instance_type", "accelerator", "gpus", "efa", "network_layer_1", "network_layer_2", "network_layer_3", "ultraserver_id", "capacity_type", "pool", "price_per_gpu_hour", "interruption_risk", "healthy", "cordoned", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    EFA_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_LAYER_1_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_LAYER_2_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_LAYER_3_FIELD_NUMBER: _ClassVar[int]
+    ULTRASERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTION_RISK_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    region: str
+    zone: str
+    instance_type: str
+    accelerator: str
+    gpus: int
+    efa: int
+    network_layer_1: str
+    network_layer_2: str
+    network_layer_3: str
+    ultraserver_id: str
+    capacity_type: CapacityType
+    pool: str
+    price_per_gpu_hour: float
+    interruption_risk: float
+    healthy: bool
+    cordoned: bool
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., instance_type: _Optional[str] = ..., accelerator: _Optional[str] = ..., gpus: _Optional[int] = ..., efa: _Optional[int] = ..., network_layer_1: _Optional[str] = ..., network_layer_2: _Optional[str] = ..., network_layer_3: _Optional[str] = ..., ultraserver_id: _Optional[str] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., price_per_gpu_hour: _Optional[float] = ..., interruption_risk: _Optional[float] = ..., healthy: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Resources(_message.Message):
+    __slots__ = ("nodes", "gpus_per_node", "accelerator")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    gpus_per_node: int
+    accelerator: str
+    def __init__(self, nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., accelerator: _Optional[str] = ...) -> None: ...
+
+class TopologyConstraint(_message.Message):
+    __slots__ = ("required", "preferred")
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_FIELD_NUMBER: _ClassVar[int]
+    required: TopologyLevel
+    preferred: TopologyLevel
+    def __init__(self, required: _Optional[_Union[TopologyLevel, str]] = ..., preferred: _Optional[_Union[TopologyLevel, str]] = ...) -> None: ...
+
+class Elasticity(_message.Message):
+    __slots__ = ("min_nodes", "max_nodes")
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    min_nodes: int
+    max_nodes: int
+    def __init__(self, min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ...) -> None: ...
+
+class TrainerSpec(_message.Message):
+    __slots__ = ("total_steps", "checkpoint_every", "global_batch_size", "seed", "model", "step_sleep_s", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STEP_SLEEP_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    total_steps: int
+    checkpoint_every: int
+    global_batch_size: int
+    seed: int
+    model: str
+    step_sleep_s: float
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, total_steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., model: _Optional[str] = ..., step_sleep_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    DENIED_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    DATASET_URI_FIELD_NUMBER: _ClassVar[int]
+    DATASET_REGION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TYPES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    ELASTICITY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    team: str
+    priority_class: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    image: str
+    resources: Resources
+    topology: TopologyConstraint
+    allowed_regions: _containers.RepeatedScalarFieldContainer[str]
+    denied_regions: _containers.RepeatedScalarFieldContainer[str]
+    preferred_regions: _containers.RepeatedScalarFieldContainer[str]
+    dataset_uri: str
+    dataset_region: str
+    checkpoint_uri: str
+    capacity_types: _containers.RepeatedScalarFieldContainer[CapacityType]
+    max_price_per_gpu_hour: float
+    elasticity: Elasticity
+    expected_duration_s: float
+    env: _containers.ScalarMap[str, str]
+    trainer: TrainerSpec
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeAssignment(_message.Message):
+    __slots__ = ("node_id", "gpus", "zone", "network_layer_3", "ultraserver_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_LAYER_3_FIELD_NUMBER: _ClassVar[int]
+    ULTRASERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpus: int
+    zone: str
+    network_layer_3: str
+    ultraserver_id: str
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., zone: _Optional[str] = ..., network_layer_3: _Optional[str] = ..., ultraserver_id: _Optional[str] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("region", "agent_id", "nodes", "capacity_type", "pool", "world_size", "price_per_gpu_hour", "explanation")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    agent_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeAssignment]
+    capacity_type: CapacityType
+    pool: str
+    world_size: int
+    price_per_gpu_hour: float
+    explanation: str
+    def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_SEEN_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    total_steps: int
+    samples_seen: int
+    loss: float
+    tokens_per_s: float
+    last_checkpoint_step: int
+    last_checkpoint_uri: str
+    updated_time: float
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ...) -> None: ...
+
+class Goodput(_message.Message):
+    __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s")
+    PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_S_FIELD_NUMBER: _ClassVar[int]
+    LOST_FAILURE_S_FIELD_NUMBER: _ClassVar[int]
+    LOST_PREEMPTION_S_FIELD_NUMBER: _ClassVar[int]
+    LOST_MIGRATION_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    productive_s: float
+    queued_s: float
+    lost_failure_s: float
+    lost_preemption_s: float
+    lost_migration_s: float
+    wall_s: float
+    def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_REASON_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_NODES_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    spec: JobSpec
+    phase: JobPhase
+    version: int
+    attempt: int
+    client_request_id: str
+    created_time: float
+    updated_time: float
+    started_time: float
+    finished_time: float
+    placement: Placement
+    progress: Progress
+    message: str
+    pending_reason: str
+    excluded_nodes: _containers.RepeatedScalarFieldContainer[str]
+    goodput: Goodput
+    restarts: int
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("job_id", "seq", "time", "from_phase", "to_phase", "type", "reason", "actor", "region", "attempt", "message", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    FROM_PHASE_FIELD_NUMBER: _ClassVar[int]
+    TO_PHASE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    seq: int
+    time: float
+    from_phase: JobPhase
+    to_phase: JobPhase
+    type: str
+    reason: str
+    actor: str
+    region: str
+    attempt: int
+    message: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[float] = ..., from_phase: _Optional[_Union[JobPhase, str]] = ..., to_phase: _Optional[_Union[JobPhase, str]] = ..., type: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., region: _Optional[str] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
