@@ -1,0 +1,286 @@
+"""SQLite store: the embedded default (one file, nothing to start).
+
+Why these choices:
+- **WAL + synchronous=FULL**: every acknowledged write has been fsynced to the WAL
+  before the call returns, so a broker killed at any instant (SIGKILL, power loss)
+  restarts with every acknowledged write and a consistent file. WAL keeps readers
+  from blocking behind the writer and makes each commit one sequential append.
+- **One connection guarded by a lock** (not one connection per thread): SQLite allows
+  a single writer at a time anyway, and with synchronous=FULL each write costs an
+  fsync, so parallel connections would only parallelise cheap reads while adding
+  SQLITE_BUSY retries and per-thread connections that leak as gRPC pools churn
+  threads. A ``threading.RLock`` around each operation gives linearisable,
+  thread-safe calls from any number of gRPC worker threads plus the scheduler thread.
+  Writes still use ``BEGIN IMMEDIATE`` with a busy timeout, so a second *process*
+  (e.g. an operator tool) opening the same file is also safe.
+- Jobs are stored as serialized protobuf ``data`` plus the few columns that are
+  queried (team, client_request_id, phase, region, version): the schema never has to
+  follow the proto, and the indexed columns are rewritten from the proto on every write.
+- Leases are real (name, holder, expiry) rows so the conformance suite holds for both
+  stores; with a single broker process they are simply always granted to it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from computebroker.v1 import common_pb2 as pb
+from google.protobuf.message import Message
+
+from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL,
+    client_request_id TEXT NOT NULL,
+    phase INTEGER NOT NULL,
+    region TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_request_id
+    ON jobs (team, client_request_id) WHERE client_request_id != '';
+CREATE INDEX IF NOT EXISTS jobs_team ON jobs (team, id);
+CREATE INDEX IF NOT EXISTS jobs_phase ON jobs (phase, id);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (kind, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+
+class SQLiteStore(Store):
+    """Store in one SQLite file (``":memory:"`` for a throwaway in-process store)."""
+
+    def __init__(self, path: str, *, busy_timeout_s: float = 30.0) -> None:
+        self.path = path
+        if path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(path))
+            os.makedirs(parent, exist_ok=True)
+        self._lock = threading.RLock()
+        # isolation_level=None: autocommit; transactions are explicit BEGIN IMMEDIATE.
+        self._conn = sqlite3.connect(
+            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            self._conn.executescript(_SCHEMA)
+
+    # ---- plumbing ------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: takes the write lock up front (BEGIN IMMEDIATE) so a
+        read-then-write inside it can never be invalidated by another writer."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreError("store is closed")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError("store is closed")
+            return self._conn.execute(sql, args).fetchall()
+
+    @staticmethod
+    def _columns(job: pb.Job) -> tuple[str, str, int, str]:
+        return job.spec.team, job.client_request_id, int(job.phase), job.placement.region
+
+    @staticmethod
+    def _insert_events(
+        conn: sqlite3.Connection, job_id: str, events: Sequence[pb.JobEvent]
+    ) -> list[pb.JobEvent]:
+        if not events:
+            return []
+        (last,) = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
+        ).fetchone()
+        out: list[pb.JobEvent] = []
+        rows = []
+        for i, ev in enumerate(events, start=last + 1):
+            e = pb.JobEvent()
+            e.CopyFrom(ev)
+            e.job_id = job_id
+            e.seq = i
+            out.append(e)
+            rows.append((job_id, i, e.SerializeToString()))
+        conn.executemany("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)", rows)
+        return out
+
+    # ---- jobs ----------------------------------------------------------------------
+    def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
+        if not job.id:
+            raise StoreError("job.id must be set before create_job")
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.version = 1
+        team, crid, phase, region = self._columns(stored)
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
+                )
+                self._insert_events(conn, stored.id, events)
+        except sqlite3.IntegrityError as e:
+            raise AlreadyExists(
+                f"job {stored.id!r} or request id ({team!r}, {crid!r}) already exists"
+            ) from e
+        return stored
+
+    def get_job(self, job_id: str) -> pb.Job:
+        rows = self._read("SELECT data FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise NotFound(f"job {job_id!r} not found")
+        return pb.Job.FromString(rows[0][0])
+
+    def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
+        if not client_request_id:
+            return None
+        rows = self._read(
+            "SELECT data FROM jobs WHERE team = ? AND client_request_id = ?",
+            (team, client_request_id),
+        )
+        return pb.Job.FromString(rows[0][0]) if rows else None
+
+    def update_job(
+        self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
+    ) -> pb.Job:
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.version = expected_version + 1
+        team, crid, phase, region = self._columns(stored)
+        with self._tx() as conn:
+            row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
+            if row is None:
+                raise NotFound(f"job {stored.id!r} not found")
+            if row[0] != expected_version:
+                raise VersionConflict(
+                    f"job {stored.id!r} is at version {row[0]}, expected {expected_version}"
+                )
+            try:
+                conn.execute(
+                    "UPDATE jobs SET team = ?, client_request_id = ?, phase = ?, region = ?,"
+                    " version = ?, data = ? WHERE id = ?",
+                    (team, crid, phase, region, stored.version, stored.SerializeToString(),
+                     stored.id),
+                )
+            except sqlite3.IntegrityError as e:
+                raise AlreadyExists(f"request id ({team!r}, {crid!r}) already used") from e
+            self._insert_events(conn, stored.id, events)
+        return stored
+
+    def list_jobs(
+        self,
+        *,
+        team: str = "",
+        phases: Sequence[int] = (),
+        region: str = "",
+        after_id: str = "",
+        limit: int = 100,
+    ) -> list[pb.Job]:
+        where = ["id > ?"]
+        args: list[object] = [after_id]
+        if team:
+            where.append("team = ?")
+            args.append(team)
+        if phases:
+            where.append(f"phase IN ({','.join('?' * len(phases))})")
+            args.extend(int(p) for p in phases)
+        if region:
+            where.append("region = ?")
+            args.append(region)
+        sql = f"SELECT data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
+        if limit > 0:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [pb.Job.FromString(r[0]) for r in self._read(sql, args)]
+
+    def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
+        sql = "SELECT data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
+        args: list[object] = [job_id, after_seq]
+        if limit > 0:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [pb.JobEvent.FromString(r[0]) for r in self._read(sql, args)]
+
+    def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
+        with self._tx() as conn:
+            if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                raise NotFound(f"job {job_id!r} not found")
+            return self._insert_events(conn, job_id, events)
+
+    # ---- keyed records ---------------------------------------------------------------
+    def put_record(self, kind: str, key: str, message: Message) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
+                " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
+                (kind, key, message.SerializeToString()),
+            )
+
+    def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
+        rows = self._read("SELECT data FROM records WHERE kind = ? AND key = ?", (kind, key))
+        return message_type.FromString(rows[0][0]) if rows else None
+
+    def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
+        rows = self._read("SELECT data FROM records WHERE kind = ? ORDER BY key", (kind,))
+        return [message_type.FromString(r[0]) for r in rows]
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        with self._tx() as conn:
+            cur = conn.execute("DELETE FROM records WHERE kind = ? AND key = ?", (kind, key))
+            return cur.rowcount > 0
+
+    # ---- leadership ------------------------------------------------------------------
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        # Wall clock (not monotonic): another process may share the file.
+        now = time.time()
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT holder, expires_at FROM leases WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] != holder and row[1] > now:
+                return False
+            conn.execute(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
+                " expires_at = excluded.expires_at",
+                (name, holder, now + ttl_s),
+            )
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
