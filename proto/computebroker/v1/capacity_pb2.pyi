@@ -37,7 +37,7 @@ class ListRegionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RegionInfo(_message.Message):
-    __slots__ = ("name", "agent_ids", "connected", "last_heartbeat_time", "draining", "nodes", "total_gpus", "allocated_gpus", "free_gpus", "running_jobs", "checkpoint_bucket")
+    __slots__ = ("name", "agent_ids", "connected", "last_heartbeat_time", "draining", "nodes", "total_gpus", "allocated_gpus", "free_gpus", "running_jobs", "checkpoint_bucket", "drain_reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
     AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class RegionInfo(_message.Message):
     FREE_GPUS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     agent_ids: _containers.RepeatedScalarFieldContainer[str]
     connected: bool
@@ -60,7 +61,8 @@ class RegionInfo(_message.Message):
     free_gpus: int
     running_jobs: int
     checkpoint_bucket: str
-    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., connected: _Optional[bool] = ..., last_heartbeat_time: _Optional[float] = ..., draining: _Optional[bool] = ..., nodes: _Optional[int] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., checkpoint_bucket: _Optional[str] = ...) -> None: ...
+    drain_reason: str
+    def __init__(self, name: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ..., connected: _Optional[bool] = ..., last_heartbeat_time: _Optional[float] = ..., draining: _Optional[bool] = ..., nodes: _Optional[int] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., running_jobs: _Optional[int] = ..., checkpoint_bucket: _Optional[str] = ..., drain_reason: _Optional[str] = ...) -> None: ...
 
 class ListRegionsResponse(_message.Message):
     __slots__ = ("regions",)
