@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from computebroker.v1 import common_pb2 as pb
 
 from broker.store import AlreadyExists, VersionConflict, open_store
 from broker.store.sqlite import SQLiteStore
+from computebroker.v1 import common_pb2 as pb
 
 
 def test_open_store_sqlite_relative_path_creates_parent_dirs(tmp_path, monkeypatch):

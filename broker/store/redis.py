@@ -1,0 +1,415 @@
+"""Redis store: production / HA (several broker replicas, one leader by a lease).
+
+Why it is built this way:
+- **Every job write is one Lua script**, so the version check, the job write, the
+  secondary-index moves and the event append happen atomically on the server: no
+  other client can interleave, and a client dying mid-call leaves either all or none.
+- **Events** live in a per-job list; an event's ``seq`` is its 1-based position,
+  assigned inside the same script as ``LLEN + 1`` (the list length *is* the per-job
+  counter, and it can only grow). Stored event bytes carry neither seq nor job_id;
+  readers fill both in, so a stored event can never disagree with its position.
+- **Indexes** are sorted sets with score 0, read with ``ZRANGEBYLEX``: ordered by id
+  (ids sort by creation) for cheap cursor pagination. ``jobs`` holds every id, and
+  ``team:<t>``, ``phase:<n>``, ``region:<r>`` are moved inside the write script when a
+  job's team/phase/region changes. ``reqid`` (a hash) makes (team, client_request_id)
+  unique inside the create script.
+- **Retries** (tenacity, bounded) cover transient connection errors. A write that
+  reached Redis but whose reply was lost would be unsafe to blindly repeat, so every
+  write carries a random token; the script remembers each token's result for
+  ``_TOKEN_TTL_S`` and a retried write returns that result instead of applying twice.
+- **Durability** is the Redis server's job: run it with ``appendonly yes`` +
+  ``appendfsync always`` (or replicas) to match SQLite's "lose nothing" guarantee.
+- All keys live under ``<prefix>:`` (``?prefix=`` in the URL, default ``cb``) so
+  several brokers/tests can share one server. Scripts build keys from the prefix, so
+  this targets a single primary (with replicas/Sentinel), not Redis Cluster.
+
+Thread safety: ``redis.Redis`` over a ``ConnectionPool`` is thread-safe; each call
+checks out its own connection, and all read-modify-write logic runs server-side.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from google.protobuf.message import Message
+from tenacity import (
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from computebroker.v1 import common_pb2 as pb
+
+T = TypeVar("T")
+
+_TOKEN_TTL_S = 600
+_LIST_BATCH = 200
+
+# Lua helpers shared by the scripts: index key names and index moves.
+_LUA_COMMON = r"""
+local p = ARGV[1]
+local function jkey(id) return p .. ':job:' .. id end
+local function ikey(kind, v) return p .. ':' .. kind .. ':' .. v end
+local function reqfield(team, crid) return #team .. ':' .. team .. ':' .. crid end
+local function push_events(id, first, n)
+  local evk = p .. ':ev:' .. id
+  local start = redis.call('LLEN', evk) + 1
+  for i = 0, n - 1 do redis.call('RPUSH', evk, ARGV[first + i]) end
+  return start
+end
+local function done(tok, res)
+  redis.call('SET', p .. ':tok:' .. tok, res, 'EX', tonumber(ARGV[3]))
+  return res
+end
+local function seen(tok)
+  return redis.call('GET', p .. ':tok:' .. tok)
+end
+"""
+
+# ARGV: prefix, token, token_ttl, id, team, crid, phase, region, data, n_events, events...
+# Returns: 1 created | -1 id exists | -2 request id exists
+_CREATE = _LUA_COMMON + r"""
+local tok, id, team, crid, phase, region, data = ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local prev = seen(tok)
+if prev then return tonumber(prev) end
+local jk = jkey(id)
+if redis.call('EXISTS', jk) == 1 then return -1 end
+if crid ~= '' and redis.call('HSETNX', p .. ':reqid', reqfield(team, crid), id) == 0 then
+  return -2
+end
+redis.call('HSET', jk, 'd', data, 'v', 1, 'team', team, 'crid', crid, 'phase', phase, 'region', region)
+redis.call('ZADD', p .. ':jobs', 0, id)
+redis.call('ZADD', ikey('team', team), 0, id)
+redis.call('ZADD', ikey('phase', phase), 0, id)
+if region ~= '' then redis.call('ZADD', ikey('region', region), 0, id) end
+push_events(id, 11, tonumber(ARGV[10]))
+return done(tok, 1)
+"""
+
+# ARGV: prefix, token, token_ttl, id, expected, team, crid, phase, region, data, n, events...
+# Returns: {0, first_seq} ok | {-1, 0} not found | {-2, current} conflict | {-3, 0} reqid taken
+_UPDATE = _LUA_COMMON + r"""
+local tok, id, expected = ARGV[2], ARGV[4], ARGV[5]
+local team, crid, phase, region, data = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local prev = seen(tok)
+if prev then return {0, tonumber(prev)} end
+local jk = jkey(id)
+local cur = redis.call('HMGET', jk, 'v', 'team', 'crid', 'phase', 'region')
+if not cur[1] then return {-1, 0} end
+if cur[1] ~= expected then return {-2, tonumber(cur[1])} end
+local oteam, ocrid, ophase, oregion = cur[2], cur[3], cur[4], cur[5]
+if team ~= oteam or crid ~= ocrid then
+  if crid ~= '' then
+    local f = reqfield(team, crid)
+    local owner = redis.call('HGET', p .. ':reqid', f)
+    if owner and owner ~= id then return {-3, 0} end
+    redis.call('HSET', p .. ':reqid', f, id)
+  end
+  if ocrid ~= '' then redis.call('HDEL', p .. ':reqid', reqfield(oteam, ocrid)) end
+end
+if team ~= oteam then
+  redis.call('ZREM', ikey('team', oteam), id); redis.call('ZADD', ikey('team', team), 0, id)
+end
+if phase ~= ophase then
+  redis.call('ZREM', ikey('phase', ophase), id); redis.call('ZADD', ikey('phase', phase), 0, id)
+end
+if region ~= oregion then
+  if oregion ~= '' then redis.call('ZREM', ikey('region', oregion), id) end
+  if region ~= '' then redis.call('ZADD', ikey('region', region), 0, id) end
+end
+redis.call('HSET', jk, 'd', data, 'v', tonumber(expected) + 1, 'team', team, 'crid', crid,
+           'phase', phase, 'region', region)
+local start = push_events(id, 12, tonumber(ARGV[11]))
+done(tok, start)
+return {0, start}
+"""
+
+# ARGV: prefix, token, token_ttl, id, n, events...   Returns first seq, or -1 not found.
+_APPEND = _LUA_COMMON + r"""
+local tok, id = ARGV[2], ARGV[4]
+local prev = seen(tok)
+if prev then return tonumber(prev) end
+if redis.call('EXISTS', jkey(id)) == 0 then return -1 end
+return done(tok, push_events(id, 6, tonumber(ARGV[5])))
+"""
+
+# KEYS: lease key; ARGV: holder, ttl_ms.  Renew only if we still hold it.
+_RENEW = r"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    """Remove our ``prefix`` query parameter (redis-py would reject it)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = "cb"
+    rest = []
+    for k, v in query:
+        if k == "prefix":
+            prefix = v
+        else:
+            rest.append((k, v))
+    if not prefix:
+        raise ValueError(f"store URL {url!r}: prefix must not be empty")
+    return urlunsplit(parts._replace(query=urlencode(rest))), prefix
+
+
+def _event_bytes(ev: pb.JobEvent) -> bytes:
+    e = pb.JobEvent()
+    e.CopyFrom(ev)
+    e.ClearField("seq")
+    e.ClearField("job_id")
+    return e.SerializeToString()
+
+
+class RedisStore(Store):
+    """Store in Redis (``redis://host:port/db?prefix=cb``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str | None = None,
+        retry_attempts: int = 5,
+        retry_max_delay_s: float = 15.0,
+        socket_timeout_s: float = 10.0,
+    ) -> None:
+        clean_url, url_prefix = _split_url(url)
+        self.prefix = prefix or url_prefix
+        self._pool = redis.ConnectionPool.from_url(
+            clean_url,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            health_check_interval=30,
+        )
+        self._r = redis.Redis(connection_pool=self._pool)
+        self._create = self._r.register_script(_CREATE)
+        self._update = self._r.register_script(_UPDATE)
+        self._append = self._r.register_script(_APPEND)
+        self._renew = self._r.register_script(_RENEW)
+        self._retry = retry(
+            retry=retry_if_exception_type(_TRANSIENT),
+            stop=stop_after_attempt(retry_attempts) | stop_after_delay(retry_max_delay_s),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+
+    # ---- plumbing ------------------------------------------------------------------
+    def _call(self, fn: Callable[[], T]) -> T:
+        return self._retry(fn)()
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def _base_args(self) -> list[object]:
+        return [self.prefix, uuid.uuid4().hex, _TOKEN_TTL_S]
+
+    @staticmethod
+    def _columns(job: pb.Job) -> list[object]:
+        return [job.spec.team, job.client_request_id, int(job.phase), job.placement.region]
+
+    @staticmethod
+    def _with_seq(job_id: str, start: int, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
+        out = []
+        for i, ev in enumerate(events):
+            e = pb.JobEvent()
+            e.CopyFrom(ev)
+            e.job_id = job_id
+            e.seq = start + i
+            out.append(e)
+        return out
+
+    # ---- jobs ----------------------------------------------------------------------
+    def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
+        if not job.id:
+            raise StoreError("job.id must be set before create_job")
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.version = 1
+        args = [
+            *self._base_args(),
+            stored.id,
+            *self._columns(stored),
+            stored.SerializeToString(),
+            len(events),
+            *(_event_bytes(e) for e in events),
+        ]
+        res = self._call(lambda: self._create(args=args))
+        if res == -1:
+            raise AlreadyExists(f"job {stored.id!r} already exists")
+        if res == -2:
+            raise AlreadyExists(
+                f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already exists"
+            )
+        return stored
+
+    def get_job(self, job_id: str) -> pb.Job:
+        data = self._call(lambda: self._r.hget(self._k("job", job_id), "d"))
+        if data is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return pb.Job.FromString(data)
+
+    def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
+        if not client_request_id:
+            return None
+        field = f"{len(team.encode())}:{team}:{client_request_id}"
+        job_id = self._call(lambda: self._r.hget(self._k("reqid"), field))
+        if job_id is None:
+            return None
+        try:
+            return self.get_job(job_id.decode())
+        except NotFound:
+            return None
+
+    def update_job(
+        self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
+    ) -> pb.Job:
+        stored = pb.Job()
+        stored.CopyFrom(job)
+        stored.version = expected_version + 1
+        args = [
+            *self._base_args(),
+            stored.id,
+            str(expected_version),
+            *self._columns(stored),
+            stored.SerializeToString(),
+            len(events),
+            *(_event_bytes(e) for e in events),
+        ]
+        code, value = self._call(lambda: self._update(args=args))
+        if code == -1:
+            raise NotFound(f"job {stored.id!r} not found")
+        if code == -2:
+            raise VersionConflict(
+                f"job {stored.id!r} is at version {value}, expected {expected_version}"
+            )
+        if code == -3:
+            raise AlreadyExists(
+                f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already used"
+            )
+        return stored
+
+    def _index_batch(self, keys: list[str], after: str, n: int) -> list[str]:
+        """Next ``n`` ids after ``after`` in the union of the index sets ``keys``."""
+        lo = f"({after}" if after else "-"
+
+        def fetch() -> list[list[bytes]]:
+            pipe = self._r.pipeline(transaction=False)
+            for k in keys:
+                pipe.zrangebylex(k, lo, "+", start=0, num=n)
+            return pipe.execute()
+
+        ids = sorted({i.decode() for batch in self._call(fetch) for i in batch})
+        return ids[:n]
+
+    def list_jobs(
+        self,
+        *,
+        team: str = "",
+        phases: Sequence[int] = (),
+        region: str = "",
+        after_id: str = "",
+        limit: int = 100,
+    ) -> list[pb.Job]:
+        # Walk the most selective index in id order; check the other filters on the
+        # stored columns (also guards against a job moving between index and read).
+        if team:
+            keys = [self._k("team", team)]
+        elif region:
+            keys = [self._k("region", region)]
+        elif phases:
+            keys = [self._k("phase", str(int(p))) for p in set(phases)]
+        else:
+            keys = [self._k("jobs")]
+        want_phases = {str(int(p)).encode() for p in phases}
+        out: list[pb.Job] = []
+        cursor = after_id
+        batch_n = _LIST_BATCH if limit <= 0 else max(limit, 16)
+        while True:
+            ids = self._index_batch(keys, cursor, batch_n)
+            if not ids:
+                return out
+
+            def fetch(ids: list[str] = ids) -> list[list[bytes | None]]:
+                pipe = self._r.pipeline(transaction=False)
+                for i in ids:
+                    pipe.hmget(self._k("job", i), "team", "phase", "region", "d")
+                return pipe.execute()
+
+            for jteam, jphase, jregion, data in self._call(fetch):
+                if data is None:
+                    continue
+                if team and jteam != team.encode():
+                    continue
+                if want_phases and jphase not in want_phases:
+                    continue
+                if region and jregion != region.encode():
+                    continue
+                out.append(pb.Job.FromString(data))
+                if 0 < limit <= len(out):
+                    return out
+            cursor = ids[-1]
+
+    def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
+        start = max(after_seq, 0)
+        stop = start + limit - 1 if limit > 0 else -1
+        raw = self._call(lambda: self._r.lrange(self._k("ev", job_id), start, stop))
+        out = []
+        for i, data in enumerate(raw):
+            e = pb.JobEvent.FromString(data)
+            e.job_id = job_id
+            e.seq = start + i + 1
+            out.append(e)
+        return out
+
+    def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
+        args = [*self._base_args(), job_id, len(events), *(_event_bytes(e) for e in events)]
+        start = self._call(lambda: self._append(args=args))
+        if start == -1:
+            raise NotFound(f"job {job_id!r} not found")
+        return self._with_seq(job_id, start, events)
+
+    # ---- keyed records ---------------------------------------------------------------
+    def put_record(self, kind: str, key: str, message: Message) -> None:
+        data = message.SerializeToString()
+        self._call(lambda: self._r.hset(self._k("rec", kind), key, data))
+
+    def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
+        data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
+        return None if data is None else message_type.FromString(data)
+
+    def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
+        items = self._call(lambda: self._r.hgetall(self._k("rec", kind)))
+        return [message_type.FromString(items[k]) for k in sorted(items)]
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        return bool(self._call(lambda: self._r.hdel(self._k("rec", kind), key)))
+
+    # ---- leadership ------------------------------------------------------------------
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        key = self._k("lease", name)
+        ttl_ms = max(1, int(ttl_s * 1000))
+
+        def attempt() -> bool:
+            if self._r.set(key, holder, nx=True, px=ttl_ms):
+                return True
+            return bool(self._renew(keys=[key], args=[holder, ttl_ms]))
+
+        return self._call(attempt)
+
+    def close(self) -> None:
+        self._pool.disconnect()
