@@ -1,0 +1,430 @@
+"""Rich renderings of API objects for `brokerctl` (tables, detail panels).
+
+Why a module of its own: the CLI's commands stay a few lines each, and every
+table is built in one place with the same rules: headers never wrap or get cut
+(each column's ``min_width`` is its header), long free text is ellipsized, and
+every table fits a 100-column terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+
+from google.protobuf import json_format
+from rich import box
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from broker.client import (
+    capacity_type_name,
+    phase_name,
+    plan_state_name,
+    strategy_name,
+    topology_name,
+)
+from computebroker.v1 import capacity_pb2, common_pb2
+
+PHASE_STYLE = {
+    "pending": "yellow",
+    "admitted": "cyan",
+    "launching": "cyan",
+    "running": "green",
+    "checkpointing": "magenta",
+    "suspended": "yellow",
+    "migrating": "magenta",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "cancelled": "dim",
+}
+
+
+def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
+    """A compact table whose headers never wrap (min_width = header length)."""
+    table = Table(box=box.SIMPLE_HEAD, title=title, pad_edge=False, expand=False)
+    for col in columns:
+        name, opts = (col, {}) if isinstance(col, str) else col
+        opts = {"no_wrap": True, "overflow": "ellipsis", "min_width": len(name), **opts}
+        table.add_column(name, **opts)
+    return table
+
+
+def phase_text(phase: int) -> Text:
+    name = phase_name(phase) or "?"
+    return Text(name, style=PHASE_STYLE.get(name, ""))
+
+
+def age(t: float, now: float | None = None) -> str:
+    """Compact age ("45s", "12m", "3h", "2d") of an epoch time; "-" when unset."""
+    if not t:
+        return "-"
+    return duration(max(0.0, (now or time.time()) - t))
+
+
+def duration(s: float) -> str:
+    if s <= 0:
+        return "0s"
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def when(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def steps(job: common_pb2.Job) -> str:
+    total = job.progress.total_steps or job.spec.trainer.total_steps
+    if not total and not job.progress.step:
+        return "-"
+    return f"{job.progress.step}/{total}"
+
+
+def shape(job: common_pb2.Job) -> str:
+    r = job.spec.resources
+    return f"{r.nodes}×{r.gpus_per_node}"
+
+
+def job_region(job: common_pb2.Job) -> str:
+    return job.placement.region or "-"
+
+
+def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Table:
+    table = _table(
+        ("ID", {"overflow": "fold", "max_width": 24}),
+        ("NAME", {"max_width": 20}),
+        ("TEAM", {"max_width": 14}),
+        "PHASE",
+        "REGION",
+        ("NODES×GPU", {"justify": "right"}),
+        ("STEP", {"justify": "right"}),
+        ("AGE", {"justify": "right"}),
+    )
+    for job in jobs:
+        table.add_row(
+            job.id,
+            job.spec.name or "-",
+            job.spec.team or "-",
+            phase_text(job.phase),
+            job_region(job),
+            shape(job),
+            steps(job),
+            age(job.created_time, now),
+        )
+    return table
+
+
+def _kv(rows: Sequence[tuple[str, object]]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, value if isinstance(value, Text) else str(value))
+    return table
+
+
+def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Group:
+    """Everything about one job: spec summary, placement, progress, goodput, history."""
+    spec = job.spec
+    rows: list[tuple[str, object]] = [
+        ("id", job.id),
+        ("name", spec.name or "-"),
+        ("team", spec.team or "-"),
+        ("priority", spec.priority_class or "-"),
+        ("phase", phase_text(job.phase)),
+        ("attempt", f"{job.attempt} (restarts: {job.restarts})"),
+        ("resources", f"{shape(job)} {spec.resources.accelerator or 'any accelerator'}"),
+        ("created", f"{when(job.created_time)} ({age(job.created_time)} ago)"),
+    ]
+    if spec.topology.required or spec.topology.preferred:
+        rows.append(
+            (
+                "topology",
+                f"required={topology_name(spec.topology.required) or '-'} "
+                f"preferred={topology_name(spec.topology.preferred) or '-'}",
+            )
+        )
+    if spec.allowed_regions or spec.denied_regions or spec.preferred_regions:
+        rows.append(
+            (
+                "regions",
+                f"allow={','.join(spec.allowed_regions) or '*'} "
+                f"deny={','.join(spec.denied_regions) or '-'} "
+                f"prefer={','.join(spec.preferred_regions) or '-'}",
+            )
+        )
+    if job.pending_reason:
+        rows.append(("pending", Text(job.pending_reason, style="yellow")))
+    if job.message:
+        rows.append(("message", job.message))
+    table = _kv(rows)
+
+    parts: list[object] = [Panel(table, title=f"job {job.id}", box=box.ROUNDED, expand=False)]
+
+    p = job.placement
+    if p.region:
+        nodes = ", ".join(f"{n.node_id}({n.gpus})" for n in p.nodes) or "-"
+        prow = [
+            ("region", f"{p.region} (agent {p.agent_id or '-'})"),
+            ("capacity", f"{capacity_type_name(p.capacity_type) or '-'} {p.pool}".strip()),
+            ("nodes", nodes),
+            ("world size", p.world_size),
+            ("price", f"${p.price_per_gpu_hour:.2f}/GPU-h"),
+        ]
+        if p.explanation:
+            prow.append(("why", p.explanation))
+        parts.append(Panel(_kv(prow), title="placement", box=box.ROUNDED, expand=False))
+
+    pr = job.progress
+    if pr.step or pr.total_steps:
+        prow = [
+            ("step", steps(job)),
+            ("loss", f"{pr.loss:.4f}" if pr.loss else "-"),
+            ("tokens/s", f"{pr.tokens_per_s:.0f}" if pr.tokens_per_s else "-"),
+            ("checkpoint", f"step {pr.last_checkpoint_step} {pr.last_checkpoint_uri}".strip()),
+        ]
+        parts.append(Panel(_kv(prow), title="progress", box=box.ROUNDED, expand=False))
+
+    g = job.goodput
+    if g.wall_s:
+        pct = 100.0 * g.productive_s / g.wall_s if g.wall_s else 0.0
+        grow = [
+            ("productive", f"{duration(g.productive_s)} ({pct:.0f}% of {duration(g.wall_s)})"),
+            ("queued", duration(g.queued_s)),
+            (
+                "lost",
+                f"failures {duration(g.lost_failure_s)}, preemption "
+                f"{duration(g.lost_preemption_s)}, migration {duration(g.lost_migration_s)}",
+            ),
+        ]
+        parts.append(Panel(_kv(grow), title="goodput", box=box.ROUNDED, expand=False))
+
+    parts.append(events_table(events, title="events"))
+    return Group(*parts)
+
+
+def events_table(events: Iterable[common_pb2.JobEvent], title: str | None = None) -> Table:
+    table = _table(
+        ("#", {"justify": "right"}),
+        "TIME",
+        "TYPE",
+        "PHASE",
+        "REGION",
+        ("ACTOR", {"max_width": 18}),
+        ("MESSAGE", {"no_wrap": False, "overflow": "fold", "min_width": 10}),
+        title=title,
+    )
+    for e in events:
+        table.add_row(*event_row(e))
+    return table
+
+
+def event_row(e: common_pb2.JobEvent) -> list[object]:
+    if e.from_phase and e.to_phase and e.from_phase != e.to_phase:
+        ph = Text(f"{phase_name(e.from_phase)}→", style="dim") + phase_text(e.to_phase)
+    elif e.to_phase:
+        ph = phase_text(e.to_phase)
+    else:
+        ph = Text("-")
+    msg = e.message or e.reason
+    if e.reason and e.message and e.reason not in e.message:
+        msg = f"{e.message} [{e.reason}]"
+    return [
+        str(e.seq),
+        when(e.time),
+        e.type or "-",
+        ph,
+        e.region or "-",
+        e.actor or "-",
+        msg or "",
+    ]
+
+
+def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = False) -> Table:
+    cols: list[str | tuple[str, dict]] = ["REGION", "ZONE", "TYPE", ("POOL", {"max_width": 16})]
+    cols.append("ACCEL")
+    if by_block:
+        cols.append(("BLOCK", {"max_width": 16}))
+    cols += [
+        ("TOTAL", {"justify": "right"}),
+        ("ALLOC", {"justify": "right"}),
+        ("FREE", {"justify": "right"}),
+        ("BORROW", {"justify": "right"}),
+        ("BAD", {"justify": "right"}),
+        ("$/GPU-h", {"justify": "right"}),
+    ]
+    table = _table(*cols)
+    totals = [0, 0, 0, 0, 0]
+    for r in resp.rows:
+        row = [r.region, r.zone or "-", capacity_type_name(r.capacity_type) or "-", r.pool or "-"]
+        row.append(r.accelerator or "-")
+        if by_block:
+            row.append(r.block or "-")
+        free_style = "green" if r.free_gpus else "dim"
+        row += [
+            str(r.total_gpus),
+            str(r.allocated_gpus),
+            Text(str(r.free_gpus), style=free_style),
+            str(r.borrowed_gpus),
+            Text(str(r.unhealthy_gpus), style="red") if r.unhealthy_gpus else "0",
+            f"{r.price_per_gpu_hour:.2f}",
+        ]
+        table.add_row(*row)
+        for i, v in enumerate(
+            (r.total_gpus, r.allocated_gpus, r.free_gpus, r.borrowed_gpus, r.unhealthy_gpus)
+        ):
+            totals[i] += v
+    if resp.rows:
+        pad = ["", "", "", "", ""] + ([""] if by_block else [])
+        pad[0] = "total"
+        table.add_section()
+        table.add_row(*pad, *(str(t) for t in totals), "", style="bold")
+    return table
+
+
+def nodes_table(nodes: Sequence[capacity_pb2.NodeUsage]) -> Table:
+    table = _table(
+        ("NODE", {"max_width": 22}),
+        "REGION",
+        "ZONE",
+        "TYPE",
+        ("BLOCK", {"max_width": 14}),
+        ("GPUS", {"justify": "right"}),
+        ("USED", {"justify": "right"}),
+        "STATE",
+        ("JOBS", {"max_width": 20, "overflow": "fold", "no_wrap": False}),
+    )
+    for nu in nodes:
+        n = nu.node
+        state = "ok" if n.healthy else "unhealthy"
+        if n.cordoned:
+            state += ",cordoned"
+        table.add_row(
+            n.id,
+            n.region,
+            n.zone or "-",
+            capacity_type_name(n.capacity_type) or "-",
+            n.ultraserver_id or n.network_layer_3 or "-",
+            str(n.gpus),
+            str(nu.allocated_gpus),
+            Text(state, style="green" if state == "ok" else "red"),
+            ",".join(nu.job_ids) or "-",
+        )
+    return table
+
+
+def regions_table(regions: Iterable[capacity_pb2.RegionInfo], now: float | None = None) -> Table:
+    table = _table(
+        "REGION",
+        ("AGENTS", {"max_width": 22}),
+        "STATUS",
+        "HEARTBEAT",
+        ("NODES", {"justify": "right"}),
+        ("GPUS", {"justify": "right"}),
+        ("ALLOC", {"justify": "right"}),
+        ("FREE", {"justify": "right"}),
+        ("JOBS", {"justify": "right"}),
+    )
+    for r in regions:
+        if r.draining:
+            status = Text("draining", style="yellow")
+        elif r.connected:
+            status = Text("connected", style="green")
+        else:
+            status = Text("offline", style="red")
+        table.add_row(
+            r.name,
+            ",".join(r.agent_ids) or "-",
+            status,
+            (age(r.last_heartbeat_time, now) + " ago") if r.last_heartbeat_time else "-",
+            str(r.nodes),
+            str(r.total_gpus),
+            str(r.allocated_gpus),
+            str(r.free_gpus),
+            str(r.running_jobs),
+        )
+    return table
+
+
+def _quota_summary(q: capacity_pb2.TeamQuota) -> str:
+    parts = []
+    for e in q.quotas:
+        s = f"{e.guaranteed_gpus}"
+        if e.accelerator:
+            s += f":{e.accelerator}"
+        if e.HasField("borrow_limit_gpus"):
+            s += f" b≤{e.borrow_limit_gpus}"
+        if e.HasField("lend_limit_gpus"):
+            s += f" l≤{e.lend_limit_gpus}"
+        parts.append(s)
+    return "; ".join(parts) or "0"
+
+
+def teams_table(teams: Iterable[capacity_pb2.TeamQuota]) -> Table:
+    table = _table(
+        ("TEAM", {"max_width": 16}),
+        ("COHORT", {"max_width": 12}),
+        "STRATEGY",
+        ("GUARANTEED", {"max_width": 24}),
+        ("USED", {"justify": "right"}),
+        ("BORROW", {"justify": "right"}),
+        ("LENT", {"justify": "right"}),
+        ("PEND", {"justify": "right"}),
+        ("RUN", {"justify": "right"}),
+    )
+    for q in teams:
+        table.add_row(
+            q.team,
+            q.cohort or "-",
+            strategy_name(q.strategy) or "lend-and-borrow",
+            _quota_summary(q),
+            str(q.used_gpus),
+            str(q.borrowed_gpus),
+            str(q.lent_gpus),
+            str(q.pending_jobs),
+            str(q.running_jobs),
+        )
+    return table
+
+
+def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
+    table = _table(
+        ("ID", {"max_width": 18, "overflow": "fold"}),
+        ("NAME", {"max_width": 14}),
+        "REGION",
+        ("INSTANCES", {"justify": "right"}),
+        "STATE",
+        "START",
+        "END",
+        ("TEAM", {"max_width": 10}),
+    )
+    for p in plans:
+        table.add_row(
+            p.id,
+            p.name or "-",
+            f"{p.region}/{p.zone}" if p.zone else p.region,
+            f"{p.instance_count}×{p.instance_type or '?'}",
+            plan_state_name(p.state) or "-",
+            time.strftime("%m-%d %H:%M", time.localtime(p.start_time)) if p.start_time else "-",
+            time.strftime("%m-%d %H:%M", time.localtime(p.end_time)) if p.end_time else "-",
+            p.team or "shared",
+        )
+    return table
+
+
+def to_json(msg_or_list) -> str:
+    """JSON for `--output json`: API field names, enums as names."""
+    import json
+
+    def one(m):
+        return json_format.MessageToDict(m, preserving_proto_field_name=True)
+
+    if isinstance(msg_or_list, list | tuple):
+        return json.dumps([one(m) for m in msg_or_list], indent=2)
+    return json.dumps(one(msg_or_list), indent=2)
