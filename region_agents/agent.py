@@ -1,0 +1,511 @@
+"""The region agent daemon: ``brokerctl agent`` (TEAM.md "Agent stream semantics").
+
+Why this shape: the agent dials *out* (regions need no inbound ports) over one
+bidirectional ``AgentService.Connect`` stream, and everything it knows lives in
+this process, not in the stream. A broker restart or a network blip therefore
+costs nothing but a reconnect: trainer processes keep running, the agent
+re-registers with what it runs, and the broker reconciles (like an Armada
+executor or a kubelet re-syncing after an API server outage).
+
+Threads (all daemon):
+* connector: dial, Register, receive commands; reconnect with exponential
+  backoff (tenacity, capped at ``max_backoff_s``) forever until stopped.
+* ticker: poll the executor (state changes, progress at most ~1/s per job),
+  poll node signals (spot notices, health flips), send Heartbeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
+
+from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+from region_agents.executors.base import AS, TERMINAL_STATES, AttemptEvent, AttemptSpec, Executor
+from region_agents.fencing import AttemptLedger
+from region_agents.inventory import Inventory, InventoryError, load_inventory
+from region_agents.session import Session
+from region_agents.signals import NodeSignals
+
+log = logging.getLogger("region_agents.agent")
+
+AGENT_VERSION = "0.1.0"
+DEFAULT_HEARTBEAT_S = 2.0
+RECENT_TERMINAL_S = 120.0  # how long a finished attempt is re-reported on re-register
+
+
+class _Disconnected(Exception):
+    """The stream ended before the broker acknowledged our Register."""
+
+
+@dataclass
+class AgentConfig:
+    """How to run one region agent.
+
+    ``heartbeat_interval_s=None`` means: use the broker's ``RegisterAck`` value
+    (2 s until the first ack). ``hang_timeout_s``: no trainer heartbeat in the
+    progress file for this long -> the attempt is killed and reported FAILED
+    ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
+    """
+
+    broker_address: str
+    region: str = ""
+    inventory_path: str = ""
+    agent_id: str = ""
+    work_dir: str = "var/agent"
+    executor: str = "local"  # "local" | "kubernetes"
+    ranks_per_node: int = 2
+    heartbeat_interval_s: float | None = None
+    hang_timeout_s: float = 600.0
+    python: str = sys.executable
+    extra_env: dict[str, str] = field(default_factory=dict)
+    max_backoff_s: float = 5.0
+    poll_interval_s: float = 0.2
+    shutdown_grace_s: float = 0.0  # on .stop(): >0 = SIGTERM (checkpoint) first
+    namespace: str = "default"  # kubernetes executor
+    image: str = ""  # kubernetes executor: default trainer image
+
+    def __post_init__(self) -> None:
+        if not self.broker_address:
+            raise ValueError("broker_address is required (host:port)")
+        if self.executor not in ("local", "kubernetes"):
+            raise ValueError(f"executor must be 'local' or 'kubernetes', got {self.executor!r}")
+        if self.executor == "local" and not self.inventory_path:
+            raise ValueError("the local executor needs an inventory file (--inventory)")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be > 0")
+
+
+def _make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
+    """Build the executor and discover the inventory it runs on."""
+    if config.executor == "kubernetes":
+        from region_agents.executors.kubernetes import KubernetesExecutor
+
+        ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image)
+        inv = Inventory(
+            region=config.region,
+            agent_id=config.agent_id or f"{config.region}-agent",
+            nodes=ex.discover_nodes(),
+        )
+        if config.inventory_path:  # optional: region metadata (checkpoint bucket)
+            file_inv = load_inventory(config.inventory_path)
+            inv.checkpoint_bucket = file_inv.checkpoint_bucket
+        return ex, inv
+    from region_agents.executors.local import LocalExecutor
+
+    inv = load_inventory(config.inventory_path)
+    root = inv.checkpoint_bucket if inv.checkpoint_bucket and "://" not in inv.checkpoint_bucket else ""
+    ex = LocalExecutor(
+        config.work_dir,
+        ranks_per_node=config.ranks_per_node,
+        python=config.python,
+        extra_env=config.extra_env,
+        hang_timeout_s=config.hang_timeout_s,
+        default_checkpoint_root=os.path.join(root, "jobs") if root else "",
+    )
+    return ex, inv
+
+
+class RegionAgent:
+    """One region's agent. ``start()`` returns at once; ``stop()`` joins the threads."""
+
+    def __init__(self, config: AgentConfig, executor: Executor | None = None,
+                 inventory: Inventory | None = None) -> None:
+        self.config = config
+        if executor is None or inventory is None:
+            made_ex, made_inv = _make_executor(config)
+            executor = executor or made_ex
+            inventory = inventory or made_inv
+        if config.region and inventory.region and config.region != inventory.region:
+            raise ValueError(
+                f"--region {config.region!r} does not match the inventory's region {inventory.region!r}"
+            )
+        self.inventory = inventory
+        self.region = config.region or inventory.region
+        self.agent_id = config.agent_id or inventory.agent_id or f"{self.region}-agent"
+        self.executor = executor
+        os.makedirs(config.work_dir, exist_ok=True)
+        self.signals = NodeSignals(config.work_dir, {n.id: n.healthy for n in inventory.nodes})
+        self.ledger = AttemptLedger()
+        self.heartbeat_interval_s = config.heartbeat_interval_s or DEFAULT_HEARTBEAT_S
+        self.draining = False
+        self.connects = 0  # successful registrations (tests and logs)
+        self._lock = threading.RLock()
+        self._session: Session | None = None
+        self._recent_terminal: dict[tuple[str, int], tuple[float, agent_pb2.JobUpdate]] = {}
+        self._pending_health: list[agent_pb2.NodeHealth] = []
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_heartbeat = 0.0
+
+    # ---- public ----------------------------------------------------------------
+    def start(self) -> None:
+        if self._threads:
+            return
+        log.info("agent %s (%s, %d nodes) -> broker %s", self.agent_id, self.region,
+                 len(self.inventory.nodes), self.config.broker_address)
+        for name, target in (("connector", self._connect_loop), ("ticker", self._tick_loop)):
+            t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, kill_running: bool = True) -> None:
+        """Stop the agent. ``kill_running=False`` leaves trainer processes running
+        (only useful in tests that hand them over); by default they are stopped,
+        checkpoint-first when ``shutdown_grace_s`` > 0."""
+        self._stopping.set()
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads = []
+        if kill_running:
+            self.executor.shutdown(self.config.shutdown_grace_s)
+
+    def run_forever(self) -> None:
+        """Run until SIGINT/SIGTERM (the daemon's main)."""
+        done = threading.Event()
+
+        def handler(signum: int, _frame: object) -> None:
+            log.info("signal %d: shutting down", signum)
+            done.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+        self.start()
+        while not done.wait(0.5):
+            pass
+        self.stop()
+
+    def inject_spot_notice(self, node_id: str, seconds: float = 120.0) -> None:
+        """Simulate an EC2 spot interruption warning for a node (-> Heartbeat.spot_notices)."""
+        self.signals.inject_spot_notice(node_id, seconds)
+
+    def set_node_health(self, node_id: str, healthy: bool, reason: str = "") -> None:
+        """Flip a node's health (-> Heartbeat.node_health; attempts on it fail)."""
+        self.signals.set_health(node_id, healthy, reason)
+
+    @property
+    def connected(self) -> bool:
+        s = self._session
+        return s is not None and s.registered.is_set() and not s.closed.is_set()
+
+    # ---- messages ------------------------------------------------------------------
+    def _nodes(self) -> list[common_pb2.Node]:
+        health = self.signals.health_map()
+        out = []
+        for n in self.inventory.nodes:
+            node = common_pb2.Node()
+            node.CopyFrom(n)
+            node.healthy = health.get(n.id, (n.healthy, ""))[0]
+            out.append(node)
+        return out
+
+    def _running(self, include_recent: bool = False) -> list[agent_pb2.RunningAttempt]:
+        running = [r.to_proto() for r in self.executor.running()]
+        if include_recent:
+            now = time.time()
+            live = {(r.job_id, r.attempt) for r in running}
+            for key, (when, upd) in list(self._recent_terminal.items()):
+                if now - when > RECENT_TERMINAL_S:
+                    del self._recent_terminal[key]
+                elif key not in live:
+                    ra = agent_pb2.RunningAttempt(job_id=upd.job_id, attempt=upd.attempt, state=upd.state)
+                    ra.progress.CopyFrom(upd.progress)
+                    running.append(ra)
+        return running
+
+    def _register_msg(self) -> agent_pb2.AgentMessage:
+        return agent_pb2.AgentMessage(
+            register=agent_pb2.Register(
+                agent_id=self.agent_id,
+                region=self.region,
+                nodes=self._nodes(),
+                running=self._running(include_recent=True),
+                executor=self.config.executor,
+                checkpoint_bucket=self.inventory.checkpoint_bucket,
+                version=AGENT_VERSION,
+            )
+        )
+
+    def _send(self, msg: agent_pb2.AgentMessage) -> bool:
+        s = self._session
+        return s is not None and s.send(msg)
+
+    def _ack(self, command_id: str, accepted: bool, message: str = "") -> None:
+        if not accepted:
+            log.warning("refused command %s: %s", command_id, message)
+        self._send(agent_pb2.AgentMessage(
+            ack=agent_pb2.CommandAck(command_id=command_id, accepted=accepted, message=message)))
+
+    # ---- connection ------------------------------------------------------------------
+    def _connect_loop(self) -> None:
+        while not self._stopping.is_set():
+            retrying = Retrying(
+                wait=wait_exponential(multiplier=0.2, min=0.2, max=self.config.max_backoff_s),
+                retry=retry_if_exception_type(_Disconnected),
+                stop=stop_when_event_set(self._stopping),
+                sleep=self._stopping.wait,
+                reraise=True,
+            )
+            try:
+                for attempt in retrying:
+                    with attempt:
+                        self._run_session()
+            except _Disconnected:
+                pass  # stopping
+            except Exception:  # pragma: no cover - never let the daemon thread die
+                log.exception("agent connection loop error")
+            # A session that registered ended: reconnect quickly, with a fresh backoff.
+            self._stopping.wait(0.2)
+
+    def _run_session(self) -> None:
+        """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
+        session = Session()
+        channel = grpc.insecure_channel(self.config.broker_address)
+        try:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                session.send(self._register_msg())
+                self._session = session
+            call = stub.Connect(session.requests())
+            session.call = call
+            try:
+                for msg in call:
+                    self._on_broker_message(session, msg)
+            except grpc.RpcError as e:
+                if not self._stopping.is_set():
+                    log.warning("broker stream broke: %s", e)
+            if not session.registered.is_set() and not self._stopping.is_set():
+                raise _Disconnected("stream ended before RegisterAck")
+        finally:
+            with self._lock:
+                session.close()
+                if self._session is session:
+                    self._session = None
+            channel.close()
+
+    def _on_broker_message(self, session: Session, msg: agent_pb2.BrokerMessage) -> None:
+        kind = msg.WhichOneof("cmd")
+        try:
+            if kind == "registered":
+                self._on_registered(session, msg.registered)
+            elif kind == "launch":
+                self._on_launch(msg.command_id, msg.launch)
+            elif kind == "stop":
+                self._on_stop(msg.command_id, msg.stop)
+            elif kind == "checkpoint":
+                self._on_checkpoint(msg.command_id, msg.checkpoint)
+            elif kind == "drain":
+                self.draining = True
+                log.info("broker drains this agent: %s", msg.drain.reason)
+                self._ack(msg.command_id, True, "draining")
+            else:
+                self._ack(msg.command_id, False, f"unknown command {kind!r}")
+        except Exception as e:  # a bad command must not kill the stream
+            log.exception("command %s (%s) failed", msg.command_id, kind)
+            if kind != "registered":
+                self._ack(msg.command_id, False, f"{type(e).__name__}: {e}")
+
+    def _on_registered(self, session: Session, ack: agent_pb2.RegisterAck) -> None:
+        with self._lock:
+            if self.config.heartbeat_interval_s is None and ack.heartbeat_interval_s > 0:
+                self.heartbeat_interval_s = ack.heartbeat_interval_s
+            if ack.agent_id:
+                self.agent_id = ack.agent_id
+            # Finished attempts the previous stream may have lost: report them again.
+            for _, upd in list(self._recent_terminal.values()):
+                session.send(agent_pb2.AgentMessage(job_update=upd))
+            session.registered.set()
+            self.connects += 1
+            for job_id in ack.stale_job_ids:
+                current = self.ledger.running.get(job_id)
+                if current is not None:
+                    log.info("broker no longer wants %s attempt %d: killing it", job_id, current)
+                    self.executor.stop(job_id, current, checkpoint_first=False, grace_s=0.0)
+            self._last_heartbeat = 0.0  # heartbeat right away (spot notices, health)
+        log.info("registered as %s (heartbeat %.1fs, %d stale)", self.agent_id,
+                 self.heartbeat_interval_s, len(ack.stale_job_ids))
+
+    def _on_launch(self, command_id: str, launch: agent_pb2.Launch) -> None:
+        with self._lock:
+            decision = self.ledger.on_launch(launch.job_id, launch.attempt)
+            if not decision.accepted or decision.duplicate:
+                self._ack(command_id, decision.accepted, decision.message)
+                return
+            if decision.kill_attempt:
+                log.info("%s: attempt %d supersedes %d: killing the old one", launch.job_id,
+                         launch.attempt, decision.kill_attempt)
+                self.executor.stop(launch.job_id, decision.kill_attempt, False, 0.0)
+                self.ledger.finished(launch.job_id, decision.kill_attempt)
+            self.ledger.seen(launch.job_id, launch.attempt)
+            problem = self._check_placement(launch)
+            if problem is None:
+                try:
+                    self.executor.launch(AttemptSpec.from_launch(launch))
+                except (ValueError, OSError) as e:
+                    problem = f"launch failed: {e}"
+            if problem is not None:
+                self._ack(command_id, False, problem)
+                self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
+                                          exit_code=-1, message=problem))
+                return
+            self.ledger.launched(launch.job_id, launch.attempt)
+            self._ack(command_id, True)
+
+    def _check_placement(self, launch: agent_pb2.Launch) -> str | None:
+        known = {n.id for n in self.inventory.nodes}
+        unknown = [n.node_id for n in launch.placement.nodes if n.node_id not in known]
+        if unknown:
+            return f"placement names nodes this agent does not have: {', '.join(unknown)}"
+        if launch.attempt < 1:
+            return f"attempt must be >= 1, got {launch.attempt}"
+        return None
+
+    def _on_stop(self, command_id: str, stop: agent_pb2.Stop) -> None:
+        with self._lock:
+            decision = self.ledger.on_stop(stop.job_id, stop.attempt)
+            if decision.accepted:
+                self.executor.stop(stop.job_id, stop.attempt, stop.checkpoint_first,
+                                   stop.grace_s if stop.grace_s > 0 else 120.0)
+            self._ack(command_id, decision.accepted, decision.message)
+
+    def _on_checkpoint(self, command_id: str, cmd: agent_pb2.CheckpointNow) -> None:
+        with self._lock:
+            decision = self.ledger.on_stop(cmd.job_id, cmd.attempt)
+            if decision.accepted:
+                self.executor.checkpoint(cmd.job_id, cmd.attempt)
+            self._ack(command_id, decision.accepted, decision.message)
+
+    # ---- ticker --------------------------------------------------------------------------
+    def _tick_loop(self) -> None:
+        while not self._stopping.wait(self.config.poll_interval_s):
+            try:
+                self._tick()
+            except Exception:  # pragma: no cover - keep ticking
+                log.exception("agent tick failed")
+
+    def _report(self, ev: AttemptEvent) -> None:
+        upd = ev.to_proto()
+        if ev.terminal:
+            self.ledger.finished(ev.job_id, ev.attempt)
+            self._recent_terminal[(ev.job_id, ev.attempt)] = (time.time(), upd)
+        self._send(agent_pb2.AgentMessage(job_update=upd))
+
+    def _tick(self) -> None:
+        with self._lock:
+            for ev in self.executor.poll():
+                self._report(ev)
+            new_spot, health_changes = self.signals.poll()
+            for ch in health_changes:
+                log.info("node %s is now %s %s", ch.node_id,
+                         "healthy" if ch.healthy else "UNHEALTHY", ch.reason)
+                self._pending_health.append(
+                    agent_pb2.NodeHealth(node_id=ch.node_id, healthy=ch.healthy, reason=ch.reason))
+                if not ch.healthy:
+                    self._fail_attempts_on(ch.node_id, ch.reason)
+            now = time.time()
+            urgent = bool(new_spot or health_changes)
+            if self.connected and (urgent or now - self._last_heartbeat >= self.heartbeat_interval_s):
+                self._send_heartbeat(now)
+
+    def _fail_attempts_on(self, node_id: str, reason: str) -> None:
+        for r in self.executor.running():
+            if node_id in r.node_ids and r.state not in TERMINAL_STATES:
+                self.executor.fail(r.job_id, r.attempt,
+                                   f"node {node_id} unhealthy: {reason or 'unhealthy'}", [node_id])
+
+    def _send_heartbeat(self, now: float) -> None:
+        session = self._session
+        if session is None:
+            return
+        notices = [agent_pb2.SpotNotice(node_id=n, deadline_time=d)
+                   for n, d in sorted(self.signals.active_spot_notices().items())
+                   if n not in session.spot_sent]
+        hb = agent_pb2.Heartbeat(time=now, node_health=self._pending_health,
+                                 spot_notices=notices, running=self._running())
+        if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
+            session.spot_sent.update(n.node_id for n in notices)
+            self._pending_health = []
+            self._last_heartbeat = now
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="brokerctl agent",
+        description="Run a region agent: register this region's nodes with the broker and run "
+        "the attempts it assigns.",
+    )
+    p.add_argument("--broker", required=True, help="broker address host:port")
+    p.add_argument("--region", default="", help="region name (default: the inventory's region)")
+    p.add_argument("--inventory", default="", help="inventory YAML/JSON file (local executor)")
+    p.add_argument("--agent-id", default="", help="agent id (default: inventory agent_id or <region>-agent)")
+    p.add_argument("--work-dir", default="var/agent", help="attempt dirs, logs, spot-notices/, node-health/")
+    p.add_argument("--ranks-per-node", type=int, default=2, help="cap on local processes per node")
+    p.add_argument("--executor", choices=("local", "kubernetes"), default="local")
+    p.add_argument("--namespace", default="default", help="Kubernetes namespace (kubernetes executor)")
+    p.add_argument("--image", default="", help="default trainer image (kubernetes executor)")
+    p.add_argument("--heartbeat-interval-s", type=float, default=None,
+                   help="override the broker's heartbeat interval")
+    p.add_argument("--hang-timeout-s", type=float, default=600.0,
+                   help="no trainer heartbeat for this long = hang -> FAILED")
+    p.add_argument("--python", default=sys.executable, help="python used to run `-m trainer`")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for every rank (repeatable)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``brokerctl agent ...``: returns a process exit code (2 = bad arguments/inventory)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env: dict[str, str] = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"error: --env expects KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        env[key] = value
+    try:
+        config = AgentConfig(
+            broker_address=args.broker,
+            region=args.region,
+            inventory_path=args.inventory,
+            agent_id=args.agent_id,
+            work_dir=args.work_dir,
+            executor=args.executor,
+            ranks_per_node=args.ranks_per_node,
+            heartbeat_interval_s=args.heartbeat_interval_s,
+            hang_timeout_s=args.hang_timeout_s,
+            python=args.python,
+            extra_env=env,
+            namespace=args.namespace,
+            image=args.image,
+        )
+        agent = RegionAgent(config)
+    except (InventoryError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    agent.run_forever()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The executor interface the agent drives, whatever runs the ranks.
+
+Why an interface: the agent's stream logic (fencing, acks, reconnect) is the same
+for local processes and Kubernetes Jobs; only "start these ranks", "signal them"
+and "what happened since I last looked" differ. ``poll()`` is pull-based so the
+agent owns threading and rate limits in one place.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from dataclasses import dataclass, field
+
+from computebroker.v1 import agent_pb2, common_pb2
+
+AS = agent_pb2.AttemptState
+TERMINAL_STATES = frozenset(
+    {
+        AS.ATTEMPT_STATE_SUCCEEDED,
+        AS.ATTEMPT_STATE_FAILED,
+        AS.ATTEMPT_STATE_CHECKPOINTED,
+        AS.ATTEMPT_STATE_STOPPED,
+    }
+)
+
+# Trainer exit codes (docs/contracts.md section 1).
+EXIT_OK = 0
+EXIT_CHECKPOINTED = 75
+EXIT_BAD_CONFIG = 2
+
+
+@dataclass
+class AttemptSpec:
+    """Everything needed to start one attempt (a ``Launch`` command, unpacked)."""
+
+    job_id: str
+    attempt: int
+    spec: common_pb2.JobSpec
+    placement: common_pb2.Placement
+    checkpoint_uri: str = ""
+    resume_from: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_launch(cls, launch: agent_pb2.Launch) -> AttemptSpec:
+        return cls(
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            spec=launch.spec,
+            placement=launch.placement,
+            checkpoint_uri=launch.checkpoint_uri,
+            resume_from=launch.resume_from,
+            env=dict(launch.env),
+        )
+
+    def node_ids(self) -> list[str]:
+        return [n.node_id for n in self.placement.nodes]
+
+
+@dataclass
+class AttemptEvent:
+    """A state change or a progress report of one attempt (becomes a ``JobUpdate``)."""
+
+    job_id: str
+    attempt: int
+    state: int
+    progress: common_pb2.Progress | None = None
+    exit_code: int = 0
+    message: str = ""
+    failed_nodes: list[str] = field(default_factory=list)
+    time: float = field(default_factory=time.time)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_proto(self) -> agent_pb2.JobUpdate:
+        upd = agent_pb2.JobUpdate(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            state=self.state,
+            exit_code=self.exit_code,
+            message=self.message,
+            failed_nodes=self.failed_nodes,
+            time=self.time,
+        )
+        if self.progress is not None:
+            upd.progress.CopyFrom(self.progress)
+        return upd
+
+
+@dataclass
+class RunningInfo:
+    """What an attempt is doing now (for Register / Heartbeat ``running`` lists)."""
+
+    job_id: str
+    attempt: int
+    state: int
+    progress: common_pb2.Progress | None = None
+    node_ids: list[str] = field(default_factory=list)
+
+    def to_proto(self) -> agent_pb2.RunningAttempt:
+        ra = agent_pb2.RunningAttempt(job_id=self.job_id, attempt=self.attempt, state=self.state)
+        if self.progress is not None:
+            ra.progress.CopyFrom(self.progress)
+        return ra
+
+
+def trainer_config_json(trainer: common_pb2.TrainerSpec) -> str:
+    """``CB_TRAINER_CONFIG``: the TrainerSpec fields as one JSON object (contract 1)."""
+    return json.dumps(
+        {
+            "total_steps": int(trainer.total_steps),
+            "checkpoint_every": int(trainer.checkpoint_every),
+            "global_batch_size": int(trainer.global_batch_size),
+            "seed": int(trainer.seed),
+            "model": trainer.model,
+            "step_sleep_s": float(trainer.step_sleep_s),
+            "options": dict(trainer.options),
+        },
+        sort_keys=True,
+    )
+
+
+class Executor(abc.ABC):
+    """Runs attempts. All methods are called from the agent with its lock held."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def launch(self, spec: AttemptSpec) -> None:
+        """Start all ranks of an attempt (raise ``ValueError`` for a bad spec)."""
+
+    @abc.abstractmethod
+    def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
+        """checkpoint_first: SIGTERM (trainer checkpoints, exits 75), SIGKILL after
+        grace_s; else SIGKILL now. The terminal state comes out of ``poll()``."""
+
+    @abc.abstractmethod
+    def checkpoint(self, job_id: str, attempt: int) -> None:
+        """Ask the ranks for a checkpoint at the next step boundary (SIGUSR1)."""
+
+    @abc.abstractmethod
+    def fail(self, job_id: str, attempt: int, message: str, failed_nodes: list[str]) -> None:
+        """Kill an attempt and report it FAILED (e.g. one of its nodes went unhealthy)."""
+
+    @abc.abstractmethod
+    def poll(self) -> list[AttemptEvent]:
+        """State changes and progress since the last call (oldest first)."""
+
+    @abc.abstractmethod
+    def running(self) -> list[RunningInfo]:
+        """Attempts that have not reached a terminal state."""
+
+    @abc.abstractmethod
+    def shutdown(self, grace_s: float = 0.0) -> None:
+        """Stop everything (checkpoint-first when grace_s > 0) and release resources."""

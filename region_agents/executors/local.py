@@ -1,0 +1,443 @@
+"""Local executor: runs each rank as a real process on this machine (torchrun-style).
+
+Why real processes: the simulated cluster must behave like a real one where it
+matters to the broker: gang failure, signals, exit codes, hangs. One attempt =
+one process group (the first rank starts a new session, the others join its
+group), so a single ``killpg`` reaches every rank and anything they spawned.
+
+Rank layout: ``nodes x min(gpus_per_node, ranks_per_node)`` processes, with
+WORLD_SIZE set to that number (TEAM.md rule 8); the trainer keeps the global
+batch fixed, so fewer ranks change speed, not results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from computebroker.v1 import common_pb2
+from region_agents.executors.base import (
+    AS,
+    EXIT_BAD_CONFIG,
+    EXIT_CHECKPOINTED,
+    EXIT_OK,
+    AttemptEvent,
+    AttemptSpec,
+    Executor,
+    RunningInfo,
+    trainer_config_json,
+)
+from region_agents.progress import ProgressSnapshot, read_progress
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+STDERR_TAIL_LINES = 20
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (rendezvous for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    """The last lines of a log file (the message of a FAILED update)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(deque(data.splitlines(), maxlen=lines)).strip()
+
+
+def file_path(uri: str) -> str:
+    """``file:///x`` -> ``/x``; other URIs (``s3://``, plain paths) unchanged."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+@dataclass
+class _Rank:
+    rank: int
+    node_id: str
+    proc: subprocess.Popen
+    stderr_path: Path
+    returncode: int | None = None
+
+
+@dataclass
+class _Attempt:
+    spec: AttemptSpec
+    dir: Path
+    progress_path: Path
+    pgid: int
+    ranks: list[_Rank]
+    started: float
+    state: int = AS.ATTEMPT_STATE_STARTING
+    stop_mode: str = ""  # "" | "checkpoint" | "kill"
+    kill_deadline: float | None = None
+    killed_by_us: bool = False
+    failure: tuple[int, str, list[str]] | None = None  # exit code, message, failed nodes
+    last: ProgressSnapshot | None = None
+    last_sent_sig: tuple | None = None
+    last_sent_time: float = 0.0
+    hang_timeout_s: float = 0.0
+    events: list[AttemptEvent] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.spec.job_id, self.spec.attempt)
+
+
+class LocalExecutor(Executor):
+    """Runs attempts as local process groups; see the module docstring."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        work_dir: str | os.PathLike[str],
+        *,
+        ranks_per_node: int = 2,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+        hang_timeout_s: float = 600.0,
+        starting_grace_s: float = 3.0,
+        progress_interval_s: float = 1.0,
+        default_checkpoint_root: str = "",
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self.ranks_per_node = max(1, int(ranks_per_node))
+        self.python = python
+        self.extra_env = dict(extra_env or {})
+        self.hang_timeout_s = hang_timeout_s
+        self.starting_grace_s = starting_grace_s
+        self.progress_interval_s = progress_interval_s
+        self.default_checkpoint_root = default_checkpoint_root or str(self.work_dir / "checkpoints")
+        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._pending: list[AttemptEvent] = []
+        self._lock = threading.RLock()
+
+    # ---- launch ---------------------------------------------------------------
+    def layout(self, spec: AttemptSpec) -> list[tuple[str, int]]:
+        """(node_id, ranks on it) per placed node."""
+        nodes = list(spec.placement.nodes)
+        gpn_default = spec.spec.resources.gpus_per_node or 1
+        if not nodes:
+            count = max(1, spec.spec.resources.nodes)
+            nodes = [common_pb2.NodeAssignment(node_id=f"local-{i}") for i in range(count)]
+        return [(n.node_id, max(1, min(n.gpus or gpn_default, self.ranks_per_node))) for n in nodes]
+
+    def launch(self, spec: AttemptSpec) -> None:
+        with self._lock:
+            if spec.attempt <= 0:
+                raise ValueError(f"attempt must be >= 1, got {spec.attempt}")
+            layout = self.layout(spec)
+            world = sum(n for _, n in layout)
+            adir = self.work_dir / "jobs" / spec.job_id / f"attempt-{spec.attempt}"
+            adir.mkdir(parents=True, exist_ok=True)
+            progress_path = adir / "progress.json"
+            with contextlib.suppress(FileNotFoundError):
+                progress_path.unlink()
+            ckpt = file_path(spec.checkpoint_uri or spec.spec.checkpoint_uri) or os.path.join(
+                self.default_checkpoint_root, spec.job_id
+            )
+            if "://" not in ckpt:
+                Path(ckpt).mkdir(parents=True, exist_ok=True)
+            command = list(spec.spec.command) or [self.python, "-m", "trainer"]
+            base_env = dict(os.environ)
+            base_env.update(self.extra_env)
+            base_env.update(dict(spec.spec.env))
+            base_env.update(spec.env)
+            pythonpath = base_env.get("PYTHONPATH", "")
+            base_env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + pythonpath if pythonpath else "")
+            base_env.update(
+                {
+                    "WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port()),
+                    "CB_JOB_ID": spec.job_id,
+                    "CB_ATTEMPT": str(spec.attempt),
+                    "CB_CHECKPOINT_URI": ckpt,
+                    "CB_RESUME_FROM": file_path(spec.resume_from),
+                    "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
+                    "CB_PROGRESS_FILE": str(progress_path),
+                    "CB_WORK_DIR": str(adir),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
+            base_env.setdefault("CB_GRACE_S", "120")
+            hang = self.hang_timeout_s
+            with contextlib.suppress(ValueError, TypeError):
+                hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
+            ranks: list[_Rank] = []
+            pgid = 0
+            rank = 0
+            try:
+                for node_rank, (node_id, local_world) in enumerate(layout):
+                    for local in range(local_world):
+                        env = dict(base_env)
+                        env.update(
+                            {
+                                "RANK": str(rank),
+                                "LOCAL_RANK": str(local),
+                                "LOCAL_WORLD_SIZE": str(local_world),
+                                "GROUP_RANK": str(node_rank),
+                                "NODE_RANK": str(node_rank),
+                                "CB_NODE_ID": node_id,
+                            }
+                        )
+                        out = open(adir / f"rank-{rank}.stdout", "ab")  # noqa: SIM115
+                        err_path = adir / f"rank-{rank}.stderr"
+                        err = open(err_path, "ab")  # noqa: SIM115
+                        try:
+                            proc = subprocess.Popen(
+                                command,
+                                env=env,
+                                cwd=adir,
+                                stdin=subprocess.DEVNULL,
+                                stdout=out,
+                                stderr=err,
+                                start_new_session=(rank == 0),
+                                process_group=None if rank == 0 else pgid,
+                            )
+                        finally:
+                            out.close()
+                            err.close()
+                        if rank == 0:
+                            pgid = proc.pid
+                        ranks.append(_Rank(rank, node_id, proc, err_path))
+                        rank += 1
+            except OSError as e:
+                if pgid:
+                    self._killpg(pgid, signal.SIGKILL)
+                raise ValueError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
+            att = _Attempt(
+                spec=spec,
+                dir=adir,
+                progress_path=progress_path,
+                pgid=pgid,
+                ranks=ranks,
+                started=time.time(),
+                hang_timeout_s=hang,
+            )
+            self._attempts[att.key] = att
+            self._pending.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
+            log.info("launched %s attempt %d: %d ranks in %s", spec.job_id, spec.attempt, world, adir)
+
+    # ---- control ----------------------------------------------------------------
+    @staticmethod
+    def _killpg(pgid: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def _signal_live(self, att: _Attempt, sig: int) -> None:
+        """Signal each live rank directly and the group (the leader may be gone)."""
+        for r in att.ranks:
+            if r.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    r.proc.send_signal(sig)
+        self._killpg(att.pgid, sig)
+
+    def get(self, job_id: str, attempt: int) -> _Attempt | None:
+        return self._attempts.get((job_id, attempt))
+
+    def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            if checkpoint_first:
+                if att.stop_mode:
+                    return  # already stopping; the first deadline stands
+                att.stop_mode = "checkpoint"
+                att.kill_deadline = time.time() + max(0.0, grace_s)
+                self._signal_live(att, signal.SIGTERM)
+                self._set_state(att, AS.ATTEMPT_STATE_CHECKPOINTING)
+            else:
+                if not att.stop_mode or att.stop_mode == "checkpoint":
+                    att.stop_mode = "kill"
+                att.killed_by_us = True
+                self._signal_live(att, signal.SIGKILL)
+
+    def checkpoint(self, job_id: str, attempt: int) -> None:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            self._signal_live(att, signal.SIGUSR1)
+
+    def fail(self, job_id: str, attempt: int, message: str, failed_nodes: list[str]) -> None:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None or att.failure is not None:
+                return
+            att.failure = (-signal.SIGKILL, message, list(failed_nodes))
+            att.killed_by_us = True
+            self._signal_live(att, signal.SIGKILL)
+
+    # ---- observation ------------------------------------------------------------------
+    def _set_state(self, att: _Attempt, state: int, progress: common_pb2.Progress | None = None) -> None:
+        if att.state == state:
+            return
+        att.state = state
+        if progress is None and att.last is not None:
+            progress = att.last.progress
+        att.events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state, progress))
+        if progress is not None and att.last is not None:
+            att.last_sent_sig = att.last.signature()
+            att.last_sent_time = time.time()
+
+    def poll(self) -> list[AttemptEvent]:
+        with self._lock:
+            now = time.time()
+            out, self._pending = self._pending, []
+            for key in list(self._attempts):
+                att = self._attempts[key]
+                self._poll_one(att, now)
+                out.extend(att.events)
+                att.events = []
+                if att.state in (
+                    AS.ATTEMPT_STATE_SUCCEEDED,
+                    AS.ATTEMPT_STATE_FAILED,
+                    AS.ATTEMPT_STATE_CHECKPOINTED,
+                    AS.ATTEMPT_STATE_STOPPED,
+                ):
+                    del self._attempts[key]
+            return out
+
+    def _poll_one(self, att: _Attempt, now: float) -> None:
+        for r in att.ranks:
+            if r.returncode is None:
+                r.returncode = r.proc.poll()
+        snap = read_progress(str(att.progress_path))
+        if snap is not None:
+            att.last = snap
+        alive = [r for r in att.ranks if r.returncode is None]
+
+        # Stop deadline passed: the trainer did not checkpoint in time.
+        if alive and att.stop_mode == "checkpoint" and att.kill_deadline and now >= att.kill_deadline:
+            att.killed_by_us = True
+            self._signal_live(att, signal.SIGKILL)
+
+        # Gang failure: one rank crashed -> the others cannot make progress.
+        if att.failure is None and not att.stop_mode:
+            crashed = [r for r in att.ranks if r.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
+            if crashed:
+                first = crashed[0]
+                blamed = [] if first.returncode == EXIT_BAD_CONFIG else [first.node_id]
+                msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
+                stderr = tail(first.stderr_path)
+                if stderr:
+                    msg += ":\n" + stderr
+                att.failure = (first.returncode, msg, blamed)
+                if alive:
+                    att.killed_by_us = True
+                    self._signal_live(att, signal.SIGKILL)
+            elif alive:
+                beat = att.last.heartbeat if att.last else att.started
+                if att.hang_timeout_s > 0 and now - beat > att.hang_timeout_s:
+                    idle = int(now - beat)
+                    att.failure = (-signal.SIGKILL, f"hang: no progress for {idle} s", [])
+                    att.killed_by_us = True
+                    self._signal_live(att, signal.SIGKILL)
+
+        alive = [r for r in att.ranks if r.returncode is None]
+        if alive:
+            self._running_updates(att, now)
+            return
+        self._finish(att)
+
+    def _running_updates(self, att: _Attempt, now: float) -> None:
+        if att.stop_mode or att.failure:
+            return
+        snap = att.last
+        if att.state == AS.ATTEMPT_STATE_STARTING:
+            started = snap is not None and snap.state in ("running", "checkpointing", "done")
+            if started or (snap is None and now - att.started >= self.starting_grace_s):
+                self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
+            return
+        if snap is None:
+            return
+        if snap.signature() != att.last_sent_sig and now - att.last_sent_time >= self.progress_interval_s:
+            att.last_sent_sig = snap.signature()
+            att.last_sent_time = now
+            att.events.append(
+                AttemptEvent(att.spec.job_id, att.spec.attempt, att.state, snap.progress)
+            )
+
+    def _finish(self, att: _Attempt) -> None:
+        codes = [r.returncode for r in att.ranks]
+        progress = att.last.progress if att.last else None
+        failed_nodes: list[str] = []
+        if att.failure is not None:
+            state, (code, msg, failed_nodes) = AS.ATTEMPT_STATE_FAILED, att.failure
+        elif att.stop_mode == "kill" or (att.stop_mode and att.killed_by_us):
+            state, code = AS.ATTEMPT_STATE_STOPPED, -signal.SIGKILL
+            msg = "killed on stop" if att.stop_mode == "kill" else "killed: no checkpoint within grace"
+        elif all(c == EXIT_OK for c in codes):
+            state, code, msg = AS.ATTEMPT_STATE_SUCCEEDED, EXIT_OK, "all ranks exited 0"
+        elif all(c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes):
+            state, code, msg = AS.ATTEMPT_STATE_CHECKPOINTED, EXIT_CHECKPOINTED, "checkpointed"
+        else:
+            bad = next(r for r in att.ranks if r.returncode not in (EXIT_OK, EXIT_CHECKPOINTED))
+            state, code = AS.ATTEMPT_STATE_FAILED, bad.returncode or 1
+            msg = f"rank {bad.rank} exited with code {bad.returncode}\n" + tail(bad.stderr_path)
+        att.state = state
+        att.events.append(
+            AttemptEvent(
+                att.spec.job_id,
+                att.spec.attempt,
+                state,
+                progress,
+                exit_code=int(code),
+                message=msg.strip(),
+                failed_nodes=list(failed_nodes),
+            )
+        )
+        log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, state, code)
+
+    def running(self) -> list[RunningInfo]:
+        with self._lock:
+            return [
+                RunningInfo(
+                    a.spec.job_id,
+                    a.spec.attempt,
+                    a.state,
+                    a.last.progress if a.last else None,
+                    a.spec.node_ids(),
+                )
+                for a in self._attempts.values()
+            ]
+
+    def shutdown(self, grace_s: float = 0.0) -> None:
+        """SIGTERM (checkpoint) then SIGKILL every attempt; waits for them to exit."""
+        with self._lock:
+            atts = list(self._attempts.values())
+            for a in atts:
+                if grace_s > 0:
+                    self._signal_live(a, signal.SIGTERM)
+                else:
+                    self._signal_live(a, signal.SIGKILL)
+        deadline = time.time() + grace_s
+        for a in atts:
+            for r in a.ranks:
+                try:
+                    r.proc.wait(timeout=max(0.0, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    self._signal_live(a, signal.SIGKILL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        r.proc.wait(timeout=5)

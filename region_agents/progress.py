@@ -1,0 +1,63 @@
+"""Read the trainer's progress file (docs/contracts.md section 2).
+
+Why tolerant: rank 0 rewrites the file atomically, but a custom command might
+not, and the file does not exist until the trainer's first step. A missing or
+half-written file just means "nothing new"; it is never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from computebroker.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """One reading of the progress file."""
+
+    state: str  # starting | running | checkpointing | done
+    heartbeat: float  # trainer's last sign of life (epoch seconds)
+    progress: common_pb2.Progress
+    raw: dict
+
+    def signature(self) -> tuple:
+        """What counts as *new* progress (heartbeat-only refreshes do not)."""
+        p = self.progress
+        return (self.state, p.step, p.samples_seen, p.last_checkpoint_step, p.last_checkpoint_uri)
+
+
+def read_progress(path: str) -> ProgressSnapshot | None:
+    """Parse the progress file, or None if absent / unreadable / not a JSON object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        mtime = os.path.getmtime(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+
+    def num(key: str, cast: type = float, default: float = 0) -> float:
+        try:
+            return cast(data.get(key) if data.get(key) is not None else default)
+        except (TypeError, ValueError):
+            return cast(default)
+
+    updated = num("time") or mtime
+    heartbeat = max(num("heartbeat") or 0.0, updated, mtime)
+    progress = common_pb2.Progress(
+        step=int(num("step", int)),
+        total_steps=int(num("total_steps", int)),
+        samples_seen=int(num("samples_seen", int)),
+        loss=num("loss"),
+        tokens_per_s=num("tokens_per_s"),
+        last_checkpoint_step=int(num("last_checkpoint_step", int)),
+        last_checkpoint_uri=str(data.get("last_checkpoint_uri") or ""),
+        updated_time=updated,
+    )
+    return ProgressSnapshot(
+        state=str(data.get("state") or "running"), heartbeat=heartbeat, progress=progress, raw=data
+    )
