@@ -29,10 +29,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from computebroker.v1 import common_pb2 as pb
 from google.protobuf.message import Message
 
 from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from computebroker.v1 import common_pb2 as pb
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -99,10 +99,13 @@ class SQLiteStore(Store):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # also after a failed COMMIT (e.g. disk full): never leave the shared
+                # connection inside an open transaction
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
         with self._lock:
