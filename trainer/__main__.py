@@ -1,0 +1,48 @@
+"""`python -m trainer`: one process per rank, launched by the region agent (or torchrun).
+
+Everything comes from the environment (docs/contracts.md section 1). Exit codes:
+0 done, 75 stopped after a durable checkpoint, 2 bad config / checkpoint / storage
+(one paragraph on stderr, no traceback), anything else = crash (traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+import warnings
+
+# torch warns at import when numpy is absent, and DCP warns about overwrite defaults;
+# neither is actionable for the agent reading our stderr.
+warnings.filterwarnings("ignore", message=".*NumPy.*")
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\..*")
+
+
+def main() -> None:
+    from trainer.errors import EXIT_BAD_CONFIG, TrainerError
+    from trainer.signals import SignalFlags
+
+    flags = SignalFlags()
+    flags.install()  # first thing: a SIGTERM during startup is remembered, not fatal
+    rank = os.environ.get("RANK", "0")
+    try:
+        from trainer.config import load_run_env, parse_spec
+        from trainer.loop import train
+
+        env = load_run_env()
+        spec = parse_spec(os.environ.get("CB_TRAINER_CONFIG", ""))
+        code = train(spec, env, flags)
+    except TrainerError as exc:
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_BAD_CONFIG
+    except Exception:  # noqa: BLE001 - a crash: full traceback for the operator
+        traceback.print_exc()
+        code = 1
+    from trainer.parallel import shutdown_and_exit
+
+    shutdown_and_exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), torchtitan-style.
+
+What is saved: model + optimizer (via `get_state_dict`, so FSDP/HSDP DTensor shards are
+saved with their global layout and DCP can reshard them on load to any world size), plus
+a small `trainer` dict: step, samples_seen (the data position), LR scheduler state and
+the RNG state.
+
+Commit protocol (docs/contracts.md section 3): DCP writes the shard files and, once
+every rank has reported success, its `.metadata`; only then rank 0 writes
+`manifest.json` (step, samples_seen, world size, attempt, job id, model config, file
+list with sizes). No manifest = incomplete = never loaded; latest = highest step with a
+manifest; older complete ones beyond `keep_last`, and abandoned incomplete ones, are
+pruned after each commit.
+
+Async: `dcp.async_save` in thread mode on a dedicated gloo group (the default group
+would interleave with FSDP's collectives), at most one save in flight: a new save
+first waits for the previous one. Staging copies the state to CPU before training
+resumes, so the snapshot is consistent. The manifest is written from the future's done
+callback on rank 0, so it lands as soon as the data is durable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from trainer.config import ModelConfig
+from trainer.errors import TrainerError
+from trainer.storage import MANIFEST, Store, open_store, split_checkpoint_uri, step_name
+
+MANIFEST_VERSION = 1
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        model: torch.nn.Module,
+        optim: torch.optim.Optimizer,
+        sched: Any,
+        ckpt_group: dist.ProcessGroup,
+        rank: int,
+        world_size: int,
+        manifest_base: dict[str, Any],
+        keep_last: int,
+        threads: int,
+        use_async: bool,
+        on_durable: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.model, self.optim, self.sched = model, optim, sched
+        self.group = ckpt_group
+        self.rank, self.world_size = rank, world_size
+        self.manifest_base = manifest_base
+        self.keep_last = keep_last
+        self.threads = threads
+        self.use_async = use_async
+        self.on_durable = on_durable
+        self._inflight: Future | None = None
+        self._inflight_step = -1
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self.last_durable_step = -1
+        self.last_saved_step = -1  # last step a save was started for
+        self.stats: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ state
+    def _state(self, step: int, samples_seen: int) -> dict[str, Any]:
+        msd, osd = get_state_dict(self.model, self.optim)
+        extra = {
+            "step": step,
+            "samples_seen": samples_seen,
+            "lr_sched": self.sched.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        return {"model": msd, "optim": osd, "trainer": extra}
+
+    # ------------------------------------------------------------------- save
+    def save(self, step: int, samples_seen: int, *, blocking: bool = False) -> None:
+        """Start a checkpoint of `step`; blocking=True (emergency / final) waits until durable."""
+        self.raise_if_failed()
+        if step == self.last_saved_step:
+            if blocking:
+                self.wait()
+            return
+        self.wait()  # at most one in flight
+        name = step_name(step)
+        writer = self.store.writer(name, self.threads)
+        state = self._state(step, samples_seen)
+        t0 = time.perf_counter()
+        self.last_saved_step = step
+        if self.use_async and not blocking:
+            fut = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            blocked = time.perf_counter() - t0
+            self._inflight, self._inflight_step = fut, step
+            fut.add_done_callback(lambda f: self._finish(f, step, samples_seen, t0, blocked))
+        else:
+            dcp.save(state, storage_writer=writer, process_group=self.group)
+            blocked = time.perf_counter() - t0
+            done: Future = Future()
+            done.set_result(None)
+            self._finish(done, step, samples_seen, t0, blocked)
+            self.raise_if_failed()
+
+    def _finish(self, fut: Future, step: int, samples_seen: int, t0: float, blocked: float) -> None:
+        """Runs when this rank's part is written; rank 0 (DCP coordinator) then commits."""
+        try:
+            fut.result()
+            if self.rank == 0:
+                self._commit(step, samples_seen)
+            with self._lock:
+                self.last_durable_step = max(self.last_durable_step, step)
+            self.stats.append(
+                {"step": step, "blocked_s": blocked, "total_s": time.perf_counter() - t0}
+            )
+            if self.rank == 0 and self.on_durable is not None:
+                self.on_durable(step, self.store.uri(step_name(step)))
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the training thread
+            self._error = exc
+
+    def _commit(self, step: int, samples_seen: int) -> None:
+        name = step_name(step)
+        files = self.store.list_files(name)
+        manifest = dict(self.manifest_base)
+        manifest.update(
+            {
+                "manifest_version": MANIFEST_VERSION,
+                "step": step,
+                "samples_seen": samples_seen,
+                "world_size": self.world_size,
+                "created": time.time(),
+                "files": [{"name": n, "size": s} for n, s in sorted(files.items())],
+            }
+        )
+        self.store.write_manifest(name, manifest)
+        self._prune(step)
+
+    def _prune(self, newest: int) -> None:
+        steps = self.store.list_steps()
+        complete = sorted(s for s, ok in steps.items() if ok)
+        doomed = complete[: -self.keep_last] if len(complete) > self.keep_last else []
+        # Incomplete dirs older than the newest commit were abandoned (killed uploads).
+        doomed += [s for s, ok in steps.items() if not ok and s < newest]
+        for s in doomed:
+            self.store.delete(step_name(s))
+
+    def wait(self) -> None:
+        fut = self._inflight
+        if fut is not None:
+            fut.result()
+            # the done callback may still be running: wait for its commit too
+            while self.last_durable_step < self._inflight_step and self._error is None:
+                time.sleep(0.01)
+            self._inflight = None
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"checkpoint save failed: {err}") from err
+
+    # ------------------------------------------------------------------- load
+    def load(self, name: str, store: Store | None = None) -> dict[str, Any]:
+        """Load checkpoint `name` into model/optim/sched/RNG; returns its manifest."""
+        store = store or self.store
+        try:
+            manifest = store.read_manifest(name)
+        except Exception as exc:  # noqa: BLE001
+            raise TrainerError(
+                f"checkpoint {store.uri(name)} has no readable {MANIFEST} ({exc}); "
+                "it is incomplete or corrupt"
+            ) from None
+        check_compatible(manifest, self.manifest_base["model"], store.uri(name))
+        verify_files(store, name, manifest)
+        msd, osd = get_state_dict(self.model, self.optim)
+        extra: dict[str, Any] = {
+            "step": 0,
+            "samples_seen": 0,
+            "lr_sched": self.sched.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+        state = {"model": msd, "optim": osd, "trainer": extra}
+        try:
+            dcp.load(state, storage_reader=store.reader(name), process_group=self.group)
+        except Exception as exc:  # noqa: BLE001 - DCP wraps per-rank failures
+            first = str(exc).strip().splitlines()
+            raise TrainerError(
+                f"checkpoint {store.uri(name)} could not be loaded (corrupt or incompatible): "
+                f"{type(exc).__name__}: {first[0] if first else ''}"[:600]
+            ) from None
+        set_state_dict(
+            self.model,
+            self.optim,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=True),
+        )
+        extra = state["trainer"]
+        self.sched.load_state_dict(extra["lr_sched"])
+        torch.set_rng_state(extra["rng"])
+        if int(extra["step"]) != int(manifest["step"]):
+            raise TrainerError(
+                f"checkpoint {store.uri(name)} is inconsistent: manifest says step "
+                f"{manifest['step']}, data says {extra['step']}"
+            )
+        self.last_durable_step = self.last_saved_step = int(manifest["step"])
+        return manifest
+
+
+def check_compatible(manifest: dict[str, Any], model_cfg: dict[str, Any], where: str) -> None:
+    saved = manifest.get("model")
+    if saved != model_cfg:
+        diff = {
+            k: (saved.get(k) if isinstance(saved, dict) else None, v)
+            for k, v in model_cfg.items()
+            if not isinstance(saved, dict) or saved.get(k) != v
+        }
+        raise TrainerError(
+            f"checkpoint {where} was written for a different model: "
+            + ", ".join(f"{k}: checkpoint {a} vs config {b}" for k, (a, b) in diff.items())
+            + ". Resume with the model preset it was trained with, or use a new checkpoint URI."
+        )
+
+
+def verify_files(store: Store, name: str, manifest: dict[str, Any]) -> None:
+    """Cheap integrity check: every file the manifest lists exists with its size."""
+    have = store.list_files(name)
+    for f in manifest.get("files", []):
+        if have.get(f["name"]) != f["size"]:
+            raise TrainerError(
+                f"checkpoint {store.uri(name)} is corrupt: file {f['name']} has size "
+                f"{have.get(f['name'])} but the manifest says {f['size']}"
+            )
+
+
+def find_resume_point(store: Store, resume_from: str, max_concurrency: int) -> tuple[Store, str] | None:
+    """CB_RESUME_FROM if set, else the latest complete checkpoint under the root, else None."""
+    if resume_from:
+        parent, name = split_checkpoint_uri(resume_from)
+        src = open_store(parent, max_concurrency)
+        src.check_reachable()
+        if not src.list_steps().get(int(name.split("-")[1]), False):
+            raise TrainerError(
+                f"CB_RESUME_FROM={resume_from} is not a complete checkpoint (no {MANIFEST})"
+            )
+        return src, name
+    complete = [s for s, ok in store.list_steps().items() if ok]
+    if not complete:
+        return None
+    return store, step_name(max(complete))
+
+
+def model_manifest_fields(cfg: ModelConfig) -> dict[str, Any]:
+    return cfg.to_dict()

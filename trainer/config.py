@@ -1,0 +1,181 @@
+"""Trainer configuration: the `TrainerSpec` JSON in `CB_TRAINER_CONFIG` plus the env.
+
+Why pydantic for the spec: the JSON comes from another component (the agent copies the
+job's `TrainerSpec`), possibly through protobuf's JSON mapping, where int64 fields arrive
+as strings and names may be camelCase. Pydantic coerces both and gives a precise
+message for anything else, which we turn into exit code 2 (docs/contracts.md).
+
+`options` is a `map<string,string>` in the proto, so every option value may arrive as a
+string; `TrainerOptions` parses them into typed fields and rejects unknown keys (a typo
+such as `keep_lats` should fail loudly, not be silently ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trainer.errors import TrainerError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the transformer LM. Stored in every manifest to refuse a mismatched resume."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    seq_len: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+# "tiny": a few thousand parameters, for tests and demos (a step is milliseconds on CPU).
+# "small": a few million, for demos that want a visible loss curve.
+# "200m": >= 200M parameters, for the checkpoint benchmark.
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, d_ff=32, seq_len=16),
+    "small": ModelConfig(vocab_size=1024, d_model=128, n_layers=4, n_heads=4, d_ff=512, seq_len=64),
+    "200m": ModelConfig(
+        vocab_size=32000, d_model=1024, n_layers=15, n_heads=16, d_ff=4096, seq_len=128
+    ),
+}
+
+
+class TrainerOptions(BaseModel):
+    """Free-form `TrainerSpec.options`, typed. All have defaults; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_last: int = Field(3, ge=1, description="complete checkpoints to keep")
+    micro_batch_size: int = Field(
+        8, ge=1, description="samples per forward pass per rank; more = gradient accumulation"
+    )
+    parallelism: Literal["fsdp", "hsdp"] = "fsdp"
+    hsdp_replicate: int = Field(2, ge=1, description="replica groups of the HSDP mesh")
+    mixed_precision: Literal["none", "bf16"] = "none"
+    activation_checkpointing: bool = False
+    async_checkpoint: bool = True
+    sample_log: str = Field("", description="rank 0 appends one JSON line per step here")
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    seq_len: int = Field(0, ge=0, description="override the preset's sequence length")
+    dataset_size: int = Field(65536, ge=1, description="samples per epoch")
+    heartbeat_s: float = Field(2.0, gt=0)
+    stop_at_step: int = Field(
+        0, ge=0, description="stop this attempt after this step with a checkpoint, exit 75"
+    )
+    storage_threads: int = Field(2, ge=1, description="DCP writer threads per rank")
+    s3_max_concurrency: int = Field(8, ge=1)
+    dist_timeout_s: float = Field(300.0, gt=0)
+    log_every: int = Field(10, ge=1)
+
+
+class TrainerSpec(BaseModel):
+    """The `TrainerSpec` of proto/computebroker/v1/common.proto, as JSON."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    total_steps: int = Field(..., ge=1, alias="totalSteps")
+    checkpoint_every: int = Field(0, ge=0, alias="checkpointEvery")
+    global_batch_size: int = Field(..., ge=1, alias="globalBatchSize")
+    seed: int = 0
+    model: str = "tiny"
+    step_sleep_s: float = Field(0.0, ge=0, alias="stepSleepS")
+    options: TrainerOptions = Field(default_factory=TrainerOptions)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        if v not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; known: {sorted(MODEL_PRESETS)}")
+        return v
+
+    def model_shape(self) -> ModelConfig:
+        base = MODEL_PRESETS[self.model]
+        if self.options.seq_len:
+            return dataclasses.replace(base, seq_len=self.options.seq_len)
+        return base
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnv:
+    """What the launcher (agent or torchrun) tells this process, read once at start."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    job_id: str
+    attempt: int
+    checkpoint_uri: str
+    resume_from: str
+    progress_file: str
+    grace_s: float
+
+
+def _int_env(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TrainerError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def load_run_env(env: dict[str, str] | None = None) -> RunEnv:
+    """Read RANK/WORLD_SIZE/CB_* (docs/contracts.md section 1). Missing RANK = single process."""
+    env = dict(os.environ if env is None else env)
+    rank = _int_env(env, "RANK", 0)
+    world = _int_env(env, "WORLD_SIZE", 1)
+    if world < 1 or not 0 <= rank < world:
+        raise TrainerError(f"RANK={rank} / WORLD_SIZE={world} are inconsistent")
+    ckpt = env.get("CB_CHECKPOINT_URI", "")
+    if not ckpt:
+        raise TrainerError(
+            "CB_CHECKPOINT_URI is not set: the trainer needs a local directory or an "
+            "s3://bucket/prefix to write checkpoints to"
+        )
+    try:
+        grace = float(env.get("CB_GRACE_S", "") or 120)
+    except ValueError:
+        raise TrainerError(f"CB_GRACE_S={env['CB_GRACE_S']!r} is not a number") from None
+    return RunEnv(
+        rank=rank,
+        world_size=world,
+        local_rank=_int_env(env, "LOCAL_RANK", rank),
+        job_id=env.get("CB_JOB_ID", "") or "local",
+        attempt=_int_env(env, "CB_ATTEMPT", 0),
+        checkpoint_uri=ckpt,
+        resume_from=env.get("CB_RESUME_FROM", ""),
+        progress_file=env.get("CB_PROGRESS_FILE", ""),
+        grace_s=grace,
+    )
+
+
+def parse_spec(raw: str | dict[str, Any]) -> TrainerSpec:
+    """Parse and validate `CB_TRAINER_CONFIG`; any problem becomes one readable TrainerError."""
+    if isinstance(raw, str):
+        if not raw.strip():
+            raise TrainerError("CB_TRAINER_CONFIG is empty: it must be a TrainerSpec JSON object")
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise TrainerError(f"CB_TRAINER_CONFIG is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise TrainerError("CB_TRAINER_CONFIG must be a JSON object")
+    try:
+        return TrainerSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise TrainerError(f"invalid CB_TRAINER_CONFIG: {problems}") from None

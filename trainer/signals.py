@@ -1,0 +1,47 @@
+"""SIGTERM / SIGUSR1 handling that every rank agrees on.
+
+The handlers only set flags (safe at any point, including inside a collective). Once
+per step the flags are combined with `all_reduce(MAX)`, so if any rank got SIGTERM all
+ranks stop after the *same* step and take the emergency checkpoint together (a rank
+that decided alone would deadlock the others in the next collective). SIGUSR1 asks
+for a checkpoint at the next step boundary and training continues.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class SignalFlags:
+    def __init__(self) -> None:
+        self.term = False
+        self.usr1 = False
+        self.term_time: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        if not self.term:
+            self.term_time = time.monotonic()
+        self.term = True
+
+    def _on_usr1(self, signum: int, frame: object) -> None:
+        self.usr1 = True
+
+    def agree(self, device: torch.device) -> tuple[bool, bool]:
+        """(stop, checkpoint_now) as agreed by all ranks; clears the local SIGUSR1 flag."""
+        t = torch.tensor([int(self.term), int(self.usr1)], dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        stop, ckpt = bool(t[0].item()), bool(t[1].item())
+        if ckpt:
+            self.usr1 = False
+        if stop and self.term_time is None:
+            self.term_time = time.monotonic()  # learned from a peer
+        return stop, ckpt
