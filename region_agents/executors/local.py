@@ -2,8 +2,7 @@
 
 Why real processes: the simulated cluster must behave like a real one where it
 matters to the broker: gang failure, signals, exit codes, hangs. One attempt =
-one process group (the first rank starts a new session, the others join its
-group), so a single ``killpg`` reaches every rank and anything they spawned.
+one process group (rank 0 leads a new group, the others join it), so a single ``killpg`` reaches every rank and anything they spawned.
 
 Rank layout: ``nodes x min(gpus_per_node, ranks_per_node)`` processes, with
 WORLD_SIZE set to that number (TEAM.md rule 8); the trainer keeps the global
@@ -211,8 +210,11 @@ class LocalExecutor(Executor):
                                 stdin=subprocess.DEVNULL,
                                 stdout=out,
                                 stderr=err,
-                                start_new_session=(rank == 0),
-                                process_group=None if rank == 0 else pgid,
+                                # Rank 0 leads a new process group, the others join it. (Not a
+                                # new *session* per rank: setpgid cannot join a group in
+                                # another session.) A terminal's Ctrl-C to the agent's group
+                                # does not reach the ranks; one killpg reaches them all.
+                                process_group=0 if rank == 0 else pgid,
                             )
                         finally:
                             out.close()

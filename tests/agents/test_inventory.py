@@ -1,0 +1,69 @@
+"""inventory.py: the region inventory file (docs/contracts.md section 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from computebroker.v1 import common_pb2
+from region_agents.inventory import InventoryError, load_inventory, parse_inventory
+
+CT = common_pb2.CapacityType
+
+
+def test_contract_example_loads(inventory_file):
+    inv = load_inventory(inventory_file)
+    assert inv.region == "test-1" and inv.agent_id == "test-1-a"
+    assert [n.id for n in inv.nodes] == ["t1-p5-000", "t1-p5-001", "t1-spot-000"]
+    p5 = inv.nodes[0]
+    assert p5.gpus == 8 and p5.efa == 32 and p5.instance_type == "p5.48xlarge"
+    assert p5.accelerator == "h100" and p5.zone == "t1-az1" and p5.region == "test-1"
+    assert p5.network_layer_3 == "l3-a" and p5.capacity_type == CT.CAPACITY_TYPE_ON_DEMAND
+    assert p5.price_per_gpu_hour == pytest.approx(4.1)
+    spot = inv.node("t1-spot-000")
+    assert spot.capacity_type == CT.CAPACITY_TYPE_SPOT and spot.gpus == 4 and spot.pool == "spot"
+
+
+def test_nodes_one_by_one_and_json(tmp_path):
+    doc = {"region": "r", "checkpoint_bucket": "s3://b",
+           "nodes": [{"name": "a", "gpus": 4, "capacity_type": "training_plan",
+                      "training_plan": "tp-1", "healthy": False},
+                     {"name": "b", "gpus": 2, "labels": {"topology.k8s.aws/ultraserver-id": "u1"}}]}
+    path = tmp_path / "inv.json"
+    path.write_text(json.dumps(doc))
+    inv = load_inventory(path)
+    assert inv.agent_id == "r-agent" and inv.checkpoint_bucket == "s3://b"
+    a, b = inv.nodes
+    assert a.capacity_type == CT.CAPACITY_TYPE_TRAINING_PLAN and a.pool == "tp-1" and not a.healthy
+    assert b.ultraserver_id == "u1" and b.healthy
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("region: r\nnodes:\n  - name: a\n    gpus: 8\n    capacity_type: cheap\n",
+         r"inv.yaml:3: node 'a': unknown capacity type 'cheap'"),
+        ("region: r\nnodes:\n  - name: a\n    gpus: 0\n", r"inv.yaml:3: node 'a': 'gpus' must be a positive"),
+        ("region: r\nnodes:\n  - name: a\n    gpus: 1\n  - name: a\n    gpus: 2\n",
+         r"inv.yaml:5: duplicate node name 'a' \(first defined at line 3\)"),
+        ("region: r\nnode_groups:\n  - name_prefix: g\n    count: 2\n    gpus: 1\n"
+         "nodes:\n  - name: g-001\n    gpus: 1\n", r"duplicate node name 'g-001'"),
+        ("region: r\nnodes:\n  - name: a\n    gpu: 8\n", r"inv.yaml:3: unknown node key\(s\) \['gpu'\]"),
+        ("nodes: []\n", r"'region' is required"),
+        ("region: r\n", r"no nodes"),
+        ("region: r\nnode_groups:\n  - name_prefix: g\n    count: -1\n    gpus: 1\n", r"'count' must be"),
+        ("region: r\nnodes: [ {name: a\n", r"inv.yaml:\d+: not valid YAML"),
+        ("region: r\nnodes:\n  - name: a\n    gpus: 1\n    price_per_gpu_hour: lots\n", r"must be a number"),
+        ("region: r\nnodes:\n  - name: a\n    gpus: 1\n    labels: {topology.kubernetes.io/region: other}\n",
+         r"region label 'other' != inventory region 'r'"),
+    ],
+)
+def test_errors_name_file_and_line(text, match):
+    with pytest.raises(InventoryError, match=match):
+        parse_inventory(text, source="inv.yaml")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(InventoryError, match="cannot read inventory file"):
+        load_inventory(tmp_path / "nope.yaml")

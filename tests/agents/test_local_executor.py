@@ -1,0 +1,199 @@
+"""LocalExecutor: real processes per rank, gang semantics, signals, exit codes, hangs.
+
+Uses the contract-honouring fake trainer from conftest.py as a custom `command`
+(the real trainer is exercised by the lead's e2e tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from computebroker.v1 import agent_pb2, common_pb2
+from region_agents.executors.base import AttemptSpec
+from region_agents.executors.local import LocalExecutor
+from tests.agents.fake_broker import wait_for
+
+AS = agent_pb2.AttemptState
+
+
+def make_spec(command, job="j-1", attempt=1, nodes=2, gpus=8, env=None, options=None, ckpt=""):
+    spec = common_pb2.JobSpec(
+        name="t", command=command,
+        resources=common_pb2.Resources(nodes=nodes, gpus_per_node=gpus),
+        trainer=common_pb2.TrainerSpec(total_steps=20, checkpoint_every=5, model="tiny",
+                                       options=options or {}),
+        env=env or {},
+    )
+    placement = common_pb2.Placement(
+        region="test-1", world_size=nodes * gpus,
+        nodes=[common_pb2.NodeAssignment(node_id=f"t1-p5-{i:03d}", gpus=gpus) for i in range(nodes)],
+    )
+    return AttemptSpec(job_id=job, attempt=attempt, spec=spec, placement=placement,
+                       checkpoint_uri=ckpt, env={"EXTRA_FROM_LAUNCH": "yes"})
+
+
+class Collector:
+    def __init__(self, ex: LocalExecutor):
+        self.ex = ex
+        self.events = []
+
+    def pump(self):
+        self.events.extend(self.ex.poll())
+        return self.events
+
+    def wait_terminal(self, timeout=90):
+        def done():
+            self.pump()
+            return next((e for e in self.events if e.terminal), None)
+        return wait_for(done, timeout, what="terminal event")
+
+    def wait_state(self, state, timeout=60):
+        return wait_for(lambda: any(e.state == state for e in self.pump()), timeout,
+                        what=f"state {state}")
+
+    def states(self):
+        out = []
+        for e in self.events:
+            if not out or out[-1] != e.state:
+                out.append(e.state)
+        return out
+
+
+@pytest.fixture
+def ex(tmp_path):
+    executor = LocalExecutor(tmp_path / "work", ranks_per_node=2, hang_timeout_s=60,
+                             starting_grace_s=1.0, progress_interval_s=0.2)
+    yield executor
+    executor.shutdown(0)
+
+
+def test_launch_env_progress_success(ex, fake_trainer, tmp_path):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "15", "FAKE_STEP_S": "0.1"},
+                        ckpt=f"file://{tmp_path}/ck"))
+    assert [r.job_id for r in ex.running()] == ["j-1"]
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_SUCCEEDED and end.exit_code == 0
+    assert end.progress.step == 15 and end.progress.last_checkpoint_step == 15
+    states = col.states()
+    assert states[0] == AS.ATTEMPT_STATE_STARTING and AS.ATTEMPT_STATE_RUNNING in states
+    # Progress was reported while running (rate-limited, but more than once for 15 steps).
+    running = [e for e in col.events if e.state == AS.ATTEMPT_STATE_RUNNING and e.progress]
+    assert running and all(e.progress.total_steps == 15 for e in running)
+    assert ex.running() == []
+    # 2 nodes x min(8 GPUs, 2 ranks per node) = 4 ranks, each with torchrun-style env.
+    adir = tmp_path / "work" / "jobs" / "j-1" / "attempt-1"
+    outs = sorted(adir.glob("rank-*.stdout"))
+    assert len(outs) == 4
+    text = (adir / "rank-3.stdout").read_text()
+    assert "rank 3/4 env ok: job=j-1" in text
+    assert json.loads((adir / "progress.json").read_text())["state"] == "done"
+    assert (tmp_path / "ck").is_dir()  # file:// URI became a local directory
+
+
+def test_env_contract(ex, tmp_path):
+    dump = tmp_path / "env-{rank}.json"
+    script = ("import json, os; keys = [k for k in os.environ if k.startswith(('CB_', 'RANK', 'WORLD', "
+              "'LOCAL_', 'MASTER_', 'EXTRA_', 'FROM_'))]; "
+              f"json.dump({{k: os.environ[k] for k in keys}}, open({str(dump)!r}.format(rank=os.environ['RANK']), 'w'))")
+    spec = make_spec([os.sys.executable, "-c", script], nodes=2, gpus=1, env={"FROM_SPEC": "1"})
+    spec.resume_from = "s3://b/jobs/j-1/step-000000010"
+    col = Collector(ex)
+    ex.launch(spec)
+    assert col.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
+    envs = [json.loads(Path(str(dump).format(rank=r)).read_text()) for r in range(2)]
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"}  # 2 nodes x min(1 GPU, 2)
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "0"] and envs[0]["LOCAL_WORLD_SIZE"] == "1"
+    assert envs[0]["MASTER_ADDR"] == "127.0.0.1" and envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert envs[0]["CB_JOB_ID"] == "j-1" and envs[0]["CB_ATTEMPT"] == "1"
+    assert envs[0]["CB_RESUME_FROM"] == "s3://b/jobs/j-1/step-000000010"
+    assert envs[0]["CB_PROGRESS_FILE"].endswith("jobs/j-1/attempt-1/progress.json")
+    assert envs[0]["CB_CHECKPOINT_URI"].endswith("checkpoints/j-1")
+    assert json.loads(envs[0]["CB_TRAINER_CONFIG"])["total_steps"] == 20
+    assert envs[0]["EXTRA_FROM_LAUNCH"] == "yes" and envs[0]["FROM_SPEC"] == "1"
+    assert envs[0]["CB_GRACE_S"] == "120"
+
+
+def test_one_rank_failing_kills_the_gang(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05",
+                                           "FAKE_FAIL_RANK": "2", "FAKE_FAIL_AT": "3"}))
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_FAILED and end.exit_code == 3
+    assert "rank 2 on t1-p5-001 exited with code 3" in end.message
+    assert "boom: simulated crash on purpose" in end.message
+    assert end.failed_nodes == ["t1-p5-001"]
+    assert ex.running() == []  # the other ranks were killed, not left running
+
+
+def test_stop_with_checkpoint_exits_75(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05"}))
+    wait_for(lambda: any(e.progress and e.progress.step >= 2 for e in col.pump()), 60,
+             what="some progress")
+    ex.stop("j-1", 1, checkpoint_first=True, grace_s=60)
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_CHECKPOINTED and end.exit_code == 75
+    assert end.progress.last_checkpoint_step >= 2
+    assert AS.ATTEMPT_STATE_CHECKPOINTING in col.states()
+
+
+def test_stop_checkpoint_first_but_ignored_is_killed_after_grace(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_IGNORE_TERM": "1"}))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    ex.stop("j-1", 1, checkpoint_first=True, grace_s=0.5)
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_STOPPED
+    assert "no checkpoint within grace" in end.message
+
+
+def test_stop_without_checkpoint_is_killed(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000"}))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    ex.stop("j-1", 1, checkpoint_first=False, grace_s=0)
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_STOPPED and end.exit_code == -9
+    with pytest.raises(KeyError):
+        ex.stop("j-1", 1, checkpoint_first=False, grace_s=0)
+
+
+def test_checkpoint_now_sends_sigusr1(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, nodes=1, env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05"}))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    ex.checkpoint("j-1", 1)
+    wait_for(lambda: any(e.progress and e.progress.last_checkpoint_step > 0 for e in col.pump()),
+             60, what="checkpoint after SIGUSR1")
+    assert ex.running()[0].state == AS.ATTEMPT_STATE_RUNNING  # kept training
+
+
+def test_hang_detection(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, nodes=1, options={"hang_timeout_s": "1.5"},
+                        env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05", "FAKE_HANG_AT": "5"}))
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_FAILED
+    assert end.message.startswith("hang: no progress for ")
+    assert end.progress.step == 5
+
+
+def test_fail_marks_failed_nodes(ex, fake_trainer):
+    col = Collector(ex)
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000"}))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    ex.fail("j-1", 1, "node t1-p5-000 unhealthy: xid 79", ["t1-p5-000"])
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_FAILED and end.failed_nodes == ["t1-p5-000"]
+    assert "xid 79" in end.message
+
+
+def test_bad_command_is_a_clear_error(ex):
+    with pytest.raises(ValueError, match="cannot start"):
+        ex.launch(make_spec(["/nonexistent/binary"]))
