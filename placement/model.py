@@ -58,6 +58,11 @@ class NodeInfo:
     # Training-plan nodes exist only inside [plan_start, plan_end).
     plan_start: float | None = None
     plan_end: float | None = None
+    # A scheduled plan's instances already up before plan_start (provisioned early or
+    # kept from a previous window): the engine may backfill them before the start, but
+    # only with work that checkpoints or finishes before plan_start. False = the node
+    # does not exist before plan_start.
+    available_before_plan: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,9 @@ class RunningJob:
     last_checkpoint_time: float = 0.0  # last durable checkpoint (or start when none)
     restart_cost_s: float = 60.0  # time to relaunch and reload
     preemptible: bool = True
+    # The broker is already checkpointing/suspending it (a victim from an earlier pass):
+    # its GPUs count as soon-free victims at no extra cost and it is not re-announced.
+    stopping: bool = False
 
     @property
     def gpus(self) -> int:
@@ -160,9 +168,26 @@ class Preemption:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A pending gang promised future capacity: a scheduled training plan's nodes
+    from ``start_time`` (Slurm-style backfill reservation). Not an admission: the
+    job stays PENDING; the engine re-derives the same reservation every pass until
+    the plan starts and the job is admitted on those nodes."""
+
+    job_id: str
+    agent_id: str
+    region: str
+    pool: str
+    start_time: float
+    assignments: tuple[tuple[str, int], ...]  # (node_id, gpus)
+    explanation: str = ""
+
+
 @dataclass(slots=True)
 class Decisions:
     admissions: list[Admission] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     # job_id -> why it is still pending, for people
     pending_reasons: dict[str, str] = field(default_factory=dict)
+    reservations: list[Reservation] = field(default_factory=list)

@@ -1,15 +1,525 @@
-"""The placement entry point the broker calls.
+"""The placement decision engine the broker calls: ``schedule(snapshot) -> Decisions``.
 
-Today this is first fit (the foundation issue); the placement issue replaces the
-body with the topology-, cost- and quota-aware engine, keeping the signature.
+Pure and deterministic: no I/O, no clock, no randomness; inputs are put in a
+canonical order first (nodes and running jobs by id, pending jobs by priority,
+submit time, id), so a shuffled snapshot gives the same decisions.
+
+One pass, Kueue-style:
+
+1. **Guaranteed phase.** Pending jobs in priority order whose team stays within
+   its guarantee are tried first (Kueue puts non-borrowing workloads first).
+   If one cannot be placed, it may *reclaim*: preempt borrowing jobs of other
+   teams in its cohort (and, second choice, lower-priority jobs of its own team).
+2. **Borrowing phase, fair share.** The remaining jobs need borrowed quota. They
+   are served team by team in order of the team's current weighted borrowed
+   share (borrowed GPUs / weight, lowest first; for a single resource this is
+   DRF), each team's jobs in priority order; the share is re-evaluated after
+   every admission, so one large borrower cannot starve the others.
+   A job whose team's quota is full may preempt lower-priority jobs of its own
+   team.
+
+A job whose admission needs preemptions is *not* admitted in the same pass: the
+engine emits the Preemptions, holds the free part of the chosen nodes for it
+for the rest of the pass, and leaves it pending ("waiting for N preempted jobs
+to checkpoint"). Next pass, once the broker suspended the victims, it fits.
+
+Victims: already-stopping jobs first (free soon, cost nothing), then borrowers
+before own-team jobs, then lowest priority, then least work lost
+(GPU-seconds since the last durable checkpoint + restart_cost_s x GPUs), then
+largest first (fewer victims). Victims are added until a simulated placement
+succeeds, then the unneeded ones are dropped in reverse order (Kueue's
+minimisation), so only victims that actually let the job place are chosen.
+
+Placement of one job (see ``placement.topology``):
+
+* Eligible capacity: accelerator, allowed/denied regions, draining regions,
+  capacity types (SPOT only when the job lists it; empty = anything but spot),
+  max price (training plans are prepaid, so the cap does not apply), excluded
+  nodes, healthy and uncordoned nodes, plan windows (below).
+* Ranking (lexicographic): ``preferred`` topology met, when possible anywhere;
+  capacity tier (active training plan, prepaid < spot < on-demand/reserved);
+  data locality (no egress when the cluster is in ``dataset_region``);
+  preferred-region rank; then tightest domain (one node, one UltraServer, one
+  layer-3 block, ... one cluster) and price; best fit inside a level.
+  ``required`` is a hard limit.
+* Elastic jobs (0 < min_nodes < nodes): the full size first, else the largest
+  size in [min_nodes, nodes) that fits quota and capacity.
+
+Training plans: a plan node is used only inside [plan_start, plan_end), and only
+by a job whose next safe point (min of checkpoint_interval_s and
+expected_duration_s; one hour when neither is known) falls before plan_end.
+A scheduled plan is future capacity: a gang that fits nowhere now gets a
+Reservation on the plan's nodes at plan_start. Plan nodes marked
+``available_before_plan`` are backfilled before the start only with work whose
+next safe point falls before plan_start.
+
+Cost: one pass is O(jobs x partitions x domains-per-level) with failed shapes
+cached (capacity only shrinks during a pass, so a shape that failed fails
+again), and at most ``MAX_PREEMPTION_SEARCHES`` victim simulations per pass.
 """
 
 from __future__ import annotations
 
-from placement.firstfit import schedule_first_fit
-from placement.model import Decisions, Snapshot
+import heapq
+import math
+from collections import defaultdict
+
+from placement.firstfit import allowed_types
+from placement.model import (
+    Admission,
+    CapacityType,
+    Decisions,
+    JobRequest,
+    Preemption,
+    Reservation,
+    RunningJob,
+    Snapshot,
+)
+from placement.quota import QuotaLedger
+from placement.topology import (
+    AGENT_LEVEL,
+    LEVEL_NAMES,
+    CapacityIndex,
+    Domain,
+    Partition,
+    Slot,
+    level_of,
+)
+
+UNKNOWN_SAFE_POINT_S = 3600.0
+MAX_PREEMPTION_SEARCHES = 64
+REASON_RECLAIM = "reclaim_lent_quota"
+REASON_PRIORITY = "higher_priority"
+
+Placed = tuple[Partition, int, Domain | None, list[Slot]]
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
-    """Decide admissions, preemptions and pending reasons for one pass. Pure."""
-    return schedule_first_fit(snapshot)
+    """Decide admissions, preemptions, reservations and pending reasons. Pure."""
+    return _Pass(snapshot).run()
+
+
+def safe_point_s(job: JobRequest) -> float:
+    """Seconds from a fresh start until the job checkpoints or finishes."""
+    vals = [v for v in (job.checkpoint_interval_s, job.expected_duration_s) if v > 0]
+    return min(vals) if vals else UNKNOWN_SAFE_POINT_S
+
+
+def work_lost_gpu_s(run: RunningJob, now: float) -> float:
+    if run.stopping:
+        return 0.0
+    since = run.last_checkpoint_time or run.started_time
+    return max(0.0, now - since) * run.gpus + run.restart_cost_s * run.gpus
+
+
+class _Pass:
+    def __init__(self, snap: Snapshot) -> None:
+        self.now = snap.now
+        self.snap = snap
+        nodes = sorted(snap.nodes, key=lambda n: n.id)
+        self.running = sorted(snap.running, key=lambda r: r.id)
+        self.pending = sorted(snap.pending, key=lambda j: (-j.priority, j.submit_time, j.id))
+        used: dict[str, int] = defaultdict(int)
+        self.jobs_on_node: dict[str, list[RunningJob]] = defaultdict(list)
+        for r in self.running:
+            for node_id, g in r.allocations:
+                used[node_id] += g
+                self.jobs_on_node[node_id].append(r)
+        now_nodes, future_nodes = [], []
+        for n in nodes:
+            if not n.healthy or n.cordoned or n.region in snap.draining_regions:
+                continue
+            if n.plan_end is not None and self.now >= n.plan_end:
+                continue
+            future = n.plan_start is not None and self.now < n.plan_start
+            if future:
+                future_nodes.append((n, n.gpus))
+                if not n.available_before_plan:
+                    continue
+            now_nodes.append((n, max(0, n.gpus - used.get(n.id, 0))))
+        self.index = CapacityIndex(now_nodes)
+        self.future = CapacityIndex(future_nodes, future=True)
+        self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
+        self.decisions = Decisions()
+        self.claimed: set[str] = set()
+        self.elig_cache: dict[tuple, list[tuple[tuple, Partition]]] = {}
+        self.fail_cache: dict[tuple, int] = {}
+        self.searches = 0
+
+    # ---- driver -----------------------------------------------------------------------
+
+    def run(self) -> Decisions:
+        led = self.ledger
+        deferred: dict[str, list[JobRequest]] = {}
+        for job in self.pending:
+            key = led.key(job.team, job.accelerator)
+            if not led.enabled or led.within_guarantee(job.team, key, self._min_gpus(job)):
+                self._try(job, key)
+            else:
+                deferred.setdefault(job.team, []).append(job)
+        heap = []
+        for order, team in enumerate(sorted(deferred)):
+            jobs = deferred[team]
+            heap.append((led.share(team, led.key(team, jobs[0].accelerator)), order, team, 0))
+        heapq.heapify(heap)
+        while heap:
+            _, order, team, i = heapq.heappop(heap)
+            job = deferred[team][i]
+            self._try(job, led.key(job.team, job.accelerator))
+            if i + 1 < len(deferred[team]):
+                nxt = deferred[team][i + 1]
+                heapq.heappush(heap, (led.share(team, led.key(team, nxt.accelerator)), order, team, i + 1))
+        return self.decisions
+
+    @staticmethod
+    def _min_gpus(job: JobRequest) -> int:
+        if 0 < job.min_nodes < job.nodes:
+            return job.min_nodes * job.gpus_per_node
+        return job.gpus
+
+    # ---- one job ----------------------------------------------------------------------
+
+    def _try(self, job: JobRequest, key: str) -> None:
+        led = self.ledger
+        g = job.gpus_per_node
+        if job.nodes <= 0 or g <= 0:
+            self._pending(job, "job asks for no GPUs (nodes and gpus_per_node must be > 0)")
+            return
+        lo = job.min_nodes if 0 < job.min_nodes < job.nodes else job.nodes
+        room = led.room(job.team, key)
+        n_quota = job.nodes if room == math.inf else min(job.nodes, int(room) // g)
+        elig = self._eligible(job)
+        if not elig:
+            self._pending(job, self._no_capacity_reason(job))
+            return
+        req = level_of(job.required)
+        pref = level_of(job.preferred) if job.preferred else req
+        if n_quota < lo:
+            # Quota is the blocker: a higher-priority job may preempt its own team's
+            # lower-priority jobs.
+            if self._preempt(job, key, job.nodes, elig, pref, req, quota_blocked=True):
+                return
+            self._pending(job, led.explain(job.team, key, job.gpus))
+            return
+        placed = None
+        n = n_quota
+        if n == job.nodes:
+            placed = self._place(job, n, elig, pref, req)
+        if placed is None and lo < job.nodes:
+            ub = max(self.index.largest_block(p, g, req)[0] for _, p in elig)
+            n = min(n_quota, job.nodes - 1 if n_quota == job.nodes else n_quota, ub)
+            if n >= lo:
+                placed = self._place(job, n, elig, pref, req)
+        if placed is not None:
+            self._admit(job, key, placed)
+            return
+        target = n_quota
+        if self._preempt(job, key, target, elig, pref, req, quota_blocked=False):
+            return
+        if job.nodes >= 2 and self._reserve(job, req):
+            return
+        self._pending(job, self._capacity_reason(job, elig, req))
+
+    # ---- eligibility and ranking ----------------------------------------------------
+
+    def _eligible(self, job: JobRequest) -> list[tuple[tuple, Partition]]:
+        t_safe = safe_point_s(job)
+        sig = (
+            job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
+            job.max_price_per_gpu_hour, job.gpus_per_node, t_safe, job.dataset_region,
+            job.preferred_regions,
+        )
+        hit = self.elig_cache.get(sig)
+        if hit is not None:
+            return hit
+        out = []
+        for p in self.index.partitions:
+            if self._static_ok(job, p, t_safe, future=False):
+                out.append((self._rank(job, p), p))
+        out.sort(key=lambda x: x[0])
+        self.elig_cache[sig] = out
+        return out
+
+    def _static_ok(self, job: JobRequest, p: Partition, t_safe: float, future: bool) -> bool:
+        if job.accelerator and p.accelerator != job.accelerator:
+            return False
+        if job.allowed_regions and p.region not in job.allowed_regions:
+            return False
+        if p.region in job.denied_regions:
+            return False
+        if p.capacity_type not in allowed_types(job):
+            return False
+        is_plan = p.capacity_type == CapacityType.TRAINING_PLAN
+        if job.max_price_per_gpu_hour and not is_plan and p.price > job.max_price_per_gpu_hour:
+            return False
+        if p.maxg < job.gpus_per_node:
+            return False
+        start = self.now
+        if future:
+            start = p.plan_start if p.plan_start is not None else self.now
+        elif p.plan_start is not None and self.now < p.plan_start and self.now + t_safe > p.plan_start:
+            # backfill before a scheduled plan starts: must reach a safe point first
+            return False
+        return not (p.plan_end is not None and start + t_safe > p.plan_end)
+
+    def _rank(self, job: JobRequest, p: Partition) -> tuple:
+        ct = p.capacity_type
+        tier = 0 if ct == CapacityType.TRAINING_PLAN else 1 if ct == CapacityType.SPOT else 2
+        egress = 1 if job.dataset_region and p.region != job.dataset_region else 0
+        prefs = job.preferred_regions
+        pref_rank = prefs.index(p.region) if p.region in prefs else len(prefs)
+        price = 0.0 if ct == CapacityType.TRAINING_PLAN else p.price
+        return (tier, egress, pref_rank, price, p.risk, p.order)
+
+    # ---- placement ------------------------------------------------------------------
+
+    def _place(self, job: JobRequest, n: int, elig, pref: int, req: int, cache: bool = True) -> Placed | None:
+        g = job.gpus_per_node
+        excluded = [self.index.slot_by_id[i] for i in sorted(job.excluded_nodes) if i in self.index.slot_by_id]
+        use_cache = cache and not excluded
+        ck = (id(elig), g, pref, req)
+        if use_cache and self.fail_cache.get(ck, 1 << 30) <= n:
+            return None
+        saved = [(s, s.free) for s in excluded]
+        for s in excluded:
+            self.index.set_free(s, 0)
+        try:
+            levels = [pref, req] if pref < req else [req]
+            for max_level in levels:
+                best = None
+                best_key = None
+                best_group = None
+                for rank, part in elig:
+                    group = rank[:3]
+                    if best is not None and group != best_group:
+                        break
+                    r = self.index.find(part, n, g, max_level)
+                    if r is None:
+                        continue
+                    level, dom, slots = r
+                    k = (level, rank[3], rank[4], part.order)
+                    if best_key is None or k < best_key:
+                        best, best_key, best_group = (part, level, dom, slots), k, group
+                if best is not None:
+                    return best
+        finally:
+            for s, f in saved:
+                self.index.set_free(s, f)
+        if use_cache:
+            self.fail_cache[ck] = min(n, self.fail_cache.get(ck, 1 << 30))
+        return None
+
+    def _admit(self, job: JobRequest, key: str, placed: Placed) -> None:
+        part, level, dom, slots = placed
+        g = job.gpus_per_node
+        for s in slots:
+            self.index.take(s, g)
+        n = len(slots)
+        self.ledger.add(job.team, key, n * g)
+        self.ledger.settle_demand(job.team, key, job.gpus)
+        where = f"one node ({slots[0].info.id})" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
+        tier = {
+            CapacityType.TRAINING_PLAN: f"training plan {part.pool or '?'} (prepaid)",
+            CapacityType.SPOT: f"spot at ${part.price:.2f}/GPU-h",
+        }.get(CapacityType(part.capacity_type), f"{CapacityType(part.capacity_type).name.lower()} at ${part.price:.2f}/GPU-h")
+        extra = []
+        if n < job.nodes:
+            extra.append(f"elastic: {n} of {job.nodes} nodes")
+        if job.dataset_region:
+            extra.append("data local" if part.region == job.dataset_region else f"data egress from {job.dataset_region}")
+        if part.plan_start is not None and self.now < part.plan_start:
+            extra.append(f"backfill before plan start at {part.plan_start:.0f}")
+        self.decisions.admissions.append(
+            Admission(
+                job_id=job.id,
+                agent_id=part.agent_id,
+                region=part.region,
+                assignments=tuple((s.info.id, g) for s in slots),
+                capacity_type=CapacityType(part.capacity_type),
+                pool=part.pool,
+                price_per_gpu_hour=part.price,
+                explanation=f"{n}x{g} GPUs in {where}; {tier}" + ("; " + "; ".join(extra) if extra else ""),
+            )
+        )
+
+    # ---- preemption -----------------------------------------------------------------
+
+    def _preempt(self, job, key, n, elig, pref, req, quota_blocked: bool) -> bool:
+        """Plan victims so ``job`` can place next pass. True when preemptions were emitted."""
+        led = self.ledger
+        if not led.enabled or self.searches >= MAX_PREEMPTION_SEARCHES or n <= 0:
+            return False
+        g = job.gpus_per_node
+        reclaim = not quota_blocked and led.within_guarantee(job.team, key, n * g)
+        cohort = led.quota[job.team].cohort if job.team in led.quota else ""
+        cands: list[tuple[tuple, RunningJob, str]] = []
+        for r in self.running:
+            if r.id in self.claimed or not r.preemptible:
+                continue
+            rkey = led.key(r.team, r.accelerator)
+            if r.team == job.team and r.priority < job.priority and rkey == key:
+                cands.append(((0 if r.stopping else 1, 1, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r, REASON_PRIORITY))
+            elif (
+                reclaim and r.team != job.team and cohort
+                and r.team in led.quota and led.quota[r.team].cohort == cohort
+                and rkey == key and led.borrowed(r.team, rkey) > 0
+            ):
+                cands.append(((0 if r.stopping else 1, 0, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r, REASON_RECLAIM))
+        if not cands:
+            return False
+        cands.sort(key=lambda c: c[0])
+        need_quota = 0
+        if quota_blocked:
+            need_quota = n * g - int(led.room(job.team, key))
+        parts = {id(p) for _, p in elig}
+        def on_elig(r: RunningJob) -> int:
+            tot = 0
+            for node_id, gg in r.allocations:
+                s = self.index.slot_by_id.get(node_id)
+                if s is not None and id(s.part) in parts:
+                    tot += gg
+            return tot
+        if need_quota <= 0:
+            cands = [c for c in cands if on_elig(c[1]) > 0]
+        free_elig = sum(p.root.free for _, p in elig)
+        own_total = sum(c[1].gpus for c in cands if c[1].team == job.team)
+        if free_elig + sum(on_elig(c[1]) for c in cands) < n * g or own_total < need_quota:
+            return False
+        self.searches += 1
+        chosen: list[tuple[RunningJob, str]] = []
+        freed_quota = 0
+        placed = None
+        for _, r, why in cands:
+            self._release(r, give=True)
+            chosen.append((r, why))
+            if r.team == job.team:
+                freed_quota += r.gpus
+            if freed_quota >= need_quota:
+                placed = self._place(job, n, elig, pref, req, cache=False)
+                if placed is not None:
+                    break
+        if placed is None:
+            for r, _ in chosen:
+                self._release(r, give=False)
+            return False
+        # Minimise: drop victims that are not needed, last added first.
+        for r, why in list(reversed(chosen[:-1])):
+            self._release(r, give=False)
+            fq = freed_quota - (r.gpus if r.team == job.team else 0)
+            trial = self._place(job, n, elig, pref, req, cache=False) if fq >= need_quota else None
+            if trial is not None:
+                chosen.remove((r, why))
+                freed_quota, placed = fq, trial
+            else:
+                self._release(r, give=True)
+        for r, _ in chosen:
+            self._release(r, give=False)
+        # Hold the currently free part of the target for this job for the rest of the pass.
+        part, level, dom, slots = placed
+        for s in slots:
+            self.index.take(s, min(s.free, g))
+        for r, _ in chosen:
+            self.claimed.add(r.id)
+            led.add(r.team, led.key(r.team, r.accelerator), -r.gpus)
+        led.add(job.team, key, n * g)
+        led.settle_demand(job.team, key, job.gpus)
+        where = "one node" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
+        names = []
+        for r, why in chosen:
+            lost = work_lost_gpu_s(r, self.now)
+            if why == REASON_RECLAIM:
+                msg = (f"preempted by {job.id}: team {job.team} reclaims its guaranteed quota lent to "
+                       f"team {r.team}; {lost:.0f} GPU-s of work since the last checkpoint")
+            else:
+                msg = (f"preempted by {job.id} (priority {job.priority} > {r.priority}) because team "
+                       f"{job.team}'s quota is full; {lost:.0f} GPU-s of work since the last checkpoint")
+            if not r.stopping:
+                self.decisions.preemptions.append(
+                    Preemption(job_id=r.id, for_job_id=job.id, reason=why, work_lost_gpu_s=lost, message=msg)
+                )
+            names.append(r.id)
+        kinds = sorted({why for _, why in chosen})
+        self._pending(
+            job,
+            f"waiting for {len(chosen)} preempted job(s) to checkpoint ({', '.join(names)}; "
+            f"{' and '.join(kinds)}); then {n}x{g} GPUs in {where}",
+        )
+        return True
+
+    def _release(self, r: RunningJob, give: bool) -> None:
+        for node_id, g in r.allocations:
+            s = self.index.slot_by_id.get(node_id)
+            if s is None:
+                continue
+            if give:
+                self.index.give(s, g)
+            else:
+                self.index.take(s, g)
+
+    # ---- reservations on scheduled plans ----------------------------------------------
+
+    def _reserve(self, job: JobRequest, req: int) -> bool:
+        t_safe = safe_point_s(job)
+        best = None
+        for p in sorted(self.future.partitions, key=lambda p: (p.plan_start or 0.0, self._rank(job, p))):
+            if not self._static_ok(job, p, t_safe, future=True):
+                continue
+            r = self.future.find(p, job.nodes, job.gpus_per_node, req)
+            if r is not None:
+                best = (p, r)
+                break
+        if best is None:
+            return False
+        p, (level, dom, slots) = best
+        g = job.gpus_per_node
+        for s in slots:
+            self.future.take(s, g)
+        where = "one node" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
+        start = p.plan_start or self.now
+        expl = f"reserved {job.nodes}x{g} GPUs in {where} of training plan {p.pool or '?'} from t={start:.0f}"
+        self.decisions.reservations.append(
+            Reservation(
+                job_id=job.id, agent_id=p.agent_id, region=p.region, pool=p.pool,
+                start_time=start, assignments=tuple((s.info.id, g) for s in slots), explanation=expl,
+            )
+        )
+        self._pending(job, f"no room now; {expl} (in {max(0.0, start - self.now) / 3600:.1f} h)")
+        return True
+
+    # ---- reasons --------------------------------------------------------------------
+
+    def _pending(self, job: JobRequest, reason: str) -> None:
+        self.decisions.pending_reasons[job.id] = reason
+
+    def _capacity_reason(self, job: JobRequest, elig, req: int) -> str:
+        g = job.gpus_per_node
+        best, label = 0, ""
+        for _, p in elig:
+            c, lab = self.index.largest_block(p, g, req)
+            if c > best:
+                best, label = c, lab
+        scope = "one cluster" if req >= AGENT_LEVEL else f"one {LEVEL_NAMES[req]}"
+        size = f"{job.gpus} GPUs ({job.nodes} node(s) x {g})"
+        if 0 < job.min_nodes < job.nodes:
+            size += f", or at least {job.min_nodes} node(s)"
+        where = f" in {label}" if best else ""
+        return f"needs {size} within {scope}; largest free block is {best * g} GPUs{where}"
+
+    def _no_capacity_reason(self, job: JobRequest) -> str:
+        parts = []
+        if job.accelerator:
+            parts.append(f"accelerator {job.accelerator}")
+        parts.append(f"{job.gpus_per_node} GPU(s) per node")
+        if job.allowed_regions:
+            parts.append("regions " + ",".join(sorted(job.allowed_regions)))
+        if job.denied_regions:
+            parts.append("not in " + ",".join(sorted(job.denied_regions)))
+        types = sorted(CapacityType(t).name.lower() for t in allowed_types(job))
+        parts.append("capacity " + "/".join(types))
+        if job.max_price_per_gpu_hour:
+            parts.append(f"at most ${job.max_price_per_gpu_hour:.2f}/GPU-h")
+        plans = [p for p in self.index.partitions if p.capacity_type == CapacityType.TRAINING_PLAN]
+        note = ""
+        if plans and CapacityType.TRAINING_PLAN in allowed_types(job):
+            note = f" (training plans must outlast the job's next checkpoint, {safe_point_s(job):.0f}s away)"
+        return "no usable capacity matches " + ", ".join(parts) + note

@@ -1,0 +1,219 @@
+"""Team quotas, cohorts, lending and borrowing (HyperPod task governance / Kueue parity).
+
+Model (per team and accelerator, *global across regions*):
+
+* ``guaranteed`` (Kueue's nominal quota): always reclaimable by the team.
+* ``used``: GPUs its running jobs hold.  ``borrowed = max(0, used - guaranteed)``.
+* A team in a cohort with ``can_lend`` lends idle guarantee:
+  ``lendable = min(lend_limit, guaranteed - used - pending_demand)``.
+  *Demand-aware lending*: quota the team's own queued jobs are waiting for is not
+  idle, so it is not lent. Lending it would only buy an immediate reclaim next pass
+  (work thrown away on both sides); Kueue lends it and then reclaims.
+* A borrower may hold ``borrowed <= borrow_limit`` and the cohort's total borrowing
+  may not exceed the sum of its members' lendable quota.
+* Resource key: a job's accelerator when its team has a quota line for it, else
+  ``""`` (the team's "any accelerator" line).
+
+Snapshot with no TeamQuota at all = quotas off (every job is admissible, as in a
+single-team demo). Once any team has a quota, a team without one has nothing
+guaranteed and no cohort, so its jobs stay pending with a reason saying so.
+
+:func:`team_usage` is the read-only view the broker shows (``brokerctl teams``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from placement.model import JobRequest, RunningJob, Snapshot, TeamQuota
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceUsage:
+    """One team's usage of one quota line (accelerator; "" = any)."""
+
+    accelerator: str
+    guaranteed: int
+    used: int
+    lent: int  # of its idle guarantee, currently used by cohort members
+    borrowed: int  # above its guarantee, from the cohort
+    pending: int  # GPUs its pending jobs ask for
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    """Totals over accelerators, plus the per-accelerator lines."""
+
+    team: str
+    cohort: str
+    guaranteed: int
+    used: int
+    lent: int
+    borrowed: int
+    pending: int
+    resources: tuple[ResourceUsage, ...] = field(default_factory=tuple)
+
+
+class QuotaLedger:
+    """Mutable quota accounting for one scheduling pass."""
+
+    def __init__(self, teams: tuple[TeamQuota, ...], running: tuple[RunningJob, ...], pending: tuple[JobRequest, ...]) -> None:
+        self.enabled = bool(teams)
+        self.quota: dict[str, TeamQuota] = {t.team: t for t in sorted(teams, key=lambda t: t.team)}
+        self.nominal: dict[tuple[str, str], int] = {}
+        for t in self.quota.values():
+            for acc, gpus in t.guaranteed:
+                self.nominal[(t.team, acc)] = self.nominal.get((t.team, acc), 0) + gpus
+        self.cohorts: dict[str, list[str]] = {}
+        for t in self.quota.values():
+            if t.cohort:
+                self.cohorts.setdefault(t.cohort, []).append(t.team)
+        self.used: dict[tuple[str, str], int] = {}
+        self.demand: dict[tuple[str, str], int] = {}
+        for r in running:
+            k = (r.team, self.key(r.team, r.accelerator))
+            self.used[k] = self.used.get(k, 0) + r.gpus
+        for j in pending:
+            k = (j.team, self.key(j.team, j.accelerator))
+            self.demand[k] = self.demand.get(k, 0) + j.gpus
+
+    def key(self, team: str, accelerator: str) -> str:
+        if accelerator and (team, accelerator) in self.nominal:
+            return accelerator
+        return ""
+
+    def guaranteed(self, team: str, key: str) -> int:
+        return self.nominal.get((team, key), 0)
+
+    def usage(self, team: str, key: str) -> int:
+        return self.used.get((team, key), 0)
+
+    def borrowed(self, team: str, key: str) -> int:
+        return max(0, self.usage(team, key) - self.guaranteed(team, key))
+
+    def lendable(self, team: str, key: str) -> int:
+        q = self.quota.get(team)
+        if q is None or not q.can_lend or not q.cohort:
+            return 0
+        idle = self.guaranteed(team, key) - self.usage(team, key) - self.demand.get((team, key), 0)
+        limit = INF if q.lend_limit is None else q.lend_limit
+        return int(max(0, min(limit, idle)))
+
+    def within_guarantee(self, team: str, key: str, gpus: int) -> bool:
+        return not self.enabled or self.usage(team, key) + gpus <= self.guaranteed(team, key)
+
+    def borrow_room(self, team: str, key: str) -> int:
+        """GPUs the team may still use above its current usage by borrowing."""
+        q = self.quota.get(team)
+        if q is None or not q.can_borrow or not q.cohort:
+            return max(0, self.guaranteed(team, key) - self.usage(team, key))
+        limit = INF if q.borrow_limit is None else q.borrow_limit
+        pool = 0
+        taken = 0
+        for m in self.cohorts.get(q.cohort, ()):
+            taken += self.borrowed(m, key)
+            if m != team:
+                pool += self.lendable(m, key)
+        new_borrow = max(0, min(limit - self.borrowed(team, key), pool - taken))
+        headroom = max(0, self.guaranteed(team, key) - self.usage(team, key))
+        return int(headroom + new_borrow)
+
+    def room(self, team: str, key: str) -> float:
+        """Most GPUs the team may add now (guarantee headroom + borrowable)."""
+        if not self.enabled:
+            return INF
+        return self.borrow_room(team, key)
+
+    def add(self, team: str, key: str, gpus: int) -> None:
+        self.used[(team, key)] = self.used.get((team, key), 0) + gpus
+
+    def settle_demand(self, team: str, key: str, gpus: int) -> None:
+        """A pending job stopped asking (admitted or given up on this pass)."""
+        k = (team, key)
+        self.demand[k] = max(0, self.demand.get(k, 0) - gpus)
+
+    def share(self, team: str, key: str) -> float:
+        """Fair-sharing order among borrowers: borrowed GPUs / weight (lower first)."""
+        q = self.quota.get(team)
+        w = q.weight if q is not None and q.weight > 0 else 1.0
+        return self.borrowed(team, key) / w
+
+    def explain(self, team: str, key: str, gpus: int) -> str:
+        if team not in self.quota:
+            return f"team {team} has no quota (an operator sets one with `brokerctl teams`)"
+        q = self.quota[team]
+        acc = key or "any accelerator"
+        g, u = self.guaranteed(team, key), self.usage(team, key)
+        msg = f"team {team} over quota for {acc}: uses {u} of {g} guaranteed GPUs and needs {gpus} more"
+        if not q.cohort or not q.can_borrow:
+            return msg + " (borrowing disabled)"
+        pool = sum(self.lendable(m, key) for m in self.cohorts[q.cohort] if m != team)
+        taken = sum(self.borrowed(m, key) for m in self.cohorts[q.cohort])
+        lim = "unlimited" if q.borrow_limit is None else str(q.borrow_limit)
+        return msg + f"; cohort {q.cohort} has {max(0, pool - taken)} idle GPUs to lend (borrow limit {lim})"
+
+
+def team_usage(snapshot: Snapshot) -> dict[str, TeamUsage]:
+    """Per-team guaranteed / used / lent / borrowed / pending, for operators.
+
+    ``lent`` attributes the cohort's borrowing to members with idle guarantee,
+    in proportion to their idle GPUs (integers; remainder to the first teams by
+    name), so the lent column of a cohort adds up to its borrowed column.
+    """
+    ledger = QuotaLedger(snapshot.teams, snapshot.running, snapshot.pending)
+    teams = set(ledger.quota) | {r.team for r in snapshot.running} | {j.team for j in snapshot.pending}
+    keys_by_team: dict[str, set[str]] = {t: set() for t in teams}
+    for team, key in list(ledger.nominal) + list(ledger.used) + list(ledger.demand):
+        keys_by_team[team].add(key)
+    lent: dict[tuple[str, str], int] = {}
+    for _cohort, members in sorted(ledger.cohorts.items()):
+        for key in sorted({k for m in members for k in keys_by_team.get(m, ())}):
+            borrowed = sum(ledger.borrowed(m, key) for m in members)
+            idle = {
+                m: max(0, ledger.guaranteed(m, key) - ledger.usage(m, key))
+                for m in members
+                if ledger.quota[m].can_lend
+            }
+            total_idle = sum(idle.values())
+            if borrowed <= 0 or total_idle <= 0:
+                continue
+            give = min(borrowed, total_idle)
+            shares = {m: give * v // total_idle for m, v in idle.items()}
+            rest = give - sum(shares.values())
+            for m in sorted(idle):
+                if rest <= 0:
+                    break
+                if shares[m] < idle[m]:
+                    shares[m] += 1
+                    rest -= 1
+            for m, v in shares.items():
+                lent[(m, key)] = v
+    out: dict[str, TeamUsage] = {}
+    for team in sorted(teams):
+        lines = []
+        for key in sorted(keys_by_team[team]):
+            lines.append(
+                ResourceUsage(
+                    accelerator=key,
+                    guaranteed=ledger.guaranteed(team, key),
+                    used=ledger.usage(team, key),
+                    lent=lent.get((team, key), 0),
+                    borrowed=ledger.borrowed(team, key) if ledger.enabled else 0,
+                    pending=ledger.demand.get((team, key), 0),
+                )
+            )
+        q = ledger.quota.get(team)
+        out[team] = TeamUsage(
+            team=team,
+            cohort=q.cohort if q else "",
+            guaranteed=sum(r.guaranteed for r in lines),
+            used=sum(r.used for r in lines),
+            lent=sum(r.lent for r in lines),
+            borrowed=sum(r.borrowed for r in lines),
+            pending=sum(r.pending for r in lines),
+            resources=tuple(lines),
+        )
+    return out

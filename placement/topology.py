@@ -1,0 +1,317 @@
+"""Free-capacity index by topology domain, so placement never scans every node.
+
+Nodes are grouped into *partitions*: one capacity pool of one cluster (agent),
+i.e. the same agent, region, accelerator, capacity type, pool, price and plan
+window. A gang is placed inside exactly one partition (Kueue's "one flavor per
+resource"): it never spans two agents, and its Admission has one capacity type,
+pool and price.
+
+Inside a partition the domains form a tree::
+
+    agent -> zone -> layer1 -> layer2 -> layer3 -> ultraserver -> node
+
+A level whose label is missing on a node is skipped for that node (its domain
+hangs off the nearest labelled ancestor), so a node with no topology labels sits
+directly under its zone: it can host single-node jobs at any `required` level but
+is never counted as "inside one layer-3 block" for a multi-node gang.
+
+Every domain keeps ``cnt[k]`` = number of its nodes with at least ``k`` free GPUs.
+That answers "can this domain hold n nodes x g GPUs?" in O(1), and an allocation
+updates only the node's ~6 ancestors. Single-node jobs use per-partition buckets
+of nodes by free-GPU count (best fit without a scan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from placement.model import CapacityType, NodeInfo, TopologyLevel
+
+NODE_LEVEL = 0  # tighter than any TopologyLevel: a single node
+AGENT_LEVEL = int(TopologyLevel.REGION)  # a gang never spans agents, so "region" = agent
+LEVEL_NAMES = {
+    NODE_LEVEL: "node",
+    int(TopologyLevel.ULTRASERVER): "UltraServer",
+    int(TopologyLevel.LAYER_3): "layer-3 block",
+    int(TopologyLevel.LAYER_2): "layer-2 block",
+    int(TopologyLevel.LAYER_1): "layer-1 block",
+    int(TopologyLevel.ZONE): "zone",
+    AGENT_LEVEL: "cluster",
+}
+# Bucket classes for single-node best fit: partly used nodes first, whole nodes of
+# an UltraServer last (they are the scarce 72-GPU NVLink domains).
+_PLAIN, _US_PARTIAL, _US_WHOLE = 0, 1, 2
+
+
+def level_of(required: TopologyLevel | int) -> int:
+    """Map a job's topology level to an index level (NONE and REGION = whole agent)."""
+    lvl = int(required)
+    return AGENT_LEVEL if lvl in (0, AGENT_LEVEL) else lvl
+
+
+class Domain:
+    """One topology domain inside a partition."""
+
+    __slots__ = ("level", "label", "cnt", "free", "subs", "bare", "order")
+
+    def __init__(self, level: int, label: str, maxg: int, order: int) -> None:
+        self.level = level
+        self.label = label
+        self.cnt = [0] * (maxg + 1)
+        self.free = 0
+        self.subs: list[Domain] = []
+        self.bare: list[Slot] = []
+        self.order = order
+
+
+class Slot:
+    """A usable node and its mutable free-GPU count."""
+
+    __slots__ = ("info", "free", "doms", "part", "klass", "order")
+
+    def __init__(self, info: NodeInfo, free: int, part: Partition, order: int) -> None:
+        self.info = info
+        self.free = free
+        self.doms: list[Domain] = []
+        self.part = part
+        self.klass = _PLAIN
+        self.order = order
+
+
+class Partition:
+    """One capacity pool of one agent: the unit a gang is placed in."""
+
+    __slots__ = (
+        "key", "agent_id", "region", "accelerator", "capacity_type", "pool", "price",
+        "risk", "plan_start", "plan_end", "future", "maxg", "levels", "root", "slots",
+        "buckets", "us_max_nodes", "order", "total",
+    )
+
+    def __init__(self, key: tuple, first: NodeInfo, maxg: int, future: bool, order: int) -> None:
+        self.key = key
+        self.agent_id = first.agent_id
+        self.region = first.region
+        self.accelerator = first.accelerator
+        self.capacity_type = first.capacity_type
+        self.pool = first.pool
+        self.price = first.price_per_gpu_hour
+        self.risk = first.interruption_risk
+        self.plan_start = first.plan_start
+        self.plan_end = first.plan_end
+        self.future = future  # a scheduled plan not started yet
+        self.maxg = maxg
+        self.levels: dict[int, list[Domain]] = {}
+        self.root = Domain(AGENT_LEVEL, f"{first.region}/{first.agent_id}", maxg, 0)
+        self.slots: list[Slot] = []
+        self.buckets: dict[tuple[int, int], dict[Slot, None]] = {}
+        self.us_max_nodes = 0
+        self.order = order
+        self.total = 0
+
+    @property
+    def label(self) -> str:
+        kind = CapacityType(self.capacity_type).name.lower()
+        return f"{self.agent_id}:{kind}{':' + self.pool if self.pool else ''}"
+
+
+def partition_key(n: NodeInfo) -> tuple:
+    return (
+        n.agent_id, n.region, n.accelerator, int(n.capacity_type), n.pool,
+        n.price_per_gpu_hour, n.interruption_risk,
+        -1.0 if n.plan_start is None else n.plan_start,
+        -1.0 if n.plan_end is None else n.plan_end,
+    )
+
+
+class CapacityIndex:
+    """Free capacity of usable nodes, by partition and topology domain."""
+
+    def __init__(self, nodes: Iterable[tuple[NodeInfo, int]], future: bool = False) -> None:
+        grouped: dict[tuple, list[tuple[NodeInfo, int]]] = {}
+        for info, free in nodes:
+            grouped.setdefault(partition_key(info), []).append((info, free))
+        self.partitions: list[Partition] = []
+        self.slot_by_id: dict[str, Slot] = {}
+        for order, key in enumerate(sorted(grouped)):
+            members = sorted(grouped[key], key=lambda p: _topo_sort_key(p[0]))
+            self.partitions.append(self._build(key, members, future, order))
+
+    def _build(self, key: tuple, members: list[tuple[NodeInfo, int]], future: bool, order: int) -> Partition:
+        maxg = max(info.gpus for info, _ in members)
+        part = Partition(key, members[0][0], maxg, future, order)
+        by_key: dict[tuple, Domain] = {}
+        dcount = 0
+        us_sizes: dict[int, int] = {}
+        for i, (info, free) in enumerate(members):
+            slot = Slot(info, 0, part, i)
+            parent = part.root
+            chain = [part.root]
+            path: list[str] = []
+            labels = [(int(TopologyLevel.ZONE), info.zone)]
+            for lvl, lab in (
+                (int(TopologyLevel.LAYER_1), info.layer1),
+                (int(TopologyLevel.LAYER_2), info.layer2),
+                (int(TopologyLevel.LAYER_3), info.layer3),
+                (int(TopologyLevel.ULTRASERVER), info.ultraserver),
+            ):
+                if lab:
+                    labels.append((lvl, lab))
+            for lvl, lab in labels:
+                path.append(f"{lvl}:{lab}")
+                dkey = tuple(path)
+                dom = by_key.get(dkey)
+                if dom is None:
+                    dcount += 1
+                    names = [info.region] + [p.split(":", 1)[1] for p in path]
+                    dom = Domain(lvl, "/".join(names), maxg, dcount)
+                    by_key[dkey] = dom
+                    parent.subs.append(dom)
+                    part.levels.setdefault(lvl, []).append(dom)
+                chain.append(dom)
+                parent = dom
+            parent.bare.append(slot)
+            slot.doms = chain
+            if info.ultraserver:
+                slot.klass = _US_WHOLE
+                us = chain[-1]
+                us_sizes[id(us)] = us_sizes.get(id(us), 0) + 1
+            part.slots.append(slot)
+            part.total += info.gpus
+            self.slot_by_id[info.id] = slot
+            self.set_free(slot, free)
+        part.us_max_nodes = max(us_sizes.values(), default=0)
+        return part
+
+    # ---- mutation -------------------------------------------------------------------
+
+    def set_free(self, slot: Slot, b: int) -> None:
+        a = slot.free
+        part = slot.part
+        if a == b and slot in part.buckets.get((a, slot.klass), {}):
+            return
+        old = part.buckets.get((a, slot.klass))
+        if old is not None:
+            old.pop(slot, None)
+        delta = b - a
+        for d in slot.doms:
+            d.free += delta
+            cnt = d.cnt
+            if b < a:
+                for k in range(b + 1, a + 1):
+                    cnt[k] -= 1
+            else:
+                for k in range(a + 1, b + 1):
+                    cnt[k] += 1
+        slot.free = b
+        if slot.info.ultraserver:
+            slot.klass = _US_WHOLE if b == slot.info.gpus else _US_PARTIAL
+        if b > 0:
+            part.buckets.setdefault((b, slot.klass), {})[slot] = None
+
+    def take(self, slot: Slot, gpus: int) -> None:
+        self.set_free(slot, slot.free - gpus)
+
+    def give(self, slot: Slot, gpus: int) -> None:
+        self.set_free(slot, slot.free + gpus)
+
+    # ---- queries --------------------------------------------------------------------
+
+    def find(self, part: Partition, n: int, g: int, max_level: int) -> tuple[int, Domain | None, list[Slot]] | None:
+        """Tightest, best-fitting place for n nodes x g GPUs in one partition.
+
+        Returns (level, domain, slots) or None. Levels are tried tightest first;
+        within a level, the domain with the fewest fitting nodes (then fewest free
+        GPUs) wins: best fit keeps the largest free blocks whole for later gangs.
+        """
+        if g > part.maxg or part.root.cnt[g] < n:
+            return None
+        if n == 1:
+            slot = self.best_single(part, g)
+            return (NODE_LEVEL, None, [slot]) if slot is not None else None
+        for lvl in (1, 2, 3, 4, 5):
+            if lvl > max_level:
+                return None
+            if lvl == 1 and part.us_max_nodes < n:
+                continue
+            best = None
+            bc = bf = 0
+            for d in part.levels.get(lvl, ()):
+                c = d.cnt[g]
+                if c >= n and (best is None or c < bc or (c == bc and d.free < bf)):
+                    best, bc, bf = d, c, d.free
+            if best is not None:
+                return lvl, best, self.pick(best, n, g)
+        if max_level >= AGENT_LEVEL:
+            return AGENT_LEVEL, part.root, self.pick(part.root, n, g)
+        return None
+
+    def best_single(self, part: Partition, g: int) -> Slot | None:
+        buckets = part.buckets
+        best = None
+        for f in range(g, part.maxg + 1):
+            for klass in (_US_PARTIAL, _PLAIN):
+                b = buckets.get((f, klass))
+                if b:
+                    best = next(iter(b))
+                    break
+            if best is not None:
+                return best
+        for f in range(g, part.maxg + 1):
+            b = buckets.get((f, _US_WHOLE))
+            if b:
+                return next(iter(b))
+        return None
+
+    def pick(self, dom: Domain, n: int, g: int) -> list[Slot]:
+        """Choose n nodes in ``dom``, spanning as few sub-domains as possible."""
+        out: list[Slot] = []
+        self._pick(dom, n, g, out)
+        return out
+
+    def _pick(self, dom: Domain, n: int, g: int, out: list[Slot]) -> None:
+        subs = [s for s in dom.subs if s.cnt[g] > 0]
+        # One sub-domain holds everything: best fit among those that do.
+        fit = [s for s in subs if s.cnt[g] >= n]
+        if fit:
+            best = min(fit, key=lambda s: (s.cnt[g], s.free, s.order))
+            self._pick(best, n, g, out)
+            return
+        bare = sorted((s for s in dom.bare if s.free >= g), key=lambda s: (s.free, s.order))
+        take = bare[:n]
+        out.extend(take)
+        n -= len(take)
+        if n <= 0:
+            return
+        # Largest sub-domains first (fewest spanned), remainder best-fit.
+        subs.sort(key=lambda s: (-s.cnt[g], s.order))
+        for i, s in enumerate(subs):
+            rest = subs[i:]
+            fit = [r for r in rest if r.cnt[g] >= n]
+            if fit:
+                best = min(fit, key=lambda r: (r.cnt[g], r.free, r.order))
+                self._pick(best, n, g, out)
+                return
+            c = s.cnt[g]
+            self._pick(s, c, g, out)
+            n -= c
+            if n <= 0:
+                return
+
+    def largest_block(self, part: Partition, g: int, max_level: int) -> tuple[int, str]:
+        """Most nodes with >= g free GPUs inside one domain at ``max_level`` (for messages)."""
+        if max_level >= AGENT_LEVEL:
+            return part.root.cnt[g] if g <= part.maxg else 0, part.root.label
+        best, label = 0, ""
+        if g > part.maxg:
+            return 0, ""
+        for lvl in range(1, max_level + 1):
+            for d in part.levels.get(lvl, ()):
+                if d.cnt[g] > best:
+                    best, label = d.cnt[g], d.label
+        if best == 0 and part.root.cnt[g] > 0:
+            return 1, part.root.label  # single nodes only
+        return best, label
+
+
+def _topo_sort_key(n: NodeInfo) -> tuple:
+    return (n.zone, n.layer1, n.layer2, n.layer3, n.ultraserver, n.id)
