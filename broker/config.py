@@ -1,0 +1,58 @@
+"""Broker settings: one pydantic model, so the CLI, tests and a YAML file all build
+the same validated object (a typo in a field name is an error, not a silent default)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
+    "inference": 100,
+    "experimentation": 80,
+    "training": 70,
+    "fine-tuning": 50,
+}
+
+
+class BrokerConfig(BaseModel):
+    """Everything the broker process needs; defaults suit a laptop demo."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = "127.0.0.1:50051"
+    store: str = "sqlite:///var/broker.sqlite"
+    broker_id: str = ""  # "" = hostname-pid; names the lease holder
+    scheduler_interval_s: float = Field(1.0, gt=0)
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    # No message from an agent for this long -> it is lost and its jobs move.
+    agent_timeout_s: float = Field(20.0, gt=0)
+    # Agents known from the store get this long after a broker (re)start to reconnect
+    # before their jobs are declared lost; None = agent_timeout_s.
+    startup_grace_s: float | None = None
+    # Checkpoint base for regions whose agent advertises no checkpoint bucket.
+    checkpoint_root: str = "var/checkpoints"
+    priority_classes: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
+    default_priority_class: str = "training"
+    # Off: a job for an unknown team is refused with a hint to create the team
+    # (quotas are the point of teams; silently inventing one would bypass governance).
+    auto_create_teams: bool = False
+    max_restarts: int = Field(3, ge=0)  # auto-resume attempts after reported failures
+    preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
+    cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
+    # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.
+    stop_timeout_s: float = Field(30.0, gt=0)
+    progress_write_interval_s: float = Field(2.0, ge=0)  # throttle of progress writes to the store
+    progress_event_every_steps: int = Field(50, ge=1)  # a "progress" event every N steps
+    max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
+    max_page_size: int = 1000
+    default_page_size: int = 100
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _classes_not_empty(cls, v: dict[str, int]) -> dict[str, int]:
+        if not v:
+            raise ValueError("priority_classes must name at least one class")
+        return v
+
+    @property
+    def grace_s(self) -> float:
+        return self.agent_timeout_s if self.startup_grace_s is None else self.startup_grace_s

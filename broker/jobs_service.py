@@ -1,0 +1,135 @@
+"""JobService: what ML engineers call (SDK, ``brokerctl submit/jobs/job/cancel/logs``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import grpc
+
+from broker.core import BrokerCore
+from broker.errors import InvalidArgument, rpc
+from broker.lifecycle import TERMINAL
+from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import jobs_pb2 as jpb
+from computebroker.v1 import jobs_pb2_grpc
+
+WATCH_POLL_S = 0.5  # safety-net re-read interval of a watcher (writes by another replica)
+
+
+def actor_of(context: grpc.ServicerContext) -> str:
+    """Who is calling, for event history (a bearer identity when auth exists)."""
+    md = dict(context.invocation_metadata() or ())
+    user = md.get("x-cb-user") or md.get("user")
+    return f"user:{user}" if user else "user"
+
+
+def encode_token(last_id: str) -> str:
+    return base64.urlsafe_b64encode(last_id.encode()).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        value = base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
+        raise InvalidArgument(f"page_token {token!r} is not a token this server issued") from e
+    if not value.startswith("j-"):
+        raise InvalidArgument(f"page_token {token!r} is not a token this server issued")
+    return value
+
+
+class JobService(jobs_pb2_grpc.JobServiceServicer):
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+
+    @rpc
+    def SubmitJob(self, request: jpb.SubmitJobRequest, context: grpc.ServicerContext) -> jpb.SubmitJobResponse:
+        if not request.HasField("spec"):
+            raise InvalidArgument("spec is missing")
+        if len(request.client_request_id) > 200:
+            raise InvalidArgument("client_request_id is longer than 200 characters")
+        job, created = self.core.submit(request.spec, request.client_request_id, actor_of(context))
+        return jpb.SubmitJobResponse(job=job, created=created)
+
+    @rpc
+    def GetJob(self, request: jpb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        return self.core.lifecycle.get(request.job_id)
+
+    @rpc
+    def ListJobs(self, request: jpb.ListJobsRequest, context: grpc.ServicerContext) -> jpb.ListJobsResponse:
+        cfg = self.core.config
+        size = request.page_size or cfg.default_page_size
+        if size < 0 or size > cfg.max_page_size:
+            raise InvalidArgument(f"page_size must be between 1 and {cfg.max_page_size} (got {request.page_size})")
+        for ph in request.phases:
+            if ph not in pb.JobPhase.values() or ph == pb.JOB_PHASE_UNSPECIFIED:
+                raise InvalidArgument(f"phases contains {ph}, which is not a job phase")
+        after = decode_token(request.page_token) if request.page_token else ""
+        jobs = self.core.store.list_jobs(team=request.team, phases=list(request.phases),
+                                         region=request.region, after_id=after, limit=size + 1)
+        more = len(jobs) > size
+        jobs = jobs[:size]
+        return jpb.ListJobsResponse(
+            jobs=jobs, next_page_token=encode_token(jobs[-1].id) if more and jobs else "")
+
+    @rpc
+    def CancelJob(self, request: jpb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        return self.core.cancel(request.job_id, request.reason, actor_of(context))
+
+    @rpc
+    def WatchJob(self, request: jpb.WatchJobRequest, context: grpc.ServicerContext):
+        """History after ``after_seq``, then live events; ends after the terminal event."""
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        core = self.core
+        core.lifecycle.get(request.job_id)  # NOT_FOUND before streaming anything
+        seq = max(0, request.after_seq)
+        seen = core.hub.counter(request.job_id)
+        while context.is_active():
+            events = core.store.list_events(request.job_id, after_seq=seq)
+            for ev in events:
+                seq = ev.seq
+                if ev.type == "progress" and not request.include_progress:
+                    continue
+                yield ev
+            if any(ev.to_phase in TERMINAL for ev in events):
+                return
+            if not events and core.lifecycle.get(request.job_id).phase in TERMINAL:
+                return
+            if core.hub.closed:
+                return
+            seen = core.hub.wait(request.job_id, seen, WATCH_POLL_S)
+
+    @rpc
+    def GetJobEvents(self, request: jpb.GetJobEventsRequest, context: grpc.ServicerContext) -> jpb.GetJobEventsResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        if request.limit < 0:
+            raise InvalidArgument("limit must be >= 0")
+        self.core.lifecycle.get(request.job_id)
+        events = self.core.store.list_events(request.job_id, after_seq=request.after_seq,
+                                             limit=request.limit)
+        return jpb.GetJobEventsResponse(events=events)
+
+    @rpc
+    def GetJobLogs(self, request: jpb.GetJobLogsRequest, context: grpc.ServicerContext) -> jpb.GetJobLogsResponse:
+        """What the broker knows in text: event history plus the agent-reported messages
+        (e.g. a failing rank's last stderr lines). Full rank logs stay on the agent."""
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        if request.tail_lines < 0:
+            raise InvalidArgument("tail_lines must be >= 0")
+        self.core.lifecycle.get(request.job_id)
+        tail = request.tail_lines or 100
+        lines = [
+            f"{ev.time:.3f} #{ev.seq} attempt={ev.attempt} {ev.type}"
+            f"{' ' + ev.region if ev.region else ''}: {ev.message}"
+            for ev in self.core.store.list_events(request.job_id)
+            if ev.type != "progress"
+        ]
+        lines.extend(self.core.logs(request.job_id))
+        return jpb.GetJobLogsResponse(lines=lines[-tail:])

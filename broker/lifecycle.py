@@ -1,0 +1,224 @@
+"""The job state machine and its one write path.
+
+Every phase change goes through :class:`Tx.move`, which checks the transition is
+allowed, charges the time spent in the old phase to the right goodput bucket and
+appends a JobEvent (who, why, where, attempt). :meth:`Lifecycle.mutate` writes the
+job and its events in one compare-and-set (re-reading and re-applying on a
+conflict), so history can never disagree with state, whoever races whom.
+
+Allowed transitions: DESIGN.md's diagram, plus the edges a real broker needs and
+the diagram leaves implicit (named below):
+- cancel from any live phase;
+- a relaunch after a failure or a lost agent goes back to PENDING (HyperPod
+  auto-resume) from ADMITTED/LAUNCHING/RUNNING/CHECKPOINTING;
+- FAILED from any live phase (unrecoverable error, restarts exhausted);
+- SUCCEEDED also from CHECKPOINTING (finished while checkpointing) and LAUNCHING
+  (an attempt so short that RUNNING was never reported).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.errors import IllegalTransition
+from broker.errors import NotFound as ApiNotFound
+from broker.hub import EventHub
+from broker.store.base import NotFound, Store, VersionConflict
+from computebroker.v1 import common_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+P = pb.JobPhase
+PENDING, ADMITTED, LAUNCHING, RUNNING = (
+    pb.JOB_PHASE_PENDING, pb.JOB_PHASE_ADMITTED, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
+CHECKPOINTING, SUSPENDED, MIGRATING = (
+    pb.JOB_PHASE_CHECKPOINTING, pb.JOB_PHASE_SUSPENDED, pb.JOB_PHASE_MIGRATING)
+SUCCEEDED, FAILED, CANCELLED = pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED
+
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+# Phases in which the job holds GPUs on some agent's nodes.
+HOLDING = frozenset({ADMITTED, LAUNCHING, RUNNING, CHECKPOINTING})
+# Phases in which the job waits for placement (MIGRATING: moved, waiting for its new home).
+QUEUED = frozenset({PENDING, MIGRATING})
+LIVE = frozenset(P.values()) - TERMINAL - {pb.JOB_PHASE_UNSPECIFIED}
+
+ALLOWED: dict[int, frozenset[int]] = {
+    PENDING: frozenset({ADMITTED, CANCELLED, FAILED}),
+    ADMITTED: frozenset({LAUNCHING, PENDING, CANCELLED, FAILED}),
+    LAUNCHING: frozenset({RUNNING, PENDING, SUCCEEDED, FAILED, CANCELLED}),
+    RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, CHECKPOINTING, PENDING}),
+    CHECKPOINTING: frozenset({SUSPENDED, MIGRATING, PENDING, SUCCEEDED, FAILED, CANCELLED}),
+    SUSPENDED: frozenset({PENDING, CANCELLED, FAILED}),
+    MIGRATING: frozenset({LAUNCHING, CANCELLED, FAILED}),
+    SUCCEEDED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+# Goodput buckets by cause (Job.requeue_cause / Job.stop_reason).
+_CAUSE_FIELD = {
+    "failure": "lost_failure_s",
+    "preemption": "lost_preemption_s",
+    "preempt": "lost_preemption_s",
+    "migration": "lost_migration_s",
+    "migrate": "lost_migration_s",
+    "drain": "lost_migration_s",
+}
+
+
+def phase_name(phase: int) -> str:
+    return P.Name(phase).removeprefix("JOB_PHASE_") if phase in P.values() else str(phase)
+
+
+def is_terminal(phase: int) -> bool:
+    return phase in TERMINAL
+
+
+@dataclass
+class Tx:
+    """One pending change of a job: mutate ``job`` and call :meth:`move`/:meth:`note`."""
+
+    job: pb.Job
+    now: float
+    events: list[pb.JobEvent] = field(default_factory=list)
+    after_commit: list[Callable[[pb.Job], None]] = field(default_factory=list)
+
+    def _event(self, type_: str, from_phase: int, to_phase: int, *, reason: str, actor: str,
+               message: str, details: dict[str, str] | None) -> pb.JobEvent:
+        ev = pb.JobEvent(
+            job_id=self.job.id, time=self.now, from_phase=from_phase, to_phase=to_phase,
+            type=type_, reason=reason, actor=actor, region=self.job.placement.region,
+            attempt=self.job.attempt, message=message,
+        )
+        for k, v in (details or {}).items():
+            ev.details[k] = str(v)
+        self.events.append(ev)
+        return ev
+
+    def move(self, to: int, type_: str, *, reason: str = "", actor: str = "scheduler",
+             message: str = "", details: dict[str, str] | None = None) -> pb.JobEvent:
+        """Change phase (checked against :data:`ALLOWED`) and record the event."""
+        frm = self.job.phase
+        if to not in ALLOWED.get(frm, frozenset()):
+            raise IllegalTransition(
+                f"job {self.job.id}: {phase_name(frm)} -> {phase_name(to)} is not an allowed transition"
+            )
+        self._charge(frm)
+        if frm == RUNNING:
+            # Leaving RUNNING: productive time of this attempt ends here.
+            self.job.attempt_started_time = 0.0
+        self.job.phase = to
+        self.job.phase_time = self.now
+        if to == RUNNING:
+            self.job.attempt_started_time = self.now
+            if not self.job.started_time:
+                self.job.started_time = self.now
+        if to in TERMINAL:
+            self.job.finished_time = self.now
+            self.job.pending_reason = ""
+        if to != PENDING:
+            self.job.pending_reason = ""
+        if message:
+            self.job.message = message
+        return self._event(type_, frm, to, reason=reason, actor=actor, message=message, details=details)
+
+    def note(self, type_: str, *, reason: str = "", actor: str = "scheduler", message: str = "",
+             details: dict[str, str] | None = None) -> pb.JobEvent:
+        """An event that does not change the phase (progress, checkpoint, cancel requested)."""
+        return self._event(type_, self.job.phase, self.job.phase, reason=reason, actor=actor,
+                           message=message, details=details)
+
+    def lose_work(self, cause: str) -> float:
+        """The running attempt died without a checkpoint now: the time since its last
+        durable checkpoint (or its start) was not productive after all. Returns seconds."""
+        g = self.job.goodput
+        if self.job.phase == RUNNING:
+            self._charge(RUNNING)
+            self.job.phase_time = self.now
+        since = max(self.job.last_checkpoint_time, self.job.attempt_started_time)
+        if not since:
+            return 0.0
+        lost = max(0.0, min(self.now - since, g.productive_s))
+        g.productive_s -= lost
+        bucket = _CAUSE_FIELD.get(cause, "lost_failure_s")
+        setattr(g, bucket, getattr(g, bucket) + lost)
+        return lost
+
+    def _charge(self, frm: int) -> None:
+        """Credit ``now - phase_time`` to the goodput bucket of phase ``frm``."""
+        if not self.job.phase_time:
+            return
+        elapsed = max(0.0, self.now - self.job.phase_time)
+        g = self.job.goodput
+        cause = self.job.requeue_cause
+        if frm == RUNNING:
+            g.productive_s += elapsed
+            return
+        if frm in (PENDING, ADMITTED) or (frm == LAUNCHING and not cause):
+            bucket = _CAUSE_FIELD.get(cause, "queued_s") if cause else "queued_s"
+        elif frm in (CHECKPOINTING, SUSPENDED, MIGRATING):
+            bucket = _CAUSE_FIELD.get(self.job.stop_reason or cause, "lost_migration_s")
+        else:  # LAUNCHING after a requeue
+            bucket = _CAUSE_FIELD.get(cause, "lost_failure_s")
+        setattr(g, bucket, getattr(g, bucket) + elapsed)
+
+
+class Lifecycle:
+    """Reads, mutates and CAS-writes jobs; notifies watchers after each commit."""
+
+    def __init__(self, store: Store, hub: EventHub, clock: Callable[[], float] = time.time,
+                 max_retries: int = 50) -> None:
+        self.store = store
+        self.hub = hub
+        self.clock = clock
+        self.max_retries = max_retries
+
+    def get(self, job_id: str) -> pb.Job:
+        try:
+            return self.store.get_job(job_id)
+        except NotFound as e:
+            raise ApiNotFound(f"job {job_id!r} not found") from e
+
+    def mutate(self, job_id: str, fn: Callable[[Tx], bool | None]) -> pb.Job | None:
+        """Apply ``fn`` to a fresh copy of the job and CAS-write it with its events.
+
+        ``fn`` returns False to write nothing (e.g. the job moved on meanwhile);
+        it may be called several times (once per lost race), so it must be pure
+        apart from editing the Tx. Returns the stored job, or None when skipped.
+        """
+        for _ in range(self.max_retries):
+            current = self.get(job_id)
+            job = pb.Job()
+            job.CopyFrom(current)
+            tx = Tx(job=job, now=self.clock())
+            if fn(tx) is False:
+                return None
+            self._finish(tx)
+            try:
+                stored = self.store.update_job(job, current.version, tx.events)
+            except VersionConflict:
+                continue
+            if tx.events:
+                self.hub.notify(job_id)
+            for cb in tx.after_commit:
+                try:
+                    cb(stored)
+                except Exception:  # noqa: BLE001 - a side effect must not undo a commit
+                    log.exception("after-commit hook for %s failed", job_id)
+            return stored
+        raise RuntimeError(f"job {job_id}: gave up after {self.max_retries} write conflicts")
+
+    def create(self, job: pb.Job, events: list[pb.JobEvent]) -> pb.Job:
+        stored = self.store.create_job(job, events)
+        self.hub.notify(job.id)
+        return stored
+
+    @staticmethod
+    def _finish(tx: Tx) -> None:
+        job = tx.job
+        job.updated_time = tx.now
+        end = job.finished_time or tx.now
+        job.goodput.wall_s = max(0.0, end - job.created_time)

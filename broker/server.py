@@ -1,0 +1,114 @@
+"""The broker process: gRPC server + scheduler loop over one store.
+
+Why a big thread pool: every WatchJob and every agent stream holds a server thread
+for its whole life; the pool must outnumber them or new RPCs would queue forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from concurrent import futures
+
+import grpc
+
+from broker.agent_service import AgentService
+from broker.capacity_service import CapacityService
+from broker.config import BrokerConfig
+from broker.core import BrokerCore
+from broker.jobs_service import JobService
+from broker.scheduler_loop import SchedulerLoop
+from broker.store import Store, open_store
+from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class BrokerServer:
+    """``start()`` binds and returns the port; ``stop()``; ``wait()`` until stopped."""
+
+    def __init__(self, config: BrokerConfig, store: Store | None = None) -> None:
+        self.config = config
+        self._store = store
+        self._owns_store = store is None
+        self.core: BrokerCore | None = None
+        self.scheduler: SchedulerLoop | None = None
+        self._server: grpc.Server | None = None
+        self._stopped = threading.Event()
+        self.port = 0
+
+    @property
+    def holder(self) -> str:
+        return self.config.broker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def start(self) -> int:
+        store = self._store or open_store(self.config.store)
+        self._store = store
+        core = BrokerCore(self.config, store)
+        self.core = core
+        self.scheduler = SchedulerLoop(core, self.holder)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
+            options=[
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(core), server)
+        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(CapacityService(core), server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(core), server)
+        port = server.add_insecure_port(self.config.listen)
+        if port == 0:
+            raise RuntimeError(f"could not bind {self.config.listen}")
+        server.start()
+        self._server = server
+        self.port = port
+        self.scheduler.start()
+        self.scheduler.poke()
+        log.info("broker listening on %s (port %d), store %s", self.config.listen, port, self.config.store)
+        return port
+
+    def stop(self, grace: float = 2.0) -> None:
+        if self._stopped.is_set():
+            return
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.core is not None:
+            self.core.hub.close()
+            for a in self.core.agents.all():
+                if a.session is not None:
+                    a.session.close()
+        if self._server is not None:
+            self._server.stop(grace).wait(grace + 5)
+        if self._owns_store and self._store is not None:
+            self._store.close()
+        self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+
+def serve(config: BrokerConfig) -> None:
+    """Run a broker until SIGINT/SIGTERM (``brokerctl serve``)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = BrokerServer(config)
+    server.start()
+    done = threading.Event()
+
+    def _signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGINT, _signal)
+    signal.signal(signal.SIGTERM, _signal)
+    while not done.wait(1.0):
+        pass
+    server.stop()

@@ -1,0 +1,133 @@
+"""Convert broker state (protos in the store + live agents) into ``placement`` inputs.
+
+The snapshot is the scheduler's whole world for one pass (Kueue's cache snapshot):
+only *connected* agents contribute nodes, so nothing is ever admitted onto an
+agent that could not receive its Launch; jobs on disconnected agents still hold
+their GPUs (they may be reconnecting) until the agent is declared lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import placement
+from broker.agents import AgentState
+from broker.lifecycle import HOLDING, QUEUED, RUNNING
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+_NODE_FIELDS = {f.name for f in dataclasses.fields(placement.NodeInfo)}
+_RUN_FIELDS = {f.name for f in dataclasses.fields(placement.RunningJob)}
+
+
+def plan_state(plan: cpb.TrainingPlan, now: float) -> int:
+    if plan.state == cpb.PLAN_STATE_CANCELLED:
+        return cpb.PLAN_STATE_CANCELLED
+    if now < plan.start_time:
+        return cpb.PLAN_STATE_SCHEDULED
+    if now < plan.end_time:
+        return cpb.PLAN_STATE_ACTIVE
+    return cpb.PLAN_STATE_EXPIRED
+
+
+def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan]) -> placement.NodeInfo:
+    kw: dict[str, object] = dict(
+        id=n.id, agent_id=agent.agent_id, region=n.region or agent.region, zone=n.zone,
+        gpus=n.gpus, accelerator=n.accelerator, instance_type=n.instance_type,
+        layer1=n.network_layer_1, layer2=n.network_layer_2, layer3=n.network_layer_3,
+        ultraserver=n.ultraserver_id,
+        capacity_type=placement.CapacityType(n.capacity_type or pb.CAPACITY_TYPE_ON_DEMAND),
+        pool=n.pool, price_per_gpu_hour=n.price_per_gpu_hour,
+        interruption_risk=n.interruption_risk, healthy=n.healthy, cordoned=n.cordoned,
+    )
+    if n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN and n.pool in plans:
+        plan = plans[n.pool]
+        if plan.state == cpb.PLAN_STATE_CANCELLED:
+            kw["plan_start"], kw["plan_end"] = plan.start_time, plan.start_time  # empty window
+        else:
+            kw["plan_start"], kw["plan_end"] = plan.start_time, plan.end_time
+        if "available_before_plan" in _NODE_FIELDS:
+            kw["available_before_plan"] = True  # the agent reports it: the instance is up
+    return placement.NodeInfo(**kw)  # type: ignore[arg-type]
+
+
+def job_request(job: pb.Job, priority: int) -> placement.JobRequest:
+    s = job.spec
+    ckpt_interval = 0.0
+    if s.trainer.checkpoint_every and s.trainer.step_sleep_s:
+        ckpt_interval = s.trainer.checkpoint_every * s.trainer.step_sleep_s
+    return placement.JobRequest(
+        id=job.id, team=s.team, priority=priority, nodes=s.resources.nodes,
+        gpus_per_node=s.resources.gpus_per_node, accelerator=s.resources.accelerator,
+        required=placement.TopologyLevel(s.topology.required),
+        preferred=placement.TopologyLevel(s.topology.preferred),
+        allowed_regions=frozenset(s.allowed_regions), denied_regions=frozenset(s.denied_regions),
+        preferred_regions=tuple(s.preferred_regions), dataset_region=s.dataset_region,
+        capacity_types=frozenset(placement.CapacityType(c) for c in s.capacity_types),
+        max_price_per_gpu_hour=s.max_price_per_gpu_hour,
+        min_nodes=s.elasticity.min_nodes, max_nodes=s.elasticity.max_nodes,
+        submit_time=job.created_time, expected_duration_s=s.expected_duration_s,
+        checkpoint_interval_s=ckpt_interval, excluded_nodes=frozenset(job.excluded_nodes),
+    )
+
+
+def running_job(job: pb.Job, priority: int) -> placement.RunningJob:
+    kw: dict[str, object] = dict(
+        id=job.id, team=job.spec.team, priority=priority,
+        allocations=tuple((a.node_id, a.gpus) for a in job.placement.nodes),
+        accelerator=job.spec.resources.accelerator,
+        started_time=job.attempt_started_time or job.started_time or job.updated_time,
+        last_checkpoint_time=job.last_checkpoint_time or job.attempt_started_time or job.updated_time,
+        # Only a RUNNING job not already being stopped can be asked to checkpoint and yield.
+        preemptible=job.phase == RUNNING and not job.stop_reason,
+    )
+    if "stopping" in _RUN_FIELDS:
+        kw["stopping"] = bool(job.stop_reason)
+    return placement.RunningJob(**kw)  # type: ignore[arg-type]
+
+
+def team_quota(q: cpb.TeamQuota) -> placement.TeamQuota:
+    borrow = next((e.borrow_limit_gpus for e in q.quotas if e.HasField("borrow_limit_gpus")), None)
+    lend = next((e.lend_limit_gpus for e in q.quotas if e.HasField("lend_limit_gpus")), None)
+    return placement.TeamQuota(
+        team=q.team, cohort=q.cohort,
+        guaranteed=tuple((e.accelerator, e.guaranteed_gpus) for e in q.quotas),
+        borrow_limit=borrow, lend_limit=lend,
+        can_lend=q.strategy != cpb.LENDING_STRATEGY_DONT_LEND,
+        can_borrow=q.strategy != cpb.LENDING_STRATEGY_LEND,
+        weight=q.fair_share_weight or 1.0,
+    )
+
+
+def queue_key(job: pb.Job, priority: int) -> tuple[int, float, str]:
+    """Queue order: priority desc, then submit time, then id (deterministic)."""
+    return (-priority, job.created_time, job.id)
+
+
+def build(
+    *,
+    now: float,
+    agents: Iterable[AgentState],
+    jobs: Iterable[pb.Job],
+    teams: Iterable[cpb.TeamQuota],
+    plans: Iterable[cpb.TrainingPlan],
+    draining: Iterable[str],
+    priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
+) -> placement.Snapshot:
+    plan_map = {p.id: p for p in plans}
+    nodes = tuple(
+        node_info(a, n, plan_map) for a in agents if a.connected for n in a.record.nodes
+    )
+    pending, running = [], []
+    for job in jobs:
+        prio = priority_of(job.spec)
+        if job.phase in QUEUED:
+            pending.append((queue_key(job, prio), job_request(job, prio)))
+        elif job.phase in HOLDING and job.placement.nodes:
+            running.append(running_job(job, prio))
+    pending.sort(key=lambda kv: kv[0])
+    return placement.Snapshot(
+        now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),
+        teams=tuple(team_quota(t) for t in teams), draining_regions=frozenset(draining),
+    )

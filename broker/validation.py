@@ -1,0 +1,228 @@
+"""Edge validation: every request is checked here before it can touch state.
+
+Two kinds of refusal (DESIGN.md "API"): a *malformed* request is INVALID_ARGUMENT
+(fix the spec), an *impossible* one is FAILED_PRECONDITION (the spec is fine but
+this broker can never run it as things stand: unknown team, bigger than any
+cluster). Messages name the field, the bad value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from broker.errors import FailedPrecondition, InvalidArgument
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_NODES = 10_000
+MAX_GPUS_PER_NODE = 1024
+MAX_NAME = 200
+
+
+def _level_name(level: int) -> str:
+    return pb.TopologyLevel.Name(level).removeprefix("TOPOLOGY_LEVEL_").lower()
+
+
+def validate_team_name(team: str, field: str = "team") -> None:
+    if not team:
+        raise InvalidArgument(f"{field} is empty: every job and quota belongs to a team")
+    if not TEAM_RE.match(team):
+        raise InvalidArgument(
+            f"{field} {team!r} is not a valid team name: use 1-63 letters, digits, '.', '_' or '-',"
+            " starting with a letter or digit"
+        )
+
+
+def validate_checkpoint_uri(uri: str, field: str = "checkpoint_uri") -> None:
+    """Allowed: empty (broker default), /abs/path, file:///abs/path, s3://bucket[/prefix]."""
+    if not uri:
+        return
+    if uri.startswith("/"):
+        return
+    if uri.startswith("file://"):
+        if not uri[len("file://"):].startswith("/"):
+            raise InvalidArgument(
+                f"{field} {uri!r}: a file:// URI needs an absolute path (file:///data/ckpt)"
+            )
+        return
+    if uri.startswith("s3://"):
+        bucket = uri[len("s3://"):].split("/", 1)[0]
+        if not S3_BUCKET_RE.match(bucket):
+            raise InvalidArgument(
+                f"{field} {uri!r}: {bucket!r} is not a valid S3 bucket name"
+                " (3-63 lowercase letters, digits, '.', '-')"
+            )
+        return
+    raise InvalidArgument(
+        f"{field} {uri!r}: unsupported location; use an absolute path (/data/ckpt),"
+        " file:///data/ckpt or s3://bucket/prefix (or leave it empty for the broker default)"
+    )
+
+
+def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
+    """Raise InvalidArgument when ``spec`` is malformed."""
+    if not spec.name.strip():
+        raise InvalidArgument("spec.name is empty: give the job a name")
+    if len(spec.name) > MAX_NAME:
+        raise InvalidArgument(f"spec.name is {len(spec.name)} characters long; at most {MAX_NAME}")
+    validate_team_name(spec.team, "spec.team")
+    if spec.priority_class and spec.priority_class not in priority_classes:
+        known = ", ".join(sorted(priority_classes, key=lambda c: -priority_classes[c]))
+        raise InvalidArgument(
+            f"spec.priority_class {spec.priority_class!r} is unknown; known classes: {known}"
+        )
+    if not spec.HasField("resources"):
+        raise InvalidArgument("spec.resources is missing: say nodes and gpus_per_node")
+    r = spec.resources
+    if r.nodes <= 0:
+        raise InvalidArgument(f"spec.resources.nodes must be at least 1 (got {r.nodes})")
+    if r.nodes > MAX_NODES:
+        raise InvalidArgument(f"spec.resources.nodes {r.nodes} exceeds the limit of {MAX_NODES}")
+    if r.gpus_per_node <= 0:
+        raise InvalidArgument(
+            f"spec.resources.gpus_per_node must be at least 1 (got {r.gpus_per_node})"
+        )
+    if r.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise InvalidArgument(
+            f"spec.resources.gpus_per_node {r.gpus_per_node} exceeds the limit of {MAX_GPUS_PER_NODE}"
+        )
+    levels = set(pb.TopologyLevel.values())
+    for fname in ("required", "preferred"):
+        level = getattr(spec.topology, fname)
+        if level not in levels:
+            raise InvalidArgument(
+                f"spec.topology.{fname} = {level} is not a topology level; use one of "
+                + ", ".join(_level_name(v) for v in sorted(levels) if v)
+            )
+    req, pref = spec.topology.required, spec.topology.preferred
+    if req and pref and pref > req:
+        raise InvalidArgument(
+            f"spec.topology.preferred ({_level_name(pref)}) is looser than required "
+            f"({_level_name(req)}); preferred must be the same or a tighter level"
+        )
+    e = spec.elasticity
+    if e.min_nodes or e.max_nodes:
+        if e.min_nodes < 1 or e.max_nodes < 1:
+            raise InvalidArgument(
+                f"spec.elasticity: min_nodes ({e.min_nodes}) and max_nodes ({e.max_nodes}) must"
+                " both be at least 1 (or both 0 for a fixed size)"
+            )
+        if e.min_nodes > e.max_nodes:
+            raise InvalidArgument(
+                f"spec.elasticity.min_nodes ({e.min_nodes}) is greater than max_nodes ({e.max_nodes})"
+            )
+        if not e.min_nodes <= r.nodes <= e.max_nodes:
+            raise InvalidArgument(
+                f"spec.resources.nodes ({r.nodes}) must lie within spec.elasticity"
+                f" [{e.min_nodes}, {e.max_nodes}]"
+            )
+    validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri")
+    ctypes = set(pb.CapacityType.values()) - {pb.CAPACITY_TYPE_UNSPECIFIED}
+    for ct in spec.capacity_types:
+        if ct not in ctypes:
+            raise InvalidArgument(
+                f"spec.capacity_types contains {ct}; use on_demand, spot, training_plan or reserved"
+            )
+    overlap = set(spec.allowed_regions) & set(spec.denied_regions)
+    if overlap:
+        raise InvalidArgument(
+            f"regions {sorted(overlap)} are both allowed and denied in the spec; pick one"
+        )
+    if any(not x for x in [*spec.allowed_regions, *spec.denied_regions, *spec.preferred_regions]):
+        raise InvalidArgument("spec region lists must not contain empty names")
+    if spec.max_price_per_gpu_hour < 0:
+        raise InvalidArgument("spec.max_price_per_gpu_hour must be >= 0 (0 = no limit)")
+    if spec.expected_duration_s < 0:
+        raise InvalidArgument("spec.expected_duration_s must be >= 0")
+    t = spec.trainer
+    for fname in ("total_steps", "checkpoint_every", "global_batch_size", "step_sleep_s"):
+        if getattr(t, fname) < 0:
+            raise InvalidArgument(f"spec.trainer.{fname} must be >= 0 (got {getattr(t, fname)})")
+    for key in spec.env:
+        if not ENV_KEY_RE.match(key):
+            raise InvalidArgument(f"spec.env key {key!r} is not a valid environment variable name")
+        if key.startswith("CB_"):
+            raise InvalidArgument(f"spec.env key {key!r}: CB_* variables are set by the broker")
+
+
+def check_feasible(spec: pb.JobSpec, clusters: Iterable[list[pb.Node]]) -> None:
+    """Raise FailedPrecondition when no registered cluster could ever run ``spec``.
+
+    ``clusters``: the nodes of each registered agent (connected or not). Called only
+    when at least one agent has registered; before that every job waits.
+    """
+    clusters = [c for c in clusters if c]
+    if not clusters:
+        return
+    r = spec.resources
+    acc = r.accelerator
+    nodes = [n for c in clusters for n in c if not acc or n.accelerator == acc]
+    if not nodes:
+        have = sorted({n.accelerator for c in clusters for n in c if n.accelerator})
+        raise FailedPrecondition(
+            f"no registered node has accelerator {acc!r}; registered accelerators: {', '.join(have) or 'none'}"
+        )
+    biggest_node = max(n.gpus for n in nodes)
+    if r.gpus_per_node > biggest_node:
+        raise FailedPrecondition(
+            f"the job asks {r.gpus_per_node} GPUs per node but the largest registered node"
+            f"{' of ' + acc if acc else ''} has {biggest_node}"
+        )
+    need_nodes = spec.elasticity.min_nodes or r.nodes
+    best = 0
+    for c in clusters:
+        fit = [n for n in c if (not acc or n.accelerator == acc) and n.gpus >= r.gpus_per_node]
+        best = max(best, len(fit))
+    if need_nodes > best:
+        raise FailedPrecondition(
+            f"the job needs {need_nodes} node(s) x {r.gpus_per_node} GPU(s)"
+            f" ({need_nodes * r.gpus_per_node} GPUs in one cluster) but the largest registered"
+            f" cluster has only {best} node(s) with {r.gpus_per_node}+ GPUs"
+        )
+
+
+def validate_plan(plan: cpb.TrainingPlan) -> None:
+    if not plan.region:
+        raise InvalidArgument("plan.region is required")
+    if not plan.instance_type and not plan.accelerator:
+        raise InvalidArgument("plan.instance_type (or plan.accelerator) is required")
+    if plan.instance_count <= 0:
+        raise InvalidArgument(f"plan.instance_count must be at least 1 (got {plan.instance_count})")
+    if plan.gpus_per_instance < 0:
+        raise InvalidArgument("plan.gpus_per_instance must be >= 0")
+    if plan.start_time <= 0 or plan.end_time <= 0:
+        raise InvalidArgument("plan.start_time and plan.end_time are required (Unix seconds)")
+    if plan.start_time >= plan.end_time:
+        raise InvalidArgument(
+            f"plan.start_time ({plan.start_time}) must be before plan.end_time ({plan.end_time})"
+        )
+    if plan.price_per_gpu_hour < 0:
+        raise InvalidArgument("plan.price_per_gpu_hour must be >= 0")
+    if plan.team:
+        validate_team_name(plan.team, "plan.team")
+
+
+def validate_quota(q: cpb.TeamQuota) -> None:
+    validate_team_name(q.team, "quota.team")
+    if q.fair_share_weight < 0:
+        raise InvalidArgument("quota.fair_share_weight must be >= 0")
+    if q.strategy not in cpb.LendingStrategy.values():
+        raise InvalidArgument(f"quota.strategy {q.strategy} is not a lending strategy")
+    seen: set[str] = set()
+    for e in q.quotas:
+        if e.accelerator in seen:
+            raise InvalidArgument(f"quota entry for accelerator {e.accelerator!r} appears twice")
+        seen.add(e.accelerator)
+        if e.guaranteed_gpus < 0:
+            raise InvalidArgument(f"guaranteed_gpus must be >= 0 (got {e.guaranteed_gpus})")
+        if e.HasField("borrow_limit_gpus") and e.borrow_limit_gpus < 0:
+            raise InvalidArgument("borrow_limit_gpus must be >= 0")
+        if e.HasField("lend_limit_gpus") and e.lend_limit_gpus < 0:
+            raise InvalidArgument("lend_limit_gpus must be >= 0")
+        for region, cap in e.region_caps.items():
+            if cap < 0 or not region:
+                raise InvalidArgument(f"region cap {region!r}={cap} is invalid")
