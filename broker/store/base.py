@@ -10,8 +10,9 @@ Why this shape:
 - Everything else (agents, plans, teams, regions, broker settings) is a small
   keyed record: ``put_record``/``get_record``/``list_records`` per kind, protobuf
   bytes as the value. Last writer wins there; those records have one owner each.
-- ``acquire_lease`` gives one leader among broker replicas (Redis); the embedded
-  SQLite store is single-process and always grants it.
+- ``acquire_lease`` gives one leader among broker replicas. Both stores enforce it
+  (SQLite too: two broker processes pointed at one file must not both schedule). A
+  broker restarted after a crash with a new holder id waits out the old lease's TTL.
 
 Implementations: ``broker.store.sqlite.SQLiteStore`` (embedded default) and
 ``broker.store.redis.RedisStore`` (HA). Both pass ``tests/store/test_conformance.py``.
