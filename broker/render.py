@@ -42,11 +42,20 @@ PHASE_STYLE = {
 
 
 def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
-    """A compact table whose headers never wrap (min_width = header length)."""
-    table = Table(box=box.SIMPLE_HEAD, title=title, pad_edge=False, expand=False)
+    """A compact table whose headers never wrap (min_width = header length).
+
+    Column options are rich's, plus ``flex=True`` for free-text columns that may
+    be shortened (with an ellipsis) to fit; the others never shrink.
+    """
+    table = Table(box=box.SIMPLE_HEAD, title=title, pad_edge=False, expand=False,
+                  show_edge=False, padding=(0, 1, 0, 0))
     for col in columns:
         name, opts = (col, {}) if isinstance(col, str) else col
-        opts = {"no_wrap": True, "overflow": "ellipsis", "min_width": len(name), **opts}
+        opts = dict(opts)
+        # "flex" columns (free text) give way first when the terminal is narrow;
+        # the others keep their natural width.
+        flex = opts.pop("flex", False)
+        opts = {"no_wrap": not flex, "overflow": "ellipsis", "min_width": len(name), **opts}
         table.add_column(name, **opts)
     return table
 
@@ -97,11 +106,11 @@ def job_region(job: common_pb2.Job) -> str:
 
 def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Table:
     table = _table(
-        ("ID", {"overflow": "fold", "max_width": 24}),
-        ("NAME", {"max_width": 20}),
-        ("TEAM", {"max_width": 14}),
+        ("ID", {"overflow": "fold"}),
+        ("NAME", {"flex": True, "max_width": 24}),
+        ("TEAM", {"flex": True, "max_width": 16}),
         "PHASE",
-        "REGION",
+        ("REGION", {"flex": True, "min_width": 9}),
         ("NODES×GPU", {"justify": "right"}),
         ("STEP", {"justify": "right"}),
         ("AGE", {"justify": "right"}),
@@ -215,9 +224,9 @@ def events_table(events: Iterable[common_pb2.JobEvent], title: str | None = None
         "TIME",
         "TYPE",
         "PHASE",
-        "REGION",
-        ("ACTOR", {"max_width": 18}),
-        ("MESSAGE", {"no_wrap": False, "overflow": "fold", "min_width": 10}),
+        ("REGION", {"flex": True}),
+        ("ACTOR", {"flex": True, "max_width": 18}),
+        ("MESSAGE", {"flex": True, "overflow": "fold", "min_width": 10}),
         title=title,
     )
     for e in events:
@@ -247,10 +256,15 @@ def event_row(e: common_pb2.JobEvent) -> list[object]:
 
 
 def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = False) -> Table:
-    cols: list[str | tuple[str, dict]] = ["REGION", "ZONE", "TYPE", ("POOL", {"max_width": 16})]
-    cols.append("ACCEL")
+    cols: list[str | tuple[str, dict]] = [
+        ("REGION", {"flex": True, "min_width": 9}),
+        ("ZONE", {"flex": True}),
+        ("TYPE", {"flex": True}),
+        ("POOL", {"flex": True, "max_width": 16}),
+        ("ACCEL", {"flex": True}),
+    ]
     if by_block:
-        cols.append(("BLOCK", {"max_width": 16}))
+        cols.append(("BLOCK", {"flex": True, "max_width": 16}))
     cols += [
         ("TOTAL", {"justify": "right"}),
         ("ALLOC", {"justify": "right"}),
@@ -290,15 +304,15 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
 
 def nodes_table(nodes: Sequence[capacity_pb2.NodeUsage]) -> Table:
     table = _table(
-        ("NODE", {"max_width": 22}),
-        "REGION",
-        "ZONE",
-        "TYPE",
-        ("BLOCK", {"max_width": 14}),
+        ("NODE", {"flex": True, "max_width": 22}),
+        ("REGION", {"flex": True}),
+        ("ZONE", {"flex": True}),
+        ("TYPE", {"flex": True}),
+        ("BLOCK", {"flex": True, "max_width": 14}),
         ("GPUS", {"justify": "right"}),
         ("USED", {"justify": "right"}),
         "STATE",
-        ("JOBS", {"max_width": 20, "overflow": "fold", "no_wrap": False}),
+        ("JOBS", {"flex": True, "max_width": 20, "overflow": "fold"}),
     )
     for nu in nodes:
         n = nu.node
@@ -321,8 +335,8 @@ def nodes_table(nodes: Sequence[capacity_pb2.NodeUsage]) -> Table:
 
 def regions_table(regions: Iterable[capacity_pb2.RegionInfo], now: float | None = None) -> Table:
     table = _table(
-        "REGION",
-        ("AGENTS", {"max_width": 22}),
+        ("REGION", {"flex": True, "min_width": 9}),
+        ("AGENTS", {"flex": True, "max_width": 22}),
         "STATUS",
         "HEARTBEAT",
         ("NODES", {"justify": "right"}),
@@ -368,10 +382,10 @@ def _quota_summary(q: capacity_pb2.TeamQuota) -> str:
 
 def teams_table(teams: Iterable[capacity_pb2.TeamQuota]) -> Table:
     table = _table(
-        ("TEAM", {"max_width": 16}),
-        ("COHORT", {"max_width": 12}),
+        ("TEAM", {"flex": True, "max_width": 16}),
+        ("COHORT", {"flex": True, "max_width": 12}),
         "STRATEGY",
-        ("GUARANTEED", {"max_width": 24}),
+        ("GUARANTEED", {"flex": True, "max_width": 24}),
         ("USED", {"justify": "right"}),
         ("BORROW", {"justify": "right"}),
         ("LENT", {"justify": "right"}),
@@ -395,14 +409,14 @@ def teams_table(teams: Iterable[capacity_pb2.TeamQuota]) -> Table:
 
 def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
     table = _table(
-        ("ID", {"max_width": 18, "overflow": "fold"}),
-        ("NAME", {"max_width": 14}),
-        "REGION",
+        ("ID", {"overflow": "fold"}),
+        ("NAME", {"flex": True, "max_width": 14}),
+        ("REGION", {"flex": True}),
         ("INSTANCES", {"justify": "right"}),
         "STATE",
         "START",
         "END",
-        ("TEAM", {"max_width": 10}),
+        ("TEAM", {"flex": True, "max_width": 10}),
     )
     for p in plans:
         table.add_row(

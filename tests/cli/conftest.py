@@ -1,0 +1,52 @@
+"""Fixtures for SDK and CLI tests: a REAL broker (broker.server.BrokerServer, gRPC on a
+free loopback port, SQLite state in a temp dir). No agents: jobs stay PENDING, which
+is all the SDK/CLI paths here need (submit, list, detail, cancel, errors)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.client import BrokerClient
+
+TEAM = "ml"
+
+
+@pytest.fixture(scope="module")
+def broker_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from broker.config import BrokerConfig
+    from broker.server import BrokerServer
+
+    root: Path = tmp_path_factory.mktemp("cli-broker")
+    config = BrokerConfig(
+        listen="127.0.0.1:0",
+        store=f"sqlite:///{root / 'broker.sqlite'}",
+        checkpoint_root=str(root / "checkpoints"),
+    )
+    server = BrokerServer(config)
+    port = server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        with BrokerClient(address) as client:
+            client.set_team_quota(TEAM, cohort="c", guaranteed=16)
+        yield address
+    finally:
+        server.stop(0.5)
+
+
+@pytest.fixture
+def client(broker_address: str) -> Iterator[BrokerClient]:
+    with BrokerClient(broker_address, timeout=15) as c:
+        yield c
+
+
+@pytest.fixture
+def dead_address() -> str:
+    """A loopback port with nothing listening (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"

@@ -1,0 +1,86 @@
+"""Tables render readably at 100 columns: no header is cut or wrapped."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from broker import render
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+
+def text_of(renderable: object, width: int = 100) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def header_ok(out: str, headers: list[str]) -> None:
+    header = next(line for line in out.splitlines() if headers[0] in line and headers[-1] in line)
+    for h in headers:
+        assert h in header, (h, header)
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def job(i: int) -> pb.Job:
+    return pb.Job(
+        id=f"j-20261122-{i:06d}-abcdef", phase=pb.JOB_PHASE_RUNNING, created_time=time.time() - 90,
+        spec=pb.JobSpec(name="very-long-experiment-name-" * 3, team="research-and-development",
+                        resources=pb.Resources(nodes=16, gpus_per_node=8),
+                        trainer=pb.TrainerSpec(total_steps=100000)),
+        placement=pb.Placement(region="ap-southeast-2"),
+        progress=pb.Progress(step=12345, total_steps=100000),
+    )
+
+
+def test_jobs_table() -> None:
+    out = text_of(render.jobs_table([job(i) for i in range(3)]))
+    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"])
+    assert "12345/100000" in out and "16×8" in out
+
+
+def test_capacity_tables() -> None:
+    row = cpb.CapacityRow(region="ap-southeast-2", zone="apse2-az1", capacity_type=pb.CAPACITY_TYPE_TRAINING_PLAN,
+                          pool="tp-0123456789abcdef", accelerator="h100", block="nn-l3-abcdefgh",
+                          total_gpus=1024, allocated_gpus=512, free_gpus=512, borrowed_gpus=64,
+                          price_per_gpu_hour=2.5)
+    resp = cpb.GetCapacityResponse(rows=[row, row])
+    header_ok(text_of(render.capacity_table(resp)),
+              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "TOTAL", "ALLOC", "FREE", "BORROW", "$/GPU-h"])
+    header_ok(text_of(render.capacity_table(resp, by_block=True)),
+              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "BLOCK", "TOTAL", "ALLOC", "FREE", "$/GPU-h"])
+    node = cpb.NodeUsage(node=pb.Node(id="use2-p5-000", region="us-east-2", zone="use2-az1",
+                                      gpus=8, healthy=True, network_layer_3="nn-l3-a"),
+                         allocated_gpus=8, job_ids=["j-1", "j-2"])
+    header_ok(text_of(render.nodes_table([node])),
+              ["NODE", "REGION", "ZONE", "TYPE", "BLOCK", "GPUS", "USED", "STATE", "JOBS"])
+
+
+def test_operator_tables() -> None:
+    region = cpb.RegionInfo(name="us-east-2", agent_ids=["us-east-2-agent"], connected=True,
+                            last_heartbeat_time=time.time(), nodes=4, total_gpus=32)
+    header_ok(text_of(render.regions_table([region])),
+              ["REGION", "AGENTS", "STATUS", "HEARTBEAT", "NODES", "GPUS", "ALLOC", "FREE", "JOBS"])
+    team = cpb.TeamQuota(team="research", cohort="ml", quotas=[
+        cpb.QuotaEntry(accelerator="h100", guaranteed_gpus=64, borrow_limit_gpus=16)])
+    header_ok(text_of(render.teams_table([team])),
+              ["TEAM", "COHORT", "STRATEGY", "GUARANTEED", "USED", "BORROW", "LENT", "PEND", "RUN"])
+    plan = cpb.TrainingPlan(id="tp-0123456789", name="big-run", region="us-west-2", zone="usw2-az2",
+                            instance_type="p5.48xlarge", instance_count=16,
+                            start_time=time.time(), end_time=time.time() + 86400,
+                            state=cpb.PLAN_STATE_ACTIVE)
+    header_ok(text_of(render.plans_table([plan])),
+              ["ID", "NAME", "REGION", "INSTANCES", "STATE", "START", "END", "TEAM"])
+
+
+def test_job_detail_and_events() -> None:
+    j = job(1)
+    j.pending_reason = "waiting for 16 nodes x 8 GPUs in one layer-3 block"
+    j.goodput.wall_s, j.goodput.productive_s = 100.0, 80.0
+    events = [pb.JobEvent(job_id=j.id, seq=1, time=time.time(), to_phase=pb.JOB_PHASE_PENDING,
+                          type="submitted", actor="user:alice", message="submitted " * 20)]
+    out = text_of(render.job_detail(j, events))
+    assert "pending" in out and "goodput" in out and "submitted" in out
+    header_ok(out, ["#", "TIME", "TYPE", "PHASE", "REGION", "ACTOR", "MESSAGE"])
