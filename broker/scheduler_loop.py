@@ -115,7 +115,7 @@ class SchedulerLoop:
         for job in live:
             if job.phase not in QUEUED or job.id in admitted:
                 continue
-            reason = reasons.get(job.id) or default
+            reason = default or reasons.get(job.id, "")
             if job.id in reserved:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")

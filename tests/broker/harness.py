@@ -1,0 +1,251 @@
+"""Test harness: a real broker on 127.0.0.1:0 (SQLite in tmp_path) and a scripted
+fake region agent that speaks the real AgentService stream over a real channel."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.config import BrokerConfig
+from broker.server import BrokerServer
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import jobs_pb2 as jpb
+
+TERMINAL = {pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED}
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition",
+               interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = pred()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def fast_config(tmp_path: Path, **kw: Any) -> BrokerConfig:
+    base: dict[str, Any] = dict(
+        listen="127.0.0.1:0", store=f"sqlite:///{tmp_path / 'broker.sqlite'}",
+        scheduler_interval_s=0.1, heartbeat_interval_s=0.2, agent_timeout_s=2.0,
+        startup_grace_s=1.0, checkpoint_root=str(tmp_path / "ckpt"),
+        progress_write_interval_s=0.0, progress_event_every_steps=10, max_workers=32,
+        cancel_timeout_s=5.0, stop_timeout_s=2.0, preempt_grace_s=2.0,
+    )
+    base.update(kw)
+    return BrokerConfig(**base)
+
+
+class Broker:
+    """A running broker plus client stubs."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.server = BrokerServer(config)
+        self.port = self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
+        self.capacity = capacity_pb2_grpc.CapacityServiceStub(self.channel)
+
+    @property
+    def core(self):  # noqa: ANN201
+        return self.server.core
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.server.stop(0.5)
+
+    # conveniences
+    def team(self, team: str = "ml", gpus: int = 64, **kw: Any) -> cpb.TeamQuota:
+        return self.capacity.SetTeamQuota(cpb.SetTeamQuotaRequest(quota=cpb.TeamQuota(
+            team=team, quotas=[cpb.QuotaEntry(guaranteed_gpus=gpus)], **kw)))
+
+    def submit(self, spec: pb.JobSpec, crid: str = "") -> pb.Job:
+        return self.jobs.SubmitJob(jpb.SubmitJobRequest(spec=spec, client_request_id=crid)).job
+
+    def get(self, job_id: str) -> pb.Job:
+        return self.jobs.GetJob(jpb.GetJobRequest(job_id=job_id))
+
+    def events(self, job_id: str) -> list[pb.JobEvent]:
+        return list(self.jobs.GetJobEvents(jpb.GetJobEventsRequest(job_id=job_id)).events)
+
+    def wait_phase(self, job_id: str, *phases: int, timeout: float = 20.0) -> pb.Job:
+        return wait_until(lambda: (j := self.get(job_id)).phase in phases and j, timeout,
+                          f"job {job_id} in {[pb.JobPhase.Name(p) for p in phases]}"
+                          f" (now {pb.JobPhase.Name(self.get(job_id).phase)})")
+
+
+def spec(name: str = "job", *, team: str = "ml", nodes: int = 1, gpus: int = 1, **kw: Any) -> pb.JobSpec:
+    s = pb.JobSpec(name=name, team=team, priority_class="training",
+                   resources=pb.Resources(nodes=nodes, gpus_per_node=gpus),
+                   trainer=pb.TrainerSpec(total_steps=100, checkpoint_every=10))
+    for k, v in kw.items():
+        if isinstance(v, list):
+            getattr(s, k).extend(v)
+        elif isinstance(v, dict):
+            getattr(s, k).update(v)
+        elif hasattr(v, "CopyFrom"):
+            getattr(s, k).CopyFrom(v)
+        else:
+            setattr(s, k, v)
+    return s
+
+
+def nodes_for(region: str, prefix: str, count: int, gpus: int, **kw: Any) -> list[pb.Node]:
+    return [pb.Node(id=f"{prefix}-n{i}", region=region, zone=f"{region}-az1", instance_type="p5.48xlarge",
+                    accelerator=kw.get("accelerator", "h100"), gpus=gpus, healthy=True,
+                    capacity_type=kw.get("capacity_type", pb.CAPACITY_TYPE_ON_DEMAND),
+                    pool=kw.get("pool", ""), network_layer_3=f"{prefix}-l3")
+            for i in range(count)]
+
+
+@dataclass
+class FakeAgent:
+    """Scripted region agent: registers, heartbeats, records and acks commands.
+
+    Attempts are not run: the test drives them with :meth:`update`.
+    """
+
+    address: str
+    agent_id: str
+    region: str
+    nodes: list[pb.Node]
+    bucket: str = ""
+    auto_ack: bool = True
+    heartbeat: bool = True
+    refuse_launch: bool = False
+    running: dict[str, int] = field(default_factory=dict)  # job_id -> attempt
+    received: list[apb.BrokerMessage] = field(default_factory=list)
+    ack: apb.RegisterAck | None = None
+
+    def __post_init__(self) -> None:
+        self._out: queue.Queue[apb.AgentMessage | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.channel: grpc.Channel | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ---- stream ---------------------------------------------------------------------
+    def _requests(self) -> Iterator[apb.AgentMessage]:
+        while True:
+            msg = self._out.get()
+            if msg is None:
+                return
+            yield msg
+
+    def connect(self) -> FakeAgent:
+        self._stop.clear()
+        self._out = queue.Queue()
+        self.ack = None
+        self.channel = grpc.insecure_channel(self.address)
+        stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        running = [apb.RunningAttempt(job_id=j, attempt=a, state=apb.ATTEMPT_STATE_RUNNING)
+                   for j, a in self.running.items()]
+        self._out.put(apb.AgentMessage(register=apb.Register(
+            agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
+            executor="fake", checkpoint_bucket=self.bucket)))
+        responses = stub.Connect(self._requests())
+        t = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        t.start()
+        self._threads = [t]
+        if self.heartbeat:
+            h = threading.Thread(target=self._beat, daemon=True)
+            h.start()
+            self._threads.append(h)
+        wait_until(lambda: self.ack is not None, 10, f"RegisterAck for {self.agent_id}")
+        return self
+
+    def _read(self, responses: Iterator[apb.BrokerMessage]) -> None:
+        try:
+            for msg in responses:
+                kind = msg.WhichOneof("cmd")
+                if kind == "registered":
+                    self.ack = msg.registered
+                    for j in msg.registered.stale_job_ids:
+                        with self._lock:
+                            self.running.pop(j, None)
+                    continue
+                with self._lock:
+                    self.received.append(msg)
+                accepted, why = True, ""
+                if kind == "launch":
+                    if self.refuse_launch:
+                        accepted, why = False, "refused by test"
+                    else:
+                        with self._lock:
+                            self.running[msg.launch.job_id] = msg.launch.attempt
+                elif kind == "stop" and msg.stop.reason == apb.STOP_REASON_STALE_ATTEMPT:
+                    with self._lock:
+                        if self.running.get(msg.stop.job_id) == msg.stop.attempt:
+                            self.running.pop(msg.stop.job_id, None)
+                if self.auto_ack:
+                    self.send(apb.AgentMessage(ack=apb.CommandAck(
+                        command_id=msg.command_id, accepted=accepted, message=why)))
+        except grpc.RpcError:
+            pass
+
+    def _beat(self) -> None:
+        while not self._stop.wait(0.2):
+            with self._lock:
+                running = [apb.RunningAttempt(job_id=j, attempt=a, state=apb.ATTEMPT_STATE_RUNNING)
+                           for j, a in self.running.items()]
+            self.send(apb.AgentMessage(heartbeat=apb.Heartbeat(time=time.time(), running=running)))
+
+    def send(self, msg: apb.AgentMessage) -> None:
+        if not self._stop.is_set():
+            self._out.put(msg)
+
+    def close(self) -> None:
+        """End the stream (like a crash or a network cut: no goodbye)."""
+        self._stop.set()
+        self._out.put(None)
+        if self.channel is not None:
+            self.channel.close()
+
+    # ---- test helpers ------------------------------------------------------------------
+    def commands(self, kind: str, job_id: str | None = None) -> list[Any]:
+        with self._lock:
+            out = [getattr(m, kind) for m in self.received if m.WhichOneof("cmd") == kind]
+        return [c for c in out if job_id is None or c.job_id == job_id]
+
+    def wait_launch(self, job_id: str, attempt: int | None = None, timeout: float = 20.0) -> apb.Launch:
+        def find() -> apb.Launch | None:
+            ls = [c for c in self.commands("launch", job_id) if attempt is None or c.attempt == attempt]
+            return ls[-1] if ls else None
+        return wait_until(find, timeout, f"Launch of {job_id} on {self.agent_id}")
+
+    def wait_stop(self, job_id: str, reason: int | None = None, timeout: float = 20.0) -> apb.Stop:
+        def find() -> apb.Stop | None:
+            ss = [c for c in self.commands("stop", job_id) if reason is None or c.reason == reason]
+            return ss[-1] if ss else None
+        return wait_until(find, timeout, f"Stop of {job_id} on {self.agent_id}")
+
+    def update(self, job_id: str, attempt: int, state: int, *, step: int = 0, ckpt_step: int = 0,
+               ckpt_uri: str = "", exit_code: int = 0, message: str = "",
+               failed_nodes: list[str] | None = None) -> None:
+        prog = pb.Progress(step=step, total_steps=100, last_checkpoint_step=ckpt_step,
+                           last_checkpoint_uri=ckpt_uri)
+        self.send(apb.AgentMessage(job_update=apb.JobUpdate(
+            job_id=job_id, attempt=attempt, state=state, progress=prog, exit_code=exit_code,
+            message=message, failed_nodes=failed_nodes or [], time=time.time())))
+        if state in (apb.ATTEMPT_STATE_SUCCEEDED, apb.ATTEMPT_STATE_FAILED,
+                     apb.ATTEMPT_STATE_CHECKPOINTED, apb.ATTEMPT_STATE_STOPPED):
+            with self._lock:
+                if self.running.get(job_id) == attempt:
+                    self.running.pop(job_id, None)
