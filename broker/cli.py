@@ -585,7 +585,8 @@ def build_parser() -> _Parser:
     ts = tsub.add_parser("set", help="create or replace a team's quota")
     ts.add_argument("team")
     ts.add_argument("--cohort")
-    ts.add_argument("--guaranteed", action="append", metavar="N[:ACCEL]",
+    ts.add_argument("--guaranteed", "--gpus", dest="guaranteed", action="append",
+                    metavar="N[:ACCEL]",
                     help="guaranteed GPUs, global across regions (repeat per accelerator)")
     ts.add_argument("--borrow-limit", type=int, metavar="GPUS")
     ts.add_argument("--lend-limit", type=int, metavar="GPUS")
