@@ -92,6 +92,7 @@ def _make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
         from region_agents.executors.kubernetes import KubernetesExecutor
 
         ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image)
+        ex.adopt_existing()
         inv = Inventory(
             region=config.region,
             agent_id=config.agent_id or f"{config.region}-agent",
@@ -137,6 +138,8 @@ class RegionAgent:
         os.makedirs(config.work_dir, exist_ok=True)
         self.signals = NodeSignals(config.work_dir, {n.id: n.healthy for n in inventory.nodes})
         self.ledger = AttemptLedger()
+        for r in executor.running():  # adopted attempts (e.g. Kubernetes Jobs after a restart)
+            self.ledger.launched(r.job_id, r.attempt)
         self.heartbeat_interval_s = config.heartbeat_interval_s or DEFAULT_HEARTBEAT_S
         self.draining = False
         self.connects = 0  # successful registrations (tests and logs)
