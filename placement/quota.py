@@ -73,6 +73,10 @@ class QuotaLedger:
                 self.cohorts.setdefault(t.cohort, []).append(t.team)
         self.used: dict[tuple[str, str], int] = {}
         self.demand: dict[tuple[str, str], int] = {}
+        # room() results, valid until usage or demand changes (most jobs of a busy
+        # pass change nothing, so this turns the cohort walk into a dict hit).
+        self._room: dict[tuple[str, str], float] = {}
+        self._cohort: dict[tuple[str, str], tuple[int, int]] = {}
         for r in running:
             k = (r.team, self.key(r.team, r.accelerator))
             self.used[k] = self.used.get(k, 0) + r.gpus
@@ -106,34 +110,60 @@ class QuotaLedger:
         return not self.enabled or self.usage(team, key) + gpus <= self.guaranteed(team, key)
 
     def borrow_room(self, team: str, key: str) -> int:
-        """GPUs the team may still use above its current usage by borrowing."""
+        """GPUs the team may still use above its current usage (headroom + borrowable)."""
         q = self.quota.get(team)
-        if q is None or not q.can_borrow or not q.cohort:
-            return max(0, self.guaranteed(team, key) - self.usage(team, key))
-        limit = INF if q.borrow_limit is None else q.borrow_limit
-        pool = 0
-        taken = 0
-        for m in self.cohorts.get(q.cohort, ()):
-            taken += self.borrowed(m, key)
-            if m != team:
-                pool += self.lendable(m, key)
-        new_borrow = max(0, min(limit - self.borrowed(team, key), pool - taken))
         headroom = max(0, self.guaranteed(team, key) - self.usage(team, key))
+        if q is None or not q.can_borrow or not q.cohort:
+            return headroom
+        limit = INF if q.borrow_limit is None else q.borrow_limit
+        ck = (q.cohort, key)
+        agg = self._cohort.get(ck)
+        if agg is None:
+            members = self.cohorts.get(q.cohort, ())
+            agg = self._cohort[ck] = (
+                sum(self.lendable(m, key) for m in members),
+                sum(self.borrowed(m, key) for m in members),
+            )
+        pool = agg[0] - self.lendable(team, key)  # what the others lend
+        mine = self.borrowed(team, key)
+        new_borrow = max(0, min(limit - mine, pool - agg[1]))
         return int(headroom + new_borrow)
 
     def room(self, team: str, key: str) -> float:
         """Most GPUs the team may add now (guarantee headroom + borrowable)."""
         if not self.enabled:
             return INF
-        return self.borrow_room(team, key)
+        k = (team, key)
+        r = self._room.get(k)
+        if r is None:
+            r = self._room[k] = self.borrow_room(team, key)
+        return r
+
+    def _change(self, team: str, key: str, used: int, demand: int) -> None:
+        """Apply a usage/demand delta, keeping the cohort aggregate up to date in O(1)."""
+        q = self.quota.get(team)
+        ck = (q.cohort, key) if q is not None and q.cohort else None
+        agg = self._cohort.get(ck) if ck else None
+        if agg is not None:
+            before = (self.lendable(team, key), self.borrowed(team, key))
+        k = (team, key)
+        if used:
+            self.used[k] = self.used.get(k, 0) + used
+        if demand:
+            self.demand[k] = max(0, self.demand.get(k, 0) + demand)
+        if agg is not None:
+            self._cohort[ck] = (
+                agg[0] + self.lendable(team, key) - before[0],
+                agg[1] + self.borrowed(team, key) - before[1],
+            )
+        self._room.clear()
 
     def add(self, team: str, key: str, gpus: int) -> None:
-        self.used[(team, key)] = self.used.get((team, key), 0) + gpus
+        self._change(team, key, gpus, 0)
 
     def settle_demand(self, team: str, key: str, gpus: int) -> None:
         """A pending job stopped asking (admitted or given up on this pass)."""
-        k = (team, key)
-        self.demand[k] = max(0, self.demand.get(k, 0) - gpus)
+        self._change(team, key, 0, -gpus)
 
     def share(self, team: str, key: str) -> float:
         """Fair-sharing order among borrowers: borrowed GPUs / weight (lower first)."""

@@ -145,6 +145,13 @@ class _Pass:
         self.elig_cache: dict[tuple, list[tuple[tuple, Partition]]] = {}
         self.fail_cache: dict[tuple, int] = {}
         self.searches = 0
+        self.by_team: dict[str, list[RunningJob]] = defaultdict(list)
+        for r in self.running:
+            self.by_team[r.team].append(r)
+        self.preempt_fail: dict[tuple, int] = {}
+        self.lower_gpus: dict[tuple, int] = {}
+        self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
+        self.reason_cache: dict[tuple, str] = {}
 
     # ---- driver -----------------------------------------------------------------------
 
@@ -199,7 +206,11 @@ class _Pass:
             # lower-priority jobs.
             if self._preempt(job, key, job.nodes, elig, pref, req, quota_blocked=True):
                 return
-            self._pending(job, led.explain(job.team, key, job.gpus))
+            rk = (job.team, key, job.gpus, len(led.used), sum(led.used.values()))
+            msg = self.reason_cache.get(rk)
+            if msg is None:
+                msg = self.reason_cache[rk] = led.explain(job.team, key, job.gpus)
+            self._pending(job, msg)
             return
         placed = None
         n = n_quota
@@ -321,7 +332,7 @@ class _Pass:
         tier = {
             CapacityType.TRAINING_PLAN: f"training plan {part.pool or '?'} (prepaid)",
             CapacityType.SPOT: f"spot at ${part.price:.2f}/GPU-h",
-        }.get(CapacityType(part.capacity_type), f"{CapacityType(part.capacity_type).name.lower()} at ${part.price:.2f}/GPU-h")
+        }.get(part.capacity_type, f"{part.capacity_type.name.lower()} at ${part.price:.2f}/GPU-h")
         extra = []
         if n < job.nodes:
             extra.append(f"elastic: {n} of {job.nodes} nodes")
@@ -335,7 +346,7 @@ class _Pass:
                 agent_id=part.agent_id,
                 region=part.region,
                 assignments=tuple((s.info.id, g) for s in slots),
-                capacity_type=CapacityType(part.capacity_type),
+                capacity_type=part.capacity_type,
                 pool=part.pool,
                 price_per_gpu_hour=part.price,
                 explanation=f"{n}x{g} GPUs in {where}; {tier}" + ("; " + "; ".join(extra) if extra else ""),
@@ -352,25 +363,33 @@ class _Pass:
         g = job.gpus_per_node
         reclaim = not quota_blocked and led.within_guarantee(job.team, key, n * g)
         cohort = led.quota[job.team].cohort if job.team in led.quota else ""
-        cands: list[tuple[tuple, RunningJob, str]] = []
-        for r in self.running:
-            if r.id in self.claimed or not r.preemptible:
-                continue
-            rkey = led.key(r.team, r.accelerator)
-            if r.team == job.team and r.priority < job.priority and rkey == key:
-                cands.append(((0 if r.stopping else 1, 1, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r, REASON_PRIORITY))
-            elif (
-                reclaim and r.team != job.team and cohort
-                and r.team in led.quota and led.quota[r.team].cohort == cohort
-                and rkey == key and led.borrowed(r.team, rkey) > 0
-            ):
-                cands.append(((0 if r.stopping else 1, 0, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r, REASON_RECLAIM))
-        if not cands:
+        memo = (job.team, key, job.priority, quota_blocked, reclaim, id(elig), g, pref, req)
+        if self.preempt_fail.get(memo, 1 << 30) <= n:
             return False
-        cands.sort(key=lambda c: c[0])
-        need_quota = 0
+        need_quota = n * g - int(led.room(job.team, key)) if quota_blocked else 0
         if quota_blocked:
-            need_quota = n * g - int(led.room(job.team, key))
+            lk = (job.team, key, job.priority)
+            lower = self.lower_gpus.get(lk)
+            if lower is None:
+                lower = self.lower_gpus[lk] = sum(
+                    r.gpus for r in self.by_team.get(job.team, ())
+                    if r.priority < job.priority and r.preemptible and led.key(r.team, r.accelerator) == key
+                )
+            if lower < need_quota:  # upper bound (ignores victims already claimed)
+                self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
+                return False
+        cands: list[tuple[tuple, RunningJob, str]] = []
+        if reclaim and cohort:
+            for other in led.cohorts.get(cohort, ()):
+                if other == job.team or led.borrowed(other, key) <= 0:
+                    continue
+                for ck, r in self._victims_of(other, key):
+                    if r.id not in self.claimed:
+                        cands.append((ck, r, REASON_RECLAIM))
+            cands.sort(key=lambda c: c[0])
+        for ck, r in self._victims_of(job.team, key):
+            if r.priority < job.priority and r.id not in self.claimed:
+                cands.append((ck, r, REASON_PRIORITY))
         parts = {id(p) for _, p in elig}
         def on_elig(r: RunningJob) -> int:
             tot = 0
@@ -384,6 +403,7 @@ class _Pass:
         free_elig = sum(p.root.free for _, p in elig)
         own_total = sum(c[1].gpus for c in cands if c[1].team == job.team)
         if free_elig + sum(on_elig(c[1]) for c in cands) < n * g or own_total < need_quota:
+            self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         self.searches += 1
         chosen: list[tuple[RunningJob, str]] = []
@@ -401,6 +421,7 @@ class _Pass:
         if placed is None:
             for r, _ in chosen:
                 self._release(r, give=False)
+            self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         # Minimise: drop victims that are not needed, last added first.
         for r, why in list(reversed(chosen[:-1])):
@@ -445,6 +466,20 @@ class _Pass:
             f"{' and '.join(kinds)}); then {n}x{g} GPUs in {where}",
         )
         return True
+
+    def _victims_of(self, team: str, key: str) -> list[tuple[tuple, RunningJob]]:
+        """A team's preemptible jobs on one quota line, cheapest victim first (cached)."""
+        ck = (team, key)
+        out = self.victim_lists.get(ck)
+        if out is None:
+            led = self.ledger
+            out = sorted(
+                ((0 if r.stopping else 1, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r)
+                for r in self.by_team.get(team, ())
+                if r.preemptible and led.key(r.team, r.accelerator) == key
+            )
+            self.victim_lists[ck] = out
+        return out
 
     def _release(self, r: RunningJob, give: bool) -> None:
         for node_id, g in r.allocations:

@@ -92,7 +92,7 @@ class Partition:
         self.agent_id = first.agent_id
         self.region = first.region
         self.accelerator = first.accelerator
-        self.capacity_type = first.capacity_type
+        self.capacity_type = CapacityType(first.capacity_type)
         self.pool = first.pool
         self.price = first.price_per_gpu_hour
         self.risk = first.interruption_risk
@@ -178,17 +178,33 @@ class CapacityIndex:
             part.slots.append(slot)
             part.total += info.gpus
             self.slot_by_id[info.id] = slot
-            self.set_free(slot, free)
+            # initial free count: a histogram per domain, turned into cnt[] below
+            for d in chain:
+                d.free += free
+                d.cnt[free] += 1
+            slot.free = free
+            if info.ultraserver and free < info.gpus:
+                slot.klass = _US_PARTIAL
+            if free > 0:
+                bk = (free, slot.klass)
+                b = part.buckets.get(bk)
+                if b is None:
+                    b = part.buckets[bk] = {}
+                b[slot] = None
         part.us_max_nodes = max(us_sizes.values(), default=0)
+        for d in [part.root, *(d for ds in part.levels.values() for d in ds)]:
+            cnt = d.cnt
+            for k in range(maxg - 1, -1, -1):
+                cnt[k] += cnt[k + 1]
         return part
 
     # ---- mutation -------------------------------------------------------------------
 
     def set_free(self, slot: Slot, b: int) -> None:
         a = slot.free
-        part = slot.part
-        if a == b and slot in part.buckets.get((a, slot.klass), {}):
+        if a == b:
             return
+        part = slot.part
         old = part.buckets.get((a, slot.klass))
         if old is not None:
             old.pop(slot, None)

@@ -1,0 +1,386 @@
+"""Benchmark of the placement engine (``placement.scheduler.schedule``) vs first fit.
+
+Synthetic cluster (default): 4 regions (one agent each), 20,000 GPUs: 2,212 8-GPU
+H100 nodes in layer-3 blocks of 16 nodes, plus 32 GB200 UltraServers (18 nodes x 4
+GPUs = 72 GPUs each, one per layer-3 block); three network layers. Pools per region:
+on-demand (region price), spot (cheaper, interruption risk), an active training plan
+and, in one region, a scheduled plan starting in 6 h. About 40% of GPUs are busy with
+running jobs. 5,000 pending jobs: most 1-8 GPUs, a tail of 64-1,024-GPU gangs;
+10 teams in one cohort, each guaranteed 2,000 GPUs.
+
+Reports: full-pass p50/p99, incremental admission throughput, peak memory
+(tracemalloc), growth from 1/4x to 4x, and quality vs first fit on the same input.
+``--trace FILE`` builds the pending queue from a job trace (see ``load_trace``).
+Writes benchmarks/results/placement.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from placement.firstfit import schedule_first_fit  # noqa: E402
+from placement.model import (  # noqa: E402
+    CapacityType,
+    JobRequest,
+    NodeInfo,
+    RunningJob,
+    Snapshot,
+    TeamQuota,
+    TopologyLevel,
+)
+from placement.scheduler import schedule  # noqa: E402
+
+REGIONS = ["us-east-2", "us-west-2", "eu-west-1", "ap-northeast-1"]
+PRICE = {"us-east-2": 4.0, "us-west-2": 4.2, "eu-west-1": 4.6, "ap-northeast-1": 5.0}
+PRIORITIES = [100, 80, 70, 50]  # inference, experimentation, training, fine-tuning
+NOW = 1_000_000.0
+RESULTS = Path(__file__).resolve().parent / "results" / "placement.json"
+
+
+def build_nodes(scale: float, rng: random.Random) -> list[NodeInfo]:
+    nodes: list[NodeInfo] = []
+    per_region_8 = round(2212 * scale / 4)
+    per_region_us = max(1, round(8 * scale))
+    for r, region in enumerate(REGIONS):
+        agent = f"agent-{region}"
+        for i in range(per_region_8):
+            zone = f"{region}-az{1 + (i // 128) % 2}"
+            blk = i // 16
+            l3, l2, l1 = f"l3-{blk}", f"l2-{blk // 4}", f"l1-{blk // 16}"
+            if i % 10 < 5:
+                ct, pool, price, risk = CapacityType.ON_DEMAND, "od", PRICE[region], 0.0
+            elif i % 10 < 7:
+                ct, pool, price, risk = CapacityType.SPOT, "spot", PRICE[region] * 0.4, 0.1
+            elif i % 10 < 9:
+                ct, pool, price, risk = CapacityType.RESERVED, "res", PRICE[region] * 0.7, 0.0
+            else:
+                ct, pool, price, risk = CapacityType.TRAINING_PLAN, f"tp-{region}", 3.0, 0.0
+            start = end = None
+            if ct == CapacityType.TRAINING_PLAN:
+                start, end = NOW - 86400, NOW + 7 * 86400
+            nodes.append(
+                NodeInfo(
+                    id=f"{region}-n{i:05d}", agent_id=agent, region=region, zone=zone, gpus=8,
+                    accelerator="h100", instance_type="p5.48xlarge", layer1=l1, layer2=l2, layer3=l3,
+                    capacity_type=ct, pool=pool, price_per_gpu_hour=price, interruption_risk=risk,
+                    plan_start=start, plan_end=end,
+                )
+            )
+        for u in range(per_region_us):
+            for k in range(18):
+                nodes.append(
+                    NodeInfo(
+                        id=f"{region}-us{u:03d}-{k:02d}", agent_id=agent, region=region,
+                        zone=f"{region}-az1", gpus=4, accelerator="gb200", instance_type="p6e-gb200",
+                        layer1=f"ul1-{u // 8}", layer2=f"ul2-{u // 4}", layer3=f"ul3-{u}",
+                        ultraserver=f"{region}-us{u:03d}", capacity_type=CapacityType.RESERVED,
+                        pool="gb200", price_per_gpu_hour=PRICE[region] * 2,
+                    )
+                )
+        if r == 0:  # a scheduled plan, 16 nodes, starting in 6 hours
+            for i in range(round(16 * max(scale, 0.25))):
+                nodes.append(
+                    NodeInfo(
+                        id=f"{region}-future-{i:03d}", agent_id=agent, region=region,
+                        zone=f"{region}-az2", gpus=8, accelerator="h100", layer1="fl1", layer2="fl2",
+                        layer3=f"fl3-{i // 16}", capacity_type=CapacityType.TRAINING_PLAN,
+                        pool="tp-future", plan_start=NOW + 6 * 3600, plan_end=NOW + 30 * 86400,
+                    )
+                )
+    return nodes
+
+
+def build_running(nodes: list[NodeInfo], teams: list[str], rng: random.Random, busy: float = 0.4) -> list[RunningJob]:
+    out = []
+    for n in nodes:
+        if n.plan_start is not None and n.plan_start > NOW:
+            continue
+        if rng.random() < busy:
+            g = n.gpus if rng.random() < 0.7 else rng.randint(1, n.gpus)
+            out.append(
+                RunningJob(
+                    id=f"run-{n.id}", team=rng.choice(teams), priority=rng.choice(PRIORITIES),
+                    allocations=((n.id, g),), accelerator="", started_time=NOW - rng.uniform(0, 86400),
+                    last_checkpoint_time=NOW - rng.uniform(0, 3600),
+                )
+            )
+    return out
+
+
+def synth_job(i: int, rng: random.Random, teams: list[str]) -> JobRequest:
+    x = rng.random()
+    req = pref = TopologyLevel.NONE
+    acc = "h100"
+    if x < 0.85:
+        nodes, g = 1, rng.choice([1, 1, 2, 4, 8, 8])
+    elif x < 0.92:
+        nodes, g = rng.choice([2, 4, 6]), 8
+        pref = TopologyLevel.LAYER_3
+    elif x < 0.95:
+        nodes, g, acc = 18, 4, "gb200"
+        pref = TopologyLevel.ULTRASERVER
+    else:
+        nodes, g = rng.choice([8, 8, 16, 16, 32, 64, 128]), 8
+        if nodes <= 16:
+            req = TopologyLevel.LAYER_3
+        else:
+            pref = TopologyLevel.LAYER_2
+    caps = frozenset()
+    if rng.random() < 0.4:
+        caps = frozenset({CapacityType.SPOT, CapacityType.ON_DEMAND, CapacityType.TRAINING_PLAN, CapacityType.RESERVED})
+    elastic = nodes >= 8 and rng.random() < 0.3
+    return JobRequest(
+        id=f"job-{i:06d}", team=rng.choice(teams), priority=rng.choice(PRIORITIES), nodes=nodes,
+        gpus_per_node=g, accelerator=acc, required=req, preferred=pref,
+        dataset_region=rng.choice(REGIONS) if rng.random() < 0.5 else "",
+        capacity_types=caps, min_nodes=nodes // 2 if elastic else 0,
+        submit_time=NOW - 10_000 + i, expected_duration_s=rng.uniform(600, 86400),
+        checkpoint_interval_s=rng.choice([600.0, 1800.0, 3600.0]),
+    )
+
+
+def quotas(teams: list[str], total_gpus: int) -> list[TeamQuota]:
+    share = total_gpus // len(teams)
+    return [TeamQuota(team=t, cohort="all", guaranteed=(("", share),)) for t in teams]
+
+
+def load_trace(path: str, limit: int, teams_out: list[str], rng: random.Random) -> list[JobRequest]:
+    """Pending queue from a trace (job_id,submit_time_s,duration_s,num_gpus,gpu_type,user_or_team,status).
+
+    Assignment (the trace has no regions/spot/plans): jobs <= 8 GPUs are one node of
+    that many GPUs, larger ones are ceil(n/8) x 8-GPU gangs (required layer-3 up to 16
+    nodes); dataset_region = a team's home region (teams round-robin over the 4
+    regions); every 3rd job (by row) allows spot; checkpoint interval = min(duration,
+    30 min); every job may use the training plans; teams = user_or_team, all in one
+    cohort with equal guarantees.
+    """
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows.append(row)
+            if len(rows) >= limit:
+                break
+    teams = sorted({r["user_or_team"] for r in rows})
+    teams_out.extend(teams)
+    home = {t: REGIONS[i % len(REGIONS)] for i, t in enumerate(teams)}
+    jobs = []
+    for i, r in enumerate(rows):
+        n = max(1, int(r["num_gpus"]))
+        nodes, g = (1, n) if n <= 8 else ((n + 7) // 8, 8)
+        dur = float(r["duration_s"] or 0)
+        caps = frozenset()
+        if i % 3 == 0:
+            caps = frozenset({CapacityType.SPOT, CapacityType.ON_DEMAND, CapacityType.TRAINING_PLAN, CapacityType.RESERVED})
+        jobs.append(
+            JobRequest(
+                id=r["job_id"], team=r["user_or_team"], priority=70, nodes=nodes, gpus_per_node=g,
+                accelerator=r["gpu_type"] or "h100",
+                required=TopologyLevel.LAYER_3 if 1 < nodes <= 16 else TopologyLevel.NONE,
+                dataset_region=home[r["user_or_team"]], capacity_types=caps,
+                submit_time=float(r["submit_time_s"]), expected_duration_s=dur,
+                checkpoint_interval_s=min(dur, 1800.0) if dur > 0 else 1800.0,
+            )
+        )
+    return jobs
+
+
+def make_snapshot(scale: float, n_jobs: int, seed: int = 7, trace: str | None = None, with_quotas: bool = True) -> Snapshot:
+    rng = random.Random(seed)
+    teams = [f"team-{i}" for i in range(10)]
+    nodes = build_nodes(scale, rng)
+    if trace:
+        teams = []
+        pending = load_trace(trace, n_jobs, teams, rng)
+    else:
+        pending = [synth_job(i, rng, teams) for i in range(n_jobs)]
+    running = build_running(nodes, teams, rng)
+    total = sum(n.gpus for n in nodes if not (n.plan_start and n.plan_start > NOW))
+    teams_q = quotas(teams, total) if with_quotas else []
+    return Snapshot(now=NOW, nodes=tuple(nodes), running=tuple(running), pending=tuple(pending), teams=tuple(teams_q))
+
+
+def timed_passes(snap: Snapshot, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        schedule(snap)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def incremental(snap: Snapshot, passes: int, arrivals: int, seed: int = 11) -> dict:
+    """Steady state: each pass some running jobs finish and `arrivals` new jobs arrive;
+    admissions become running jobs. Throughput = admitted jobs / engine seconds."""
+    rng = random.Random(seed)
+    teams = sorted({t.team for t in snap.teams}) or ["team-0"]
+    running = list(snap.running)
+    pending = list(snap.pending[:200])
+    admitted = 0
+    engine = 0.0
+    nxt = 10_000_000
+    for _ in range(passes):
+        rng.shuffle(running)
+        running = running[max(1, len(running) // 100):]
+        pending += [replace(synth_job(nxt + k, rng, teams)) for k in range(arrivals)]
+        nxt += arrivals
+        s = replace(snap, running=tuple(running), pending=tuple(pending))
+        t0 = time.perf_counter()
+        d = schedule(s)
+        engine += time.perf_counter() - t0
+        done = {a.job_id for a in d.admissions}
+        admitted += len(done)
+        by_id = {j.id: j for j in pending}
+        for a in d.admissions:
+            j = by_id[a.job_id]
+            running.append(RunningJob(id=j.id, team=j.team, priority=j.priority, allocations=a.assignments,
+                                      started_time=NOW, last_checkpoint_time=NOW))
+        pending = [j for j in pending if j.id not in done]
+    return {"passes": passes, "arrivals_per_pass": arrivals, "admitted": admitted,
+            "engine_s": round(engine, 3), "admissions_per_s": round(admitted / engine, 1) if engine else 0.0,
+            "mean_pass_ms": round(engine / passes * 1000, 2)}
+
+
+def quality(snap: Snapshot, decisions) -> dict:
+    nodes = {n.id: n for n in snap.nodes}
+    jobs = {j.id: j for j in snap.pending}
+    free = {n.id: n.gpus for n in snap.nodes if n.plan_start is None or n.plan_start <= NOW}
+    for r in snap.running:
+        for nid, g in r.allocations:
+            free[nid] -= g
+    gpus = 0
+    gang_ok = gang_n = 0
+    for a in decisions.admissions:
+        j = jobs[a.job_id]
+        gpus += sum(g for _, g in a.assignments)
+        for nid, g in a.assignments:
+            free[nid] -= g
+        if len(a.assignments) < 2:
+            continue
+        ns = [nodes[nid] for nid, _ in a.assignments]
+        if ns[0].ultraserver:
+            cap = 18 * ns[0].gpus
+            one = len({n.ultraserver for n in ns}) == 1
+        else:
+            cap = 16 * 8
+            one = len({(n.agent_id, n.zone, n.layer1, n.layer2, n.layer3) for n in ns}) == 1
+        if j.gpus_per_node * len(ns) <= cap:
+            gang_n += 1
+            gang_ok += one
+    blocks: dict[tuple, int] = {}
+    whole_us: dict[str, bool] = {}
+    for nid, f in free.items():
+        n = nodes[nid]
+        if n.ultraserver:
+            whole_us[n.ultraserver] = whole_us.get(n.ultraserver, True) and f == n.gpus
+        else:
+            k = (n.agent_id, n.zone, n.layer1, n.layer2, n.layer3)
+            blocks[k] = blocks.get(k, 0) + f
+    return {
+        "admitted_jobs": len(decisions.admissions),
+        "gpus_allocated": gpus,
+        "gang_jobs_fitting_one_block": gang_n,
+        "gang_share_in_one_block": round(gang_ok / gang_n, 3) if gang_n else None,
+        "largest_free_layer3_block_gpus": max(blocks.values(), default=0),
+        "whole_free_ultraservers": sum(whole_us.values()),
+        "pending": len(decisions.pending_reasons),
+        "preemptions": len(decisions.preemptions),
+        "reservations": len(getattr(decisions, "reservations", [])),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", help="CSV trace: job_id,submit_time_s,duration_s,num_gpus,gpu_type,user_or_team,status")
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--no-growth", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    snap = make_snapshot(1.0, args.jobs, trace=args.trace)
+    total_gpus = sum(n.gpus for n in snap.nodes)
+    con.print(f"cluster: {len(snap.nodes)} nodes, {total_gpus} GPUs, {len(snap.running)} running, "
+              f"{len(snap.pending)} pending, {len(snap.teams)} teams")
+    if args.trace:
+        con.print("trace mode: " + " ".join(load_trace.__doc__.split("Assignment")[1].split()))
+    times = timed_passes(snap, args.repeats)
+    tracemalloc.start()
+    d = schedule(snap)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    full = {"p50_ms": round(pct(times, 50) * 1000, 2), "p99_ms": round(pct(times, 99) * 1000, 2),
+            "repeats": args.repeats, "admissions": len(d.admissions),
+            "admissions_per_s": round(len(d.admissions) / pct(times, 50), 1),
+            "peak_mem_mb": round(peak / 2**20, 1)}
+    inc = incremental(snap, passes=50, arrivals=25)
+    growth = []
+    if not args.no_growth:
+        for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
+            s = make_snapshot(scale, int(args.jobs * scale), trace=args.trace)
+            ts = timed_passes(s, 5 if scale <= 1 else 3)
+            growth.append({"scale": scale, "gpus": sum(n.gpus for n in s.nodes), "pending": len(s.pending),
+                           "p50_ms": round(pct(ts, 50) * 1000, 2)})
+    # Quality vs first fit, same input, quotas off (first fit knows no quotas).
+    noq = replace(snap, teams=())
+    t0 = time.perf_counter()
+    ff = schedule_first_fit(noq)
+    ff_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = schedule(noq)
+    ours_s = time.perf_counter() - t0
+    q = {"first_fit": quality(noq, ff) | {"pass_ms": round(ff_s * 1000, 1)},
+         "engine": quality(noq, ours) | {"pass_ms": round(ours_s * 1000, 1)},
+         "engine_with_quotas": quality(snap, d)}
+
+    t = Table(title="placement engine: full pass")
+    for c in ("metric", "value"):
+        t.add_column(c)
+    for k, v in full.items():
+        t.add_row(k, str(v))
+    for k, v in inc.items():
+        t.add_row(f"incremental {k}", str(v))
+    con.print(t)
+    if growth:
+        g = Table(title="growth")
+        for c in ("scale", "gpus", "pending", "p50_ms"):
+            g.add_column(c)
+        for row in growth:
+            g.add_row(*(str(row[c]) for c in ("scale", "gpus", "pending", "p50_ms")))
+        con.print(g)
+    qt = Table(title="quality vs first fit (same input; quotas off unless noted)")
+    qt.add_column("metric")
+    for c in q:
+        qt.add_column(c)
+    for k in q["engine"]:
+        qt.add_row(k, *(str(q[c].get(k, "")) for c in q))
+    con.print(qt)
+    result = {"input": {"trace": args.trace, "nodes": len(snap.nodes), "gpus": total_gpus,
+                        "running": len(snap.running), "pending": len(snap.pending), "teams": len(snap.teams)},
+              "full_pass": full, "incremental": inc, "growth": growth, "quality": q}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    con.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
