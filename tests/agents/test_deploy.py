@@ -1,0 +1,55 @@
+"""deploy/: manifests parse as Kubernetes objects and the agent's RBAC covers the
+API calls the Kubernetes executor makes (no cluster here: static checks only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()) if d]
+
+
+def test_manifests_have_expected_kinds():
+    kinds = {(d["kind"], d["metadata"]["name"]) for f in ("namespace.yaml", "broker.yaml", "agent.yaml")
+             for d in docs(f)}
+    assert ("Deployment", "broker") in kinds and ("Service", "broker") in kinds
+    assert ("Deployment", "region-agent") in kinds and ("ServiceAccount", "region-agent") in kinds
+    for d in docs("broker.yaml") + docs("agent.yaml"):
+        assert d["apiVersion"] and d["metadata"]["name"]
+
+
+def test_agent_rbac_covers_executor_calls():
+    rules = [r for d in docs("agent.yaml") if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                   for r in rules)
+
+    # region_agents/executors/kubernetes.py: list_node, create/list/delete jobs,
+    # create/delete services, list pods.
+    assert allowed("", "nodes", "list")
+    for verb in ("create", "list", "delete"):
+        assert allowed("batch", "jobs", verb)
+    for verb in ("create", "delete"):
+        assert allowed("", "services", verb)
+    assert allowed("", "pods", "list")
+    agent = next(d for d in docs("agent.yaml") if d["kind"] == "Deployment")
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "agent" and "--executor=kubernetes" in args
+    assert any(a.startswith("--broker=") for a in args) and any(a.startswith("--region=") for a in args)
+
+
+def test_dashboard_is_valid_json():
+    dash = json.loads((DEPLOY / "grafana" / "compute-broker.json").read_text())
+    assert dash["panels"] and all(p["targets"] for p in dash["panels"])
+
+
+def test_dockerfile_says_it_is_not_built_here():
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    assert "NOT BUILDABLE" in text and "ENTRYPOINT" in text
