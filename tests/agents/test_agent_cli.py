@@ -1,0 +1,35 @@
+"""`brokerctl agent` = region_agents.agent.main(argv), run as a real process against the
+scripted FakeBroker: it registers, heartbeats, and exits 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.agents.fake_broker import FakeBroker, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_main_registers_and_stops_on_sigterm(inventory_file, tmp_path):
+    broker = FakeBroker(heartbeat_interval_s=0.2)
+    broker.start()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from region_agents.agent import main; sys.exit(main(sys.argv[1:]))",
+         "--broker", broker.address, "--inventory", str(inventory_file), "--agent-id", "cli-agent",
+         "--work-dir", str(tmp_path / "w"), "--ranks-per-node", "1", "--env", "A=1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        reg = wait_for(lambda: broker.of("register"), 60, what="register from the CLI agent")[0]
+        assert reg.agent_id == "cli-agent" and len(reg.nodes) == 3
+        wait_for(lambda: len(broker.of("heartbeat")) >= 2, 60, what="heartbeats")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        broker.stop()
+    assert b"registered as cli-agent" in proc.stdout.read()
