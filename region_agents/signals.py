@@ -9,7 +9,9 @@ has no EC2 metadata service to poke, so a notice is a file the agent polls:
 * ``<work_dir>/node-health/<node_id>``: content ``unhealthy[: reason]`` or
   ``healthy``; removing the file restores the inventory's health.
 
-The same can be done in-process with :meth:`NodeSignals.inject_spot_notice` and
+When a notice's deadline passes, the node turns unhealthy ("spot capacity
+reclaimed"), so attempts still on it fail like on a real reclaim; removing the
+notice brings it back. The same can be done in-process with :meth:`NodeSignals.inject_spot_notice` and
 :meth:`NodeSignals.set_health`. On Kubernetes the Node's ``Ready`` condition
 feeds :meth:`set_health` the same way.
 """
@@ -79,8 +81,12 @@ class NodeSignals:
             new = {n: d for n, d in wanted.items() if n not in self._spot}
             self._spot = {n: self._spot.get(n, d) for n, d in wanted.items()}
             changes: list[HealthChange] = []
+            now = time.time()
             for node, base in self._base.items():
                 target = self._injected_health.get(node) or file_health.get(node) or (base, "")
+                if node in self._spot and self._spot[node] <= now:
+                    # The 2-minute warning ran out: the capacity is gone, whatever ran there.
+                    target = (False, "spot capacity reclaimed")
                 if self._health.get(node, (base, ""))[0] != target[0]:
                     changes.append(HealthChange(node, target[0], target[1]))
                 self._health[node] = target

@@ -208,3 +208,15 @@ def test_main_rejects_bad_arguments(tmp_path, capsys):
     good.write_text("region: r\nnodes:\n  - name: a\n    gpus: 1\n")
     assert main(["--broker", "127.0.0.1:1", "--inventory", str(good), "--region", "other"]) == 2
     assert "does not match" in capsys.readouterr().err
+
+
+def test_spot_deadline_reclaims_the_node(broker, agent, fake_trainer):
+    wait_for(lambda: agent.connected, 30, what="connected")
+    broker.wait_ack(broker.send(launch=launch_msg(fake_trainer, env=LONG, nodes=("t1-spot-000",))))
+    wait_for(lambda: AS.ATTEMPT_STATE_RUNNING in broker.states("j-1"), 60, what="running")
+    agent.inject_spot_notice("t1-spot-000", seconds=0.5)
+    end = broker.wait_terminal("j-1", 1)  # nobody stopped it in time: the node is gone
+    assert end.state == AS.ATTEMPT_STATE_FAILED and list(end.failed_nodes) == ["t1-spot-000"]
+    assert "spot capacity reclaimed" in end.message
+    h = [x for hb in broker.of("heartbeat") for x in hb.node_health if x.node_id == "t1-spot-000"]
+    assert h and not h[0].healthy
