@@ -20,7 +20,6 @@ import argparse
 import csv
 import json
 import random
-import statistics
 import sys
 import time
 import tracemalloc
