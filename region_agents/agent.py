@@ -223,7 +223,9 @@ class RegionAgent:
             for key, (when, upd) in list(self._recent_terminal.items()):
                 if now - when > RECENT_TERMINAL_S:
                     del self._recent_terminal[key]
-                elif key not in live:
+                elif key not in live and upd.attempt >= self.ledger.highest.get(upd.job_id, 0):
+                    # Only the job's newest attempt: stale_job_ids name jobs, not attempts,
+                    # so an old attempt listed here could get the newer one killed.
                     ra = agent_pb2.RunningAttempt(job_id=upd.job_id, attempt=upd.attempt, state=upd.state)
                     ra.progress.CopyFrom(upd.progress)
                     running.append(ra)
@@ -331,7 +333,8 @@ class RegionAgent:
                 self.agent_id = ack.agent_id
             # Finished attempts the previous stream may have lost: report them again.
             for _, upd in list(self._recent_terminal.values()):
-                session.send(agent_pb2.AgentMessage(job_update=upd))
+                if upd.attempt >= self.ledger.highest.get(upd.job_id, 0):
+                    session.send(agent_pb2.AgentMessage(job_update=upd))
             session.registered.set()
             self.connects += 1
             for job_id in ack.stale_job_ids:

@@ -220,3 +220,19 @@ def test_spot_deadline_reclaims_the_node(broker, agent, fake_trainer):
     assert "spot capacity reclaimed" in end.message
     h = [x for hb in broker.of("heartbeat") for x in hb.node_health if x.node_id == "t1-spot-000"]
     assert h and not h[0].healthy
+
+
+def test_reregister_lists_only_the_newest_attempt_of_a_job(broker, agent, fake_trainer):
+    wait_for(lambda: agent.connected, 30, what="connected")
+    broker.wait_ack(broker.send(launch=launch_msg(fake_trainer, attempt=1, env=LONG)))
+    wait_for(lambda: AS.ATTEMPT_STATE_RUNNING in broker.states("j-1", 1), 60, what="running")
+    broker.wait_ack(broker.send(stop=agent_pb2.Stop(job_id="j-1", attempt=1, checkpoint_first=True, grace_s=60)))
+    assert broker.wait_terminal("j-1", 1).state == AS.ATTEMPT_STATE_CHECKPOINTED
+    broker.wait_ack(broker.send(launch=launch_msg(fake_trainer, attempt=2, env=LONG)))
+    port = broker.port
+    broker.stop()
+    broker.messages.clear()
+    broker.start(port)
+    reg = wait_for(lambda: broker.of("register"), 60, what="re-register")[0]
+    # Listing attempt 1 too could make the broker name j-1 stale and kill attempt 2.
+    assert [(r.job_id, r.attempt) for r in reg.running] == [("j-1", 2)]
