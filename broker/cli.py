@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
@@ -43,6 +44,7 @@ from broker.client import (
     PermissionDenied,
     PreconditionFailed,
     QuotaExceeded,
+    _pydantic_message,
     phase_name,
 )
 
@@ -457,8 +459,8 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
             raise UsageError(f"unknown broker setting(s): {', '.join(unknown)}")
     try:
         config = BrokerConfig(**data)
-    except Exception as e:  # pydantic.ValidationError and friends
-        raise UsageError(f"bad broker configuration: {e}") from None
+    except ValidationError as e:
+        raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
     serve(config)
     return EXIT_OK
 
@@ -681,7 +683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         split = _split_agent_argv(argv)
         if split is not None:
             gargs = parser.parse_args([*split[0], "regions"])
-            return cmd_agent(split[1], gargs.broker or os.environ.get("BROKER_ADDRESS"))
+            return cmd_agent(
+                split[1], gargs.broker or os.environ.get("BROKER_ADDRESS") or DEFAULT_ADDRESS
+            )
         args = parser.parse_args(argv)
         if not getattr(args, "cmd", None):
             parser.print_help()

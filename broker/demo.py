@@ -122,7 +122,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps per job")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
-    p.add_argument("--ranks-per-node", type=int, default=1,
+    p.add_argument("--ranks-per-node", type=int, default=2,
                    help="trainer processes per simulated node (keep small on few cores)")
     p.add_argument("--jobs", type=int, default=5, help="how many of the demo jobs to submit (1-5)")
     p.add_argument("--timeout", dest="demo_timeout", type=float, default=900.0,

@@ -63,6 +63,9 @@ def test_submit_jobs_job_cancel(capsys, broker_address: str) -> None:
     rc, out, _ = run(capsys, "--broker", broker_address, "job", job_id, "-o", "json")
     assert rc == 0 and json.loads(out)["job"]["id"] == job_id
 
+    rc, out, _ = run(capsys, "--broker", broker_address, "logs", job_id, "--tail", "5")
+    assert rc == 0 and "submitted" in out
+
     rc, out, _ = run(capsys, "--broker", broker_address, "cancel", job_id, "--reason", "test")
     assert rc == 0 and "cancelled" in out
 
@@ -162,6 +165,15 @@ def test_jobs_table_headers_fit_100_columns(capsys, broker_address: str) -> None
     for col in ("ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"):
         assert col in header, header
     assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_serve_rejects_bad_settings(capsys) -> None:
+    rc, out, err = run(capsys, "serve", "--scheduler-interval", "-1")
+    assert rc == 2
+    assert_one_error_line(err, out)
+    assert "scheduler_interval_s" in err
+    rc, out, err = run(capsys, "serve", "--set", "no_such_field=1")
+    assert rc == 2 and "no_such_field" in err
 
 
 def test_real_brokerctl_subprocess(broker_address: str) -> None:

@@ -132,3 +132,32 @@ def test_broker_down_is_a_clear_error(dead_address: str) -> None:
         c.submit(small("nowhere"))
     assert dead_address in err.value.message
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_wait_follows_the_watch_stream_until_cancelled(client: BrokerClient) -> None:
+    """wait() blocks on WatchJob while the job is pending; a cancel from elsewhere ends it."""
+    import threading
+
+    handle = client.submit(small("sdk-wait-stream"))
+    result: dict[str, object] = {}
+
+    def waiter() -> None:
+        try:
+            result["job"] = handle.wait(timeout=120)
+        except BaseException as e:  # surfaced by the assertion below
+            result["error"] = e
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    # Cancel only once the waiter is inside wait(): the event stream must deliver it.
+    events = handle.client.watch(handle.id, timeout=1)
+    with pytest.raises(TimeoutError):
+        list(events)  # the stream is open and quiet while pending
+    client.cancel(handle.id, "from another client")
+    t.join(timeout=120)
+    assert not t.is_alive()
+    assert "error" not in result, result.get("error")
+    job = result["job"]
+    assert isinstance(job, pb.Job) and job.phase == pb.JOB_PHASE_CANCELLED
+    live = [e for e in handle.events(follow=True)]  # terminal: history then end of stream
+    assert live[-1].to_phase == pb.JOB_PHASE_CANCELLED
