@@ -88,6 +88,7 @@ from placement.topology import (
 
 UNKNOWN_SAFE_POINT_S = 3600.0
 MAX_PREEMPTION_SEARCHES = 64
+MAX_MINIMISE_TRIES = 16
 REASON_RECLAIM = "reclaim_lent_quota"
 REASON_PRIORITY = "higher_priority"
 
@@ -195,6 +196,9 @@ class _Pass:
         lo = job.min_nodes if 0 < job.min_nodes < job.nodes else job.nodes
         room = led.room(job.team, key)
         n_quota = job.nodes if room == math.inf else min(job.nodes, int(room) // g)
+        if n_quota < lo and self.searches >= MAX_PREEMPTION_SEARCHES:
+            self._quota_pending(job, key)  # fast path: nothing more to try this pass
+            return
         elig = self._eligible(job)
         if not elig:
             self._pending(job, self._no_capacity_reason(job))
@@ -206,11 +210,7 @@ class _Pass:
             # lower-priority jobs.
             if self._preempt(job, key, job.nodes, elig, pref, req, quota_blocked=True):
                 return
-            rk = (job.team, key, job.gpus, len(led.used), sum(led.used.values()))
-            msg = self.reason_cache.get(rk)
-            if msg is None:
-                msg = self.reason_cache[rk] = led.explain(job.team, key, job.gpus)
-            self._pending(job, msg)
+            self._quota_pending(job, key)
             return
         placed = None
         n = n_quota
@@ -244,21 +244,23 @@ class _Pass:
         if hit is not None:
             return hit
         out = []
+        types = allowed_types(job)
         for p in self.index.partitions:
-            if self._static_ok(job, p, t_safe, future=False):
+            if self._static_ok(job, p, t_safe, future=False, types=types):
                 out.append((self._rank(job, p), p))
         out.sort(key=lambda x: x[0])
         self.elig_cache[sig] = out
         return out
 
-    def _static_ok(self, job: JobRequest, p: Partition, t_safe: float, future: bool) -> bool:
+    def _static_ok(self, job: JobRequest, p: Partition, t_safe: float, future: bool,
+                   types: frozenset[CapacityType] | None = None) -> bool:
         if job.accelerator and p.accelerator != job.accelerator:
             return False
         if job.allowed_regions and p.region not in job.allowed_regions:
             return False
         if p.region in job.denied_regions:
             return False
-        if p.capacity_type not in allowed_types(job):
+        if p.capacity_type not in (types if types is not None else allowed_types(job)):
             return False
         is_plan = p.capacity_type == CapacityType.TRAINING_PLAN
         if job.max_price_per_gpu_hour and not is_plan and p.price > job.max_price_per_gpu_hour:
@@ -406,25 +408,53 @@ class _Pass:
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         self.searches += 1
-        chosen: list[tuple[RunningJob, str]] = []
-        freed_quota = 0
-        placed = None
-        for _, r, why in cands:
-            self._release(r, give=True)
-            chosen.append((r, why))
-            if r.team == job.team:
-                freed_quota += r.gpus
-            if freed_quota >= need_quota:
-                placed = self._place(job, n, elig, pref, req, cache=False)
-                if placed is not None:
-                    break
+        # Shortest prefix of the victim order that lets the job place (quota and
+        # topology), found by galloping + bisection: both "enough quota freed" and
+        # "a domain holds the gang" only get truer as victims are added.
+        own = [r.gpus if r.team == job.team else 0 for _, r, _ in cands]
+        cur = 0
+
+        def move_to(k: int) -> None:
+            nonlocal cur
+            while cur < k:
+                self._release(cands[cur][1], give=True)
+                cur += 1
+            while cur > k:
+                cur -= 1
+                self._release(cands[cur][1], give=False)
+
+        def works(k: int) -> Placed | None:
+            if sum(own[:k]) < need_quota:
+                return None
+            move_to(k)
+            return self._place(job, n, elig, pref, req, cache=False)
+
+        total = len(cands)
+        placed = works(total)
         if placed is None:
-            for r, _ in chosen:
-                self._release(r, give=False)
+            move_to(0)
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
-        # Minimise: drop victims that are not needed, last added first.
-        for r, why in list(reversed(chosen[:-1])):
+        lo_k, hi_k, step = 0, total, 1  # works(hi_k); not known for lo_k
+        while step < total:
+            r = works(step)
+            if r is not None:
+                hi_k, placed = step, r
+                break
+            lo_k = step
+            step *= 2
+        while hi_k - lo_k > 1:
+            mid = (lo_k + hi_k) // 2
+            r = works(mid)
+            if r is not None:
+                hi_k, placed = mid, r
+            else:
+                lo_k = mid
+        move_to(hi_k)
+        chosen = [(r, why) for _, r, why in cands[:hi_k]]
+        # Minimise: drop victims that are not needed, last added first (bounded tries).
+        freed_quota = sum(own[:hi_k])
+        for r, why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
             self._release(r, give=False)
             fq = freed_quota - (r.gpus if r.team == job.team else 0)
             trial = self._place(job, n, elig, pref, req, cache=False) if fq >= need_quota else None
@@ -435,6 +465,7 @@ class _Pass:
                 self._release(r, give=True)
         for r, _ in chosen:
             self._release(r, give=False)
+        cur = 0
         # Hold the currently free part of the target for this job for the rest of the pass.
         part, level, dom, slots = placed
         for s in slots:
@@ -522,6 +553,14 @@ class _Pass:
         return True
 
     # ---- reasons --------------------------------------------------------------------
+
+    def _quota_pending(self, job: JobRequest, key: str) -> None:
+        led = self.ledger
+        rk = (job.team, key, job.gpus, led.usage(job.team, key), led.room(job.team, key))
+        msg = self.reason_cache.get(rk)
+        if msg is None:
+            msg = self.reason_cache[rk] = led.explain(job.team, key, job.gpus)
+        self._pending(job, msg)
 
     def _pending(self, job: JobRequest, reason: str) -> None:
         self.decisions.pending_reasons[job.id] = reason
