@@ -238,7 +238,7 @@ class TrainerSpec(BaseModel):
 
     total_steps: int = 100
     checkpoint_every: int = 10
-    global_batch_size: int = 0  # 0 = trainer default
+    global_batch_size: int = 8  # samples per global step, whatever the world size
     seed: int = 0
     model: str = "tiny"
     step_sleep_s: float = 0.0

@@ -32,6 +32,7 @@ def test_jobspec_defaults_and_to_proto() -> None:
     assert p.resources.nodes == 1 and p.resources.gpus_per_node == 1
     assert p.priority_class == "training"
     assert p.trainer.model == "tiny"
+    assert p.trainer.global_batch_size >= 1 and p.trainer.total_steps >= 1  # the trainer needs both
     assert p.topology.required == pb.TOPOLOGY_LEVEL_LAYER_3
     assert pb.CAPACITY_TYPE_SPOT in p.capacity_types
     assert list(p.allowed_regions) == ["us-east-2"]
