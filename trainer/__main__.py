@@ -7,6 +7,7 @@ Everything comes from the environment (docs/contracts.md section 1). Exit codes:
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -19,7 +20,23 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\..*")
 
 
+class _OneLineFormatter(logging.Formatter):
+    """DCP logs to the *root* logger with exc_info (e.g. when it probes a corrupt
+    .metadata); keep those as one line so the agent's "last stderr lines" stay readable."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record = logging.makeLogRecord(record.__dict__)
+        if record.exc_info:
+            record.msg = f"{record.msg} ({record.exc_info[1]})"
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return super().format(record)
+
+
 def main() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter("trainer: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
     from trainer.errors import EXIT_BAD_CONFIG, TrainerError
     from trainer.signals import SignalFlags
 

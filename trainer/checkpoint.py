@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -195,11 +196,13 @@ class CheckpointManager:
         state = {"model": msd, "optim": osd, "trainer": extra}
         try:
             dcp.load(state, storage_reader=store.reader(name), process_group=self.group)
-        except Exception as exc:  # noqa: BLE001 - DCP wraps per-rank failures
-            first = str(exc).strip().splitlines()
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001
+            # CheckpointException (a BaseException) carries every rank's traceback; its
+            # last line is the actual cause.
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             raise TrainerError(
                 f"checkpoint {store.uri(name)} could not be loaded (corrupt or incompatible): "
-                f"{type(exc).__name__}: {first[0] if first else ''}"[:600]
+                f"{lines[-1] if lines else type(exc).__name__}"[:800]
             ) from None
         set_state_dict(
             self.model,

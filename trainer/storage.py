@@ -20,6 +20,7 @@ checkpoint.py), on both backends.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -213,16 +214,16 @@ class _S3FileSystem(FileSystemBase):
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         bucket, key = self._split(path)
         if "w" in mode:
-            with tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024) as buf:
-                yield buf  # type: ignore[misc]
-                buf.seek(0)
-
-                @_retrying
-                def upload() -> None:
-                    buf.seek(0)
-                    self.client.upload_fileobj(buf, bucket, key, Config=self.transfer)
-
-                upload()
+            # DCP closes the stream itself, so spool to a named temp file and upload the
+            # file afterwards (upload_file also lets boto3 read parts in parallel).
+            fd, tmp = tempfile.mkstemp(prefix="cb-ckpt-", suffix=".part")
+            try:
+                with os.fdopen(fd, "w+b") as f:
+                    yield f  # type: ignore[misc]
+                _retrying(self.client.upload_file)(tmp, bucket, key, Config=self.transfer)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         else:
             buf = io.BytesIO()
 
