@@ -142,6 +142,19 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
     for fname in ("total_steps", "checkpoint_every", "global_batch_size", "step_sleep_s"):
         if getattr(t, fname) < 0:
             raise InvalidArgument(f"spec.trainer.{fname} must be >= 0 (got {getattr(t, fname)})")
+    if not spec.command:
+        # Our trainer runs the job: catch at submit what it would refuse only after a
+        # placement and a launch (it exits 2 on these).
+        if t.total_steps < 1:
+            raise InvalidArgument(
+                "spec.trainer.total_steps must be >= 1 for the built-in trainer "
+                "(or give spec.command to run your own program)"
+            )
+        if t.global_batch_size < 1:
+            raise InvalidArgument(
+                "spec.trainer.global_batch_size must be >= 1: it is the number of samples per "
+                "global step, fixed whatever the world size"
+            )
     for key in spec.env:
         if not ENV_KEY_RE.match(key):
             raise InvalidArgument(f"spec.env key {key!r} is not a valid environment variable name")

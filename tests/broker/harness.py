@@ -94,7 +94,7 @@ class Broker:
 def spec(name: str = "job", *, team: str = "ml", nodes: int = 1, gpus: int = 1, **kw: Any) -> pb.JobSpec:
     s = pb.JobSpec(name=name, team=team, priority_class="training",
                    resources=pb.Resources(nodes=nodes, gpus_per_node=gpus),
-                   trainer=pb.TrainerSpec(total_steps=100, checkpoint_every=10))
+                   trainer=pb.TrainerSpec(total_steps=100, checkpoint_every=10, global_batch_size=8))
     for k, v in kw.items():
         if isinstance(v, list):
             getattr(s, k).extend(v)

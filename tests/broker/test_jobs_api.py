@@ -91,6 +91,8 @@ INVALID = [
     (dict(allowed_regions=["a"], denied_regions=["a"]), "both allowed and denied"),
     (dict(max_price_per_gpu_hour=-1.0), "max_price_per_gpu_hour"),
     (dict(env={"CB_JOB_ID": "x"}), "CB_*"),
+    (dict(trainer=pb.TrainerSpec(total_steps=0, global_batch_size=8)), "total_steps must be >= 1"),
+    (dict(trainer=pb.TrainerSpec(total_steps=10, global_batch_size=0)), "global_batch_size must be >= 1"),
 ]
 
 
