@@ -57,11 +57,12 @@ def build_nodes(scale: float, rng: random.Random) -> list[NodeInfo]:
             zone = f"{region}-az{1 + (i // 128) % 2}"
             blk = i // 16
             l3, l2, l1 = f"l3-{blk}", f"l2-{blk // 4}", f"l1-{blk // 16}"
-            if i % 10 < 5:
+            # pools come in whole layer-3 blocks, as capacity is bought and placed
+            if blk % 10 < 5:
                 ct, pool, price, risk = CapacityType.ON_DEMAND, "od", PRICE[region], 0.0
-            elif i % 10 < 7:
+            elif blk % 10 < 7:
                 ct, pool, price, risk = CapacityType.SPOT, "spot", PRICE[region] * 0.4, 0.1
-            elif i % 10 < 9:
+            elif blk % 10 < 9:
                 ct, pool, price, risk = CapacityType.RESERVED, "res", PRICE[region] * 0.7, 0.0
             else:
                 ct, pool, price, risk = CapacityType.TRAINING_PLAN, f"tp-{region}", 3.0, 0.0
@@ -346,9 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ours = schedule(noq)
     ours_s = time.perf_counter() - t0
+    # Light load (the first 300 pending jobs, about half the free GPUs): here the
+    # largest free block left shows fragmentation, not just a full cluster.
+    light = replace(noq, pending=noq.pending[:300])
     q = {"first_fit": quality(noq, ff) | {"pass_ms": round(ff_s * 1000, 1)},
          "engine": quality(noq, ours) | {"pass_ms": round(ours_s * 1000, 1)},
-         "engine_with_quotas": quality(snap, d)}
+         "engine_with_quotas": quality(snap, d),
+         "first_fit_light": quality(light, schedule_first_fit(light)),
+         "engine_light": quality(light, schedule(light))}
 
     t = Table(title="placement engine: full pass")
     for c in ("metric", "value"):
@@ -375,8 +381,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {"input": {"trace": args.trace, "nodes": len(snap.nodes), "gpus": total_gpus,
                         "running": len(snap.running), "pending": len(snap.pending), "teams": len(snap.teams)},
               "full_pass": full, "incremental": inc, "growth": growth, "quality": q}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(out.read_text()) if out.exists() else {}
+    if args.trace:  # a trace run is kept beside the synthetic one, under "trace"
+        result = old | {"trace": result}
+    elif "trace" in old:
+        result["trace"] = old["trace"]
+    out.write_text(json.dumps(result, indent=2) + "\n")
     con.print(f"wrote {args.out}")
     return 0
 

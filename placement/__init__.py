@@ -12,11 +12,13 @@ from placement.model import (
     JobRequest,
     NodeInfo,
     Preemption,
+    Reservation,
     RunningJob,
     Snapshot,
     TeamQuota,
     TopologyLevel,
 )
+from placement.quota import ResourceUsage, TeamUsage, team_usage
 from placement.scheduler import schedule
 
 __all__ = [
@@ -26,9 +28,13 @@ __all__ = [
     "JobRequest",
     "NodeInfo",
     "Preemption",
+    "Reservation",
+    "ResourceUsage",
     "RunningJob",
     "Snapshot",
     "TeamQuota",
+    "TeamUsage",
     "TopologyLevel",
     "schedule",
+    "team_usage",
 ]

@@ -158,6 +158,10 @@ class QuotaLedger:
             )
         self._room.clear()
 
+    def admit(self, team: str, key: str, gpus: int, requested: int) -> None:
+        """A pending job of ``requested`` GPUs now holds ``gpus`` (elastic: fewer)."""
+        self._change(team, key, gpus, -requested)
+
     def add(self, team: str, key: str, gpus: int) -> None:
         self._change(team, key, gpus, 0)
 

@@ -328,8 +328,7 @@ class _Pass:
         for s in slots:
             self.index.take(s, g)
         n = len(slots)
-        self.ledger.add(job.team, key, n * g)
-        self.ledger.settle_demand(job.team, key, job.gpus)
+        self.ledger.admit(job.team, key, n * g, job.gpus)
         where = f"one node ({slots[0].info.id})" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
         tier = {
             CapacityType.TRAINING_PLAN: f"training plan {part.pool or '?'} (prepaid)",
@@ -392,19 +391,28 @@ class _Pass:
         for ck, r in self._victims_of(job.team, key):
             if r.priority < job.priority and r.id not in self.claimed:
                 cands.append((ck, r, REASON_PRIORITY))
+        # Upper bound before any simulation: the gang must fit in ONE partition, so
+        # some partition needs n nodes with >= g GPUs once every candidate is gone.
         parts = {id(p) for _, p in elig}
-        def on_elig(r: RunningJob) -> int:
-            tot = 0
-            for node_id, gg in r.allocations:
-                s = self.index.slot_by_id.get(node_id)
-                if s is not None and id(s.part) in parts:
-                    tot += gg
-            return tot
-        if need_quota <= 0:
-            cands = [c for c in cands if on_elig(c[1]) > 0]
-        free_elig = sum(p.root.free for _, p in elig)
+        slot_of = self.index.slot_by_id
+        freed: dict[Slot, int] = {}
+        useful = []
+        for c in cands:
+            hit = False
+            for node_id, gg in c[1].allocations:
+                sl = slot_of.get(node_id)
+                if sl is not None and id(sl.part) in parts:
+                    freed[sl] = freed.get(sl, 0) + gg
+                    hit = True
+            if hit or need_quota > 0:
+                useful.append(c)
+        cands = useful
+        gained: dict[int, int] = defaultdict(int)
+        for sl, gg in freed.items():
+            if sl.free < g <= sl.free + gg:
+                gained[id(sl.part)] += 1
         own_total = sum(c[1].gpus for c in cands if c[1].team == job.team)
-        if free_elig + sum(on_elig(c[1]) for c in cands) < n * g or own_total < need_quota:
+        if own_total < need_quota or not any(p.root.cnt[g] + gained[id(p)] >= n for _, p in elig if g <= p.maxg):
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         self.searches += 1
@@ -430,19 +438,22 @@ class _Pass:
             return self._place(job, n, elig, pref, req, cache=False)
 
         total = len(cands)
-        placed = works(total)
+        placed = None
+        lo_k, hi_k, step = 0, total, 1  # invariant: works(hi_k) once placed is set
+        while True:
+            k = min(step, total)
+            r = works(k)
+            if r is not None:
+                hi_k, placed = k, r
+                break
+            lo_k = k
+            if k == total:
+                break
+            step *= 2
         if placed is None:
             move_to(0)
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
-        lo_k, hi_k, step = 0, total, 1  # works(hi_k); not known for lo_k
-        while step < total:
-            r = works(step)
-            if r is not None:
-                hi_k, placed = step, r
-                break
-            lo_k = step
-            step *= 2
         while hi_k - lo_k > 1:
             mid = (lo_k + hi_k) // 2
             r = works(mid)
@@ -473,8 +484,7 @@ class _Pass:
         for r, _ in chosen:
             self.claimed.add(r.id)
             led.add(r.team, led.key(r.team, r.accelerator), -r.gpus)
-        led.add(job.team, key, n * g)
-        led.settle_demand(job.team, key, job.gpus)
+        led.admit(job.team, key, n * g, job.gpus)
         where = "one node" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
         names = []
         for r, why in chosen:
