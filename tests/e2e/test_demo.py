@@ -1,0 +1,47 @@
+"""The README's first command ends in `brokerctl demo`: run it as a user would.
+
+A real subprocess: embedded broker, three agent subprocesses, real trainer ranks.
+Small settings keep it to about a minute on two cores; the assertions are the
+ones the README promises: every job SUCCEEDED, each on a named region, with
+complete checkpoints on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+REGIONS = ("us-east-2", "us-west-2", "eu-west-1")
+
+
+def run_demo(work: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="100", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", "demo", "--work-dir", str(work), "--steps", "12",
+         "--checkpoint-every", "4", "--ranks-per-node", "1", "--timeout", "400", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+
+
+def test_demo_runs_every_job_to_success(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    result = run_demo(work)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    summary = out[out.rfind("demo summary"):]
+    assert "demo summary" in summary, out[-4000:]
+    assert summary.lower().count("succeeded") >= 5, summary
+    assert any(region in summary for region in REGIONS), summary
+    manifests = list(work.rglob("manifest.json"))
+    assert len(manifests) >= 5, f"expected checkpoints of 5 jobs on disk, found {len(manifests)}"
+    # No trainer or agent outlives the demo.
+    leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True, check=False)
+    assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
