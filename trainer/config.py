@@ -175,7 +175,9 @@ def parse_spec(raw: str | dict[str, Any]) -> TrainerSpec:
     try:
         return TrainerSpec.model_validate(raw)
     except ValidationError as exc:
+        names = {f.alias: n for n, f in TrainerSpec.model_fields.items() if f.alias}
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(names.get(str(p), str(p)) for p in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors()
         )
         raise TrainerError(f"invalid CB_TRAINER_CONFIG: {problems}") from None

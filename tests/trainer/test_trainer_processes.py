@@ -193,7 +193,7 @@ def test_sigusr1_then_sigterm_checkpoint_exit_75_and_resume(
     usr1_at, term_at = rng.randint(2, 5), rng.randint(12, 18)
     ckpt_root = tmp_path / "ckpt"  # local-directory storage this time
     log = tmp_path / "sig.jsonl"
-    spec = tiny_spec(step_sleep_s=0.15, options={"sample_log": str(log)})
+    spec = tiny_spec(step_sleep_s=0.1, options={"sample_log": str(log)})
     run = launch(tmp_path / "a1", 2, spec, str(ckpt_root), attempt=1, grace_s=60)
     _wait_for_step(run, usr1_at)
     run.signal(signal.SIGUSR1)
