@@ -142,33 +142,38 @@ class CapacityIndex:
         by_key: dict[tuple, Domain] = {}
         dcount = 0
         us_sizes: dict[int, int] = {}
+        chains: dict[tuple, list[Domain]] = {}
         for i, (info, free) in enumerate(members):
             slot = Slot(info, 0, part, i)
-            parent = part.root
-            chain = [part.root]
-            path: list[str] = []
-            labels = [(int(TopologyLevel.ZONE), info.zone)]
-            for lvl, lab in (
-                (int(TopologyLevel.LAYER_1), info.layer1),
-                (int(TopologyLevel.LAYER_2), info.layer2),
-                (int(TopologyLevel.LAYER_3), info.layer3),
-                (int(TopologyLevel.ULTRASERVER), info.ultraserver),
-            ):
-                if lab:
-                    labels.append((lvl, lab))
-            for lvl, lab in labels:
-                path.append(f"{lvl}:{lab}")
-                dkey = tuple(path)
-                dom = by_key.get(dkey)
-                if dom is None:
-                    dcount += 1
-                    names = [info.region] + [p.split(":", 1)[1] for p in path]
-                    dom = Domain(lvl, "/".join(names), maxg, dcount)
-                    by_key[dkey] = dom
-                    parent.subs.append(dom)
-                    part.levels.setdefault(lvl, []).append(dom)
-                chain.append(dom)
-                parent = dom
+            topo = (info.zone, info.layer1, info.layer2, info.layer3, info.ultraserver)
+            chain = chains.get(topo)
+            if chain is None:  # first node of this exact topology position
+                parent = part.root
+                chain = [part.root]
+                path: list[str] = []
+                for lvl, lab in (
+                    (int(TopologyLevel.ZONE), info.zone),
+                    (int(TopologyLevel.LAYER_1), info.layer1),
+                    (int(TopologyLevel.LAYER_2), info.layer2),
+                    (int(TopologyLevel.LAYER_3), info.layer3),
+                    (int(TopologyLevel.ULTRASERVER), info.ultraserver),
+                ):
+                    if not lab and lvl != int(TopologyLevel.ZONE):
+                        continue
+                    path.append(f"{lvl}:{lab}")
+                    dkey = tuple(path)
+                    dom = by_key.get(dkey)
+                    if dom is None:
+                        dcount += 1
+                        names = [info.region] + [p.split(":", 1)[1] for p in path]
+                        dom = Domain(lvl, "/".join(names), maxg, dcount)
+                        by_key[dkey] = dom
+                        parent.subs.append(dom)
+                        part.levels.setdefault(lvl, []).append(dom)
+                    chain.append(dom)
+                    parent = dom
+                chains[topo] = chain
+            parent = chain[-1]
             parent.bare.append(slot)
             slot.doms = chain
             if info.ultraserver:
