@@ -236,23 +236,42 @@ class _Pass:
     # ---- eligibility and ranking ----------------------------------------------------
 
     def _eligible(self, job: JobRequest) -> list[tuple[tuple, Partition]]:
-        t_safe = safe_point_s(job)
+        """Eligible partitions, best-ranked first. Cached in two steps: the static
+        filters by job signature, then the plan-window check (which depends on the
+        job's safe point) by which windowed partitions it passes, so jobs with
+        different durations still share one list object (and one fail cache)."""
         sig = (
             job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
-            job.max_price_per_gpu_hour, job.gpus_per_node, t_safe, job.dataset_region,
-            job.preferred_regions,
+            job.max_price_per_gpu_hour, job.gpus_per_node, job.dataset_region, job.preferred_regions,
         )
-        hit = self.elig_cache.get(sig)
-        if hit is not None:
-            return hit
-        out = []
-        types = allowed_types(job)
-        for p in self.index.partitions:
-            if self._static_ok(job, p, t_safe, future=False, types=types):
-                out.append((self._rank(job, p), p))
-        out.sort(key=lambda x: x[0])
-        self.elig_cache[sig] = out
+        base = self.elig_cache.get(sig)
+        if base is None:
+            base = []
+            types = allowed_types(job)
+            for p in self.index.partitions:
+                if self._static_ok(job, p, 0.0, future=False, types=types):
+                    base.append((self._rank(job, p), p))
+            base.sort(key=lambda x: x[0])
+            self.elig_cache[sig] = base
+        windowed = [p for _, p in base if p.plan_start is not None or p.plan_end is not None]
+        if not windowed:
+            return base
+        t_safe = safe_point_s(job)
+        passes = tuple(self._window_ok(p, t_safe) for p in windowed)
+        wkey = (sig, passes)
+        out = self.elig_cache.get(wkey)
+        if out is None:
+            out = [(r, p) for r, p in base if not (p.plan_start is not None or p.plan_end is not None)
+                   or self._window_ok(p, t_safe)]
+            self.elig_cache[wkey] = out
         return out
+
+    def _window_ok(self, p: Partition, t_safe: float) -> bool:
+        """A job may start on a plan's nodes now only if its next safe point comes
+        before the plan ends (and, when backfilling before the start, before the start)."""
+        if p.plan_start is not None and self.now < p.plan_start and self.now + t_safe > p.plan_start:
+            return False
+        return not (p.plan_end is not None and self.now + t_safe > p.plan_end)
 
     def _static_ok(self, job: JobRequest, p: Partition, t_safe: float, future: bool,
                    types: frozenset[CapacityType] | None = None) -> bool:
@@ -269,12 +288,9 @@ class _Pass:
             return False
         if p.maxg < job.gpus_per_node:
             return False
-        start = self.now
-        if future:
-            start = p.plan_start if p.plan_start is not None else self.now
-        elif p.plan_start is not None and self.now < p.plan_start and self.now + t_safe > p.plan_start:
-            # backfill before a scheduled plan starts: must reach a safe point first
-            return False
+        if not future:
+            return True  # plan windows: see _window_ok
+        start = p.plan_start if p.plan_start is not None else self.now
         return not (p.plan_end is not None and start + t_safe > p.plan_end)
 
     def _rank(self, job: JobRequest, p: Partition) -> tuple:
