@@ -145,7 +145,7 @@ class _Pass:
         self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
         self.decisions = Decisions()
         self.claimed: set[str] = set()
-        self.elig_cache: dict[tuple, list[tuple[tuple, Partition]]] = {}
+        self.elig_cache: dict[tuple, object] = {}
         self.fail_cache: dict[tuple, int] = {}
         self.searches = 0
         self.by_team: dict[str, list[RunningJob]] = defaultdict(list)
@@ -244,16 +244,17 @@ class _Pass:
             job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
             job.max_price_per_gpu_hour, job.gpus_per_node, job.dataset_region, job.preferred_regions,
         )
-        base = self.elig_cache.get(sig)
-        if base is None:
+        hit = self.elig_cache.get(sig)
+        if hit is None:
             base = []
             types = allowed_types(job)
             for p in self.index.partitions:
                 if self._static_ok(job, p, 0.0, future=False, types=types):
                     base.append((self._rank(job, p), p))
             base.sort(key=lambda x: x[0])
-            self.elig_cache[sig] = base
-        windowed = [p for _, p in base if p.plan_start is not None or p.plan_end is not None]
+            windowed = [p for _, p in base if p.plan_start is not None or p.plan_end is not None]
+            hit = self.elig_cache[sig] = (base, windowed)
+        base, windowed = hit
         if not windowed:
             return base
         t_safe = safe_point_s(job)
