@@ -3,7 +3,9 @@ team_usage, and the HyperPod acceptance scenario as a multi-pass run."""
 
 from __future__ import annotations
 
-from placement import TeamQuota, schedule
+from dataclasses import replace
+
+from placement import TeamQuota, TopologyLevel, schedule
 from placement.model import RunningJob
 from placement.quota import team_usage
 
@@ -96,7 +98,6 @@ def test_preemption_is_topology_aware():
         RunningJob(id="in-b1", team="A", priority=10, allocations=((nodes[2].id, 8),)),
         RunningJob(id="in-b0", team="A", priority=50, allocations=((nodes[0].id, 8),)),
     ]
-    from placement import TopologyLevel
     d = schedule(snap(nodes, [job("hi", nodes=2, team="A", priority=100, required=TopologyLevel.LAYER_3)],
                       running=running, teams=teams))
     assert [p.job_id for p in d.preemptions] == ["in-b0"]
@@ -135,3 +136,26 @@ def test_team_usage_view():
     assert (u["A"].guaranteed, u["A"].used, u["A"].borrowed, u["A"].lent) == (8, 16, 8, 0)
     assert (u["B"].used, u["B"].lent, u["B"].pending, u["B"].cohort) == (0, 8, 4, "c")
     assert u["A"].resources[0].accelerator == ""
+
+
+def test_victims_already_stopping_are_counted_but_not_announced_again():
+    nodes = [node(0), node(1)]
+    b = Broker(nodes, teams=two_teams())
+    b.submit(job("a-train", nodes=2, team="A"))
+    b.step(schedule)
+    b.submit(job("b-train", team="B"))
+    snap1 = b.snapshot()
+    d1 = schedule(snap1)
+    assert [p.job_id for p in d1.preemptions] == ["a-train"]
+    # the broker is checkpointing the victim: next pass repeats the plan silently
+    running = tuple(replace(r, stopping=True) for r in snap1.running)
+    d2 = schedule(replace(snap1, running=running))
+    assert d2.preemptions == [] and d2.admissions == []
+    assert d2.pending_reasons["b-train"].startswith("waiting for 1 preempted job(s) to checkpoint (a-train")
+
+
+def test_pending_job_never_dropped_from_decisions():
+    nodes = [node(0)]
+    d = schedule(snap(nodes, [job("x", nodes=0), job("y", gpus=16), job("z")]))
+    assert set(d.pending_reasons) | set(admitted(d)) == {"x", "y", "z"}
+    assert "no GPUs" in d.pending_reasons["x"] and "16 GPU(s) per node" in d.pending_reasons["y"]
