@@ -115,7 +115,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ..., node_health: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., spot_notices: _Optional[_Iterable[_Union[SpotNotice, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "progress", "exit_code", "message", "failed_nodes", "time")
+    __slots__ = ("job_id", "attempt", "state", "progress", "exit_code", "message", "failed_nodes", "time", "transfer", "timings")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,8 @@ class JobUpdate(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FAILED_NODES_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     state: AttemptState
@@ -132,7 +134,21 @@ class JobUpdate(_message.Message):
     message: str
     failed_nodes: _containers.RepeatedScalarFieldContainer[str]
     time: float
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., failed_nodes: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ...) -> None: ...
+    transfer: _common_pb2.TransferStats
+    timings: AttemptTimings
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., failed_nodes: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., transfer: _Optional[_Union[_common_pb2.TransferStats, _Mapping]] = ..., timings: _Optional[_Union[AttemptTimings, _Mapping]] = ...) -> None: ...
+
+class AttemptTimings(_message.Message):
+    __slots__ = ("launch_received_time", "spawn_time", "stop_signal_time", "exit_time")
+    LAUNCH_RECEIVED_TIME_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_TIME_FIELD_NUMBER: _ClassVar[int]
+    STOP_SIGNAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    launch_received_time: float
+    spawn_time: float
+    stop_signal_time: float
+    exit_time: float
+    def __init__(self, launch_received_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ...) -> None: ...
 
 class CommandAck(_message.Message):
     __slots__ = ("command_id", "accepted", "message")
@@ -155,7 +171,7 @@ class RegisterAck(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env")
+    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +186,7 @@ class Launch(_message.Message):
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_MODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     spec: _common_pb2.JobSpec
@@ -177,7 +194,8 @@ class Launch(_message.Message):
     checkpoint_uri: str
     resume_from: str
     env: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    transfer_mode: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., transfer_mode: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("job_id", "attempt", "reason", "checkpoint_first", "grace_s")

@@ -98,3 +98,19 @@ class GetJobLogsResponse(_message.Message):
     LINES_FIELD_NUMBER: _ClassVar[int]
     lines: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListMigrationsRequest(_message.Message):
+    __slots__ = ("job_id", "team", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    team: str
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListMigrationsResponse(_message.Message):
+    __slots__ = ("migrations",)
+    MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    migrations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Migration]
+    def __init__(self, migrations: _Optional[_Iterable[_Union[_common_pb2.Migration, _Mapping]]] = ...) -> None: ...

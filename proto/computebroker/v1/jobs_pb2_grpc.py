@@ -70,6 +70,11 @@ class JobServiceStub:
                 request_serializer=computebroker_dot_v1_dot_jobs__pb2.GetJobLogsRequest.SerializeToString,
                 response_deserializer=computebroker_dot_v1_dot_jobs__pb2.GetJobLogsResponse.FromString,
                 _registered_method=True)
+        self.ListMigrations = channel.unary_unary(
+                '/computebroker.v1.JobService/ListMigrations',
+                request_serializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -122,6 +127,13 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMigrations(self, request, context):
+        """Recent migrations (moves between capacity), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +171,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetJobLogs,
                     request_deserializer=computebroker_dot_v1_dot_jobs__pb2.GetJobLogsRequest.FromString,
                     response_serializer=computebroker_dot_v1_dot_jobs__pb2.GetJobLogsResponse.SerializeToString,
+            ),
+            'ListMigrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMigrations,
+                    request_deserializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +367,33 @@ class JobService:
             '/computebroker.v1.JobService/GetJobLogs',
             computebroker_dot_v1_dot_jobs__pb2.GetJobLogsRequest.SerializeToString,
             computebroker_dot_v1_dot_jobs__pb2.GetJobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMigrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.JobService/ListMigrations',
+            computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.SerializeToString,
+            computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.FromString,
             options,
             channel_credentials,
             insecure,
