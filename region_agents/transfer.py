@@ -1,0 +1,885 @@
+"""Checkpoint mover: copy one complete checkpoint between region stores (local dir or S3).
+
+Used when the broker moves a job to another region (DESIGN "Capacity shifts and
+cross-region migration"): the job's latest complete checkpoint is copied from the old
+region's store (`s3://cb-<region>/jobs/<id>/step-NNNNNNNNN` or a local dir) into the new
+region's store, and the trainer resumes from the copy. A cross-region read at resume time
+is the alternative (`plan_move(..., mode="direct")`): no copy, slower/egress-priced loads.
+
+Why the protocol looks like this (docs/contracts.md section 3: a checkpoint is complete
+iff its `manifest.json` exists, and the manifest lists every file with its size):
+* only manifest-listed files are copied, in parallel (a ThreadPoolExecutor of `workers`
+  files; each large file itself moves in parallel parts through one shared s3transfer
+  manager, as `aws s3 cp` does);
+* every file is verified at the destination against the manifest (size always; a
+  checksum when the manifest carries one) before the manifest is written, and the
+  manifest is copied LAST, byte for byte, so the destination becomes "complete" in one
+  step and a half-finished copy is never resumable;
+* any destination manifest is deleted FIRST, so overwriting an older copy cannot leave
+  a stale manifest over new, half-copied files;
+* on failure what was written is removed (best effort, incl. dangling multipart uploads)
+  and `TransferFailed` says which file failed and why.
+
+Methods (recorded in `TransferResult.method`): local->local `local-copy`; local->S3
+`upload` (multipart, parallel parts); S3->local `download` (ranged GETs in parallel);
+S3->S3 on one endpoint `server-side-copy` (CopyObject, or UploadPartCopy above the
+multipart threshold: bytes never leave the store, as in real cross-region S3 copies);
+S3->S3 across endpoints, or where the store refuses server-side copy, `stream`
+(download to a spool file, then upload).
+
+Retries: botocore retries single requests (parts) a few times; tenacity retries a whole
+file on throttling, 5xx, connection errors and verification mismatches with exponential
+backoff, bounded by `RetryPolicy.attempts`. Checkpoint naming and "latest complete" come
+from the trainer's storage layer (`trainer.storage`), imported lazily: it imports torch,
+which an agent should not pay for at start-up.
+
+Verification details: a streamed copy hashes the bytes that land at the destination
+(the downloaded file or the spool file that is then uploaded with S3's per-request CRC
+checks); an upload hashes its local source (S3 validates each request's CRC, so what
+landed is what was read); a server-side copy compares size and, for single-part
+objects, the ETag (an MD5 of the content), and re-reads the copy only when the manifest
+has a checksum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from s3transfer.subscribers import BaseSubscriber
+
+MANIFEST = "manifest.json"  # == trainer.storage.MANIFEST (kept here to avoid importing torch)
+MiB = 1024 * 1024
+_HASH_ALGOS = ("sha256", "sha1", "md5", "blake2b")
+_COPY_CHUNK = 8 * MiB
+
+ProgressFn = Callable[[int, int], None]
+
+
+class TransferError(Exception):
+    """Base of the mover's errors; the message is meant for users and operators."""
+
+
+class IncompleteCheckpoint(TransferError):
+    """The source is not a complete checkpoint (no manifest.json): never copy or resume it."""
+
+
+class TransferFailed(TransferError):
+    """The copy did not complete; the destination has no manifest (it is not resumable)."""
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    src: str
+    dst: str
+    bytes: int  # checkpoint bytes (data files + manifest) now at the destination
+    files: int  # files including the manifest
+    seconds: float
+    mb_per_s: float  # bytes / seconds / 1e6
+    method: str  # local-copy | upload | download | server-side-copy | stream | already-complete
+    retries: int = 0  # whole-file retries tenacity made
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries: `attempts` tries per file (tenacity), `botocore_attempts` per request."""
+
+    attempts: int = 5
+    wait_initial_s: float = 0.25
+    wait_max_s: float = 8.0
+    botocore_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """What moving a job's checkpoint to another region's store means, before any I/O."""
+
+    mode: str  # "copy" | "direct" | "same-store"
+    src_uri: str  # the complete checkpoint to move
+    dst_uri: str  # where it will live ("" for direct: nothing is written)
+    resume_from: str  # what the next attempt's Launch.resume_from must be
+
+    @property
+    def needs_copy(self) -> bool:
+        return self.mode == "copy"
+
+    def execute(self, **kwargs: Any) -> TransferResult | None:
+        """Run the copy this plan calls for (kwargs go to copy_checkpoint); None if none."""
+        if not self.needs_copy:
+            return None
+        return copy_checkpoint(self.src_uri, self.dst_uri, **kwargs)
+
+
+# ----------------------------------------------------------------------------- URIs
+
+
+def _trainer_storage() -> Any:
+    from trainer import storage  # lazy: imports torch
+
+    return storage
+
+
+def _step_of(name: str) -> int | None:
+    if not name.startswith("step-"):
+        return None
+    try:
+        return int(name[len("step-") :])
+    except ValueError:
+        return None
+
+
+def _split_step_uri(uri: str) -> tuple[str, str]:
+    """'s3://b/jobs/j/step-000000120' -> ('s3://b/jobs/j', 'step-000000120')."""
+    uri = uri.rstrip("/")
+    parent, _, name = uri.rpartition("/")
+    if not parent or _step_of(name) is None:
+        raise ValueError(
+            f"{uri!r} does not name a checkpoint directory (expected .../step-NNNNNNNNN)"
+        )
+    return parent, name
+
+
+def _check_scheme(uri: str) -> None:
+    if "://" in uri and not uri.startswith(("s3://", "file://")):
+        raise ValueError(
+            f"unsupported checkpoint URI {uri!r}: use a local path, file:///path or s3://bucket/prefix"
+        )
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def make_s3_client(
+    endpoint_url: str | None = None, *, retry: RetryPolicy | None = None, max_pool: int = 32
+) -> Any:
+    """A boto3 S3 client like the trainer's (path style; AWS_ENDPOINT_URL[_S3] honoured)."""
+    import boto3
+    from botocore.config import Config
+
+    retry = retry or RetryPolicy()
+    endpoint = (
+        endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    cfg = Config(
+        retries={"mode": "standard", "total_max_attempts": max(1, retry.botocore_attempts)},
+        connect_timeout=5,
+        read_timeout=60,
+        max_pool_connections=max_pool,
+        s3={"addressing_style": "path"},
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
+
+
+def _error_code(exc: BaseException) -> tuple[str, int]:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        return str(resp.get("Error", {}).get("Code", "")), int(
+            resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+        )
+    return "", 0
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """exc, then what caused it (boto3 wraps ClientErrors; s3transfer keeps last_exception)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        yield cur
+        last = getattr(cur, "last_exception", None)
+        cur = last if isinstance(last, BaseException) else (cur.__cause__ or cur.__context__)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: throttling, 5xx, connection/timeouts, a verification mismatch."""
+    from botocore.exceptions import BotoCoreError
+    from botocore.exceptions import ConnectionError as BotoConnError
+
+    for e in _chain(exc):
+        if isinstance(e, _Mismatch | BotoConnError | ConnectionError | TimeoutError):
+            return True
+        code, status = _error_code(e)
+        if code in {"NotImplemented", "XNotImplemented"} or status == 501:
+            return False
+        if status >= 500 or code in {
+            "SlowDown",
+            "Throttling",
+            "ThrottlingException",
+            "RequestTimeout",
+            "InternalError",
+            "ServiceUnavailable",
+        }:
+            return True
+        if isinstance(e, BotoCoreError) and "retries exceeded" in str(e).lower():
+            return True
+    return False
+
+
+def _copy_refused(exc: BaseException) -> bool:
+    """The store does not do (or allow) server-side copy: stream instead (MinIO gateways,
+    some S3-compatibles, bucket policies that deny s3:GetObject on a copy source)."""
+    for e in _chain(exc):
+        code, status = _error_code(e)
+        if status in (501, 403, 405) or code in {
+            "NotImplemented",
+            "XNotImplemented",
+            "AccessDenied",
+            "MethodNotAllowed",
+        }:
+            return True
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    for e in _chain(exc):
+        code, status = _error_code(e)
+        if code or status:
+            msg = getattr(e, "response", {}).get("Error", {}).get("Message", "")
+            return f"{code or 'HTTP'} {status}: {msg}".strip().rstrip(":")
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Mismatch(Exception):
+    """Destination bytes do not match the manifest (retried, then reported)."""
+
+
+# --------------------------------------------------------------------------- places
+
+
+class _LocalDir:
+    kind = "local"
+
+    def __init__(self, uri: str) -> None:
+        self.path = Path(uri.removeprefix("file://")).absolute()
+        self.uri = str(self.path)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def sizes(self) -> dict[str, int]:
+        if not self.path.is_dir():
+            return {}
+        return {
+            p.relative_to(self.path).as_posix(): p.stat().st_size
+            for p in self.path.rglob("*")
+            if p.is_file()
+        }
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return self.file(name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def size(self, name: str) -> int | None:
+        try:
+            return self.file(name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def write_durable(self, name: str, data: bytes) -> None:
+        path = self.file(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def delete(self, names: list[str]) -> None:
+        for n in names:
+            with contextlib.suppress(OSError):
+                self.file(n).unlink()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _S3Dir:
+    kind = "s3"
+
+    def __init__(self, uri: str, client: Any) -> None:
+        rest = uri.rstrip("/").removeprefix("s3://")
+        self.bucket, _, self.prefix = rest.partition("/")
+        if not self.bucket:
+            raise ValueError(f"checkpoint URI {uri!r} has no bucket (expected s3://bucket/prefix)")
+        self.uri = uri.rstrip("/")
+        self.client = client
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def sizes(self) -> dict[str, int]:
+        base = self.key("")
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=base
+        )
+        return {o["Key"][len(base) :]: int(o["Size"]) for p in pages for o in p.get("Contents", [])}
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc)[0] in {"NoSuchKey", "404"} or _error_code(exc)[1] == 404:
+                return None
+            raise
+
+    def head(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self.key(name))
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc)[1] == 404:
+                return None
+            raise
+
+    def size(self, name: str) -> int | None:
+        h = self.head(name)
+        return None if h is None else int(h["ContentLength"])
+
+    def write_durable(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+
+    def delete(self, names: list[str]) -> None:
+        if len(names) == 1:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(names[0]))
+            return
+        for i in range(0, len(names), 1000):
+            objs = [{"Key": self.key(n)} for n in names[i : i + 1000]]
+            with contextlib.suppress(Exception):
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True}
+                )
+
+    def cleanup(self) -> None:
+        """Delete everything under the dir and abort multipart uploads left behind."""
+        with contextlib.suppress(Exception):
+            self.delete(list(self.sizes()))
+        with contextlib.suppress(Exception):
+            ups = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.key(""))
+            for u in ups.get("Uploads", []):
+                self.client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
+                )
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _place(uri: str, client: Any) -> _LocalDir | _S3Dir:
+    _check_scheme(uri)
+    return _S3Dir(uri, client) if uri.startswith("s3://") else _LocalDir(uri)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Monotonic (bytes_done, bytes_total) across threads and retries.
+
+    s3transfer reports negative progress when it rewinds a part for a retry, and a
+    retried file starts again from 0: each file counts as the most it ever reached.
+    """
+
+    def __init__(self, total: int, fn: ProgressFn | None) -> None:
+        self.total, self.fn = total, fn
+        self.done = 0
+        self._best: dict[str, int] = {}
+        self._cur: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def restart(self, name: str) -> None:
+        with self._lock:
+            self._cur[name] = 0
+
+    def add(self, name: str, n: int, cap: int) -> None:
+        with self._lock:
+            cur = self._cur.get(name, 0) + n
+            self._cur[name] = cur
+            best = self._best.get(name, 0)
+            new = min(cur, cap)
+            if new > best:
+                self._best[name] = new
+                self.done += new - best
+                if self.fn is not None:
+                    self.fn(self.done, self.total)
+
+    def complete(self, name: str, size: int) -> None:
+        with self._lock:
+            best = self._best.get(name, 0)
+            if size > best:
+                self._best[name] = size
+                self.done += size - best
+            if self.fn is not None and (size > best or size == 0):
+                self.fn(self.done, self.total)
+
+
+class _Subscriber(BaseSubscriber):
+    """s3transfer subscriber that forwards on_progress to _Progress."""
+
+    def __init__(self, prog: _Progress, name: str, size: int) -> None:
+        self.prog, self.name, self.size = prog, name, size
+
+    def on_progress(self, bytes_transferred: int = 0, **kwargs: Any) -> None:
+        self.prog.add(self.name, bytes_transferred, self.size)
+
+
+def _subscriber(prog: _Progress, name: str, size: int) -> Any:
+    return _Subscriber(prog, name, size)
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def _expected_digest(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """(algo, hexdigest) from a manifest file entry: {"sha256": hex} or {"checksum": "sha256:hex"}."""
+    for algo in _HASH_ALGOS:
+        if isinstance(entry.get(algo), str):
+            return algo, entry[algo].lower()
+    cs = entry.get("checksum")
+    if isinstance(cs, str) and ":" in cs:
+        algo, _, hexd = cs.partition(":")
+        if algo.lower() in _HASH_ALGOS:
+            return algo.lower(), hexd.lower()
+    return None
+
+
+def _hash_file(path: Path, algo: str) -> str:
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
+        while chunk := f.read(_COPY_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_s3(client: Any, bucket: str, key: str, algo: str) -> str:
+    h = hashlib.new(algo)
+    body = client.get_object(Bucket=bucket, Key=key)["Body"]
+    for chunk in body.iter_chunks(_COPY_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_digest(name: str, got: str, want: tuple[str, str] | None) -> None:
+    if want is not None and got != want[1]:
+        raise _Mismatch(f"{name}: {want[0]} {got} != manifest {want[1]}")
+
+
+# --------------------------------------------------------------------------- copier
+
+
+@dataclass
+class _Copier:
+    src: _LocalDir | _S3Dir
+    dst: _LocalDir | _S3Dir
+    method: str
+    prog: _Progress
+    verify_checksums: bool
+    down: Any  # s3transfer TransferManager on the source's client (GETs), or None
+    up: Any  # ... on the destination's client (PUTs, server-side copies), or None
+    spool_dir: str
+    fallbacks: list[str] = field(default_factory=list)
+
+    def copy(self, entry: dict[str, Any]) -> None:
+        name, size = entry["name"], int(entry["size"])
+        want = _expected_digest(entry) if self.verify_checksums else None
+        self.prog.restart(name)
+        src, dst = self.src, self.dst
+        if isinstance(src, _LocalDir) and isinstance(dst, _LocalDir):
+            self._local_copy(name, size, want)
+        elif isinstance(src, _LocalDir) and isinstance(dst, _S3Dir):
+            if want is not None:
+                _check_digest(name, _hash_file(src.file(name), want[0]), want)
+            self.up.upload(
+                str(src.file(name)),
+                dst.bucket,
+                dst.key(name),
+                subscribers=[_subscriber(self.prog, name, size)],
+            ).result()
+        elif isinstance(src, _S3Dir) and isinstance(dst, _LocalDir):
+            dst.file(name).parent.mkdir(parents=True, exist_ok=True)
+            self.down.download(
+                src.bucket,
+                src.key(name),
+                str(dst.file(name)),
+                subscribers=[_subscriber(self.prog, name, size)],
+            ).result()
+            _fsync_file(dst.file(name))  # durable before the manifest can say "complete"
+            if want is not None:
+                _check_digest(name, _hash_file(dst.file(name), want[0]), want)
+        else:
+            assert isinstance(src, _S3Dir) and isinstance(dst, _S3Dir)
+            if self.method == "server-side-copy" and name not in self.fallbacks:
+                try:
+                    self._server_copy(name, size, want)
+                except Exception as exc:
+                    if not _copy_refused(exc):
+                        raise
+                    self.fallbacks.append(name)  # the store refuses copies: stream this file
+                    self.prog.restart(name)
+                    self._stream(name, size, want)
+            else:
+                self._stream(name, size, want)
+        self._verify_size(name, size)
+        self.prog.complete(name, size)
+
+    def _local_copy(self, name: str, size: int, want: tuple[str, str] | None) -> None:
+        assert isinstance(self.src, _LocalDir) and isinstance(self.dst, _LocalDir)
+        out = self.dst.file(name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.new(want[0]) if want else None
+        with open(self.src.file(name), "rb") as fi, open(out, "wb") as fo:
+            while chunk := fi.read(_COPY_CHUNK):
+                fo.write(chunk)  # hash exactly what is written to the destination
+                if h is not None:
+                    h.update(chunk)
+                self.prog.add(name, len(chunk), size)
+            fo.flush()
+            os.fsync(fo.fileno())  # durable before the manifest can say "complete"
+        if h is not None:
+            _check_digest(name, h.hexdigest(), want)
+
+    def _server_copy(self, name: str, size: int, want: tuple[str, str] | None) -> None:
+        assert isinstance(self.src, _S3Dir) and isinstance(self.dst, _S3Dir)
+        src, dst = self.src, self.dst
+        self.up.copy(
+            {"Bucket": src.bucket, "Key": src.key(name)},
+            dst.bucket,
+            dst.key(name),
+            subscribers=[_subscriber(self.prog, name, size)],
+            source_client=src.client,
+        ).result()
+        if want is not None:  # the manifest has a checksum: re-read the copy
+            _check_digest(name, _hash_s3(dst.client, dst.bucket, dst.key(name), want[0]), want)
+            return
+        s_etag = (src.head(name) or {}).get("ETag", "")
+        d_etag = (dst.head(name) or {}).get("ETag", "")
+        if s_etag and d_etag and "-" not in s_etag and "-" not in d_etag and s_etag != d_etag:
+            raise _Mismatch(f"{name}: ETag {d_etag} != source {s_etag}")
+
+    def _stream(self, name: str, size: int, want: tuple[str, str] | None) -> None:
+        assert isinstance(self.src, _S3Dir) and isinstance(self.dst, _S3Dir)
+        fd, tmp = tempfile.mkstemp(prefix="cb-xfer-", dir=self.spool_dir)
+        os.close(fd)
+        try:
+            self.down.download(self.src.bucket, self.src.key(name), tmp).result()
+            if want is not None:
+                _check_digest(name, _hash_file(Path(tmp), want[0]), want)
+            self.up.upload(
+                tmp,
+                self.dst.bucket,
+                self.dst.key(name),
+                subscribers=[_subscriber(self.prog, name, size)],
+            ).result()
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def _verify_size(self, name: str, size: int) -> None:
+        got = self.dst.size(name)
+        if got != size:
+            raise _Mismatch(f"{name}: {got} bytes at the destination, manifest says {size}")
+
+
+def _retrying(policy: RetryPolicy, counter: list[int]) -> Any:
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    def count(_: Any) -> None:
+        counter.append(1)
+
+    return Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(max(1, policy.attempts)),
+        wait=wait_exponential(multiplier=policy.wait_initial_s, max=policy.wait_max_s),
+        before_sleep=count,
+        reraise=True,
+    )
+
+
+def _load_manifest(src: _LocalDir | _S3Dir) -> tuple[bytes, list[dict[str, Any]]]:
+    import json
+
+    raw = src.read(MANIFEST)
+    if raw is None:
+        raise IncompleteCheckpoint(
+            f"{src.uri} is not a complete checkpoint: it has no {MANIFEST} "
+            "(still being written, or abandoned); refusing to copy it"
+        )
+    try:
+        manifest = json.loads(raw)
+        files = manifest["files"]
+        entries = [{**f, "name": str(f["name"]), "size": int(f["size"])} for f in files]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TransferFailed(
+            f"{src.uri}/{MANIFEST} is not a valid manifest ({exc}); refusing to copy"
+        ) from None
+    for e in entries:
+        n = e["name"]
+        if n == MANIFEST or n.startswith("/") or ".." in n.split("/") or not n:
+            raise TransferFailed(f"{src.uri}/{MANIFEST} lists an invalid file name {n!r}")
+    return raw, entries
+
+
+def copy_checkpoint(
+    src_uri: str,
+    dst_uri: str,
+    *,
+    progress: ProgressFn | None = None,
+    workers: int = 4,
+    max_concurrency: int = 10,
+    part_size: int = 16 * MiB,
+    multipart_threshold: int = 16 * MiB,
+    server_side: bool | None = None,
+    verify_checksums: bool = True,
+    retry: RetryPolicy | None = None,
+    s3_client: Any = None,
+    dst_s3_client: Any = None,
+    endpoint_url: str | None = None,
+) -> TransferResult:
+    """Copy the complete checkpoint `src_uri` (.../step-NNNNNNNNN) to the directory `dst_uri`.
+
+    `progress(bytes_done, bytes_total)` is called from worker threads with monotonically
+    increasing bytes, last with (total, total). `workers` files move at once; large files
+    move in `part_size` parts, `max_concurrency` requests in flight in all. `server_side`:
+    None = S3->S3 copies server-side when both sides share one endpoint (client), True =
+    the same, False = always stream. `s3_client` serves both sides (default: one built from
+    AWS_ENDPOINT_URL or `endpoint_url`); `dst_s3_client` gives the destination its own
+    endpoint. Raises IncompleteCheckpoint (no manifest at src), TransferFailed (the copy
+    did not complete; the destination is left without a manifest, partial files removed)
+    and ValueError (bad URIs).
+    """
+    from s3transfer.manager import TransferConfig, TransferManager
+
+    retry = retry or RetryPolicy()
+    _split_step_uri(src_uri)
+    _check_scheme(src_uri)
+    _check_scheme(dst_uri)
+    if src_uri.rstrip("/") == dst_uri.rstrip("/"):
+        raise ValueError(f"source and destination are the same checkpoint: {src_uri}")
+    s3_uris = [u for u in (src_uri, dst_uri) if u.startswith("s3://")]
+    pool = max(32, max_concurrency + 2 * workers + 4)
+    if s3_uris and s3_client is None:
+        s3_client = make_s3_client(endpoint_url, retry=retry, max_pool=pool)
+    dst_client = dst_s3_client or s3_client
+    src = _place(src_uri, s3_client)
+    dst = _place(dst_uri, dst_client)
+
+    t0 = time.perf_counter()
+    raw_manifest, entries = _load_manifest(src)
+    have = src.sizes()
+    for e in entries:
+        if have.get(e["name"]) != e["size"]:
+            raise TransferFailed(
+                f"source checkpoint {src.uri} is corrupt: {e['name']} has "
+                f"{have.get(e['name'])} bytes, its manifest says {e['size']}; refusing to copy"
+            )
+    total = sum(e["size"] for e in entries) + len(raw_manifest)
+    prog = _Progress(total, progress)
+
+    if dst.read(MANIFEST) == raw_manifest and all(
+        dst.size(e["name"]) == e["size"] for e in entries
+    ):
+        prog.complete(MANIFEST, total)  # nothing to do: report done
+        secs = time.perf_counter() - t0
+        return TransferResult(
+            src.uri,
+            dst.uri,
+            total,
+            len(entries) + 1,
+            secs,
+            total / max(secs, 1e-9) / 1e6,
+            "already-complete",
+        )
+
+    if isinstance(src, _LocalDir):
+        method = "local-copy" if isinstance(dst, _LocalDir) else "upload"
+    elif isinstance(dst, _LocalDir):
+        method = "download"
+    else:
+        same = s3_client is dst_client or (
+            s3_client.meta.endpoint_url == dst_client.meta.endpoint_url
+        )
+        method = "server-side-copy" if (server_side is not False and same) else "stream"
+
+    managers: list[Any] = []
+    down = up = None
+    if s3_uris:
+        cfg = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=part_size,
+            max_request_concurrency=max_concurrency,
+            num_download_attempts=max(1, retry.botocore_attempts),
+        )
+        if isinstance(src, _S3Dir):
+            down = TransferManager(src.client, cfg)
+            managers.append(down)
+        if isinstance(dst, _S3Dir):
+            up = (
+                down
+                if (down is not None and dst.client is src.client)
+                else TransferManager(dst.client, cfg)
+            )
+            if up is not down:
+                managers.append(up)
+    spool = tempfile.mkdtemp(prefix="cb-xfer-") if method in ("stream", "server-side-copy") else ""
+    copier = _Copier(src, dst, method, prog, verify_checksums, down, up, spool)
+    retries: list[int] = []
+    try:
+        with contextlib.suppress(Exception):
+            dst.delete([MANIFEST])  # an older copy's manifest must not vouch for new files
+        if dst.read(MANIFEST) is not None:
+            raise TransferFailed(f"cannot remove the existing {MANIFEST} at {dst.uri}")
+        _run_parallel(copier, entries, workers, retry, retries)
+        dst.write_durable(MANIFEST, raw_manifest)  # LAST: now the copy is complete
+        if dst.read(MANIFEST) != raw_manifest:
+            raise TransferFailed(f"{MANIFEST} at {dst.uri} does not read back as written")
+        prog.complete(MANIFEST, len(raw_manifest))
+    except BaseException as exc:
+        dst.delete([MANIFEST])
+        dst.cleanup()
+        if isinstance(exc, TransferError) or not isinstance(exc, Exception):
+            raise
+        raise TransferFailed(f"copying {src.uri} -> {dst.uri} failed: {exc}") from exc
+    finally:
+        for m in managers:
+            m.shutdown()
+        if spool:
+            shutil.rmtree(spool, ignore_errors=True)
+    secs = time.perf_counter() - t0
+    if copier.fallbacks:
+        method = "stream (server-side copy refused)"
+    return TransferResult(
+        src.uri,
+        dst.uri,
+        total,
+        len(entries) + 1,
+        secs,
+        total / max(secs, 1e-9) / 1e6,
+        method,
+        len(retries),
+    )
+
+
+def _run_parallel(
+    copier: _Copier,
+    entries: list[dict[str, Any]],
+    workers: int,
+    policy: RetryPolicy,
+    retries: list[int],
+) -> None:
+    """Copy every entry (biggest first, so the tail is short); stop early on a hard failure."""
+    stop = threading.Event()
+
+    def one(entry: dict[str, Any]) -> None:
+        if stop.is_set():
+            return
+        try:
+            for attempt in _retrying(policy, retries):
+                with attempt:
+                    if stop.is_set():
+                        return
+                    copier.copy(entry)
+        except BaseException as exc:
+            stop.set()
+            reason = (
+                _describe(exc) if not isinstance(exc, _Mismatch) else f"verification failed: {exc}"
+            )
+            tries = "" if not is_transient(exc) else f" after {policy.attempts} attempts"
+            raise TransferFailed(
+                f"copying {copier.src.uri} -> {copier.dst.uri} failed on {entry['name']}{tries}: {reason}"
+            ) from exc
+
+    order = sorted(entries, key=lambda e: -e["size"])
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cb-xfer") as ex:
+        futs = [ex.submit(one, e) for e in order]
+        done, _ = wait(futs, return_when=FIRST_EXCEPTION)
+        for f in futs:
+            f.cancel()
+        wait(futs)
+    for f in futs:
+        if not f.cancelled() and f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def latest_complete_checkpoint(base_uri: str, *, s3_client: Any = None) -> str | None:
+    """The highest-step checkpoint under `base_uri` that has a manifest, or None.
+
+    Uses the trainer's own storage layer (trainer.storage.open_store(...).list_steps()),
+    so the agent and the trainer agree on what "latest complete" means.
+    """
+    _check_scheme(base_uri)
+    st = _trainer_storage()
+    try:
+        store = st.open_store(base_uri)
+    except st.TrainerError as exc:
+        raise ValueError(str(exc)) from None
+    if s3_client is not None and hasattr(store, "client"):
+        store.client = s3_client
+    complete = [s for s, ok in store.list_steps().items() if ok]
+    return store.uri(st.step_name(max(complete))) if complete else None
+
+
+def plan_move(
+    src_uri: str, dst_base_uri: str, mode: str = "copy", *, s3_client: Any = None
+) -> MovePlan:
+    """Decide how a job's checkpoint follows it to another region's store.
+
+    `src_uri` is a complete checkpoint (.../step-N) or a job's checkpoint root (its latest
+    complete checkpoint is used; that lists the store). `mode="copy"`: copy into
+    `<dst_base_uri>/step-N` and resume from there (fast loads, one bulk transfer);
+    `"direct"`: no copy, the destination reads the source cross-region (resume_from=src;
+    right for a short remaining run or a huge checkpoint). If the checkpoint already lives
+    under `dst_base_uri` nothing moves ("same-store").
+    """
+    if mode not in ("copy", "direct"):
+        raise ValueError(f"unknown move mode {mode!r}: use 'copy' or 'direct'")
+    _check_scheme(src_uri)
+    _check_scheme(dst_base_uri)
+    src = src_uri.rstrip("/")
+    if _step_of(src.rpartition("/")[2]) is None:
+        found = latest_complete_checkpoint(src, s3_client=s3_client)
+        if found is None:
+            raise IncompleteCheckpoint(f"no complete checkpoint under {src_uri}: nothing to move")
+        src = found
+    parent, name = _split_step_uri(src)
+    base = dst_base_uri.rstrip("/")
+    if _norm(parent) == _norm(base):
+        return MovePlan("same-store", src, src, src)
+    if mode == "direct":
+        return MovePlan("direct", src, "", src)
+    dst = f"{base}/{name}"
+    return MovePlan("copy", src, dst, dst)
+
+
+def _norm(uri: str) -> str:
+    if uri.startswith("s3://"):
+        return uri.rstrip("/")
+    return str(Path(uri.removeprefix("file://")).absolute())
