@@ -269,6 +269,7 @@ def quality(snap: Snapshot, decisions) -> dict:
             free[nid] -= g
     gpus = 0
     gang_ok = gang_n = 0
+    violations = 0
     for a in decisions.admissions:
         j = jobs[a.job_id]
         gpus += sum(g for _, g in a.assignments)
@@ -277,6 +278,8 @@ def quality(snap: Snapshot, decisions) -> dict:
         if len(a.assignments) < 2:
             continue
         ns = [nodes[nid] for nid, _ in a.assignments]
+        if j.required == TopologyLevel.LAYER_3 and len({(n.zone, n.layer1, n.layer2, n.layer3) for n in ns}) > 1:
+            violations += 1
         if ns[0].ultraserver:
             cap = 18 * ns[0].gpus
             one = len({n.ultraserver for n in ns}) == 1
@@ -298,6 +301,7 @@ def quality(snap: Snapshot, decisions) -> dict:
     return {
         "admitted_jobs": len(decisions.admissions),
         "gpus_allocated": gpus,
+        "required_topology_violations": violations,
         "gang_jobs_fitting_one_block": gang_n,
         "gang_share_in_one_block": round(gang_ok / gang_n, 3) if gang_n else None,
         "largest_free_layer3_block_gpus": max(blocks.values(), default=0),
@@ -319,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=150)
     snap = make_snapshot(1.0, args.jobs, trace=args.trace)
     total_gpus = sum(n.gpus for n in snap.nodes)
     con.print(f"cluster: {len(snap.nodes)} nodes, {total_gpus} GPUs, {len(snap.running)} running, "
