@@ -102,6 +102,14 @@ def schedule(snapshot: Snapshot) -> Decisions:
     return _Pass(snapshot).run()
 
 
+def _tier_text(part: Partition) -> str:
+    if part.capacity_type == CapacityType.TRAINING_PLAN:
+        return f"training plan {part.pool or '?'} (prepaid)"
+    if part.capacity_type == CapacityType.SPOT:
+        return f"spot at ${part.price:.2f}/GPU-h"
+    return f"{part.capacity_type.name.lower()} at ${part.price:.2f}/GPU-h"
+
+
 def safe_point_s(job: JobRequest) -> float:
     """Seconds from a fresh start until the job checkpoints or finishes."""
     vals = [v for v in (job.checkpoint_interval_s, job.expected_duration_s) if v > 0]
@@ -152,6 +160,9 @@ class _Pass:
         for r in self.running:
             self.by_team[r.team].append(r)
         self.preempt_fail: dict[tuple, int] = {}
+        self.block_cache: dict[tuple, tuple[int, str]] = {}
+        self.tier_text: dict[int, str] = {}
+        self.reserve_fail: set[tuple] = set()
         self.lower_gpus: dict[tuple, int] = {}
         self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
         self.reason_cache: dict[tuple, str] = {}
@@ -342,6 +353,7 @@ class _Pass:
         return None
 
     def _admit(self, job: JobRequest, key: str, placed: Placed) -> None:
+        """Take the GPUs, charge the quota, and say where and why, for people."""
         part, level, dom, slots = placed
         g = job.gpus_per_node
         for s in slots:
@@ -349,10 +361,9 @@ class _Pass:
         n = len(slots)
         self.ledger.admit(job.team, key, n * g, job.gpus)
         where = f"one node ({slots[0].info.id})" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
-        tier = {
-            CapacityType.TRAINING_PLAN: f"training plan {part.pool or '?'} (prepaid)",
-            CapacityType.SPOT: f"spot at ${part.price:.2f}/GPU-h",
-        }.get(part.capacity_type, f"{part.capacity_type.name.lower()} at ${part.price:.2f}/GPU-h")
+        tier = self.tier_text.get(part.order) if not part.future else None
+        if tier is None:
+            tier = self.tier_text[part.order] = _tier_text(part)
         extra = []
         if n < job.nodes:
             extra.append(f"elastic: {n} of {job.nodes} nodes")
@@ -554,7 +565,13 @@ class _Pass:
     # ---- reservations on scheduled plans ----------------------------------------------
 
     def _reserve(self, job: JobRequest, req: int) -> bool:
+        if not self.future.partitions:
+            return False
         t_safe = safe_point_s(job)
+        fk = (job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
+              job.max_price_per_gpu_hour, job.gpus_per_node, job.nodes, t_safe, req, self.future.version)
+        if fk in self.reserve_fail:
+            return False
         best = None
         for p in sorted(self.future.partitions, key=lambda p: (p.plan_start or 0.0, self._rank(job, p))):
             if not self._static_ok(job, p, t_safe, future=True):
@@ -564,6 +581,7 @@ class _Pass:
                 best = (p, r)
                 break
         if best is None:
+            self.reserve_fail.add(fk)
             return False
         p, (level, dom, slots) = best
         g = job.gpus_per_node
@@ -596,11 +614,16 @@ class _Pass:
 
     def _capacity_reason(self, job: JobRequest, elig, req: int) -> str:
         g = job.gpus_per_node
-        best, label = 0, ""
-        for _, p in elig:
-            c, lab = self.index.largest_block(p, g, req)
-            if c > best:
-                best, label = c, lab
+        ck = (id(elig), g, req, self.index.version)
+        hit = self.block_cache.get(ck)
+        if hit is None:
+            best, label = 0, ""
+            for _, p in elig:
+                c, lab = self.index.largest_block(p, g, req)
+                if c > best:
+                    best, label = c, lab
+            hit = self.block_cache[ck] = (best, label)
+        best, label = hit
         scope = "one cluster" if req >= AGENT_LEVEL else f"one {LEVEL_NAMES[req]}"
         size = f"{job.gpus} GPUs ({job.nodes} node(s) x {g})"
         if 0 < job.min_nodes < job.nodes:

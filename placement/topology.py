@@ -132,6 +132,7 @@ class CapacityIndex:
             grouped.setdefault(partition_key(info), []).append((info, free))
         self.partitions: list[Partition] = []
         self.slot_by_id: dict[str, Slot] = {}
+        self.version = 0  # bumped on every change: lets callers cache derived answers
         for order, key in enumerate(sorted(grouped)):
             members = sorted(grouped[key], key=lambda p: _topo_sort_key(p[0]))
             self.partitions.append(self._build(key, members, future, order))
@@ -209,6 +210,7 @@ class CapacityIndex:
         a = slot.free
         if a == b:
             return
+        self.version += 1
         part = slot.part
         old = part.buckets.get((a, slot.klass))
         if old is not None:
