@@ -263,6 +263,19 @@ def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int
     return EXIT_OK
 
 
+def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """Recent migrations: cause (! = emergency), route, world sizes, timing breakdown."""
+    migs = client.migrations(job_id=args.job or "", team=args.team or "", limit=args.limit or 0)
+    if args.output == "json":
+        out.print_json(render.to_json(migs))
+        return EXIT_OK
+    if not migs:
+        out.print("no migrations yet")
+        return EXIT_OK
+    out.print(render.migrations_table(migs))
+    return EXIT_OK
+
+
 def cmd_cancel(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     job = client.cancel(args.job_id, args.reason or "cancelled from brokerctl")
     line = Text(f"job {job.id}: ")
@@ -554,6 +567,12 @@ def build_parser() -> _Parser:
     s = add("job", "show one job: spec, placement, progress, goodput, history", output=True)
     s.add_argument("job_id")
     s.set_defaults(func=cmd_job)
+
+    s = add("migrations", "recent migrations (moves between capacity) with timings", output=True)
+    s.add_argument("--job", help="only this job's moves")
+    s.add_argument("--team")
+    s.add_argument("--limit", type=int, default=None)
+    s.set_defaults(func=cmd_migrations)
 
     s = add("cancel", "cancel a job")
     s.add_argument("job_id")

@@ -593,6 +593,16 @@ class BrokerClient:
         )
         return list(resp.lines)
 
+    def migrations(self, job_id: str = "", team: str = "", limit: int = 0) -> list[common_pb2.Migration]:
+        """Recent moves between capacity (newest first), optionally of one job or team."""
+        resp = self._call(
+            self._jobs.ListMigrations,
+            jobs_pb2.ListMigrationsRequest(job_id=job_id, team=team, limit=limit),
+            idempotent=True,
+            job_id=job_id or None,
+        )
+        return list(resp.migrations)
+
     # -- capacity / operators
 
     def regions(self) -> list[capacity_pb2.RegionInfo]:

@@ -42,6 +42,18 @@ class BrokerConfig(BaseModel):
     stop_timeout_s: float = Field(30.0, gt=0)
     progress_write_interval_s: float = Field(2.0, ge=0)  # throttle of progress writes to the store
     progress_event_every_steps: int = Field(50, ge=1)  # a "progress" event every N steps
+    # Migration (broker/migration.py, broker/plan_watch.py):
+    # how a resumed attempt gets a checkpoint that lives in another region's store:
+    # "copy" = the destination agent copies it into its own store first (fast loads, one
+    # bulk transfer); "direct" = the trainer reads the other region's store.
+    migration_transfer_mode: str = Field("copy", pattern="^(copy|direct)$")
+    # A job on a training plan is moved this long before the plan ends at the least; more
+    # when its own history (last checkpoint + last transfer time) x margin says so.
+    plan_move_floor_s: float = Field(120.0, ge=0)
+    plan_move_margin: float = Field(1.5, ge=1.0)
+    # Optional policy, off by default: move a running job when clearly cheaper capacity
+    # appears (only when the expected saving exceeds the migration's cost).
+    better_capacity_moves: bool = False
     max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
     max_page_size: int = 1000
     default_page_size: int = 100

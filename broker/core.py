@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker import validation
+from broker import migration, validation
 from broker.agents import AgentRegistry, AgentState
 from broker.config import BrokerConfig
 from broker.errors import FailedPrecondition
@@ -90,11 +90,24 @@ class BrokerCore:
         return self.config.priority_classes.get(cls, 0)
 
     def checkpoint_uri_for(self, job: pb.Job, agent: AgentState | None) -> str:
-        """TEAM.md rule 7: the user's URI, else ``<region bucket>/jobs/<job_id>``."""
+        """Where attempt ``job.attempt`` writes: ``<root>/attempt-<n>`` (attempt-fenced).
+
+        ``<root>`` is the user's URI, else ``<region bucket>/jobs/<job_id>`` (TEAM.md
+        rule 7). Why one directory per attempt (docs/contracts.md section 3): a stale
+        attempt (its agent was partitioned, declared lost, and came back before it was
+        told to stop) keeps writing checkpoints for a while; in its own directory it can
+        never overwrite, prune or out-step the new attempt's checkpoints, and the new
+        attempt never picks them up, because ``resume_from`` always names the exact
+        durable checkpoint the broker recorded from the *current* attempt. The same
+        idea as Kubernetes' resourceVersion or a fencing token in a lock service: the
+        token (attempt) is part of the write location, so no store-side check is needed.
+        """
         if job.spec.checkpoint_uri:
-            return job.spec.checkpoint_uri
-        base = (agent.record.checkpoint_bucket if agent else "") or self.config.checkpoint_root
-        return f"{base.rstrip('/')}/jobs/{job.id}"
+            root = job.spec.checkpoint_uri.rstrip("/")
+        else:
+            base = (agent.record.checkpoint_bucket if agent else "") or self.config.checkpoint_root
+            root = f"{base.rstrip('/')}/jobs/{job.id}"
+        return f"{root}/attempt-{job.attempt}"
 
     def log_line(self, job_id: str, line: str) -> None:
         with self._logs_lock:
@@ -217,6 +230,7 @@ class BrokerCore:
             ckpt = self.checkpoint_uri_for(job, agent)
             resume = job.progress.last_checkpoint_uri
             cause = "migrated" if job.phase == MIGRATING else ("relaunch" if relaunch else "launch")
+            migration.launched(job, tx.now, resume)
             tx.move(LAUNCHING, "launched", reason=cause, actor="scheduler",
                     message=f"attempt {job.attempt} launching in {where}"
                             + (f", resuming from {resume}" if resume else ""),
@@ -233,6 +247,7 @@ class BrokerCore:
             job_id=stored.id, attempt=stored.attempt, spec=stored.spec, placement=stored.placement,
             checkpoint_uri=self.checkpoint_uri_for(stored, agent),
             resume_from=stored.progress.last_checkpoint_uri,
+            transfer_mode=self.config.migration_transfer_mode,
         ))
         if not self.agents.send(admission.agent_id, msg, "launch", stored.id, stored.attempt):
             log.warning("launch of %s attempt %d: agent %s went away; reconcile/timeout will "
@@ -258,6 +273,7 @@ class BrokerCore:
             if job.phase == RUNNING:
                 job.stop_reason = why
                 job.stop_requested_time = tx.now
+                migration.begin(job, tx.now, reason or why)
                 tx.move(CHECKPOINTING, _STOP_EVENT[why], reason=reason, actor=actor,
                         message=message, details=details)
                 plan["checkpoint_first"] = True
@@ -269,6 +285,9 @@ class BrokerCore:
                 plan["old"] = old
                 cause = "preemption" if why == "preempt" else "migration"
                 job.requeue_cause = cause
+                migration.begin(job, tx.now, reason or why)
+                migration.stopped(job, tx.now, saved=False)
+                _requeue_open(job)
                 tx.move(PENDING, "requeued", reason=reason, actor=actor,
                         message=message + " (not started yet: requeued without checkpoint)",
                         details=details)
@@ -326,10 +345,78 @@ class BrokerCore:
             return
         if u.message:
             self.log_line(u.job_id, f"[attempt {u.attempt} {apb.AttemptState.Name(u.state)}] {u.message}")
+        if u.HasField("transfer"):
+            self._transfer(agent, u)
         if u.state in _ATTEMPT_TERMINAL:
             self._finish_attempt(agent, u)
         else:
             self._progress(agent, job, u)
+
+    def _transfer(self, agent: AgentState, u: apb.JobUpdate) -> None:
+        """Checkpoint copy into the new region's store (reported by the destination agent):
+        kept on the open Migration; events when it starts, at each quarter, and at its end."""
+        actor = f"agent:{agent.agent_id}"
+        t = u.transfer
+
+        def fn(tx: Tx) -> bool:
+            j = tx.job
+            if not self.is_current(j, agent.agent_id, u.attempt):
+                return False
+            m = migration.open_migration(j)
+            before = pb.TransferStats()
+            if m is not None and m.to_attempt == j.attempt:
+                before.CopyFrom(m.transfer)
+            migration.transfer(j, t)
+            details = {"src": t.src_uri, "dst": t.dst_uri, "bytes_total": str(t.bytes_total),
+                       "bytes_done": str(t.bytes_done), "method": t.method}
+            if t.error:
+                tx.note("transfer_failed", reason="transfer_failed", actor=actor,
+                        message=f"checkpoint transfer failed: {t.error}", details=details)
+            elif t.done and not before.done:
+                details.update({"seconds": f"{t.seconds:.2f}", "mb_per_s": f"{t.mb_per_s:.1f}",
+                                "retries": str(t.retries)})
+                tx.note("transfer_done", reason="transfer_done", actor=actor,
+                        message=f"checkpoint copied to {j.placement.region}: {t.bytes_total / 1e6:.1f} MB"
+                                f" in {t.seconds:.2f}s ({t.mb_per_s:.0f} MB/s, {t.method})",
+                        details=details)
+            elif not before.start_time and not t.done:
+                tx.note("transfer_started", reason="transfer_started", actor=actor,
+                        message=f"copying checkpoint {t.src_uri} -> {t.dst_uri}"
+                                f" ({t.bytes_total / 1e6:.1f} MB, {t.method})", details=details)
+            elif t.bytes_total and not t.done:
+                q_old = 4 * before.bytes_done // t.bytes_total
+                q_new = 4 * t.bytes_done // t.bytes_total
+                if q_new > q_old:
+                    tx.note("transfer_progress", reason="transfer_progress", actor=actor,
+                            message=f"checkpoint transfer {100 * t.bytes_done // t.bytes_total}%"
+                                    f" ({t.bytes_done / 1e6:.1f}/{t.bytes_total / 1e6:.1f} MB)",
+                            details=details)
+            return True
+
+        self.lifecycle.mutate(u.job_id, fn)
+
+    def _migration_first_step(self, tx: Tx, u: apb.JobUpdate, force: bool = False) -> None:
+        """Close the open move at the new attempt's first step after its resume."""
+        j = tx.job
+        if not u.HasField("progress"):
+            if not force:
+                return
+        elif not (force or migration.first_step_due(j, u.progress)):
+            return
+        m = migration.open_migration(j)
+        if m is None or m.to_attempt != j.attempt or not m.launched_time:
+            return
+        if u.HasField("timings"):
+            migration.running(j, tx.now, u.timings)
+        m = migration.finish(j, tx.now, u.progress.updated_time if u.HasField("progress") else tx.now)
+        if m is None:
+            return
+        tx.note("migration_completed", reason=m.cause, actor="broker",
+                message=f"moved {m.from_region} -> {m.to_region} (world size {m.from_world_size}"
+                        f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
+                        f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
+                        f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s",
+                details=migration.timing_details(m))
 
     def _apply_progress(self, tx: Tx, u: apb.JobUpdate, actor: str) -> None:
         """Copy the update's progress into the job; a newly durable checkpoint is an event."""
@@ -365,7 +452,8 @@ class BrokerCore:
         want_event = u.HasField("progress") and (
             last_ev_step < 0 or step // every > last_ev_step // every or job.attempt_started_time == 0)
         due = now - last_write >= self.config.progress_write_interval_s
-        if not (new_ckpt or transition or due or (want_event and last_ev_step < 0)):
+        first = u.HasField("progress") and migration.first_step_due(job, u.progress)
+        if not (new_ckpt or transition or due or first or (want_event and last_ev_step < 0)):
             return
         actor = f"agent:{agent.agent_id}"
         emitted: list[int] = []
@@ -379,8 +467,10 @@ class BrokerCore:
                                                      apb.ATTEMPT_STATE_CHECKPOINTING):
                 tx.move(RUNNING, "running", reason="started", actor=actor,
                         message=f"attempt {j.attempt} running on {j.placement.region}")
+                migration.running(j, tx.now, u.timings if u.HasField("timings") else None)
             elif j.phase == LAUNCHING and not u.HasField("progress"):
                 return False
+            self._migration_first_step(tx, u)
             self._apply_progress(tx, u, actor)
             if want_event:
                 tx.note("progress", reason="progress", actor=actor,
@@ -407,6 +497,7 @@ class BrokerCore:
             why = j.stop_reason
             detail = u.message.strip().splitlines()[-1][:500] if u.message.strip() else ""
             if u.state == S.ATTEMPT_STATE_SUCCEEDED:
+                self._migration_first_step(tx, u, force=True)
                 if j.phase == LAUNCHING:
                     tx.move(RUNNING, "running", reason="started", actor=actor)
                 tx.move(SUCCEEDED, "succeeded", reason="completed", actor=actor,
@@ -419,8 +510,13 @@ class BrokerCore:
             if u.state == S.ATTEMPT_STATE_CHECKPOINTED or (
                     u.state in (S.ATTEMPT_STATE_STOPPED, S.ATTEMPT_STATE_FAILED) and why):
                 saved = u.state == S.ATTEMPT_STATE_CHECKPOINTED
+                lost = 0.0
                 if not saved:
-                    tx.lose_work(why or "failure")
+                    lost = tx.lose_work(why or "failure")
+                migration.stopped(j, tx.now, saved=saved,
+                                  timings=u.timings if u.HasField("timings") else None,
+                                  work_lost_s=lost)
+                _requeue_open(j)
                 self.stopped_to_queue(tx, why or "migrate", actor=actor, saved=saved,
                                       detail=detail)
                 return True
@@ -432,6 +528,10 @@ class BrokerCore:
                 return True
             # FAILED
             tx.lose_work("failure")
+            m = migration.open_migration(j)
+            if m is not None:  # e.g. the transfer failed: the move goes on with the relaunch
+                m.message = f"attempt {j.attempt} failed: {detail}"[:500]
+                _requeue_open(j)
             if u.exit_code == EXIT_CONFIG_ERROR:
                 tx.move(FAILED, "failed", reason="config_error", actor=actor,
                         message=f"attempt {j.attempt} failed with a configuration error"
@@ -517,6 +617,9 @@ class BrokerCore:
             cause = {"preempt": "preemption", "drain": "migration",
                      "migrate": "migration"}.get(j.stop_reason, "failure")
             lost = tx.lose_work(cause)
+            migration.begin(j, tx.now, reason)
+            migration.stopped(j, tx.now, saved=False, work_lost_s=lost)
+            _requeue_open(j)
             ck = j.progress.last_checkpoint_uri
             self.requeue(tx, cause, reason=reason, actor="broker",
                          message=f"{message}; relaunching attempt {j.attempt + 1} "
@@ -582,7 +685,8 @@ class BrokerCore:
                 tx.move(CANCELLED, "cancelled", reason="cancel_timeout", actor="broker",
                         message="the agent did not confirm the stop in time; cancelled anyway")
                 return True
-            tx.lose_work(j.stop_reason)
+            lost = tx.lose_work(j.stop_reason)
+            migration.stopped(j, tx.now, saved=False, work_lost_s=lost)
             self.stopped_to_queue(tx, j.stop_reason, actor="broker", saved=False,
                                   detail="no answer to the stop in time")
             return True
@@ -592,6 +696,13 @@ class BrokerCore:
             if agent is not None:
                 self.send_stale_stop(agent, job.id, attempt)
             self.poke()
+
+
+def _requeue_open(job: pb.Job) -> None:
+    """An open move whose new attempt is gone again waits for capacity once more."""
+    m = migration.open_migration(job)
+    if m is not None and m.state != "checkpointing":
+        m.state = "queued"
 
 
 _ATTEMPT_TERMINAL = frozenset({

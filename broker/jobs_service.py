@@ -133,3 +133,23 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         ]
         lines.extend(self.core.logs(request.job_id))
         return jpb.GetJobLogsResponse(lines=lines[-tail:])
+
+    @rpc
+    def ListMigrations(self, request: jpb.ListMigrationsRequest,
+                       context: grpc.ServicerContext) -> jpb.ListMigrationsResponse:
+        """Recent moves, newest first. Why scan jobs: each job carries its own last
+        moves (written with the phase change that caused them); a dedicated index is
+        not worth it at the tens of thousands of jobs one broker holds."""
+        limit = request.limit or 50
+        if limit < 0 or limit > self.core.config.max_page_size:
+            raise InvalidArgument(f"limit must be between 1 and {self.core.config.max_page_size}")
+        if request.job_id:
+            jobs = [self.core.lifecycle.get(request.job_id)]
+        else:
+            from broker.jobs_query import iter_jobs
+
+            jobs = [j for j in iter_jobs(self.core.store) if j.migrations
+                    and (not request.team or j.spec.team == request.team)]
+        found = [m for j in jobs for m in j.migrations]
+        found.sort(key=lambda m: (-m.started_time, m.job_id, -m.seq))
+        return jpb.ListMigrationsResponse(migrations=found[:limit])

@@ -219,6 +219,12 @@ class Lifecycle:
     @staticmethod
     def _finish(tx: Tx) -> None:
         job = tx.job
+        if job.phase in TERMINAL:
+            # A move cannot outlive its job: close it with the job's outcome.
+            from broker import migration
+
+            migration.finish(job, tx.now, 0.0, state={SUCCEEDED: "done", FAILED: "failed"}.get(
+                job.phase, "cancelled"), message=f"job ended {phase_name(job.phase)}")
         job.updated_time = tx.now
         end = job.finished_time or tx.now
         job.goodput.wall_s = max(0.0, end - job.created_time)

@@ -214,8 +214,46 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
         ]
         parts.append(Panel(_kv(grow), title="goodput", box=box.ROUNDED, expand=False))
 
+    if job.migrations:
+        parts.append(migrations_table(job.migrations, title="migrations", with_job=False))
+
     parts.append(events_table(events, title="events"))
     return Group(*parts)
+
+
+def _secs(v: float) -> str:
+    return f"{v:.1f}s" if v >= 10 else f"{v:.2f}s"
+
+
+def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
+                     with_job: bool = True) -> Table:
+    """One row per move: where from/to, why, and its timing breakdown (fits 100 columns)."""
+    cols: list[str | tuple[str, dict]] = []
+    if with_job:
+        cols.append("JOB")
+    cols += ["CAUSE", "FROM -> TO", "WS", "STEP", "STATE", ("CKPT", {"justify": "right"}),
+             ("QUEUE", {"justify": "right"}), ("XFER", {"justify": "right"}),
+             ("LAUNCH", {"justify": "right"}), ("1ST", {"justify": "right"}),
+             ("TOTAL", {"justify": "right"}), ("ORCH", {"justify": "right"})]
+    t = _table(*cols, title=title)
+    for m in migrations:
+        done = m.state == "done"
+        xfer = "-"
+        if m.transfer.bytes_total:
+            xfer = (f"{_secs(m.transfer.seconds)} {m.transfer.bytes_total / 1e6:.0f}MB"
+                    f"@{m.transfer.mb_per_s:.0f}" if m.transfer.done else
+                    f"{100 * m.transfer.bytes_done // max(1, m.transfer.bytes_total)}%")
+        row: list[object] = []
+        if with_job:
+            row.append(m.job_id)
+        cause = m.cause + ("!" if m.emergency else "")
+        row += [cause, f"{m.from_region or '-'} -> {m.to_region or '?'}",
+                f"{m.from_world_size}->{m.to_world_size or '?'}", str(m.checkpoint_step), m.state,
+                _secs(m.checkpoint_s) if done else "-", _secs(m.queue_s) if done else "-", xfer,
+                _secs(m.launch_s) if done else "-", _secs(m.first_step_s) if done else "-",
+                _secs(m.total_s) if done else "-", _secs(m.orchestration_s) if done else "-"]
+        t.add_row(*row)
+    return t
 
 
 def events_table(events: Iterable[common_pb2.JobEvent], title: str | None = None) -> Table:

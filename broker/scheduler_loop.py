@@ -12,6 +12,7 @@ import logging
 import threading
 
 import placement
+from broker import plan_watch
 from broker import snapshot as snap
 from broker.core import BrokerCore
 from broker.jobs_query import iter_jobs
@@ -65,6 +66,8 @@ class SchedulerLoop:
             return None
         live = list(iter_jobs(core.store, phases=LIVE))
         core.housekeeping(live)
+        plans = core.store.list_records(KIND_PLAN, cpb.TrainingPlan)
+        plan_watch.check(core, live, plans)  # type: ignore[arg-type]  # moves ahead of plan ends
         live = list(iter_jobs(core.store, phases=LIVE))
         now = core.clock()
         regions = core.store.list_records(KIND_REGION, cpb.RegionInfo)
@@ -72,7 +75,7 @@ class SchedulerLoop:
         snapshot = snap.build(
             now=now, agents=core.agents.all(), jobs=live,
             teams=core.store.list_records(KIND_TEAM, cpb.TeamQuota),  # type: ignore[arg-type]
-            plans=core.store.list_records(KIND_PLAN, cpb.TrainingPlan),  # type: ignore[arg-type]
+            plans=plans,  # type: ignore[arg-type]
             draining=draining, priority_of=core.priority_of,
         )
         self.passes += 1

@@ -34,6 +34,7 @@ from region_agents.fencing import AttemptLedger
 from region_agents.inventory import Inventory, InventoryError, load_inventory
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
+from region_agents.staging import Staging, plan_transfer
 
 log = logging.getLogger("region_agents.agent")
 
@@ -150,6 +151,10 @@ class RegionAgent:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_heartbeat = 0.0
+        # Migration: checkpoint copies in flight before an attempt starts, and agent-clock
+        # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
+        self._staging: dict[tuple[str, int], Staging] = {}
+        self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
 
     # ---- public ----------------------------------------------------------------
     def start(self) -> None:
@@ -217,6 +222,8 @@ class RegionAgent:
 
     def _running(self, include_recent: bool = False) -> list[agent_pb2.RunningAttempt]:
         running = [r.to_proto() for r in self.executor.running()]
+        running += [agent_pb2.RunningAttempt(job_id=j, attempt=a, state=AS.ATTEMPT_STATE_STARTING)
+                    for (j, a), st in list(self._staging.items()) if not st.cancelled.is_set()]
         if include_recent:
             now = time.time()
             live = {(r.job_id, r.attempt) for r in running}
@@ -341,7 +348,8 @@ class RegionAgent:
                 current = self.ledger.running.get(job_id)
                 if current is not None:
                     log.info("broker no longer wants %s attempt %d: killing it", job_id, current)
-                    self.executor.stop(job_id, current, checkpoint_first=False, grace_s=0.0)
+                    if not self._cancel_staging(job_id, current):
+                        self.executor.stop(job_id, current, checkpoint_first=False, grace_s=0.0)
             self._last_heartbeat = 0.0  # heartbeat right away (spot notices, health)
         log.info("registered as %s (heartbeat %.1fs, %d stale)", self.agent_id,
                  self.heartbeat_interval_s, len(ack.stale_job_ids))
@@ -355,13 +363,19 @@ class RegionAgent:
             if decision.kill_attempt:
                 log.info("%s: attempt %d supersedes %d: killing the old one", launch.job_id,
                          launch.attempt, decision.kill_attempt)
-                self.executor.stop(launch.job_id, decision.kill_attempt, False, 0.0)
+                if not self._cancel_staging(launch.job_id, decision.kill_attempt):
+                    self.executor.stop(launch.job_id, decision.kill_attempt, False, 0.0)
                 self.ledger.finished(launch.job_id, decision.kill_attempt)
             self.ledger.seen(launch.job_id, launch.attempt)
+            key = (launch.job_id, launch.attempt)
+            self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
             problem = self._check_placement(launch)
+            move = None
             if problem is None:
                 try:
-                    self.executor.launch(AttemptSpec.from_launch(launch))
+                    move = plan_transfer(launch, self.inventory.checkpoint_bucket)
+                    if move is None:
+                        self._start_attempt(launch)
                 except (ValueError, OSError) as e:
                     problem = f"launch failed: {e}"
             if problem is not None:
@@ -371,6 +385,62 @@ class RegionAgent:
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
             self._ack(command_id, True)
+            if move is not None:
+                # Copy the checkpoint into this region's store first; the ticker starts
+                # the ranks when the copy is complete (region_agents/staging.py).
+                staging = Staging(launch, *move)
+                self._staging[key] = staging
+                staging.start()
+                log.info("%s attempt %d: copying checkpoint %s -> %s before start",
+                         launch.job_id, launch.attempt, move[0], move[1])
+
+    def _start_attempt(self, launch: agent_pb2.Launch, resume_from: str | None = None) -> None:
+        spec = AttemptSpec.from_launch(launch)
+        if resume_from is not None:
+            spec.resume_from = resume_from
+        self.executor.launch(spec)
+        t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
+        t.spawn_time = time.time()
+
+    def _cancel_staging(self, job_id: str, attempt: int) -> bool:
+        """Stop an attempt that is still copying its checkpoint: report it STOPPED."""
+        st = self._staging.pop((job_id, attempt), None)
+        if st is None:
+            return False
+        st.cancelled.set()
+        self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STOPPED, exit_code=-1,
+                                  message="stopped while copying its checkpoint"),
+                     transfer=st.snapshot())
+        return True
+
+    def _poll_staging(self) -> None:
+        """Report copy progress (~1/s); start the ranks, or fail the attempt, when done."""
+        now = time.time()
+        for key, st in list(self._staging.items()):
+            launch = st.launch
+            if not st.finished.is_set():
+                if now - st.last_sent >= 1.0:
+                    st.last_sent = now
+                    self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
+                                 transfer=st.snapshot())
+                continue
+            del self._staging[key]
+            stats = st.snapshot()
+            if st.cancelled.is_set() or self.ledger.running.get(launch.job_id) != launch.attempt:
+                continue
+            if stats.error:
+                self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
+                                          exit_code=-1,
+                                          message=f"checkpoint transfer failed: {stats.error}"),
+                             transfer=stats)
+                continue
+            self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
+                         transfer=stats)
+            try:
+                self._start_attempt(launch, resume_from=st.dst)
+            except (ValueError, OSError) as e:
+                self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
+                                          exit_code=-1, message=f"launch failed: {e}"))
 
     def _check_placement(self, launch: agent_pb2.Launch) -> str | None:
         known = {n.id for n in self.inventory.nodes}
@@ -384,7 +454,10 @@ class RegionAgent:
     def _on_stop(self, command_id: str, stop: agent_pb2.Stop) -> None:
         with self._lock:
             decision = self.ledger.on_stop(stop.job_id, stop.attempt)
-            if decision.accepted:
+            if decision.accepted and not self._cancel_staging(stop.job_id, stop.attempt):
+                if stop.checkpoint_first:
+                    t = self._timings.setdefault((stop.job_id, stop.attempt), agent_pb2.AttemptTimings())
+                    t.stop_signal_time = t.stop_signal_time or time.time()
                 self.executor.stop(stop.job_id, stop.attempt, stop.checkpoint_first,
                                    stop.grace_s if stop.grace_s > 0 else 120.0)
             self._ack(command_id, decision.accepted, decision.message)
@@ -392,7 +465,7 @@ class RegionAgent:
     def _on_checkpoint(self, command_id: str, cmd: agent_pb2.CheckpointNow) -> None:
         with self._lock:
             decision = self.ledger.on_stop(cmd.job_id, cmd.attempt)
-            if decision.accepted:
+            if decision.accepted and (cmd.job_id, cmd.attempt) not in self._staging:
                 self.executor.checkpoint(cmd.job_id, cmd.attempt)
             self._ack(command_id, decision.accepted, decision.message)
 
@@ -404,8 +477,17 @@ class RegionAgent:
             except Exception:  # pragma: no cover - keep ticking
                 log.exception("agent tick failed")
 
-    def _report(self, ev: AttemptEvent) -> None:
+    def _report(self, ev: AttemptEvent, transfer: common_pb2.TransferStats | None = None) -> None:
         upd = ev.to_proto()
+        key = (ev.job_id, ev.attempt)
+        if transfer is not None:
+            upd.transfer.CopyFrom(transfer)
+        timings = self._timings.get(key)
+        if ev.terminal and timings is not None:
+            timings.exit_time = ev.time
+            self._timings.pop(key, None)
+        if timings is not None:
+            upd.timings.CopyFrom(timings)
         if ev.terminal:
             self.ledger.finished(ev.job_id, ev.attempt)
             self._recent_terminal[(ev.job_id, ev.attempt)] = (time.time(), upd)
@@ -415,6 +497,7 @@ class RegionAgent:
         with self._lock:
             for ev in self.executor.poll():
                 self._report(ev)
+            self._poll_staging()
             new_spot, health_changes = self.signals.poll()
             for ch in health_changes:
                 log.info("node %s is now %s %s", ch.node_id,

@@ -40,7 +40,7 @@ def test_launch_run_succeed_with_watch(broker: Broker, make_agent) -> None:  # n
     threading.Thread(target=watch, daemon=True).start()
     launch = agent.wait_launch(job.id)
     assert launch.attempt == 1
-    assert launch.checkpoint_uri == f"s3://cb-us-east-2/jobs/{job.id}"
+    assert launch.checkpoint_uri == f"s3://cb-us-east-2/jobs/{job.id}/attempt-1"
     assert launch.resume_from == ""
     assert launch.placement.world_size == 8 and len(launch.placement.nodes) == 2
     assert launch.placement.agent_id == agent.agent_id
@@ -143,7 +143,7 @@ def test_agent_lost_relaunches_elsewhere_from_checkpoint(broker: Broker, make_ag
     l2 = a2.wait_launch(job.id, timeout=30)
     assert l2.attempt == 2
     assert l2.resume_from == ck
-    assert l2.checkpoint_uri == f"s3://cb-eu-west-1/jobs/{job.id}"
+    assert l2.checkpoint_uri == f"s3://cb-eu-west-1/jobs/{job.id}/attempt-2"
     j = broker.get(job.id)
     assert j.placement.region == "eu-west-1" and j.relaunches == 1
     evs = broker.events(job.id)

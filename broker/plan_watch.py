@@ -1,0 +1,90 @@
+"""Planned moves ahead of a training plan's end (DESIGN "plan migrations ahead of a
+plan's end").
+
+Why a separate step from ``placement.schedule``: the pure placement pass decides
+where queued work goes; *when* a running job must leave capacity that is about to
+disappear is a deadline rule that depends on the job's own history (how long its
+checkpoints and transfers took), which only the broker has. SageMaker HyperPod and
+Kueue both treat a capacity end as a reason to evict gracefully before it, not at it.
+
+Rule: a RUNNING job holding nodes of plan P is asked to checkpoint and move (Stop
+{MIGRATE, checkpoint_first}, reason ``plan_ending``) once
+``now >= P.end - lead``, where ``lead = max(plan_move_floor_s, plan_move_margin x
+(last checkpoint time + last checkpoint bytes / last transfer MB/s))``
+(:func:`broker.migration.estimate_move_s`). The grace given to the trainer is the
+time left until the plan ends, so this is a planned checkpoint, not an emergency
+one. The plan's nodes are added to the job's ``excluded_nodes`` so the scheduler
+does not place it straight back on capacity that is about to end (the placement
+window check alone would allow that for a job with a short safe point).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from broker import migration
+from broker.core import BrokerCore
+from broker.lifecycle import RUNNING, Tx
+from broker.snapshot import plan_state
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def plan_of_job(core: BrokerCore, job: pb.Job, plans: dict[str, cpb.TrainingPlan]) -> cpb.TrainingPlan | None:
+    """The plan (earliest ending) whose nodes the job's current placement uses, if any."""
+    found: list[cpb.TrainingPlan] = []
+    for a in job.placement.nodes:
+        hit = core.agents.find_node(a.node_id)
+        if hit is None:
+            continue
+        node = hit[1]
+        if node.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN and node.pool in plans:
+            found.append(plans[node.pool])
+    return min(found, key=lambda p: p.end_time) if found else None
+
+
+def check(core: BrokerCore, live: Iterable[pb.Job], plans: Iterable[cpb.TrainingPlan]) -> list[str]:
+    """Ask every job whose plan ends within its move lead time to move; returns their ids."""
+    now = core.clock()
+    plan_map = {p.id: p for p in plans}
+    if not plan_map:
+        return []
+    cfg = core.config
+    moved: list[str] = []
+    for job in live:
+        if job.phase != RUNNING or job.stop_reason:
+            continue
+        plan = plan_of_job(core, job, plan_map)
+        if plan is None or plan_state(plan, now) == cpb.PLAN_STATE_SCHEDULED:
+            continue
+        end = plan.start_time if plan.state == cpb.PLAN_STATE_CANCELLED else plan.end_time
+        lead = migration.estimate_move_s(job, floor_s=cfg.plan_move_floor_s, margin=cfg.plan_move_margin)
+        if now < end - lead:
+            continue
+        left = end - now
+        plan_nodes = [a.node_id for a in job.placement.nodes
+                      if (hit := core.agents.find_node(a.node_id)) is not None and hit[1].pool == plan.id]
+
+        def exclude(tx: Tx, nodes: list[str] = plan_nodes) -> bool:
+            add = [n for n in nodes if n not in tx.job.excluded_nodes]
+            if not add:
+                return False
+            tx.job.excluded_nodes.extend(add)
+            return True
+
+        core.lifecycle.mutate(job.id, exclude)
+        stored = core.request_stop(
+            job.id, "migrate", actor="broker", reason="plan_ending",
+            grace_s=max(5.0, left - 1.0),
+            message=f"training plan {plan.id} ends in {max(0.0, left):.0f}s (move lead {lead:.0f}s):"
+                    " checkpointing and moving to other capacity",
+            details={"plan": plan.id, "plan_end": f"{end:.0f}", "lead_s": f"{lead:.1f}",
+                     "seconds_left": f"{left:.1f}", "emergency": "false"},
+        )
+        if stored is not None:
+            log.info("job %s: plan %s ends in %.0fs (lead %.0fs): planned move", job.id, plan.id, left, lead)
+            moved.append(job.id)
+    return moved

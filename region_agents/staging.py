@@ -1,0 +1,109 @@
+"""Bring a migrated job's checkpoint into this region before its attempt starts.
+
+Why here, in the agent, and before the trainer starts: a job moved from region A to
+region B resumes from a checkpoint in A's store. Copying it once into B's store (with
+the mover in :mod:`region_agents.transfer`: server-side S3 copy or a streamed copy,
+retries, per-file verification, manifest last) makes the trainer's load a local,
+fast read, and the copy's progress is visible to the broker while it runs (JobUpdate
+``transfer``), not hidden inside a slow trainer start. A copy that fails leaves no
+manifest at the destination, so the attempt can never resume from a partial copy;
+the attempt is reported FAILED and the broker relaunches it (auto-resume) from the
+source checkpoint, which is untouched. ``Launch.transfer_mode = "direct"`` skips the
+copy: the trainer then reads the other region's store itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from computebroker.v1 import agent_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+
+def _norm(uri: str) -> str:
+    if uri.startswith("s3://"):
+        return uri.rstrip("/")
+    return os.path.abspath(uri.removeprefix("file://")).rstrip("/")
+
+
+def under(uri: str, base: str) -> bool:
+    """Is ``uri`` inside the store rooted at ``base`` (an s3:// prefix or a directory)?"""
+    if not uri or not base:
+        return False
+    u, b = _norm(uri), _norm(base)
+    if uri.startswith("s3://") != base.startswith("s3://"):
+        return False
+    return u == b or u.startswith(b + "/")
+
+
+def plan_transfer(launch: agent_pb2.Launch, bucket: str) -> tuple[str, str] | None:
+    """(src, dst) when ``launch.resume_from`` lives outside this region's store and the
+    attempt writes inside it; the copy goes into the attempt's own checkpoint directory
+    (``<checkpoint_uri>/step-N``), so it is also the attempt's "latest complete"."""
+    src = launch.resume_from
+    if not src or launch.transfer_mode == "direct":
+        return None
+    if not under(launch.checkpoint_uri, bucket) or under(src, bucket):
+        return None
+    name = src.rstrip("/").rpartition("/")[2]
+    return src, f"{launch.checkpoint_uri.rstrip('/')}/{name}"
+
+
+@dataclass
+class Staging:
+    """One checkpoint copy in flight for a launched attempt (a background thread)."""
+
+    launch: agent_pb2.Launch
+    src: str
+    dst: str
+    stats: common_pb2.TransferStats = field(default_factory=common_pb2.TransferStats)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    last_sent: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        self.stats.src_uri, self.stats.dst_uri = self.src, self.dst
+        self.stats.start_time = time.time()
+        threading.Thread(target=self._run, name=f"stage-{self.launch.job_id}", daemon=True).start()
+
+    def snapshot(self) -> common_pb2.TransferStats:
+        with self._lock:
+            out = common_pb2.TransferStats()
+            out.CopyFrom(self.stats)
+            if not out.done and not out.error:
+                out.seconds = time.time() - out.start_time
+            return out
+
+    def _progress(self, done: int, total: int) -> None:
+        with self._lock:
+            self.stats.bytes_done, self.stats.bytes_total = done, total
+
+    def _run(self) -> None:
+        from region_agents.transfer import copy_checkpoint
+
+        try:
+            res = copy_checkpoint(self.src, self.dst, progress=self._progress)
+            with self._lock:
+                s = self.stats
+                s.bytes_total = s.bytes_done = res.bytes
+                s.seconds, s.mb_per_s, s.method, s.retries = res.seconds, res.mb_per_s, res.method, res.retries
+                s.end_time = time.time()
+                s.done = True
+            log.info("%s attempt %d: copied %s -> %s (%.1f MB in %.2fs, %.0f MB/s, %s)",
+                     self.launch.job_id, self.launch.attempt, self.src, self.dst, res.bytes / 1e6,
+                     res.seconds, res.mb_per_s, res.method)
+        except Exception as e:  # noqa: BLE001 - reported as the attempt's failure
+            log.warning("%s attempt %d: checkpoint transfer failed: %s", self.launch.job_id,
+                        self.launch.attempt, e)
+            with self._lock:
+                self.stats.error = str(e)[:1000] or type(e).__name__
+                self.stats.end_time = time.time()
+                self.stats.seconds = self.stats.end_time - self.stats.start_time
+        finally:
+            self.finished.set()
