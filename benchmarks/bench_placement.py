@@ -103,8 +103,15 @@ def build_nodes(scale: float, rng: random.Random) -> list[NodeInfo]:
 
 def build_running(nodes: list[NodeInfo], teams: list[str], rng: random.Random, busy: float = 0.4) -> list[RunningJob]:
     out = []
+    us_busy: dict[str, bool] = {}
     for n in nodes:
         if n.plan_start is not None and n.plan_start > NOW:
+            continue
+        if n.ultraserver:  # NVLink domains are busy whole (one 72-GPU job) or idle
+            if us_busy.setdefault(n.ultraserver, rng.random() < busy):
+                out.append(RunningJob(id=f"run-{n.id}", team=rng.choice(teams), priority=rng.choice(PRIORITIES),
+                                      allocations=((n.id, n.gpus),), started_time=NOW - 3600,
+                                      last_checkpoint_time=NOW - rng.uniform(0, 3600)))
             continue
         if rng.random() < busy:
             g = n.gpus if rng.random() < 0.7 else rng.randint(1, n.gpus)
