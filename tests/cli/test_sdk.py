@@ -73,9 +73,15 @@ def test_submit_is_idempotent_on_request_id(client: BrokerClient) -> None:
 
 def test_submit_accepts_raw_proto(client: BrokerClient) -> None:
     raw = pb.JobSpec(name="sdk-raw", team=TEAM, resources=pb.Resources(nodes=1, gpus_per_node=1),
-                     trainer=pb.TrainerSpec(total_steps=5, checkpoint_every=5, model="tiny"))
+                     trainer=pb.TrainerSpec(total_steps=5, checkpoint_every=5, model="tiny",
+                                            global_batch_size=8))
     handle = client.submit(raw)
     assert handle.status().spec.name == "sdk-raw"
+    # A raw spec skips the SDK's defaults; the broker still refuses what the trainer would.
+    raw.trainer.global_batch_size = 0
+    with pytest.raises(InvalidJobSpec) as err:
+        client.submit(raw)
+    assert "global_batch_size" in err.value.message
 
 
 def test_wait_on_cancelled_job(client: BrokerClient) -> None:
