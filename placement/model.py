@@ -131,6 +131,9 @@ class TeamQuota:
     can_lend: bool = True
     can_borrow: bool = True
     weight: float = 1.0
+    # Optional per-region ceilings on top of the global quota: region -> most GPUs
+    # (all accelerators) this team may hold there. Absent region = no ceiling.
+    region_caps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,8 @@ Placement of one job (see ``placement.topology``):
   data locality (no egress when the cluster is in ``dataset_region``);
   preferred-region rank; then tightest domain (one node, one UltraServer, one
   layer-3 block, ... one cluster) and price; best fit inside a level.
-  ``required`` is a hard limit.
+  ``required`` is a hard limit. A team's optional ``region_caps`` remove the
+  regions where it would exceed its ceiling.
 * Elastic jobs (0 < min_nodes < nodes): the full size first, else the largest
   size in [min_nodes, nodes) that fits quota and capacity.
 
@@ -151,6 +152,14 @@ class _Pass:
         self.index = CapacityIndex(now_nodes)
         self.future = CapacityIndex(future_nodes, future=True)
         self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
+        self.caps: dict[str, dict[str, int]] = {t.team: dict(t.region_caps) for t in snap.teams if t.region_caps}
+        self.region_used: dict[tuple[str, str], int] = defaultdict(int)
+        if self.caps:
+            region_of = {n.id: n.region for n in nodes}
+            for r in self.running:
+                if r.team in self.caps:
+                    for node_id, g in r.allocations:
+                        self.region_used[(r.team, region_of.get(node_id, ""))] += g
         self.decisions = Decisions()
         self.claimed: set[str] = set()
         self.elig_cache: dict[tuple, object] = {}
@@ -320,7 +329,8 @@ class _Pass:
         g = job.gpus_per_node
         excluded = [self.index.slot_by_id[i] for i in sorted(job.excluded_nodes) if i in self.index.slot_by_id]
         use_cache = cache and not excluded
-        ck = (id(elig), g, pref, req)
+        caps = self.caps.get(job.team)
+        ck = (id(elig), g, pref, req, job.team if caps else "")
         if use_cache and self.fail_cache.get(ck, 1 << 30) <= n:
             return None
         saved = [(s, s.free) for s in excluded]
@@ -336,6 +346,10 @@ class _Pass:
                     group = rank[:3]
                     if best is not None and group != best_group:
                         break
+                    if caps and part.region in caps and (
+                        self.region_used[(job.team, part.region)] + n * g > caps[part.region]
+                    ):
+                        continue
                     r = self.index.find(part, n, g, max_level)
                     if r is None:
                         continue
@@ -360,6 +374,8 @@ class _Pass:
             self.index.take(s, g)
         n = len(slots)
         self.ledger.admit(job.team, key, n * g, job.gpus)
+        if job.team in self.caps:
+            self.region_used[(job.team, part.region)] += n * g
         where = f"one node ({slots[0].info.id})" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
         tier = self.tier_text.get(part.order) if not part.future else None
         if tier is None:
@@ -514,7 +530,14 @@ class _Pass:
         for r, _ in chosen:
             self.claimed.add(r.id)
             led.add(r.team, led.key(r.team, r.accelerator), -r.gpus)
+            if r.team in self.caps:
+                for node_id, gg in r.allocations:
+                    sl = self.index.slot_by_id.get(node_id)
+                    if sl is not None:
+                        self.region_used[(r.team, sl.part.region)] -= gg
         led.admit(job.team, key, n * g, job.gpus)
+        if job.team in self.caps:
+            self.region_used[(job.team, part.region)] += n * g
         where = "one node" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
         names = []
         for r, why in chosen:
@@ -629,7 +652,14 @@ class _Pass:
         if 0 < job.min_nodes < job.nodes:
             size += f", or at least {job.min_nodes} node(s)"
         where = f" in {label}" if best else ""
-        return f"needs {size} within {scope}; largest free block is {best * g} GPUs{where}"
+        msg = f"needs {size} within {scope}; largest free block is {best * g} GPUs{where}"
+        caps = self.caps.get(job.team, {})
+        capped = sorted({p.region for _, p in elig if p.region in caps
+                         and self.region_used[(job.team, p.region)] + job.gpus > caps[p.region]})
+        if capped:
+            msg += "; team {} is at its region cap in {}".format(
+                job.team, ", ".join(f"{r} ({self.region_used[(job.team, r)]}/{caps[r]} GPUs)" for r in capped))
+        return msg
 
     def _no_capacity_reason(self, job: JobRequest) -> str:
         parts = []

@@ -159,3 +159,15 @@ def test_pending_job_never_dropped_from_decisions():
     d = schedule(snap(nodes, [job("x", nodes=0), job("y", gpus=16), job("z")]))
     assert set(d.pending_reasons) | set(admitted(d)) == {"x", "y", "z"}
     assert "no GPUs" in d.pending_reasons["x"] and "16 GPU(s) per node" in d.pending_reasons["y"]
+
+
+def test_per_region_cap_on_top_of_global_quota():
+    nodes = [node("e0", agent="e", region="us-east-2"), node("e1", agent="e", region="us-east-2"),
+             node("w0", agent="w", region="us-west-2", price_per_gpu_hour=9.0)]
+    teams = [TeamQuota(team="A", guaranteed=(("", 24),), region_caps=(("us-east-2", 8),))]
+    d = schedule(snap(nodes, [job("a1", team="A"), job("a2", team="A")], teams=teams))
+    regions = {a.job_id: a.region for a in d.admissions}
+    assert regions == {"a1": "us-east-2", "a2": "us-west-2"}  # the cap pushes a2 to the pricier region
+    d = schedule(snap(nodes, [job("a1", team="A"), job("a2", team="A", allowed_regions=frozenset({"us-east-2"}))],
+                      teams=teams))
+    assert "region cap in us-east-2 (8/8 GPUs)" in d.pending_reasons["a2"]
