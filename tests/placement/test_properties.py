@@ -19,6 +19,7 @@ from placement import (
     TopologyLevel,
     schedule,
 )
+from placement.scheduler import safe_point_s
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LEVELS = [TopologyLevel.NONE, TopologyLevel.ULTRASERVER, TopologyLevel.LAYER_3, TopologyLevel.LAYER_2,
@@ -40,6 +41,11 @@ def snapshots(draw):
                                                     CapacityType.RESERVED])),
                 healthy=draw(st.booleans()) or draw(st.booleans()),
             ))
+            if draw(st.integers(0, 4)) == 0:  # a training-plan node with some window
+                start = draw(st.sampled_from([None, 0.0, 500.0, 2000.0, 5000.0]))
+                end = draw(st.sampled_from([None, 900.0, 2500.0, 9000.0]))
+                nodes[-1] = replace(nodes[-1], capacity_type=CapacityType.TRAINING_PLAN, plan_start=start,
+                                    plan_end=end, available_before_plan=draw(st.booleans()))
     free = {n.id: n.gpus for n in nodes}
     running = []
     for k in range(draw(st.integers(0, 10))):
@@ -59,6 +65,8 @@ def snapshots(draw):
             required=draw(st.sampled_from(LEVELS)), preferred=draw(st.sampled_from(LEVELS)),
             capacity_types=draw(st.sampled_from([frozenset(), frozenset({CapacityType.SPOT})])),
             min_nodes=draw(st.integers(0, nn)), submit_time=float(k),
+            checkpoint_interval_s=draw(st.sampled_from([0.0, 300.0, 1200.0, 4000.0])),
+            excluded_nodes=frozenset(draw(st.lists(st.sampled_from([n.id for n in nodes]), max_size=3))),
         ))
     teams = ()
     if draw(st.booleans()):
@@ -100,9 +108,24 @@ def test_no_double_allocation_and_required_topology(s):
             assert len({domain_key(n, j.required) for n in ns}) == 1, (j.required, ns)
             if j.required == TopologyLevel.ULTRASERVER:
                 assert ns[0].ultraserver
+        assert not ({n.id for n in ns} & j.excluded_nodes)
+        safe = safe_point_s(j)
+        for n in ns:
+            if n.plan_end is not None:
+                assert s.now + safe <= n.plan_end
+            if n.plan_start is not None and s.now < n.plan_start:
+                assert n.available_before_plan and s.now + safe <= n.plan_start
         for nid, g in a.assignments:
             used[nid] += g
     assert all(used[n.id] <= n.gpus for n in s.nodes)
+    reserved: dict[str, int] = {}
+    for res in d.reservations:
+        assert res.job_id in d.pending_reasons
+        for nid, g in res.assignments:
+            n = nodes[nid]
+            assert n.plan_start is not None and n.plan_start > s.now and res.start_time == n.plan_start
+            reserved[nid] = reserved.get(nid, 0) + g
+            assert reserved[nid] <= n.gpus
     # every pending job not admitted has a reason
     assert set(jobs) == {a.job_id for a in d.admissions} | set(d.pending_reasons)
 
