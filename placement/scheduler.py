@@ -420,7 +420,8 @@ class _Pass:
             if lower is None:
                 lower = self.lower_gpus[lk] = sum(
                     r.gpus for r in self.by_team.get(job.team, ())
-                    if r.priority < job.priority and r.preemptible and led.key(r.team, r.accelerator) == key
+                    if r.priority < job.priority and (r.preemptible or r.stopping)
+                    and led.key(r.team, r.accelerator) == key
                 )
             if lower < need_quota:  # upper bound (ignores victims already claimed)
                 self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
@@ -570,7 +571,8 @@ class _Pass:
             out = sorted(
                 ((0 if r.stopping else 1, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r)
                 for r in self.by_team.get(team, ())
-                if r.preemptible and led.key(r.team, r.accelerator) == key
+                # a job already stopping counts as soon-free, whatever its preemptible flag
+                if (r.preemptible or r.stopping) and led.key(r.team, r.accelerator) == key
             )
             self.victim_lists[ck] = out
         return out

@@ -148,7 +148,8 @@ def test_victims_already_stopping_are_counted_but_not_announced_again():
     d1 = schedule(snap1)
     assert [p.job_id for p in d1.preemptions] == ["a-train"]
     # the broker is checkpointing the victim: next pass repeats the plan silently
-    running = tuple(replace(r, stopping=True) for r in snap1.running)
+    # (the broker also marks it not preemptible: it is already going)
+    running = tuple(replace(r, stopping=True, preemptible=False) for r in snap1.running)
     d2 = schedule(replace(snap1, running=running))
     assert d2.preemptions == [] and d2.admissions == []
     assert d2.pending_reasons["b-train"].startswith("waiting for 1 preempted job(s) to checkpoint (a-train")
