@@ -257,18 +257,28 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
 
 
 def events_table(events: Iterable[common_pb2.JobEvent], title: str | None = None) -> Table:
+    """Event history, readable at 100 columns.
+
+    Why four columns: the message says *why* (preempted for which job, moved where,
+    timings) and is what people read, so it gets the width; type, phase change,
+    region and actor are stacked in one EVENT cell instead of four narrow columns.
+    """
     table = _table(
         ("#", {"justify": "right"}),
         "TIME",
-        "TYPE",
-        "PHASE",
-        ("REGION", {"flex": True}),
-        ("ACTOR", {"flex": True, "max_width": 18}),
-        ("MESSAGE", {"flex": True, "overflow": "fold", "min_width": 10}),
+        ("EVENT", {"flex": True, "min_width": 22, "max_width": 30}),
+        ("MESSAGE", {"flex": True, "overflow": "fold", "ratio": 1, "min_width": 30}),
         title=title,
     )
     for e in events:
-        table.add_row(*event_row(e))
+        seq, time_s, kind, phase, region, actor, msg = event_row(e)
+        cell = Text(str(kind), style="bold")
+        cell.append("\n")
+        cell.append_text(phase if isinstance(phase, Text) else Text(str(phase)))
+        where = " · ".join(x for x in (str(region), str(actor)) if x and x != "-")
+        if where:
+            cell.append(f"\n{where}", style="dim")
+        table.add_row(seq, time_s, cell, msg)
     return table
 
 
