@@ -109,6 +109,11 @@ def transfer(job: pb.Job, stats: pb.TransferStats) -> pb.Migration | None:
     m.transfer.CopyFrom(stats)
     if stats.dst_uri and stats.done and not stats.error:
         m.resume_from = stats.dst_uri
+        step = stats.src_uri.rstrip("/").rpartition("/")[2].removeprefix("step-")
+        if step.isdigit() and int(step) > m.checkpoint_step:
+            # The mover found a newer complete checkpoint than the one we knew of.
+            m.checkpoint_step = int(step)
+            m.checkpoint_uri = stats.src_uri
     if m.state in ("launching", "transferring"):
         m.state = "starting" if stats.done else "transferring"
     return m

@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from computebroker.v1 import agent_pb2, common_pb2
 
@@ -54,6 +55,13 @@ def plan_transfer(launch: agent_pb2.Launch, bucket: str) -> tuple[str, str] | No
     return src, f"{launch.checkpoint_uri.rstrip('/')}/{name}"
 
 
+def _step(name: str) -> int:
+    try:
+        return int(name.removeprefix("step-"))
+    except ValueError:
+        return -1
+
+
 @dataclass
 class Staging:
     """One checkpoint copy in flight for a launched attempt (a background thread)."""
@@ -84,11 +92,46 @@ class Staging:
         with self._lock:
             self.stats.bytes_done, self.stats.bytes_total = done, total
 
-    def _run(self) -> None:
-        from region_agents.transfer import copy_checkpoint
+    def _copy(self) -> Any:
+        """Copy ``src``; if it is gone or incomplete, copy the newest complete checkpoint
+        of the same attempt directory that is at least as new (and retry a few times).
 
+        Why: the attempt that wrote ``src`` may still be alive on a partitioned agent
+        (declared lost, not yet told to stop). It keeps training *and pruning* its own
+        directory (keep_last), so the checkpoint the broker last heard of can vanish.
+        Its newer checkpoints are complete, consistent points of the same run (the data
+        order is deterministic), so resuming from one loses less work; they are only
+        ever read, never written, by the new attempt (fencing is by directory)."""
+        from region_agents.transfer import (
+            TransferError,
+            copy_checkpoint,
+            latest_complete_checkpoint,
+        )
+
+        src = self.src
+        parent, _, name = src.rstrip("/").rpartition("/")
+        want = _step(name)
+        for attempt in range(4):
+            try:
+                return copy_checkpoint(src, self.dst, progress=self._progress)
+            except TransferError:
+                if attempt == 3:
+                    raise
+                newest = latest_complete_checkpoint(parent)
+                if newest is None or _step(newest.rpartition("/")[2]) < want:
+                    raise
+                log.warning("%s: %s is gone or incomplete (its writer may still be pruning); "
+                            "copying the newer complete %s instead", self.launch.job_id, src, newest)
+                src = newest
+                self.src = src
+                self.dst = f"{self.dst.rstrip('/').rpartition('/')[0]}/{newest.rpartition('/')[2]}"
+                with self._lock:
+                    self.stats.src_uri, self.stats.dst_uri = self.src, self.dst
+        raise AssertionError("unreachable")
+
+    def _run(self) -> None:
         try:
-            res = copy_checkpoint(self.src, self.dst, progress=self._progress)
+            res = self._copy()
             with self._lock:
                 s = self.stats
                 s.bytes_total = s.bytes_done = res.bytes

@@ -221,7 +221,7 @@ def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
     with cluster.client() as client:
         setup_team(client)
         wait_regions(cluster, client, 2)
-        handle = client.submit(job_spec("fenced", steps=60))
+        handle = client.submit(job_spec("fenced", steps=120))
         wait_until(running_in(handle, "us-east-2"), timeout=180,
                    what=f"job running in us-east-2\n{cluster.logs()}")
         agent_a = cluster.agents["us-east-2"]
@@ -249,7 +249,7 @@ def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
         a2 = manifests(s3_server, buckets["eu-west-1"], f"jobs/{job.id}/")
         assert all("/attempt-2/" in k for k in a2)
         newest = max(a2.values(), key=lambda mf: mf["step"])
-        assert newest["step"] == 60 and newest["attempt"] == 2
+        assert newest["step"] == 120 and newest["attempt"] == 2
         assert job.progress.last_checkpoint_uri.startswith(
             f"s3://{buckets['eu-west-1']}/jobs/{job.id}/attempt-2/")
 
