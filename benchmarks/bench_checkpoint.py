@@ -66,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
             "total_steps": 1000,
             "global_batch_size": int(os.environ["WORLD_SIZE"]),
             "model": "200m",
-            "options": {"seq_len": "64", "micro_batch_size": "1", "storage_threads": "2"},
+            "options": {"seq_len": "16", "micro_batch_size": "1", "storage_threads": "2"},
         }
     )
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -201,9 +201,10 @@ def raw_s3(src: Path, client: Any, parallel: int) -> tuple[float, float]:
                     files))
     up = time.perf_counter() - t0
 
-    def get(f: Path) -> None:
-        with tempfile.SpooledTemporaryFile(max_size=4 << 30) as buf:
-            client.download_fileobj(BUCKET, f"raw/{f.name}", buf, Config=cfg)
+    def get(f: Path) -> None:  # one streamed GET per file, as the trainer's reader does
+        body = client.get_object(Bucket=BUCKET, Key=f"raw/{f.name}")["Body"]
+        for _ in iter(lambda: body.read(8 << 20), b""):
+            pass
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(parallel) as ex:
@@ -217,8 +218,8 @@ def main() -> None:
     ap.add_argument("--phase", default="A")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--every", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)  # steps of ~10-30 s on 2 shared cores
+    ap.add_argument("--every", type=int, default=2)
     args = ap.parse_args()
     if args.worker:
         return worker(args)

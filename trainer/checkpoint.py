@@ -21,6 +21,7 @@ callback on rank 0, so it lands as soon as the data is durable.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,56 @@ from trainer.errors import TrainerError
 from trainer.storage import MANIFEST, Store, open_store, split_checkpoint_uri, step_name
 
 MANIFEST_VERSION = 1
+
+
+class ReusedBufferStager:
+    """DCP AsyncStager that copies model/optim tensors into CPU buffers allocated once.
+
+    Why: DCP's default stager allocates a fresh CPU copy of the whole state on every
+    async save; for the 200M model that is 3 GB of page faults each time, which on CPU
+    made "async" block almost as long as a sync save (benchmark). Reusing the buffers
+    (torchtitan keeps a pinned cache the same way) leaves only a memcpy on the training
+    thread. Safe because at most one save is in flight: the next stage() runs only
+    after the previous upload finished. Pinned memory only when CUDA exists.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+        self._keys: Any = None
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        tensors = {k: state_dict[k] for k in ("model", "optim")}
+        keys = (tuple(tensors["model"]), repr(_shape_sig(tensors["optim"])))
+        if self._cache is None or keys != self._keys:  # e.g. optimizer state appeared
+            self._cache = _create_cpu_state_dict(tensors, pin_memory=torch.cuda.is_available())
+            self._keys = keys
+        staged = _copy_state_dict(tensors, self._cache)
+        staged["trainer"] = copy.deepcopy(state_dict["trainer"])
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Copies are synchronous on CPU."""
+
+    def close(self) -> None:
+        self._cache = None
+
+
+def _shape_sig(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return tuple((k, _shape_sig(v)) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0])))
+    if isinstance(obj, list | tuple):
+        return tuple(_shape_sig(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        return (tuple(obj.shape), str(obj.dtype))
+    return type(obj).__name__
 
 
 class CheckpointManager:
@@ -70,6 +121,7 @@ class CheckpointManager:
         self.threads = threads
         self.use_async = use_async
         self.on_durable = on_durable
+        self._stager = ReusedBufferStager()
         self._inflight: Future | None = None
         self._inflight_step = -1
         self._error: BaseException | None = None
@@ -104,7 +156,9 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self.last_saved_step = step
         if self.use_async and not blocking:
-            fut = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            fut = dcp.async_save(
+                state, storage_writer=writer, process_group=self.group, async_stager=self._stager
+            )
             blocked = time.perf_counter() - t0
             self._inflight, self._inflight_step = fut, step
             fut.add_done_callback(lambda f: self._finish(f, step, samples_seen, t0, blocked))
@@ -157,6 +211,18 @@ class CheckpointManager:
         doomed += [s for s, ok in steps.items() if not ok and s < newest]
         for s in doomed:
             self.store.delete(step_name(s))
+
+    def drop_incomplete(self, after_step: int) -> list[int]:
+        """Rank 0 at start: delete incomplete step dirs above the resume point.
+
+        They are a previous attempt's saves that never committed; this attempt will
+        write those steps again, and stale shard files from a different world size must
+        not end up listed in the new manifest. Callers barrier afterwards.
+        """
+        doomed = [s for s, ok in self.store.list_steps().items() if not ok and s > after_step]
+        for s in doomed:
+            self.store.delete(step_name(s))
+        return doomed
 
     def wait(self) -> None:
         fut = self._inflight

@@ -122,6 +122,11 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
         progress.checkpoint_durable(step, src.uri(name))
     else:
         log(rank, f"starting fresh: model {spec.model} ({n_params:,} params), world size {ws}")
+    if rank == 0:
+        dropped = ckpt.drop_incomplete(step)
+        if dropped:
+            log(rank, f"removed incomplete checkpoints of a previous attempt: steps {dropped}")
+    dist.barrier()
     progress.update(state="running", step=step, samples_seen=samples_seen)
 
     data = SyntheticTokens(spec.seed, mcfg.vocab_size, mcfg.seq_len)

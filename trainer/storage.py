@@ -194,10 +194,11 @@ def _retrying(fn: Any) -> Any:
 class _S3FileSystem(FileSystemBase):
     """The DCP FileSystemBase over S3: what torch's FsspecWriter does with s3fs, on boto3."""
 
-    def __init__(self, client: Any, max_concurrency: int) -> None:
+    def __init__(self, client: Any, max_concurrency: int, ranged_get: bool = False) -> None:
         from boto3.s3.transfer import TransferConfig
 
         self.client = client
+        self.ranged_get = ranged_get
         self.transfer = TransferConfig(
             multipart_threshold=8 * 1024 * 1024,
             multipart_chunksize=16 * 1024 * 1024,
@@ -231,7 +232,14 @@ class _S3FileSystem(FileSystemBase):
             def download() -> None:
                 buf.seek(0)
                 buf.truncate()
-                self.client.download_fileobj(bucket, key, buf, Config=self.transfer)
+                if self.ranged_get:  # parallel ranged GETs: best on AWS S3
+                    self.client.download_fileobj(bucket, key, buf, Config=self.transfer)
+                    return
+                # one streamed GET: S3-compatible servers that re-read the whole object
+                # per range request (moto: 450 vs 160 MB/s on 200 MB here) prefer this
+                body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+                for chunk in iter(lambda: body.read(8 << 20), b""):
+                    buf.write(chunk)
 
             download()
             buf.seek(0)
@@ -303,7 +311,9 @@ class S3Store(Store):
         if not self.bucket:
             raise TrainerError(f"checkpoint URI {root!r} has no bucket (expected s3://bucket/prefix)")
         self.client = _s3_client(max_concurrency)
-        self.fs = _S3FileSystem(self.client, max_concurrency)
+        self.fs = _S3FileSystem(
+            self.client, max_concurrency, os.environ.get("CB_S3_RANGED_GET", "") == "1"
+        )
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)

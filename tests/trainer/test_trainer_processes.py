@@ -239,6 +239,10 @@ def test_half_written_checkpoint_is_ignored(s3_server: Any, work: Path, baseline
     assert [r["step"] for r in records] == [21, 22]
     assert_matches(baseline["log"], records, exact=False)
     assert f"resumed from s3://{bucket}/half/{step_name(20)}" in run.output(0)
+    # the abandoned half-written step-30 was cleaned up; the new stop checkpoint is complete
+    keys = s3_server.list_keys(bucket, "half/")
+    assert not [k for k in keys if step_name(30) in k]
+    assert f"half/{step_name(22)}/manifest.json" in keys
 
 
 def _assert_clean_exit_2(run: Any, *needles: str) -> str:
