@@ -345,7 +345,9 @@ def test_transfer_with_injected_s3_errors_is_retried_and_job_succeeds(
             assert proxy.plan.injected > 0, "no fault was injected: the test proved nothing"
             m = client.migrations(job_id=job.id)[0]
             assert m.state == "done" and m.transfer.done and not m.transfer.error
-            # Never resumed from a partial copy: the copy it resumed from is complete.
-            copies = manifests(s3_server, buckets["eu-west-1"], f"jobs/{job.id}/")
-            assert m.resume_from.rstrip("/") + "/manifest.json" in {
-                f"s3://{buckets['eu-west-1']}/{k}" for k in copies}
+            # Never resumed from a partial copy: the trainer loaded the verified copy (it
+            # refuses anything without a manifest), which the mover wrote manifest-last.
+            assert m.resume_from.startswith(f"s3://{buckets['eu-west-1']}/jobs/{job.id}/attempt-2/")
+            rank0 = cluster.root / "agents" / "eu-west-1" / "jobs" / job.id / "attempt-2"
+            out = "".join(p.read_text() for p in rank0.glob("rank-0.std*"))
+            assert f"resumed from {m.resume_from}" in out, out[-2000:]
