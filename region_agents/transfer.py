@@ -650,7 +650,7 @@ def copy_checkpoint(
     dst_uri: str,
     *,
     progress: ProgressFn | None = None,
-    workers: int = 4,
+    workers: int = 8,
     max_concurrency: int = 10,
     part_size: int = 16 * MiB,
     multipart_threshold: int = 16 * MiB,
