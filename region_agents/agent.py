@@ -162,6 +162,10 @@ class RegionAgent:
             return
         log.info("agent %s (%s, %d nodes) -> broker %s", self.agent_id, self.region,
                  len(self.inventory.nodes), self.config.broker_address)
+        if self.inventory.checkpoint_bucket:  # migrations in: mover ready before the first one
+            from region_agents import staging
+
+            threading.Thread(target=staging.warm, name="agent-warm", daemon=True).start()
         for name, target in (("connector", self._connect_loop), ("ticker", self._tick_loop)):
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()

@@ -55,6 +55,30 @@ def plan_transfer(launch: agent_pb2.Launch, bucket: str) -> tuple[str, str] | No
     return src, f"{launch.checkpoint_uri.rstrip('/')}/{name}"
 
 
+_client_lock = threading.Lock()
+_clients: dict[str, Any] = {}
+
+
+def s3_client() -> Any:
+    """One cached S3 client per endpoint: building one (botocore loads its service model)
+    takes a few hundred ms, which would otherwise sit inside every migration."""
+    from region_agents.transfer import make_s3_client
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    with _client_lock:
+        if endpoint not in _clients:
+            _clients[endpoint] = make_s3_client(endpoint or None)
+        return _clients[endpoint]
+
+
+def warm() -> None:
+    """Import the mover and build the S3 client ahead of the first migration (agent start)."""
+    try:
+        s3_client()
+    except Exception:  # noqa: BLE001 - only an optimisation; the copy itself reports errors
+        log.debug("could not pre-build the S3 client", exc_info=True)
+
+
 def _step(name: str) -> int:
     try:
         return int(name.removeprefix("step-"))
@@ -113,7 +137,8 @@ class Staging:
         want = _step(name)
         for attempt in range(4):
             try:
-                return copy_checkpoint(src, self.dst, progress=self._progress)
+                client = s3_client() if src.startswith("s3://") or self.dst.startswith("s3://") else None
+                return copy_checkpoint(src, self.dst, progress=self._progress, s3_client=client)
             except TransferError:
                 if attempt == 3:
                     raise
