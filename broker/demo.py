@@ -203,6 +203,7 @@ class Demo:
     finished_at: dict[str, float] = field(default_factory=dict)
     plan_id: str = ""
     spot_notice_sent: bool = False
+    migration_seen: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.work = Path(self.args.work_dir).resolve()
@@ -393,6 +394,7 @@ class Demo:
                         self.finished_at[h.id] = time.time()
                 if self.args.spot_demo and not self.spot_notice_sent and time.monotonic() > spot_at:
                     self.maybe_send_spot_notice(progress)
+                self.show_migrations(client, progress)
                 dead = [a.region for a in self.agents if not a.alive()]
                 if dead:
                     progress.console.print(f"[red]agent(s) exited: {', '.join(dead)}[/]")
@@ -430,6 +432,37 @@ class Demo:
                 f"{', '.join(n.node_id for n in job.placement.nodes)} in 20s "
                 f"(job {job.spec.name} should checkpoint and move)")
             return
+
+    def show_migrations(self, client: BrokerClient, progress: Progress) -> None:
+        """Print each move's milestones live (checkpointing, queued, copying N%, done
+        with its timing breakdown), once per change."""
+        try:
+            migs = client.migrations(limit=20)
+        except BrokerError:
+            return
+        for m in reversed(migs):
+            key = (m.job_id, m.seq)
+            t = m.transfer
+            if m.state == "transferring" and t.bytes_total:
+                what = f"copying checkpoint {100 * t.bytes_done // t.bytes_total}%"
+            elif m.state == "done":
+                what = (f"[green]done[/] in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s, "
+                        f"queue {m.queue_s:.2f}s, transfer {m.transfer_s:.2f}s"
+                        + (f" ({t.bytes_total / 1e6:.1f} MB, {t.method})" if t.bytes_total else "")
+                        + f", launch {m.launch_s:.1f}s, first step {m.first_step_s:.1f}s;"
+                          f" orchestration {m.orchestration_s:.2f}s")
+            elif m.state == "starting" and t.done:
+                what = (f"checkpoint copied ({t.bytes_total / 1e6:.1f} MB in {t.seconds:.2f}s,"
+                        f" {t.method}); starting on {m.to_world_size} rank(s)")
+            else:
+                what = m.state
+            if self.migration_seen.get(key) == what:
+                continue
+            self.migration_seen[key] = what
+            dest = m.to_region or "?"
+            progress.console.print(
+                f"[magenta]migration[/] {m.job_name or m.job_id} ({m.cause}"
+                f"{', emergency' if m.emergency else ''}) {m.from_region} -> {dest}: {what}")
 
     # -- summary
 
@@ -524,7 +557,10 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
                               "once it has a checkpoint")
             demo.submit(client)
             final = demo.watch(client)
+            migs = client.migrations()
         console.print(demo.summary(final))
+        if migs:
+            console.print(render.migrations_table(migs, title="migrations"))
         ok = bool(final) and all(j.phase == common_pb2.JOB_PHASE_SUCCEEDED for j in final.values())
         console.print(
             f"{'[bold green]all jobs succeeded[/]' if ok else '[bold red]not every job succeeded[/]'}"
