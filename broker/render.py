@@ -225,33 +225,38 @@ def _secs(v: float) -> str:
     return f"{v:.1f}s" if v >= 10 else f"{v:.2f}s"
 
 
+_CAUSE_SHORT = {"spot_interruption": "spot", "region_drain": "drain", "plan_ending": "plan-end",
+                "agent_lost": "agent-lost", "attempt_missing": "missing", "better_capacity": "cheaper"}
+
+
 def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
                      with_job: bool = True) -> Table:
-    """One row per move: where from/to, why, and its timing breakdown (fits 100 columns)."""
+    """One row per move (fits 100 columns): cause (! = emergency), route, world sizes,
+    checkpoint time, transfer (time @ MB/s, or % while copying), total time to the first
+    step after the resume (or the state while in progress) and the broker's own share
+    (ORCH). ``-o json`` / ``brokerctl job`` have every field."""
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")
-    cols += ["CAUSE", "FROM -> TO", "WS", "STEP", "STATE", ("CKPT", {"justify": "right"}),
-             ("QUEUE", {"justify": "right"}), ("XFER", {"justify": "right"}),
-             ("LAUNCH", {"justify": "right"}), ("1ST", {"justify": "right"}),
-             ("TOTAL", {"justify": "right"}), ("ORCH", {"justify": "right"})]
+    cols += ["CAUSE", "FROM>TO", ("WS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
+             ("XFER", {"justify": "right"}), ("TOTAL", {"justify": "right"}),
+             ("ORCH", {"justify": "right"})]
     t = _table(*cols, title=title)
     for m in migrations:
         done = m.state == "done"
-        xfer = "-"
-        if m.transfer.bytes_total:
-            xfer = (f"{_secs(m.transfer.seconds)} {m.transfer.bytes_total / 1e6:.0f}MB"
-                    f"@{m.transfer.mb_per_s:.0f}" if m.transfer.done else
-                    f"{100 * m.transfer.bytes_done // max(1, m.transfer.bytes_total)}%")
-        row: list[object] = []
-        if with_job:
-            row.append(m.job_id)
-        cause = m.cause + ("!" if m.emergency else "")
-        row += [cause, f"{m.from_region or '-'} -> {m.to_region or '?'}",
-                f"{m.from_world_size}->{m.to_world_size or '?'}", str(m.checkpoint_step), m.state,
-                _secs(m.checkpoint_s) if done else "-", _secs(m.queue_s) if done else "-", xfer,
-                _secs(m.launch_s) if done else "-", _secs(m.first_step_s) if done else "-",
-                _secs(m.total_s) if done else "-", _secs(m.orchestration_s) if done else "-"]
+        tr = m.transfer
+        if tr.done and tr.bytes_total:
+            xfer = f"{_secs(tr.seconds)}@{tr.mb_per_s:.0f}MB/s"
+        elif tr.bytes_total:
+            xfer = f"{100 * tr.bytes_done // tr.bytes_total}%"
+        else:
+            xfer = "-"
+        row: list[object] = [m.job_id] if with_job else []
+        row += [_CAUSE_SHORT.get(m.cause, m.cause[:10]) + ("!" if m.emergency else ""),
+                f"{m.from_region or '-'}>{m.to_region or '?'}",
+                f"{m.from_world_size}>{m.to_world_size or '?'}",
+                _secs(m.checkpoint_s) if done else "-", xfer,
+                _secs(m.total_s) if done else m.state, _secs(m.orchestration_s) if done else "-"]
         t.add_row(*row)
     return t
 
