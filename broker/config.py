@@ -51,9 +51,9 @@ class BrokerConfig(BaseModel):
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
-    # Optional policy, off by default: move a running job when clearly cheaper capacity
-    # appears (only when the expected saving exceeds the migration's cost).
-    better_capacity_moves: bool = False
+    # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
+    # (broker/telemetry.py; README "Observability").
+    metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
     max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
     max_page_size: int = 1000
     default_page_size: int = 100
