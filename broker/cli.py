@@ -459,6 +459,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         ("scheduler_interval", "scheduler_interval_s"),
         ("heartbeat_interval", "heartbeat_interval_s"),
         ("agent_timeout", "agent_timeout_s"),
+        ("metrics_listen", "metrics_listen"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -657,6 +658,8 @@ def build_parser() -> _Parser:
     s.add_argument("--scheduler-interval", type=float, metavar="S")
     s.add_argument("--heartbeat-interval", type=float, metavar="S")
     s.add_argument("--agent-timeout", type=float, metavar="S")
+    s.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on /metrics here (default off)")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")
     s.set_defaults(local=cmd_serve)
 

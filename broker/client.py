@@ -39,6 +39,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from broker import telemetry
 from computebroker.v1 import (
     capacity_pb2,
     capacity_pb2_grpc,
@@ -434,12 +435,13 @@ class BrokerClient:
         idempotent: bool,
         job_id: str | None = None,
         timeout: float | None = None,
+        extra_metadata: Sequence[tuple[str, str]] = (),
     ) -> T:
+        metadata = [*self.metadata, *extra_metadata] or None
+
         def once() -> T:
             try:
-                return method(
-                    request, timeout=timeout or self.timeout, metadata=self.metadata or None
-                )
+                return method(request, timeout=timeout or self.timeout, metadata=metadata)
             except grpc.RpcError as e:
                 raise _translate(e, self.address, job_id=job_id) from None
 
@@ -469,7 +471,12 @@ class BrokerClient:
         request = jobs_pb2.SubmitJobRequest(
             spec=_spec_to_proto(spec), client_request_id=client_request_id or str(uuid.uuid4())
         )
-        resp = self._call(self._jobs.SubmitJob, request, idempotent=True)
+        # A "submit_job" span when the application traces; its traceparent travels in the
+        # metadata and becomes the parent of the job's whole trace (broker/telemetry.py).
+        with telemetry.client_span("submit_job", **{"cb.team": request.spec.team}) as trace_md:
+            resp = self._call(self._jobs.SubmitJob, request, idempotent=True,
+                              extra_metadata=trace_md)
+            telemetry.set_attributes(**{"cb.job.id": resp.job.id, "cb.created": resp.created})
         return JobHandle(self, resp.job.id, job=resp.job, created=resp.created)
 
     def job(self, job_id: str) -> JobHandle:

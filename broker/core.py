@@ -42,6 +42,7 @@ from broker.lifecycle import (
     phase_name,
 )
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound, Store
+from broker.telemetry import BrokerTelemetry
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -77,6 +78,7 @@ class BrokerCore:
         self._progress_marks: dict[str, tuple[float, int]] = {}
         self._logs_lock = threading.Lock()
         self._logs: dict[str, list[str]] = {}
+        self.telemetry = BrokerTelemetry()  # spans always (no-op unless tracing); metrics once started
 
     def set_poke(self, poke: Callable[[], None]) -> None:
         self._poke = poke
@@ -143,6 +145,7 @@ class BrokerCore:
             job.spec.priority_class = self.config.default_priority_class
         if not self.agents.any_registered():
             job.pending_reason = "no regions registered yet"
+        self.telemetry.stamp_job(job)  # the job's traceparent (JobService opened its span)
         res = spec.resources
         ev = pb.JobEvent(
             job_id=job.id, time=now, from_phase=pb.JOB_PHASE_UNSPECIFIED, to_phase=PENDING,
@@ -249,6 +252,7 @@ class BrokerCore:
             resume_from=stored.progress.last_checkpoint_uri,
             transfer_mode=self.config.migration_transfer_mode,
         ))
+        self.telemetry.launched(stored, msg.launch)  # span + TRACEPARENT in the Launch env
         if not self.agents.send(admission.agent_id, msg, "launch", stored.id, stored.attempt):
             log.warning("launch of %s attempt %d: agent %s went away; reconcile/timeout will "
                         "relaunch", stored.id, stored.attempt, admission.agent_id)
@@ -310,6 +314,7 @@ class BrokerCore:
         msg = apb.BrokerMessage(stop=apb.Stop(
             job_id=job.id, attempt=job.attempt, reason=STOP_REASONS.get(why, apb.STOP_REASON_UNSPECIFIED),
             checkpoint_first=checkpoint_first, grace_s=grace_s))
+        self.telemetry.stop_sent(job, why, checkpoint_first=checkpoint_first, grace_s=grace_s)
         return self.agents.send(job.placement.agent_id, msg, "stop", job.id, job.attempt)
 
     def send_stale_stop(self, agent: AgentState, job_id: str, attempt: int) -> None:

@@ -48,7 +48,9 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("spec is missing")
         if len(request.client_request_id) > 200:
             raise InvalidArgument("client_request_id is longer than 200 characters")
-        job, created = self.core.submit(request.spec, request.client_request_id, actor_of(context))
+        # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
+        with self.core.telemetry.job_span(context.invocation_metadata()):
+            job, created = self.core.submit(request.spec, request.client_request_id, actor_of(context))
         return jpb.SubmitJobResponse(job=job, created=created)
 
     @rpc

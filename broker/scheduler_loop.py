@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import placement
 from broker import plan_watch
@@ -79,10 +80,14 @@ class SchedulerLoop:
             draining=draining, priority_of=core.priority_of,
         )
         self.passes += 1
+        core.telemetry.observe(snapshot, live, core.agents.all())
         if not snapshot.pending and not snapshot.running:
             return placement.Decisions()
-        decisions = placement.schedule(snapshot)
-        self.apply(decisions, live, snapshot)
+        with core.telemetry.schedule_pass(snapshot):
+            t0 = time.perf_counter()
+            decisions = placement.schedule(snapshot)
+            core.telemetry.placed(time.perf_counter() - t0)
+            self.apply(decisions, live, snapshot)
         return decisions
 
     def apply(self, decisions: placement.Decisions, live: list[pb.Job],
@@ -93,6 +98,7 @@ class SchedulerLoop:
         for adm in decisions.admissions:
             if core.launch(adm.job_id, adm) is not None:
                 admitted.add(adm.job_id)
+                core.telemetry.admitted(by_id.get(adm.job_id), adm, snapshot.now)
         for pre in decisions.preemptions:
             victim = by_id.get(pre.job_id)
             beneficiary = by_id.get(pre.for_job_id)
@@ -100,7 +106,7 @@ class SchedulerLoop:
                 continue
             who = (f"{pre.for_job_id} (team {beneficiary.spec.team}, priority"
                    f" {beneficiary.spec.priority_class})" if beneficiary else pre.for_job_id)
-            core.request_stop(
+            stopping = core.request_stop(
                 pre.job_id, "preempt", actor="scheduler", reason=pre.reason or "preempted",
                 message=f"preempted for {who}: {pre.message or pre.reason}; work at risk"
                         f" {pre.work_lost_gpu_s:.0f} GPU-s since the last checkpoint",
@@ -108,6 +114,8 @@ class SchedulerLoop:
                          "for_team": beneficiary.spec.team if beneficiary else "",
                          "work_lost_gpu_s": f"{pre.work_lost_gpu_s:.1f}"},
             )
+            if stopping is not None:
+                core.telemetry.preempted(victim, pre.reason)
         reasons = dict(decisions.pending_reasons)
         if not snapshot.nodes:
             default = ("no regions registered yet" if not core.agents.any_registered()

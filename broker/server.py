@@ -22,6 +22,7 @@ from broker.core import BrokerCore
 from broker.jobs_service import JobService
 from broker.scheduler_loop import SchedulerLoop
 from broker.store import Store, open_store
+from broker.telemetry import setup_tracing
 from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class BrokerServer:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port = 0
+        self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
 
     @property
     def holder(self) -> str:
@@ -49,6 +51,7 @@ class BrokerServer:
         self._store = store
         core = BrokerCore(self.config, store)
         self.core = core
+        self.metrics_port = core.telemetry.start_metrics(self.config.metrics_listen)
         self.scheduler = SchedulerLoop(core, self.holder)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
@@ -86,6 +89,8 @@ class BrokerServer:
                     a.session.close()
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
+        if self.core is not None:
+            self.core.telemetry.close()
         if self._owns_store and self._store is not None:
             self._store.close()
         self._stopped.set()
@@ -99,6 +104,7 @@ def serve(config: BrokerConfig) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_tracing("compute-broker")  # CB_TRACE_FILE / OTEL_EXPORTER_OTLP_ENDPOINT, else off
     server = BrokerServer(config)
     server.start()
     done = threading.Event()

@@ -49,7 +49,9 @@ def main() -> None:
 
         env = load_run_env()
         spec = parse_spec(os.environ.get("CB_TRAINER_CONFIG", ""))
-        code = train(spec, env, flags)
+        from trainer.telemetry import traced_attempt
+
+        code = traced_attempt(train, spec, env, flags)  # a span when TRACEPARENT + exporter
     except TrainerError as exc:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from trainer import telemetry
 from trainer.config import ModelConfig
 from trainer.errors import TrainerError
 from trainer.storage import MANIFEST, Store, open_store, split_checkpoint_uri, step_name
@@ -175,7 +176,8 @@ class CheckpointManager:
         try:
             fut.result()
             if self.rank == 0:
-                self._commit(step, samples_seen)
+                nbytes = self._commit(step, samples_seen)
+                telemetry.record_span("checkpoint_save", t0, step=step, bytes=nbytes, blocked_s=blocked)
             with self._lock:
                 self.last_durable_step = max(self.last_durable_step, step)
             self.stats.append(
@@ -186,7 +188,7 @@ class CheckpointManager:
         except BaseException as exc:  # noqa: BLE001 - surfaced on the training thread
             self._error = exc
 
-    def _commit(self, step: int, samples_seen: int) -> None:
+    def _commit(self, step: int, samples_seen: int) -> int:
         name = step_name(step)
         files = self.store.list_files(name)
         manifest = dict(self.manifest_base)
@@ -202,6 +204,7 @@ class CheckpointManager:
         )
         self.store.write_manifest(name, manifest)
         self._prune(step)
+        return sum(files.values())
 
     def _prune(self, newest: int) -> None:
         steps = self.store.list_steps()

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from trainer import telemetry
 from trainer.checkpoint import CheckpointManager, find_resume_point
 from trainer.config import RunEnv, TrainerSpec
 from trainer.data import GlobalOrder, SyntheticTokens, micro_batches, rank_slice
@@ -111,6 +112,7 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
         src, name = resume
         t0 = time.perf_counter()
         manifest = ckpt.load(name, store=src)
+        telemetry.checkpoint_loaded(t0, manifest, src.uri(name))
         step, samples_seen = int(manifest["step"]), int(manifest["samples_seen"])
         log(
             rank,
