@@ -339,6 +339,12 @@ class Demo:
 
     def submit(self, client: BrokerClient) -> None:
         specs = demo_jobs(self.args.steps, self.args.checkpoint_every, self.args.step_sleep)
+        if self.args.spot_demo:
+            # Pin the spot job to spot capacity so the notice has a target (left to itself
+            # the scheduler may prefer idle prepaid plan nodes, which are cheaper still).
+            for sp in specs:
+                if sp.spot_ok:
+                    sp.capacity_types = ["spot"]
         for spec in specs[: max(1, min(self.args.jobs, len(specs)))]:
             handle = client.submit(spec)
             self.handles.append(handle)
@@ -539,6 +545,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
 
     with contextlib.suppress(ValueError):  # not the main thread (tests): keep defaults
         signal.signal(signal.SIGTERM, on_term)
+    if getattr(args, "spot_demo", False) and not args.step_sleep:
+        args.step_sleep = 0.2  # slow enough that the move is visible while jobs still run
     try:
         demo.prepare_work_dir()
         console.print(Text.assemble(("Compute Broker demo", "bold"), f"  work dir: {demo.work}"))
