@@ -77,17 +77,32 @@ class QuotaLedger:
         # pass change nothing, so this turns the cohort walk into a dict hit).
         self._room: dict[tuple[str, str], float] = {}
         self._cohort: dict[tuple[str, str], tuple[int, int]] = {}
+        self._keys: dict[tuple[str, str], str] = {}
+        self._share: dict[tuple[str, str], float] = {}  # like _room
+        # Totals per (team, accelerator) first, then per quota line: thousands of
+        # pending jobs share a few dozen (team, accelerator) pairs.
+        by_acc: dict[tuple[str, str], int] = {}
         for r in running:
-            k = (r.team, self.key(r.team, r.accelerator))
-            self.used[k] = self.used.get(k, 0) + r.gpus
+            k = (r.team, r.accelerator)
+            by_acc[k] = by_acc.get(k, 0) + r.gpus
+        for (team, acc), gpus in by_acc.items():
+            k = (team, self.key(team, acc))
+            self.used[k] = self.used.get(k, 0) + gpus
+        by_acc = {}
         for j in pending:
-            k = (j.team, self.key(j.team, j.accelerator))
-            self.demand[k] = self.demand.get(k, 0) + j.gpus
+            k = (j.team, j.accelerator)
+            by_acc[k] = by_acc.get(k, 0) + j.nodes * j.gpus_per_node
+        for (team, acc), gpus in by_acc.items():
+            k = (team, self.key(team, acc))
+            self.demand[k] = self.demand.get(k, 0) + gpus
 
     def key(self, team: str, accelerator: str) -> str:
-        if accelerator and (team, accelerator) in self.nominal:
-            return accelerator
-        return ""
+        """The quota line a job of ``team`` asking for ``accelerator`` is charged to (cached)."""
+        ta = (team, accelerator)
+        k = self._keys.get(ta)
+        if k is None:
+            k = self._keys[ta] = accelerator if accelerator and ta in self.nominal else ""
+        return k
 
     def guaranteed(self, team: str, key: str) -> int:
         return self.nominal.get((team, key), 0)
@@ -96,36 +111,49 @@ class QuotaLedger:
         return self.used.get((team, key), 0)
 
     def borrowed(self, team: str, key: str) -> int:
-        return max(0, self.usage(team, key) - self.guaranteed(team, key))
+        k = (team, key)
+        return max(0, self.used.get(k, 0) - self.nominal.get(k, 0))
 
     def lendable(self, team: str, key: str) -> int:
         q = self.quota.get(team)
         if q is None or not q.can_lend or not q.cohort:
             return 0
-        idle = self.guaranteed(team, key) - self.usage(team, key) - self.demand.get((team, key), 0)
+        k = (team, key)
+        idle = self.nominal.get(k, 0) - self.used.get(k, 0) - self.demand.get(k, 0)
         limit = INF if q.lend_limit is None else q.lend_limit
         return int(max(0, min(limit, idle)))
 
     def within_guarantee(self, team: str, key: str, gpus: int) -> bool:
-        return not self.enabled or self.usage(team, key) + gpus <= self.guaranteed(team, key)
+        if not self.enabled:
+            return True
+        k = (team, key)
+        return self.used.get(k, 0) + gpus <= self.nominal.get(k, 0)
 
-    def borrow_room(self, team: str, key: str) -> int:
-        """GPUs the team may still use above its current usage (headroom + borrowable)."""
-        q = self.quota.get(team)
-        headroom = max(0, self.guaranteed(team, key) - self.usage(team, key))
-        if q is None or not q.can_borrow or not q.cohort:
-            return headroom
-        limit = INF if q.borrow_limit is None else q.borrow_limit
-        ck = (q.cohort, key)
+    def _cohort_totals(self, cohort: str, key: str) -> tuple[int, int]:
+        """(sum of lendable, sum of borrowed) over a cohort's members on one line.
+        Computed once, then kept up to date by ``_change`` in O(1)."""
+        ck = (cohort, key)
         agg = self._cohort.get(ck)
         if agg is None:
-            members = self.cohorts.get(q.cohort, ())
+            members = self.cohorts.get(cohort, ())
             agg = self._cohort[ck] = (
                 sum(self.lendable(m, key) for m in members),
                 sum(self.borrowed(m, key) for m in members),
             )
+        return agg
+
+    def borrow_room(self, team: str, key: str) -> int:
+        """GPUs the team may still use above its current usage (headroom + borrowable)."""
+        q = self.quota.get(team)
+        k = (team, key)
+        g, u = self.nominal.get(k, 0), self.used.get(k, 0)
+        headroom = max(0, g - u)
+        if q is None or not q.can_borrow or not q.cohort:
+            return headroom
+        limit = INF if q.borrow_limit is None else q.borrow_limit
+        agg = self._cohort_totals(q.cohort, key)
         pool = agg[0] - self.lendable(team, key)  # what the others lend
-        mine = self.borrowed(team, key)
+        mine = max(0, u - g)
         new_borrow = max(0, min(limit - mine, pool - agg[1]))
         return int(headroom + new_borrow)
 
@@ -140,23 +168,34 @@ class QuotaLedger:
         return r
 
     def _change(self, team: str, key: str, used: int, demand: int) -> None:
-        """Apply a usage/demand delta, keeping the cohort aggregate up to date in O(1)."""
-        q = self.quota.get(team)
-        ck = (q.cohort, key) if q is not None and q.cohort else None
-        agg = self._cohort.get(ck) if ck else None
-        if agg is not None:
-            before = (self.lendable(team, key), self.borrowed(team, key))
+        """Apply a usage/demand delta, keeping the cohort aggregate up to date in O(1).
+
+        Runs once per admission, so lendable() and borrowed() are inlined here for
+        the values before and after the change (same formulas)."""
         k = (team, key)
+        u0, d0 = self.used.get(k, 0), self.demand.get(k, 0)
+        u1 = u0 + used
+        d1 = max(0, d0 + demand) if demand else d0
         if used:
-            self.used[k] = self.used.get(k, 0) + used
+            self.used[k] = u1
         if demand:
-            self.demand[k] = max(0, self.demand.get(k, 0) + demand)
-        if agg is not None:
-            self._cohort[ck] = (
-                agg[0] + self.lendable(team, key) - before[0],
-                agg[1] + self.borrowed(team, key) - before[1],
-            )
+            self.demand[k] = d1
         self._room.clear()
+        self._share.clear()
+        q = self.quota.get(team)
+        if q is None or not q.cohort:
+            return
+        ck = (q.cohort, key)
+        agg = self._cohort.get(ck)
+        if agg is None:
+            return
+        g = self.nominal.get(k, 0)
+        l0 = l1 = 0
+        if q.can_lend:
+            limit = INF if q.lend_limit is None else q.lend_limit
+            l0 = int(max(0, min(limit, g - u0 - d0)))
+            l1 = int(max(0, min(limit, g - u1 - d1)))
+        self._cohort[ck] = (agg[0] + l1 - l0, agg[1] + max(0, u1 - g) - max(0, u0 - g))
 
     def admit(self, team: str, key: str, gpus: int, requested: int) -> None:
         """A pending job of ``requested`` GPUs now holds ``gpus`` (elastic: fewer)."""
@@ -171,9 +210,13 @@ class QuotaLedger:
 
     def share(self, team: str, key: str) -> float:
         """Fair-sharing order among borrowers: borrowed GPUs / weight (lower first)."""
-        q = self.quota.get(team)
-        w = q.weight if q is not None and q.weight > 0 else 1.0
-        return self.borrowed(team, key) / w
+        k = (team, key)
+        s = self._share.get(k)
+        if s is None:
+            q = self.quota.get(team)
+            w = q.weight if q is not None and q.weight > 0 else 1.0
+            s = self._share[k] = max(0, self.used.get(k, 0) - self.nominal.get(k, 0)) / w
+        return s
 
     def explain(self, team: str, key: str, gpus: int) -> str:
         if team not in self.quota:
@@ -184,8 +227,10 @@ class QuotaLedger:
         msg = f"team {team} over quota for {acc}: uses {u} of {g} guaranteed GPUs and needs {gpus} more"
         if not q.cohort or not q.can_borrow:
             return msg + " (borrowing disabled)"
-        pool = sum(self.lendable(m, key) for m in self.cohorts[q.cohort] if m != team)
-        taken = sum(self.borrowed(m, key) for m in self.cohorts[q.cohort])
+        # The cohort totals, minus this team's own lending (same numbers as summing
+        # over the other members, without the walk).
+        lendable, taken = self._cohort_totals(q.cohort, key)
+        pool = lendable - self.lendable(team, key)
         lim = "unlimited" if q.borrow_limit is None else str(q.borrow_limit)
         return msg + f"; cohort {q.cohort} has {max(0, pool - taken)} idle GPUs to lend (borrow limit {lim})"
 

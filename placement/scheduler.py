@@ -64,6 +64,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from operator import attrgetter
 
 from placement.firstfit import allowed_types
 from placement.model import (
@@ -75,11 +76,13 @@ from placement.model import (
     Reservation,
     RunningJob,
     Snapshot,
+    TopologyLevel,
 )
 from placement.quota import QuotaLedger
 from placement.topology import (
     AGENT_LEVEL,
     LEVEL_NAMES,
+    NODE_LEVEL,
     CapacityIndex,
     Domain,
     Partition,
@@ -98,6 +101,13 @@ REASON_PRIORITY = "higher_priority"
 Placed = tuple[Partition, int, Domain | None, list[Slot]]
 
 
+_by_id = attrgetter("id")
+_by_submit_id = attrgetter("submit_time", "id")
+_by_priority = attrgetter("priority")
+# level_of per TopologyLevel, looked up by int (enum members hash in Python code).
+_LEVEL = {int(lvl): level_of(lvl) for lvl in TopologyLevel}
+
+
 def schedule(snapshot: Snapshot) -> Decisions:
     """Decide admissions, preemptions, reservations and pending reasons. Pure."""
     return _Pass(snapshot).run()
@@ -113,8 +123,10 @@ def _tier_text(part: Partition) -> str:
 
 def safe_point_s(job: JobRequest) -> float:
     """Seconds from a fresh start until the job checkpoints or finishes."""
-    vals = [v for v in (job.checkpoint_interval_s, job.expected_duration_s) if v > 0]
-    return min(vals) if vals else UNKNOWN_SAFE_POINT_S
+    c, e = job.checkpoint_interval_s, job.expected_duration_s
+    if c > 0:
+        return min(c, e) if e > 0 else c
+    return e if e > 0 else UNKNOWN_SAFE_POINT_S
 
 
 def work_lost_gpu_s(run: RunningJob, now: float) -> float:
@@ -128,15 +140,16 @@ class _Pass:
     def __init__(self, snap: Snapshot) -> None:
         self.now = snap.now
         self.snap = snap
-        nodes = sorted(snap.nodes, key=lambda n: n.id)
-        self.running = sorted(snap.running, key=lambda r: r.id)
-        self.pending = sorted(snap.pending, key=lambda j: (-j.priority, j.submit_time, j.id))
-        used: dict[str, int] = defaultdict(int)
-        self.jobs_on_node: dict[str, list[RunningJob]] = defaultdict(list)
+        nodes = sorted(snap.nodes, key=_by_id)
+        self.running = sorted(snap.running, key=_by_id)
+        # Queue order (-priority, submit_time, id) as two stable C-level sorts: the
+        # same order as one sort on a built key tuple, at half the cost.
+        self.pending = sorted(snap.pending, key=_by_submit_id)
+        self.pending.sort(key=_by_priority, reverse=True)
+        used: dict[str, int] = {}
         for r in self.running:
             for node_id, g in r.allocations:
-                used[node_id] += g
-                self.jobs_on_node[node_id].append(r)
+                used[node_id] = used.get(node_id, 0) + g
         now_nodes, future_nodes = [], []
         for n in nodes:
             if not n.healthy or n.cordoned or n.region in snap.draining_regions:
@@ -163,11 +176,17 @@ class _Pass:
         self.decisions = Decisions()
         self.claimed: set[str] = set()
         self.elig_cache: dict[tuple, object] = {}
+        self.elig_by_safe: dict[tuple, list[tuple[tuple, Partition]]] = {}
+        # per eligible list (by id): (rank group, price, risk, partition) for _place
+        self.place_plan: dict[int, list[tuple[tuple, float, float, Partition]]] = {}
         self.fail_cache: dict[tuple, int] = {}
         self.searches = 0
         self.by_team: dict[str, list[RunningJob]] = defaultdict(list)
+        # RunningJob.gpus sums its allocations on every access; victim search reads it often.
+        self.rgpus: dict[int, int] = {}
         for r in self.running:
             self.by_team[r.team].append(r)
+            self.rgpus[id(r)] = r.gpus
         self.preempt_fail: dict[tuple, int] = {}
         self.block_cache: dict[tuple, tuple[int, str]] = {}
         self.tier_text: dict[int, str] = {}
@@ -180,26 +199,110 @@ class _Pass:
 
     def run(self) -> Decisions:
         led = self.ledger
-        deferred: dict[str, list[JobRequest]] = {}
+        keyof = led.key
+        try_ = self._try
+        deferred: dict[str, list[tuple[JobRequest, str]]] = {}
+        if not led.enabled:
+            for job in self.pending:
+                try_(job, keyof(job.team, job.accelerator))
+            return self.decisions
+        within = led.within_guarantee
         for job in self.pending:
-            key = led.key(job.team, job.accelerator)
-            if not led.enabled or led.within_guarantee(job.team, key, self._min_gpus(job)):
-                self._try(job, key)
+            team, nodes, mn = job.team, job.nodes, job.min_nodes
+            key = keyof(team, job.accelerator)
+            if within(team, key, (mn if 0 < mn < nodes else nodes) * job.gpus_per_node):  # _min_gpus
+                try_(job, key)
             else:
-                deferred.setdefault(job.team, []).append(job)
+                deferred.setdefault(team, []).append((job, key))
         heap = []
         for order, team in enumerate(sorted(deferred)):
-            jobs = deferred[team]
-            heap.append((led.share(team, led.key(team, jobs[0].accelerator)), order, team, 0))
+            heap.append((led.share(team, deferred[team][0][1]), order, team, 0))
         heapq.heapify(heap)
+        share = led.share
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            _, order, team, i = heapq.heappop(heap)
-            job = deferred[team][i]
-            self._try(job, led.key(job.team, job.accelerator))
-            if i + 1 < len(deferred[team]):
-                nxt = deferred[team][i + 1]
-                heapq.heappush(heap, (led.share(team, led.key(team, nxt.accelerator)), order, team, i + 1))
+            _, order, team, i = pop(heap)
+            jobs = deferred[team]
+            n = len(jobs)
+            while True:
+                job, key = jobs[i]
+                settled = self.searches >= MAX_PREEMPTION_SEARCHES and self._out_of_quota(job, key)
+                if not settled:
+                    try_(job, key)
+                i += 1
+                if i >= n:
+                    break
+                nxt = (share(team, jobs[i][1]), order, team, i)
+                if heap and heap[0] < nxt:
+                    push(heap, nxt)
+                    break
+                # else nxt is the smallest entry (entries never tie: `order` is
+                # unique), so push + pop would hand it straight back: skip both.
+                if settled and jobs[i][1] == key:
+                    # Nothing changed since the job before (no admission, no
+                    # preemption), so for the team's following jobs on the same
+                    # quota line the share and the test above give the same answer
+                    # every time: settle the out-of-quota run in one tight loop.
+                    i = self._settle_out_of_quota(team, key, jobs, i)
+                    if i >= n:
+                        break
+                    if jobs[i][1] != key:  # a new line: its share decides the turn
+                        nxt = (share(team, jobs[i][1]), order, team, i)
+                        if heap and heap[0] < nxt:
+                            push(heap, nxt)
+                            break
         return self.decisions
+
+    def _out_of_quota(self, job: JobRequest, key: str) -> bool:
+        """Borrowing phase, once the preemption searches are spent: most jobs left
+        are simply over their team's quota. This is ``_try``'s first test (same
+        outcome and reason text) in one call: True when the job was recorded as
+        pending for quota, False when ``_try`` must handle it."""
+        g, nodes, mn = job.gpus_per_node, job.nodes, job.min_nodes
+        if nodes <= 0 or g <= 0:
+            return False
+        led = self.ledger
+        team = job.team
+        gpus = nodes * g
+        used = led.usage(team, key)
+        if used + gpus <= led.guaranteed(team, key):  # within_guarantee: _try admits or places
+            return False
+        room = led.room(team, key)
+        if room == math.inf or min(nodes, int(room) // g) >= (mn if 0 < mn < nodes else nodes):
+            return False
+        rk = (team, key, gpus, used, room)
+        msg = self.reason_cache.get(rk)
+        if msg is None:
+            msg = self.reason_cache[rk] = led.explain(team, key, gpus)
+        self.decisions.pending_reasons[job.id] = msg
+        return True
+
+    def _settle_out_of_quota(self, team: str, key: str, jobs: list[tuple[JobRequest, str]], i: int) -> int:
+        """``_out_of_quota`` for ``jobs[i:]`` while they stay on ``key`` and out of
+        quota, with the ledger read once (it cannot change in between). Returns the
+        index of the first job it did not settle."""
+        led = self.ledger
+        room = led.room(team, key)
+        if room == math.inf:
+            return i
+        used, nominal, iroom = led.usage(team, key), led.guaranteed(team, key), int(room)
+        reasons, cache = self.decisions.pending_reasons, self.reason_cache
+        n = len(jobs)
+        while i < n:
+            job, k = jobs[i]
+            g, nodes, mn = job.gpus_per_node, job.nodes, job.min_nodes
+            if k != key or nodes <= 0 or g <= 0:
+                break
+            gpus = nodes * g
+            if used + gpus <= nominal or min(nodes, iroom // g) >= (mn if 0 < mn < nodes else nodes):
+                break
+            rk = (team, key, gpus, used, room)
+            msg = cache.get(rk)
+            if msg is None:
+                msg = cache[rk] = led.explain(team, key, gpus)
+            reasons[job.id] = msg
+            i += 1
+        return i
 
     @staticmethod
     def _min_gpus(job: JobRequest) -> int:
@@ -210,14 +313,19 @@ class _Pass:
     # ---- one job ----------------------------------------------------------------------
 
     def _try(self, job: JobRequest, key: str) -> None:
-        led = self.ledger
-        g = job.gpus_per_node
-        if job.nodes <= 0 or g <= 0:
+        g, nodes, mn = job.gpus_per_node, job.nodes, job.min_nodes
+        if nodes <= 0 or g <= 0:
             self._pending(job, "job asks for no GPUs (nodes and gpus_per_node must be > 0)")
             return
-        lo = job.min_nodes if 0 < job.min_nodes < job.nodes else job.nodes
-        room = led.room(job.team, key)
-        n_quota = job.nodes if room == math.inf else min(job.nodes, int(room) // g)
+        lo = mn if 0 < mn < nodes else nodes
+        led = self.ledger
+        if led.within_guarantee(job.team, key, nodes * g):
+            # room() >= guarantee headroom >= the full size: skip computing it (the
+            # room cache is reset by every admission, and most admissions are here).
+            n_quota = nodes
+        else:
+            room = led.room(job.team, key)
+            n_quota = nodes if room == math.inf else min(nodes, int(room) // g)
         if n_quota < lo and self.searches >= MAX_PREEMPTION_SEARCHES:
             self._quota_pending(job, key)  # fast path: nothing more to try this pass
             return
@@ -225,8 +333,8 @@ class _Pass:
         if not elig:
             self._pending(job, self._no_capacity_reason(job))
             return
-        req = level_of(job.required)
-        pref = level_of(job.preferred) if job.preferred else req
+        req = _LEVEL.get(job.required) or level_of(job.required)
+        pref = (_LEVEL.get(job.preferred) or level_of(job.preferred)) if job.preferred else req
         if n_quota < lo:
             # Quota is the blocker: a higher-priority job may preempt its own team's
             # lower-priority jobs.
@@ -259,11 +367,21 @@ class _Pass:
         """Eligible partitions, best-ranked first. Cached in two steps: the static
         filters by job signature, then the plan-window check (which depends on the
         job's safe point) by which windowed partitions it passes, so jobs with
-        different durations still share one list object (and one fail cache)."""
+        different durations still share one list object (and one fail cache).
+        A front cache by (signature, safe point) skips the window checks for the
+        many jobs that repeat both; it returns the very same list object."""
         sig = (
             job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
             job.max_price_per_gpu_hour, job.gpus_per_node, job.dataset_region, job.preferred_regions,
         )
+        t_safe = safe_point_s(job)
+        fk = (sig, t_safe)
+        out = self.elig_by_safe.get(fk)
+        if out is None:
+            out = self.elig_by_safe[fk] = self._eligible_slow(job, sig, t_safe)
+        return out
+
+    def _eligible_slow(self, job: JobRequest, sig: tuple, t_safe: float) -> list[tuple[tuple, Partition]]:
         hit = self.elig_cache.get(sig)
         if hit is None:
             base = []
@@ -277,7 +395,6 @@ class _Pass:
         base, windowed = hit
         if not windowed:
             return base
-        t_safe = safe_point_s(job)
         passes = tuple(self._window_ok(p, t_safe) for p in windowed)
         wkey = (sig, passes)
         out = self.elig_cache.get(wkey)
@@ -327,34 +444,48 @@ class _Pass:
 
     def _place(self, job: JobRequest, n: int, elig, pref: int, req: int, cache: bool = True) -> Placed | None:
         g = job.gpus_per_node
-        excluded = [self.index.slot_by_id[i] for i in sorted(job.excluded_nodes) if i in self.index.slot_by_id]
+        index = self.index
+        excluded = []
+        if job.excluded_nodes:
+            excluded = [index.slot_by_id[i] for i in sorted(job.excluded_nodes) if i in index.slot_by_id]
         use_cache = cache and not excluded
-        caps = self.caps.get(job.team)
+        caps = self.caps.get(job.team) if self.caps else None
         ck = (id(elig), g, pref, req, job.team if caps else "")
         if use_cache and self.fail_cache.get(ck, 1 << 30) <= n:
             return None
+        plan = self.place_plan.get(id(elig))
+        if plan is None:  # the rank tuple's slices, once per eligible list
+            plan = self.place_plan[id(elig)] = [(rank[:3], rank[3], rank[4], part) for rank, part in elig]
         saved = [(s, s.free) for s in excluded]
         for s in excluded:
-            self.index.set_free(s, 0)
+            index.set_free(s, 0)
+        find, best_single = index.find, index.best_single
         try:
-            levels = [pref, req] if pref < req else [req]
+            levels = (pref, req) if pref < req else (req,)
             for max_level in levels:
                 best = None
                 best_key = None
                 best_group = None
-                for rank, part in elig:
-                    group = rank[:3]
+                for group, price, risk, part in plan:
                     if best is not None and group != best_group:
                         break
+                    if g > part.maxg or part.root.cnt[g] < n:
+                        continue  # find's own first test, without the call
                     if caps and part.region in caps and (
                         self.region_used[(job.team, part.region)] + n * g > caps[part.region]
                     ):
                         continue
-                    r = self.index.find(part, n, g, max_level)
-                    if r is None:
-                        continue
+                    if n == 1:  # find's single-node branch, without the call
+                        slot = best_single(part, g)
+                        if slot is None:
+                            continue
+                        r = (NODE_LEVEL, None, [slot])
+                    else:
+                        r = find(part, n, g, max_level)
+                        if r is None:
+                            continue
                     level, dom, slots = r
-                    k = (level, rank[3], rank[4], part.order)
+                    k = (level, price, risk, part.order)
                     if best_key is None or k < best_key:
                         best, best_key, best_group = (part, level, dom, slots), k, group
                 if best is not None:
@@ -370,8 +501,9 @@ class _Pass:
         """Take the GPUs, charge the quota, and say where and why, for people."""
         part, level, dom, slots = placed
         g = job.gpus_per_node
+        set_free = self.index.set_free
         for s in slots:
-            self.index.take(s, g)
+            set_free(s, s.free - g)
         n = len(slots)
         self.ledger.admit(job.team, key, n * g, job.gpus)
         if job.team in self.caps:
@@ -419,7 +551,7 @@ class _Pass:
             lower = self.lower_gpus.get(lk)
             if lower is None:
                 lower = self.lower_gpus[lk] = sum(
-                    r.gpus for r in self.by_team.get(job.team, ())
+                    self.rgpus[id(r)] for r in self.by_team.get(job.team, ())
                     if r.priority < job.priority and (r.preemptible or r.stopping)
                     and led.key(r.team, r.accelerator) == key
                 )
@@ -458,7 +590,8 @@ class _Pass:
         for sl, gg in freed.items():
             if sl.free < g <= sl.free + gg:
                 gained[id(sl.part)] += 1
-        own_total = sum(c[1].gpus for c in cands if c[1].team == job.team)
+        rg = self.rgpus
+        own_total = sum(rg[id(c[1])] for c in cands if c[1].team == job.team)
         if own_total < need_quota or not any(p.root.cnt[g] + gained[id(p)] >= n for _, p in elig if g <= p.maxg):
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
@@ -466,7 +599,7 @@ class _Pass:
         # Shortest prefix of the victim order that lets the job place (quota and
         # topology), found by galloping + bisection: both "enough quota freed" and
         # "a domain holds the gang" only get truer as victims are added.
-        own = [r.gpus if r.team == job.team else 0 for _, r, _ in cands]
+        own = [rg[id(r)] if r.team == job.team else 0 for _, r, _ in cands]
         cur = 0
 
         def move_to(k: int) -> None:
@@ -514,7 +647,7 @@ class _Pass:
         freed_quota = sum(own[:hi_k])
         for r, why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
             self._release(r, give=False)
-            fq = freed_quota - (r.gpus if r.team == job.team else 0)
+            fq = freed_quota - (rg[id(r)] if r.team == job.team else 0)
             trial = self._place(job, n, elig, pref, req, cache=False) if fq >= need_quota else None
             if trial is not None:
                 chosen.remove((r, why))
@@ -530,7 +663,7 @@ class _Pass:
             self.index.take(s, min(s.free, g))
         for r, _ in chosen:
             self.claimed.add(r.id)
-            led.add(r.team, led.key(r.team, r.accelerator), -r.gpus)
+            led.add(r.team, led.key(r.team, r.accelerator), -rg[id(r)])
             if r.team in self.caps:
                 for node_id, gg in r.allocations:
                     sl = self.index.slot_by_id.get(node_id)
@@ -542,7 +675,7 @@ class _Pass:
         where = "one node" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
         names = []
         for r, why in chosen:
-            lost = work_lost_gpu_s(r, self.now)
+            lost = self._lost(r)
             if why == REASON_RECLAIM:
                 msg = (f"preempted by {job.id}: team {job.team} reclaims its guaranteed quota lent to "
                        f"team {r.team}; {lost:.0f} GPU-s of work since the last checkpoint")
@@ -569,13 +702,21 @@ class _Pass:
         if out is None:
             led = self.ledger
             out = sorted(
-                ((0 if r.stopping else 1, r.priority, work_lost_gpu_s(r, self.now), -r.gpus, r.id), r)
+                ((0 if r.stopping else 1, r.priority, self._lost(r), -self.rgpus[id(r)], r.id), r)
                 for r in self.by_team.get(team, ())
                 # a job already stopping counts as soon-free, whatever its preemptible flag
                 if (r.preemptible or r.stopping) and led.key(r.team, r.accelerator) == key
             )
             self.victim_lists[ck] = out
         return out
+
+    def _lost(self, r: RunningJob) -> float:
+        """work_lost_gpu_s(r, now) with the job's GPU count read from ``rgpus``."""
+        if r.stopping:
+            return 0.0
+        gpus = self.rgpus[id(r)]
+        since = r.last_checkpoint_time or r.started_time
+        return max(0.0, self.now - since) * gpus + r.restart_cost_s * gpus
 
     def _release(self, r: RunningJob, give: bool) -> None:
         for node_id, g in r.allocations:
@@ -628,11 +769,12 @@ class _Pass:
 
     def _quota_pending(self, job: JobRequest, key: str) -> None:
         led = self.ledger
-        rk = (job.team, key, job.gpus, led.usage(job.team, key), led.room(job.team, key))
+        team, gpus = job.team, job.nodes * job.gpus_per_node
+        rk = (team, key, gpus, led.usage(team, key), led.room(team, key))
         msg = self.reason_cache.get(rk)
         if msg is None:
-            msg = self.reason_cache[rk] = led.explain(job.team, key, job.gpus)
-        self._pending(job, msg)
+            msg = self.reason_cache[rk] = led.explain(team, key, gpus)
+        self.decisions.pending_reasons[job.id] = msg
 
     def _pending(self, job: JobRequest, reason: str) -> None:
         self.decisions.pending_reasons[job.id] = reason
