@@ -125,6 +125,10 @@ def worker(args: argparse.Namespace) -> None:
         s3 = manager(f"s3://{BUCKET}/ckpt")
         out["s3_save_s"] = timed(lambda: s3.save(1, ws, blocking=True))
         out["s3_load_s"] = timed(lambda: s3.load(step_name(1)))
+        if rank == 0:  # free the moto server's memory (it holds objects in RAM)
+            s3.store.delete(step_name(1))
+        m._stager.close()
+        s3._stager.close()
         # async: blocked time vs the sync save above, then until durable
         a = manager(str(args.workdir / "async"), use_async=True)
         dist.barrier()
@@ -137,6 +141,7 @@ def worker(args: argparse.Namespace) -> None:
         # step-time overhead: async checkpoint every `every` steps vs none
         plain = [train_step(10 + i) for i in range(args.steps)]
         a2 = manager(str(args.workdir / "overhead"), use_async=True)
+        a2._stager = a._stager  # one staging cache per rank, as in the trainer
         with_ckpt = []
         for i in range(args.steps):
             t = train_step(100 + i)

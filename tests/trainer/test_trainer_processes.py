@@ -303,3 +303,19 @@ def test_unreachable_s3_exits_2(s3_server: Any, tmp_path: Path) -> None:
 def test_bad_config_exits_2(tmp_path: Path) -> None:
     run = launch(tmp_path, 1, '{"total_steps": 5, "model": "gpt-9"}', str(tmp_path / "ck"))
     _assert_clean_exit_2(run, "global_batch_size", "unknown model preset")
+
+
+def test_bf16_and_activation_checkpointing_run(tmp_path: Path) -> None:
+    """The switchable knobs train and checkpoint (loss is not compared: bf16 differs)."""
+    log = tmp_path / "bf16.jsonl"
+    spec = tiny_spec(
+        total_steps=4,
+        checkpoint_every=2,
+        options={"sample_log": str(log), "mixed_precision": "bf16", "activation_checkpointing": "true"},
+    )
+    run = launch(tmp_path / "run", 2, spec, str(tmp_path / "ck"))
+    wait_ok(run)
+    records = read_log(log)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["loss"] > 0 for r in records)
+    assert (tmp_path / "ck" / step_name(4) / "manifest.json").is_file()
