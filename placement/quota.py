@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from placement.model import JobRequest, RunningJob, Snapshot, TeamQuota
 
 INF = math.inf
+_team_acc = attrgetter("team", "accelerator")  # (team, accelerator) of a job, built in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +85,14 @@ class QuotaLedger:
         # pending jobs share a few dozen (team, accelerator) pairs.
         by_acc: dict[tuple[str, str], int] = {}
         for r in running:
-            k = (r.team, r.accelerator)
+            k = _team_acc(r)
             by_acc[k] = by_acc.get(k, 0) + r.gpus
         for (team, acc), gpus in by_acc.items():
             k = (team, self.key(team, acc))
             self.used[k] = self.used.get(k, 0) + gpus
         by_acc = {}
         for j in pending:
-            k = (j.team, j.accelerator)
+            k = _team_acc(j)
             by_acc[k] = by_acc.get(k, 0) + j.nodes * j.gpus_per_node
         for (team, acc), gpus in by_acc.items():
             k = (team, self.key(team, acc))

@@ -151,17 +151,18 @@ class _Pass:
             for node_id, g in r.allocations:
                 used[node_id] = used.get(node_id, 0) + g
         now_nodes, future_nodes = [], []
+        now, draining = self.now, snap.draining_regions
         for n in nodes:
-            if not n.healthy or n.cordoned or n.region in snap.draining_regions:
+            if not n.healthy or n.cordoned or n.region in draining:
                 continue
-            if n.plan_end is not None and self.now >= n.plan_end:
+            if n.plan_end is not None and now >= n.plan_end:
                 continue
-            future = n.plan_start is not None and self.now < n.plan_start
-            if future:
+            if n.plan_start is not None and now < n.plan_start:  # a plan not started yet
                 future_nodes.append((n, n.gpus))
                 if not n.available_before_plan:
                     continue
-            now_nodes.append((n, max(0, n.gpus - used.get(n.id, 0))))
+            free = n.gpus - used.get(n.id, 0)
+            now_nodes.append((n, free if free > 0 else 0))
         self.index = CapacityIndex(now_nodes)
         self.future = CapacityIndex(future_nodes, future=True)
         self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
@@ -210,8 +211,10 @@ class _Pass:
         for job in self.pending:
             team, nodes, mn = job.team, job.nodes, job.min_nodes
             key = keyof(team, job.accelerator)
-            if within(team, key, (mn if 0 < mn < nodes else nodes) * job.gpus_per_node):  # _min_gpus
-                try_(job, key)
+            elastic = 0 < mn < nodes
+            if within(team, key, (mn if elastic else nodes) * job.gpus_per_node):  # _min_gpus
+                # not elastic: that was the full size, so _try need not ask again
+                try_(job, key, None if elastic else True)
             else:
                 deferred.setdefault(team, []).append((job, key))
         heap = []
@@ -312,14 +315,17 @@ class _Pass:
 
     # ---- one job ----------------------------------------------------------------------
 
-    def _try(self, job: JobRequest, key: str) -> None:
+    def _try(self, job: JobRequest, key: str, within_full: bool | None = None) -> None:
+        """Admit, plan preemptions for, reserve for, or explain one pending job.
+        ``within_full``: the caller already knows the full size is within the
+        team's guarantee (None = find out)."""
         g, nodes, mn = job.gpus_per_node, job.nodes, job.min_nodes
         if nodes <= 0 or g <= 0:
             self._pending(job, "job asks for no GPUs (nodes and gpus_per_node must be > 0)")
             return
         lo = mn if 0 < mn < nodes else nodes
         led = self.ledger
-        if led.within_guarantee(job.team, key, nodes * g):
+        if within_full or led.within_guarantee(job.team, key, nodes * g):
             # room() >= guarantee headroom >= the full size: skip computing it (the
             # room cache is reset by every admission, and most admissions are here).
             n_quota = nodes
@@ -501,35 +507,39 @@ class _Pass:
         """Take the GPUs, charge the quota, and say where and why, for people."""
         part, level, dom, slots = placed
         g = job.gpus_per_node
-        set_free = self.index.set_free
-        for s in slots:
-            set_free(s, s.free - g)
+        self.index.take_each(slots, g)
         n = len(slots)
-        self.ledger.admit(job.team, key, n * g, job.gpus)
-        if job.team in self.caps:
-            self.region_used[(job.team, part.region)] += n * g
-        where = f"one node ({slots[0].info.id})" if dom is None else f"one {LEVEL_NAMES[level]} {dom.label}"
+        team, nodes = job.team, job.nodes
+        self.ledger.admit(team, key, n * g, nodes * g)
+        if team in self.caps:
+            self.region_used[(team, part.region)] += n * g
+        if dom is None:
+            node_id = slots[0].info.id
+            where = f"one node ({node_id})"
+            assignments: tuple[tuple[str, int], ...] = ((node_id, g),)
+        else:
+            where = f"one {LEVEL_NAMES[level]} {dom.label}"
+            assignments = tuple([(s.info.id, g) for s in slots])
         tier = self.tier_text.get(part.order) if not part.future else None
         if tier is None:
             tier = self.tier_text[part.order] = _tier_text(part)
-        extra = []
-        if n < job.nodes:
-            extra.append(f"elastic: {n} of {job.nodes} nodes")
-        if job.dataset_region:
-            extra.append("data local" if part.region == job.dataset_region else f"data egress from {job.dataset_region}")
-        if part.plan_start is not None and self.now < part.plan_start:
-            extra.append(f"backfill before plan start at {part.plan_start:.0f}")
+        expl = f"{n}x{g} GPUs in {where}; {tier}"
+        ds = job.dataset_region
+        backfill = part.plan_start is not None and self.now < part.plan_start
+        if n < nodes or ds or backfill:
+            extra = []
+            if n < nodes:
+                extra.append(f"elastic: {n} of {nodes} nodes")
+            if ds:
+                extra.append("data local" if part.region == ds else f"data egress from {ds}")
+            if backfill:
+                extra.append(f"backfill before plan start at {part.plan_start:.0f}")
+            expl += "; " + "; ".join(extra)
+        # positional: the dataclass's field order (job_id, agent_id, region,
+        # assignments, capacity_type, pool, price_per_gpu_hour, explanation)
         self.decisions.admissions.append(
-            Admission(
-                job_id=job.id,
-                agent_id=part.agent_id,
-                region=part.region,
-                assignments=tuple((s.info.id, g) for s in slots),
-                capacity_type=part.capacity_type,
-                pool=part.pool,
-                price_per_gpu_hour=part.price,
-                explanation=f"{n}x{g} GPUs in {where}; {tier}" + ("; " + "; ".join(extra) if extra else ""),
-            )
+            Admission(job.id, part.agent_id, part.region, assignments, part.capacity_type, part.pool,
+                      part.price, expl)
         )
 
     # ---- preemption -----------------------------------------------------------------

@@ -204,7 +204,8 @@ class CapacityIndex:
         level, creating the missing ones (in first-seen order: ``Domain.order``)."""
         parent = part.root
         chain = [part.root]
-        path: list[str] = []
+        path: list[tuple[int, str]] = []  # the domain's key: (level, label) from the zone down
+        names = [info.region]  # the domain's label: region/zone/.../label
         for lvl, lab in (
             (int(TopologyLevel.ZONE), info.zone),
             (int(TopologyLevel.LAYER_1), info.layer1),
@@ -214,11 +215,11 @@ class CapacityIndex:
         ):
             if not lab and lvl != int(TopologyLevel.ZONE):
                 continue
-            path.append(f"{lvl}:{lab}")
+            path.append((lvl, lab))
+            names.append(lab)
             dkey = tuple(path)
             dom = by_key.get(dkey)
             if dom is None:
-                names = [info.region] + [p.split(":", 1)[1] for p in path]
                 dom = Domain(lvl, "/".join(names), maxg, len(by_key) + 1)
                 by_key[dkey] = dom
                 parent.subs.append(dom)
@@ -252,13 +253,51 @@ class CapacityIndex:
                 for k in ks:
                     cnt[k] += 1
         slot.free = b
-        if slot.info.ultraserver:
+        if slot.klass:  # an UltraServer node (plain nodes are always _PLAIN)
             slot.klass = _US_WHOLE if b == slot.info.gpus else _US_PARTIAL
         if b > 0:
             part.buckets[slot.klass][b][slot] = None
 
     def take(self, slot: Slot, gpus: int) -> None:
         self.set_free(slot, slot.free - gpus)
+
+    def take_each(self, slots: list[Slot], gpus: int) -> None:
+        """``take(s, gpus)`` for every slot (a gang's admission), with the domain
+        counts updated once per topology chain instead of once per node: a gang's
+        nodes share their chain (root .. layer-3 block), so a 16-node gang updates
+        ~6 domains once rather than 16 times. Same end state, same bucket order
+        and the same number of version bumps as the loop of ``take`` calls."""
+        if len(slots) == 1 or gpus <= 0 or any(s.free < gpus for s in slots):
+            for s in slots:
+                self.set_free(s, s.free - gpus)
+            return
+        # chain (by identity) -> [domains, nodes leaving each cnt[k], node count]
+        by_chain: dict[int, list] = {}
+        for slot in slots:
+            a = slot.free
+            b = a - gpus
+            self.version += 1
+            buckets = slot.part.buckets
+            buckets[slot.klass][a].pop(slot, None)
+            entry = by_chain.get(id(slot.doms))
+            if entry is None:
+                entry = by_chain[id(slot.doms)] = [slot.doms, [0] * len(slot.doms[0].cnt), 0]
+            diff = entry[1]
+            for k in range(b + 1, a + 1):
+                diff[k] += 1
+            entry[2] += 1
+            slot.free = b
+            if slot.klass:  # an UltraServer node
+                slot.klass = _US_WHOLE if b == slot.info.gpus else _US_PARTIAL
+            if b > 0:
+                buckets[slot.klass][b][slot] = None
+        for doms, diff, count in by_chain.values():
+            leaving = [(k, c) for k, c in enumerate(diff) if c]
+            for d in doms:
+                d.free -= gpus * count
+                cnt = d.cnt
+                for k, c in leaving:
+                    cnt[k] -= c
 
     def give(self, slot: Slot, gpus: int) -> None:
         self.set_free(slot, slot.free + gpus)
