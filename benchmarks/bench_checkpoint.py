@@ -3,8 +3,14 @@
 Measures, in one run, on this machine (gloo on CPU, real processes, moto's S3 HTTP server):
 * sync DCP save and load MB/s to a local directory and to S3, against a raw copy of the
   very same bytes (python copy + fsync locally; boto3 managed transfers to S3, same
-  concurrency as the trainer);
-* async save: time the training loop is blocked vs a sync save;
+  concurrency as the trainer). The raw S3 download runs in one process per rank, each
+  fetching the files that rank's DCP load reads, all of them at once (the trainer's
+  READ_THREADS per rank), into preallocated buffers with readinto: the same GETs, the
+  same concurrency, minus decoding and sha256 verification;
+* async save: time the training loop is blocked vs a sync save, reported separately for
+  the first save (cold staging buffers), the steady state (median of saves 2..N) and a
+  first save after the trainer's start-up warm-up of the staging buffers (its cost is
+  reported too);
 * checkpoint overhead on step time at a fixed interval (async vs none);
 * resharding load (checkpoint written on 2 ranks, loaded on 1) vs a same-size load
   (written on 1, loaded on 1).
@@ -129,15 +135,32 @@ def worker(args: argparse.Namespace) -> None:
             s3.store.delete(step_name(1))
         m._stager.close()
         s3._stager.close()
-        # async: blocked time vs the sync save above, then until durable
+        # async: blocked time vs the sync save above, then until durable. Save 2 is cold
+        # (staging buffers allocated and faulted in on the training thread); saves 3..
+        # reuse them (steady state); then a cold stager warmed up as the trainer does
+        # after its first step (warm_staging, outside any save), and one more save.
         a = manager(str(args.workdir / "async"), use_async=True)
+        a.keep_last = 2
+        blocked, totals = [], []
+        for i in range(args.async_saves):
+            dist.barrier()
+            t0 = time.perf_counter()
+            a.save(2 + i, 2 * ws)
+            blocked.append(time.perf_counter() - t0)
+            a.wait()
+            dist.barrier()
+            totals.append(time.perf_counter() - t0)
+        out["async_blocked_s"] = blocked
+        out["async_total_s"] = totals
+        a._stager.close()
+        dist.barrier()
+        out["async_warmup_s"] = a.warm_staging()
         dist.barrier()
         t0 = time.perf_counter()
-        a.save(2, 2 * ws)
-        out["async_blocked_s"] = time.perf_counter() - t0
+        a.save(2 + args.async_saves, 2 * ws)
+        out["async_blocked_after_warmup_s"] = time.perf_counter() - t0
         a.wait()
         dist.barrier()
-        out["async_total_s"] = time.perf_counter() - t0
         # step-time overhead: async checkpoint every `every` steps vs none
         plain = [train_step(10 + i) for i in range(args.steps)]
         a2 = manager(str(args.workdir / "overhead"), use_async=True)
@@ -175,7 +198,8 @@ def run_ranks(args: argparse.Namespace, phase: str, ranks: int, env: dict[str, s
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(REPO)}
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--worker", "--phase", phase, "--workdir", str(args.workdir),
-             "--steps", str(args.steps), "--every", str(args.every)], env=e))
+             "--steps", str(args.steps), "--every", str(args.every),
+             "--async-saves", str(args.async_saves)], env=e))
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"phase {phase} ranks failed: {codes}")
@@ -194,7 +218,7 @@ def raw_local_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def raw_s3(src: Path, client: Any, parallel: int) -> tuple[float, float]:
+def raw_s3_up(src: Path, client: Any, parallel: int) -> float:
     from boto3.s3.transfer import TransferConfig
 
     cfg = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=16 << 20,
@@ -204,17 +228,57 @@ def raw_s3(src: Path, client: Any, parallel: int) -> tuple[float, float]:
     with ThreadPoolExecutor(parallel) as ex:
         list(ex.map(lambda f: client.upload_file(str(f), BUCKET, f"raw/{f.name}", Config=cfg),
                     files))
-    up = time.perf_counter() - t0
+    return time.perf_counter() - t0
 
-    def get(f: Path) -> None:  # one streamed GET per file, as the trainer's reader does
-        body = client.get_object(Bucket=BUCKET, Key=f"raw/{f.name}")["Body"]
-        for _ in iter(lambda: body.read(8 << 20), b""):
-            pass
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(parallel) as ex:
-        list(ex.map(get, files))
-    return up, time.perf_counter() - t0
+def raw_get_worker(args: argparse.Namespace) -> None:
+    """One rank's raw download: its files all at once, one streamed GET each, readinto a
+    preallocated buffer (exactly the trainer reader's GETs, without decode/verify)."""
+    import boto3
+    from botocore.config import Config
+
+    from trainer.storage import READ_THREADS
+
+    names = args.files.split(",")
+    client = boto3.client("s3", config=Config(s3={"addressing_style": "path"},
+                                              max_pool_connections=32))
+
+    def get(name: str) -> int:
+        resp = client.get_object(Bucket=BUCKET, Key=f"raw/{name}")
+        buf = memoryview(bytearray(int(resp["ContentLength"])))
+        pos = 0
+        while pos < len(buf):
+            n = resp["Body"].readinto(buf[pos : pos + (8 << 20)])
+            if not n:
+                raise SystemExit(f"short read of {name}")
+            pos += n
+        return pos
+
+    time.sleep(max(0.0, args.start_at - time.time()))
+    with ThreadPoolExecutor(min(READ_THREADS, len(names))) as ex:
+        total = sum(ex.map(get, names))
+    print(json.dumps({"end": time.time(), "bytes": total}), flush=True)
+
+
+def raw_s3_down(src: Path, ranks: int, env: dict[str, str]) -> float:
+    """Per rank r: __r_*.distcp (+ .metadata on rank 0), as a same-size DCP load reads."""
+    names = sorted(f.name for f in src.iterdir() if f.is_file())
+    start_at = time.time() + 3.0  # after every process has imported boto3
+    procs = []
+    for r in range(ranks):
+        mine = [n for n in names if n.startswith(f"__{r}_")] + (
+            [n for n in names if n == ".metadata"] if r == 0 else [])
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--raw-get", "--files", ",".join(mine),
+             "--start-at", str(start_at)],
+            env={**os.environ, **env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE))
+    ends = []
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode:
+            raise SystemExit(f"raw GET worker failed: {p.returncode}")
+        ends.append(json.loads(out.decode().strip().splitlines()[-1])["end"])
+    return max(ends) - start_at
 
 
 def main() -> None:
@@ -225,9 +289,15 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)  # steps of ~10-30 s on 2 shared cores
     ap.add_argument("--every", type=int, default=2)
+    ap.add_argument("--async-saves", type=int, default=4)  # save 1 cold, 2..N steady state
+    ap.add_argument("--raw-get", action="store_true")
+    ap.add_argument("--files", default="")
+    ap.add_argument("--start-at", type=float, default=0.0)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.raw_get:
+        return raw_get_worker(args)
 
     import logging
 
@@ -253,13 +323,16 @@ def main() -> None:
         nbytes = _dir_bytes(ckpt_dir)
         raw_local = raw_local_copy(ckpt_dir, args.workdir / "rawcopy")
         shutil.rmtree(args.workdir / "rawcopy")
-        raw_up, raw_down = raw_s3(ckpt_dir, client, parallel=2 * args.ranks)
+        raw_up = raw_s3_up(ckpt_dir, client, parallel=2 * args.ranks)
+        raw_down = raw_s3_down(ckpt_dir, args.ranks, env)
         b = run_ranks(args, "B", 1, env)
     finally:
         server.stop()
         shutil.rmtree(args.workdir, ignore_errors=True)
 
     mb = nbytes / 1e6
+    blocked = a["async_blocked_s"]
+    steady = sorted(blocked[1:])[len(blocked[1:]) // 2] if len(blocked) > 1 else blocked[0]
     plain = sorted(a["step_s_no_ckpt"])[len(a["step_s_no_ckpt"]) // 2]
     mean_plain = sum(a["step_s_no_ckpt"]) / len(a["step_s_no_ckpt"])
     mean_ckpt = sum(a["step_s_async_ckpt"]) / len(a["step_s_async_ckpt"])
@@ -282,12 +355,26 @@ def main() -> None:
             "raw_boto3_download_MBps": mb / raw_down,
             "save_vs_raw": raw_up / a["s3_save_s"],
             "load_vs_raw": raw_down / a["s3_load_s"],
+            "raw_download_method": (
+                "one process per rank, each GETting the files its rank's DCP load reads "
+                "(__r_*.distcp, + .metadata on rank 0) all at once (up to READ_THREADS per "
+                "rank, like the trainer), one streamed GET per file readinto a preallocated "
+                "buffer; the DCP load additionally decodes and sha256-verifies"),
         },
         "async": {
             "sync_save_s": a["local_save_s"],
-            "async_blocked_s": a["async_blocked_s"],
-            "async_until_durable_s": a["async_total_s"],
-            "blocked_ratio": a["async_blocked_s"] / a["local_save_s"],
+            "first_save_blocked_s": blocked[0],
+            "steady_blocked_s_median": steady,
+            "blocked_ratio": steady / a["local_save_s"],
+            "first_save_blocked_ratio": blocked[0] / a["local_save_s"],
+            "startup_warmup_s": a["async_warmup_s"],
+            "first_save_after_warmup_blocked_s": a["async_blocked_after_warmup_s"],
+            "async_until_durable_s_median": sorted(a["async_total_s"])[len(a["async_total_s"]) // 2],
+            "blocked_s_each_save": blocked,
+            "method": ("blocked = wall time of save() on the training thread (get_state_dict + "
+                       "memcpy into staging); save 1 allocates staging buffers, saves 2..N "
+                       "reuse them (steady = median of 2..N); the trainer warms the buffers "
+                       "after its first step (startup_warmup_s, outside any save)"),
         },
         "step_overhead": {
             "checkpoint_every_steps": args.every,

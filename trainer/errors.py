@@ -11,6 +11,10 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
 EXIT_CHECKPOINTED = 75
+# SIGTERM'd but the emergency checkpoint could not be durable within CB_GRACE_S: exit
+# before the agent's SIGKILL can land mid-write; the previous complete checkpoint stays
+# the latest (no manifest was written). The agent reports it as a failure (relaunch).
+EXIT_GRACE_EXCEEDED = 76
 
 
 class TrainerError(Exception):

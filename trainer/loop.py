@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import telemetry
-from trainer.checkpoint import CheckpointManager, find_resume_point
+from trainer.checkpoint import CheckpointManager, GraceExceeded, find_resume_point
 from trainer.config import RunEnv, TrainerSpec
 from trainer.data import GlobalOrder, SyntheticTokens, micro_batches, rank_slice
-from trainer.errors import EXIT_CHECKPOINTED, EXIT_OK
+from trainer.errors import EXIT_CHECKPOINTED, EXIT_GRACE_EXCEEDED, EXIT_OK
 from trainer.model import build_model, count_params
 from trainer.parallel import init_distributed, shard_model
 from trainer.progress import ProgressReporter
@@ -47,6 +47,12 @@ def lr_lambda(warmup: int, total: int):
 def log(rank: int, msg: str) -> None:
     if rank == 0:
         print(f"trainer: {msg}", flush=True)
+
+
+def grace_deadline(term_time: float, grace_s: float) -> float:
+    """When the emergency save must be done: CB_GRACE_S after SIGTERM, minus a margin
+    (10%, at most 5 s) so the process has exited before the agent's SIGKILL."""
+    return term_time + grace_s - min(5.0, 0.1 * grace_s)
 
 
 def _ids_record(ids: list[int]) -> dict[str, Any]:
@@ -139,6 +145,7 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
     scale = ws / G
     stop_requested = False
     sample_log = opts.sample_log if rank == 0 else ""
+    staging_warm = not (opts.async_checkpoint and spec.checkpoint_every)
 
     while step < spec.total_steps:
         stop, ckpt_now = flags.agree(d.device)
@@ -184,6 +191,9 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
             log(rank, f"step {step}/{spec.total_steps} loss {loss:.5f} ({dt * 1000:.0f} ms)")
         if step == spec.total_steps:
             break
+        if not staging_warm:  # optimizer state exists now: fault in async staging buffers
+            staging_warm = True
+            log(rank, f"async checkpoint staging buffers ready in {ckpt.warm_staging():.2f}s")
         if ckpt_now or (spec.checkpoint_every and step % spec.checkpoint_every == 0):
             ckpt.save(step, samples_seen)
         if opts.stop_at_step and step >= opts.stop_at_step:
@@ -193,7 +203,21 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
     if stop_requested:
         progress.update(state="checkpointing")
         t0 = time.perf_counter()
-        ckpt.save(step, samples_seen, blocking=True)
+        deadline = grace_deadline(flags.term_time, env.grace_s) if flags.term_time else None
+        try:
+            ckpt.save(step, samples_seen, blocking=True, deadline=deadline)
+        except GraceExceeded as exc:
+            last = ckpt.last_durable_step
+            print(
+                f"trainer error (rank {rank}): emergency checkpoint of step {step} could not "
+                f"complete within CB_GRACE_S={env.grace_s:g}s after SIGTERM ({exc}); exiting "
+                f"{EXIT_GRACE_EXCEEDED} without it. Latest complete checkpoint: "
+                + (f"step {last}" if last >= 0 else "none"),
+                file=sys.stderr,
+                flush=True,
+            )
+            progress.stop()
+            return EXIT_GRACE_EXCEEDED
         waited = time.monotonic() - flags.term_time if flags.term_time else 0.0
         log(
             rank,

@@ -111,8 +111,11 @@ def shutdown_and_exit(code: int) -> None:
     interpreter teardown (exit -6, ~1 run in 10 with DCP; see TRAINER-NOTES)."""
     import sys
 
+    from trainer.errors import EXIT_GRACE_EXCEEDED
+
     try:
-        if dist.is_initialized():
+        # past the grace a save thread may still sit in a collective: don't wait on it
+        if dist.is_initialized() and code != EXIT_GRACE_EXCEEDED:
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - exiting anyway; the code below is what matters
         pass

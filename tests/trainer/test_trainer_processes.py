@@ -256,7 +256,7 @@ def _assert_clean_exit_2(run: Any, *needles: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("damage", ["truncated-shard", "garbled-metadata"])
+@pytest.mark.parametrize("damage", ["truncated-shard", "garbled-metadata", "flipped-byte-shard"])
 def test_corrupt_checkpoint_exits_2(s3_server: Any, work: Path, baseline: dict, damage: str) -> None:
     bucket, s3 = baseline["bucket"], s3_server.client()
     prefix = f"corrupt-{damage}"
@@ -264,11 +264,17 @@ def test_corrupt_checkpoint_exits_2(s3_server: Any, work: Path, baseline: dict, 
     if damage == "truncated-shard":
         truncate_object(s3, bucket, f"{prefix}/{step_name(20)}/__0_0.distcp")
         needle = "corrupt"
-    else:  # same size, garbage content: only loading can tell
+    elif damage == "garbled-metadata":  # same size, garbage content: only loading can tell
         key = f"{prefix}/{step_name(20)}/.metadata"
         size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
         s3.put_object(Bucket=bucket, Key=key, Body=b"\x00garbage" * (size // 8) + b"!" * (size % 8))
         needle = "could not be loaded"
+    else:  # one flipped byte in a shard: only the manifest's sha256 can tell
+        key = f"{prefix}/{step_name(20)}/__0_0.distcp"
+        body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+        needle = "__0_0.distcp has sha256"
     run = launch(
         work / prefix, 1, tiny_spec(), f"s3://{bucket}/{prefix}", env=s3_server.env
     )
@@ -319,3 +325,30 @@ def test_bf16_and_activation_checkpointing_run(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["loss"] > 0 for r in records)
     assert (tmp_path / "ck" / step_name(4) / "manifest.json").is_file()
+
+
+def test_sigterm_save_past_grace_exits_76_keeps_previous_checkpoint(tmp_path: Path) -> None:
+    """CB_GRACE_S is enforced: a step that outlasts the grace leaves no time to save, so
+    the trainer exits 76 with one clear line (before the agent's SIGKILL could land
+    mid-write) and the last complete checkpoint stays the latest."""
+    ckpt_root = tmp_path / "ckpt"
+    spec = tiny_spec(total_steps=100, checkpoint_every=3, step_sleep_s=2.0)
+    run = launch(tmp_path / "run", 1, spec, str(ckpt_root), grace_s=1.0)
+    deadline = time.monotonic() + 180
+    while True:  # step 3's checkpoint durable; we are now in step 4's 2 s sleep (or 5's)
+        prog = run.progress()
+        if prog and (prog.get("last_checkpoint_step") or 0) >= 3:
+            break
+        if any(p.poll() is not None for p in run.procs) or time.monotonic() > deadline:
+            run.kill()
+            raise AssertionError(f"no checkpoint at step 3\n{run.output()}\n{run.stderr()}")
+        time.sleep(0.05)
+    run.signal(signal.SIGTERM)
+    codes = run.wait(120)
+    err = run.stderr(0)
+    assert codes == [76], f"exit codes {codes}\n{run.output()}\n{err}"
+    assert "Traceback" not in err, err
+    assert "could not complete within CB_GRACE_S=1s" in err, err
+    assert "Latest complete checkpoint: step 3" in err, err
+    complete = sorted(p.name for p in ckpt_root.iterdir() if (p / "manifest.json").exists())
+    assert complete == [step_name(3)]

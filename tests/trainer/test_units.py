@@ -83,3 +83,90 @@ def test_local_store_lists_only_manifested_checkpoints(tmp_path) -> None:
     assert split_checkpoint_uri("s3://b/p/step-000000020/") == ("s3://b/p", "step-000000020")
     with pytest.raises(TrainerError):
         split_checkpoint_uri("s3://b/p/latest")
+
+
+# ---------------------------------------------------------------- checksums and deadlines
+def _tiny_manager(root: str, store: object = None, use_async: bool = False):  # noqa: ANN202
+    """A CheckpointManager over a plain module, no process group (DCP's single-process mode)."""
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from trainer.checkpoint import CheckpointManager
+    from trainer.storage import open_store
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 32)).sum().backward()
+    optim.step()
+    return CheckpointManager(
+        store or open_store(root),
+        model=model,
+        optim=optim,
+        sched=LambdaLR(optim, lambda s: 1.0),
+        ckpt_group=None,
+        rank=0,
+        world_size=1,
+        manifest_base={"model": {"preset": "unit"}},
+        keep_last=5,
+        threads=2,
+        use_async=use_async,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_manifest_sha256_matches_bytes_and_load_verifies_it(tmp_path) -> None:
+    import hashlib
+
+    m = _tiny_manager(str(tmp_path), use_async=True)
+    m.warm_staging()
+    m.save(1, 8)  # async: hashes come from the writer threads and the coordinator's finish
+    m.wait()
+    m.save(2, 16, blocking=True)
+    for step in (1, 2):
+        d = tmp_path / step_name(step)
+        manifest = json.loads((d / "manifest.json").read_text())
+        names = {f["name"] for f in manifest["files"]}
+        assert ".metadata" in names and "__0_0.distcp" in names
+        for f in manifest["files"]:
+            data = (d / f["name"]).read_bytes()
+            assert f["size"] == len(data)
+            assert f["sha256"] == hashlib.sha256(data).hexdigest()
+    assert _tiny_manager(str(tmp_path)).load(step_name(2))["step"] == 2
+    # same size, one flipped byte: only the checksum can tell
+    shard = tmp_path / step_name(2) / "__0_1.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(TrainerError, match=r"is corrupt: file __0_1.distcp has sha256 .* manifest says"):
+        _tiny_manager(str(tmp_path)).load(step_name(2))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_save_past_its_deadline_raises_and_commits_nothing(tmp_path) -> None:
+    import threading
+    import time
+
+    from trainer.checkpoint import GraceExceeded
+    from trainer.storage import LocalStore, LocalWriter
+
+    release = threading.Event()
+
+    class StuckWriter(LocalWriter):
+        def write_data(self, plan, planner):  # noqa: ANN001, ANN202 - a store that hangs
+            release.wait(60)
+            return super().write_data(plan, planner)
+
+    class StuckStore(LocalStore):
+        def writer(self, name: str, threads: int) -> LocalWriter:
+            return StuckWriter(self.uri(name), threads)
+
+    m = _tiny_manager(str(tmp_path))
+    m.save(1, 8, blocking=True)
+    stuck = _tiny_manager(str(tmp_path), store=StuckStore(str(tmp_path)))
+    stuck.last_durable_step = 1
+    with pytest.raises(GraceExceeded):
+        stuck.save(2, 16, blocking=True, deadline=time.monotonic() + 0.2)
+    assert LocalStore(str(tmp_path)).list_steps().get(2) is not True  # step 1 stays the latest
+    assert LocalStore(str(tmp_path)).list_steps()[1] is True
+    release.set()
