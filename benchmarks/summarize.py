@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Print the README's benchmark section (markdown) from benchmarks/results/*.json.
+
+Why: the README quotes measured figures; generating its tables from the committed
+JSON keeps the two from disagreeing. Usage:
+    python benchmarks/summarize.py            # print markdown
+    python benchmarks/summarize.py --readme   # rewrite README.md between the markers
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BEGIN, END = "<!-- BENCHMARKS:BEGIN -->", "<!-- BENCHMARKS:END -->"
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def f(x: Any, digits: int = 1) -> str:
+    return f"{x:,.{digits}f}" if isinstance(x, int | float) else str(x)
+
+
+def placement(d: dict[str, Any]) -> list[str]:
+    fp, inp, q = d["full_pass"], d["input"], d["quality"]
+    out = [
+        "### Placement (`python benchmarks/bench_placement.py`)",
+        "",
+        f"Synthetic cluster: {inp['gpus']:,} GPUs on {inp['nodes']:,} nodes, {inp['pending']:,} pending and "
+        f"{inp['running']:,} running jobs, {inp['teams']} teams, quotas on.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| full pass, CPU time p50 / p99 | {f(fp['cpu_p50_ms'])} / {f(fp['cpu_p99_ms'])} ms |",
+        f"| full pass, wall p50 / p99 | {f(fp['p50_ms'])} / {f(fp['p99_ms'])} ms |",
+        f"| admissions per second within a pass | {f(fp['admissions_per_s'], 0)} |",
+        f"| incremental admission throughput | {f(d['incremental']['admissions_per_s'], 0)} jobs/s |",
+        f"| peak memory (tracemalloc) | {f(fp['peak_mem_mb'])} MB |",
+        "",
+        "| scale | GPUs | pending | CPU p50 |",
+        "|---|---|---|---|",
+    ]
+    for g in d.get("growth", []):
+        out.append(f"| {g['scale']}x | {g['gpus']:,} | {g['pending']:,} | {f(g['cpu_p50_ms'])} ms |")
+    e, b = q["engine"], q["first_fit"]
+    out += [
+        "",
+        "| quality (same input, quotas off) | engine | first fit |",
+        "|---|---|---|",
+        f"| jobs admitted | {e['admitted_jobs']:,} | {b['admitted_jobs']:,} |",
+        f"| GPUs allocated | {e['gpus_allocated']:,} | {b['gpus_allocated']:,} |",
+        f"| required-topology violations | {e['required_topology_violations']} | {b['required_topology_violations']} |",
+        f"| gangs inside one block when one could hold them | {e['gang_share_in_one_block']:.0%} | {b['gang_share_in_one_block']:.0%} |",
+        f"| largest free layer-3 block (GPUs) | {e['largest_free_layer3_block_gpus']} | {b['largest_free_layer3_block_gpus']} |",
+        f"| pass time | {f(e['pass_ms'])} ms | {f(b['pass_ms'])} ms |",
+    ]
+    return out
+
+
+def checkpoint(d: dict[str, Any]) -> list[str]:
+    loc, s3, a, r = d["local"], d["s3"], d["async"], d["resharding"]
+    out = [
+        "### Checkpoints (`python benchmarks/bench_checkpoint.py`)",
+        "",
+        f"{d['model']}: {d['params'] / 1e6:,.0f} M parameters, a {d['checkpoint_bytes'] / 1e9:.2f} GB checkpoint "
+        f"from {d['ranks']} ranks. {d['machine']}.",
+        "",
+        "| measure | ours | raw copy of the same bytes | ratio |",
+        "|---|---|---|---|",
+        f"| local save | {f(loc['dcp_save_MBps'], 0)} MB/s | {f(loc['raw_copy_fsync_MBps'], 0)} MB/s (cp + fsync) | {loc['save_vs_raw']:.2f} |",
+        f"| local load | {f(loc['dcp_load_MBps'], 0)} MB/s | | |",
+        f"| S3 save | {f(s3['dcp_save_MBps'], 0)} MB/s | {f(s3['raw_boto3_upload_MBps'], 0)} MB/s (boto3) | {s3['save_vs_raw']:.2f} |",
+        f"| S3 load | {f(s3['dcp_load_MBps'], 0)} MB/s | {f(s3['raw_boto3_download_MBps'], 0)} MB/s (boto3) | {s3['load_vs_raw']:.2f} |",
+    ]
+    blocked = a.get("async_blocked_steady_s", a.get("async_blocked_s"))
+    out += [
+        f"| async save: training blocked | {f(blocked, 2)} s | sync save {f(a['sync_save_s'], 2)} s | "
+        f"{a.get('blocked_ratio_steady', a.get('blocked_ratio', 0)):.2f} |",
+        f"| resharding load 2→1 ranks | {f(r['load_2_to_1_s'], 2)} s | same-size load {f(r['load_1_to_1_s'], 2)} s | {r['reshard_vs_same_size']:.2f} |",
+    ]
+    if "step_overhead" in d:
+        so = d["step_overhead"]
+        out.append(f"| step-time overhead, checkpoint every {so['checkpoint_every_steps']} steps | "
+                   f"{f(so['overhead_pct'], 0)} % | | |")
+    return out
+
+
+def migration(d: dict[str, Any]) -> list[str]:
+    parts = d.get("orchestration_parts_s", {})
+    return [
+        "### Migration (`python benchmarks/bench_migration_e2e.py`)",
+        "",
+        f"A {d['params'] / 1e6:,.0f} M-parameter job ({d['checkpoint_bytes'] / 1e9:.2f} GB checkpoint) moved "
+        f"{d['route']}: real broker, agents, trainer and moto S3.",
+        "",
+        "| phase | seconds |",
+        "|---|---|",
+        f"| checkpoint (stop request → durable) | {f(d['checkpoint_s'], 2)} |",
+        f"| transfer ({d['transfer_method']}, {f(d['transfer_MBps'])} MB/s; raw copy {f(d['raw_s3_server_copy_MBps'])} MB/s, ratio {d['transfer_vs_raw']:.2f}) | {f(d['transfer_s'], 2)} |",
+        f"| relaunch to first step (incl. checkpoint load {f(d['relaunch_checkpoint_load_s'], 2)} s) | {f(d['relaunch_s'], 2)} |",
+        f"| **broker orchestration** (everything but bytes moved and process start) | **{f(d['orchestration_s'], 3)}** |",
+        f"| total | {f(d['total_s'], 2)} |",
+        "",
+        "Orchestration parts (s): " + ", ".join(f"{k} {v}" for k, v in parts.items()) + ".",
+    ]
+
+
+def transfer(d: dict[str, Any]) -> list[str]:
+    out = [
+        "### Checkpoint transfer between regions (`python benchmarks/bench_migration.py`)",
+        "",
+        f"{d['checkpoint']}, {d['checkpoint_bytes'] / 1e9:.2f} GB in {d['files']} files; {d['machine']}.",
+        "",
+        "| move | raw boto3 MB/s | copy_checkpoint MB/s | ratio | method |",
+        "|---|---|---|---|---|",
+    ]
+    for name, c in d["cases"].items():
+        out.append(f"| {name} | {f(c['raw_mb_per_s'])} | {f(c['copy_checkpoint_mb_per_s'])} | {c['ratio']:.2f} | {c['method']} |")
+    return out
+
+
+def store(d: dict[str, Any]) -> list[str]:
+    out = [
+        "### State store (`python benchmarks/bench_store.py`)",
+        "",
+        "| store | CAS updates/s (1 thread) | (4 threads) | event appends/s |",
+        "|---|---|---|---|",
+    ]
+    for key, label in (("sqlite_synchronous_full", "SQLite, synchronous=FULL (default)"),
+                       ("sqlite_synchronous_normal", "SQLite, synchronous=NORMAL"),
+                       ("redis_local_no_persistence", "Redis on loopback")):
+        if key in d:
+            r = d[key]
+            out.append(f"| {label} | {f(r['cas_updates_per_s'], 0)} | {f(r['cas_updates_per_s_4_threads'], 0)} | "
+                       f"{f(r['event_appends_per_s'], 0)} |")
+    return out
+
+
+def render() -> str:
+    lines = [
+        BEGIN,
+        "Figures below are generated from `benchmarks/results/*.json` by "
+        "`python benchmarks/summarize.py --readme`; each benchmark prints them and writes its JSON. "
+        "All were measured on this project's 2-core, no-GPU machine, often shared with other work, "
+        "so treat small differences as noise.",
+        "",
+    ]
+    for name, fn in (("placement", placement), ("checkpoint", checkpoint), ("migration", migration),
+                     ("transfer", transfer), ("store", store)):
+        d = load(name)
+        if d is not None:
+            lines += [*fn(d), ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--readme" in argv:
+        readme = ROOT / "README.md"
+        s = readme.read_text()
+        if BEGIN in s and END in s:
+            s = s[: s.index(BEGIN)] + text + s[s.index(END) + len(END):]
+        elif "<!-- BENCHMARKS -->" in s:
+            s = s.replace("<!-- BENCHMARKS -->", text)
+        else:
+            raise SystemExit("README.md has no benchmark markers")
+        readme.write_text(s)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
