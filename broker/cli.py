@@ -507,7 +507,7 @@ def build_parser() -> _Parser:
         "--broker",
         default=None,
         metavar="ADDR",
-        help=f"broker address (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
+        help=f"broker address, or HA replicas a:1,b:2 (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")

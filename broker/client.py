@@ -385,11 +385,13 @@ T = TypeVar("T")
 
 
 class BrokerClient:
-    """A connection to one broker.
+    """A connection to one broker, or to HA replicas given as ``"a:1,b:2"``.
 
     ``timeout`` is the deadline of each unary call in seconds; ``retries`` bounds
     how many extra tries an idempotent call gets when the broker is UNAVAILABLE.
-    Use as a context manager (or call :meth:`close`).
+    With several addresses, an UNAVAILABLE answer (a replica down, or a standby:
+    broker/leadership.py) moves the client to the next address; idempotent calls
+    retry there. Use as a context manager (or call :meth:`close`).
     """
 
     def __init__(
@@ -403,15 +405,51 @@ class BrokerClient:
         self.timeout = timeout
         self.retries = max(0, retries)
         self.metadata = list(metadata or [])
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ],
-        )
-        self._jobs = jobs_pb2_grpc.JobServiceStub(self._channel)
-        self._capacity = capacity_pb2_grpc.CapacityServiceStub(self._channel)
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self._current = 0
+        self._channels = [
+            grpc.insecure_channel(
+                a,
+                options=[
+                    ("grpc.keepalive_time_ms", 30_000),
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ],
+            )
+            for a in self.addresses
+        ]
+        self._stubs = [
+            (jobs_pb2_grpc.JobServiceStub(c), capacity_pb2_grpc.CapacityServiceStub(c))
+            for c in self._channels
+        ]
+
+    @property
+    def _channel(self) -> grpc.Channel:
+        return self._channels[self._current]
+
+    @property
+    def _jobs(self) -> jobs_pb2_grpc.JobServiceStub:
+        return self._stubs[self._current][0]
+
+    @property
+    def _capacity(self) -> capacity_pb2_grpc.CapacityServiceStub:
+        return self._stubs[self._current][1]
+
+    @property
+    def current_address(self) -> str:
+        return self.addresses[self._current]
+
+    def _next_address(self) -> None:
+        """After UNAVAILABLE: try the next replica (no-op with one address)."""
+        self._current = (self._current + 1) % len(self.addresses)
+
+    def _rebind(self, method: Callable[..., T]) -> Callable[..., T]:
+        """The same RPC on the current address's stub (callers captured another's)."""
+        for stubs in self._stubs:
+            for k, stub in enumerate(stubs):
+                for name, value in vars(stub).items():
+                    if value is method:
+                        return getattr(self._stubs[self._current][k], name)
+        return method
 
     # -- plumbing
 
@@ -422,7 +460,8 @@ class BrokerClient:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def __repr__(self) -> str:
         return f"BrokerClient({self.address!r})"
@@ -440,16 +479,22 @@ class BrokerClient:
         metadata = [*self.metadata, *extra_metadata] or None
 
         def once() -> T:
+            address = self.current_address
             try:
-                return method(request, timeout=timeout or self.timeout, metadata=metadata)
+                return self._rebind(method)(request, timeout=timeout or self.timeout,
+                                            metadata=metadata)
             except grpc.RpcError as e:
-                raise _translate(e, self.address, job_id=job_id) from None
+                err = _translate(e, address, job_id=job_id)
+                if isinstance(err, BrokerUnavailable):
+                    self._next_address()
+                raise err from None
 
         if not idempotent or self.retries == 0:
             return once()
         retrying = _Retrying(
             retry=retry_if_exception_type(BrokerUnavailable),
-            stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.timeout * 3),
+            stop=stop_after_attempt(self.retries + len(self.addresses))
+            | stop_after_delay(self.timeout * 3),
             wait=wait_exponential(multiplier=0.2, max=2.0),
             reraise=True,
         )
@@ -585,6 +630,7 @@ class BrokerClient:
                     return
                 if code is grpc.StatusCode.UNAVAILABLE and reconnects < self.retries:
                     reconnects += 1
+                    self._next_address()
                     time.sleep(min(2.0, 0.2 * 2**reconnects))
                     continue
                 raise _translate(e, self.address, job_id=job_id) from None

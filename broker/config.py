@@ -20,7 +20,12 @@ class BrokerConfig(BaseModel):
 
     listen: str = "127.0.0.1:50051"
     store: str = "sqlite:///var/broker.sqlite"
-    broker_id: str = ""  # "" = hostname-pid; names the lease holder
+    broker_id: str = ""  # "" = hostname-pid; names the lease holder (unique per replica)
+    # High availability (broker/leadership.py): the replica holding the "leader" lease
+    # serves; the others answer UNAVAILABLE naming it. It is renewed every third of this.
+    leader_lease_s: float = Field(10.0, gt=0)
+    # What standbys tell callers the leader's address is; "" = listen host + bound port.
+    advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
     # No message from an agent for this long -> it is lost and its jobs move.

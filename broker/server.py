@@ -20,6 +20,7 @@ from broker.capacity_service import CapacityService
 from broker.config import BrokerConfig
 from broker.core import BrokerCore
 from broker.jobs_service import JobService
+from broker.leadership import Leadership, StandbyGate, advertised_address
 from broker.scheduler_loop import SchedulerLoop
 from broker.store import Store, open_store
 from broker.telemetry import setup_tracing
@@ -36,11 +37,16 @@ class BrokerServer:
         self._store = store
         self._owns_store = store is None
         self.core: BrokerCore | None = None
-        self.scheduler: SchedulerLoop | None = None
+        self.leadership: Leadership | None = None
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port = 0
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
+
+    @property
+    def scheduler(self) -> SchedulerLoop | None:
+        """The running scheduler loop (None while this replica is a standby)."""
+        return self.leadership.scheduler if self.leadership is not None else None
 
     @property
     def holder(self) -> str:
@@ -52,9 +58,11 @@ class BrokerServer:
         core = BrokerCore(self.config, store)
         self.core = core
         self.metrics_port = core.telemetry.start_metrics(self.config.metrics_listen)
-        self.scheduler = SchedulerLoop(core, self.holder)
+        # Leader lease is taken only after binding (the advertised address needs the port).
+        self.leadership = Leadership(core, self.holder, "", self.config.leader_lease_s)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
+            interceptors=[StandbyGate(self.leadership)],
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
@@ -72,21 +80,21 @@ class BrokerServer:
         server.start()
         self._server = server
         self.port = port
-        self.scheduler.start()
-        self.scheduler.poke()
-        log.info("broker listening on %s (port %d), store %s", self.config.listen, port, self.config.store)
+        self.leadership.address = advertised_address(self.config.listen, port,
+                                                     self.config.advertise_address)
+        self.leadership.start()  # leader now, or a standby that keeps polling the lease
+        log.info("broker %s listening on %s (port %d), store %s, %s", self.holder,
+                 self.config.listen, port, self.config.store,
+                 "leader" if self.leadership.is_leader else "standby")
         return port
 
     def stop(self, grace: float = 2.0) -> None:
         if self._stopped.is_set():
             return
-        if self.scheduler is not None:
-            self.scheduler.stop()
+        if self.leadership is not None:
+            self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
         if self.core is not None:
             self.core.hub.close()
-            for a in self.core.agents.all():
-                if a.session is not None:
-                    a.session.close()
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
         if self.core is not None:

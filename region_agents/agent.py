@@ -144,6 +144,11 @@ class RegionAgent:
         self.heartbeat_interval_s = config.heartbeat_interval_s or DEFAULT_HEARTBEAT_S
         self.draining = False
         self.connects = 0  # successful registrations (tests and logs)
+        # HA: --broker may list several replicas ("a:1,b:2"); a dial that does not reach
+        # a RegisterAck (down, or a standby answering UNAVAILABLE) moves to the next one.
+        self._brokers = [a.strip() for a in config.broker_address.split(",") if a.strip()] or [
+            config.broker_address]
+        self._broker_i = 0
         self._lock = threading.RLock()
         self._session: Session | None = None
         self._recent_terminal: dict[tuple[str, int], tuple[float, agent_pb2.JobUpdate]] = {}
@@ -289,7 +294,8 @@ class RegionAgent:
     def _run_session(self) -> None:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
-        channel = grpc.insecure_channel(self.config.broker_address)
+        address = self._brokers[self._broker_i % len(self._brokers)]
+        channel = grpc.insecure_channel(address)
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             with self._lock:
@@ -306,7 +312,8 @@ class RegionAgent:
                 if not self._stopping.is_set():
                     log.warning("broker stream broke: %s", e)
             if not session.registered.is_set() and not self._stopping.is_set():
-                raise _Disconnected("stream ended before RegisterAck")
+                self._broker_i += 1
+                raise _Disconnected(f"stream to {address} ended before RegisterAck")
         finally:
             with self._lock:
                 session.close()
@@ -543,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a region agent: register this region's nodes with the broker and run "
         "the attempts it assigns.",
     )
-    p.add_argument("--broker", required=True, help="broker address host:port")
+    p.add_argument("--broker", required=True,
+                   help="broker address host:port, or several replicas a:1,b:2 (tried in turn)")
     p.add_argument("--region", default="", help="region name (default: the inventory's region)")
     p.add_argument("--inventory", default="", help="inventory YAML/JSON file (local executor)")
     p.add_argument("--agent-id", default="", help="agent id (default: inventory agent_id or <region>-agent)")

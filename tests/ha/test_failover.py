@@ -1,0 +1,111 @@
+"""High availability (broker/leadership.py): one leader by a lease, hot standbys.
+
+Real processes only: two `brokerctl serve` replicas over one real redis-server, a real
+`brokerctl agent` given both addresses, real trainer ranks. The leader is SIGKILLed
+while a job runs; the standby must take the lease, the agent must move to it, and the
+job must finish on its first attempt with every event kept (contiguous seqs).
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.client import BrokerClient
+from computebroker.v1 import capacity_pb2, capacity_pb2_grpc
+from computebroker.v1 import common_pb2 as pb
+from tests.e2e.test_foundation import events_of, setup_team, spec
+from tests.fixtures.cluster import Cluster, free_port, wait_until
+from tests.fixtures.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 3.0  # short lease so a takeover happens quickly; tests never assert on time
+
+
+@pytest.fixture
+def ha_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[Cluster]:
+    c = Cluster(root=tmp_path,
+                store_url=f"{redis_server.url}?prefix=ha{uuid.uuid4().hex[:10]}",
+                broker_args=["--set", f"leader_lease_s={LEASE_S}"])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def probe(address: str) -> tuple[bool, str]:
+    """(True, "") if ``address`` serves the API, else (False, the UNAVAILABLE details)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = capacity_pb2_grpc.CapacityServiceStub(channel)
+        try:
+            stub.ListRegions(capacity_pb2.ListRegionsRequest(), timeout=5)
+            return True, ""
+        except grpc.RpcError as e:
+            assert e.code() is grpc.StatusCode.UNAVAILABLE, f"{e.code()}: {e.details()}"
+            return False, e.details() or ""
+
+
+def start_pair(c: Cluster) -> tuple[str, str]:
+    """Broker a (started first, so it leads) and standby b; returns their addresses."""
+    c.start_broker("--set", "broker_id=ha-a")
+    port_b = free_port()
+    c.start_replica("b", port_b, "--set", "broker_id=ha-b")
+    return c.address, f"127.0.0.1:{port_b}"
+
+
+def test_two_brokers_one_leader_standby_names_it(ha_cluster: Cluster) -> None:
+    a, b = start_pair(ha_cluster)
+    wait_until(lambda: probe(a)[0], timeout=60, what=f"a leads\n{ha_cluster.logs()}")
+    ok_b, details = probe(b)
+    assert not ok_b, "both replicas serve: two leaders"
+    assert "standby broker ha-b" in details
+    assert f"the leader is ha-a ({a})" in details, details
+    # Every API is gated on the standby, streams included (an agent's Connect).
+    assert not probe(b)[0]
+    # An SDK given both addresses, standby first, rotates to the leader.
+    with BrokerClient(f"{b},{a}", timeout=5) as client:
+        setup_team(client)
+        assert [t.team for t in client.teams()] == ["ml"]
+        assert client.current_address == a
+
+
+def test_leader_killed_standby_takes_over_job_keeps_its_attempt(ha_cluster: Cluster) -> None:
+    c = ha_cluster
+    a, b = start_pair(c)
+    wait_until(lambda: probe(a)[0], timeout=60, what=f"a leads\n{c.logs()}")
+    c.start_agent("us-east-2", broker=f"{a},{b}", nodes=1, gpus=1)
+    both = f"{a},{b}"
+    with BrokerClient(both, timeout=5) as client:
+        setup_team(client)
+        wait_until(lambda: any(r.connected for r in client.regions()), timeout=90,
+                   what=f"agent connected\n{c.logs()}")
+        job = client.submit(spec("ha-survivor", steps=80, every=10, sleep=0.2))
+        wait_until(lambda: job.status().progress.step >= 3, timeout=180,
+                   what=f"job progressing\n{c.logs()}")
+        assert job.status().attempt == 1
+
+    assert c.broker is not None
+    c.broker.kill(signal.SIGKILL)  # the leader dies at an arbitrary instant
+
+    # The standby takes the lease once it expires, and the agent finds it.
+    wait_until(lambda: probe(b)[0], timeout=90, what=f"b takes over\n{c.logs()}")
+    with BrokerClient(f"{b},{a}", timeout=5) as client:
+        wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
+                   what=f"agent reconnected to b\n{c.logs()}")
+        done = client.job(job.id).wait(timeout=300)
+        assert done.phase == pb.JOB_PHASE_SUCCEEDED, f"{done}\n{c.logs()}"
+        assert done.attempt == 1, f"relaunched after failover: {done}\n{c.logs()}"
+        events = events_of(client, job.id)
+    seqs = [e.seq for e in events]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    kinds = [e.type for e in events]
+    assert "succeeded" in kinds or any(e.to_phase == pb.JOB_PHASE_SUCCEEDED for e in events), kinds
+    lost = [e for e in events if e.reason in ("agent_lost", "attempt_missing")]
+    assert not lost, lost
+    assert "is now the LEADER" in (c.root / "logs" / "broker-b.log").read_text()
