@@ -194,6 +194,7 @@ class _Pass:
         self.reserve_fail: set[tuple] = set()
         self.lower_gpus: dict[tuple, int] = {}
         self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
+        self.alloc_slots: dict[int, list[tuple[Slot, int]]] = {}
         self.reason_cache: dict[tuple, str] = {}
 
     # ---- driver -----------------------------------------------------------------------
@@ -613,13 +614,16 @@ class _Pass:
         cur = 0
 
         def move_to(k: int) -> None:
+            """Release victims cands[cur:k] (or take back cands[k:cur], last first) as
+            one batch of index changes, in the order the one-by-one loop used: the
+            galloping search moves hundreds of victims in steady-state passes."""
             nonlocal cur
-            while cur < k:
-                self._release(cands[cur][1], give=True)
-                cur += 1
-            while cur > k:
-                cur -= 1
-                self._release(cands[cur][1], give=False)
+            if cur < k:
+                self.index.shift_each([(sl, gg) for i in range(cur, k) for sl, gg in self._alloc_slots(cands[i][1])])
+            elif cur > k:
+                self.index.shift_each([(sl, -gg) for i in range(cur - 1, k - 1, -1)
+                                       for sl, gg in self._alloc_slots(cands[i][1])])
+            cur = k
 
         def works(k: int) -> Placed | None:
             if sum(own[:k]) < need_quota:
@@ -728,15 +732,19 @@ class _Pass:
         since = r.last_checkpoint_time or r.started_time
         return max(0.0, self.now - since) * gpus + r.restart_cost_s * gpus
 
+    def _alloc_slots(self, r: RunningJob) -> list[tuple[Slot, int]]:
+        """A running job's (slot, GPUs) on usable nodes, in allocation order (cached)."""
+        out = self.alloc_slots.get(id(r))
+        if out is None:
+            slot_of = self.index.slot_by_id
+            out = self.alloc_slots[id(r)] = [(slot_of[n], g) for n, g in r.allocations if n in slot_of]
+        return out
+
     def _release(self, r: RunningJob, give: bool) -> None:
-        for node_id, g in r.allocations:
-            s = self.index.slot_by_id.get(node_id)
-            if s is None:
-                continue
-            if give:
-                self.index.give(s, g)
-            else:
-                self.index.take(s, g)
+        """Give a victim's GPUs back to the index (or take them again), node by node."""
+        set_free = self.index.set_free
+        for s, g in self._alloc_slots(r):
+            set_free(s, s.free + g if give else s.free - g)
 
     # ---- reservations on scheduled plans ----------------------------------------------
 

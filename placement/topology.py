@@ -262,42 +262,66 @@ class CapacityIndex:
         self.set_free(slot, slot.free - gpus)
 
     def take_each(self, slots: list[Slot], gpus: int) -> None:
-        """``take(s, gpus)`` for every slot (a gang's admission), with the domain
-        counts updated once per topology chain instead of once per node: a gang's
-        nodes share their chain (root .. layer-3 block), so a 16-node gang updates
-        ~6 domains once rather than 16 times. Same end state, same bucket order
-        and the same number of version bumps as the loop of ``take`` calls."""
-        if len(slots) == 1 or gpus <= 0 or any(s.free < gpus for s in slots):
-            for s in slots:
-                self.set_free(s, s.free - gpus)
+        """``take(s, gpus)`` for every slot (a gang's admission); see shift_each."""
+        self.shift_each([(s, -gpus) for s in slots])
+
+    def shift_each(self, changes: list[tuple[Slot, int]]) -> None:
+        """``set_free(s, s.free + delta)`` for each (slot, delta), in order, with the
+        domain counts updated once per topology chain instead of once per change.
+
+        A gang's nodes, and the victims a preemption search releases and takes
+        back by the hundred, share a few chains (root .. layer-3 block), so this
+        replaces ~6 domain updates per change with ~6 per chain. Same end state,
+        same bucket order and the same number of version bumps as the loop of
+        set_free calls (nothing reads the counts in between)."""
+        if len(changes) < 3:  # too few to share a chain: the batch setup costs more
+            for slot, delta in changes:
+                self.set_free(slot, slot.free + delta)
             return
-        # chain (by identity) -> [domains, nodes leaving each cnt[k], node count]
+        # chain (by identity) -> [domains, change of each cnt[k], change of free GPUs]
         by_chain: dict[int, list] = {}
-        for slot in slots:
+        for i, (slot, delta) in enumerate(changes):
             a = slot.free
-            b = a - gpus
+            b = a + delta
+            if a == b:
+                continue
+            if b < 0 or b >= len(slot.doms[0].cnt):  # outside the counts: the plain path
+                self._apply(by_chain)
+                for s2, d2 in changes[i:]:
+                    self.set_free(s2, s2.free + d2)
+                return
             self.version += 1
             buckets = slot.part.buckets
             buckets[slot.klass][a].pop(slot, None)
-            entry = by_chain.get(id(slot.doms))
+            doms = slot.doms
+            entry = by_chain.get(id(doms))
             if entry is None:
-                entry = by_chain[id(slot.doms)] = [slot.doms, [0] * len(slot.doms[0].cnt), 0]
+                entry = by_chain[id(doms)] = [doms, [0] * len(doms[0].cnt), 0]
             diff = entry[1]
-            for k in range(b + 1, a + 1):
-                diff[k] += 1
-            entry[2] += 1
+            if b < a:
+                for k in range(b + 1, a + 1):
+                    diff[k] -= 1
+            else:
+                for k in range(a + 1, b + 1):
+                    diff[k] += 1
+            entry[2] += b - a
             slot.free = b
             if slot.klass:  # an UltraServer node
                 slot.klass = _US_WHOLE if b == slot.info.gpus else _US_PARTIAL
             if b > 0:
                 buckets[slot.klass][b][slot] = None
-        for doms, diff, count in by_chain.values():
-            leaving = [(k, c) for k, c in enumerate(diff) if c]
+        self._apply(by_chain)
+
+    @staticmethod
+    def _apply(by_chain: dict[int, list]) -> None:
+        """Add shift_each's accumulated count and free-GPU changes to each chain's domains."""
+        for doms, diff, moved in by_chain.values():
+            nz = [(k, c) for k, c in enumerate(diff) if c]
             for d in doms:
-                d.free -= gpus * count
+                d.free += moved
                 cnt = d.cnt
-                for k, c in leaving:
-                    cnt[k] -= c
+                for k, c in nz:
+                    cnt[k] += c
 
     def give(self, slot: Slot, gpus: int) -> None:
         self.set_free(slot, slot.free + gpus)
