@@ -67,22 +67,9 @@ def s3_client() -> Any:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
     with _client_lock:
         if endpoint not in _clients:
-            client = make_s3_client(endpoint or None)
-            client.meta.events.register("before-parameter-build.s3.CopyObject", _full_object_crc)
-            _clients[endpoint] = client
+            # make_s3_client asks every CopyObject for a fresh full-object checksum.
+            _clients[endpoint] = make_s3_client(endpoint or None)
         return _clients[endpoint]
-
-
-def _full_object_crc(params: dict[str, Any], **_: Any) -> None:
-    """Ask CopyObject for a fresh full-object CRC32 of the copy.
-
-    Why: the trainer uploads large files multipart, so their stored checksum is a
-    *composite* (a CRC of part CRCs). A plain CopyObject may carry that value over as if
-    it were a full-object checksum (moto does), and every later checksum-validated GET of
-    the copy then fails (botocore FlexibleChecksumError): the resumed trainer would
-    refuse a perfectly good checkpoint. With ChecksumAlgorithm set, the store computes
-    the copy's checksum from its bytes (real S3 supports the same parameter)."""
-    params.setdefault("ChecksumAlgorithm", "CRC32")
 
 
 def warm() -> None:

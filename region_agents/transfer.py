@@ -177,7 +177,21 @@ def make_s3_client(
         max_pool_connections=max_pool,
         s3={"addressing_style": "path"},
     )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
+    client = boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
+    client.meta.events.register("before-parameter-build.s3.CopyObject", _full_object_crc)
+    return client
+
+
+def _full_object_crc(params: dict[str, Any], **_: Any) -> None:
+    """Ask CopyObject for a fresh full-object CRC32 of the copy.
+
+    Why: the trainer uploads large files multipart, so their stored checksum is a
+    *composite* (a CRC of part CRCs). A plain CopyObject may carry that value over as if
+    it were a full-object checksum (moto does), and every later checksum-validated GET of
+    the copy then fails (botocore FlexibleChecksumError): the resumed trainer would
+    refuse a perfectly good checkpoint. With ChecksumAlgorithm set, the store computes
+    the copy's checksum from its bytes (real S3 supports the same parameter)."""
+    params.setdefault("ChecksumAlgorithm", "CRC32")
 
 
 def _error_code(exc: BaseException) -> tuple[str, int]:
