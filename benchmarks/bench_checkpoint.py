@@ -307,6 +307,7 @@ def main() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     t_start = time.perf_counter()
+    load_start = os.getloadavg()  # the box is shared: other work skews every figure
     args.workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -395,6 +396,8 @@ def main() -> None:
         "raw_seconds": {"phase_A": a, "phase_B": b, "raw_local_copy_s": raw_local,
                         "raw_s3_up_s": raw_up, "raw_s3_down_s": raw_down},
         "runtime_s": time.perf_counter() - t_start,
+        "loadavg_1_5_15_start": load_start,
+        "loadavg_1_5_15_end": os.getloadavg(),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(res, indent=2))
