@@ -79,10 +79,13 @@ def checkpoint(d: dict[str, Any]) -> list[str]:
         f"| S3 save | {f(s3['dcp_save_MBps'], 0)} MB/s | {f(s3['raw_boto3_upload_MBps'], 0)} MB/s (boto3) | {s3['save_vs_raw']:.2f} |",
         f"| S3 load | {f(s3['dcp_load_MBps'], 0)} MB/s | {f(s3['raw_boto3_download_MBps'], 0)} MB/s (boto3) | {s3['load_vs_raw']:.2f} |",
     ]
-    blocked = a.get("async_blocked_steady_s", a.get("async_blocked_s"))
+    steady = a.get("steady_blocked_s_median", a.get("async_blocked_s"))
+    out.append(f"| async save: training blocked (steady state, median of saves 2..N) | "
+               f"{f(steady, 2)} s | sync save {f(a['sync_save_s'], 2)} s | {a.get('blocked_ratio', 0):.2f} |")
+    if "first_save_blocked_s" in a:
+        out.append(f"| async save: first save (allocates staging buffers) | "
+                   f"{f(a['first_save_blocked_s'], 2)} s | | {a.get('first_save_blocked_ratio', 0):.2f} |")
     out += [
-        f"| async save: training blocked | {f(blocked, 2)} s | sync save {f(a['sync_save_s'], 2)} s | "
-        f"{a.get('blocked_ratio_steady', a.get('blocked_ratio', 0)):.2f} |",
         f"| resharding load 2→1 ranks | {f(r['load_2_to_1_s'], 2)} s | same-size load {f(r['load_1_to_1_s'], 2)} s | {r['reshard_vs_same_size']:.2f} |",
     ]
     if "step_overhead" in d:
