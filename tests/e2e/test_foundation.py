@@ -124,20 +124,18 @@ def test_agent_killed_job_resumes_elsewhere_from_checkpoint(cluster: Cluster) ->
         assert job.placement.region == "eu-west-1"
         assert job.attempt >= 2
         evs = events_of(client, job.id)
-        launches = [e for e in evs if e.to_phase == pb.JOB_PHASE_LAUNCHING]
+        launches = [e for e in evs if e.type == "launched"]
         assert len(launches) >= 2
         relaunch = launches[-1]
         assert relaunch.region == "eu-west-1"
-        # Resumed from a checkpoint, not from step 0: the new attempt's first reported
-        # step is past the checkpoint the broker knew about before the failure.
-        log = cluster.root / "agents" / "eu-west-1"
-        assert log.exists()
+        # Resumed from a checkpoint, not from step 0: the relaunch names the durable
+        # checkpoint the broker knew of (step >= 10) as its resume point.
+        resume_from = relaunch.details.get("resume_from", "")
+        assert "step-" in resume_from, relaunch
+        resumed_step = int(resume_from.rstrip("/").rsplit("step-", 1)[1])
+        assert resumed_step >= before.progress.last_checkpoint_step >= 10, (resume_from, before.progress)
         assert any(e.reason in ("agent_lost", "agent_timeout") for e in evs), [e.reason for e in evs]
-        resumed = [e for e in evs if e.attempt == job.attempt and e.type == "progress"]
-        if resumed:
-            assert min(int(e.details.get("step", "0")) for e in resumed) > 0
         assert job.progress.step == 60
-        assert "step" in relaunch.details.get("resume_from", "step") or relaunch.details.get("resume_from")
 
 
 def test_broker_killed_and_restarted_loses_nothing(cluster: Cluster) -> None:
@@ -156,8 +154,7 @@ def test_broker_killed_and_restarted_loses_nothing(cluster: Cluster) -> None:
     cluster.broker.kill(signal.SIGKILL)
     cluster.start_broker()
     with cluster.client() as client:
-        after_ids = sorted(j.id for page in client.jobs() for j in page) if _paged(client) else \
-            sorted(j.id for j in client.jobs())
+        after_ids = sorted(j.id for j in client.jobs())
         for i in ids:
             assert i in after_ids
             assert len(events_of(client, i)) >= events_before[i]
@@ -168,11 +165,6 @@ def test_broker_killed_and_restarted_loses_nothing(cluster: Cluster) -> None:
         for i in ids:
             seqs = [e.seq for e in events_of(client, i)]
             assert seqs == list(range(1, len(seqs) + 1))
-
-
-def _paged(client: object) -> bool:
-    first = next(iter(client.jobs()), None)  # type: ignore[attr-defined]
-    return isinstance(first, list | tuple)
 
 
 def test_capacity_shows_usage_while_running(cluster: Cluster) -> None:

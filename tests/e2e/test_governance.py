@@ -104,7 +104,7 @@ def test_hyperpod_task_governance_scenario(cluster: Cluster) -> None:
             assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
             assert job.progress.step == steps
         for handle in (a, b_train):
-            launches = [e for e in events(client, handle.id) if e.to_phase == pb.JOB_PHASE_LAUNCHING]
+            launches = [e for e in events(client, handle.id) if e.type == "launched"]
             assert len(launches) >= 2, launches
             resumed_from = launches[1].details.get("resume_from", "")
             assert resumed_from, f"relaunch of {handle.id} did not resume from a checkpoint"
