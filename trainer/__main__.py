@@ -37,7 +37,7 @@ def main() -> None:
     handler.setFormatter(_OneLineFormatter("trainer: %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
-    from trainer.errors import EXIT_BAD_CONFIG, TrainerError
+    from trainer.errors import EXIT_BAD_CONFIG, CheckpointSaveError, TrainerError
     from trainer.signals import SignalFlags
 
     flags = SignalFlags()
@@ -55,6 +55,9 @@ def main() -> None:
     except TrainerError as exc:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
+    except CheckpointSaveError as exc:  # storage may recover: a crash the broker relaunches
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = 1
     except Exception:  # noqa: BLE001 - a crash: full traceback for the operator
         traceback.print_exc()
         code = 1

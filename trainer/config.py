@@ -73,8 +73,10 @@ class TrainerOptions(BaseModel):
     stop_at_step: int = Field(
         0, ge=0, description="stop this attempt after this step with a checkpoint, exit 75"
     )
-    storage_threads: int = Field(2, ge=1, description="DCP writer threads per rank")
-    s3_max_concurrency: int = Field(8, ge=1)
+    storage_threads: int = Field(
+        2, ge=1, le=64, description="big-shard files (and writer threads) per rank"
+    )
+    s3_max_concurrency: int = Field(8, ge=1, le=64, description="S3 parts in flight per file")
     dist_timeout_s: float = Field(300.0, gt=0)
     log_every: int = Field(10, ge=1)
 

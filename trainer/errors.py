@@ -19,3 +19,11 @@ EXIT_GRACE_EXCEEDED = 76
 
 class TrainerError(Exception):
     """A user-facing failure: bad config, bad checkpoint, unreachable storage."""
+
+
+class CheckpointSaveError(Exception):
+    """A checkpoint save failed (storage kept failing after bounded retries, disk full).
+
+    Not a TrainerError: the storage may recover, so the process exits 1 (crash, the
+    broker relaunches from the last durable checkpoint), but with one clear line
+    instead of DCP's per-rank tracebacks."""

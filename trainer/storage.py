@@ -1,18 +1,26 @@
 """Checkpoint storage: a local directory or `s3://bucket/prefix` (any S3-compatible endpoint).
 
-Decision (measured in benchmarks/bench_checkpoint.py): DCP writes straight to S3 through
-a `FileSystemBase` adapter, the same seam torch's own fsspec writer uses, instead of
-staging to local disk and uploading. Why: with direct writes every rank uploads its own
-shard files inside DCP's save, and DCP's coordinator writes `.metadata` only after all
-ranks reported success, so "rank 0's save returned" means "every byte is in the store",
-on one node or many, with no extra barrier or shared staging disk. Each file goes
-through boto3's managed transfer (multipart + parallel parts above 8 MiB) and is spooled
-to a temp file first so a large shard never has to sit in RAM twice.
+A `Store` is one checkpoint root: it lists step directories, reads and writes manifests
+and builds the DCP StorageWriter / StorageReader for one checkpoint. The bytes of the
+shard files move through trainer/shardio.py (layout: trainer/shardfile.py); this module
+binds that data path to a local directory or to S3.
 
-Retries: botocore's "standard" retry mode already retries throttling and 5xx with
-backoff; tenacity adds retries of whole transfers on connection errors. Reachability is
-probed once at start with a short deadline, so a wrong endpoint is a clear exit 2, not a
-hang.
+Decision (measured in benchmarks/bench_checkpoint.py): every rank writes its own shard
+files straight into the store inside DCP's save, and DCP's coordinator writes `.metadata`
+only after all ranks reported success, so "rank 0's save returned" means "every byte is
+in the store", on one node or many, with no extra barrier or shared staging disk. On S3
+each file is a multipart upload whose parts are cut straight out of the tensors' memory
+(no spool file: an earlier version wrote each shard to local disk first, which cost a
+third of the save time) and uploaded `s3_max_concurrency` at a time per file.
+
+Retries (bounded by `RETRY`, a `RetryPolicy`): botocore's "standard" mode retries
+throttling and 5xx per request a few times; tenacity retries a part, a whole small
+object or a whole file read (a stream cut mid-body is not a request botocore can
+retry) on connection errors, throttling and 5xx, with exponential backoff. The two
+layers multiply: the defaults allow 4 x 3 tries of one request over about a minute
+before a save fails and the trainer reports it.
+Reachability is probed once at start with a short deadline, so a wrong endpoint is a
+clear exit 2, not a hang.
 
 Visibility: a checkpoint counts only when its `manifest.json` exists (written last by
 checkpoint.py), on both backends.
@@ -20,37 +28,65 @@ checkpoint.py), on both backends.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import hashlib
 import io
 import json
 import os
-import pickle
-import queue
 import shutil
-import tempfile
 import threading
-from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future
 
 from trainer.errors import TrainerError
+from trainer.shardio import (
+    CHUNK,
+    ChecksumError,
+    EncodedFile,
+    ShardReaderMixin,
+    ShardWriterMixin,
+    TruncatedRead,
+    chunks_of,
+    new_hasher,
+    write_local,
+)
+
+__all__ = [
+    "MANIFEST",
+    "ChecksumError",
+    "LocalStore",
+    "S3Store",
+    "Store",
+    "open_store",
+    "split_checkpoint_uri",
+    "step_name",
+]
 
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step-"
-READ_THREADS = 8  # files fetched concurrently per rank on load
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """`attempts` tries per part / object / file read (tenacity, exponential backoff
+    from `wait_initial_s` up to `wait_max_s`), each of which botocore may send up to
+    `botocore_attempts` times. The region agents' mover has its own (region_agents/
+    transfer.py): it must not import this module, which imports torch."""
+
+    attempts: int = 4
+    wait_initial_s: float = 0.25
+    wait_max_s: float = 8.0
+    botocore_attempts: int = 3
+
+
+RETRY = RetryPolicy()
 
 
 def step_name(step: int) -> str:
@@ -78,27 +114,18 @@ def split_checkpoint_uri(uri: str) -> tuple[str, str]:
     return parent, name
 
 
-# --------------------------------------------------------------------------- checksums
-CHUNK = 8 << 20
-
-
-class ChecksumError(TrainerError):
-    """A checkpoint file whose size or sha256 differs from its manifest entry."""
-
-
+# ------------------------------------------------------------- .metadata (DCP's own finish)
 class _HashingStream(io.RawIOBase):
-    """Write-through wrapper that sha256-hashes the bytes as DCP writes them.
+    """Write-through wrapper that hashes the bytes as DCP's `finish` writes `.metadata`.
 
-    Why: the manifest carries a sha256 per file; hashing in DCP's writer threads while
-    the bytes go by (hashlib releases the GIL) costs no second read of multi-GB shards.
-    DCP only appends; a seek would make the streamed hash wrong, so it marks the hash
-    unusable and the caller re-reads the file instead.
+    A seek would make the streamed hash wrong, so it marks the hash unusable and the
+    caller re-reads the file instead.
     """
 
     def __init__(self, raw: Any, on_close: Callable[[str | None, int], None]) -> None:
         super().__init__()
         self.raw = raw
-        self._h = hashlib.sha256()
+        self._h = new_hasher()
         self._n = 0
         self._ok = True
         self._on_close = on_close
@@ -138,8 +165,8 @@ class _HashingStream(io.RawIOBase):
                 super().close()
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
+def _hash_file(path: str) -> str:
+    h = new_hasher()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
@@ -147,7 +174,7 @@ def _sha256_file(path: str) -> str:
 
 
 class _HashRegistry:
-    """{file name: (sha256, size)} of the files one writer produced (thread-safe)."""
+    """{file name: (digest, size)} of the files one writer's `fs` produced (thread-safe)."""
 
     def __init__(self) -> None:
         self.hashes: dict[str, tuple[str, int]] = {}
@@ -169,7 +196,7 @@ def _basename(path: str | os.PathLike) -> str:
 
 
 class _HashingLocalFS(FileSystem, _HashRegistry):
-    """Local DCP file system that records each written file's sha256 (see _HashingStream)."""
+    """Local DCP file system that records the digest of each file written through it."""
 
     def __init__(self) -> None:
         FileSystem.__init__(self)
@@ -183,7 +210,7 @@ class _HashingLocalFS(FileSystem, _HashRegistry):
             return
 
         def done(digest: str | None, size: int) -> None:
-            self.record(path, digest or _sha256_file(str(path)), size)
+            self.record(path, digest or _hash_file(str(path)), size)
 
         with _HashingStream(open(path, mode), done) as f:  # noqa: SIM115 - closed by wrapper
             yield f
@@ -191,211 +218,6 @@ class _HashingLocalFS(FileSystem, _HashRegistry):
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
         self.moved(path, new_path)
-
-
-@dataclass(frozen=True)
-class _HashedInfo:
-    """A WriteResult's storage info plus its file's sha256, on its way to the coordinator.
-
-    Why: each rank hashes only its own files, but rank 0 writes the manifest. DCP
-    already gathers every rank's WriteResults to the coordinator for `.metadata`; the
-    hash rides along and `finish` strips it again, so `.metadata` stays plain DCP.
-    """
-
-    info: Any
-    sha256: str | None
-
-
-class _ChecksumWriterMixin:
-    """DCP writer whose coordinator ends up with `file_hashes` = {file: sha256} of all ranks."""
-
-    fs: Any
-    file_hashes: dict[str, str]
-
-    def write_data(self, plan: Any, planner: Any) -> Future:
-        results = super().write_data(plan, planner).wait()  # type: ignore[misc]
-        hashes = dict(self.fs.hashes)
-        out = [
-            WriteResult(
-                index=r.index,
-                size_in_bytes=r.size_in_bytes,
-                storage_data=_HashedInfo(
-                    r.storage_data, hashes.get(r.storage_data.relative_path, (None, 0))[0]
-                ),
-            )
-            for r in results
-        ]
-        fut: Future = Future()
-        fut.set_result(out)
-        return fut
-
-    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        file_hashes: dict[str, str] = {}
-        plain: list[list[WriteResult]] = []
-        for wr_list in results:
-            row = []
-            for wr in wr_list:
-                sd = wr.storage_data
-                if isinstance(sd, _HashedInfo):
-                    if sd.sha256:
-                        file_hashes[sd.info.relative_path] = sd.sha256
-                    sd = sd.info
-                row.append(
-                    WriteResult(index=wr.index, size_in_bytes=wr.size_in_bytes, storage_data=sd)
-                )
-            plain.append(row)
-        super().finish(metadata, plain)  # type: ignore[misc]
-        for name, (digest, _size) in self.fs.hashes.items():
-            if name.endswith(".metadata"):
-                file_hashes[name] = digest
-        self.file_hashes = file_hashes
-
-
-class _MemReader(io.RawIOBase):
-    """Seekable read-only view of a memoryview: torch.load copies straight out of the
-    download buffer (via readinto) instead of through another BytesIO copy."""
-
-    def __init__(self, mv: memoryview) -> None:
-        super().__init__()
-        self._mv = mv
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self._mv) - self._pos))
-        out[:n] = self._mv[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: len(self._mv)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-
-def _verify(
-    where: str, name: str, expected: dict[str, Any] | None, size: int, digest: str | None
-) -> None:
-    if not expected:
-        return
-    if expected.get("size") is not None and int(expected["size"]) != size:
-        raise ChecksumError(
-            f"checkpoint {where} is corrupt: file {name} has {size} bytes, "
-            f"the manifest says {expected['size']}"
-        )
-    want = expected.get("sha256")
-    if want and digest != want:
-        raise ChecksumError(
-            f"checkpoint {where} is corrupt: file {name} has sha256 {digest}, "
-            f"the manifest says {want}"
-        )
-
-
-class _PrefetchReaderMixin:
-    """DCP reader that fetches all files of this rank's read plan concurrently.
-
-    Why: torch's FileSystemReader opens the plan's files one after another and, on S3,
-    each must be fully downloaded before any of it is decoded, so a rank had one GET in
-    flight and the network idled while it decoded (245 vs 885 MB/s raw, benchmark).
-    Here up to READ_THREADS whole files download at once (into one preallocated
-    bytearray each, `readinto`, hashed on the fly), and the training thread decodes each
-    file as soon as it has arrived, then drops its buffer. Every file is checked
-    against the manifest (size + sha256) before a byte of it is used.
-    """
-
-    storage_data: dict[Any, Any]
-    transforms: Any
-    load_id: str
-    expected: dict[str, dict[str, Any]]
-    where: str
-
-    def _fetch(self, name: str) -> memoryview:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        name = ".metadata" if rank is None else f"__{rank}.metadata"
-        metadata = pickle.loads(self._fetch(name))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        per_file: dict[str, list[Any]] = {}
-        for req in plan.items:
-            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
-        arrived: queue.Queue = queue.Queue()
-
-        def fetch(name: str) -> None:
-            try:
-                arrived.put((name, self._fetch(name), None))
-            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                arrived.put((name, None, exc))
-
-        if per_file:
-            pool = ThreadPoolExecutor(min(READ_THREADS, len(per_file)), "cb-ckpt-read")
-            try:
-                for name in per_file:
-                    pool.submit(fetch, name)
-                for _ in range(len(per_file)):
-                    name, buf, exc = arrived.get()
-                    if exc is not None:
-                        raise exc
-                    self._decode(buf, per_file[name], planner)
-                    del buf
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
-
-    def _decode(self, buf: memoryview, reqs: list[Any], planner: LoadPlanner) -> None:
-        for req in reqs:
-            md = self.storage_data[req.storage_index]
-            raw = _MemReader(buf[md.offset : md.offset + md.length])
-            stream = self.transforms.transform_load_stream(req, md.transform_descriptors or (), raw)
-            if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(stream.read()))
-                continue
-            if not stream.seekable():
-                stream = io.BytesIO(stream.read())
-            tensor = torch.load(stream, map_location="cpu", weights_only=True)
-            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-            target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise AssertionError(
-                    f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}"
-                )
-            target.copy_(tensor)
-            planner.commit_tensor(req, target)
-
-
-def _read_hashed(
-    read_into: Callable[[memoryview], int], size: int, want_hash: bool, name: str
-) -> tuple[bytearray, str | None]:
-    """Fill a preallocated buffer from `read_into`, hashing each chunk as it lands."""
-    buf = bytearray(size)
-    mv = memoryview(buf)
-    h = hashlib.sha256() if want_hash else None
-    pos = 0
-    while pos < size:
-        n = read_into(mv[pos : pos + CHUNK])
-        if not n:
-            raise ConnectionError(f"{name}: stream ended after {pos} of {size} bytes")
-        if h is not None:
-            h.update(mv[pos : pos + n])
-        pos += n
-    return buf, (h.hexdigest() if h is not None else None)
 
 
 class Store:
@@ -426,7 +248,7 @@ class Store:
         raise NotImplementedError
 
     def writer(self, name: str, threads: int) -> FileSystemWriter:
-        """A DCP writer; after the save its coordinator's `file_hashes` = {file: sha256}."""
+        """A DCP writer; after the save its coordinator's `file_hashes` = {file: digest}."""
         raise NotImplementedError
 
     def reader(
@@ -485,25 +307,27 @@ class LocalStore(Store):
         return LocalReader(self.uri(name), expected or {})
 
 
-class LocalWriter(_ChecksumWriterMixin, FileSystemWriter):
+class LocalWriter(ShardWriterMixin, FileSystemWriter):
     def __init__(self, path: str, threads: int) -> None:
         super().__init__(path, thread_count=threads, sync_files=True)
         self.fs = _HashingLocalFS()
         self.file_hashes = {}
 
+    def _write_file(self, name: str, enc: EncodedFile, hasher: Any) -> None:
+        write_local(os.path.join(str(self.path), name), enc.segments, hasher, fsync=True)
 
-class LocalReader(_PrefetchReaderMixin, FileSystemReader):
+
+class LocalReader(ShardReaderMixin, FileSystemReader):
     def __init__(self, path: str, expected: dict[str, dict[str, Any]]) -> None:
         super().__init__(path)
         self.expected, self.where = expected, path
 
-    def _fetch(self, name: str) -> memoryview:
+    @contextmanager
+    def _open(self, name: str) -> Iterator[tuple[Callable[[memoryview], int], int]]:
         with open(os.path.join(str(self.path), name), "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            want = self.expected.get(name)
-            buf, digest = _read_hashed(f.readinto, size, bool(want and want.get("sha256")), name)
-        _verify(self.where, name, want, size, digest)
-        return memoryview(buf)
+            with contextlib.suppress(OSError, AttributeError):  # a hint: read ahead
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            yield f.readinto, os.fstat(f.fileno()).st_size
 
 
 # --------------------------------------------------------------------------- S3
@@ -514,7 +338,7 @@ def _s3_client(max_concurrency: int) -> Any:
     from botocore.config import Config
 
     cfg = Config(
-        retries={"mode": "standard", "max_attempts": 6},
+        retries={"mode": "standard", "total_max_attempts": max(1, RETRY.botocore_attempts)},
         connect_timeout=5,
         read_timeout=60,
         max_pool_connections=max(10, 2 * max_concurrency),
@@ -527,10 +351,13 @@ def _s3_client(max_concurrency: int) -> Any:
 
 
 def _transient(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
     from botocore.exceptions import ConnectionError as BotoConnError
 
-    if isinstance(exc, BotoConnError | ConnectionError | TimeoutError):
+    # HTTPClientError covers a response stream cut mid-body (ResponseStreamingError) and
+    # read timeouts; TruncatedRead is a body that ended before its Content-Length.
+    transport = (BotoConnError, HTTPClientError, IncompleteReadError, TruncatedRead)
+    if isinstance(exc, (*transport, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
@@ -545,30 +372,21 @@ def _retrying(fn: Any) -> Any:
 
     return retry(
         retry=retry_if_exception(_transient),
-        stop=stop_after_attempt(5),
-        wait=wait_exponential(multiplier=0.2, max=5),
+        stop=stop_after_attempt(max(1, RETRY.attempts)),
+        wait=wait_exponential(multiplier=RETRY.wait_initial_s, max=RETRY.wait_max_s),
         reraise=True,
     )(fn)
 
 
 class _S3FileSystem(FileSystemBase, _HashRegistry):
-    """The DCP FileSystemBase over S3: what torch's FsspecWriter does with s3fs, on boto3.
-
-    One instance per writer/reader: its hash registry holds that save's file hashes.
+    """The DCP FileSystemBase over S3, for what DCP's `finish` writes itself (`.metadata`:
+    small, so it is spooled in memory and sent in one PUT). Shard files do not come
+    through here: see S3Writer. One instance per writer; its registry holds the digests.
     """
 
-    def __init__(self, client: Any, max_concurrency: int, ranged_get: bool = False) -> None:
-        from boto3.s3.transfer import TransferConfig
-
+    def __init__(self, client: Any) -> None:
         _HashRegistry.__init__(self)
         self.client = client
-        self.max_concurrency = max_concurrency
-        self.ranged_get = ranged_get
-        self.transfer = TransferConfig(
-            multipart_threshold=8 * 1024 * 1024,
-            multipart_chunksize=16 * 1024 * 1024,
-            max_concurrency=max_concurrency,
-        )
 
     @staticmethod
     def _split(path: str | os.PathLike) -> tuple[str, str]:
@@ -579,42 +397,17 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         bucket, key = self._split(path)
-        if "w" in mode:
-            # DCP closes the stream itself, so spool to a named temp file and upload the
-            # file afterwards (upload_file also lets boto3 read parts in parallel).
-            # The sha256 is of the bytes written to the spool file, i.e. the bytes sent.
-            fd, tmp = tempfile.mkstemp(prefix="cb-ckpt-", suffix=".part")
-            got: list[tuple[str | None, int]] = []
-            try:
-                with _HashingStream(os.fdopen(fd, "w+b"), lambda d, n: got.append((d, n))) as f:
-                    yield f  # type: ignore[misc]
-                _retrying(self.client.upload_file)(tmp, bucket, key, Config=self.transfer)
-                digest, size = got[0] if got else (None, 0)
-                self.record(path, digest or _sha256_file(tmp), size)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-        else:
-            buf, _ = self.fetch(path, False)
-            yield io.BytesIO(buf)
-
-    def fetch(self, path: str | os.PathLike, want_hash: bool) -> tuple[bytearray, str | None]:
-        """The whole object in one preallocated buffer (+ its sha256 when asked)."""
-        bucket, key = self._split(path)
-
-        @_retrying
-        def download() -> tuple[bytearray, str | None]:
-            if self.ranged_get:  # parallel ranged GETs: best on AWS S3
-                size = int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-                buf = bytearray(size)
-                self.client.download_fileobj(bucket, key, _MemWriter(buf), Config=self.transfer)
-                return buf, (hashlib.sha256(buf).hexdigest() if want_hash else None)
-            # one streamed GET: S3-compatible servers that re-read the whole object
-            # per range request (moto: 450 vs 160 MB/s on 200 MB here) prefer this
-            resp = self.client.get_object(Bucket=bucket, Key=key)
-            return _read_hashed(resp["Body"].readinto, int(resp["ContentLength"]), want_hash, key)
-
-        return download()
+        if "w" not in mode:
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            yield io.BytesIO(body)
+            return
+        spool = io.BytesIO()
+        yield spool
+        data = spool.getvalue()
+        _retrying(self.client.put_object)(Bucket=bucket, Key=key, Body=data)
+        h = new_hasher()
+        h.update(data)
+        self.record(path, h.hexdigest(), len(data))
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
         return f"{str(path).rstrip('/')}/{suffix}"
@@ -653,60 +446,170 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
         self.client.delete_object(Bucket=bucket, Key=key)
 
 
-class _MemWriter(io.RawIOBase):
-    """Seekable writer into a preallocated bytearray (target of boto3's ranged download)."""
-
-    def __init__(self, buf: bytearray) -> None:
-        super().__init__()
-        self._mv = memoryview(buf)
-        self._pos = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        src = memoryview(b).cast("B")
-        self._mv[self._pos : self._pos + len(src)] = src
-        self._pos += len(src)
-        return len(src)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = {0: 0, 1: self._pos, 2: len(self._mv)}[whence] + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
+MULTIPART_THRESHOLD = 8 << 20
+PART_SIZE = 16 << 20
+MAX_PARTS = 10_000  # S3's limit per multipart upload
 
 
-class S3Writer(_ChecksumWriterMixin, FileSystemWriter):
-    def __init__(self, path: str, fs: _S3FileSystem, threads: int) -> None:
+class S3Uploader:
+    """Uploads one file given as byte segments (header + tensor memory) without a spool.
+
+    Small files are one PUT. Larger ones are a multipart upload whose parts are copied
+    out of the segments into a per-thread buffer that is reused across parts and saves
+    (warm memory: fresh pages cost more than the copy on these machines) and sent as
+    one body, `max_concurrency` parts in flight per file. Parts carry a CRC32 that S3
+    checks on receipt, as boto3's own transfer manager sends by default; the whole
+    file's xxh3-128 is computed alongside, for the manifest. On any failure the
+    multipart upload is aborted, so no invisible parts are left behind (billed on AWS).
+    """
+
+    def __init__(self, client: Any, max_concurrency: int) -> None:
+        self.client = client
+        self.max_concurrency = max(1, max_concurrency)
+        self._pools: list[ThreadPoolExecutor] = []
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """A pool per concurrent file (writer threads take one each and give it back)."""
+        with self._lock:
+            if self._pools:
+                return self._pools.pop()
+        return ThreadPoolExecutor(self.max_concurrency, "cb-s3-part")
+
+    def _give_back(self, pool: ThreadPoolExecutor) -> None:
+        with self._lock:
+            self._pools.append(pool)
+
+    def _buffer(self, n: int) -> memoryview:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.buf = bytearray(n)
+        return memoryview(buf)
+
+    def put(self, bucket: str, key: str, segments: list[memoryview], hasher: Any) -> None:
+        size = sum(len(s) for s in segments)
+        if size < MULTIPART_THRESHOLD:
+            body = b"".join(segments)
+            hasher.update(body)
+            _retrying(self.client.put_object)(Bucket=bucket, Key=key, Body=body)
+            return
+        part = max(PART_SIZE, -(-size // MAX_PARTS))
+        starts, pos = [], 0
+        for seg in segments:
+            starts.append(pos)
+            pos += len(seg)
+        uid = _retrying(self.client.create_multipart_upload)(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32"
+        )["UploadId"]
+        pool = self._pool()
+        futs = [
+            pool.submit(
+                self._part, bucket, key, uid, n + 1, off, min(off + part, size), segments, starts
+            )
+            for n, off in enumerate(range(0, size, part))
+        ]
+        try:
+            for chunk in chunks_of(segments):  # while the parts are in flight
+                hasher.update(chunk)
+            parts = [f.result() for f in futs]
+            _retrying(self.client.complete_multipart_upload)(
+                Bucket=bucket, Key=key, UploadId=uid, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            wait(futs)
+            with contextlib.suppress(Exception):
+                self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=uid)
+            raise
+        finally:
+            self._give_back(pool)
+
+    def _part(
+        self,
+        bucket: str,
+        key: str,
+        uid: str,
+        number: int,
+        start: int,
+        end: int,
+        segments: list[memoryview],
+        starts: list[int],
+    ) -> dict[str, Any]:
+        n = end - start
+        out = self._buffer(n)
+        k = max(0, bisect.bisect_right(starts, start) - 1)
+        got = 0
+        while got < n:  # gather [start, end) from the segments
+            seg, seg_start = segments[k], starts[k]
+            lo = start + got - seg_start
+            take = min(len(seg) - lo, n - got)
+            out[got : got + take] = seg[lo : lo + take]
+            got += take
+            k += 1
+        body: bytes | bytearray = out.obj if len(out) == n else out[:n].tobytes()  # type: ignore[assignment]
+        resp = _retrying(self.client.upload_part)(
+            Bucket=bucket,
+            Key=key,
+            UploadId=uid,
+            PartNumber=number,
+            Body=body,
+            ChecksumAlgorithm="CRC32",
+        )
+        done = {"PartNumber": number, "ETag": resp["ETag"]}
+        if "ChecksumCRC32" in resp:
+            done["ChecksumCRC32"] = resp["ChecksumCRC32"]
+        return done
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = self._pools, []
+        for p in pools:
+            p.shutdown(wait=False)
+
+
+class S3Writer(ShardWriterMixin, FileSystemWriter):
+    def __init__(self, path: str, client: Any, uploader: S3Uploader, threads: int) -> None:
         super().__init__(path, thread_count=threads, sync_files=False)
-        self.fs = fs
-        self.path = fs.init_path(path)
+        self.fs = _S3FileSystem(client)
+        self.path = self.fs.init_path(path)
+        self.uploader = uploader
         self.file_hashes = {}
+
+    def _write_file(self, name: str, enc: EncodedFile, hasher: Any) -> None:
+        bucket, key = _S3FileSystem._split(self.fs.concat_path(self.path, name))
+        self.uploader.put(bucket, key, enc.segments, hasher)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return _S3FileSystem.validate_checkpoint_id(checkpoint_id)
 
 
-class S3Reader(_PrefetchReaderMixin, FileSystemReader):
-    def __init__(self, path: str, fs: _S3FileSystem, expected: dict[str, dict[str, Any]]) -> None:
+class S3Reader(ShardReaderMixin, FileSystemReader):
+    """Each file is one streamed GET (S3-compatible servers that re-read the whole object
+    per range request, like moto, are much slower with ranged GETs); more files per rank
+    (option `storage_threads`) means more streams in parallel."""
+
+    def __init__(self, path: str, client: Any, expected: dict[str, dict[str, Any]]) -> None:
         super().__init__(path)
-        self.fs = fs
-        self.path = fs.init_path(path)
+        self.fs = _S3FileSystem(client)
+        self.client = client
+        self.path = self.fs.init_path(path)
         self.expected, self.where = expected, path
 
-    def _fetch(self, name: str) -> memoryview:
-        want = self.expected.get(name)
-        buf, digest = self.fs.fetch(
-            self.fs.concat_path(self.path, name), bool(want and want.get("sha256"))
-        )
-        _verify(self.where, name, want, len(buf), digest)
-        return memoryview(buf)
+    @contextmanager
+    def _open(self, name: str) -> Iterator[tuple[Callable[[memoryview], int], int]]:
+        bucket, key = _S3FileSystem._split(self.fs.concat_path(self.path, name))
+        resp = self.client.get_object(Bucket=bucket, Key=key)
+        body = resp["Body"]
+        try:
+            yield body.readinto, int(resp["ContentLength"])
+        finally:
+            body.close()
+
+    def _retry(self, fn: Callable[[], None]) -> None:
+        _retrying(fn)()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -724,11 +627,7 @@ class S3Store(Store):
             )
         self.client = _s3_client(max_concurrency)
         self.max_concurrency = max_concurrency
-        self.ranged_get = os.environ.get("CB_S3_RANGED_GET", "") == "1"
-        self.fs = self._new_fs()
-
-    def _new_fs(self) -> _S3FileSystem:
-        return _S3FileSystem(self.client, self.max_concurrency, self.ranged_get)
+        self.uploader = S3Uploader(self.client, max_concurrency)
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -810,12 +709,12 @@ class S3Store(Store):
             self.client.delete_object(Bucket=self.bucket, Key=k["Key"])
 
     def writer(self, name: str, threads: int) -> FileSystemWriter:
-        return S3Writer(self.uri(name), self._new_fs(), threads)
+        return S3Writer(self.uri(name), self.client, self.uploader, threads)
 
     def reader(
         self, name: str, expected: dict[str, dict[str, Any]] | None = None
     ) -> FileSystemReader:
-        return S3Reader(self.uri(name), self._new_fs(), expected or {})
+        return S3Reader(self.uri(name), self.client, expected or {})
 
 
 def open_store(root: str, max_concurrency: int = 8) -> Store:

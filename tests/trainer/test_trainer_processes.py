@@ -269,12 +269,12 @@ def test_corrupt_checkpoint_exits_2(s3_server: Any, work: Path, baseline: dict, 
         size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
         s3.put_object(Bucket=bucket, Key=key, Body=b"\x00garbage" * (size // 8) + b"!" * (size % 8))
         needle = "could not be loaded"
-    else:  # one flipped byte in a shard: only the manifest's sha256 can tell
+    else:  # one flipped byte in a shard: only the manifest's digest can tell
         key = f"{prefix}/{step_name(20)}/__0_0.distcp"
         body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         body[len(body) // 2] ^= 0xFF
         s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
-        needle = "__0_0.distcp has sha256"
+        needle = "__0_0.distcp has xxh3_128"
     run = launch(
         work / prefix, 1, tiny_spec(), f"s3://{bucket}/{prefix}", env=s3_server.env
     )

@@ -115,30 +115,31 @@ def _tiny_manager(root: str, store: object = None, use_async: bool = False):  # 
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_manifest_sha256_matches_bytes_and_load_verifies_it(tmp_path) -> None:
-    import hashlib
+def test_manifest_digest_matches_bytes_and_load_verifies_it(tmp_path) -> None:
+    import xxhash
 
     m = _tiny_manager(str(tmp_path), use_async=True)
     m.warm_staging()
-    m.save(1, 8)  # async: hashes come from the writer threads and the coordinator's finish
+    m.save(1, 8)  # async: digests come from the writer threads and the coordinator's finish
     m.wait()
     m.save(2, 16, blocking=True)
     for step in (1, 2):
         d = tmp_path / step_name(step)
         manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["manifest_version"] == 3
         names = {f["name"] for f in manifest["files"]}
         assert ".metadata" in names and "__0_0.distcp" in names
         for f in manifest["files"]:
             data = (d / f["name"]).read_bytes()
             assert f["size"] == len(data)
-            assert f["sha256"] == hashlib.sha256(data).hexdigest()
+            assert f["xxh3_128"] == xxhash.xxh3_128(data).hexdigest()
     assert _tiny_manager(str(tmp_path)).load(step_name(2))["step"] == 2
-    # same size, one flipped byte: only the checksum can tell
-    shard = tmp_path / step_name(2) / "__0_1.distcp"
+    # same size, one flipped byte: only the digest can tell
+    shard = tmp_path / step_name(2) / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(TrainerError, match=r"is corrupt: file __0_1.distcp has sha256 .* manifest says"):
+    with pytest.raises(TrainerError, match=r"is corrupt: file __0_0.distcp has xxh3_128 .* manifest says"):
         _tiny_manager(str(tmp_path)).load(step_name(2))
 
 
