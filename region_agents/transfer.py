@@ -60,7 +60,8 @@ from s3transfer.subscribers import BaseSubscriber
 
 MANIFEST = "manifest.json"  # == trainer.storage.MANIFEST (kept here to avoid importing torch)
 MiB = 1024 * 1024
-_HASH_ALGOS = ("sha256", "sha1", "md5", "blake2b")
+# the trainer's manifests carry xxh3_128 (version 3) or sha256 (version 2)
+_HASH_ALGOS = ("xxh3_128", "sha256", "sha1", "md5", "blake2b")
 _COPY_CHUNK = 8 * MiB
 
 ProgressFn = Callable[[int, int], None]
@@ -483,8 +484,17 @@ def _expected_digest(entry: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _new_hash(algo: str) -> Any:
+    """hashlib's algorithms, plus xxh3_128 (from xxhash, like the trainer's writer)."""
+    if algo == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    return hashlib.new(algo)
+
+
 def _hash_file(path: Path, algo: str) -> str:
-    h = hashlib.new(algo)
+    h = _new_hash(algo)
     with open(path, "rb") as f:
         while chunk := f.read(_COPY_CHUNK):
             h.update(chunk)
@@ -492,7 +502,7 @@ def _hash_file(path: Path, algo: str) -> str:
 
 
 def _hash_s3(client: Any, bucket: str, key: str, algo: str) -> str:
-    h = hashlib.new(algo)
+    h = _new_hash(algo)
     body = client.get_object(Bucket=bucket, Key=key)["Body"]
     for chunk in body.iter_chunks(_COPY_CHUNK):
         h.update(chunk)
@@ -566,7 +576,7 @@ class _Copier:
         assert isinstance(self.src, _LocalDir) and isinstance(self.dst, _LocalDir)
         out = self.dst.file(name)
         out.parent.mkdir(parents=True, exist_ok=True)
-        h = hashlib.new(want[0]) if want else None
+        h = _new_hash(want[0]) if want else None
         with open(self.src.file(name), "rb") as fi, open(out, "wb") as fo:
             while chunk := fi.read(_COPY_CHUNK):
                 fo.write(chunk)  # hash exactly what is written to the destination

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 
 from region_agents.transfer import (
     IncompleteCheckpoint,
@@ -40,8 +41,11 @@ FILES = {
 }
 
 
-def make_checkpoint(root: Path, step: int, *, checksums: bool = False, seed: int = 0) -> Path:
-    """A complete checkpoint dir <root>/step-N: data files, then the manifest (last)."""
+def make_checkpoint(root: Path, step: int, *, checksums: str = "", seed: int = 0) -> Path:
+    """A complete checkpoint dir <root>/step-N: data files, then the manifest (last).
+
+    `checksums`: "" (version-1 manifest, sizes only), "xxh3_128" (what the trainer writes
+    now) or "sha256" (version 2)."""
     from trainer.storage import LocalStore, step_name
 
     name = step_name(step)
@@ -51,9 +55,13 @@ def make_checkpoint(root: Path, step: int, *, checksums: bool = False, seed: int
         (d / fname).write_bytes(os.urandom(size) if seed == 0 else bytes([(seed + i) % 251]) * size)
     store = LocalStore(str(root))
     files = [{"name": n, "size": s} for n, s in sorted(store.list_files(name).items())]
-    if checksums:
-        for f in files:
-            f["sha256"] = hashlib.sha256((d / f["name"]).read_bytes()).hexdigest()
+    for f in files if checksums else []:
+        data = (d / f["name"]).read_bytes()
+        f[checksums] = (
+            xxhash.xxh3_128(data).hexdigest()
+            if checksums == "xxh3_128"
+            else hashlib.new(checksums, data).hexdigest()
+        )
     manifest = {
         "manifest_version": 1,
         "job_id": "job-1",
@@ -148,8 +156,8 @@ def test_local_to_s3_to_s3_to_local_round_trip(s3, tmp_path):
 
 
 def test_stream_copy_and_checksums_verified(s3, tmp_path):
-    """Forced streaming S3->S3 and local->local, both against sha256 in the manifest."""
-    src = make_checkpoint(tmp_path / "src", 40, checksums=True)
+    """Forced streaming S3->S3 and local->local, against a version-2 manifest's sha256."""
+    src = make_checkpoint(tmp_path / "src", 40, checksums="sha256")
     expect = local_tree(src)
     a, b = s3.unique_bucket("cb-a"), s3.unique_bucket("cb-b")
     copy_checkpoint(str(src), f"s3://{a}/step-000000040", **SMALL)
@@ -168,14 +176,14 @@ def test_stream_copy_and_checksums_verified(s3, tmp_path):
 
 
 def test_checksum_mismatch_fails_and_leaves_no_manifest(s3, tmp_path):
-    src = make_checkpoint(tmp_path / "src", 7, checksums=True)
+    src = make_checkpoint(tmp_path / "src", 7, checksums="xxh3_128")
     (src / "__1_0.distcp").write_bytes(b"\x00" * FILES["__1_0.distcp"])  # same size, other bytes
     bucket = s3.unique_bucket("cb-bad")
-    with pytest.raises(TransferFailed, match=r"__1_0\.distcp.*sha256"):
+    with pytest.raises(TransferFailed, match=r"__1_0\.distcp.*xxh3_128"):
         copy_checkpoint(str(src), f"s3://{bucket}/j/step-000000007", retry=FAST_RETRY, **SMALL)
     assert s3.list_keys(bucket) == []
     dst = tmp_path / "d" / "step-000000007"
-    with pytest.raises(TransferFailed, match="sha256"):
+    with pytest.raises(TransferFailed, match="xxh3_128"):
         copy_checkpoint(str(src), str(dst), retry=FAST_RETRY)
     assert not (dst / "manifest.json").exists()
     assert latest_complete_checkpoint(str(tmp_path / "d")) is None
