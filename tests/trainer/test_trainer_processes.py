@@ -5,7 +5,7 @@ resumes from one of its checkpoints (or is stopped and resumed) and must reprodu
 baseline's sample ids exactly and its loss at every step: bit-identical when the world
 size is unchanged, within 1e-5 relative when it changes (only float summation order
 differs). Also: progress file, SIGTERM/SIGUSR1, half-written and corrupt checkpoints,
-wrong model, unreachable S3, bad config.
+wrong model, unreachable S3, a store refusing writes, bad config.
 """
 
 from __future__ import annotations
@@ -304,6 +304,34 @@ def test_unreachable_s3_exits_2(s3_server: Any, tmp_path: Path) -> None:
         env={**s3_server.env, "AWS_ENDPOINT_URL": dead},
     )
     _assert_clean_exit_2(run, "unreachable", dead)
+
+
+def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_1(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    """Storage that accepts reads but refuses every write (503) after bounded retries:
+    the async save of step 2 fails, the training thread learns it at its next save, and
+    both ranks exit 1 (the broker relaunches) with one line, no traceback, no manifest."""
+    from tests.fixtures.faulty_proxy import FaultPlan, FaultyProxy
+
+    bucket = s3_server.unique_bucket("refuses-writes")
+    with FaultyProxy(s3_server.endpoint_url, FaultPlan(fail_after=0, status=503)) as proxy:
+        run = launch(
+            tmp_path,
+            2,
+            tiny_spec(total_steps=4, checkpoint_every=2),
+            f"s3://{bucket}/ck",
+            env={**s3_server.env, "AWS_ENDPOINT_URL": proxy.endpoint_url},
+        )
+        codes = run.wait(240)
+        assert proxy.plan.injected > 0 and proxy.plan.passed == 0
+    for rank in (0, 1):
+        err = run.stderr(rank)
+        assert codes[rank] == 1, f"exit codes {codes}\n{run.output()}\n{err}"
+        assert "Traceback" not in err, err
+        assert f"checkpoint save of step 2 to s3://{bucket}/ck/{step_name(2)} failed" in err, err
+        assert "503" in err or "SlowDown" in err, err
+    assert not [k for k in s3_server.list_keys(bucket) if k.endswith("manifest.json")]
 
 
 def test_bad_config_exits_2(tmp_path: Path) -> None:
