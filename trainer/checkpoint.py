@@ -22,8 +22,8 @@ only ever does the staging copy (no manifest, fsync or upload).
 Checksums: every file's xxh3-128 is computed while it is written (shardio.py) and listed
 in the manifest; loads check size + digest of every file they read (exit 2 on mismatch).
 xxh3-128, not sha256: it guards against accidental damage (truncation, bit rot, a file
-from another checkpoint), which it detects as surely, at ~10 GB/s instead of ~1.3 GB/s
-per core; a cryptographic hash would add nothing, because whoever can rewrite a shard can
+from another checkpoint), which it detects as surely, several times faster
+per core (benchmarks/bench_hash.py); a cryptographic hash would add nothing, because whoever can rewrite a shard can
 rewrite the manifest beside it. Manifests of version 2 (sha256) are still verified.
 
 Deadline (CB_GRACE_S): a save given a `deadline` runs on a helper thread and is waited
@@ -58,7 +58,6 @@ from trainer.errors import CheckpointSaveError, TrainerError
 from trainer.shardio import HASH_ALGO
 from trainer.storage import (
     MANIFEST,
-    ChecksumError,
     Store,
     open_store,
     split_checkpoint_uri,
@@ -385,8 +384,6 @@ class CheckpointManager:
         failure = ""
         try:
             dcp.load(state, storage_reader=store.reader(name, expected), no_dist=True)
-        except ChecksumError as exc:
-            failure = f"could not be loaded: {exc}"
         except (Exception, CheckpointException) as exc:  # noqa: BLE001
             failure = _load_failure(store.uri(name), exc)
         self._agree(failure)
@@ -409,23 +406,26 @@ class CheckpointManager:
         return manifest
 
 
+def _lines(exc: BaseException) -> list[str]:
+    """A CheckpointException (a BaseException) carries every failed rank's traceback;
+    the lines of its message, the last of which names what actually went wrong."""
+    return [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()] or [
+        type(exc).__name__
+    ]
+
+
 def _one_line(exc: BaseException) -> str:
-    """The cause, in one line: a CheckpointException (a BaseException) carries every
-    failed rank's traceback; its last line names what actually went wrong."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:600]
+    return _lines(exc)[-1][:600]
 
 
 def _load_failure(where: str, exc: BaseException) -> str:
-    """One line a person can act on, from whatever DCP or the reader raised."""
-    # A CheckpointException (a BaseException) carries every rank's traceback; its last
-    # line is the actual cause. A checksum mismatch is said plainly.
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    """One line a person can act on, from whatever DCP or the reader raised; a size or
+    digest mismatch (ChecksumError, "checkpoint ... is corrupt: ...") is said plainly."""
+    lines = _lines(exc)
     bad = next((ln for ln in lines if "is corrupt" in ln and "checkpoint " in ln), "")
     if bad:
         return "could not be loaded: " + bad[bad.index("checkpoint ") :]
-    last = lines[-1] if lines else type(exc).__name__
-    return f"checkpoint {where} could not be loaded (corrupt or incompatible): {last}"[:800]
+    return f"checkpoint {where} could not be loaded (corrupt or incompatible): {lines[-1]}"[:800]
 
 
 def check_compatible(manifest: dict[str, Any], model_cfg: dict[str, Any], where: str) -> None:

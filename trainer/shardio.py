@@ -360,28 +360,32 @@ class ShardReaderMixin:
         super().set_up_storage_reader(metadata, is_coordinator, *a, **kw)  # type: ignore[misc]
         self._metadata = metadata
 
-    # ------------------------------------------------------------- whole small files
+    # ------------------------------------------------------------- one whole file
+    def _read_file(self, name: str, landings: Callable[[int], list[_Landing]]) -> None:
+        """Stream file `name` once, landing byte ranges where `landings(size)` says, and
+        verify its size and digest against the manifest entry (whole file, retried)."""
+        entry = self.expected.get(name)
+        want = expected_digest(entry)
+
+        def attempt() -> None:
+            with self._open(name) as (readinto, size):
+                if entry and entry.get("size") is not None and int(entry["size"]) != size:
+                    verify(self.where, name, entry, size, None)  # wrong size: fail before reading
+                hasher = new_hasher(want[0]) if want else None
+                _stream(readinto, size, landings(size), hasher, name, self.where)
+                verify(self.where, name, entry, size, hasher.hexdigest() if hasher else None)
+
+        self._retry(attempt)
+
     def read_whole(self, name: str) -> bytearray:
         """A whole (small) file, verified: `.metadata`."""
         out: list[bytearray] = []
 
-        def attempt() -> None:
-            out.clear()
-            with self._open(name) as (readinto, size):
-                buf = bytearray(size)
-                want = expected_digest(self.expected.get(name))
-                hasher = new_hasher(want[0]) if want else None
-                _stream(readinto, size, [_Landing(0, memoryview(buf))], hasher, name)
-                verify(
-                    self.where,
-                    name,
-                    self.expected.get(name),
-                    size,
-                    hasher.hexdigest() if hasher else None,
-                )
-                out.append(buf)
+        def whole(size: int) -> list[_Landing]:
+            out[:] = [bytearray(size)]  # a retry starts over with a fresh buffer
+            return [_Landing(0, memoryview(out[0]))]
 
-        self._retry(attempt)
+        self._read_file(name, whole)
         return out[0]
 
     # ------------------------------------------------------------------- planning
@@ -535,19 +539,8 @@ class ShardReaderMixin:
         return fut
 
     def _fetch(self, name: str, fp: _FilePlan) -> None:
-        entry = self.expected.get(name)
-        want = expected_digest(entry)
         landings = sorted(fp.landings, key=lambda x: x.offset)
-
-        def attempt() -> None:
-            with self._open(name) as (readinto, size):
-                hasher = new_hasher(want[0]) if want else None
-                if entry and entry.get("size") is not None and int(entry["size"]) != size:
-                    verify(self.where, name, entry, size, None)
-                _stream(readinto, size, landings, hasher, name, self.where)
-                verify(self.where, name, entry, size, hasher.hexdigest() if hasher else None)
-
-        self._retry(attempt)
+        self._read_file(name, lambda _size: landings)
 
 
 _skip_local = threading.local()

@@ -17,8 +17,9 @@ Retries (bounded by `RETRY`, a `RetryPolicy`): botocore's "standard" mode retrie
 throttling and 5xx per request a few times; tenacity retries a part, a whole small
 object or a whole file read (a stream cut mid-body is not a request botocore can
 retry) on connection errors, throttling and 5xx, with exponential backoff. The two
-layers multiply: the defaults allow 4 x 3 tries of one request over about a minute
-before a save fails and the trainer reports it.
+layers multiply: the defaults allow 4 x 3 tries of one request (botocore's backoff of
+up to 1 + 2 s per try, tenacity's 0.25 + 0.5 + 1 s between tries: about 15 s, more only
+when requests hit the 60 s read timeout) before a save fails and the trainer reports it.
 Reachability is probed once at start with a short deadline, so a wrong endpoint is a
 clear exit 2, not a hang.
 
@@ -48,7 +49,6 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase
 from trainer.errors import TrainerError
 from trainer.shardio import (
     CHUNK,
-    ChecksumError,
     EncodedFile,
     ShardReaderMixin,
     ShardWriterMixin,
@@ -60,7 +60,6 @@ from trainer.shardio import (
 
 __all__ = [
     "MANIFEST",
-    "ChecksumError",
     "LocalStore",
     "S3Store",
     "Store",
@@ -561,12 +560,6 @@ class S3Uploader:
         if "ChecksumCRC32" in resp:
             done["ChecksumCRC32"] = resp["ChecksumCRC32"]
         return done
-
-    def close(self) -> None:
-        with self._lock:
-            pools, self._pools = self._pools, []
-        for p in pools:
-            p.shutdown(wait=False)
 
 
 class S3Writer(ShardWriterMixin, FileSystemWriter):

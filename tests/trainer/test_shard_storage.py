@@ -18,57 +18,21 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
 from tests.fixtures.faulty_proxy import FaultPlan, FaultyProxy
+from tests.trainer.managers import assert_same_state, make_manager
 from trainer import storage
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import CheckpointSaveError, TrainerError
 from trainer.shardfile import RAW_DESCRIPTOR
 from trainer.shardio import SMALL_ITEM_BYTES, contiguous_range
-from trainer.storage import LocalStore, S3Store, open_store, step_name
+from trainer.storage import LocalStore, S3Store, step_name
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 # 1536 x 1536 fp32 = 9.4 MB per weight and per Adam moment: shard files over the 8 MiB
 # multipart threshold, one of them over two 16 MiB parts
 WIDE = 1536
-
-
-def make_manager(
-    root: str, width: int = 64, seed: int = 0, threads: int = 2, use_async: bool = False
-) -> CheckpointManager:
-    """A model with one optimizer step taken (AdamW's moments exist), weights from `seed`."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Linear(width, 4))
-    optim = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, width)).sum().backward()
-    optim.step()
-    return CheckpointManager(
-        open_store(root),
-        model=model,
-        optim=optim,
-        sched=LambdaLR(optim, lambda s: 1.0),
-        ckpt_group=None,
-        rank=0,
-        world_size=1,
-        manifest_base={"model": {"preset": "unit", "width": width}},
-        keep_last=5,
-        threads=threads,
-        use_async=use_async,
-    )
-
-
-def assert_same_state(a: CheckpointManager, b: CheckpointManager) -> None:
-    for (name, pa), (_, pb) in zip(
-        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
-    ):
-        assert torch.equal(pa, pb), name
-    sa, sb = a.optim.state_dict()["state"], b.optim.state_dict()["state"]
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        for field in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(sa[k][field], sb[k][field]), (k, field)
 
 
 # ------------------------------------------------------------------- shard file layout
@@ -229,9 +193,8 @@ def test_s3_multipart_save_and_load_survive_injected_errors(
         proxy.plan = FaultPlan(fail_every=3, status=503)  # every 3rd PUT/POST: SlowDown
         src = _s3_manager(s3_server, monkeypatch, proxy.endpoint_url, root, seed=0)
         src.save(7, 56, blocking=True)
-        writes = proxy.plan
         parts = [p for m, p, st in proxy.log if m == "PUT" and "partNumber=" in p and st == 200]
-        assert writes.injected >= 3 and len(parts) >= 3  # multipart, and faults were hit
+        assert proxy.plan.injected >= 3 and len(parts) >= 3  # multipart, and faults were hit
         proxy.plan = FaultPlan(fail_every=2, status=500, methods=frozenset({"GET"}))
         dst = _s3_manager(s3_server, monkeypatch, proxy.endpoint_url, root, seed=1)
         assert dst.load(step_name(7))["step"] == 7

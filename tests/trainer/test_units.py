@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.trainer.managers import make_manager
 from trainer.config import load_run_env, parse_spec
 from trainer.data import GlobalOrder, SyntheticTokens, micro_batches, rank_slice
 from trainer.errors import TrainerError
@@ -86,39 +87,11 @@ def test_local_store_lists_only_manifested_checkpoints(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------- checksums and deadlines
-def _tiny_manager(root: str, store: object = None, use_async: bool = False):  # noqa: ANN202
-    """A CheckpointManager over a plain module, no process group (DCP's single-process mode)."""
-    import torch
-    from torch.optim.lr_scheduler import LambdaLR
-
-    from trainer.checkpoint import CheckpointManager
-    from trainer.storage import open_store
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4))
-    optim = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, 32)).sum().backward()
-    optim.step()
-    return CheckpointManager(
-        store or open_store(root),
-        model=model,
-        optim=optim,
-        sched=LambdaLR(optim, lambda s: 1.0),
-        ckpt_group=None,
-        rank=0,
-        world_size=1,
-        manifest_base={"model": {"preset": "unit"}},
-        keep_last=5,
-        threads=2,
-        use_async=use_async,
-    )
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_manifest_digest_matches_bytes_and_load_verifies_it(tmp_path) -> None:
     import xxhash
 
-    m = _tiny_manager(str(tmp_path), use_async=True)
+    m = make_manager(str(tmp_path), width=32, use_async=True)
     m.warm_staging()
     m.save(1, 8)  # async: digests come from the writer threads and the coordinator's finish
     m.wait()
@@ -133,14 +106,14 @@ def test_manifest_digest_matches_bytes_and_load_verifies_it(tmp_path) -> None:
             data = (d / f["name"]).read_bytes()
             assert f["size"] == len(data)
             assert f["xxh3_128"] == xxhash.xxh3_128(data).hexdigest()
-    assert _tiny_manager(str(tmp_path)).load(step_name(2))["step"] == 2
+    assert make_manager(str(tmp_path), width=32).load(step_name(2))["step"] == 2
     # same size, one flipped byte: only the digest can tell
     shard = tmp_path / step_name(2) / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(TrainerError, match=r"is corrupt: file __0_0.distcp has xxh3_128 .* manifest says"):
-        _tiny_manager(str(tmp_path)).load(step_name(2))
+        make_manager(str(tmp_path), width=32).load(step_name(2))
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -162,9 +135,9 @@ def test_save_past_its_deadline_raises_and_commits_nothing(tmp_path) -> None:
         def writer(self, name: str, threads: int) -> LocalWriter:
             return StuckWriter(self.uri(name), threads)
 
-    m = _tiny_manager(str(tmp_path))
+    m = make_manager(str(tmp_path), width=32)
     m.save(1, 8, blocking=True)
-    stuck = _tiny_manager(str(tmp_path), store=StuckStore(str(tmp_path)))
+    stuck = make_manager(str(tmp_path), width=32, store=StuckStore(str(tmp_path)))
     stuck.last_durable_step = 1
     with pytest.raises(GraceExceeded):
         stuck.save(2, 16, blocking=True, deadline=time.monotonic() + 0.2)
