@@ -47,7 +47,7 @@ class BrokerConfig(BaseModel):
     stop_timeout_s: float = Field(30.0, gt=0)
     progress_write_interval_s: float = Field(2.0, ge=0)  # throttle of progress writes to the store
     progress_event_every_steps: int = Field(50, ge=1)  # a "progress" event every N steps
-    # Migration (broker/migration.py, broker/plan_watch.py):
+    # Migration (broker/jobs/migration.py, broker/scheduling/plan_watch.py):
     # how a resumed attempt gets a checkpoint that lives in another region's store:
     # "copy" = the destination agent copies it into its own store first (fast loads, one
     # bulk transfer); "direct" = the trainer reads the other region's store.
@@ -57,7 +57,7 @@ class BrokerConfig(BaseModel):
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
-    # (broker/telemetry.py; README "Observability").
+    # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
     max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
     max_page_size: int = 1000

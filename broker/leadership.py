@@ -39,9 +39,9 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from broker.agents import AgentRegistry
-from broker.core import BrokerCore
-from broker.scheduler_loop import SchedulerLoop
+from broker.agents.registry import AgentRegistry
+from broker.jobs.core import BrokerCore
+from broker.scheduling.loop import SchedulerLoop
 from broker.store.base import Store
 
 log = logging.getLogger(__name__)

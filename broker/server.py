@@ -15,13 +15,13 @@ from concurrent import futures
 
 import grpc
 
-from broker.agent_service import AgentService
-from broker.capacity_service import CapacityService
+from broker.api.agent_service import AgentService
+from broker.api.capacity_service import CapacityService
+from broker.api.jobs_service import JobService
 from broker.config import BrokerConfig
-from broker.core import BrokerCore
-from broker.jobs_service import JobService
+from broker.jobs.core import BrokerCore
 from broker.leadership import Leadership, StandbyGate, advertised_address
-from broker.scheduler_loop import SchedulerLoop
+from broker.scheduling.loop import SchedulerLoop
 from broker.store import Store, open_store
 from broker.telemetry import setup_tracing
 from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc

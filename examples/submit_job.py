@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from broker.client import BrokerClient, BrokerError, JobSpec, TrainerSpec, phase_name
+from brokersdk import BrokerClient, BrokerError, JobSpec, TrainerSpec, phase_name
 
 
 def main() -> int:

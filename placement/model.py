@@ -2,7 +2,7 @@
 
 Plain frozen dataclasses (not protobuf) on purpose: ``placement`` imports nothing
 of ours, so it can be tested, benchmarked and reasoned about without the API.
-The broker converts its state into these (``broker/snapshot.py``).
+The broker converts its state into these (``broker/scheduling/snapshot.py``).
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_preemption_checkpoints_suspends_and_requeues(broker: Broker, make_agent
 
 
 def test_illegal_transition_raises(broker: Broker) -> None:
-    from broker.errors import IllegalTransition
+    from broker.api.errors import IllegalTransition
 
     broker.team()
     job = broker.submit(spec("x"))

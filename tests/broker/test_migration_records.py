@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from broker import migration
-from broker.client import BrokerClient
+from broker.jobs import migration
+from brokersdk.client import BrokerClient
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb

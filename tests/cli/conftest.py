@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import BrokerClient
+from brokersdk.client import BrokerClient
 
 TEAM = "ml"
 

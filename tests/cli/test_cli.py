@@ -1,4 +1,4 @@
-"""`brokerctl` in-process (broker.cli.main) and once as a real subprocess, against a
+"""`brokerctl` in-process (brokerctl.main.main) and once as a real subprocess, against a
 real broker on loopback. Errors must be one readable line, never a traceback."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import main
+from brokerctl.main import main
 from tests.cli.conftest import TEAM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +178,7 @@ def test_serve_rejects_bad_settings(capsys) -> None:
 
 def test_real_brokerctl_subprocess(broker_address: str) -> None:
     exe = Path(sys.executable).parent / "brokerctl"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "broker.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "brokerctl"]
     env = {**os.environ, "COLUMNS": "100", "BROKER_ADDRESS": broker_address}
     ok = subprocess.run([*cmd, "jobs"], capture_output=True, text=True, env=env, cwd=ROOT,
                         timeout=120)

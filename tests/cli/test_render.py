@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from broker import render
+from brokerctl import render
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 

@@ -1,4 +1,4 @@
-"""The SDK (broker.client) against a real broker on loopback."""
+"""The SDK (brokersdk.client) against a real broker on loopback."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import grpc
 import pytest
 
-from broker.client import (
+from brokersdk.client import (
     BrokerClient,
     BrokerUnavailable,
     InvalidJobSpec,

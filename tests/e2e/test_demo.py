@@ -24,7 +24,7 @@ REGIONS = ("us-east-2", "us-west-2", "eu-west-1")
 def run_demo(work: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="100", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", "demo", "--work-dir", str(work), "--steps", "12",
+        [sys.executable, "-m", "brokerctl", "demo", "--work-dir", str(work), "--steps", "12",
          "--checkpoint-every", "4", "--ranks-per-node", "1", "--timeout", "400", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )

@@ -92,7 +92,7 @@ def test_cancel_while_running(cluster: Cluster) -> None:
         wait_until(lambda: all(r.allocated_gpus == 0 for r in client.regions()), timeout=60,
                    what="GPUs released after cancel")
         # Cancelling a finished job is a precondition failure, not a crash.
-        from broker.client import BrokerError
+        from brokersdk.client import BrokerError
 
         with pytest.raises(BrokerError) as err:
             handle.cancel("again")

@@ -48,7 +48,7 @@ def preempted_by(client: object, victim: str, beneficiary: str) -> bool:
 
 
 def brokerctl(cluster: Cluster, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "broker.cli", "--broker", cluster.address, *args],
+    out = subprocess.run([sys.executable, "-m", "brokerctl", "--broker", cluster.address, *args],
                          cwd=ROOT, capture_output=True, text=True, env={**cluster.env(), "COLUMNS": "100"},
                          timeout=60, check=False)
     assert out.returncode == 0, out.stdout + out.stderr

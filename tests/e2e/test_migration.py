@@ -318,13 +318,13 @@ def test_drain_region_three_jobs_finish_elsewhere(
         assert {m.job_id for m in table} == {h.id for h in handles}
     # What an operator sees: `brokerctl migrations` (fits 100 columns) and `brokerctl job`.
     env = {**os.environ, "COLUMNS": "100"}
-    out = subprocess.run([sys.executable, "-m", "broker.cli", "--broker", cluster.address, "migrations"],
+    out = subprocess.run([sys.executable, "-m", "brokerctl", "--broker", cluster.address, "migrations"],
                          capture_output=True, text=True, env=env, timeout=60, check=True).stdout
     assert all(len(line) <= 100 for line in out.splitlines()), out
     for h in handles:
         assert h.id in out
     assert "drain" in out and "us-east-2>eu-west-1" in out
-    detail = subprocess.run([sys.executable, "-m", "broker.cli", "--broker", cluster.address, "job",
+    detail = subprocess.run([sys.executable, "-m", "brokerctl", "--broker", cluster.address, "job",
                              handles[0].id], capture_output=True, text=True, env=env, timeout=60,
                             check=True).stdout
     assert "migrations" in detail and "goodput" in detail and "migration_completed" in detail

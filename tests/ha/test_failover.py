@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import BrokerClient
+from brokersdk.client import BrokerClient
 from computebroker.v1 import capacity_pb2, capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
 from tests.e2e.test_foundation import events_of, setup_team, spec

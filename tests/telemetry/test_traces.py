@@ -23,7 +23,7 @@ from tests.fixtures.cluster import ROOT, Cluster, free_port, wait_until
 
 SDK_SCRIPT = textwrap.dedent("""
     import sys
-    from broker.client import BrokerClient
+    from brokersdk.client import BrokerClient
     from broker.telemetry import flush_tracing, setup_tracing
     from computebroker.v1 import common_pb2 as pb
 

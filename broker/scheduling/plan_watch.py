@@ -11,7 +11,7 @@ Rule: a RUNNING job holding nodes of plan P is asked to checkpoint and move (Sto
 {MIGRATE, checkpoint_first}, reason ``plan_ending``) once
 ``now >= P.end - lead``, where ``lead = max(plan_move_floor_s, plan_move_margin x
 (last checkpoint time + last checkpoint bytes / last transfer MB/s))``
-(:func:`broker.migration.estimate_move_s`). The grace given to the trainer is the
+(:func:`broker.jobs.migration.estimate_move_s`). The grace given to the trainer is the
 time left until the plan ends, so this is a planned checkpoint, not an emergency
 one. The plan's nodes are added to the job's ``excluded_nodes`` so the scheduler
 does not place it straight back on capacity that is about to end (the placement
@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from broker import migration
-from broker.core import BrokerCore
-from broker.lifecycle import RUNNING, Tx
-from broker.snapshot import plan_state
+from broker.jobs import migration
+from broker.jobs.core import BrokerCore
+from broker.jobs.lifecycle import RUNNING, Tx
+from broker.scheduling.snapshot import plan_state
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Iterable
 
 import placement
-from broker.agents import AgentState
-from broker.lifecycle import HOLDING, QUEUED, RUNNING
+from broker.agents.registry import AgentState
+from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 

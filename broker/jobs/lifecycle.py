@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.errors import IllegalTransition
-from broker.errors import NotFound as ApiNotFound
-from broker.hub import EventHub
+from broker.api.errors import IllegalTransition
+from broker.api.errors import NotFound as ApiNotFound
+from broker.jobs.hub import EventHub
 from broker.store.base import NotFound, Store, VersionConflict
 from computebroker.v1 import common_pb2 as pb
 
@@ -221,7 +221,7 @@ class Lifecycle:
         job = tx.job
         if job.phase in TERMINAL:
             # A move cannot outlive its job: close it with the job's outcome.
-            from broker import migration
+            from broker.jobs import migration
 
             migration.finish(job, tx.now, 0.0, state={SUCCEEDED: "done", FAILED: "failed"}.get(
                 job.phase, "cancelled"), message=f"job ended {phase_name(job.phase)}")

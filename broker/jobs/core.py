@@ -1,7 +1,7 @@
 """The broker's job operations: submit, cancel, launch, stop, agent updates, loss.
 
 Servicers (jobs/capacity/agent) and the scheduler loop are thin: they call these.
-Every state change goes through :class:`broker.lifecycle.Lifecycle` (one CAS write
+Every state change goes through :class:`broker.jobs.lifecycle.Lifecycle` (one CAS write
 of job + events); commands to agents are sent *after* the write commits, so an
 agent never runs something the store does not know about (a crash between the two
 leaves a LAUNCHING job whose Launch was never sent: the agent's reconcile or its
@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker import migration, validation
-from broker.agents import AgentRegistry, AgentState
+from broker.agents.registry import AgentRegistry, AgentState
+from broker.api import validation
+from broker.api.errors import FailedPrecondition
 from broker.config import BrokerConfig
-from broker.errors import FailedPrecondition
-from broker.hub import EventHub
 from broker.ids import new_job_id
-from broker.jobs_query import iter_jobs
-from broker.lifecycle import (
+from broker.jobs import migration
+from broker.jobs.hub import EventHub
+from broker.jobs.lifecycle import (
     ADMITTED,
     CANCELLED,
     CHECKPOINTING,
@@ -42,6 +42,7 @@ from broker.lifecycle import (
     phase_name,
 )
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound, Store
+from broker.store.jobs_query import iter_jobs
 from broker.telemetry import BrokerTelemetry
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from broker import validation
-from broker.core import BrokerCore
-from broker.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, rpc
+from broker.api import validation
+from broker.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, rpc
 from broker.ids import new_plan_id
-from broker.jobs_query import iter_jobs
-from broker.lifecycle import HOLDING, QUEUED, RUNNING
-from broker.snapshot import plan_state
+from broker.jobs.core import BrokerCore
+from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
+from broker.scheduling.snapshot import plan_state
 from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
+from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb

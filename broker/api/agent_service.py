@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 import grpc
 
-from broker.agents import AgentSession, AgentState
-from broker.core import BrokerCore
-from broker.errors import InvalidArgument, rpc
-from broker.jobs_query import iter_jobs
-from broker.lifecycle import HOLDING, LAUNCHING, RUNNING
+from broker.agents.registry import AgentSession, AgentState
+from broker.api.errors import InvalidArgument, rpc
+from broker.jobs.core import BrokerCore
+from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.store.base import NotFound
+from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import common_pb2 as pb

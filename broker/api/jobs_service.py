@@ -7,9 +7,9 @@ import binascii
 
 import grpc
 
-from broker.core import BrokerCore
-from broker.errors import InvalidArgument, rpc
-from broker.lifecycle import TERMINAL
+from broker.api.errors import InvalidArgument, rpc
+from broker.jobs.core import BrokerCore
+from broker.jobs.lifecycle import TERMINAL
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -148,7 +148,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if request.job_id:
             jobs = [self.core.lifecycle.get(request.job_id)]
         else:
-            from broker.jobs_query import iter_jobs
+            from broker.store.jobs_query import iter_jobs
 
             jobs = [j for j in iter_jobs(self.core.store) if j.migrations
                     and (not request.team or j.spec.team == request.team)]

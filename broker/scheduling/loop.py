@@ -13,12 +13,12 @@ import threading
 import time
 
 import placement
-from broker import plan_watch
-from broker import snapshot as snap
-from broker.core import BrokerCore
-from broker.jobs_query import iter_jobs
-from broker.lifecycle import LIVE, PENDING, QUEUED, Tx
+from broker.jobs.core import BrokerCore
+from broker.jobs.lifecycle import LIVE, PENDING, QUEUED, Tx
+from broker.scheduling import plan_watch
+from broker.scheduling import snapshot as snap
 from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
+from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 

@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from broker.client import (
+from brokersdk.client import (
     capacity_type_name,
     phase_name,
     plan_state_name,

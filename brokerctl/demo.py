@@ -38,8 +38,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from broker import render
-from broker.client import (
+from brokerctl import render
+from brokersdk.client import (
     TERMINAL_PHASES,
     BrokerClient,
     BrokerError,
@@ -277,7 +277,7 @@ class Demo:
         for region in REGIONS:
             inv = self.write_inventory(region)
             argv = [
-                sys.executable, "-m", "broker.cli", "agent",
+                sys.executable, "-m", "brokerctl", "agent",
                 "--broker", self.address,
                 "--region", region,
                 "--inventory", str(inv),

@@ -16,7 +16,7 @@ Why this shape:
 * **Metrics are per broker server** (own MeterProvider and Prometheus registry), so
   tests can run several brokers in one process; traces use the process-wide provider
   that :func:`setup_tracing` installs once.
-* Only the OpenTelemetry *API* is imported at module load: the SDK (``broker.client``)
+* Only the OpenTelemetry *API* is imported at module load: the SDK (``brokersdk.client``)
   imports this module and stays light; the OTel SDK and exporters load when enabled.
 """
 

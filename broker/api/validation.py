@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from broker.errors import FailedPrecondition, InvalidArgument
+from broker.api.errors import FailedPrecondition, InvalidArgument
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 

@@ -10,7 +10,7 @@ state) and it survives a broker restart with nothing extra to persist. SkyPilot'
 managed-job recovery keeps a similar per-recovery record; Kueue records requeue
 reasons on the workload itself.
 
-The functions here only edit a :class:`broker.lifecycle.Tx` (pure apart from that), so
+The functions here only edit a :class:`broker.jobs.lifecycle.Tx` (pure apart from that), so
 they may run several times when a CAS write is retried.
 
 Milestones, in order (each sets a time and the ``state``)::

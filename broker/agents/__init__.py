@@ -1,0 +1,1 @@
+"""Region agents as the broker sees them: the registry of connected agents and their streams."""

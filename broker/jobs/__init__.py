@@ -1,0 +1,1 @@
+"""Jobs: the state machine, its transitions and the event hub that feeds watchers."""

@@ -1,0 +1,1 @@
+"""Scheduling: snapshot of the fleet, the placement pass and applying its decisions."""
