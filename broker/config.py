@@ -59,6 +59,10 @@ class BrokerConfig(BaseModel):
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
+    # Users' code (broker/workdirs/): where uploaded workdir tarballs live, content-addressed:
+    # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.
+    workdir_store: str = ""
+    workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
     max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
     max_page_size: int = 1000
     default_page_size: int = 100

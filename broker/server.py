@@ -24,7 +24,10 @@ from broker.leadership import Leadership, StandbyGate, advertised_address
 from broker.scheduling.loop import SchedulerLoop
 from broker.store import Store, open_store
 from broker.telemetry import setup_tracing
-from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
+from broker.workdirs.blobstore import default_store_url, open_blob_store
+from broker.workdirs.checks import check_submit
+from broker.workdirs.service import WorkdirService
+from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc, workdir_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,14 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ],
         )
-        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(core), server)
+        blobs = open_blob_store(self.config.workdir_store or default_store_url(self.config.store))
+
+        def submit_check(spec: object) -> None:  # users' code: broker/workdirs/checks.py
+            check_submit(spec, blobs, [a.record for a in core.agents.all()])  # type: ignore[arg-type]
+
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(core, submit_check), server)
+        workdir_pb2_grpc.add_WorkdirServiceServicer_to_server(
+            WorkdirService(blobs, self.config.workdir_max_bytes), server)
         capacity_pb2_grpc.add_CapacityServiceServicer_to_server(CapacityService(core), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(core), server)
         port = server.add_insecure_port(self.config.listen)

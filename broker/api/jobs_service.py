@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 
 import grpc
 
@@ -39,8 +40,11 @@ def decode_token(token: str) -> str:
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, core: BrokerCore) -> None:
+    def __init__(self, core: BrokerCore,
+                 submit_check: Callable[[pb.JobSpec], None] | None = None) -> None:
         self.core = core
+        # Extra submit-time checks (users' code: broker/workdirs/checks.py); raise BrokerError.
+        self.submit_check = submit_check
 
     @rpc
     def SubmitJob(self, request: jpb.SubmitJobRequest, context: grpc.ServicerContext) -> jpb.SubmitJobResponse:
@@ -48,6 +52,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("spec is missing")
         if len(request.client_request_id) > 200:
             raise InvalidArgument("client_request_id is longer than 200 characters")
+        if self.submit_check is not None:
+            self.submit_check(request.spec)
         # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
         with self.core.telemetry.job_span(context.invocation_metadata()):
             job, created = self.core.submit(request.spec, request.client_request_id, actor_of(context))

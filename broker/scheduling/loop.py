@@ -19,6 +19,7 @@ from broker.scheduling import plan_watch
 from broker.scheduling import snapshot as snap
 from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
 from broker.store.jobs_query import iter_jobs
+from broker.workdirs.checks import broken_store_note
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -122,11 +123,17 @@ class SchedulerLoop:
                        else "no region agent is connected")
         else:
             default = ""
+        # Say why a connected region takes nothing (broker/workdirs/checks.py).
+        store_note = broken_store_note(a.record for a in core.agents.connected())
+        if store_note and not snapshot.nodes:
+            default = store_note
         reserved = {r.job_id: r for r in getattr(decisions, "reservations", [])}
         for job in live:
             if job.phase not in QUEUED or job.id in admitted:
                 continue
             reason = default or reasons.get(job.id, "")
+            if store_note and store_note not in reason:
+                reason = f"{reason}; {store_note}" if reason else store_note
             if job.id in reserved:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")

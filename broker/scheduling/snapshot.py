@@ -117,7 +117,9 @@ def build(
 ) -> placement.Snapshot:
     plan_map = {p.id: p for p in plans}
     nodes = tuple(
-        node_info(a, n, plan_map) for a in agents if a.connected for n in a.record.nodes
+        node_info(a, n, plan_map) for a in agents
+        # A region whose checkpoint store failed the agent's probe gets no placements.
+        if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
     )
     pending, running = [], []
     for job in jobs:

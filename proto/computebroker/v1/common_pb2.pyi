@@ -161,7 +161,7 @@ class TrainerSpec(_message.Message):
     def __init__(self, total_steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., model: _Optional[str] = ..., step_sleep_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels")
+    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels", "workdir")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class JobSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
     name: str
     team: str
     priority_class: str
@@ -216,7 +217,16 @@ class JobSpec(_message.Message):
     env: _containers.ScalarMap[str, str]
     trainer: TrainerSpec
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    workdir: WorkdirRef
+    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[_Union[WorkdirRef, _Mapping]] = ...) -> None: ...
+
+class WorkdirRef(_message.Message):
+    __slots__ = ("digest", "size_bytes")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    size_bytes: int
+    def __init__(self, digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeAssignment(_message.Message):
     __slots__ = ("node_id", "gpus", "zone", "network_layer_3", "ultraserver_id")

@@ -1,0 +1,100 @@
+"""WorkdirService: upload (client stream), existence check, fetch (server stream).
+
+Why the broker holds the bytes (and not, say, each agent reading the user's S3): the
+broker is the one thing every agent and every client already reaches, so a job's code
+follows it to whichever region it lands in without any extra credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import grpc
+
+from broker.api.errors import InvalidArgument, NotFound, ResourceExhausted, rpc
+from broker.workdirs.blobstore import DIGEST_RE, BlobError, BlobStore
+from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import workdir_pb2 as wpb
+from computebroker.v1 import workdir_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+FETCH_CHUNK = 1024 * 1024  # well under gRPC's 4 MiB default message limit
+
+
+def check_digest_arg(digest: str, field: str = "digest") -> None:
+    if not DIGEST_RE.match(digest):
+        raise InvalidArgument(f"{field} {digest!r} is not of the form sha256:<64 lowercase hex>")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
+    def __init__(self, blobs: BlobStore, max_bytes: int) -> None:
+        self.blobs = blobs
+        self.max_bytes = max_bytes
+
+    @rpc
+    def HasWorkdir(self, request: wpb.HasWorkdirRequest,
+                   context: grpc.ServicerContext) -> wpb.HasWorkdirResponse:
+        check_digest_arg(request.digest)
+        size = self.blobs.size(request.digest)
+        return wpb.HasWorkdirResponse(exists=size is not None, size_bytes=size or 0,
+                                      max_bytes=self.max_bytes)
+
+    def UploadWorkdir(self, request_iterator: Iterator[wpb.WorkdirChunk],
+                      context: grpc.ServicerContext) -> pb.WorkdirRef:
+        # Client streaming: the `rpc` decorator takes one request, so map errors here.
+        try:
+            return self._upload(request_iterator)
+        except InvalidArgument as e:
+            context.abort(e.code, e.message)
+        except ResourceExhausted as e:
+            context.abort(e.code, e.message)
+        except BlobError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def _upload(self, chunks: Iterator[wpb.WorkdirChunk]) -> pb.WorkdirRef:
+        first = next(chunks, None)
+        if first is None:
+            raise InvalidArgument("empty upload: the first chunk must name digest and size_bytes")
+        digest, size = first.digest, first.size_bytes
+        check_digest_arg(digest, "first chunk digest")
+        if size <= 0:
+            raise InvalidArgument(f"first chunk size_bytes must be > 0 (got {size})")
+        if size > self.max_bytes:
+            raise ResourceExhausted(
+                f"workdir is {_mib(size)}; this broker accepts at most {_mib(self.max_bytes)}"
+                " (add large files to .brokerignore and read data from a dataset URI)")
+        if self.blobs.size(digest) is not None:  # someone uploaded it meanwhile
+            for _ in chunks:
+                pass
+            return pb.WorkdirRef(digest=digest, size_bytes=size)
+
+        def data() -> Iterator[bytes]:
+            if first.data:
+                yield first.data
+            for c in chunks:
+                if c.data:
+                    yield c.data
+
+        n = self.blobs.put(digest, size, data())
+        log.info("stored workdir %s (%d bytes)", digest, n)
+        return pb.WorkdirRef(digest=digest, size_bytes=n)
+
+    @rpc
+    def FetchWorkdir(self, request: wpb.FetchWorkdirRequest,
+                     context: grpc.ServicerContext) -> Iterator[wpb.WorkdirChunk]:
+        check_digest_arg(request.digest)
+        size = self.blobs.size(request.digest)
+        if size is None:
+            raise NotFound(f"workdir {request.digest} is not stored on this broker")
+        first = True
+        for data in self.blobs.read(request.digest, FETCH_CHUNK):
+            yield wpb.WorkdirChunk(digest=request.digest if first else "",
+                                   size_bytes=size if first else 0, data=data)
+            first = False
