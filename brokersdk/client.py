@@ -40,12 +40,16 @@ from tenacity import (
 )
 
 from brokersdk import tracing as telemetry
+from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file, run_argv
+from brokersdk.workdir import DEFAULT_MAX_BYTES, pack
 from computebroker.v1 import (
     capacity_pb2,
     capacity_pb2_grpc,
     common_pb2,
     jobs_pb2,
     jobs_pb2_grpc,
+    workdir_pb2,
+    workdir_pb2_grpc,
 )
 
 __all__ = [
@@ -288,14 +292,39 @@ class JobSpec(BaseModel):
     min_nodes: int = 0
     max_nodes: int = 0
     expected_duration_s: float = 0.0
+    # Your program: ``run`` (argv list, or a command line split with shlex, or a
+    # multi-line script for ``bash -c``); ``command`` is its older name (same field).
+    run: list[str] | str = Field(default_factory=list)
     command: list[str] = Field(default_factory=list)
-    image: str = ""
+    # A local directory to package and upload (``submit`` does it), or an uploaded
+    # workdir's digest ("sha256:..."); the ranks run in its unpacked copy.
+    workdir: str = ""
+    image: str = ""  # container image (Kubernetes executor only)
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
 
-    def to_proto(self) -> common_pb2.JobSpec:
-        """The wire spec. ``spot_ok`` means: any capacity type, spot included."""
+    def argv(self) -> list[str]:
+        """The program to run (empty = the built-in trainer)."""
+        try:
+            run = run_argv(self.run)
+        except TaskFileError as e:
+            raise InvalidJobSpec(str(e)) from None
+        if run and self.command and run != list(self.command):
+            raise InvalidJobSpec("give run or command (its older name), not both")
+        return run or list(self.command)
+
+    def to_proto(self, workdir: common_pb2.WorkdirRef | None = None) -> common_pb2.JobSpec:
+        """The wire spec. ``spot_ok`` means: any capacity type, spot included.
+
+        ``workdir``: the uploaded ref; needed when ``self.workdir`` is a local path
+        (``BrokerClient.submit`` uploads and passes it)."""
+        if workdir is None and self.workdir:
+            if not self.workdir.startswith("sha256:"):
+                raise InvalidJobSpec(
+                    f"workdir {self.workdir!r} is a local path: submit it with BrokerClient.submit,"
+                    " which uploads it")
+            workdir = common_pb2.WorkdirRef(digest=self.workdir)
         ctypes = [parse_capacity_type(c) for c in self.capacity_types]
         if self.spot_ok and not ctypes:
             ctypes = [
@@ -310,8 +339,9 @@ class JobSpec(BaseModel):
             name=self.name,
             team=self.team,
             priority_class=self.priority_class,
-            command=list(self.command),
+            command=self.argv(),
             image=self.image,
+            workdir=workdir,
             resources=common_pb2.Resources(
                 nodes=self.nodes, gpus_per_node=self.gpus_per_node, accelerator=self.accelerator
             ),
@@ -349,6 +379,11 @@ class JobSpec(BaseModel):
         data = dict(data)
         if "spec" in data and isinstance(data["spec"], Mapping) and len(data) == 1:
             data = dict(data["spec"])
+        if is_task_file(data):  # SkyPilot-style: resources.accelerators, num_nodes, run, envs
+            try:
+                data = from_task_file(data)
+            except TaskFileError as e:
+                raise InvalidJobSpec(f"bad task file: {e}") from None
         if "resources" in data or "topology" in data or "elasticity" in data:
             try:
                 return json_format.ParseDict(data, common_pb2.JobSpec())
@@ -418,7 +453,8 @@ class BrokerClient:
             for a in self.addresses
         ]
         self._stubs = [
-            (jobs_pb2_grpc.JobServiceStub(c), capacity_pb2_grpc.CapacityServiceStub(c))
+            (jobs_pb2_grpc.JobServiceStub(c), capacity_pb2_grpc.CapacityServiceStub(c),
+             workdir_pb2_grpc.WorkdirServiceStub(c))
             for c in self._channels
         ]
 
@@ -433,6 +469,10 @@ class BrokerClient:
     @property
     def _capacity(self) -> capacity_pb2_grpc.CapacityServiceStub:
         return self._stubs[self._current][1]
+
+    @property
+    def _workdirs(self) -> workdir_pb2_grpc.WorkdirServiceStub:
+        return self._stubs[self._current][2]
 
     @property
     def current_address(self) -> str:
@@ -506,15 +546,27 @@ class BrokerClient:
         self,
         spec: JobSpec | common_pb2.JobSpec | Mapping[str, Any],
         client_request_id: str | None = None,
+        workdir_progress: Callable[[int, int], None] | None = None,
     ) -> JobHandle:
         """Submit a job; returns its handle. Idempotent on ``client_request_id``.
+
+        A ``workdir`` that is a local directory is packaged and uploaded first
+        (:meth:`upload_workdir`; ``workdir_progress(done, total)`` sees the bytes).
 
         A UUID is generated when none is given, so the SDK's own retries on a lost
         response never create a second job. ``handle.created`` is False when the
         broker already had a job for this request id.
         """
+        if isinstance(spec, Mapping):
+            built = JobSpec.from_dict(spec)
+            spec = built
+        if isinstance(spec, JobSpec) and spec.workdir and not spec.workdir.startswith("sha256:"):
+            ref = self.upload_workdir(spec.workdir, progress=workdir_progress)
+            wire = spec.to_proto(workdir=ref)
+        else:
+            wire = _spec_to_proto(spec)
         request = jobs_pb2.SubmitJobRequest(
-            spec=_spec_to_proto(spec), client_request_id=client_request_id or str(uuid.uuid4())
+            spec=wire, client_request_id=client_request_id or str(uuid.uuid4())
         )
         # A "submit_job" span when the application traces; its traceparent travels in the
         # metadata and becomes the parent of the job's whole trace (broker/telemetry/__init__.py).
@@ -523,6 +575,69 @@ class BrokerClient:
                               extra_metadata=trace_md)
             telemetry.set_attributes(**{"cb.job.id": resp.job.id, "cb.created": resp.created})
         return JobHandle(self, resp.job.id, job=resp.job, created=resp.created)
+
+    # -- workdirs
+
+    def has_workdir(self, digest: str) -> workdir_pb2.HasWorkdirResponse:
+        """Whether the broker holds this workdir digest (and its size limit)."""
+        return self._call(self._workdirs.HasWorkdir, workdir_pb2.HasWorkdirRequest(digest=digest),
+                          idempotent=True)
+
+    def upload_workdir(
+        self,
+        directory: str,
+        progress: Callable[[int, int], None] | None = None,
+        max_bytes: int | None = None,
+        chunk_size: int = 1024 * 1024,
+    ) -> common_pb2.WorkdirRef:
+        """Package ``directory`` (brokersdk/workdir.py) and upload it unless the broker
+        already holds the same bytes; returns the ref to put in a spec.
+
+        Raises :class:`InvalidJobSpec` when the directory is missing or over the limit
+        (``max_bytes``, default the broker's, else 100 MiB)."""
+        limit = max_bytes
+        if limit is None:
+            limit = DEFAULT_MAX_BYTES
+        try:
+            packed = pack(directory, limit)
+        except ValueError as e:
+            raise InvalidJobSpec(str(e)) from None
+        try:
+            has = self.has_workdir(packed.digest)
+            ref = common_pb2.WorkdirRef(digest=packed.digest, size_bytes=packed.size_bytes)
+            if max_bytes is None and has.max_bytes and packed.size_bytes > has.max_bytes:
+                raise InvalidJobSpec(
+                    f"workdir is {packed.size_bytes / 2**20:.1f} MiB; the broker accepts at most"
+                    f" {has.max_bytes / 2**20:.1f} MiB (add large files to .brokerignore)")
+            if has.exists:
+                if progress:
+                    progress(packed.size_bytes, packed.size_bytes)
+                return ref
+
+            def chunks() -> Iterator[workdir_pb2.WorkdirChunk]:
+                done = 0
+                with open(packed.path, "rb") as f:
+                    first = True
+                    while True:
+                        data = f.read(chunk_size)
+                        if not data and not first:
+                            return
+                        yield workdir_pb2.WorkdirChunk(
+                            digest=packed.digest if first else "",
+                            size_bytes=packed.size_bytes if first else 0, data=data)
+                        first = False
+                        done += len(data)
+                        if progress:
+                            progress(done, packed.size_bytes)
+                        if not data:
+                            return
+
+            # Streams are not retried: a failed upload is cheap to repeat (same digest).
+            timeout = max(self.timeout, 60.0 + packed.size_bytes / 1e6)
+            return self._call(self._workdirs.UploadWorkdir, chunks(), idempotent=False,
+                              timeout=timeout)
+        finally:
+            packed.close()
 
     def job(self, job_id: str) -> JobHandle:
         """A handle on an existing job (raises JobNotFound if it does not exist)."""
