@@ -35,6 +35,8 @@ from region_agents.inventory import Inventory, InventoryError, load_inventory
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
 from region_agents.staging import Staging, plan_transfer
+from region_agents.store_probe import probe, resolve_store
+from region_agents.workdir import WorkdirCache
 
 log = logging.getLogger("region_agents.agent")
 
@@ -85,6 +87,11 @@ class AgentConfig:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be > 0")
+        # Resolve once, here: ranks run in their own attempt directories, where a relative
+        # path would name a different place for each of them (issue 11).
+        self.work_dir = os.path.abspath(self.work_dir)
+        if self.inventory_path:
+            self.inventory_path = os.path.abspath(self.inventory_path)
 
 
 def _make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
@@ -132,7 +139,14 @@ class RegionAgent:
             raise ValueError(
                 f"--region {config.region!r} does not match the inventory's region {inventory.region!r}"
             )
+        inventory.checkpoint_bucket = resolve_store(inventory.checkpoint_bucket)
         self.inventory = inventory
+        # Probe the checkpoint store once (Register.checkpoint_store_error); a broken
+        # store keeps this region out of placements instead of failing jobs later.
+        self.store_error = probe(inventory.checkpoint_bucket)
+        if self.store_error:
+            log.error("checkpoint store %s is not usable: %s", inventory.checkpoint_bucket,
+                      self.store_error)
         self.region = config.region or inventory.region
         self.agent_id = config.agent_id or inventory.agent_id or f"{self.region}-agent"
         self.executor = executor
@@ -149,6 +163,8 @@ class RegionAgent:
         self._brokers = [a.strip() for a in config.broker_address.split(",") if a.strip()] or [
             config.broker_address]
         self._broker_i = 0
+        self.workdirs = WorkdirCache(config.work_dir,
+                                     lambda: self._brokers[self._broker_i % len(self._brokers)])
         self._lock = threading.RLock()
         self._session: Session | None = None
         self._recent_terminal: dict[tuple[str, int], tuple[float, agent_pb2.JobUpdate]] = {}
@@ -256,6 +272,7 @@ class RegionAgent:
                 running=self._running(include_recent=True),
                 executor=self.config.executor,
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
+                checkpoint_store_error=self.store_error,
                 version=AGENT_VERSION,
             )
         )
@@ -409,6 +426,11 @@ class RegionAgent:
         spec = AttemptSpec.from_launch(launch)
         if resume_from is not None:
             spec.resume_from = resume_from
+        if launch.spec.HasField("workdir"):  # users' code: fetched once per digest, verified
+            if self.executor.name != "local":
+                raise ValueError(f"the {self.executor.name} executor does not run workdirs yet;"
+                                 " bake the code into spec.image")
+            spec.workdir_tar = str(self.workdirs.get(launch.spec.workdir.digest))
         self.executor.launch(spec)
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
         t.spawn_time = time.time()

@@ -42,6 +42,7 @@ class AttemptSpec:
     checkpoint_uri: str = ""
     resume_from: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    workdir_tar: str = ""  # the job's verified workdir tarball on this host (agent's cache)
 
     @classmethod
     def from_launch(cls, launch: agent_pb2.Launch) -> AttemptSpec:

@@ -37,6 +37,7 @@ from region_agents.executors.base import (
     trainer_config_json,
 )
 from region_agents.progress import ProgressSnapshot, read_progress
+from region_agents.workdir import unpack
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class LocalExecutor(Executor):
         progress_interval_s: float = 1.0,
         default_checkpoint_root: str = "",
     ) -> None:
-        self.work_dir = Path(work_dir)
+        self.work_dir = Path(work_dir).resolve()  # ranks run elsewhere: never hand them relative paths
         self.ranks_per_node = max(1, int(ranks_per_node))
         self.python = python
         self.extra_env = dict(extra_env or {})
@@ -155,7 +156,13 @@ class LocalExecutor(Executor):
                 self.default_checkpoint_root, spec.job_id
             )
             if "://" not in ckpt:
+                ckpt = os.path.abspath(ckpt)  # resolved here, not in each rank's cwd
                 Path(ckpt).mkdir(parents=True, exist_ok=True)
+            resume = file_path(spec.resume_from)
+            if resume and "://" not in resume:
+                resume = os.path.abspath(resume)
+            # Users' code: a fresh copy of the workdir per attempt, and the ranks' cwd.
+            cwd = unpack(spec.workdir_tar, adir / "workdir") if spec.workdir_tar else adir
             command = list(spec.spec.command) or [self.python, "-m", "trainer"]
             base_env = dict(os.environ)
             base_env.update(self.extra_env)
@@ -171,7 +178,7 @@ class LocalExecutor(Executor):
                     "CB_JOB_ID": spec.job_id,
                     "CB_ATTEMPT": str(spec.attempt),
                     "CB_CHECKPOINT_URI": ckpt,
-                    "CB_RESUME_FROM": file_path(spec.resume_from),
+                    "CB_RESUME_FROM": resume,
                     "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
                     "CB_PROGRESS_FILE": str(progress_path),
                     "CB_WORK_DIR": str(adir),
@@ -206,7 +213,7 @@ class LocalExecutor(Executor):
                             proc = subprocess.Popen(
                                 command,
                                 env=env,
-                                cwd=adir,
+                                cwd=cwd,
                                 stdin=subprocess.DEVNULL,
                                 stdout=out,
                                 stderr=err,

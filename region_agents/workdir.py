@@ -1,0 +1,101 @@
+"""Fetch a job's workdir from the broker (by digest), cache it, unpack it per attempt.
+
+Why per digest and per attempt: the tarball is fetched once per agent and verified
+against its sha256 name (a cache hit costs nothing; a migrated job re-fetches the same
+bytes in its new region), while each attempt unpacks its own fresh copy, so files a
+previous attempt wrote or changed never leak into the next one. Extraction uses
+tarfile's "data" filter: no absolute paths, no ``..``, no links out of the directory,
+no device files, whatever a tar holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tarfile
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from computebroker.v1 import workdir_pb2, workdir_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_S = 600.0
+
+
+class WorkdirFetchError(ValueError):
+    """The workdir could not be fetched or verified (the attempt fails with this)."""
+
+
+class WorkdirCache:
+    """Tarballs under ``<work_dir>/workdirs/sha256/<hex>.tar``; one fetch per digest."""
+
+    def __init__(self, work_dir: str | os.PathLike[str], broker_address: Callable[[], str]) -> None:
+        self.root = Path(work_dir).resolve() / "workdirs" / "sha256"
+        self.broker_address = broker_address
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def path(self, digest: str) -> Path:
+        return self.root / (digest.removeprefix("sha256:") + ".tar")
+
+    def get(self, digest: str) -> Path:
+        """The verified tarball for ``digest`` (fetched from the broker on a miss)."""
+        if not digest.startswith("sha256:") or len(digest) != 71:
+            raise WorkdirFetchError(f"workdir digest {digest!r} is not sha256:<64 hex>")
+        with self._guard:
+            lock = self._locks.setdefault(digest, threading.Lock())
+        with lock:
+            final = self.path(digest)
+            if final.exists():
+                return final
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._fetch(digest, final)
+            return final
+
+    def _fetch(self, digest: str, final: Path) -> None:
+        address = self.broker_address()
+        h = hashlib.sha256()
+        n = 0
+        fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=self.root)
+        try:
+            with os.fdopen(fd, "wb") as f, grpc.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            ) as channel:
+                stub = workdir_pb2_grpc.WorkdirServiceStub(channel)
+                try:
+                    for chunk in stub.FetchWorkdir(workdir_pb2.FetchWorkdirRequest(digest=digest),
+                                                   timeout=FETCH_TIMEOUT_S):
+                        h.update(chunk.data)
+                        n += len(chunk.data)
+                        f.write(chunk.data)
+                except grpc.RpcError as e:
+                    raise WorkdirFetchError(
+                        f"cannot fetch workdir {digest} from the broker at {address}:"
+                        f" {e.details() or e.code().name}") from None
+            got = "sha256:" + h.hexdigest()
+            if got != digest:
+                raise WorkdirFetchError(f"fetched workdir hashes to {got}, not {digest}")
+            os.replace(tmp, final)
+            log.info("fetched workdir %s (%d bytes)", digest, n)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def unpack(tar_path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """Extract a workdir tarball into ``dest`` (created; must not hold old files)."""
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(tar_path, "r:") as tar:
+            tar.extractall(out, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise WorkdirFetchError(f"cannot unpack workdir {tar_path}: {e}") from None
+    return out
