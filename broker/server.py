@@ -45,6 +45,7 @@ class BrokerServer:
         self._stopped = threading.Event()
         self.port = 0
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
+        self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -75,6 +76,7 @@ class BrokerServer:
             ],
         )
         blobs = open_blob_store(self.config.workdir_store or default_store_url(self.config.store))
+        self.blobs = blobs
 
         def submit_check(spec: object) -> None:  # users' code: broker/workdirs/checks.py
             check_submit(spec, blobs, [a.record for a in core.agents.all()])  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ from brokersdk.client import (
     _pydantic_message,
     phase_name,
 )
+from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -140,6 +141,11 @@ def _load_spec_file(path: str) -> dict[str, Any]:
 
 def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     base = _load_spec_file(args.file) if args.file else {}
+    if is_task_file(base):  # SkyPilot-style task file (brokersdk/taskfile.py)
+        try:
+            base = from_task_file(base)
+        except TaskFileError as e:
+            raise UsageError(f"spec file {args.file}: {e}") from None
     overrides: dict[str, Any] = {}
     flag_map = {
         "name": "name",
@@ -178,7 +184,12 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.label:
         overrides["labels"] = _kv_pairs(args.label, "--label")
     if args.command_argv:
-        overrides["command"] = list(args.command_argv)
+        argv = list(args.command_argv)
+        # One quoted argument with spaces is a command line: split it like a shell would.
+        overrides["run"] = argv[0] if len(argv) == 1 and " " in argv[0] else argv
+        base.pop("command", None)
+    if args.workdir is not None:
+        overrides["workdir"] = args.workdir
     trainer: dict[str, Any] = {}
     for flag, field in (
         ("steps", "total_steps"),
@@ -207,7 +218,7 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
             merged["trainer"] = {**(base.get("trainer") or {}), **trainer}
         spec = JobSpec.from_dict(merged)
 
-    handle = client.submit(spec, client_request_id=args.request_id)
+    handle = _submit_with_progress(client, spec, args.request_id)
     job = handle.job
     if args.output == "json":
         out.print_json(render.to_json(job))
@@ -230,6 +241,22 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.wait:
         return _watch(client, handle.id, out, include_progress=False)
     return EXIT_OK
+
+
+def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | None) -> Any:
+    """Submit; when a local workdir is uploaded first, show a progress bar on stderr."""
+    if not (isinstance(spec, JobSpec) and spec.workdir and not spec.workdir.startswith("sha256:")):
+        return client.submit(spec, client_request_id=request_id)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("uploading workdir"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return client.submit(spec, client_request_id=request_id, workdir_progress=progress)
 
 
 def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -554,8 +581,11 @@ def build_parser() -> _Parser:
     s.add_argument("--label", action="append", metavar="K=V")
     s.add_argument("--request-id", help="idempotency key (default: a new UUID)")
     s.add_argument("--wait", action="store_true", help="follow the job until it finishes")
+    s.add_argument("--workdir", metavar="DIR",
+                   help="package DIR (honours .brokerignore) and run the command in it")
     s.add_argument("command_argv", nargs="*", metavar="-- CMD",
-                   help="custom command instead of the trainer")
+                   help="your program instead of the built-in trainer (argv, or one quoted"
+                   " command line)")
     s.set_defaults(func=cmd_submit)
 
     s = add("jobs", "list jobs", output=True)

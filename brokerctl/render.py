@@ -8,6 +8,7 @@ every table fits a 100-column terminal.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterable, Sequence
 
@@ -138,6 +139,15 @@ def _kv(rows: Sequence[tuple[str, object]]) -> Table:
     return table
 
 
+def restart_note(job: common_pb2.Job) -> str:
+    """Say plainly when a job's own command has never written a checkpoint: after a stop
+    or a move it starts again from the beginning (docs/contracts.md "Your own code")."""
+    if not job.spec.command or job.progress.last_checkpoint_uri:
+        return ""
+    return ("no checkpoint: this job restarts from the beginning after a move, preemption or"
+            " failure (its program reports none; see README \"Bring your own training code\")")
+
+
 def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Group:
     """Everything about one job: spec summary, placement, progress, goodput, history."""
     spec = job.spec
@@ -168,6 +178,13 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
                 f"prefer={','.join(spec.preferred_regions) or '-'}",
             )
         )
+    if spec.command:
+        rows.append(("run", shlex.join(spec.command)))
+    if spec.HasField("workdir"):
+        rows.append(("workdir", f"{spec.workdir.digest} ({spec.workdir.size_bytes / 2**20:.1f} MiB)"))
+    note = restart_note(job)
+    if note:
+        rows.append(("checkpoint", Text(note, style="yellow")))
     if job.pending_reason:
         rows.append(("pending", Text(job.pending_reason, style="yellow")))
     if job.message:

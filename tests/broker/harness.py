@@ -127,6 +127,7 @@ class FakeAgent:
     region: str
     nodes: list[pb.Node]
     bucket: str = ""
+    store_error: str = ""  # Register.checkpoint_store_error (the agent's store probe)
     auto_ack: bool = True
     heartbeat: bool = True
     refuse_launch: bool = False
@@ -159,7 +160,8 @@ class FakeAgent:
                    for j, a in self.running.items()]
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
-            executor="fake", checkpoint_bucket=self.bucket)))
+            executor="fake", checkpoint_bucket=self.bucket,
+            checkpoint_store_error=self.store_error)))
         responses = stub.Connect(self._requests())
         t = threading.Thread(target=self._read, args=(responses,), daemon=True)
         t.start()
