@@ -15,7 +15,6 @@ from typing import Any
 
 # Keys that mark a mapping as a task file rather than the flat or API JSON form.
 TASK_KEYS = frozenset({"run", "envs", "num_nodes", "workdir"})
-RESOURCE_KEYS = frozenset({"accelerators", "use_spot", "region", "regions", "any_of"})
 # Our names for SkyPilot-ish top-level keys; the rest pass through as flat JobSpec fields.
 RENAMES = {"priority": "priority_class", "spot": "spot_ok", "num_nodes": "nodes", "envs": "env"}
 
@@ -24,11 +23,16 @@ class TaskFileError(ValueError):
     pass
 
 
+API_RESOURCE_KEYS = frozenset({"nodes", "gpus_per_node", "gpusPerNode", "accelerator"})
+
+
 def is_task_file(data: Mapping[str, Any]) -> bool:
+    """A task file has SkyPilot keys, or a ``resources`` mapping that is not the API's
+    own ``Resources`` message (nodes / gpus_per_node / accelerator)."""
     res = data.get("resources")
-    if isinstance(res, Mapping) and RESOURCE_KEYS & set(res):
-        return True
-    return bool(TASK_KEYS & set(data)) and not isinstance(res, Mapping)
+    if isinstance(res, Mapping):
+        return bool(set(res) - API_RESOURCE_KEYS)
+    return bool(TASK_KEYS & set(data))
 
 
 def run_argv(run: str | list[str]) -> list[str]:
