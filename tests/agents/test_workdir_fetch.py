@@ -1,0 +1,52 @@
+"""The agent's side of workdirs: fetch by digest from a real broker (verified, cached
+once per digest), unpack per attempt, and never outside the attempt's directory."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from brokersdk.client import BrokerClient
+from region_agents.workdir import WorkdirCache, WorkdirFetchError, unpack
+from tests.broker.harness import Broker, fast_config
+
+
+@pytest.fixture
+def broker(tmp_path: Path):
+    b = Broker(fast_config(tmp_path))
+    yield b
+    b.stop()
+
+
+def test_fetch_cache_unpack(broker: Broker, tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "m.py").write_text("X = 1\n")
+    with BrokerClient(broker.address) as c:
+        ref = c.upload_workdir(str(code))
+    cache = WorkdirCache(tmp_path / "agent", lambda: broker.address)
+    tar = cache.get(ref.digest)
+    assert tar.stat().st_size == ref.size_bytes
+    broker.server.blobs.read = None  # a second get must not touch the broker
+    assert cache.get(ref.digest) == tar
+    for attempt in (1, 2):  # each attempt gets its own fresh copy
+        out = unpack(tar, tmp_path / f"attempt-{attempt}" / "workdir")
+        assert (out / "pkg" / "m.py").read_text() == "X = 1\n"
+    with pytest.raises(WorkdirFetchError, match="not stored"):
+        cache.get("sha256:" + "3" * 64)
+    with pytest.raises(WorkdirFetchError, match="not sha256"):
+        cache.get("md5:1")
+
+
+def test_unpack_refuses_paths_outside(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as t:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(WorkdirFetchError, match="cannot unpack"):
+        unpack(bad, tmp_path / "dest")
+    assert not (tmp_path / "escape.txt").exists()
