@@ -588,7 +588,7 @@ class BrokerClient:
         directory: str,
         progress: Callable[[int, int], None] | None = None,
         max_bytes: int | None = None,
-        chunk_size: int = 1024 * 1024,
+        chunk_size: int = 4 * 1024 * 1024,
     ) -> common_pb2.WorkdirRef:
         """Package ``directory`` (brokersdk/workdir.py) and upload it unless the broker
         already holds the same bytes; returns the ref to put in a spec.
@@ -616,28 +616,23 @@ class BrokerClient:
 
             def chunks() -> Iterator[workdir_pb2.WorkdirChunk]:
                 done = 0
-                with open(packed.path, "rb") as f:
-                    first = True
-                    while True:
-                        data = f.read(chunk_size)
-                        if not data and not first:
-                            return
-                        yield workdir_pb2.WorkdirChunk(
-                            digest=packed.digest if first else "",
-                            size_bytes=packed.size_bytes if first else 0, data=data)
-                        first = False
-                        done += len(data)
-                        if progress:
-                            progress(done, packed.size_bytes)
-                        if not data:
-                            return
+                for i, data in enumerate(packed.chunks(chunk_size)):
+                    yield workdir_pb2.WorkdirChunk(
+                        digest=packed.digest if i == 0 else "",
+                        size_bytes=packed.size_bytes if i == 0 else 0, data=data)
+                    done += len(data)
+                    if progress:
+                        progress(done, packed.size_bytes)
 
             # Streams are not retried: a failed upload is cheap to repeat (same digest).
             timeout = max(self.timeout, 60.0 + packed.size_bytes / 1e6)
             return self._call(self._workdirs.UploadWorkdir, chunks(), idempotent=False,
                               timeout=timeout)
-        finally:
-            packed.close()
+        except InvalidJobSpec as e:
+            if "hash to" in e.message:  # files changed between hashing and sending
+                raise InvalidJobSpec(f"files in {directory} changed during the upload;"
+                                     " submit again") from None
+            raise
 
     def job(self, job_id: str) -> JobHandle:
         """A handle on an existing job (raises JobNotFound if it does not exist)."""

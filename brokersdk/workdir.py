@@ -11,15 +11,14 @@ and a tree over the limit (default 100 MiB) is refused before anything is sent.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import os
 import tarfile
-import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 ALWAYS_IGNORED = (".git/", "__pycache__/", ".venv/", "*.pyc", ".brokerignore")
@@ -32,16 +31,34 @@ class WorkdirError(ValueError):
 
 @dataclass(frozen=True)
 class PackedWorkdir:
-    """A packed tar on local disk (delete it with :meth:`close`)."""
+    """A scanned workdir: its digest and size, and the file list to stream it from.
 
-    path: str
+    Why no temp file: the tar is made twice from the same (page-cached) files, once to
+    hash it (the digest must be known before the upload, for the dedup check) and once
+    while sending it; writing a 50 MB tar to disk in between cost more than reading the
+    files again. If a file changes in between, the broker's digest check refuses the
+    upload and nothing is stored."""
+
+    root: str
     digest: str  # "sha256:<hex>"
     size_bytes: int
-    files: int
+    files: tuple[tuple[str, Path], ...]
 
-    def close(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+    def chunks(self, chunk_size: int = 4 * 1024 * 1024) -> Iterator[bytes]:
+        """The tar's bytes, in chunks of about ``chunk_size``."""
+        buf = _Buffer()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel, path in self.files:
+                _add(tar, rel, path)
+                while buf.pending() >= chunk_size:
+                    yield buf.take(chunk_size)
+        while buf.pending():
+            yield buf.take(chunk_size)
+
+    def write_to(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "wb") as f:
+            for c in self.chunks():
+                f.write(c)
 
 
 class IgnoreRules:
@@ -128,9 +145,17 @@ def _too_large(files: list[tuple[str, Path]], limit: int, total: int) -> Workdir
         f" largest: {biggest}. Add large files to {IGNORE_FILE} and read data from a dataset URI")
 
 
-def pack(directory: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
-         tmp_dir: str | None = None) -> PackedWorkdir:
-    """Tar ``directory`` deterministically into a temp file; hash it while writing."""
+def _add(tar: tarfile.TarFile, rel: str, path: Path) -> None:
+    ti = _tarinfo(rel, path)
+    if ti.type == tarfile.SYMTYPE:
+        tar.addfile(ti)
+    else:
+        with open(path, "rb") as f:
+            tar.addfile(ti, f)
+
+
+def pack(directory: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> PackedWorkdir:
+    """Scan ``directory`` and hash its deterministic tar (nothing is written to disk)."""
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise WorkdirError(f"workdir {str(directory)!r} is not a directory")
@@ -138,35 +163,48 @@ def pack(directory: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
     total = sum(p.lstat().st_size for _, p in files)
     if total > max_bytes:
         raise _too_large(files, max_bytes, total)
-    fd, tmp = tempfile.mkstemp(prefix="cb-workdir-", suffix=".tar", dir=tmp_dir)
-    h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            sink = _HashingWriter(raw, h)
-            with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for rel, path in files:
-                    ti = _tarinfo(rel, path)
-                    if ti.type == tarfile.SYMTYPE:
-                        tar.addfile(ti)
-                    else:
-                        with open(path, "rb") as f:
-                            tar.addfile(ti, f)
-            size = sink.n
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    if size > max_bytes:
-        os.unlink(tmp)
-        raise _too_large(files, max_bytes, size)
-    return PackedWorkdir(tmp, "sha256:" + h.hexdigest(), size, len(files))
+    sink = _HashingWriter(hashlib.sha256())
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, path in files:
+            _add(tar, rel, path)
+    if sink.n > max_bytes:
+        raise _too_large(files, max_bytes, sink.n)
+    return PackedWorkdir(str(root.resolve()), "sha256:" + sink.h.hexdigest(), sink.n, tuple(files))
+
+
+class _Buffer:
+    """A write-only file that keeps what tarfile wrote until the generator takes it."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0  # pending bytes
+        self.n = 0  # total written (tell)
+
+    def tell(self) -> int:
+        return self.n
+
+    def write(self, b: bytes) -> int:
+        self.parts.append(bytes(b))
+        self.size += len(b)
+        self.n += len(b)
+        return len(b)
+
+    def pending(self) -> int:
+        return self.size
+
+    def take(self, n: int) -> bytes:
+        data = b"".join(self.parts)
+        out, rest = data[:n], data[n:]
+        self.parts = [rest] if rest else []
+        self.size = len(rest)
+        return out
 
 
 class _HashingWriter:
-    """A write-only file that hashes and counts what passes through it (tarfile needs
-    only ``write`` and ``tell``)."""
+    """A write-only file that only hashes and counts (tarfile needs ``write``, ``tell``)."""
 
-    def __init__(self, raw: BinaryIO, h: Any) -> None:
-        self.raw, self.h, self.n = raw, h, 0
+    def __init__(self, h: Any) -> None:
+        self.h, self.n = h, 0
 
     def tell(self) -> int:
         return self.n
@@ -174,4 +212,4 @@ class _HashingWriter:
     def write(self, b: bytes) -> int:
         self.h.update(b)
         self.n += len(b)
-        return self.raw.write(b)
+        return len(b)

@@ -3,6 +3,7 @@ style task files, and `brokerctl submit --workdir/-f` against a real broker."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 from pathlib import Path
@@ -32,31 +33,25 @@ def make_tree(root: Path) -> Path:
     return root
 
 
-def names(path: str) -> list[str]:
-    with tarfile.open(path) as t:
-        return t.getnames()
-
-
 def test_pack_is_deterministic_and_honours_ignores(tmp_path: Path) -> None:
     a = make_tree(tmp_path / "a")
     b = make_tree(tmp_path / "b")
     os.utime(b / "train.py", (1_000_000, 1_000_000))  # other mtimes, same content
     pa, pb_ = pack(a), pack(b)
-    try:
-        assert pa.digest == pb_.digest and pa.size_bytes == pb_.size_bytes
-        assert names(pa.path) == ["keep.pt", "pkg/model.py", "run.sh", "train.py"]
-        with tarfile.open(pa.path) as t:
-            infos = {i.name: i for i in t.getmembers()}
-        assert infos["run.sh"].mode == 0o755 and infos["train.py"].mode == 0o644
-        assert {i.mtime for i in infos.values()} == {0} and {i.uid for i in infos.values()} == {0}
-        (b / "train.py").write_text("print('changed')\n")
-        changed = pack(b)
-        assert changed.digest != pa.digest
-        changed.close()
-    finally:
-        pa.close()
-        pb_.close()
-    assert not os.path.exists(pa.path)
+    assert pa.digest == pb_.digest and pa.size_bytes == pb_.size_bytes
+    tar_path = tmp_path / "a.tar"
+    pa.write_to(tar_path)
+    data = tar_path.read_bytes()
+    assert len(data) == pa.size_bytes and "sha256:" + hashlib.sha256(data).hexdigest() == pa.digest
+    # Small chunks give the same bytes.
+    assert b"".join(pa.chunks(1000)) == data
+    with tarfile.open(tar_path) as t:
+        infos = {i.name: i for i in t.getmembers()}
+    assert sorted(infos) == ["keep.pt", "pkg/model.py", "run.sh", "train.py"]
+    assert infos["run.sh"].mode == 0o755 and infos["train.py"].mode == 0o644
+    assert {i.mtime for i in infos.values()} == {0} and {i.uid for i in infos.values()} == {0}
+    (b / "train.py").write_text("print('changed')\n")
+    assert pack(b).digest != pa.digest
 
 
 def test_pack_refuses_over_limit(tmp_path: Path) -> None:
