@@ -178,6 +178,29 @@ def store(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def workdir(d: dict[str, Any]) -> list[str]:
+    o = d["ours"]
+    met = "met" if d["ratio"] >= d["goal_ratio"] else "**not met**"
+    return [
+        "### Workdir upload and fetch (`python benchmarks/bench_workdir.py`)",
+        "",
+        f"A generated {d['bytes'] / 1e6:.0f} MB workdir (random bytes, 9 small files per 1 MB one) from "
+        "the user's directory to an attempt's cwd through a real broker (loopback gRPC, local blob "
+        "store with fsync) and the agent's fetch code, against a raw copy of the same files along the "
+        "same route (user dir → broker store → agent cache → attempt dir, `shutil.copytree`, no "
+        f"fsync). Median of {d['runs']} alternating runs. {d['machine']}.",
+        "",
+        "| step | seconds |",
+        "|---|---|",
+        f"| pack + upload (SDK, sha256 pass then stream) | {f(o['upload_s'], 2)} |",
+        f"| fetch + verify (agent cache) | {f(o['fetch_s'], 2)} |",
+        f"| unpack into the attempt dir | {f(o['unpack_s'], 2)} |",
+        f"| **total** ({f(d['ours_mb_per_s'], 0)} MB/s) | **{f(o['total_s'], 2)}** |",
+        f"| raw copy along the same route ({f(d['raw_mb_per_s'], 0)} MB/s) | {f(d['raw_copy_s'], 2)} |",
+        f"| ratio raw / ours (goal ≥ {d['goal_ratio']}: {met}) | {f(d['ratio'], 2)} |",
+    ]
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -189,7 +212,7 @@ def render() -> str:
     ]
     for name, fn in (("placement", placement), ("checkpoint", checkpoint), ("hash", digests),
                      ("migration", migration),
-                     ("transfer", transfer), ("store", store)):
+                     ("transfer", transfer), ("store", store), ("workdir", workdir)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

@@ -94,7 +94,7 @@ def unpack(tar_path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Pa
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with tarfile.open(tar_path, "r:") as tar:
+        with tarfile.open(tar_path, "r:", copybufsize=1024 * 1024) as tar:  # 16 KiB default
             tar.extractall(out, filter="data")
     except (tarfile.TarError, OSError) as e:
         raise WorkdirFetchError(f"cannot unpack workdir {tar_path}: {e}") from None

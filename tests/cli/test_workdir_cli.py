@@ -141,3 +141,13 @@ def test_cli_submit_workdir_and_task_file(capsys, broker_address: str, tmp_path:
                "--workdir", str(tmp_path / "nope"), "--", "python", "t.py"])
     _, err = capsys.readouterr()
     assert rc == 2 and "not a directory" in err
+
+
+def test_example_task_file_parses() -> None:
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "examples" / "task.yaml").read_text())
+    flat = from_task_file(data)
+    assert (root / flat["workdir"]).is_dir()
+    spec = JobSpec.model_validate({**flat, "workdir": "sha256:" + "b" * 64}).to_proto()
+    assert spec.resources.accelerator == "h100" and spec.command[:2] == ["bash", "-c"]
+    assert "python hello.py" in spec.command[2] and spec.env["LR"] == "3e-4"
