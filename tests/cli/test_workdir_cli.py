@@ -125,6 +125,13 @@ def test_cli_submit_workdir_and_task_file(capsys, broker_address: str, tmp_path:
     out, _ = capsys.readouterr()
     assert rc == 0 and "restarts from the beginning" in out and "python train.py" in out
 
+    # One quoted command line is split like a shell would; the same code is not re-sent.
+    rc = main(["--broker", broker_address, "submit", "--name", "one-string", "--team", TEAM,
+               "--workdir", ".", "-o", "json", "--", "python train.py --name 'a b'"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert '"python",' in out and '"a b"' in out and job.spec.workdir.digest in out
+
     (code / "job.yaml").write_text(
         f"name: from-yaml\nteam: {TEAM}\nresources: {{accelerators: 'sim:1'}}\n"
         "workdir: .\nenvs: {A: '1'}\nrun: python train.py\n")
