@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -402,7 +403,8 @@ class RegionAgent:
             if problem is None:
                 try:
                     move = plan_transfer(launch, self.inventory.checkpoint_bucket)
-                    if move is None:
+                    fetch = self._workdir_fetch(launch)
+                    if move is None and fetch is None:
                         self._start_attempt(launch)
                 except (ValueError, OSError) as e:
                     problem = f"launch failed: {e}"
@@ -413,23 +415,35 @@ class RegionAgent:
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
             self._ack(command_id, True)
-            if move is not None:
-                # Copy the checkpoint into this region's store first; the ticker starts
-                # the ranks when the copy is complete (region_agents/staging.py).
-                staging = Staging(launch, *move)
+            if move is not None or fetch is not None:
+                # Fetch the workdir and/or copy the checkpoint into this region's store
+                # first, off this lock; the ticker starts the ranks when both are done
+                # (region_agents/staging.py).
+                staging = Staging(launch, *(move or ("", "")), workdir_fetch=fetch)
                 self._staging[key] = staging
                 staging.start()
-                log.info("%s attempt %d: copying checkpoint %s -> %s before start",
-                         launch.job_id, launch.attempt, move[0], move[1])
+                log.info("%s attempt %d: %s before start", launch.job_id, launch.attempt,
+                         " and ".join(x for x in (
+                             "fetching its workdir" if fetch else "",
+                             f"copying checkpoint {move[0]} -> {move[1]}" if move else "") if x))
+
+    def _workdir_fetch(self, launch: agent_pb2.Launch) -> Callable[[], object] | None:
+        """A fetch to run before the ranks start, or None (no workdir, or cached)."""
+        if not launch.spec.HasField("workdir"):
+            return None
+        if self.executor.name != "local":
+            raise ValueError(f"the {self.executor.name} executor does not run workdirs yet;"
+                             " bake the code into spec.image")
+        if self.workdirs.cached(launch.spec.workdir.digest):
+            return None
+        digest = launch.spec.workdir.digest
+        return lambda: self.workdirs.get(digest)
 
     def _start_attempt(self, launch: agent_pb2.Launch, resume_from: str | None = None) -> None:
         spec = AttemptSpec.from_launch(launch)
         if resume_from is not None:
             spec.resume_from = resume_from
-        if launch.spec.HasField("workdir"):  # users' code: fetched once per digest, verified
-            if self.executor.name != "local":
-                raise ValueError(f"the {self.executor.name} executor does not run workdirs yet;"
-                                 " bake the code into spec.image")
+        if launch.spec.HasField("workdir"):  # users' code: fetched (staging) and verified
             spec.workdir_tar = str(self.workdirs.get(launch.spec.workdir.digest))
         self.executor.launch(spec)
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
@@ -443,7 +457,7 @@ class RegionAgent:
         st.cancelled.set()
         self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STOPPED, exit_code=-1,
                                   message="stopped while copying its checkpoint"),
-                     transfer=st.snapshot())
+                     transfer=st.snapshot() if st.src else None)
         return True
 
     def _poll_staging(self) -> None:
@@ -455,22 +469,23 @@ class RegionAgent:
                 if now - st.last_sent >= 1.0:
                     st.last_sent = now
                     self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
-                                 transfer=st.snapshot())
+                                 transfer=st.snapshot() if st.src else None)
                 continue
             del self._staging[key]
             stats = st.snapshot()
             if st.cancelled.is_set() or self.ledger.running.get(launch.job_id) != launch.attempt:
                 continue
+            transfer = stats if st.src else None  # a checkpoint copy's stats only
             if stats.error:
                 self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
                                           exit_code=-1,
-                                          message=f"checkpoint transfer failed: {stats.error}"),
-                             transfer=stats)
+                                          message=f"{st.failed_step} failed: {stats.error}"),
+                             transfer=transfer)
                 continue
             self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
-                         transfer=stats)
+                         transfer=transfer)
             try:
-                self._start_attempt(launch, resume_from=st.dst)
+                self._start_attempt(launch, resume_from=st.dst or None)
             except (ValueError, OSError) as e:
                 self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
                                           exit_code=-1, message=f"launch failed: {e}"))

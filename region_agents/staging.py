@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,10 @@ class Staging:
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     last_sent: float = 0.0
+    # Users' code: fetch the job's workdir first (region_agents/workdir.py), off the
+    # agent's lock; src/dst are "" when there is no checkpoint to copy.
+    workdir_fetch: Callable[[], object] | None = None
+    failed_step: str = ""  # "workdir fetch" | "checkpoint transfer", when stats.error
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
@@ -172,6 +177,22 @@ class Staging:
         raise AssertionError("unreachable")
 
     def _run(self) -> None:
+        if self.workdir_fetch is not None:
+            try:
+                self.workdir_fetch()
+            except Exception as e:  # noqa: BLE001 - reported as the attempt's failure
+                log.warning("%s attempt %d: workdir fetch failed: %s", self.launch.job_id,
+                            self.launch.attempt, e)
+                with self._lock:
+                    self.failed_step = "workdir fetch"
+                    self.stats.error = str(e)[:1000] or type(e).__name__
+                self.finished.set()
+                return
+        if not self.src:
+            with self._lock:
+                self.stats.done = True
+            self.finished.set()
+            return
         try:
             res = self._copy()
             with self._lock:
@@ -187,6 +208,7 @@ class Staging:
             log.warning("%s attempt %d: checkpoint transfer failed: %s", self.launch.job_id,
                         self.launch.attempt, e)
             with self._lock:
+                self.failed_step = "checkpoint transfer"
                 self.stats.error = str(e)[:1000] or type(e).__name__
                 self.stats.end_time = time.time()
                 self.stats.seconds = self.stats.end_time - self.stats.start_time

@@ -44,6 +44,9 @@ class WorkdirCache:
     def path(self, digest: str) -> Path:
         return self.root / (digest.removeprefix("sha256:") + ".tar")
 
+    def cached(self, digest: str) -> bool:
+        return digest.startswith("sha256:") and self.path(digest).exists()
+
     def get(self, digest: str) -> Path:
         """The verified tarball for ``digest`` (fetched from the broker on a miss)."""
         if not digest.startswith("sha256:") or len(digest) != 71:
