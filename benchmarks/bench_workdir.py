@@ -8,7 +8,8 @@ user dir -> broker store -> agent cache -> attempt dir.
 The ratio is baseline time / our time (1.0 = as fast as copying; goal >= 0.8).
 Runs alternate ours/raw so a noisy neighbour hits both; medians are reported.
 
-    .venv/bin/python benchmarks/bench_workdir.py [--mb 50] [--runs 3] [--out benchmarks/results/workdir.json]
+    .venv/bin/python benchmarks/bench_workdir.py [--mb 50] [--runs 5]
+        [--out benchmarks/results/workdir.json]
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours_mb_per_s": nbytes / 1e6 / med["total_s"],
         "raw_mb_per_s": nbytes / 1e6 / raw_s,
         "goal_ratio": 0.8,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs,"
+                   f" Python {platform.python_version()}",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

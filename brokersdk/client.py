@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+_NO_DIGEST = "sha256:" + "0" * 64  # asks HasWorkdir for the broker's size limit only
 
 TERMINAL_PHASES = frozenset(
     {
@@ -594,10 +595,10 @@ class BrokerClient:
         already holds the same bytes; returns the ref to put in a spec.
 
         Raises :class:`InvalidJobSpec` when the directory is missing or over the limit
-        (``max_bytes``, default the broker's, else 100 MiB)."""
+        (``max_bytes``, default the broker's ``workdir_max_bytes``), before sending data."""
         limit = max_bytes
-        if limit is None:
-            limit = DEFAULT_MAX_BYTES
+        if limit is None:  # the broker's own limit (HasWorkdir answers it for any digest)
+            limit = self.has_workdir(_NO_DIGEST).max_bytes or DEFAULT_MAX_BYTES
         try:
             packed = pack(directory, limit)
         except ValueError as e:
@@ -605,10 +606,6 @@ class BrokerClient:
         try:
             has = self.has_workdir(packed.digest)
             ref = common_pb2.WorkdirRef(digest=packed.digest, size_bytes=packed.size_bytes)
-            if max_bytes is None and has.max_bytes and packed.size_bytes > has.max_bytes:
-                raise InvalidJobSpec(
-                    f"workdir is {packed.size_bytes / 2**20:.1f} MiB; the broker accepts at most"
-                    f" {has.max_bytes / 2**20:.1f} MiB (add large files to .brokerignore)")
             if has.exists:
                 if progress:
                     progress(packed.size_bytes, packed.size_bytes)

@@ -67,7 +67,8 @@ def parse_accelerators(value: Any) -> tuple[str, int]:
     try:
         n = int(count)
     except (TypeError, ValueError):
-        raise TaskFileError(f"resources.accelerators {value!r}: the count must be a number") from None
+        raise TaskFileError(
+            f"resources.accelerators {value!r}: the count must be a number") from None
     if n < 1:
         raise TaskFileError(f"resources.accelerators {value!r}: the count must be >= 1")
     return str(name).strip().lower(), n

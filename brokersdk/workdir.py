@@ -141,7 +141,7 @@ def _too_large(files: list[tuple[str, Path]], limit: int, total: int) -> Workdir
     sizes = sorted(((p.lstat().st_size, rel) for rel, p in files), reverse=True)[:3]
     biggest = ", ".join(f"{rel} ({s / 2**20:.1f} MiB)" for s, rel in sizes)
     return WorkdirError(
-        f"workdir is over the {limit / 2**20:.0f} MiB limit ({total / 2**20:.1f} MiB of files);"
+        f"workdir is over the {limit / 2**20:.1f} MiB limit ({total / 2**20:.1f} MiB of files);"
         f" largest: {biggest}. Add large files to {IGNORE_FILE} and read data from a dataset URI")
 
 

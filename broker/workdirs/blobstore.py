@@ -90,7 +90,8 @@ class LocalBlobStore:
                 for c in chunks:
                     n += len(c)
                     if n > size:
-                        raise BlobError(f"upload of {digest} is longer than the announced {size} bytes")
+                        raise BlobError(
+                            f"upload of {digest} is longer than the announced {size} bytes")
                     h.update(c)
                     f.write(c)
                 f.flush()

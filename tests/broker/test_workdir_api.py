@@ -74,9 +74,11 @@ def test_workdir_rpc_errors(small_broker: Broker) -> None:
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sha256:" in e.details()
     big = b"x" * (65 * 1024)
     d = "sha256:" + hashlib.sha256(big).hexdigest()
-    e = rpc_error(stub.UploadWorkdir, iter([wpb.WorkdirChunk(digest=d, size_bytes=len(big), data=big)]))
+    e = rpc_error(stub.UploadWorkdir,
+                  iter([wpb.WorkdirChunk(digest=d, size_bytes=len(big), data=big)]))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most 0.1 MiB" in e.details()
-    e = rpc_error(stub.UploadWorkdir, iter([wpb.WorkdirChunk(digest=missing, size_bytes=3, data=b"abc")]))
+    e = rpc_error(stub.UploadWorkdir,
+                  iter([wpb.WorkdirChunk(digest=missing, size_bytes=3, data=b"abc")]))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "hash to" in e.details()
     assert not stub.HasWorkdir(wpb.HasWorkdirRequest(digest=missing)).exists
     e = rpc_error(stub.UploadWorkdir, iter([]))
@@ -86,7 +88,8 @@ def test_workdir_rpc_errors(small_broker: Broker) -> None:
 def test_sdk_refuses_workdir_over_broker_limit(small_broker: Broker, tmp_path: Path) -> None:
     d = code_dir(tmp_path)
     (d / "weights.bin").write_bytes(b"\0" * (80 * 1024))
-    with BrokerClient(small_broker.address) as c, pytest.raises(InvalidJobSpec, match="at most"):
+    with BrokerClient(small_broker.address) as c, pytest.raises(
+            InvalidJobSpec, match=r"over the 0.1 MiB limit.*weights\.bin"):
         c.upload_workdir(str(d))
 
 
@@ -97,7 +100,8 @@ def test_submit_checks(broker: Broker, make_agent, tmp_path: Path) -> None:  # n
     def refused(s: pb.JobSpec) -> grpc.RpcError:
         return rpc_error(broker.submit, s)
 
-    e = refused(spec(workdir=pb.WorkdirRef(digest="sha256:" + "1" * 64), command=["python", "t.py"]))
+    e = refused(spec(workdir=pb.WorkdirRef(digest="sha256:" + "1" * 64),
+                     command=["python", "t.py"]))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "never uploaded" in e.details()
     e = refused(spec(workdir=pb.WorkdirRef(digest="nope"), command=["python"]))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "spec.workdir.digest" in e.details()
@@ -138,6 +142,7 @@ def test_broken_checkpoint_stores(broker: Broker, make_agent) -> None:  # noqa: 
 
 
 def test_sdk_unknown_workdir_digest_refused(broker: Broker) -> None:
-    with BrokerClient(broker.address) as c, pytest.raises(PreconditionFailed, match="never uploaded"):
+    with BrokerClient(broker.address) as c, pytest.raises(PreconditionFailed,
+                                                          match="never uploaded"):
         c.submit({"name": "x", "team": "ml", "run": ["python", "t.py"],
                   "workdir": "sha256:" + "2" * 64})

@@ -57,7 +57,7 @@ def test_pack_is_deterministic_and_honours_ignores(tmp_path: Path) -> None:
 def test_pack_refuses_over_limit(tmp_path: Path) -> None:
     d = make_tree(tmp_path / "a")
     (d / "huge.bin").write_bytes(b"\0" * 200_000)
-    with pytest.raises(WorkdirError, match=r"over the 0 MiB limit.*huge\.bin"):
+    with pytest.raises(WorkdirError, match=r"over the 0.1 MiB limit.*huge\.bin"):
         pack(d, max_bytes=100_000)
     with pytest.raises(WorkdirError, match="not a directory"):
         pack(tmp_path / "missing")

@@ -67,7 +67,8 @@ def test_plain_script_restarts_from_zero_in_the_other_region(cluster: Cluster,
             120, what="the script to start again")
         assert started == {"resume_from": "", "first_step": 0,
                            "region_file": "same bytes everywhere"}
-        assert (a2 / "workdir" / "loop.py").read_bytes() == (a1 / "workdir" / "loop.py").read_bytes()
+        code1, code2 = (d / "workdir" / "loop.py" for d in (a1, a2))
+        assert code2.read_bytes() == code1.read_bytes()
         assert not (a2 / "workdir" / f"started-{job.attempt}.json").exists()  # fresh copy
         shown = subprocess.run(
             [sys.executable, "-m", "brokerctl", "--broker", cluster.address, "job", h.id],
