@@ -146,3 +146,22 @@ def test_sdk_unknown_workdir_digest_refused(broker: Broker) -> None:
                                                           match="never uploaded"):
         c.submit({"name": "x", "team": "ml", "run": ["python", "t.py"],
                   "workdir": "sha256:" + "2" * 64})
+
+
+def test_s3_workdir_store_round_trip(s3_server, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                     tmp_path: Path) -> None:
+    s3_server.apply_env(monkeypatch)
+    bucket = s3_server.unique_bucket("cb-workdirs")
+    b = Broker(fast_config(tmp_path, workdir_store=f"s3://{bucket}/wd"))
+    try:
+        with BrokerClient(b.address) as c:
+            ref = c.upload_workdir(str(code_dir(tmp_path, "print('s3')\n")))
+        keys = s3_server.list_keys(bucket)
+        assert keys == [f"wd/sha256/{ref.digest.removeprefix('sha256:')}"]  # no temp keys left
+        stub = workdir_pb2_grpc.WorkdirServiceStub(b.channel)
+        chunks = stub.FetchWorkdir(wpb.FetchWorkdirRequest(digest=ref.digest))
+        data = b"".join(ch.data for ch in chunks)
+        assert len(data) == ref.size_bytes
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == ref.digest
+    finally:
+        b.stop()
