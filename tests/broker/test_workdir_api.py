@@ -165,3 +165,17 @@ def test_s3_workdir_store_round_trip(s3_server, monkeypatch: pytest.MonkeyPatch,
         assert "sha256:" + hashlib.sha256(data).hexdigest() == ref.digest
     finally:
         b.stop()
+
+
+def test_model_preset_names_need_no_torch() -> None:
+    """The broker checks preset names at submit; that must not import torch (seconds of
+    start-up and hundreds of MB in the broker process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from broker.workdirs.checks import model_presets; "
+            "names = model_presets(); assert 'tiny' in names, names; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(','.join(names))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "tiny" in res.stdout
