@@ -113,6 +113,9 @@ def test_submit_checks(broker: Broker, make_agent, tmp_path: Path) -> None:  # n
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in e.details()
     e = refused(spec(trainer=pb.TrainerSpec(model="gpt5", total_steps=5, global_batch_size=8)))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "tiny" in e.details()
+    for uri in ("var/ckpt", "gs://bucket/x"):  # no region could write there
+        e = refused(spec(checkpoint_uri=uri))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "s3://bucket/prefix" in e.details()
     # A multi-line script for bash -c is fine, and so is an uploaded workdir.
     with BrokerClient(broker.address) as c:
         h = c.submit({"name": "mine", "team": "ml", "workdir": str(code_dir(tmp_path)),
