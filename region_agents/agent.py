@@ -456,7 +456,8 @@ class RegionAgent:
             return False
         st.cancelled.set()
         self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STOPPED, exit_code=-1,
-                                  message="stopped while copying its checkpoint"),
+                                  message="stopped while " + ("copying its checkpoint" if st.src
+                                                              else "fetching its workdir")),
                      transfer=st.snapshot() if st.src else None)
         return True
 

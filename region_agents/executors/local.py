@@ -119,7 +119,7 @@ class LocalExecutor(Executor):
         progress_interval_s: float = 1.0,
         default_checkpoint_root: str = "",
     ) -> None:
-        self.work_dir = Path(work_dir).resolve()  # ranks run elsewhere: never hand them relative paths
+        self.work_dir = Path(work_dir).resolve()  # ranks run elsewhere: no relative paths
         self.ranks_per_node = max(1, int(ranks_per_node))
         self.python = python
         self.extra_env = dict(extra_env or {})
