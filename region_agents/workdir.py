@@ -10,6 +10,7 @@ no device files, whatever a tar holds.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -18,6 +19,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 
@@ -93,12 +95,54 @@ class WorkdirCache:
 
 
 def unpack(tar_path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
-    """Extract a workdir tarball into ``dest`` (created; must not hold old files)."""
+    """Extract a workdir tarball into ``dest`` (created; must not hold old files).
+
+    Every member passes tarfile's ``data_filter`` first (it refuses absolute paths,
+    ``..``, links out of ``dest`` and special files). Regular files are then copied out
+    of the tar by the kernel (``os.copy_file_range``, like ``shutil.copytree`` does), which
+    is about twice as fast as tarfile's own read/write loop; links and directories go
+    through tarfile with the same filter."""
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
+    root = str(out.resolve())
     try:
-        with tarfile.open(tar_path, "r:", copybufsize=1024 * 1024) as tar:  # 16 KiB default
-            tar.extractall(out, filter="data")
+        with tarfile.open(tar_path, "r:") as tar, open(tar_path, "rb") as raw:
+            for member in tar.getmembers():
+                safe = tarfile.data_filter(member, root)
+                if not safe.isreg():
+                    tar.extract(safe, root, filter="data")
+                    continue
+                target = os.path.join(root, safe.name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as f:
+                    _copy_range(raw, f, member.offset_data, member.size)
+                os.chmod(target, safe.mode if safe.mode is not None else 0o644)
     except (tarfile.TarError, OSError) as e:
         raise WorkdirFetchError(f"cannot unpack workdir {tar_path}: {e}") from None
     return out
+
+
+def _copy_range(src: BinaryIO, dst: BinaryIO, offset: int, size: int) -> None:
+    """Copy ``size`` bytes at ``offset`` of ``src`` into ``dst`` (in the kernel when it can)."""
+    done = 0
+    try:
+        while done < size:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), size - done, offset + done)
+            if n == 0:
+                raise OSError(f"tar ended {size - done} bytes early")
+            done += n
+        return
+    except OSError as e:
+        if done or getattr(e, "errno", None) not in _NO_COPY_RANGE:
+            raise
+    src.seek(offset)
+    left = size
+    while left:
+        b = src.read(min(left, 1024 * 1024))
+        if not b:
+            raise OSError(f"tar ended {left} bytes early")
+        dst.write(b)
+        left -= len(b)
+
+
+_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}

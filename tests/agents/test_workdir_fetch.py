@@ -50,3 +50,20 @@ def test_unpack_refuses_paths_outside(tmp_path: Path) -> None:
     with pytest.raises(WorkdirFetchError, match="cannot unpack"):
         unpack(bad, tmp_path / "dest")
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_unpack_keeps_modes_and_inner_links(tmp_path: Path) -> None:
+    from brokersdk.workdir import pack
+
+    src = tmp_path / "src"
+    (src / "bin").mkdir(parents=True)
+    (src / "bin" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "bin" / "run.sh").chmod(0o755)
+    (src / "big.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: several copy ranges
+    (src / "link").symlink_to("bin/run.sh")
+    packed = pack(src)
+    packed.write_to(tmp_path / "w.tar")
+    out = unpack(tmp_path / "w.tar", tmp_path / "out")
+    assert (out / "bin" / "run.sh").stat().st_mode & 0o777 == 0o755
+    assert (out / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert (out / "link").is_symlink() and (out / "link").read_text() == "#!/bin/sh\necho hi\n"
