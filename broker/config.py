@@ -74,6 +74,15 @@ class BrokerConfig(BaseModel):
             raise ValueError("priority_classes must name at least one class")
         return v
 
+    @field_validator("workdir_store")
+    @classmethod
+    def _workdir_store_url(cls, v: str) -> str:
+        if "://" in v and not v.startswith(("s3://", "file://")):
+            raise ValueError(f"{v!r}: use a directory or s3://bucket/prefix")
+        if v.startswith("s3://") and not v.removeprefix("s3://").split("/", 1)[0]:
+            raise ValueError(f"{v!r} names no bucket: s3://bucket/prefix")
+        return v
+
     @property
     def grace_s(self) -> float:
         return self.agent_timeout_s if self.startup_grace_s is None else self.startup_grace_s

@@ -85,3 +85,14 @@ def test_open_and_default_urls(tmp_path: Path) -> None:
     assert isinstance(open_blob_store(f"file://{tmp_path}/y"), LocalBlobStore)
     with pytest.raises(BlobError, match="directory or s3://"):
         open_blob_store("gs://bucket/x")
+
+
+def test_broker_config_checks_workdir_store() -> None:
+    from pydantic import ValidationError
+
+    from broker.config import BrokerConfig
+
+    assert BrokerConfig(workdir_store="s3://b/p").workdir_store == "s3://b/p"
+    for bad in ("gs://b/p", "s3:///p"):
+        with pytest.raises(ValidationError, match="workdir_store"):
+            BrokerConfig(workdir_store=bad)
