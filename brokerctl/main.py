@@ -546,7 +546,8 @@ def build_parser() -> _Parser:
         return sp
 
     s = add("submit", "submit a training job", output=True)
-    s.add_argument("-f", "--file", help="job spec YAML (flags override its fields; - = stdin)")
+    s.add_argument("-f", "--file", help="job spec YAML: flat fields, the API form or a SkyPilot-"
+                   "style task file (run, workdir, envs, ...); flags override it; - = stdin")
     s.add_argument("--name")
     s.add_argument("--team")
     s.add_argument("--priority", help="priority class, e.g. training, fine-tuning, inference")
