@@ -44,7 +44,7 @@ class PackedWorkdir:
     size_bytes: int
     files: tuple[tuple[str, Path], ...]
 
-    def chunks(self, chunk_size: int = 4 * 1024 * 1024) -> Iterator[bytes]:
+    def chunks(self, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
         """The tar's bytes, in chunks of about ``chunk_size``."""
         buf = _Buffer()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
