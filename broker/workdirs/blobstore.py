@@ -4,8 +4,8 @@ Why content addressing: a blob is named by the sha256 of its bytes, so an upload
 idempotent (same code = same name, uploaded once), a reader can verify what it got,
 and a job moved to another region runs exactly the bytes that were submitted.
 Writes become visible only complete and verified: the local store writes a temp file
-and renames it; the S3 store uploads to a temp key, checks, then copies to the final
-key (S3 has no rename; a PUT is atomic per object, the check makes it verified).
+and renames it; the S3 store checks the bytes, uploads them to a temp key, then copies to the final
+key (S3 has no rename; each object write is atomic, the check makes it verified).
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def _file_chunks(f: Any, chunk_size: int) -> Iterator[bytes]:
 class S3BlobStore:
     """Blobs as objects ``s3://bucket/<prefix>/sha256/<hex>``.
 
-    The upload goes to a temp key while its hash is computed, and is copied to the
-    final key only when it verifies, so the final key never holds bad bytes.
+    The bytes are spooled to a local temp file while hashed, sent to a temp key only
+    once they verify, then copied to the final key and the temp key deleted, so the
+    final key never holds bad or partial bytes.
     """
 
     def __init__(self, url: str, client: Any | None = None) -> None:
