@@ -4,8 +4,8 @@ Why content addressing: a blob is named by the sha256 of its bytes, so an upload
 idempotent (same code = same name, uploaded once), a reader can verify what it got,
 and a job moved to another region runs exactly the bytes that were submitted.
 Writes become visible only complete and verified: the local store writes a temp file
-and renames it; the S3 store checks the bytes, uploads them to a temp key, then copies to the final
-key (S3 has no rename; each object write is atomic, the check makes it verified).
+and renames it; the S3 store checks the bytes, uploads them to a temp key, then copies
+them to the final key (S3 has no rename; each object write is atomic).
 """
 
 from __future__ import annotations
