@@ -29,12 +29,19 @@ import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from region_agents.executors.base import AS, TERMINAL_STATES, AttemptEvent, AttemptSpec, Executor
+from region_agents.executors.base import (
+    AS,
+    EXIT_RESUME_UNAVAILABLE,
+    TERMINAL_STATES,
+    AttemptEvent,
+    AttemptSpec,
+    Executor,
+)
 from region_agents.fencing import AttemptLedger
 from region_agents.inventory import Inventory, InventoryError, load_inventory
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_transfer
+from region_agents.staging import Staging, plan_staging
 
 log = logging.getLogger("region_agents.agent")
 
@@ -381,11 +388,11 @@ class RegionAgent:
             key = (launch.job_id, launch.attempt)
             self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
             problem = self._check_placement(launch)
-            move = None
+            staging = None
             if problem is None:
                 try:
-                    move = plan_transfer(launch, self.inventory.checkpoint_bucket)
-                    if move is None:
+                    staging = plan_staging(launch, self.inventory.checkpoint_bucket)
+                    if staging is None:
                         self._start_attempt(launch)
                 except (ValueError, OSError) as e:
                     problem = f"launch failed: {e}"
@@ -396,14 +403,15 @@ class RegionAgent:
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
             self._ack(command_id, True)
-            if move is not None:
-                # Copy the checkpoint into this region's store first; the ticker starts
-                # the ranks when the copy is complete (region_agents/staging.py).
-                staging = Staging(launch, *move)
+            if staging is not None:
+                # Copy the checkpoint into this region's store, or resolve a same-region
+                # resume point, first; the ticker starts the ranks when that is done
+                # (region_agents/staging.py).
                 self._staging[key] = staging
                 staging.start()
-                log.info("%s attempt %d: copying checkpoint %s -> %s before start",
-                         launch.job_id, launch.attempt, move[0], move[1])
+                if staging.copies:
+                    log.info("%s attempt %d: copying checkpoint %s -> %s before start",
+                             launch.job_id, launch.attempt, staging.src, staging.dst)
 
     def _start_attempt(self, launch: agent_pb2.Launch, resume_from: str | None = None) -> None:
         spec = AttemptSpec.from_launch(launch)
@@ -419,34 +427,40 @@ class RegionAgent:
         if st is None:
             return False
         st.cancelled.set()
+        what = "copying" if st.copies else "resolving"
         self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STOPPED, exit_code=-1,
-                                  message="stopped while copying its checkpoint"),
-                     transfer=st.snapshot())
+                                  message=f"stopped while {what} its checkpoint"),
+                     transfer=st.transfer())
         return True
 
     def _poll_staging(self) -> None:
-        """Report copy progress (~1/s); start the ranks, or fail the attempt, when done."""
+        """Report copy progress (~1/s); start the ranks, or fail the attempt, when done.
+
+        A resume point that cannot be resolved (gone, and nothing newer and complete in
+        its directory) fails the attempt with the trainer's code for exactly that,
+        EXIT_RESUME_UNAVAILABLE: not a configuration error, so the broker relaunches."""
         now = time.time()
         for key, st in list(self._staging.items()):
             launch = st.launch
             if not st.finished.is_set():
-                if now - st.last_sent >= 1.0:
+                if st.copies and now - st.last_sent >= 1.0:
                     st.last_sent = now
                     self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
                                  transfer=st.snapshot())
                 continue
             del self._staging[key]
-            stats = st.snapshot()
+            stats = st.transfer()
             if st.cancelled.is_set() or self.ledger.running.get(launch.job_id) != launch.attempt:
                 continue
-            if stats.error:
+            failure = st.failure()
+            if failure:
+                code = -1 if st.copies else EXIT_RESUME_UNAVAILABLE
                 self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
-                                          exit_code=-1,
-                                          message=f"checkpoint transfer failed: {stats.error}"),
-                             transfer=stats)
+                                          exit_code=code, message=failure), transfer=stats)
                 continue
-            self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
-                         transfer=stats)
+            if stats is not None:
+                self._report(AttemptEvent(launch.job_id, launch.attempt,
+                                          AS.ATTEMPT_STATE_STARTING), transfer=stats)
             try:
                 self._start_attempt(launch, resume_from=st.dst)
             except (ValueError, OSError) as e:

@@ -29,6 +29,10 @@ TERMINAL_STATES = frozenset(
 EXIT_OK = 0
 EXIT_CHECKPOINTED = 75
 EXIT_BAD_CONFIG = 2
+# The resume checkpoint is gone or incomplete (the trainer found it so, or the agent
+# could not resolve it): retryable, and no node is to blame.
+EXIT_RESUME_UNAVAILABLE = 77
+NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE})  # exits that blame no node
 
 
 @dataclass

@@ -27,9 +27,9 @@ from pathlib import Path
 from computebroker.v1 import common_pb2
 from region_agents.executors.base import (
     AS,
-    EXIT_BAD_CONFIG,
     EXIT_CHECKPOINTED,
     EXIT_OK,
+    NOT_THE_NODE,
     AttemptEvent,
     AttemptSpec,
     Executor,
@@ -340,7 +340,7 @@ class LocalExecutor(Executor):
             crashed = [r for r in att.ranks if r.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
             if crashed:
                 first = crashed[0]
-                blamed = [] if first.returncode == EXIT_BAD_CONFIG else [first.node_id]
+                blamed = [] if first.returncode in NOT_THE_NODE else [first.node_id]
                 msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
                 stderr = tail(first.stderr_path)
                 if stderr:
