@@ -144,3 +144,25 @@ def test_save_past_its_deadline_raises_and_commits_nothing(tmp_path) -> None:
     assert LocalStore(str(tmp_path)).list_steps().get(2) is not True  # step 1 stays the latest
     assert LocalStore(str(tmp_path)).list_steps()[1] is True
     release.set()
+
+
+def test_resume_point_missing_is_retryable_not_a_config_error(tmp_path) -> None:
+    """find_resume_point: a pruned or incomplete CB_RESUME_FROM raises ResumeUnavailable
+    (exit 77), a malformed one stays a TrainerError (exit 2); no CB_RESUME_FROM = latest."""
+    from trainer.checkpoint import find_resume_point
+    from trainer.errors import ResumeUnavailable
+
+    root = tmp_path / "attempt-1"
+    (root / step_name(12)).mkdir(parents=True)  # incomplete
+    (root / step_name(14)).mkdir()
+    (root / step_name(14) / "manifest.json").write_text('{"step": 14, "files": []}')
+    store = LocalStore(str(root))
+    for missing in (root / step_name(10), root / step_name(12)):
+        with pytest.raises(ResumeUnavailable, match="is not a complete checkpoint"):
+            find_resume_point(store, str(missing), 1)
+    with pytest.raises(TrainerError, match="does not name a checkpoint directory"):
+        find_resume_point(store, str(root / "latest"), 1)
+    src, name = find_resume_point(store, str(root / step_name(14)), 1)
+    assert name == step_name(14)
+    assert find_resume_point(store, "", 1)[1] == step_name(14)
+    assert not issubclass(ResumeUnavailable, TrainerError)
