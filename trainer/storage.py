@@ -13,7 +13,8 @@ each file is a multipart upload whose parts are cut straight out of the tensors'
 (no spool file: an earlier version wrote each shard to local disk first, which cost a
 third of the save time) and uploaded `s3_max_concurrency` at a time per file.
 
-Retries (bounded by `RETRY`, a `RetryPolicy`): botocore's "standard" mode retries
+Retries (bounded by `RETRY`, a `checkpoint_layout.RetryPolicy`, the policy the agents'
+mover uses too, with the same transient-error check): botocore's "standard" mode retries
 throttling and 5xx per request a few times; tenacity retries a part, a whole small
 object or a whole file read (a stream cut mid-body is not a request botocore can
 retry) on connection errors, throttling and 5xx, with exponential backoff. The two
@@ -24,7 +25,8 @@ Reachability is probed once at start with a short deadline, so a wrong endpoint 
 clear exit 2, not a hang.
 
 Visibility: a checkpoint counts only when its `manifest.json` exists (written last by
-checkpoint.py), on both backends.
+checkpoint.py), on both backends. Names, manifest format, listings and S3 client setup
+come from `checkpoint_layout` (torch-free, shared with the region agents).
 """
 
 from __future__ import annotations
