@@ -14,10 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from computebroker.v1 import agent_pb2, common_pb2
-from region_agents.agent import AgentConfig, RegionAgent
+from region_agents.agent import RegionAgent
 from region_agents.executors.base import EXIT_RESUME_UNAVAILABLE
 from tests.agents.fake_broker import FakeBroker, wait_for
 
@@ -35,25 +33,7 @@ def checkpoint(root: Path, step: int, complete: bool = True) -> None:
         (d / "manifest.json").write_text(json.dumps({"step": step, "files": files}))
 
 
-@pytest.fixture
-def broker():
-    b = FakeBroker(heartbeat_interval_s=0.3)
-    b.start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def agent(broker, inventory_file, tmp_path):
-    a = RegionAgent(AgentConfig(broker_address=broker.address, inventory_path=str(inventory_file),
-                                work_dir=str(tmp_path / "work"), ranks_per_node=1))
-    a.start()
-    wait_for(lambda: a.connected, 30, what="connected")
-    yield a
-    a.stop()
-
-
-def relaunch(broker: FakeBroker, job_root: Path, resume_step: int, out: Path) -> agent_pb2.JobUpdate:
+def relaunch(broker: FakeBroker, agent: RegionAgent, job_root: Path, resume_step: int, out: Path) -> agent_pb2.JobUpdate:
     launch = agent_pb2.Launch(
         job_id="j-1", attempt=2, checkpoint_uri=str(job_root / "attempt-2"),
         resume_from=str(job_root / "attempt-1" / f"step-{resume_step:09d}"),
@@ -63,6 +43,7 @@ def relaunch(broker: FakeBroker, job_root: Path, resume_step: int, out: Path) ->
         placement=common_pb2.Placement(region="test-1", world_size=8,
                                        nodes=[common_pb2.NodeAssignment(node_id="t1-p5-000", gpus=8)]),
     )
+    wait_for(lambda: agent.connected, 30, what="connected")
     assert broker.wait_ack(broker.send(launch=launch)).accepted
     return broker.wait_terminal("j-1", 2)
 
@@ -72,7 +53,7 @@ def test_relaunch_from_a_pruned_step_resumes_from_the_newer_complete_one(broker,
     checkpoint(job / "attempt-1", 14)  # attempt 1 kept training: step 10 was pruned
     checkpoint(job / "attempt-1", 16, complete=False)  # ...and step 16 is still being written
     out = tmp_path / "resume_from.txt"
-    end = relaunch(broker, job, 10, out)
+    end = relaunch(broker, agent, job, 10, out)
     assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end.message
     assert out.read_text() == str(job / "attempt-1" / "step-000000014")
 
@@ -82,7 +63,7 @@ def test_relaunch_from_a_complete_step_keeps_it(broker, agent, tmp_path):
     checkpoint(job / "attempt-1", 10)
     checkpoint(job / "attempt-1", 14)
     out = tmp_path / "resume_from.txt"
-    assert relaunch(broker, job, 10, out).state == AS.ATTEMPT_STATE_SUCCEEDED
+    assert relaunch(broker, agent, job, 10, out).state == AS.ATTEMPT_STATE_SUCCEEDED
     assert out.read_text() == str(job / "attempt-1" / "step-000000010")  # exactly as named
 
 
@@ -91,7 +72,7 @@ def test_no_complete_checkpoint_at_least_as_new_is_a_retryable_failure(broker, a
     checkpoint(job / "attempt-1", 8)  # older than what the broker named: never used
     checkpoint(job / "attempt-1", 12, complete=False)
     out = tmp_path / "resume_from.txt"
-    end = relaunch(broker, job, 10, out)
+    end = relaunch(broker, agent, job, 10, out)
     assert end.state == AS.ATTEMPT_STATE_FAILED
     assert end.exit_code == EXIT_RESUME_UNAVAILABLE  # not 2: the broker relaunches
     assert "resume checkpoint unavailable" in end.message and "step-000000010" in end.message
