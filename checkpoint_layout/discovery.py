@@ -117,7 +117,7 @@ def resolve_resume(uri: str, *, s3_client: Any = None) -> ResumePoint:
     if newer is None:
         state = "incomplete (no manifest)" if want in steps else "gone"
         raise CheckpointMissing(
-            f"resume checkpoint {uri} is {state} and {parent} has no complete checkpoint "
+            f"{uri} is {state} and {parent} has no complete checkpoint "
             f"at step >= {want} (complete: {sorted(s for s, ok in steps.items() if ok) or 'none'})"
         )
     return ResumePoint(f"{root_uri(parent)}/{step_name(newer)}", uri, True)
