@@ -84,7 +84,12 @@ def chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(cur))
         yield cur
         last = getattr(cur, "last_exception", None)
-        cur = last if isinstance(last, BaseException) else (cur.__cause__ or cur.__context__)
+        if isinstance(last, BaseException):
+            cur = last
+        elif cur.__cause__ is not None or not cur.__suppress_context__:
+            cur = cur.__cause__ or cur.__context__
+        else:  # `raise ... from None`: explicitly not caused by what was being handled
+            cur = None
 
 
 def is_transient(exc: BaseException) -> bool:

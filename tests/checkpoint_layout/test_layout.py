@@ -179,6 +179,13 @@ def test_transient_errors() -> None:
             raise RuntimeError("wrapped") from inner
     except RuntimeError as outer:
         assert cl.is_transient(outer)
+    try:  # ...but not a context the raiser disowned (`from None`)
+        try:
+            raise _client_error("SlowDown", 503)
+        except ClientError:
+            raise ValueError("corrupt") from None
+    except ValueError as disowned:
+        assert not cl.is_transient(disowned)
     assert not cl.is_transient(_client_error("NoSuchKey", 404))
     assert not cl.is_transient(_client_error("AccessDenied", 403))
     assert not cl.is_transient(_client_error("NotImplemented", 501))
