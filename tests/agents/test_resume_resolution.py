@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.agent import RegionAgent
@@ -33,10 +36,11 @@ def checkpoint(root: Path, step: int, complete: bool = True) -> None:
         (d / "manifest.json").write_text(json.dumps({"step": step, "files": files}))
 
 
-def relaunch(broker: FakeBroker, agent: RegionAgent, job_root: Path, resume_step: int, out: Path) -> agent_pb2.JobUpdate:
+def relaunch(broker: FakeBroker, agent: RegionAgent, job_root: Path | str, resume_step: int,
+             out: Path) -> agent_pb2.JobUpdate:
     launch = agent_pb2.Launch(
-        job_id="j-1", attempt=2, checkpoint_uri=str(job_root / "attempt-2"),
-        resume_from=str(job_root / "attempt-1" / f"step-{resume_step:09d}"),
+        job_id="j-1", attempt=2, checkpoint_uri=f"{job_root}/attempt-2",
+        resume_from=f"{job_root}/attempt-1/step-{resume_step:09d}",
         spec=common_pb2.JobSpec(name="j-1", command=[sys.executable, "-c", RECORD_RESUME],
                                 env={"OUT": str(out)},
                                 resources=common_pb2.Resources(nodes=1, gpus_per_node=8)),
@@ -78,3 +82,21 @@ def test_no_complete_checkpoint_at_least_as_new_is_a_retryable_failure(broker, a
     assert "resume checkpoint unavailable" in end.message and "step-000000010" in end.message
     assert not list(end.failed_nodes)  # no node is to blame
     assert not out.exists()  # no rank was started
+
+
+def test_s3_relaunch_from_a_pruned_step_resumes_from_the_newer_complete_one(
+    broker, agent, tmp_path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same resolution on S3: one listing of the attempt's prefix, before any rank."""
+    s3_server.apply_env(monkeypatch)
+    bucket = s3_server.unique_bucket("resume")
+    c = s3_server.client()
+    for key, body in (("jobs/j-1/attempt-1/step-000000014/__0_0.distcp", b"x"),
+                      ("jobs/j-1/attempt-1/step-000000014/manifest.json",
+                       json.dumps({"step": 14, "files": [{"name": "__0_0.distcp", "size": 1}]})),
+                      ("jobs/j-1/attempt-1/step-000000016/__0_0.distcp", b"x")):
+        c.put_object(Bucket=bucket, Key=key, Body=body)
+    out = tmp_path / "resume_from.txt"
+    end = relaunch(broker, agent, f"s3://{bucket}/jobs/j-1", 10, out)
+    assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end.message
+    assert out.read_text() == f"s3://{bucket}/jobs/j-1/attempt-1/step-000000014"

@@ -166,3 +166,20 @@ def test_resume_point_missing_is_retryable_not_a_config_error(tmp_path) -> None:
     assert name == step_name(14)
     assert find_resume_point(store, "", 1)[1] == step_name(14)
     assert not issubclass(ResumeUnavailable, TrainerError)
+
+
+def test_checkpoint_pruned_while_loading_is_retryable(tmp_path) -> None:
+    """Manifest or a listed file gone by load time (the writer pruned it): ResumeUnavailable
+    (exit 77). A file that is there with the wrong size or digest stays corrupt (exit 2,
+    tests above)."""
+    from trainer.errors import ResumeUnavailable
+
+    m = make_manager(str(tmp_path), width=32)
+    m.save(3, 24, blocking=True)
+    m.save(4, 32, blocking=True)
+    (tmp_path / step_name(3) / "__0_0.distcp").unlink()
+    with pytest.raises(ResumeUnavailable, match=r"lost file __0_0.distcp"):
+        make_manager(str(tmp_path), width=32).load(step_name(3))
+    (tmp_path / step_name(4) / "manifest.json").unlink()
+    with pytest.raises(ResumeUnavailable, match="disappeared before it could be loaded"):
+        make_manager(str(tmp_path), width=32).load(step_name(4))
