@@ -52,6 +52,7 @@ from checkpoint_layout import (
     LayoutError,
     RetryPolicy,
     check_scheme,
+    hash_bytes,
     hash_file,
     list_local_steps,
     list_s3_steps,
@@ -74,7 +75,9 @@ from trainer.shardio import (
 
 __all__ = [
     "MANIFEST",
+    "RETRY",
     "LocalStore",
+    "RetryPolicy",
     "S3Store",
     "Store",
     "open_store",
@@ -336,9 +339,7 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
         yield spool
         data = spool.getvalue()
         _retrying(self.client.put_object)(Bucket=bucket, Key=key, Body=data)
-        h = new_hasher()
-        h.update(data)
-        self.record(path, h.hexdigest(), len(data))
+        self.record(path, hash_bytes(data), len(data))
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
         return f"{str(path).rstrip('/')}/{suffix}"
