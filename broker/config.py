@@ -56,6 +56,9 @@ class BrokerConfig(BaseModel):
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
+    # Recovery policy (broker/jobs/recovery.py) for jobs without a cb.recovery-policy label:
+    # "move-anywhere" (default) or "stay-in-place".
+    recovery_policy: str = Field("move-anywhere", pattern="^(move-anywhere|stay-in-place)$")
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")

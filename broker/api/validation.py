@@ -75,6 +75,10 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
         raise InvalidArgument(
             f"spec.priority_class {spec.priority_class!r} is unknown; known classes: {known}"
         )
+    policy = spec.labels.get("cb.recovery-policy", "")
+    if policy and policy not in ("move-anywhere", "stay-in-place"):
+        raise InvalidArgument(f"label cb.recovery-policy {policy!r} is unknown;"
+                              " known: move-anywhere, stay-in-place")
     if not spec.HasField("resources"):
         raise InvalidArgument("spec.resources is missing: say nodes and gpus_per_node")
     r = spec.resources

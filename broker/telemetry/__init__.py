@@ -255,7 +255,7 @@ class _Pass:
 class BrokerTelemetry:
     """The broker's hooks: spans for job operations, and metrics once started.
 
-    ``BrokerCore`` owns one (``core.telemetry``); ``BrokerServer`` calls
+    ``BrokerServer`` makes one (``JobOps.telemetry``) and calls
     :meth:`start_metrics` with ``BrokerConfig.metrics_listen`` and :meth:`close`.
     """
 
@@ -374,7 +374,7 @@ class BrokerTelemetry:
         if self.metrics_on:
             self._inst[key].record(value, attrs)
 
-    # ---- job spans (hooks in BrokerCore / JobService) -------------------------------
+    # ---- job spans (hooks in JobOps / JobService) -------------------------------
     @contextlib.contextmanager
     def job_span(self, invocation_metadata: Sequence[tuple[str, Any]] | None) -> Iterator[None]:
         """SubmitJob: the ``job`` span, a child of the caller's (from gRPC metadata).
