@@ -56,9 +56,9 @@ class BrokerConfig(BaseModel):
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
-    # Recovery policy (broker/jobs/recovery.py) for jobs without a cb.recovery-policy label:
-    # "move-anywhere" (default) or "stay-in-place".
-    recovery_policy: str = Field("move-anywhere", pattern="^(move-anywhere|stay-in-place)$")
+    # Recovery policy (broker/jobs/recovery.py POLICIES) for jobs without a
+    # cb.recovery-policy label: "move-anywhere" (default) or "stay-in-place".
+    recovery_policy: str = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
@@ -71,6 +71,15 @@ class BrokerConfig(BaseModel):
     def _classes_not_empty(cls, v: dict[str, int]) -> dict[str, int]:
         if not v:
             raise ValueError("priority_classes must name at least one class")
+        return v
+
+    @field_validator("recovery_policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from broker.jobs.recovery import POLICIES  # recovery only type-imports this module
+
+        if v not in POLICIES:
+            raise ValueError(f"recovery_policy {v!r} is unknown; known: {', '.join(sorted(POLICIES))}")
         return v
 
     @property

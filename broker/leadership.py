@@ -1,4 +1,4 @@
-"""High availability: one active leader, hot standbys (DESIGN.md "State").
+"""High availability: one active leader, hot standbys (docs/architecture.md "State and leadership").
 
 Why this design: agent streams and the scheduler's view of connected agents live in
 one broker process's memory, so two replicas serving at once would each see half the

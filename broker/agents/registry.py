@@ -4,7 +4,7 @@ and a per-agent outbound queue the scheduler and RPC threads send commands throu
 Agents' inventories are persisted as store records (KIND_AGENT, a Register proto) so
 capacity survives a broker restart; connected/lost is runtime state only. After a
 restart every stored agent starts "disconnected, last seen now": it gets
-``grace_s`` to reconnect before its jobs are declared lost (TEAM.md rule 2).
+``grace_s`` to reconnect before its jobs are declared lost (docs/contracts.md section 6, rule 2).
 """
 
 from __future__ import annotations

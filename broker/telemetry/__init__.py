@@ -34,6 +34,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from broker.jobs.causes import Family, MoveState
+
 if TYPE_CHECKING:
     import placement
     from computebroker.v1 import agent_pb2 as apb
@@ -460,9 +462,9 @@ class BrokerTelemetry:
         since = job.phase_time or job.created_time
         if since:
             self._record("queue_wait", max(0.0, now - since), team=job.spec.team, cause=cause)
-        if job.migrations and cause != "preemption":
+        if job.migrations and cause != Family.PREEMPTION:
             m = job.migrations[-1]
-            if m.state in ("queued", "checkpointing"):
+            if m.state in (MoveState.QUEUED, MoveState.CHECKPOINTING):
                 self._add("migrations", 1, cause=m.cause or "unspecified",
                           from_region=m.from_region, to_region=admission.region)
 
@@ -516,7 +518,7 @@ class BrokerTelemetry:
                     self._add("transfer_bytes", t.bytes_total, method=t.method or "unknown",
                               to_region=m.to_region)
                     seen += "t"
-                if m.state == "done" and m.total_s and "d" not in seen:
+                if m.state == MoveState.DONE and m.total_s and "d" not in seen:
                     self._record("migration_duration", m.total_s, cause=m.cause or "unspecified")
                     seen += "d"
                 if seen:

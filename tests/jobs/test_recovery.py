@@ -107,3 +107,16 @@ def test_policy_choice_label_over_config() -> None:
     odd.spec.labels["cb.recovery-policy"] = "no-such-policy"
     assert policy_for(odd, CFG).name == "move-anywhere"
     assert set(POLICIES) == {"move-anywhere", "stay-in-place"}
+
+
+def test_unknown_policy_names_are_refused_at_the_edges() -> None:
+    from broker.api.errors import InvalidArgument
+    from broker.api.validation import validate_spec
+    from broker.config import BrokerConfig
+
+    with pytest.raises(ValueError, match="recovery_policy"):
+        BrokerConfig(recovery_policy="teleport")
+    s = spec()
+    s.labels["cb.recovery-policy"] = "teleport"
+    with pytest.raises(InvalidArgument, match="move-anywhere, stay-in-place"):
+        validate_spec(s, CFG.priority_classes)
