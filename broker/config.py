@@ -3,7 +3,9 @@ the same validated object (a typo in a field name is an error, not a silent defa
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
@@ -11,6 +13,14 @@ DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "training": 70,
     "fine-tuning": 50,
 }
+
+
+def _known_policy(name: str) -> str:
+    from broker.jobs.recovery import POLICIES  # recovery only type-imports this module
+
+    if name not in POLICIES:
+        raise ValueError(f"recovery_policy {name!r} is unknown; known: {', '.join(sorted(POLICIES))}")
+    return name
 
 
 class BrokerConfig(BaseModel):
@@ -58,7 +68,7 @@ class BrokerConfig(BaseModel):
     plan_move_margin: float = Field(1.5, ge=1.0)
     # Recovery policy (broker/jobs/recovery.py POLICIES) for jobs without a
     # cb.recovery-policy label: "move-anywhere" (default) or "stay-in-place".
-    recovery_policy: str = "move-anywhere"
+    recovery_policy: Annotated[str, AfterValidator(_known_policy)] = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
@@ -71,15 +81,6 @@ class BrokerConfig(BaseModel):
     def _classes_not_empty(cls, v: dict[str, int]) -> dict[str, int]:
         if not v:
             raise ValueError("priority_classes must name at least one class")
-        return v
-
-    @field_validator("recovery_policy")
-    @classmethod
-    def _known_policy(cls, v: str) -> str:
-        from broker.jobs.recovery import POLICIES  # recovery only type-imports this module
-
-        if v not in POLICIES:
-            raise ValueError(f"recovery_policy {v!r} is unknown; known: {', '.join(sorted(POLICIES))}")
         return v
 
     @property

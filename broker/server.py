@@ -68,7 +68,7 @@ class BrokerServer:
         telemetry = BrokerTelemetry()  # spans always (no-op unless tracing); metrics once started
         agents = AgentRegistry(store)
         applier = Applier(store, EventHub(), agents, telemetry, self.config)
-        ops = JobOps(self.config, store, agents, applier, telemetry)
+        ops = JobOps(applier)
         self.ops = ops
         jobs, records = JobsView(store, applier.hub), RecordsView(store)
         self.metrics_port = telemetry.start_metrics(self.config.metrics_listen)

@@ -24,6 +24,7 @@ from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling.snapshot import plan_state
 from broker.scheduling.usage import UsageView, build_snapshot, usage_view
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
@@ -32,11 +33,8 @@ from computebroker.v1 import common_pb2 as pb
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     def __init__(self, ops: JobOps, jobs: JobsView, records: RecordsView, agents: AgentRegistry,
                  config: BrokerConfig) -> None:
-        self.ops = ops
-        self.jobs = jobs
-        self.records = records
-        self.agents = agents
-        self.config = config
+        self.ops, self.jobs, self.records = ops, jobs, records
+        self.agents, self.config = agents, config
 
     def _teams(self) -> dict[str, cpb.TeamQuota]:
         return self.records.teams()
@@ -129,14 +127,14 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         if plan.id:
             if not validation.TEAM_RE.match(plan.id):
                 raise InvalidArgument(f"plan.id {plan.id!r}: use letters, digits, '.', '_' or '-'")
-            if self.records.plan(plan.id) is not None:
+            if self.records.get(KIND_PLAN, plan.id) is not None:
                 raise AlreadyExists(f"training plan {plan.id!r} already exists")
         else:
             plan.id = new_plan_id()
         if not plan.name:
             plan.name = plan.id
         plan.state = cpb.PLAN_STATE_UNSPECIFIED
-        self.records.put_plan(plan)
+        self.records.put(KIND_PLAN, plan.id, plan)
         self.ops.applier.poke()
         return self._with_state(plan)
 
@@ -157,7 +155,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     def CancelTrainingPlan(self, request: cpb.CancelTrainingPlanRequest, context: grpc.ServicerContext) -> cpb.TrainingPlan:
         if not request.plan_id:
             raise InvalidArgument("plan_id is empty")
-        plan = self.records.plan(request.plan_id)
+        plan = self.records.get(KIND_PLAN, request.plan_id)
         if plan is None:
             raise NotFound(f"training plan {request.plan_id!r} not found")
         assert isinstance(plan, cpb.TrainingPlan)
@@ -166,7 +164,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             raise FailedPrecondition(
                 f"training plan {plan.id} is already {cpb.PlanState.Name(state).removeprefix('PLAN_STATE_').lower()}")
         plan.state = cpb.PLAN_STATE_CANCELLED
-        self.records.put_plan(plan)
+        self.records.put(KIND_PLAN, plan.id, plan)
         self.ops.applier.poke()
         return self._with_state(plan)
 
@@ -180,7 +178,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         validation.validate_quota(q)
         for f in ("used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs"):
             q.ClearField(f)  # read-only usage, never stored
-        self.records.put_team(q)
+        self.records.put(KIND_TEAM, q.team, q)
         self.ops.applier.poke()
         return self._usage().fill(q)
 
@@ -210,10 +208,10 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         known = {a.region for a in self.agents.all()} | set(self._region_records())
         if request.region not in known:
             raise NotFound(f"region {request.region!r} is unknown; known: {', '.join(sorted(known)) or 'none'}")
-        rec = self.records.region(request.region) or cpb.RegionInfo(name=request.region)
+        rec = self.records.get(KIND_REGION, request.region) or cpb.RegionInfo(name=request.region)
         rec.draining = not request.undrain
         rec.drain_reason = request.reason if rec.draining else ""
-        self.records.put_region(rec)
+        self.records.put(KIND_REGION, rec.name, rec)
         moved: list[str] = []
         if rec.draining:
             why = f": {request.reason}" if request.reason else ""

@@ -22,9 +22,20 @@ Three enums, because they name three fields with different domains:
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+def _parse(cls: type[E], value: str) -> E | None:
+    """The member whose value is ``value`` (a stored string), or None."""
+    try:
+        return cls(value) if value else None
+    except ValueError:
+        return None
 
 
 class Family(enum.StrEnum):
@@ -36,25 +47,15 @@ class Family(enum.StrEnum):
 
     @property
     def goodput_field(self) -> str:
-        return _GOODPUT[self]
+        """``Goodput.lost_<family>_s``."""
+        return f"lost_{self.value}_s"
 
     @classmethod
     def parse(cls, value: str, default: Family | None = None) -> Family | None:
         """A stored ``requeue_cause`` or ``stop_reason`` string -> its family."""
-        if not value:
-            return default
-        try:
-            return cls(value)
-        except ValueError:
-            pass
-        try:
-            return StopKind(value).family
-        except ValueError:
-            return default
-
-
-_GOODPUT = {Family.FAILURE: "lost_failure_s", Family.PREEMPTION: "lost_preemption_s",
-            Family.MIGRATION: "lost_migration_s"}
+        fam = _parse(cls, value)
+        kind = _parse(StopKind, value)
+        return fam or (kind.family if kind is not None else default)
 
 
 class StopKind(enum.StrEnum):
@@ -81,10 +82,7 @@ class StopKind(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> StopKind | None:
-        try:
-            return cls(value) if value else None
-        except ValueError:
-            return None
+        return _parse(cls, value)
 
 
 _STOP_WIRE = {StopKind.PREEMPT: apb.STOP_REASON_PREEMPT, StopKind.DRAIN: apb.STOP_REASON_DRAIN,
@@ -128,10 +126,7 @@ class Cause(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str) -> Cause | None:
-        try:
-            return cls(value) if value else None
-        except ValueError:
-            return None
+        return _parse(cls, value)
 
 
 _TEXT = {

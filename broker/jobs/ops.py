@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from broker.agents.registry import AgentRegistry, AgentState
+from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import FailedPrecondition
-from broker.config import BrokerConfig
 from broker.ids import new_job_id
 from broker.jobs import migration, transitions, updates
 from broker.jobs.applier import Applier
 from broker.jobs.lifecycle import HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
 from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
-from broker.store.base import KIND_TEAM, AlreadyExists, NotFound, Store
-from broker.telemetry import BrokerTelemetry
+from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -41,15 +38,12 @@ log = logging.getLogger(__name__)
 class JobOps:
     """Every job write the API and the scheduler make, each one transition."""
 
-    def __init__(self, config: BrokerConfig, store: Store, agents: AgentRegistry, applier: Applier,
-                 telemetry: BrokerTelemetry, clock: Callable[[], float] = time.time) -> None:
-        self.config = config
-        self._store = store
-        self.agents = agents
+    def __init__(self, applier: Applier) -> None:
         self.applier = applier
-        self.telemetry = telemetry
-        self.clock = clock
-        self.started_time = clock()
+        # The applier's collaborators, for reads (it is the only writer).
+        self.config, self._store, self.agents = applier.config, applier.store, applier.agents
+        self.telemetry, self.clock = applier.telemetry, applier.clock
+        self.started_time = self.clock()
         self._progress_lock = threading.Lock()
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}

@@ -9,6 +9,7 @@ written through :class:`RecordsView` methods that name what they write.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -54,35 +55,27 @@ class JobsView:
 class RecordsView:
     """Operator-owned records (teams, plans, regions): last writer wins, one owner each."""
 
+    TYPES: dict[str, type[Message]] = {KIND_TEAM: cpb.TeamQuota, KIND_PLAN: cpb.TrainingPlan,
+                                       KIND_REGION: cpb.RegionInfo}
+
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    def _list(self, kind: str, t: type[Message]) -> list:
-        return self._store.list_records(kind, t)
+    def get(self, kind: str, key: str) -> Any:
+        """The record, or None (typed by :attr:`TYPES`)."""
+        return self._store.get_record(kind, key, self.TYPES[kind])
+
+    def put(self, kind: str, key: str, message: Message) -> None:
+        self._store.put_record(kind, key, message)
+
+    def all(self, kind: str) -> list[Any]:
+        return self._store.list_records(kind, self.TYPES[kind])
 
     def teams(self) -> dict[str, cpb.TeamQuota]:
-        return {t.team: t for t in self._list(KIND_TEAM, cpb.TeamQuota)}
-
-    def team(self, name: str) -> cpb.TeamQuota | None:
-        return self._store.get_record(KIND_TEAM, name, cpb.TeamQuota)  # type: ignore[return-value]
-
-    def put_team(self, q: cpb.TeamQuota) -> None:
-        self._store.put_record(KIND_TEAM, q.team, q)
+        return {t.team: t for t in self.all(KIND_TEAM)}
 
     def plans(self) -> list[cpb.TrainingPlan]:
-        return self._list(KIND_PLAN, cpb.TrainingPlan)
-
-    def plan(self, plan_id: str) -> cpb.TrainingPlan | None:
-        return self._store.get_record(KIND_PLAN, plan_id, cpb.TrainingPlan)  # type: ignore[return-value]
-
-    def put_plan(self, plan: cpb.TrainingPlan) -> None:
-        self._store.put_record(KIND_PLAN, plan.id, plan)
+        return self.all(KIND_PLAN)
 
     def regions(self) -> dict[str, cpb.RegionInfo]:
-        return {r.name: r for r in self._list(KIND_REGION, cpb.RegionInfo)}
-
-    def region(self, name: str) -> cpb.RegionInfo | None:
-        return self._store.get_record(KIND_REGION, name, cpb.RegionInfo)  # type: ignore[return-value]
-
-    def put_region(self, rec: cpb.RegionInfo) -> None:
-        self._store.put_record(KIND_REGION, rec.name, rec)
+        return {r.name: r for r in self.all(KIND_REGION)}
