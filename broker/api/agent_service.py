@@ -74,7 +74,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             if r.job_id not in stale:
                 self.ops.handle_update(agent, apb.JobUpdate(
                     job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
-        self.ops.applier.poke()
+        self.ops.poke()
         reader = threading.Thread(target=self._read, args=(agent, session, request_iterator),
                                   name=f"agent-{reg.agent_id}", daemon=True)
         reader.start()
@@ -172,7 +172,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 return True
 
             if self.agents.update_nodes(agent.agent_id, apply):
-                self.ops.applier.poke()
+                self.ops.poke()
         if hb.spot_notices:
             self._spot(agent, hb)
         if sick:
@@ -215,7 +215,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                              message=f"spot interruption notice for {', '.join(hit)}:"
                                      " emergency checkpoint, then moving",
                              details={"nodes": ",".join(hit), "deadline": f"{deadline:.0f}"})
-        self.ops.applier.poke()
+        self.ops.poke()
 
     def _unhealthy(self, agent: AgentState, sick: set[str]) -> None:
         """Nodes the agent reports unhealthy: trigger NODE_UNHEALTHY for the jobs on them

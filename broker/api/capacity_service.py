@@ -135,7 +135,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             plan.name = plan.id
         plan.state = cpb.PLAN_STATE_UNSPECIFIED
         self.records.put(KIND_PLAN, plan.id, plan)
-        self.ops.applier.poke()
+        self.ops.poke()
         return self._with_state(plan)
 
     @rpc
@@ -165,7 +165,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                 f"training plan {plan.id} is already {cpb.PlanState.Name(state).removeprefix('PLAN_STATE_').lower()}")
         plan.state = cpb.PLAN_STATE_CANCELLED
         self.records.put(KIND_PLAN, plan.id, plan)
-        self.ops.applier.poke()
+        self.ops.poke()
         return self._with_state(plan)
 
     # ---- teams ------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         for f in ("used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs"):
             q.ClearField(f)  # read-only usage, never stored
         self.records.put(KIND_TEAM, q.team, q)
-        self.ops.applier.poke()
+        self.ops.poke()
         return self._usage().fill(q)
 
     @rpc
@@ -222,7 +222,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                                     message=f"region {request.region} is draining{why}; checkpointing"
                                             " to move elsewhere") is not None:
                     moved.append(job.id)
-        self.ops.applier.poke()
+        self.ops.poke()
         return cpb.DrainRegionResponse(region=request.region, draining=rec.draining, moved_job_ids=moved)
 
     @rpc
@@ -242,5 +242,5 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             return True
 
         self.agents.update_nodes(agent.agent_id, apply)
-        self.ops.applier.poke()
+        self.ops.poke()
         return cpb.CordonNodeResponse(node_id=request.node_id, cordoned=want)

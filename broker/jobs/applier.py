@@ -16,15 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
-from broker.jobs.outcome import (
-    CheckpointNow,
-    Command,
-    Outcome,
-    RecordMetric,
-    SendLaunch,
-    SendStop,
-    WakeScheduler,
-)
+from broker.jobs.outcome import Command, Outcome, SendLaunch, SendStop, WakeScheduler
 from broker.store.base import NotFound, Store, VersionConflict
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
@@ -104,7 +96,7 @@ class Applier:
                 log.exception("command %s for %s failed", type(cmd).__name__, out.job.id)
 
     def run(self, cmd: Command, job: pb.Job) -> None:
-        """Execute one command (also used for commands outside a write, e.g. fencing)."""
+        """Execute one command; its telemetry (launch/stop spans and counts) goes with it."""
         if isinstance(cmd, WakeScheduler):
             self._poke()
         elif isinstance(cmd, SendLaunch):
@@ -115,12 +107,6 @@ class Applier:
                             "relaunch", cmd.launch.job_id, cmd.launch.attempt, cmd.agent_id)
         elif isinstance(cmd, SendStop):
             self._stop(cmd, job)
-        elif isinstance(cmd, CheckpointNow):
-            msg = apb.BrokerMessage(checkpoint=apb.CheckpointNow(job_id=cmd.job_id,
-                                                                 attempt=cmd.attempt))
-            self.agents.send(cmd.agent_id, msg, "checkpoint", cmd.job_id, cmd.attempt)
-        elif isinstance(cmd, RecordMetric):
-            getattr(self.telemetry, cmd.name)(job, **dict(cmd.args))
 
     def _stop(self, cmd: SendStop, job: pb.Job) -> None:
         if cmd.kind is None:

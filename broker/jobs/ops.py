@@ -53,6 +53,10 @@ class JobOps:
     def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
         return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
 
+    def poke(self) -> None:
+        """Wake the scheduler (capacity, quotas or plans changed outside a job write)."""
+        self.applier.poke()
+
     def priority_of(self, spec: pb.JobSpec) -> int:
         cls = spec.priority_class or self.config.default_priority_class
         return self.config.priority_classes.get(cls, 0)

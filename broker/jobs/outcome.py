@@ -38,28 +38,12 @@ class SendStop:
 
 
 @dataclass(frozen=True)
-class CheckpointNow:
-    """Ask the ranks of ``attempt`` for an unplanned checkpoint (SIGUSR1)."""
-
-    agent_id: str
-    job_id: str
-    attempt: int
-
-
-@dataclass(frozen=True)
 class WakeScheduler:
     """Something placement cares about changed (a job queued, GPUs freed)."""
 
 
-@dataclass(frozen=True)
-class RecordMetric:
-    """A telemetry hook by name (``BrokerTelemetry.<name>(job, **args)``)."""
-
-    name: str
-    args: tuple[tuple[str, object], ...] = ()
-
-
-Command = SendLaunch | SendStop | CheckpointNow | WakeScheduler | RecordMetric
+# Watchers of the job (WatchJob) are woken by the applier whenever events were written.
+Command = SendLaunch | SendStop | WakeScheduler
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def test_plan_end_triggers_a_planned_move_and_excludes_the_plan_nodes(tmp_path) 
         b.store.put_record("plan", "tp-1", cpb.TrainingPlan(
             id="tp-1", region="us-west-2", instance_type="p5.48xlarge", instance_count=1,
             gpus_per_instance=8, start_time=now - 60, end_time=time.time() + 20))
-        b.ops.applier.poke()
+        b.ops.poke()
         stop = a.wait_stop(job.id, apb.STOP_REASON_MIGRATE)
         assert stop.checkpoint_first and 5 <= stop.grace_s <= 20
         j = b.get(job.id)
