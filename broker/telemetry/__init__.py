@@ -16,8 +16,12 @@ Why this shape:
 * **Metrics are per broker server** (own MeterProvider and Prometheus registry), so
   tests can run several brokers in one process; traces use the process-wide provider
   that :func:`setup_tracing` installs once.
-* Only the OpenTelemetry *API* is imported at module load: the SDK (``brokersdk.client``)
-  imports this module and stays light; the OTel SDK and exporters load when enabled.
+* Only the OpenTelemetry *API* is imported at module load (the broker starts light;
+  ``brokersdk`` has its own small tracing helper); the OTel SDK and exporters load when
+  enabled.
+
+Over 400 lines on purpose: the span hooks and the metric instruments share one set of
+job/attempt attributes and one start/close lifecycle per broker server.
 """
 
 from __future__ import annotations
