@@ -71,15 +71,15 @@ class Signal:
 
 @dataclass(frozen=True)
 class StopPlan:
-    """How to stop the current attempt, and what the relaunch must avoid."""
+    """How to stop the current attempt, and what the relaunch must avoid. The relaunch
+    budget is :meth:`RecoveryPolicy.restart`'s (``max_restarts`` counts failures; moves
+    and losses do not use it up)."""
 
-    kind: StopKind
+    kind: StopKind  # what the Stop asks; its family is the goodput bucket and requeue cause
     cause: Cause
     checkpoint_first: bool
     grace_s: float
-    exclude_nodes: tuple[str, ...] = ()
-    exclude_regions: tuple[str, ...] = ()
-    relaunch_budget: int | None = None  # None = unlimited (restarts only count failures)
+    exclude_nodes: tuple[str, ...] = ()  # the relaunch avoids these (Job.excluded_nodes)
 
     @property
     def family(self) -> Family:
@@ -146,16 +146,13 @@ class RecoveryPolicy:
                         exclude_nodes=sig.nodes)
 
     def loss(self, sig: Signal, job: pb.Job) -> StopPlan:
-        """The attempt is already gone: nothing to save; the lost time is charged to
-        the stop in flight (a preempted job lost mid-stop stays a preemption)."""
+        """The attempt is already gone: nothing to save. ``kind`` is the stop in flight,
+        if any: :func:`broker.jobs.transitions.attempt_lost` charges the lost time to
+        its family (a preempted job lost mid-stop stays a preemption), else to failure."""
         inflight = StopKind.parse(job.stop_reason)
         cause = {Trigger.AGENT_LOST: Cause.AGENT_LOST, Trigger.ATTEMPT_MISSING: Cause.ATTEMPT_MISSING,
                  Trigger.LAUNCH_REFUSED: Cause.LAUNCH_REFUSED}[sig.trigger]
         return StopPlan(inflight or StopKind.MIGRATE, cause, False, 0.0)
-
-    def loss_family(self, job: pb.Job) -> Family:
-        inflight = StopKind.parse(job.stop_reason)
-        return inflight.family if inflight is not None and inflight is not StopKind.CANCEL else Family.FAILURE
 
     def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig) -> Restart:
         """An attempt FAILED on its own: exit 2 is a configuration error; anything else
