@@ -1,4 +1,4 @@
-"""High availability: one active leader, hot standbys (DESIGN.md "State").
+"""High availability: one active leader, hot standbys (docs/architecture.md "State and leadership").
 
 Why this design: agent streams and the scheduler's view of connected agents live in
 one broker process's memory, so two replicas serving at once would each see half the
@@ -39,8 +39,8 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from broker.agents.registry import AgentRegistry
-from broker.jobs.core import BrokerCore
+from broker.jobs.ops import JobOps
+from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling.loop import SchedulerLoop
 from broker.store.base import Store
 
@@ -95,9 +95,9 @@ class Leadership:
     scheduler loop; step-down stops the loop and closes every agent stream.
     """
 
-    def __init__(self, core: BrokerCore, holder: str, address: str, ttl_s: float) -> None:
-        self.core = core
-        self.store = core.store
+    def __init__(self, ops: JobOps, store: Store, holder: str, address: str, ttl_s: float) -> None:
+        self.ops = ops
+        self.store = store
         self.holder = holder
         self.address = address
         self.ttl_s = ttl_s
@@ -197,18 +197,19 @@ class Leadership:
 
     # ---- transitions ---------------------------------------------------------------------
     def _promote(self) -> None:
-        core = self.core
+        ops = self.ops
         with contextlib.suppress(Exception):
-            core.store.put_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct(fields={
+            self.store.put_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct(fields={
                 "holder": struct_pb2.Value(string_value=self.holder),
                 "address": struct_pb2.Value(string_value=self.address),
                 "since": struct_pb2.Value(number_value=time.time()),
             }))
         # Runtime state from the store: every known agent is "disconnected, last seen
-        # now" and gets the grace period from this moment (TEAM.md rule 2).
-        core.agents = AgentRegistry(core.store, core.clock)
-        core.started_time = core.clock()
-        self.scheduler = SchedulerLoop(core, self.holder)
+        # now" and gets the grace period from this moment (contracts, agent stream rule 2).
+        ops.agents.reload()
+        ops.started_time = ops.clock()
+        self.scheduler = SchedulerLoop(ops, JobsView(self.store, ops.applier.hub),
+                                       RecordsView(self.store), self.store.acquire_lease, self.holder)
         self._leader = True
         self.scheduler.start()
         self.scheduler.poke()
@@ -223,8 +224,8 @@ class Leadership:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.scheduler = None
-        self.core.set_poke(lambda: None)
-        for a in self.core.agents.all():
+        self.ops.applier.set_poke(lambda: None)
+        for a in self.ops.agents.all():
             if a.session is not None:
                 a.session.close()  # the agent reconnects, to the new leader
 

@@ -4,7 +4,7 @@ and a per-agent outbound queue the scheduler and RPC threads send commands throu
 Agents' inventories are persisted as store records (KIND_AGENT, a Register proto) so
 capacity survives a broker restart; connected/lost is runtime state only. After a
 restart every stored agent starts "disconnected, last seen now": it gets
-``grace_s`` to reconnect before its jobs are declared lost (TEAM.md rule 2).
+``grace_s`` to reconnect before its jobs are declared lost (docs/contracts.md section 6, rule 2).
 """
 
 from __future__ import annotations
@@ -82,10 +82,19 @@ class AgentRegistry:
         self._lock = threading.RLock()
         self._agents: dict[str, AgentState] = {}
         self._commands: dict[str, PendingCommand] = {}
-        now = clock()
-        for rec in store.list_records(KIND_AGENT, apb.Register):
+        self.reload()
+
+    def reload(self) -> None:
+        """Runtime state from the store: every known agent is "disconnected, last seen
+        now" (a promoted leader gives them the grace period from this moment)."""
+        now = self.clock()
+        agents: dict[str, AgentState] = {}
+        for rec in self.store.list_records(KIND_AGENT, apb.Register):
             assert isinstance(rec, apb.Register)
-            self._agents[rec.agent_id] = AgentState(rec.agent_id, rec, last_seen=now)
+            agents[rec.agent_id] = AgentState(rec.agent_id, rec, last_seen=now)
+        with self._lock:
+            self._agents = agents
+            self._commands = {}
 
     # ---- registration / liveness -----------------------------------------------
     def register(self, reg: apb.Register) -> tuple[AgentState, AgentSession]:

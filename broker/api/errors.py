@@ -60,7 +60,7 @@ class Unavailable(BrokerError):
 
 
 class IllegalTransition(BrokerError):
-    """A lifecycle transition DESIGN.md does not allow (a broker bug or a race lost)."""
+    """A phase change broker/jobs/lifecycle.py does not allow (a broker bug or a race lost)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 

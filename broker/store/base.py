@@ -1,4 +1,4 @@
-"""The one narrow state interface the broker uses (DESIGN.md "State").
+"""The one narrow state interface the broker uses (docs/architecture.md "State and leadership").
 
 Why this shape:
 - Jobs are stored as serialized ``computebroker.v1.Job`` protobufs with a

@@ -1,6 +1,6 @@
 """RegionAgent over a real gRPC stream, against the scripted FakeBroker (fake_broker.py).
 
-Covers TEAM.md "Agent stream semantics": register contents, heartbeats, launch/stop
+Covers docs/contracts.md section 6 "Agent stream semantics": register contents, heartbeats, launch/stop
 with acks, fencing, reconnect (processes survive and are re-registered), stale
 attempts from RegisterAck, spot notices and health flips.
 """

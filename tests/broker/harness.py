@@ -64,8 +64,12 @@ class Broker:
         self.capacity = capacity_pb2_grpc.CapacityServiceStub(self.channel)
 
     @property
-    def core(self):  # noqa: ANN201
-        return self.server.core
+    def ops(self):  # noqa: ANN201
+        return self.server.ops
+
+    @property
+    def store(self):  # noqa: ANN201
+        return self.server.store
 
     def stop(self) -> None:
         self.channel.close()

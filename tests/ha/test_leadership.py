@@ -66,7 +66,7 @@ def test_sqlite_one_leader_per_file_and_graceful_handover(tmp_path: Path) -> Non
         wait_until(lambda: second.leadership.is_leader, timeout=30, what="promotion")
         assert probe(f"127.0.0.1:{second.port}")[0]
         # Agents known from the store get their grace period from the promotion.
-        assert second.core is not None and second.core.started_time >= before
+        assert second.ops is not None and second.ops.started_time >= before
     finally:
         second.stop()
         first.stop()
