@@ -51,7 +51,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
             agent_id=reg.agent_id, heartbeat_interval_s=self.core.config.heartbeat_interval_s,
-            stale_job_ids=stale))
+            stale_job_ids=stale,
+            log_offsets=self.core.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
             if r.job_id not in stale:
@@ -132,6 +133,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                         self.core.handle_update(agent, msg.job_update)
                     elif kind == "ack":
                         self._ack(agent, msg.ack)
+                    elif kind == "log_chunk":
+                        self.core.job_logs.ingest(agent.agent_id, msg.log_chunk)
                     elif kind == "register":
                         log.warning("agent %s sent Register twice on one stream; ignored",
                                     agent.agent_id)

@@ -10,6 +10,7 @@ import grpc
 from broker.api.errors import InvalidArgument, rpc
 from broker.jobs.core import BrokerCore
 from broker.jobs.lifecycle import TERMINAL
+from broker.logs.service import LogQuery
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -119,8 +120,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     @rpc
     def GetJobLogs(self, request: jpb.GetJobLogsRequest, context: grpc.ServicerContext) -> jpb.GetJobLogsResponse:
-        """What the broker knows in text: event history plus the agent-reported messages
-        (e.g. a failing rank's last stderr lines). Full rank logs stay on the agent."""
+        """Deprecated (one release, for old clients): the event history as text. The
+        history is GetJobEvents; the ranks' output is StreamJobLogs."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
         if request.tail_lines < 0:
@@ -133,8 +134,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             for ev in self.core.store.list_events(request.job_id)
             if ev.type != "progress"
         ]
-        lines.extend(self.core.logs(request.job_id))
         return jpb.GetJobLogsResponse(lines=lines[-tail:])
+
+    @rpc
+    def StreamJobLogs(self, request: jpb.StreamJobLogsRequest, context: grpc.ServicerContext):
+        """Rank output: a header per attempt, then its lines (broker/logs/service.py)."""
+        q = LogQuery.parse(request.job_id, request.follow,
+                           request.rank if request.HasField("rank") else None,
+                           request.attempt, request.tail)
+        yield from self.core.job_logs.stream(q, context.is_active, lambda: self.core.hub.closed)
 
     @rpc
     def ListMigrations(self, request: jpb.ListMigrationsRequest,

@@ -41,6 +41,7 @@ from broker.jobs.lifecycle import (
     Tx,
     phase_name,
 )
+from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound, Store
 from broker.store.jobs_query import iter_jobs
 from broker.telemetry import BrokerTelemetry
@@ -77,8 +78,7 @@ class BrokerCore:
         self._progress_lock = threading.Lock()
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}
-        self._logs_lock = threading.Lock()
-        self._logs: dict[str, list[str]] = {}
+        self.job_logs = JobLogs(store, config.log_max_bytes_per_attempt)  # rank output
         self.telemetry = BrokerTelemetry()  # spans always (no-op unless tracing); metrics once started
 
     def set_poke(self, poke: Callable[[], None]) -> None:
@@ -111,16 +111,6 @@ class BrokerCore:
             base = (agent.record.checkpoint_bucket if agent else "") or self.config.checkpoint_root
             root = f"{base.rstrip('/')}/jobs/{job.id}"
         return f"{root}/attempt-{job.attempt}"
-
-    def log_line(self, job_id: str, line: str) -> None:
-        with self._logs_lock:
-            lines = self._logs.setdefault(job_id, [])
-            lines.append(line)
-            del lines[:-1000]
-
-    def logs(self, job_id: str) -> list[str]:
-        with self._logs_lock:
-            return list(self._logs.get(job_id, []))
 
     # ---- submit ----------------------------------------------------------------------
     def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
@@ -349,8 +339,6 @@ class BrokerCore:
             if u.state not in _ATTEMPT_TERMINAL:
                 self.send_stale_stop(agent, u.job_id, u.attempt)
             return
-        if u.message:
-            self.log_line(u.job_id, f"[attempt {u.attempt} {apb.AttemptState.Name(u.state)}] {u.message}")
         if u.HasField("transfer"):
             self._transfer(agent, u)
         if u.state in _ATTEMPT_TERMINAL:
