@@ -5,7 +5,9 @@ files under the attempt directory, so ranks never block on a slow agent or broke
 agent reconnect loses nothing (the file is the buffer), and a resend after a
 reconnect starts from the byte offset the broker says it has (``RegisterAck.log_offsets``).
 
-Bounds, so a noisy rank cannot starve heartbeats on the shared stream: per attempt a
+A running attempt's new lines are read at most every ``interval_s`` (1 s): one chunk
+per rank and stream per second, not one per agent tick, keeps the broker's store writes
+few. Bounds, so a noisy rank cannot starve heartbeats on the shared stream: per attempt a
 token bucket of ``rate_bytes_per_s`` (burst of two seconds), chunks of at most
 ``max_chunk_bytes``, and a backlog cap: when a rank is more than ``max_backlog_bytes``
 ahead of what was shipped, the shipper skips to the newest part and the broker
@@ -29,6 +31,7 @@ from computebroker.v1 import logs_pb2 as lpb
 DEFAULT_RATE = 256 * 1024
 DEFAULT_CHUNK = 64 * 1024
 DEFAULT_BACKLOG = 8 * 1024 * 1024
+DEFAULT_INTERVAL_S = 1.0  # batch a running attempt's lines for this long (fewer store writes)
 KEEP_FINISHED_S = 120.0  # as long as the agent re-reports a finished attempt on reconnect
 
 
@@ -55,6 +58,7 @@ class _Attempt:
     tokens: float
     refilled: float
     finished: float | None = None  # clock time of flush
+    shipped: float = float("-inf")  # clock time of the last non-final read
     next_tail: int = 0  # round-robin start: every rank gets its turn under the budget
 
 
@@ -63,12 +67,14 @@ class LogShipper:
 
     def __init__(self, *, rate_bytes_per_s: int = DEFAULT_RATE, max_chunk_bytes: int = DEFAULT_CHUNK,
                  max_backlog_bytes: int = DEFAULT_BACKLOG, keep_finished_s: float = KEEP_FINISHED_S,
+                 interval_s: float = DEFAULT_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.rate = max(1, rate_bytes_per_s)
         self.chunk = max(1, max_chunk_bytes)
         self.backlog = max(self.chunk, max_backlog_bytes)
         self.keep_finished_s = keep_finished_s
+        self.interval_s = interval_s
         self.clock = clock
         self.wall = wall
         self._attempts: dict[tuple[str, int], _Attempt] = {}
@@ -101,6 +107,9 @@ class LogShipper:
                 if now - att.finished > self.keep_finished_s:
                     del self._attempts[key]
                 continue
+            if now - att.shipped < self.interval_s:
+                continue
+            att.shipped = now
             att.tokens = min(2.0 * self.rate, att.tokens + (now - att.refilled) * self.rate)
             att.refilled = now
             out.extend(self._read(att, final=False))

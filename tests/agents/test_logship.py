@@ -19,6 +19,7 @@ class Clock:
 
 def setup(tmp_path: Path, **kw) -> tuple[LogShipper, Path, Path, Clock]:
     clock = Clock()
+    kw.setdefault("interval_s", 0.0)  # every poll reads, unless a test is about batching
     shipper = LogShipper(clock=clock, wall=lambda: 5.0, **kw)
     out, err = tmp_path / "rank-0.stdout", tmp_path / "rank-1.stderr"
     out.write_bytes(b"")
@@ -101,3 +102,18 @@ def test_long_line_without_newline_is_split_not_stuck(tmp_path: Path) -> None:
     chunks = shipper.poll()
     assert [sum(c.sizes) for c in chunks] == [100, 100]
     assert [c.offset for c in chunks] == [0, 100]
+
+
+def test_running_attempts_are_read_once_per_interval(tmp_path: Path) -> None:
+    shipper, out, _, clock = setup(tmp_path, interval_s=1.0)
+    out.write_bytes(b"a\n")
+    assert texts(shipper.poll()) == ["a"]
+    with open(out, "ab") as f:
+        f.write(b"b\n")
+    clock.t += 0.5
+    assert shipper.poll() == []  # batched until the interval is over
+    clock.t += 0.5
+    assert texts(shipper.poll()) == ["b"]
+    with open(out, "ab") as f:
+        f.write(b"c\n")
+    assert texts(shipper.flush("j-1", 2)) == ["c"]  # the end does not wait
