@@ -95,9 +95,11 @@ class JobLogs:
         if not q.follow:
             return
         seen = self.hub.counter(q.job_id)
+        headers: dict[int, lpb.LogAttemptHeader] = {}
         while active() and not closed():
             ended = job.phase in TERMINAL
-            headers = self._headers(q.job_id)
+            if any(a not in headers for a in self._attempts(q, job)):
+                headers = self._headers(q.job_id)  # history is re-read only for a new attempt
             for a in self._attempts(q, job):
                 lines, dropped = self.store.read_logs(q.job_id, a, emitter.cursor.get(a, 0))
                 yield from emitter.emit(a, headers.get(a), lines, dropped)
