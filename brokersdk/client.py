@@ -691,7 +691,14 @@ class BrokerClient:
                     yield rec
                 if pending is not None:
                     yield pending
-                return
+                if not follow or reconnects >= self.retries or self._job_over(job_id):
+                    return
+                # The stream ended but the job goes on: the broker stopped (restart,
+                # failover). Follow on from a replica or the restarted broker.
+                reconnects += 1
+                time.sleep(min(2.0, 0.2 * 2**reconnects))
+                req.tail = 0
+                continue
             except grpc.RpcError as e:
                 code = e.code()
                 if code is grpc.StatusCode.CANCELLED:
@@ -705,6 +712,13 @@ class BrokerClient:
                 raise _translate(e, self.address, job_id=job_id) from None
             finally:
                 stream.cancel()
+
+    def _job_over(self, job_id: str) -> bool:
+        """Is the job terminal? (Unknown because the broker is away counts as not.)"""
+        try:
+            return self.get_job(job_id).phase in TERMINAL_PHASES
+        except BrokerUnavailable:
+            return False
 
     def migrations(self, job_id: str = "", team: str = "", limit: int = 0) -> list[common_pb2.Migration]:
         """Recent moves between capacity (newest first), optionally of one job or team."""

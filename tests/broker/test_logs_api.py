@@ -153,3 +153,59 @@ def test_bad_requests_get_clear_status_codes(broker: Broker, make_agent) -> None
             records(broker, **req)  # type: ignore[arg-type]
         assert err.value.code() == code, req
         assert text in err.value.details(), (req, err.value.details())
+
+
+def test_sdk_follow_survives_a_broker_restart(tmp_path: Path) -> None:
+    """JobHandle.logs(follow=True) across a broker restart: every line once, in order,
+    headers not repeated, and the iterator ends when the job does."""
+    import socket
+
+    from brokersdk.client import BrokerClient
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = fast_config(tmp_path, listen=f"127.0.0.1:{port}", startup_grace_s=30.0,
+                      agent_timeout_s=30.0)
+    b = Broker(cfg)
+    agent = FakeAgent(b.address, "us-east-2-a", "us-east-2", nodes_for("us-east-2", "use2", 1, 8))
+    agent.connect()
+    b2: Broker | None = None
+    got: list[lpb.LogRecord] = []
+    done = threading.Event()
+    try:
+        b.team()
+        job = b.submit(spec("follow", gpus=1))
+        agent.wait_launch(job.id)
+        agent.update(job.id, 1, RUNNING, step=1)
+        b.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+        client = BrokerClient(b.address)
+
+        def follow() -> None:
+            got.extend(client.job(job.id).logs(follow=True))
+            done.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        chunk(agent, job.id, 1, 0, ["before 1", "before 2"], 0)
+        wait_until(lambda: sum(r.WhichOneof("kind") == "line" for r in got) == 2, 10, "followed")
+        agent.close()
+        b.stop()
+        b2 = Broker(cfg)
+        agent.running = {job.id: 1}
+        agent.connect()
+        assert [o.end_offset for o in agent.ack.log_offsets] == [18]
+        chunk(agent, job.id, 1, 0, ["before 2", "after 1"], 9)  # resent from an older offset
+        chunk(agent, job.id, 1, 0, ["after 2"], 26)
+        wait_until(lambda: sum(r.WhichOneof("kind") == "line" for r in got) == 4, 30,
+                   f"lines after the restart (got {render(got)})")
+        assert not done.is_set()
+        agent.update(job.id, 1, apb.ATTEMPT_STATE_SUCCEEDED, step=100)
+        assert done.wait(30), "the follower ends with the job"
+        assert render(got) == ["== 1 us-east-2 1", "r0 before 1", "r0 before 2", "r0 after 1",
+                               "r0 after 2"]
+        client.close()
+    finally:
+        agent.close()
+        for broker in (b, b2):
+            if broker is not None:
+                broker.stop()
