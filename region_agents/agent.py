@@ -351,11 +351,14 @@ class RegionAgent:
                 self.heartbeat_interval_s = ack.heartbeat_interval_s
             if ack.agent_id:
                 self.agent_id = ack.agent_id
-            # Finished attempts the previous stream may have lost: report them again.
+            self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
+            # Finished attempts the previous stream may have lost: report them again,
+            # each after the rest of its output (as on the first stream).
             for _, upd in list(self._recent_terminal.values()):
                 if upd.attempt >= self.ledger.highest.get(upd.job_id, 0):
+                    for chunk in self.logs.flush(upd.job_id, upd.attempt):
+                        session.send(agent_pb2.AgentMessage(log_chunk=chunk))
                     session.send(agent_pb2.AgentMessage(job_update=upd))
-            self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
             session.registered.set()
             self.connects += 1
             for job_id in ack.stale_job_ids:

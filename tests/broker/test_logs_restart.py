@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from region_agents.agent import AgentConfig, RegionAgent
@@ -37,7 +39,11 @@ def lines_of(b: Broker, job_id: str) -> list[str]:
     return [r.line.text for r in recs if r.WhichOneof("kind") == "line"]
 
 
-def test_every_line_once_across_a_broker_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("finish_while_down", [False, True], ids=["running", "finished"])
+def test_every_line_once_across_a_broker_restart(tmp_path: Path, finish_while_down: bool) -> None:
+    """``finished``: the attempt ends while the broker is down; on reconnect the agent
+    sends the rest of its output before the terminal update, so the job is never seen
+    SUCCEEDED with lines missing."""
     cfg = fast_config(tmp_path, listen=f"127.0.0.1:{free_port()}", startup_grace_s=30.0,
                       agent_timeout_s=30.0)
     inventory = tmp_path / "inventory.yaml"
@@ -62,10 +68,13 @@ def test_every_line_once_across_a_broker_restart(tmp_path: Path) -> None:
         seen = len(out.read_bytes().splitlines())
         wait_until(lambda: len(out.read_bytes().splitlines()) > seen + 30, 120,
                    "the rank printing on while the broker is down")
+        if finish_while_down:
+            wait_until(lambda: not agent.executor.running(), 120, "the attempt ended")
         b2 = Broker(cfg)
-        b2.wait_phase(job.id, pb.JOB_PHASE_SUCCEEDED, timeout=180)
+        final = b2
+        got = wait_until(lambda: final.get(job.id).phase == pb.JOB_PHASE_SUCCEEDED
+                         and lines_of(final, job.id), 180, "job succeeded")
         assert agent.connects >= 2
-        got = lines_of(b2, job.id)
         assert [x for x in got if x.startswith("line ")] == [f"line {i}" for i in range(1, N + 1)]
         assert [x for x in got if x.startswith("err ")] == [f"err {i}" for i in range(7, N + 1, 7)]
         assert len(got) == N + N // 7  # nothing twice, no gap markers
