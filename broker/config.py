@@ -37,6 +37,9 @@ class BrokerConfig(BaseModel):
     # What standbys tell callers the leader's address is; "" = listen host + bound port.
     advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
+    # beyond it are dropped and counted (docs/contracts.md "Rank logs").
+    log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
     # No message from an agent for this long -> it is lost and its jobs move.
     agent_timeout_s: float = Field(20.0, gt=0)

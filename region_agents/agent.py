@@ -39,6 +39,7 @@ from region_agents.executors.base import (
 )
 from region_agents.fencing import AttemptLedger
 from region_agents.inventory import Inventory, InventoryError, load_inventory
+from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
 from region_agents.staging import Staging, plan_staging
@@ -167,6 +168,7 @@ class RegionAgent:
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
         self._staging: dict[tuple[str, int], Staging] = {}
         self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
+        self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
 
     # ---- public ----------------------------------------------------------------
     def start(self) -> None:
@@ -356,9 +358,13 @@ class RegionAgent:
                 self.heartbeat_interval_s = ack.heartbeat_interval_s
             if ack.agent_id:
                 self.agent_id = ack.agent_id
-            # Finished attempts the previous stream may have lost: report them again.
+            self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
+            # Finished attempts the previous stream may have lost: report them again,
+            # each after the rest of its output (as on the first stream).
             for _, upd in list(self._recent_terminal.values()):
                 if upd.attempt >= self.ledger.highest.get(upd.job_id, 0):
+                    for chunk in self.logs.flush(upd.job_id, upd.attempt):
+                        session.send(agent_pb2.AgentMessage(log_chunk=chunk))
                     session.send(agent_pb2.AgentMessage(job_update=upd))
             session.registered.set()
             self.connects += 1
@@ -418,6 +424,8 @@ class RegionAgent:
         if resume_from is not None:
             spec.resume_from = resume_from
         self.executor.launch(spec)
+        self.logs.track(launch.job_id, launch.attempt,
+                        self.executor.log_sources(launch.job_id, launch.attempt))
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
         t.spawn_time = time.time()
 
@@ -514,6 +522,10 @@ class RegionAgent:
         if timings is not None:
             upd.timings.CopyFrom(timings)
         if ev.terminal:
+            # Its last lines go first: a follower sees them before the job ends.
+            # Sent to a dead stream they are resent after RegisterAck's rewind.
+            for chunk in self.logs.flush(ev.job_id, ev.attempt):
+                self._send(agent_pb2.AgentMessage(log_chunk=chunk))
             self.ledger.finished(ev.job_id, ev.attempt)
             self._recent_terminal[(ev.job_id, ev.attempt)] = (time.time(), upd)
         self._send(agent_pb2.AgentMessage(job_update=upd))
@@ -523,6 +535,9 @@ class RegionAgent:
             for ev in self.executor.poll():
                 self._report(ev)
             self._poll_staging()
+            if self.connected:  # else the files wait; RegisterAck rewinds to the broker's copy
+                for chunk in self.logs.poll():
+                    self._send(agent_pb2.AgentMessage(log_chunk=chunk))
             new_spot, health_changes = self.signals.poll()
             for ch in health_changes:
                 log.info("node %s is now %s %s", ch.node_id,

@@ -32,6 +32,7 @@ from broker.jobs.views import JobsView
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import logs_pb2 as lpb
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         "heartbeat": "_heartbeat",
         "job_update": "_job_update",
         "ack": "_ack",
+        "log_chunk": "_log_chunk",
         "register": "_register_again",
     }
 
@@ -68,7 +70,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
             agent_id=reg.agent_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
-            stale_job_ids=stale))
+            stale_job_ids=stale,
+            log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
             if r.job_id not in stale:
@@ -225,6 +228,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                              actor=f"agent:{agent.agent_id}",
                              message=f"node(s) {', '.join(hit)} unhealthy: checkpointing to move"
                                      " off them", details={"nodes": ",".join(hit)})
+
+    def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
+        self.ops.job_logs.ingest(agent.agent_id, chunk)
 
     def _ack(self, agent: AgentState, ack: apb.CommandAck) -> None:
         cmd = self.agents.pop_command(ack.command_id)

@@ -12,6 +12,7 @@ from broker.config import BrokerConfig
 from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView
+from broker.logs.service import LogQuery
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -122,8 +123,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     @rpc
     def GetJobLogs(self, request: jpb.GetJobLogsRequest, context: grpc.ServicerContext) -> jpb.GetJobLogsResponse:
-        """What the broker knows in text: event history plus the agent-reported messages
-        (e.g. a failing rank's last stderr lines). Full rank logs stay on the agent."""
+        """Deprecated (one release, for old clients): the event history as text. The
+        history is GetJobEvents; the ranks' output is StreamJobLogs."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
         if request.tail_lines < 0:
@@ -136,8 +137,15 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             for ev in self.jobs.events(request.job_id)
             if ev.type != "progress"
         ]
-        lines.extend(self.ops.logs(request.job_id))
         return jpb.GetJobLogsResponse(lines=lines[-tail:])
+
+    @rpc
+    def StreamJobLogs(self, request: jpb.StreamJobLogsRequest, context: grpc.ServicerContext):
+        """Rank output: a header per attempt, then its lines (broker/logs/service.py)."""
+        q = LogQuery.parse(request.job_id, request.follow,
+                           request.rank if request.HasField("rank") else None,
+                           request.attempt, request.tail)
+        yield from self.ops.job_logs.stream(q, context.is_active, lambda: self.jobs.hub.closed)
 
     @rpc
     def ListMigrations(self, request: jpb.ListMigrationsRequest,

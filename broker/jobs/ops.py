@@ -24,6 +24,7 @@ from broker.jobs.applier import Applier
 from broker.jobs.lifecycle import HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
 from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
+from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
@@ -47,8 +48,7 @@ class JobOps:
         self._progress_lock = threading.Lock()
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}
-        self._logs_lock = threading.Lock()
-        self._logs: dict[str, list[str]] = {}
+        self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
 
     def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
         return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
@@ -60,17 +60,6 @@ class JobOps:
     def priority_of(self, spec: pb.JobSpec) -> int:
         cls = spec.priority_class or self.config.default_priority_class
         return self.config.priority_classes.get(cls, 0)
-
-    # ---- agent-reported text (GetJobLogs) ---------------------------------------------------
-    def log_line(self, job_id: str, line: str) -> None:
-        with self._logs_lock:
-            lines = self._logs.setdefault(job_id, [])
-            lines.append(line)
-            del lines[:-1000]
-
-    def logs(self, job_id: str) -> list[str]:
-        with self._logs_lock:
-            return list(self._logs.get(job_id, []))
 
     # ---- users ---------------------------------------------------------------------------
     def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
@@ -220,8 +209,6 @@ class JobOps:
             if u.state not in updates.ATTEMPT_TERMINAL:
                 self.applier.fence(agent.agent_id, u.job_id, u.attempt)
             return
-        if u.message:
-            self.log_line(u.job_id, f"[attempt {u.attempt} {apb.AttemptState.Name(u.state)}] {u.message}")
         inp = updates.AgentUpdate(agent_id=agent.agent_id, update=u)
         if u.HasField("transfer"):
             self._apply(u.job_id, updates.transfer, inp)

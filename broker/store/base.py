@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from google.protobuf.message import Message
 
 from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import logs_pb2 as lpb
 
 
 class StoreError(Exception):
@@ -101,6 +102,28 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         """Append events that do not change the job (e.g. progress); returns them with seq."""
+
+    # ---- rank logs (docs/contracts.md "Rank logs") ----------------------------------
+    @abc.abstractmethod
+    def append_logs(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
+        """Store a chunk's new lines atomically; return the stream's stored end offset.
+
+        Dedup by offset: lines ending at or before the stored end of (job, attempt,
+        rank, stream) are skipped (a resend after a reconnect), so a chunk applied twice
+        changes nothing. A chunk starting past the stored end (the agent dropped part of
+        its backlog) is stored after a marker line saying how many bytes are missing.
+        Lines get the attempt's next ``seq``. Then, while the attempt's stored text is
+        over ``max_bytes``, its oldest lines are dropped and counted (:meth:`read_logs`).
+        """
+
+    @abc.abstractmethod
+    def log_offsets(self, job_id: str) -> list[lpb.LogOffset]:
+        """The stored end offset of every (attempt, rank, stream) of a job."""
+
+    @abc.abstractmethod
+    def read_logs(self, job_id: str, attempt: int, after_seq: int = 0) -> tuple[list[lpb.LogLine], int]:
+        """An attempt's stored lines with seq > after_seq (oldest first) and how many
+        of its oldest lines were dropped by the size bound."""
 
     # ---- keyed records -----------------------------------------------------------
     @abc.abstractmethod

@@ -45,6 +45,7 @@ from tenacity import (
 )
 
 from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -176,7 +177,7 @@ def _event_bytes(ev: pb.JobEvent) -> bytes:
     return e.SerializeToString()
 
 
-class RedisStore(Store):
+class RedisStore(RedisLogs, Store):
     """Store in Redis (``redis://host:port/db?prefix=cb``)."""
 
     def __init__(

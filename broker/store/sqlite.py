@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from google.protobuf.message import Message
 
 from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from computebroker.v1 import common_pb2 as pb
 
 _SCHEMA = """
@@ -68,7 +69,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteLogs, Store):
     """Store in one SQLite file (``":memory:"`` for a throwaway in-process store)."""
 
     def __init__(self, path: str, *, busy_timeout_s: float = 30.0) -> None:
@@ -85,7 +86,7 @@ class SQLiteStore(Store):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(_SCHEMA + LOG_SCHEMA)
 
     # ---- plumbing ------------------------------------------------------------------
     @contextmanager

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from computebroker.v1 import agent_pb2, common_pb2
+from region_agents.logship import LogSource
 
 AS = agent_pb2.AttemptState
 TERMINAL_STATES = frozenset(
@@ -157,6 +158,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def running(self) -> list[RunningInfo]:
         """Attempts that have not reached a terminal state."""
+
+    def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
+        """Files holding each rank's stdout/stderr (shipped to the broker by
+        region_agents/logship.py); [] = this executor's output is not shipped."""
+        return []
 
     @abc.abstractmethod
     def shutdown(self, grace_s: float = 0.0) -> None:

@@ -36,6 +36,7 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
+from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,15 @@ class LocalExecutor(Executor):
                 with contextlib.suppress(ProcessLookupError):
                     r.proc.send_signal(sig)
         self._killpg(att.pgid, sig)
+
+    def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
+        """``rank-<r>.stdout`` / ``rank-<r>.stderr`` in the attempt directory."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                return []
+            return [LogSource(r.rank, stream, att.dir / f"rank-{r.rank}.{stream}")
+                    for r in att.ranks for stream in ("stdout", "stderr")]
 
     def get(self, job_id: str, attempt: int) -> _Attempt | None:
         return self._attempts.get((job_id, attempt))
