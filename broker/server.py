@@ -73,7 +73,10 @@ class BrokerServer:
         )
         jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(core), server)
         capacity_pb2_grpc.add_CapacityServiceServicer_to_server(CapacityService(core), server)
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(core), server)
+        leadership = self.leadership
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentService(core, leading=lambda: leadership.is_leader, broker_id=self.holder),
+            server)
         port = server.add_insecure_port(self.config.listen)
         if port == 0:
             raise RuntimeError(f"could not bind {self.config.listen}")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -21,7 +22,7 @@ from broker.agents.registry import AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
 from broker.jobs.core import BrokerCore
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
-from broker.store.base import NotFound
+from broker.store.base import NotFound, StoreError
 from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
@@ -31,8 +32,15 @@ log = logging.getLogger(__name__)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, core: BrokerCore) -> None:
+    """``leading``: is this replica still the leader? Checked before applying each agent
+    message, so a replica that lost its lease (e.g. resumed after SIGSTOP) stops acting
+    on agents at once, before its leadership thread even notices (issue 15 defect 7)."""
+
+    def __init__(self, core: BrokerCore, leading: Callable[[], bool] = lambda: True,
+                 broker_id: str = "") -> None:
         self.core = core
+        self.leading = leading
+        self.broker_id = broker_id
 
     @rpc
     def Connect(self, request_iterator: Iterator[apb.AgentMessage],
@@ -122,19 +130,36 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         try:
             for msg in request_iterator:
+                if not self.leading():
+                    log.warning("agent %s: not the leader any more; dropping its stream",
+                                agent.agent_id)
+                    session.close()
+                    break
                 if not self.core.agents.touch(agent.agent_id, session):
                     break  # superseded by a newer stream of the same agent
                 kind = msg.WhichOneof("msg")
                 try:
                     if kind == "heartbeat":
                         self._heartbeat(agent, msg.heartbeat)
+                        # Liveness for the agent: answered after the heartbeat was handled,
+                        # so a leader hung on its store is silent too.
+                        session.send(apb.BrokerMessage(heartbeat_ack=apb.HeartbeatAck(
+                            time=time.time(), broker_id=self.broker_id)))
                     elif kind == "job_update":
-                        self.core.handle_update(agent, msg.job_update)
+                        u = msg.job_update
+                        self.core.handle_update(agent, u)
+                        # Acked only once applied (or deliberately ignored as stale); a store
+                        # error skips the ack and the agent re-sends (defect 6).
+                        session.send(apb.BrokerMessage(update_ack=apb.JobUpdateAck(
+                            job_id=u.job_id, attempt=u.attempt, state=u.state)))
                     elif kind == "ack":
                         self._ack(agent, msg.ack)
                     elif kind == "register":
                         log.warning("agent %s sent Register twice on one stream; ignored",
                                     agent.agent_id)
+                except StoreError as e:  # store down or fenced: the agent re-sends, unacked
+                    log.warning("agent %s: %s not applied (%s: %s); not acked",
+                                agent.agent_id, kind, type(e).__name__, e)
                 except Exception:  # noqa: BLE001 - one bad message must not kill the stream
                     log.exception("agent %s: handling %s failed", agent.agent_id, kind)
         except grpc.RpcError:
