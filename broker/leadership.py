@@ -182,6 +182,11 @@ class Leadership:
                 epoch = self._acquire()
             except Exception as e:  # noqa: BLE001 - store down: we cannot know we lead
                 log.warning("leader lease check failed: %s", e)
+                if self._leader and time.monotonic() < self._valid_until:
+                    # A store blip: our lease cannot have expired yet, and nobody can take
+                    # it while the store is down. Keep leading (callers get UNAVAILABLE
+                    # for the store) and stop only once the lease may have lapsed.
+                    return
                 epoch = 0
             held = epoch != 0
             if held and self._leader and epoch != self._epoch:
