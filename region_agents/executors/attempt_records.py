@@ -124,9 +124,10 @@ class AttemptRecord:
         return [r.pid for r in self.ranks if same_process_alive(r.pid, r.start_ticks)]
 
 
-def scan(work_dir: Path) -> list[AttemptRecord]:
-    """Every attempt record under ``work_dir``, oldest attempt first per job."""
-    out = [rec for p in sorted(work_dir.glob(f"jobs/*/attempt-*/{RECORD_NAME}"))
+def scan(work_dir: Path, job_id: str = "*") -> list[AttemptRecord]:
+    """Every attempt record under ``work_dir`` (of one job if given), oldest attempt
+    first per job."""
+    out = [rec for p in sorted(work_dir.glob(f"jobs/{job_id}/attempt-*/{RECORD_NAME}"))
            if (rec := AttemptRecord.load(p)) is not None]
     return sorted(out, key=lambda r: (r.job_id, r.attempt))
 

@@ -7,12 +7,20 @@ one process group (rank 0 leads a new group, the others join it), so a single ``
 Rank layout: ``nodes x min(gpus_per_node, ranks_per_node)`` processes, with
 WORLD_SIZE set to that number (TEAM.md rule 8); the trainer keeps the global
 batch fixed, so fewer ranks change speed, not results.
+
+Restart safety (issue 15; records in attempt_records.py): every attempt leaves a durable
+record, a restarted agent re-adopts or reports what a previous agent process started,
+and no attempt starts while an older attempt of its job can still write. Why this
+module is over 400 lines: recovery rebuilds the same private per-attempt state
+(_Attempt/_Rank) the launch path builds, and the gang/stop logic must treat own and
+re-adopted ranks alike; the JSON record format and /proc handling live apart.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import glob
 import logging
 import os
 import signal
@@ -521,7 +529,7 @@ class LocalExecutor(Executor):
                     if time.monotonic() > deadline:
                         raise ValueError(f"attempt {key[1]} of {job_id} could not be killed")
                     time.sleep(0.02)
-        for rec in records.scan(self.work_dir):
+        for rec in records.scan(self.work_dir, glob.escape(job_id)):
             if rec.job_id != job_id or rec.attempt >= attempt or (job_id, rec.attempt) in self._attempts:
                 continue
             extra = records.orphan_pids([rec.dir]).get(rec.dir, []) if not rec.ranks else []
