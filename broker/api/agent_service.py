@@ -160,6 +160,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 except StoreError as e:  # store down or fenced: the agent re-sends, unacked
                     log.warning("agent %s: %s not applied (%s: %s); not acked",
                                 agent.agent_id, kind, type(e).__name__, e)
+                    if kind == "heartbeat" and self.leading():
+                        # We are alive and still lead; only the store is down. Silence
+                        # would make the agent churn through reconnects for nothing.
+                        session.send(apb.BrokerMessage(heartbeat_ack=apb.HeartbeatAck(
+                            time=time.time(), broker_id=self.broker_id)))
                 except Exception:  # noqa: BLE001 - one bad message must not kill the stream
                     log.exception("agent %s: handling %s failed", agent.agent_id, kind)
         except grpc.RpcError:
