@@ -171,3 +171,36 @@ def test_trainer_refuses_to_commit_a_checkpoint_once_fenced(tmp_path, monkeypatc
     records.write_fence(tmp_path)
     with pytest.raises(CheckpointSaveError, match="superseded"):
         refuse_if_superseded("step-000000010")
+
+
+def test_restarted_agent_reports_survivors_and_kills_the_ones_the_broker_calls_stale(
+        brokers, inventory_file, tmp_path, fake_trainer):
+    """Defect 2: the restarted agent lists the attempt a previous agent process left
+    running in Register.running, and kills its process group when RegisterAck names it
+    stale (here: the broker has moved the job on)."""
+    broker = brokers[0]
+    first = make_agent(broker.address, inventory_file, tmp_path)
+    first.start()
+    wait_for(lambda: first.connected, 30, what="connected")
+    broker.send(launch=launch_msg(fake_trainer, env=LONG))
+    work = tmp_path / "work"
+    wait_for(lambda: len(records.scan(work)) == 1 and records.scan(work)[0].live_pids(), 30,
+             what="ranks running")
+    pids = records.scan(work)[0].live_pids()
+    first.stop(kill_running=False)  # the daemon goes away, its ranks do not
+    assert records.scan(work)[0].live_pids() == pids
+    broker.stale_job_ids = ["j-1"]
+    second = make_agent(broker.address, inventory_file, tmp_path)
+    second.start()
+    try:
+        regs = wait_for(lambda: [r for r in broker.of("register") if r.running], 30,
+                        what="a Register listing the survivor")
+        assert [(r.job_id, r.attempt) for r in regs[0].running] == [("j-1", 1)]
+        end = broker.wait_terminal("j-1", 1)
+        assert end.state == AS.ATTEMPT_STATE_STOPPED
+        assert records.scan(work)[0].live_pids() == []
+        # A relaunch of the same (stale) attempt is refused: the record remembers it.
+        cid = broker.send(launch=launch_msg(fake_trainer, env=LONG))
+        assert not broker.wait_ack(cid).accepted
+    finally:
+        second.stop()
