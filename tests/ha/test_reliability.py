@@ -15,7 +15,7 @@ import grpc
 import pytest
 import redis
 
-from brokersdk.client import BrokerClient
+from brokersdk.client import BrokerClient, BrokerUnavailable
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.test_foundation import events_of, setup_team, spec
@@ -199,6 +199,11 @@ def test_redis_restart_is_unavailable_and_the_terminal_update_arrives(tmp_path: 
         assert "retry" in (err.details() or "")
         pushback = dict(err.trailing_metadata() or ())
         assert "grpc-retry-pushback-ms" in pushback, pushback
+        # The SDK surfaces it as BrokerUnavailable (UNAVAILABLE), with the store's reason.
+        with (BrokerClient(c.address, timeout=120, retries=0) as client,
+              pytest.raises(BrokerUnavailable) as sdk_err):
+            client.job(job.id).status()
+        assert sdk_err.value.code is grpc.StatusCode.UNAVAILABLE
         # The trainer finishes while the store is down: its SUCCEEDED cannot be committed.
         wait_until(lambda: not live_attempts(c.root, job.id), timeout=300,
                    what=f"trainer finished\n{c.logs()}")
