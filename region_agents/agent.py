@@ -14,7 +14,7 @@ Threads (all daemon):
   poll node signals (spot notices, health flips), send Heartbeats, re-send terminal
   updates the broker has not acknowledged, and watch the leader's liveness.
 
-Issue 15 hardening (docs/contracts.md "Agent stream"): the channel has gRPC
+Issue 15 hardening (docs/contracts.md §6): the channel has gRPC
 keepalives, and a broker that sends nothing (no HeartbeatAck, ack or command) for
 ``leader_timeout_s`` is treated as hung: the stream is dropped and the next
 ``--broker`` address is dialled (a SIGSTOPped leader never closes its socket). A
@@ -74,8 +74,8 @@ class AgentConfig:
 
     ``heartbeat_interval_s=None`` means: use the broker's ``RegisterAck`` value
     (2 s until the first ack). ``leader_timeout_s=None``: 4 heartbeat intervals
-    (at least 6 s) of silence from the broker mean it hangs: rotate to the next one. ``hang_timeout_s``: no trainer heartbeat in the
-    progress file for this long -> the attempt is killed and reported FAILED
+    (at least 6 s) of silence from the broker mean it hangs: rotate to the next one.
+    ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the attempt is killed and reported FAILED
     ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
     """
 
