@@ -75,8 +75,8 @@ class AgentConfig:
     ``heartbeat_interval_s=None`` means: use the broker's ``RegisterAck`` value
     (2 s until the first ack). ``leader_timeout_s=None``: 4 heartbeat intervals
     (at least 6 s) of silence from the broker mean it hangs: rotate to the next one.
-    ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the attempt is killed and reported FAILED
-    ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
+    ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the
+    attempt is killed and reported FAILED ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
     """
 
     broker_address: str
