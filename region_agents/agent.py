@@ -76,7 +76,8 @@ class AgentConfig:
     (2 s until the first ack). ``leader_timeout_s=None``: 4 heartbeat intervals
     (at least 6 s) of silence from the broker mean it hangs: rotate to the next one.
     ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the
-    attempt is killed and reported FAILED ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
+    attempt is killed and reported FAILED ("hang: ..."); a job can override it with
+    trainer option ``hang_timeout_s``.
     """
 
     broker_address: str
