@@ -88,8 +88,11 @@ class BrokerServer:
         jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(ops, jobs, self.config), server)
         capacity_pb2_grpc.add_CapacityServiceServicer_to_server(
             CapacityService(ops, jobs, records, agents, self.config), server)
+        leadership = self.leadership
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(ops, jobs, agents, self.config), server)
+            AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
+                         broker_id=self.holder),
+            server)
         port = server.add_insecure_port(self.config.listen)
         if port == 0:
             raise RuntimeError(f"could not bind {self.config.listen}")

@@ -6,7 +6,7 @@ spot is fine" and get a handle they can wait on, not build protobufs by hand. So
 the wire ``computebroker.v1.JobSpec``; raw protobuf specs are accepted too.
 
 Imports only the generated ``computebroker.v1`` stubs, grpc, pydantic, tenacity
-and the standard library (DESIGN.md: the SDK uses only ``proto``), so it can be
+and the standard library (the SDK uses only the stubs, docs/architecture.md), so it can be
 shipped to users without the broker's internals.
 
 Errors: every gRPC failure becomes a :class:`BrokerError` subclass that carries

@@ -35,6 +35,7 @@ so the previous complete checkpoint stays the latest.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -270,6 +271,7 @@ class CheckpointManager:
             )
         except manifest_format.ManifestError as exc:
             raise RuntimeError(f"checkpoint {name}: {exc}") from None
+        refuse_if_superseded(name)
         self.store.write_manifest(name, manifest)
         self._prune(step)
         return sum(files.values())
@@ -421,6 +423,16 @@ def _load_failure(where: str, exc: BaseException) -> str:
     if bad:
         return "could not be loaded: " + bad[bad.index("checkpoint ") :]
     return f"checkpoint {where} could not be loaded (corrupt or incompatible): {lines[-1]}"[:800]
+
+
+def refuse_if_superseded(name: str) -> None:
+    """The agent fences an attempt it replaced by creating ``CB_FENCE_FILE``
+    (docs/contracts.md section 1): such an attempt must never commit a checkpoint, or a
+    newer attempt could resume from (or be overtaken by) its late writes. Issue 15."""
+    fence = os.environ.get("CB_FENCE_FILE", "")
+    if fence and os.path.exists(fence):
+        raise CheckpointSaveError(
+            f"checkpoint {name}: this attempt was superseded ({fence} exists); not committing")
 
 
 def check_compatible(manifest: dict[str, Any], model_cfg: dict[str, Any], where: str) -> None:

@@ -82,6 +82,7 @@ class AgentRegistry:
         self._lock = threading.RLock()
         self._agents: dict[str, AgentState] = {}
         self._commands: dict[str, PendingCommand] = {}
+        self._last_expiry_check: float | None = None  # clock() of the previous expired()
         self.reload()
 
     def reload(self) -> None:
@@ -95,6 +96,7 @@ class AgentRegistry:
         with self._lock:
             self._agents = agents
             self._commands = {}
+            self._last_expiry_check = None
 
     # ---- registration / liveness -----------------------------------------------
     def register(self, reg: apb.Register) -> tuple[AgentState, AgentSession]:
@@ -141,9 +143,23 @@ class AgentRegistry:
                 st.session = None
 
     def expired(self, timeout_s: float) -> list[AgentState]:
-        """Agents silent for longer than ``timeout_s`` and not yet declared lost."""
+        """Agents silent for longer than ``timeout_s`` and not yet declared lost.
+
+        Called every scheduler pass. If the previous call was more than half a timeout
+        ago, the broker itself stalled (SIGSTOP, a long GC or store wait): the agents'
+        messages sat unread in its sockets, so their silence says nothing about them.
+        Then every agent's grace period restarts, as at start-up, and nobody is declared
+        lost on that stale data (issue 15 defect 4).
+        """
         now = self.clock()
         with self._lock:
+            last, self._last_expiry_check = self._last_expiry_check, now
+            if last is not None and now - last > max(timeout_s / 2, 1.0):
+                log.warning("agent expiry not checked for %.1fs (broker stalled): restarting"
+                            " every agent's %.0fs grace period", now - last, timeout_s)
+                for a in self._agents.values():
+                    a.last_seen = max(a.last_seen, now)
+                return []
             return [a for a in self._agents.values() if not a.lost and now - a.last_seen > timeout_s]
 
     def mark_lost(self, agent_id: str) -> None:

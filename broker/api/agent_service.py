@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -29,6 +30,7 @@ from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView
+from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
@@ -38,6 +40,10 @@ log = logging.getLogger(__name__)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    """``leading``: is this replica still the leader? Checked before applying each agent
+    message, so a replica that lost its lease (e.g. resumed after SIGSTOP) stops acting
+    on agents at once, before its leadership thread even notices."""
+
     # Inbound message kind (AgentMessage oneof) -> handler method name.
     HANDLERS: dict[str, str] = {
         "heartbeat": "_heartbeat",
@@ -47,11 +53,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         "register": "_register_again",
     }
 
-    def __init__(self, ops: JobOps, jobs: JobsView, agents: AgentRegistry, config: BrokerConfig) -> None:
+    def __init__(self, ops: JobOps, jobs: JobsView, agents: AgentRegistry, config: BrokerConfig,
+                 leading: Callable[[], bool] = lambda: True, broker_id: str = "") -> None:
         self.ops = ops
         self.jobs = jobs
         self.agents = agents
         self.config = config
+        self.leading = leading
+        self.broker_id = broker_id
 
     @rpc
     def Connect(self, request_iterator: Iterator[apb.AgentMessage],
@@ -137,6 +146,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         try:
             for msg in request_iterator:
+                if not self.leading():
+                    log.warning("agent %s: not the leader any more; dropping its stream",
+                                agent.agent_id)
+                    session.close()
+                    break
                 if not self.agents.touch(agent.agent_id, session):
                     break  # superseded by a newer stream of the same agent
                 kind = msg.WhichOneof("msg")
@@ -145,7 +159,18 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     log.warning("agent %s sent an unknown message kind %r; ignored", agent.agent_id, kind)
                     continue
                 try:
-                    getattr(self, handler)(agent, getattr(msg, kind))
+                    payload = getattr(msg, kind)
+                    getattr(self, handler)(agent, payload)
+                    reply = self._reply(kind, payload)
+                    if reply is not None:
+                        session.send(reply)
+                except StoreError as e:  # store down or fenced: the agent re-sends, unacked
+                    log.warning("agent %s: %s not applied (%s: %s); not acked",
+                                agent.agent_id, kind, type(e).__name__, e)
+                    if kind == "heartbeat" and self.leading():
+                        # We are alive and still lead; only the store is down. Silence
+                        # would make the agent churn through reconnects for nothing.
+                        session.send(self._heartbeat_ack())
                 except Exception:  # noqa: BLE001 - one bad message must not kill the stream
                     log.exception("agent %s: handling %s failed", agent.agent_id, kind)
         except grpc.RpcError:
@@ -228,6 +253,23 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                              actor=f"agent:{agent.agent_id}",
                              message=f"node(s) {', '.join(hit)} unhealthy: checkpointing to move"
                                      " off them", details={"nodes": ",".join(hit)})
+
+    def _heartbeat_ack(self) -> apb.BrokerMessage:
+        return apb.BrokerMessage(heartbeat_ack=apb.HeartbeatAck(time=time.time(),
+                                                                broker_id=self.broker_id))
+
+    def _reply(self, kind: str, payload: object) -> apb.BrokerMessage | None:
+        """What the agent hears once a message was applied: a heartbeat is answered (after
+        it was handled, so a leader hung on its store is silent and the agent rotates), and
+        a JobUpdate is acked once committed or deliberately ignored as stale (the agent
+        re-sends unacked terminal updates: contracts §9)."""
+        if kind == "heartbeat":
+            return self._heartbeat_ack()
+        if kind == "job_update":
+            assert isinstance(payload, apb.JobUpdate)
+            return apb.BrokerMessage(update_ack=apb.JobUpdateAck(
+                job_id=payload.job_id, attempt=payload.attempt, state=payload.state))
+        return None
 
     def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
         self.ops.job_logs.ingest(agent.agent_id, chunk)

@@ -13,6 +13,13 @@ Why this shape:
 - ``acquire_lease`` gives one leader among broker replicas. Both stores enforce it
   (SQLite too: two broker processes pointed at one file must not both schedule). A
   broker restarted after a crash with a new holder id waits out the old lease's TTL.
+- **Fencing**: every lease grant to a new holder increments the lease's *epoch*
+  (``acquire_lease_epoch`` returns it). A leader calls ``fence_writes(name, epoch)``;
+  from then on every mutating call of that store object checks, inside the same
+  atomic write (Redis script / SQLite transaction), that the lease's epoch is still
+  ``epoch`` and raises :class:`Fenced` otherwise. A leader frozen past its lease
+  (SIGSTOP, GC pause, partition) therefore cannot write once a standby took over,
+  however late its queued writes arrive.
 
 Implementations: ``broker.store.sqlite.SQLiteStore`` (embedded default) and
 ``broker.store.redis.RedisStore`` (HA). Both pass ``tests/store/test_conformance.py``.
@@ -43,6 +50,17 @@ class AlreadyExists(StoreError):
 
 class VersionConflict(StoreError):
     """The job changed since it was read; re-read and retry."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (connection refused/reset, timeout) even after the
+    store's own bounded retries. Callers see UNAVAILABLE and retry later; the write may
+    or may not have happened, so only idempotent writes should be blindly repeated."""
+
+
+class Fenced(StoreError):
+    """A write carried a leader epoch older than the lease's current one: another
+    replica leads now, so this one must not change anything (issue 15 defect 7)."""
 
 
 # Kinds of keyed records (put_record / get_record / list_records).
@@ -140,9 +158,20 @@ class Store(abc.ABC):
     def delete_record(self, kind: str, key: str) -> bool: ...
 
     # ---- leadership --------------------------------------------------------------
-    @abc.abstractmethod
     def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew lease ``name`` for ``holder``; False if another holder has it."""
+        return self.acquire_lease_epoch(name, holder, ttl_s) > 0
+
+    @abc.abstractmethod
+    def acquire_lease_epoch(self, name: str, holder: str, ttl_s: float) -> int:
+        """Take or renew lease ``name``; 0 if another holder has it, else the lease's
+        epoch: incremented each time the lease passes to a holder (a new one, or the
+        same one after it had expired), unchanged by a renewal."""
+
+    @abc.abstractmethod
+    def fence_writes(self, name: str, epoch: int | None) -> None:
+        """From now on refuse (raise :class:`Fenced`) every mutating call unless lease
+        ``name`` is still at ``epoch``; ``None`` turns fencing off (the default)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections/files."""

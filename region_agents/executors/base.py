@@ -167,3 +167,16 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop everything (checkpoint-first when grace_s > 0) and release resources."""
+
+    # ---- restart safety (optional; the local executor implements them) --------------
+    def recover(self) -> list[AttemptEvent]:  # noqa: B027 - optional hook
+        """After an agent restart: re-adopt surviving attempts (``running()`` then lists
+        them) and return finished outcomes the broker has not acknowledged yet."""
+        return []
+
+    def known_attempts(self) -> dict[str, int]:
+        """Highest attempt per job this executor has durable knowledge of."""
+        return {}
+
+    def acknowledged(self, job_id: str, attempt: int) -> None:  # noqa: B027 - optional hook
+        """The broker committed this attempt's terminal update."""

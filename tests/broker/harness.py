@@ -185,6 +185,8 @@ class FakeAgent:
                         with self._lock:
                             self.running.pop(j, None)
                     continue
+                if kind in ("heartbeat_ack", "update_ack"):  # liveness/acks, not commands
+                    continue
                 with self._lock:
                     self.received.append(msg)
                 accepted, why = True, ""

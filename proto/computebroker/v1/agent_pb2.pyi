@@ -231,17 +231,39 @@ class DrainAgent(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class BrokerMessage(_message.Message):
-    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain")
+    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain", "heartbeat_ack", "update_ack")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ACK_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     registered: RegisterAck
     launch: Launch
     stop: Stop
     checkpoint: CheckpointNow
     drain: DrainAgent
-    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    update_ack: JobUpdateAck
+    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., update_ack: _Optional[_Union[JobUpdateAck, _Mapping]] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("time", "broker_id")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    broker_id: str
+    def __init__(self, time: _Optional[float] = ..., broker_id: _Optional[str] = ...) -> None: ...
+
+class JobUpdateAck(_message.Message):
+    __slots__ = ("job_id", "attempt", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    state: AttemptState
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ...) -> None: ...
