@@ -26,6 +26,11 @@ class SignalFlags:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_usr1)
 
+    def request_stop(self) -> None:
+        """Stop after the current step as if SIGTERM had come, but without its grace
+        deadline (the built-in trainer's simulated preemption, `stop_at_step`)."""
+        self.term = True
+
     def _on_term(self, signum: int, frame: object) -> None:
         if not self.term:
             self.term_time = time.monotonic()
@@ -42,6 +47,23 @@ class SignalFlags:
         stop, ckpt = bool(t[0].item()), bool(t[1].item())
         if ckpt:
             self.usr1 = False
-        if stop and self.term_time is None:
-            self.term_time = time.monotonic()  # learned from a peer
+        if stop and self.term_time is None and not self.term:
+            self.term_time = time.monotonic()  # learned from a peer's SIGTERM
         return stop, ckpt
+
+
+_installed: SignalFlags | None = None
+
+
+def install_flags() -> SignalFlags:
+    """The process's one SignalFlags, installed on first call (main thread only).
+
+    Why a singleton: `python -m trainer` installs the handlers before importing torch
+    (a SIGTERM while torch loads must be remembered), and the library's `init()`
+    must then reuse those flags rather than replace the handlers and lose the signal.
+    """
+    global _installed
+    if _installed is None:
+        _installed = SignalFlags()
+        _installed.install()
+    return _installed
