@@ -174,7 +174,8 @@ class Checkpointer:
         training state). The last reported loss goes into the manifest."""
         if step < 1:
             return False
-        if not self._warm and step != self.manager.last_saved_step:  # optimizer state exists now: fault in async staging buffers
+        if not (self._warm or blocking) and step != self.manager.last_saved_step:
+            # first async save: fault in the staging buffers now that optimizer state exists
             self._warm = True
             self.run.log(f"async checkpoint staging buffers ready in {self.warm():.2f}s")
         meta = {"loss": self.run.last_loss} if self.run.last_loss is not None else {}

@@ -1,6 +1,6 @@
 """The progress file rank 0 writes for its agent (docs/contracts.md section 2).
 
-Atomic: write `<file>.tmp`, fsync, `os.replace`, so the agent never reads half a JSON.
+Atomic: write `<file>.tmp`, then `os.replace`, so the agent never reads half a JSON.
 A heartbeat thread rewrites it every `heartbeat_s` even when a step is slow (or a save
 is uploading), so the agent's hang detection watches liveness, not step speed.
 On ranks other than 0 every method is a no-op.
@@ -69,10 +69,12 @@ class ProgressReporter:
             self._state["heartbeat"] = now
             data = json.dumps(self._state, sort_keys=True)
             tmp = f"{self.path}.tmp"
+            # no fsync: os.replace alone makes the swap atomic for the agent reading it
+            # on this host, and only a host crash (which ends the agent too) could lose
+            # the page-cache copy; an fsync per step cost ms on a busy disk
+            # (benchmarks/bench_library.py) for nothing anyone could observe.
             with open(tmp, "w") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, self.path)
 
     def _beat(self) -> None:

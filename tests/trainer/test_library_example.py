@@ -11,7 +11,10 @@ final loss after a resume at the last step (defect 8).
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,3 +136,61 @@ def test_sigterm_before_the_first_step_saves_no_step_0_checkpoint(tmp_path: Path
     assert step_name(0) not in dirs
     assert dirs and all((ckpt / d / "manifest.json").is_file() for d in dirs), dirs
     assert int(dirs[-1].split("-")[1]) >= 1
+
+
+def _plain_env() -> dict[str, str]:
+    """No broker: no CB_* variables, no torchrun variables."""
+    drop = ("CB_", "AWS_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return env
+
+
+def test_outside_the_broker_checkpoints_locally_and_resumes(tmp_path: Path) -> None:
+    """A script run by hand (no CB_* env, one process) checkpoints into ./checkpoints
+    and a second run resumes from there instead of starting over."""
+    cmd = [sys.executable, SCRIPT, "--steps", "12", "--checkpoint-every", "5"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=_plain_env(), capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == [step_name(5), step_name(10), step_name(12)]
+    again = subprocess.run(cmd[:3] + ["20"] + cmd[4:], cwd=tmp_path, env=_plain_env(),
+                           capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resumed from {tmp_path / 'checkpoints' / step_name(12)}" in again.stdout
+    assert (tmp_path / "checkpoints" / step_name(20) / "manifest.json").is_file()
+
+
+def test_library_errors_exit_2_with_one_line(tmp_path: Path) -> None:
+    """A TrainerError inside the script (here: CB_RESUME_FROM names no checkpoint) is
+    turned by the library into exit 2 and one stderr line, without a traceback."""
+    env = {**_plain_env(), "CB_RESUME_FROM": str(tmp_path / "nowhere" / step_name(7))}
+    res = subprocess.run([sys.executable, SCRIPT, "--steps", "3"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert "trainer error (rank 0):" in res.stderr and "is not a complete checkpoint" in res.stderr
+
+
+def test_gpt2_example_learns_and_resumes(tmp_path: Path) -> None:
+    """examples/byo/train_gpt2.py (transformers GPT-2 from a config, a BPE tokenizer
+    trained on stdlib sources) on 2 ranks: stopped at step 6, resumed on 1 rank with the
+    tokenizer checked against the checkpoint's, and its loss falls."""
+    gpt2 = str(REPO / "examples" / "byo" / "train_gpt2.py")
+    argv = [gpt2, "--steps", "12", "--corpus-mb", "0.3", "--vocab", "512", "--layers", "2",
+            "--width", "64", "--seq-len", "64", "--global-batch", "8", "--micro-batch", "4",
+            "--checkpoint-every", "4", "--log-every", "1"]
+    ckpt = tmp_path / "ckpt"
+    a1 = launch(tmp_path / "a1", 2, "{}", str(ckpt), attempt=1, argv=argv)
+    wait_step(a1, 6, timeout=300)
+    a1.signal(signal.SIGTERM)
+    wait_codes(a1, 75, timeout=180)
+    a2 = launch(tmp_path / "a2", 1, "{}", str(ckpt), attempt=2, argv=argv)
+    wait_codes(a2, 0, timeout=300)
+    assert "saved on 2 ranks, loaded on 1" in a2.output(0)
+    losses = [float(line.split(" loss ")[1].split()[0])
+              for line in (a1.output(0) + a2.output(0)).splitlines() if " loss " in line]
+    assert len(losses) >= 10 and losses[-1] < losses[0] - 0.3, losses
+    manifest = json.loads((ckpt / step_name(12) / "manifest.json").read_text())
+    assert manifest["model"]["n_layer"] == 2 and manifest["loss"] == pytest.approx(losses[-1], abs=1e-3)
