@@ -158,6 +158,8 @@ class Checkpointer:
                 f"ranks, loaded on {run.world_size}) in {time.perf_counter() - t0:.2f}s"
             )
             run._resumed(step, src.uri(name), manifest.get("loss"))
+        else:
+            run.log(f"no complete checkpoint under {run.env.checkpoint_uri}: starting at step 0")
         if run.rank == 0:
             dropped = m.drop_incomplete(step)
             if dropped:

@@ -95,6 +95,23 @@ def init_distributed(env: RunEnv, opts: TrainerOptions) -> Dist:
     return Dist(device, backend, mesh, ckpt_group, env.rank, env.world_size)
 
 
+def choose_layout(
+    world_size: int,
+    parallelism: Parallelism | str,
+    hsdp_replicate: int = 2,
+    local_world_size: int = 0,
+) -> tuple[Parallelism, int]:
+    """(FSDP or HSDP, replica groups). AUTO = HSDP with one replica per node when the
+    job spans nodes (local_world_size < world_size), because FSDP's all-gathers then
+    stay on the fast intra-node links and only gradient all-reduces cross nodes."""
+    parallelism = Parallelism(parallelism)
+    if parallelism is not Parallelism.AUTO:
+        return parallelism, hsdp_replicate
+    if 0 < local_world_size < world_size and world_size % local_world_size == 0:
+        return Parallelism.HSDP, world_size // local_world_size
+    return Parallelism.FSDP, 1
+
+
 def build_mesh(
     device_type: str,
     world_size: int,
@@ -102,15 +119,10 @@ def build_mesh(
     hsdp_replicate: int = 2,
     local_world_size: int = 0,
 ) -> DeviceMesh:
-    """1-D FSDP mesh or 2-D HSDP mesh. AUTO = HSDP with one replica per node when the job
-    spans nodes (local_world_size < world_size), because FSDP's all-gathers then stay on
-    the fast intra-node links and only gradients cross nodes; FSDP otherwise."""
-    parallelism = Parallelism(parallelism)
-    if parallelism is Parallelism.AUTO:
-        if 0 < local_world_size < world_size and world_size % local_world_size == 0:
-            parallelism, hsdp_replicate = Parallelism.HSDP, world_size // local_world_size
-        else:
-            parallelism = Parallelism.FSDP
+    """1-D FSDP mesh or 2-D HSDP mesh ("replicate", "shard"), see `choose_layout`."""
+    parallelism, hsdp_replicate = choose_layout(
+        world_size, parallelism, hsdp_replicate, local_world_size
+    )
     if parallelism is Parallelism.HSDP:
         rep = hsdp_replicate
         if world_size % rep:

@@ -72,3 +72,13 @@ def test_public_names_resolve() -> None:
     assert (cb.EXIT_OK, cb.EXIT_BAD_CONFIG, cb.EXIT_CHECKPOINTED) == (0, 2, 75)
     with pytest.raises(AttributeError):
         _ = cb.no_such_name
+
+
+def test_auto_layout_is_hsdp_across_nodes_and_fsdp_within_one() -> None:
+    from trainer.parallel import Parallelism, choose_layout
+
+    assert choose_layout(8, "auto", local_world_size=4) == (Parallelism.HSDP, 2)
+    assert choose_layout(4, "auto", local_world_size=4) == (Parallelism.FSDP, 1)
+    assert choose_layout(3, "auto", local_world_size=2) == (Parallelism.FSDP, 1)  # uneven
+    assert choose_layout(4, "auto") == (Parallelism.FSDP, 1)  # no LOCAL_WORLD_SIZE
+    assert choose_layout(4, "hsdp", 2, local_world_size=4) == (Parallelism.HSDP, 2)
