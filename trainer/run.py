@@ -307,6 +307,14 @@ class Run:
     def _atexit(self) -> None:
         if self._exit_code is not None:
             shutdown_and_exit(self._exit_code)
+        if self._ckpt is not None and self.step > self._ckpt.last_durable_step:
+            # the script ended without finish(): say so rather than look "done"
+            print(
+                f"trainer: warning (rank {self.rank}): the script ended without run.finish(); "
+                f"step {self.step} has no final checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _excepthook(self, tp: type[BaseException], exc: BaseException, tb: Any) -> None:
         self.progress.stop()
