@@ -1,19 +1,20 @@
 """Library overhead per training step: the same loop with and without `import trainer`.
 
 Runs --ranks real gloo processes. Each rank trains the built-in "small" LM (FSDP2) in
-alternating phases of --steps steps: *plain* (the loop alone: forward, backward,
-optimizer, a loss all_reduce) and *library* (the same loop plus `run.step_done` every
-step: progress file with heartbeat, the SIGTERM/SIGUSR1 agreement all_reduce, and an
-async checkpoint every --every steps to a local directory, waited for at the end of
-the phase so its background work is counted). Phases alternate (plain first in even
-rounds, library first in odd ones) so drift on this shared machine hits both alike.
-Also measures process CPU time per step (all threads, so the background checkpoint
-upload counts): on a machine shared with other work, wall time swings by tens of
-percent between phases while CPU time does not. And times the training thread inside library calls (step_done, the end-of-phase
-wait), a figure the machine's noise barely touches. Prints ms/step and the overhead
-(median of the per-round library/plain ratios); writes benchmarks/results/library.json.
+phases of --steps steps: *plain* (the loop alone: forward, backward, optimizer, the
+loss all_reduce), *hooks* (plus `run.step_done` every step: the progress file
+(CB_PROGRESS_FILE) rewritten every step plus its heartbeat, the SIGTERM/SIGUSR1 agreement, which rides on the loss all_reduce) and
+*library* (hooks plus an async checkpoint every --every steps to a local directory,
+waited for at the end of the phase so its background work is counted). The order of
+the three phases rotates every round so drift on this shared machine hits all alike.
 
-    .venv/bin/python benchmarks/bench_library.py [--ranks 2] [--rounds 8] [--steps 50] [--every 50]
+Besides wall time it measures process CPU time per step (all threads, so the
+background checkpoint write counts): on a machine shared with other work wall time
+swings by tens of percent between phases, CPU time much less. And it times the
+training thread inside library calls (step_done, the end-of-phase wait). Overheads
+are medians of per-round ratios. Writes benchmarks/results/library.json.
+
+    .venv/bin/python benchmarks/bench_library.py [--ranks 2] [--rounds 12] [--steps 50] [--every 50]
 """
 
 from __future__ import annotations
@@ -65,19 +66,20 @@ def worker(args: argparse.Namespace) -> None:
     one_step()  # warm-up: optimizer state, allocator, first collectives
     step = 1
     run.step_done(step, loss=0.0)
-    times: dict[str, list[float]] = {
-        "plain": [], "library": [], "in_library": [], "plain_cpu": [], "library_cpu": []
-    }
+    modes = ("plain", "hooks", "library")
+    times: dict[str, list[float]] = {k: [] for m in modes for k in (m, f"{m}_cpu")}
+    times["in_library"] = []
     for r in range(args.rounds):
-        order = ("plain", "library") if r % 2 == 0 else ("library", "plain")
+        order = modes[r % 3:] + modes[: r % 3]  # rotate so drift hits every mode alike
         for mode in order:
+            ckpt.every = args.every if mode == "library" else 0
             torch.distributed.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
             inside = 0.0  # time the training thread spends in library calls
             for _ in range(args.steps):
                 loss = one_step()
                 step += 1
-                if mode == "library":
+                if mode != "plain":
                     t1 = time.perf_counter()
                     run.step_done(step, loss=loss, tokens=args.batch * cfg.seq_len)
                     inside += time.perf_counter() - t1
@@ -104,7 +106,7 @@ def _free_port() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--batch", type=int, default=16)
@@ -123,7 +125,7 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("CB_")}
             env.update(RANK=str(rank), WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                       PYTHONPATH=str(REPO))
+                       PYTHONPATH=str(REPO), CB_PROGRESS_FILE=f"{tmp}/progress.json")
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", "--ckpt", f"{tmp}/ckpt", "--out", str(out),
                  "--rounds", str(args.rounds), "--steps", str(args.steps),
@@ -138,7 +140,10 @@ def main() -> None:
     # paired by round (adjacent phases share the machine's load at that moment)
     overhead = med([b / a - 1 for a, b in zip(plain, lib, strict=True)])
     pc, lc = raw["times"]["plain_cpu"], raw["times"]["library_cpu"]
+    hc = raw["times"]["hooks_cpu"]
     cpu_overhead = med([b / a - 1 for a, b in zip(pc, lc, strict=True)])
+    hooks_cpu_overhead = med([b / a - 1 for a, b in zip(pc, hc, strict=True)])
+    hooks_overhead = med([b / a - 1 for a, b in zip(plain, raw["times"]["hooks"], strict=True)])
     inside_ms = med(raw["times"]["in_library"]) * 1e3
     inside_share = med([i / t for i, t in zip(raw["times"]["in_library"], lib, strict=True)])
     blocked = [s["blocked_s"] * 1e3 for s in raw["saves"]]
@@ -156,6 +161,10 @@ def main() -> None:
         "plain_cpu_ms_per_step": round(med(pc) * 1e3, 2),
         "library_cpu_ms_per_step": round(med(lc) * 1e3, 2),
         "cpu_overhead": round(cpu_overhead, 4),
+        "hooks_ms_per_step": round(med(raw["times"]["hooks"]) * 1e3, 2),
+        "hooks_cpu_ms_per_step": round(med(hc) * 1e3, 2),
+        "hooks_overhead": round(hooks_overhead, 4),
+        "hooks_cpu_overhead": round(hooks_cpu_overhead, 4),
         "in_library_ms_per_step": round(inside_ms, 3),
         "in_library_share": round(inside_share, 4),
         "goal": 0.02,
@@ -167,6 +176,7 @@ def main() -> None:
     print(f"plain loop      : {p_ms:8.2f} ms/step (median of {args.rounds} phases x {args.steps})")
     print(f"with the library: {l_ms:8.2f} ms/step (async checkpoint every {args.every} steps)")
     print(f"overhead (wall) : {overhead:+.2%} (median of per-round ratios; goal < 2%)")
+    print(f"hooks only (no checkpoints): wall {hooks_overhead:+.2%}, CPU {hooks_cpu_overhead:+.2%}")
     print(f"overhead (CPU)  : {cpu_overhead:+.2%} (process CPU time per step, all threads: "
           f"{med(pc) * 1e3:.1f} vs {med(lc) * 1e3:.1f} ms)")
     print(f"inside library calls: {inside_ms:.2f} ms/step = {inside_share:.2%} of a step "

@@ -194,10 +194,12 @@ def library(d: dict[str, Any]) -> list[str]:
         "| loop | wall ms/step |",
         "|---|---|",
         f"| plain PyTorch | {f(d['plain_ms_per_step'], 2)} |",
+        f"| library hooks only (`step_done`, no checkpoints) | {f(d['hooks_ms_per_step'], 2)} |",
         f"| with the library | {f(d['library_ms_per_step'], 2)} |",
         f"| **overhead**, median of per-round ratios (goal < {d['goal']:.0%}) | **{d['overhead']:+.2%}** |",
-        f"| CPU time per step, all threads (plain / library) | {f(d['plain_cpu_ms_per_step'], 1)} / "
-        f"{f(d['library_cpu_ms_per_step'], 1)} ms: **{d['cpu_overhead']:+.2%}** |",
+        f"| CPU time per step, all threads (plain / hooks / library) | {f(d['plain_cpu_ms_per_step'], 1)} / "
+        f"{f(d['hooks_cpu_ms_per_step'], 1)} / {f(d['library_cpu_ms_per_step'], 1)} ms: hooks "
+        f"{d['hooks_cpu_overhead']:+.2%}, library **{d['cpu_overhead']:+.2%}** |",
         f"| training thread inside library calls | {f(d['in_library_ms_per_step'], 2)} ms "
         f"({d['in_library_share']:.2%} of a step) |",
     ]

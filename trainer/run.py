@@ -126,6 +126,7 @@ class Run:
         self._ckpt: Checkpointer | None = None
         self._t_last = time.perf_counter()
         self._exit_code: int | None = None
+        self._agreed: tuple[bool, bool] | None = None  # flags carried by all_sum
 
     # --------------------------------------------------------------- helpers
     @property
@@ -139,11 +140,19 @@ class Run:
             print(f"{self.log_prefix}: {msg}", flush=True)
 
     def all_sum(self, value: torch.Tensor | float) -> float:
-        """Sum of a scalar over all ranks (e.g. per-rank loss sums -> the global loss)."""
-        t = torch.as_tensor(value, dtype=torch.float32, device=self.device).detach().clone()
-        if self.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return float(t)
+        """Sum of a scalar over all ranks (e.g. per-rank loss sums -> the global loss).
+
+        The same all_reduce carries the ranks' SIGTERM/SIGUSR1 flags, so `step_done`
+        after it needs no collective of its own (one fewer per step; every rank must
+        call it the same number of times per step, as with any collective)."""
+        v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(1).to(self.device)
+        if self.world_size == 1:
+            return float(v[0])
+        flags = torch.tensor(self.flags.local(), dtype=torch.float32, device=self.device)
+        t = torch.cat([v, flags])
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        self._agreed = (bool(t[1].item() > 0), bool(t[2].item() > 0))
+        return float(t[0])
 
     def shard(
         self,
@@ -218,6 +227,7 @@ class Run:
         samples = self._ckpt.samples_seen if self._ckpt is not None else 0
         self.progress.update(state="running", step=step, samples_seen=samples)
         self._t_last = time.perf_counter()
+        self._agreed = None
 
     def step_done(
         self, step: int, *, loss: torch.Tensor | float | None = None, tokens: int = 0
@@ -239,6 +249,7 @@ class Run:
             self.last_loss = float(loss)
         ck = self._ckpt
         self.progress.update(
+            lazy=True,
             state="running",
             step=step,
             samples_seen=ck.samples_seen if ck is not None else 0,
@@ -249,7 +260,10 @@ class Run:
             return
         if ck is not None and not ck._warm:
             self.log(f"async checkpoint staging buffers ready in {ck.warm():.2f}s")
-        stop, ckpt_now = self.flags.agree(self.device)
+        agreed, self._agreed = self._agreed, None
+        stop, ckpt_now = (
+            self.flags.settle(*agreed) if agreed is not None else self.flags.agree(self.device)
+        )
         if stop:
             self._stop(step)
         if ck is not None and (ckpt_now or (ck.every and step % ck.every == 0)):

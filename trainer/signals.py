@@ -39,17 +39,25 @@ class SignalFlags:
     def _on_usr1(self, signum: int, frame: object) -> None:
         self.usr1 = True
 
-    def agree(self, device: torch.device) -> tuple[bool, bool]:
-        """(stop, checkpoint_now) as agreed by all ranks; clears the local SIGUSR1 flag."""
-        t = torch.tensor([int(self.term), int(self.usr1)], dtype=torch.int32, device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        stop, ckpt = bool(t[0].item()), bool(t[1].item())
+    def local(self) -> tuple[int, int]:
+        """This rank's (stop, checkpoint_now) flags, to combine with the other ranks'."""
+        return int(self.term), int(self.usr1)
+
+    def settle(self, stop: bool, ckpt: bool) -> tuple[bool, bool]:
+        """Adopt the combined flags: clears the local SIGUSR1 flag once it was acted on,
+        and starts the grace clock when the SIGTERM was a peer's."""
         if ckpt:
             self.usr1 = False
         if stop and self.term_time is None and not self.term:
             self.term_time = time.monotonic()  # learned from a peer's SIGTERM
         return stop, ckpt
+
+    def agree(self, device: torch.device) -> tuple[bool, bool]:
+        """(stop, checkpoint_now) as agreed by all ranks (one all_reduce MAX)."""
+        t = torch.tensor(self.local(), dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return self.settle(bool(t[0].item()), bool(t[1].item()))
 
 
 _installed: SignalFlags | None = None
