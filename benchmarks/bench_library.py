@@ -63,9 +63,13 @@ def worker(args: argparse.Namespace) -> None:
         opt.step()
         return run.all_sum(per_sample.detach().sum()) / args.batch
 
-    one_step()  # warm-up: optimizer state, allocator, first collectives
-    step = 1
-    run.step_done(step, loss=0.0)
+    # warm-up (optimizer state, allocator, first collectives), and it puts each phase's
+    # checkpoint mid-phase, so its background write overlaps training as in a real run
+    # (a save right before the end-of-phase wait would be timed as if synchronous)
+    for _ in range(max(1, args.every // 2)):
+        one_step()
+        step += 1
+        run.step_done(step, loss=0.0)
     modes = ("plain", "hooks", "library")
     times: dict[str, list[float]] = {k: [] for m in modes for k in (m, f"{m}_cpu")}
     times["in_library"] = []
