@@ -3,7 +3,9 @@ the same validated object (a typo in a field name is an error, not a silent defa
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
@@ -11,6 +13,14 @@ DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "training": 70,
     "fine-tuning": 50,
 }
+
+
+def _known_policy(name: str) -> str:
+    from broker.jobs.recovery import POLICIES  # recovery only type-imports this module
+
+    if name not in POLICIES:
+        raise ValueError(f"recovery_policy {name!r} is unknown; known: {', '.join(sorted(POLICIES))}")
+    return name
 
 
 class BrokerConfig(BaseModel):
@@ -27,6 +37,9 @@ class BrokerConfig(BaseModel):
     # What standbys tell callers the leader's address is; "" = listen host + bound port.
     advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
+    # beyond it are dropped and counted (docs/contracts.md "Rank logs").
+    log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
     # No message from an agent for this long -> it is lost and its jobs move.
     agent_timeout_s: float = Field(20.0, gt=0)
@@ -56,6 +69,9 @@ class BrokerConfig(BaseModel):
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
+    # Recovery policy (broker/jobs/recovery.py POLICIES) for jobs without a
+    # cb.recovery-policy label: "move-anywhere" (default) or "stay-in-place".
+    recovery_policy: Annotated[str, AfterValidator(_known_policy)] = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/__init__.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")

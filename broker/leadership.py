@@ -1,4 +1,4 @@
-"""High availability: one active leader, hot standbys (DESIGN.md "State").
+"""High availability: one active leader, hot standbys (docs/architecture.md "State and leadership").
 
 Why this design: agent streams and the scheduler's view of connected agents live in
 one broker process's memory, so two replicas serving at once would each see half the
@@ -22,6 +22,14 @@ The lease:
   and a second process on the same file stays standby, as with Redis.
 - SQLite ``:memory:``: nobody else can share it, so the process always leads.
 
+Fencing (issue 15 defect 7): each lease grant carries an epoch (a counter the store
+increments per grant). On promotion the leader fences its store object with it, so
+every later write checks, inside the store's atomic write, that the epoch is still
+current: a leader frozen past its lease (SIGSTOP, long GC, partition) that wakes up
+after a standby took over has every write refused (``Fenced``) and steps down. The
+SQLite file lock needs no epoch: the kernel keeps the lock for a frozen holder, so
+nobody else can lead while it lives.
+
 Who leads is also written as a store record (kind ``"leader"``: holder + advertised
 address) so standbys can point callers at it.
 """
@@ -39,8 +47,8 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
-from broker.agents.registry import AgentRegistry
-from broker.jobs.core import BrokerCore
+from broker.jobs.ops import JobOps
+from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling.loop import SchedulerLoop
 from broker.store.base import Store
 
@@ -49,6 +57,7 @@ log = logging.getLogger(__name__)
 KIND_LEADER = "leader"  # google.protobuf.Struct {holder, address, since}, key "leader"
 LEASE_NAME = "leader"
 GATED_PREFIX = "/computebroker.v1."  # every JobService / CapacityService / AgentService call
+_UNFENCED = -1  # "held" for leases that have no epoch (SQLite file lock, :memory:)
 
 
 class _FileLock:
@@ -95,9 +104,9 @@ class Leadership:
     scheduler loop; step-down stops the loop and closes every agent stream.
     """
 
-    def __init__(self, core: BrokerCore, holder: str, address: str, ttl_s: float) -> None:
-        self.core = core
-        self.store = core.store
+    def __init__(self, ops: JobOps, store: Store, holder: str, address: str, ttl_s: float) -> None:
+        self.ops = ops
+        self.store = store
         self.holder = holder
         self.address = address
         self.ttl_s = ttl_s
@@ -105,6 +114,7 @@ class Leadership:
         self._lock = threading.RLock()
         self._leader = False
         self._valid_until = 0.0  # monotonic: our lease may have expired after this
+        self._epoch = 0  # the lease epoch we lead under (0 = not fenced: file lock/memory)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         path = _sqlite_path(self.store)
@@ -169,23 +179,37 @@ class Leadership:
                 return
             started = time.monotonic()
             try:
-                held = self._acquire()
+                epoch = self._acquire()
             except Exception as e:  # noqa: BLE001 - store down: we cannot know we lead
                 log.warning("leader lease check failed: %s", e)
-                held = False
+                if self._leader and time.monotonic() < self._valid_until:
+                    # A store blip: our lease cannot have expired yet, and nobody can take
+                    # it while the store is down. Keep leading (callers get UNAVAILABLE
+                    # for the store) and stop only once the lease may have lapsed.
+                    return
+                epoch = 0
+            held = epoch != 0
+            if held and self._leader and epoch != self._epoch:
+                # Our lease lapsed and was granted again: someone may have led meanwhile,
+                # so our runtime state is stale. Rebuild it as a fresh promotion.
+                self._step_down(f"lease epoch moved {self._epoch} -> {epoch}")
             if held:
                 self._valid_until = started + self.ttl_s
                 if not self._leader:
+                    self._epoch = epoch
+                    if epoch != _UNFENCED:
+                        self.store.fence_writes(LEASE_NAME, epoch)
                     self._promote()
             elif self._leader:
                 self._step_down("lost the leader lease")
 
-    def _acquire(self) -> bool:
+    def _acquire(self) -> int:
+        """The lease epoch we hold (0 = not held; _UNFENCED = held without an epoch)."""
         if self._always:
-            return True
+            return _UNFENCED
         if self._file_lock is not None:
-            return self._file_lock.try_acquire()
-        return self.store.acquire_lease(LEASE_NAME, self.holder, self.ttl_s)
+            return _UNFENCED if self._file_lock.try_acquire() else 0
+        return self.store.acquire_lease_epoch(LEASE_NAME, self.holder, self.ttl_s)
 
     def _release(self) -> None:
         if self._file_lock is not None:
@@ -197,18 +221,19 @@ class Leadership:
 
     # ---- transitions ---------------------------------------------------------------------
     def _promote(self) -> None:
-        core = self.core
+        ops = self.ops
         with contextlib.suppress(Exception):
-            core.store.put_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct(fields={
+            self.store.put_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct(fields={
                 "holder": struct_pb2.Value(string_value=self.holder),
                 "address": struct_pb2.Value(string_value=self.address),
                 "since": struct_pb2.Value(number_value=time.time()),
             }))
         # Runtime state from the store: every known agent is "disconnected, last seen
-        # now" and gets the grace period from this moment (TEAM.md rule 2).
-        core.agents = AgentRegistry(core.store, core.clock)
-        core.started_time = core.clock()
-        self.scheduler = SchedulerLoop(core, self.holder)
+        # now" and gets the grace period from this moment (contracts, agent stream rule 2).
+        ops.agents.reload()
+        ops.started_time = ops.clock()
+        self.scheduler = SchedulerLoop(ops, JobsView(self.store, ops.applier.hub),
+                                       RecordsView(self.store), self.store.acquire_lease, self.holder)
         self._leader = True
         self.scheduler.start()
         self.scheduler.poke()
@@ -223,8 +248,8 @@ class Leadership:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.scheduler = None
-        self.core.set_poke(lambda: None)
-        for a in self.core.agents.all():
+        self.ops.applier.set_poke(lambda: None)
+        for a in self.ops.agents.all():
             if a.session is not None:
                 a.session.close()  # the agent reconnects, to the new leader
 

@@ -15,15 +15,19 @@ from concurrent import futures
 
 import grpc
 
+from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
 from broker.api.capacity_service import CapacityService
 from broker.api.jobs_service import JobService
 from broker.config import BrokerConfig
-from broker.jobs.core import BrokerCore
+from broker.jobs.applier import Applier
+from broker.jobs.hub import EventHub
+from broker.jobs.ops import JobOps
+from broker.jobs.views import JobsView, RecordsView
 from broker.leadership import Leadership, StandbyGate, advertised_address
 from broker.scheduling.loop import SchedulerLoop
 from broker.store import Store, open_store
-from broker.telemetry import setup_tracing
+from broker.telemetry import BrokerTelemetry, setup_tracing
 from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,7 @@ class BrokerServer:
         self.config = config
         self._store = store
         self._owns_store = store is None
-        self.core: BrokerCore | None = None
+        self.ops: JobOps | None = None
         self.leadership: Leadership | None = None
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
@@ -49,17 +53,27 @@ class BrokerServer:
         return self.leadership.scheduler if self.leadership is not None else None
 
     @property
+    def store(self) -> Store | None:
+        return self._store
+
+    @property
     def holder(self) -> str:
         return self.config.broker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     def start(self) -> int:
         store = self._store or open_store(self.config.store)
         self._store = store
-        core = BrokerCore(self.config, store)
-        self.core = core
-        self.metrics_port = core.telemetry.start_metrics(self.config.metrics_listen)
+        # The wiring: one registry, one applier (the only job write path), one set of
+        # job operations; servicers get those plus read-only views, never the store.
+        telemetry = BrokerTelemetry()  # spans always (no-op unless tracing); metrics once started
+        agents = AgentRegistry(store)
+        applier = Applier(store, EventHub(), agents, telemetry, self.config)
+        ops = JobOps(applier)
+        self.ops = ops
+        jobs, records = JobsView(store, applier.hub), RecordsView(store)
+        self.metrics_port = telemetry.start_metrics(self.config.metrics_listen)
         # Leader lease is taken only after binding (the advertised address needs the port).
-        self.leadership = Leadership(core, self.holder, "", self.config.leader_lease_s)
+        self.leadership = Leadership(ops, store, self.holder, "", self.config.leader_lease_s)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
             interceptors=[StandbyGate(self.leadership)],
@@ -71,9 +85,14 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ],
         )
-        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(core), server)
-        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(CapacityService(core), server)
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(core), server)
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(JobService(ops, jobs, self.config), server)
+        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(
+            CapacityService(ops, jobs, records, agents, self.config), server)
+        leadership = self.leadership
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
+                         broker_id=self.holder),
+            server)
         port = server.add_insecure_port(self.config.listen)
         if port == 0:
             raise RuntimeError(f"could not bind {self.config.listen}")
@@ -93,12 +112,12 @@ class BrokerServer:
             return
         if self.leadership is not None:
             self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
-        if self.core is not None:
-            self.core.hub.close()
+        if self.ops is not None:
+            self.ops.applier.hub.close()
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
-        if self.core is not None:
-            self.core.telemetry.close()
+        if self.ops is not None:
+            self.ops.telemetry.close()
         if self._owns_store and self._store is not None:
             self._store.close()
         self._stopped.set()

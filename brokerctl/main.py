@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from brokerctl import render
+from brokerctl import render, render_logs
 from brokersdk.client import (
     DEFAULT_ADDRESS,
     TERMINAL_PHASES,
@@ -287,33 +287,43 @@ def cmd_cancel(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
 
 
 def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    lines = client.logs(args.job_id, args.tail)
-    if not lines:
-        out.print(f"[dim]no log lines for {args.job_id} yet[/]")
-    for line in lines:
-        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    """The ranks' own output, attempt by attempt (a separator line each)."""
+    with_rank = args.rank is None
+    shown = 0
+    for rec in client.logs(args.job_id, follow=args.follow, rank=args.rank,
+                           attempt=args.attempt, tail=args.tail):
+        kind = rec.WhichOneof("kind")
+        if kind == "attempt":
+            with_rank = args.rank is None and rec.attempt.world_size != 1
+            out.print(render_logs.attempt_separator(rec.attempt), soft_wrap=True)
+        elif kind == "dropped_lines":
+            out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)
+        else:
+            shown += 1
+            out.print(render_logs.log_line(rec.line, with_rank), soft_wrap=True)
+    if not shown and not args.follow:
+        out.print(f"[dim]no output from {args.job_id} yet[/]")
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """The job's history, one line per event with local times (``-f``: live)."""
+    if args.follow:
+        client.get_job(args.job_id)  # NOT_FOUND early, with the usual message
+        return _watch(client, args.job_id, out, include_progress=args.progress)
+    events = [e for e in client.events(args.job_id)
+              if args.progress or e.type != "progress"]
+    if args.output == "json":
+        out.print_json(render.to_json(events))
+        return EXIT_OK
+    for event in events:
+        out.print(render_logs.event_line(event), soft_wrap=True)
     return EXIT_OK
 
 
 def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
     for event in client.watch(job_id, include_progress=include_progress):
-        row = render.event_row(event)
-        line = Text()
-        line.append(f"{row[1]} ", style="dim")
-        line.append(f"{event.type or '-':<12} ", style="bold")
-        if isinstance(row[3], Text):
-            line.append_text(row[3])
-        if event.region:
-            line.append(f"  {event.region}", style="cyan")
-        if event.type == "progress" and event.details:
-            d = event.details
-            line.append(f"  step {d.get('step', '?')}/{d.get('total_steps', '?')}")
-            if d.get("loss"):
-                line.append(f" loss {d['loss']}")
-        msg = row[6]
-        if msg:
-            line.append(f"  {msg}")
-        out.print(line, soft_wrap=True)
+        out.print(render_logs.event_line(event), soft_wrap=True)
     job = client.get_job(job_id)
     final = Text("final: ")
     final.append_text(render.phase_text(job.phase))
@@ -580,10 +590,20 @@ def build_parser() -> _Parser:
     s.add_argument("--reason")
     s.set_defaults(func=cmd_cancel)
 
-    s = add("logs", "show a job's recent log lines")
+    s = add("logs", "the ranks' stdout/stderr, attempt by attempt (-f: live)")
     s.add_argument("job_id")
-    s.add_argument("--tail", type=int, default=0, help="lines (default: broker's, 100)")
+    s.add_argument("-f", "--follow", action="store_true",
+                   help="keep streaming (across migrations) until the job ends")
+    s.add_argument("--rank", type=int, default=None, help="only this rank")
+    s.add_argument("--attempt", type=int, default=None, help="only this attempt")
+    s.add_argument("--tail", type=int, default=None, help="only the last N lines")
     s.set_defaults(func=cmd_logs)
+
+    s = add("events", "a job's event history, one line each (-f: live)", output=True)
+    s.add_argument("job_id")
+    s.add_argument("-f", "--follow", action="store_true", help="keep going until the job ends")
+    s.add_argument("--progress", action="store_true", help="also show step progress events")
+    s.set_defaults(func=cmd_events)
 
     s = add("watch", "follow a job's events live until it finishes")
     s.add_argument("job_id")

@@ -6,7 +6,7 @@ spot is fine" and get a handle they can wait on, not build protobufs by hand. So
 the wire ``computebroker.v1.JobSpec``; raw protobuf specs are accepted too.
 
 Imports only the generated ``computebroker.v1`` stubs, grpc, pydantic, tenacity
-and the standard library (DESIGN.md: the SDK uses only ``proto``), so it can be
+and the standard library (the SDK uses only the stubs, docs/architecture.md), so it can be
 shipped to users without the broker's internals.
 
 Errors: every gRPC failure becomes a :class:`BrokerError` subclass that carries
@@ -46,6 +46,7 @@ from computebroker.v1 import (
     common_pb2,
     jobs_pb2,
     jobs_pb2_grpc,
+    logs_pb2,
 )
 
 __all__ = [
@@ -182,6 +183,16 @@ def _translate(err: grpc.RpcError, address: str, *, job_id: str | None = None) -
 
 
 # --------------------------------------------------------------------------- enum helpers
+
+
+def logs_request(job_id: str, follow: bool = False, rank: int | None = None,
+                 attempt: int | None = None, tail: int | None = None) -> jobs_pb2.StreamJobLogsRequest:
+    """StreamJobLogs request; None = no filter (the broker validates the values)."""
+    req = jobs_pb2.StreamJobLogsRequest(job_id=job_id, follow=follow, attempt=attempt or 0,
+                                        tail=tail or 0)
+    if rank is not None:
+        req.rank = rank
+    return req
 
 
 def _enum_parser(prefix: str, enum: Any, aliases: Mapping[str, str] | None = None):
@@ -637,14 +648,77 @@ class BrokerClient:
             finally:
                 stream.cancel()
 
-    def logs(self, job_id: str, tail: int = 0) -> list[str]:
-        resp = self._call(
-            self._jobs.GetJobLogs,
-            jobs_pb2.GetJobLogsRequest(job_id=job_id, tail_lines=tail),
-            idempotent=True,
-            job_id=job_id,
-        )
-        return list(resp.lines)
+    def logs(
+        self,
+        job_id: str,
+        follow: bool = False,
+        rank: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+    ) -> Iterator[logs_pb2.LogRecord]:
+        """The ranks' stdout/stderr (StreamJobLogs): per attempt a header record
+        (``.attempt``: region, world size, start), then its lines (``.line``), and
+        ``.dropped_lines`` when the broker's size bound dropped the oldest ones.
+
+        ``follow`` keeps streaming across relaunches and migrations until the job is
+        terminal; after a broken stream it reconnects a bounded number of times and
+        skips what it already yielded (lines are numbered per attempt), so nothing is
+        shown twice.
+        """
+        req = logs_request(job_id, follow, rank, attempt, tail)
+        seen: dict[int, int] = {}  # attempt -> last seq yielded
+        current = 0  # attempt whose header was yielded last
+        reconnects = 0
+        while True:
+            stream = self._jobs.StreamJobLogs(req, metadata=self.metadata or None)
+            pending: logs_pb2.LogRecord | None = None  # a header waits for news of its attempt
+            try:
+                for rec in stream:
+                    kind = rec.WhichOneof("kind")
+                    if kind == "attempt":
+                        if rec.attempt.attempt != current:
+                            pending = rec
+                        continue
+                    if kind == "line":
+                        if rec.line.seq <= seen.get(rec.line.attempt, 0):
+                            continue
+                        seen[rec.line.attempt] = rec.line.seq
+                    if pending is not None:
+                        current = pending.attempt.attempt
+                        yield pending
+                        pending = None
+                    reconnects = 0
+                    yield rec
+                if pending is not None:
+                    yield pending
+                if not follow or reconnects >= self.retries or self._job_over(job_id):
+                    return
+                # The stream ended but the job goes on: the broker stopped (restart,
+                # failover). Follow on from a replica or the restarted broker.
+                reconnects += 1
+                time.sleep(min(2.0, 0.2 * 2**reconnects))
+                req.tail = 0
+                continue
+            except grpc.RpcError as e:
+                code = e.code()
+                if code is grpc.StatusCode.CANCELLED:
+                    return
+                if follow and code is grpc.StatusCode.UNAVAILABLE and reconnects < self.retries:
+                    reconnects += 1
+                    self._next_address()
+                    time.sleep(min(2.0, 0.2 * 2**reconnects))
+                    req.tail = 0  # resume: everything, minus what was already yielded
+                    continue
+                raise _translate(e, self.address, job_id=job_id) from None
+            finally:
+                stream.cancel()
+
+    def _job_over(self, job_id: str) -> bool:
+        """Is the job terminal? (Unknown because the broker is away counts as not.)"""
+        try:
+            return self.get_job(job_id).phase in TERMINAL_PHASES
+        except BrokerUnavailable:
+            return False
 
     def migrations(self, job_id: str = "", team: str = "", limit: int = 0) -> list[common_pb2.Migration]:
         """Recent moves between capacity (newest first), optionally of one job or team."""
@@ -858,5 +932,12 @@ class JobHandle:
         self.job = self.client.cancel(self.id, reason)
         return self.job
 
-    def logs(self, tail: int = 0) -> list[str]:
-        return self.client.logs(self.id, tail)
+    def logs(
+        self,
+        follow: bool = False,
+        rank: int | None = None,
+        attempt: int | None = None,
+        tail: int | None = None,
+    ) -> Iterator[logs_pb2.LogRecord]:
+        """The ranks' output, attempt by attempt (see :meth:`BrokerClient.logs`)."""
+        return self.client.logs(self.id, follow=follow, rank=rank, attempt=attempt, tail=tail)

@@ -1,4 +1,4 @@
-"""Pure placement and task-governance decisions (DESIGN.md "Placement").
+"""Pure placement and task-governance decisions.
 
 No I/O and nothing of ours imported: the broker builds a :class:`Snapshot`,
 calls :func:`schedule`, and applies the returned :class:`Decisions` (Kueue's

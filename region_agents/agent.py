@@ -1,4 +1,4 @@
-"""The region agent daemon: ``brokerctl agent`` (TEAM.md "Agent stream semantics").
+"""The region agent daemon: ``brokerctl agent`` (docs/contracts.md section 6, "Agent stream semantics").
 
 Why this shape: the agent dials *out* (regions need no inbound ports) over one
 bidirectional ``AgentService.Connect`` stream, and everything it knows lives in
@@ -11,7 +11,16 @@ Threads (all daemon):
 * connector: dial, Register, receive commands; reconnect with exponential
   backoff (tenacity, capped at ``max_backoff_s``) forever until stopped.
 * ticker: poll the executor (state changes, progress at most ~1/s per job),
-  poll node signals (spot notices, health flips), send Heartbeats.
+  poll node signals (spot notices, health flips), send Heartbeats, re-send terminal
+  updates the broker has not acknowledged, and watch the leader's liveness.
+
+Issue 15 hardening (docs/contracts.md §9): the channel has gRPC
+keepalives, and a broker that sends nothing (no HeartbeatAck, ack or command) for
+``leader_timeout_s`` is treated as hung: the stream is dropped and the next
+``--broker`` address is dialled (a SIGSTOPped leader never closes its socket). A
+terminal JobUpdate is kept until the broker acknowledges it (JobUpdateAck, sent after
+the store commit) and re-sent on every reconnect and every few heartbeats. Attempts
+survive an agent restart: the local executor keeps durable records and re-adopts them.
 """
 
 from __future__ import annotations
@@ -29,18 +38,38 @@ import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from region_agents.executors.base import AS, TERMINAL_STATES, AttemptEvent, AttemptSpec, Executor
+from region_agents.executors.base import (
+    AS,
+    EXIT_RESUME_UNAVAILABLE,
+    TERMINAL_STATES,
+    AttemptEvent,
+    AttemptSpec,
+    Executor,
+)
 from region_agents.fencing import AttemptLedger
 from region_agents.inventory import Inventory, InventoryError, load_inventory
+from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_transfer
+from region_agents.staging import Staging, plan_staging
 
 log = logging.getLogger("region_agents.agent")
 
 AGENT_VERSION = "0.1.0"
 DEFAULT_HEARTBEAT_S = 2.0
 RECENT_TERMINAL_S = 120.0  # how long a finished attempt is re-reported on re-register
+LEADER_TIMEOUT_HEARTBEATS = 4.0  # silent broker for this many heartbeat intervals = hung
+MIN_LEADER_TIMEOUT_S = 6.0
+MIN_RESEND_S = 5.0  # unacked terminal updates are re-sent at most this often
+# gRPC keepalive on the agent's channel: a peer that stops answering HTTP/2 pings (host
+# gone, link cut) fails the stream even when no message is due. The broker's server
+# options permit pings every 5 s (broker/server.py).
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class _Disconnected(Exception):
@@ -52,9 +81,11 @@ class AgentConfig:
     """How to run one region agent.
 
     ``heartbeat_interval_s=None`` means: use the broker's ``RegisterAck`` value
-    (2 s until the first ack). ``hang_timeout_s``: no trainer heartbeat in the
-    progress file for this long -> the attempt is killed and reported FAILED
-    ("hang: ..."); a job can override it with trainer option ``hang_timeout_s``.
+    (2 s until the first ack). ``leader_timeout_s=None``: 4 heartbeat intervals
+    (at least 6 s) of silence from the broker mean it hangs: rotate to the next one.
+    ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the
+    attempt is killed and reported FAILED ("hang: ..."); a job can override it with
+    trainer option ``hang_timeout_s``.
     """
 
     broker_address: str
@@ -73,6 +104,7 @@ class AgentConfig:
     shutdown_grace_s: float = 0.0  # on .stop(): >0 = SIGTERM (checkpoint) first
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
+    leader_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.broker_address:
@@ -139,6 +171,15 @@ class RegionAgent:
         os.makedirs(config.work_dir, exist_ok=True)
         self.signals = NodeSignals(config.work_dir, {n.id: n.healthy for n in inventory.nodes})
         self.ledger = AttemptLedger()
+        # Terminal updates not yet acknowledged by the broker (re-sent until they are).
+        self._unacked: dict[tuple[str, int], agent_pb2.JobUpdate] = {}
+        self._recent_terminal: dict[tuple[str, int], tuple[float, agent_pb2.JobUpdate]] = {}
+        for job_id, attempt in executor.known_attempts().items():
+            self.ledger.seen(job_id, attempt)
+        for ev in executor.recover():  # attempts a previous agent process left behind
+            upd = ev.to_proto()
+            self._unacked[(ev.job_id, ev.attempt)] = upd
+            self._recent_terminal[(ev.job_id, ev.attempt)] = (time.time(), upd)
         for r in executor.running():  # adopted attempts (e.g. Kubernetes Jobs after a restart)
             self.ledger.launched(r.job_id, r.attempt)
         self.heartbeat_interval_s = config.heartbeat_interval_s or DEFAULT_HEARTBEAT_S
@@ -151,7 +192,7 @@ class RegionAgent:
         self._broker_i = 0
         self._lock = threading.RLock()
         self._session: Session | None = None
-        self._recent_terminal: dict[tuple[str, int], tuple[float, agent_pb2.JobUpdate]] = {}
+        self._last_resend = 0.0
         self._pending_health: list[agent_pb2.NodeHealth] = []
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -160,6 +201,7 @@ class RegionAgent:
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
         self._staging: dict[tuple[str, int], Staging] = {}
         self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
+        self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
 
     # ---- public ----------------------------------------------------------------
     def start(self) -> None:
@@ -295,7 +337,7 @@ class RegionAgent:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
         address = self._brokers[self._broker_i % len(self._brokers)]
-        channel = grpc.insecure_channel(address)
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             with self._lock:
@@ -311,6 +353,11 @@ class RegionAgent:
             except grpc.RpcError as e:
                 if not self._stopping.is_set():
                     log.warning("broker stream broke: %s", e)
+            if session.leader_silent and not self._stopping.is_set():
+                self._broker_i += 1  # a hung leader: try the next replica
+                if not session.registered.is_set():
+                    raise _Disconnected(f"no answer from {address}")
+                return
             if not session.registered.is_set() and not self._stopping.is_set():
                 self._broker_i += 1
                 raise _Disconnected(f"stream to {address} ended before RegisterAck")
@@ -322,10 +369,15 @@ class RegionAgent:
             channel.close()
 
     def _on_broker_message(self, session: Session, msg: agent_pb2.BrokerMessage) -> None:
+        session.last_rx = time.monotonic()  # any message proves the leader is alive
         kind = msg.WhichOneof("cmd")
         try:
             if kind == "registered":
                 self._on_registered(session, msg.registered)
+            elif kind == "heartbeat_ack":
+                pass
+            elif kind == "update_ack":
+                self._on_update_ack(msg.update_ack)
             elif kind == "launch":
                 self._on_launch(msg.command_id, msg.launch)
             elif kind == "stop":
@@ -349,10 +401,14 @@ class RegionAgent:
                 self.heartbeat_interval_s = ack.heartbeat_interval_s
             if ack.agent_id:
                 self.agent_id = ack.agent_id
-            # Finished attempts the previous stream may have lost: report them again.
-            for _, upd in list(self._recent_terminal.values()):
-                if upd.attempt >= self.ledger.highest.get(upd.job_id, 0):
-                    session.send(agent_pb2.AgentMessage(job_update=upd))
+            self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
+            # Finished attempts the broker has not acknowledged: report them again, each
+            # after the rest of its output (as on the first stream).
+            for upd in list(self._unacked.values()):
+                for chunk in self.logs.flush(upd.job_id, upd.attempt):
+                    session.send(agent_pb2.AgentMessage(log_chunk=chunk))
+                session.send(agent_pb2.AgentMessage(job_update=upd))
+            self._last_resend = time.monotonic()
             session.registered.set()
             self.connects += 1
             for job_id in ack.stale_job_ids:
@@ -364,6 +420,14 @@ class RegionAgent:
             self._last_heartbeat = 0.0  # heartbeat right away (spot notices, health)
         log.info("registered as %s (heartbeat %.1fs, %d stale)", self.agent_id,
                  self.heartbeat_interval_s, len(ack.stale_job_ids))
+
+    def _on_update_ack(self, ack: agent_pb2.JobUpdateAck) -> None:
+        with self._lock:
+            key = (ack.job_id, ack.attempt)
+            upd = self._unacked.get(key)
+            if upd is not None and upd.state == ack.state:
+                del self._unacked[key]
+                self.executor.acknowledged(ack.job_id, ack.attempt)
 
     def _on_launch(self, command_id: str, launch: agent_pb2.Launch) -> None:
         with self._lock:
@@ -381,11 +445,11 @@ class RegionAgent:
             key = (launch.job_id, launch.attempt)
             self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
             problem = self._check_placement(launch)
-            move = None
+            staging = None
             if problem is None:
                 try:
-                    move = plan_transfer(launch, self.inventory.checkpoint_bucket)
-                    if move is None:
+                    staging = plan_staging(launch, self.inventory.checkpoint_bucket)
+                    if staging is None:
                         self._start_attempt(launch)
                 except (ValueError, OSError) as e:
                     problem = f"launch failed: {e}"
@@ -396,20 +460,23 @@ class RegionAgent:
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
             self._ack(command_id, True)
-            if move is not None:
-                # Copy the checkpoint into this region's store first; the ticker starts
-                # the ranks when the copy is complete (region_agents/staging.py).
-                staging = Staging(launch, *move)
+            if staging is not None:
+                # Copy the checkpoint into this region's store, or resolve a same-region
+                # resume point, first; the ticker starts the ranks when that is done
+                # (region_agents/staging.py).
                 self._staging[key] = staging
                 staging.start()
-                log.info("%s attempt %d: copying checkpoint %s -> %s before start",
-                         launch.job_id, launch.attempt, move[0], move[1])
+                if staging.copies:
+                    log.info("%s attempt %d: copying checkpoint %s -> %s before start",
+                             launch.job_id, launch.attempt, staging.src, staging.dst)
 
     def _start_attempt(self, launch: agent_pb2.Launch, resume_from: str | None = None) -> None:
         spec = AttemptSpec.from_launch(launch)
         if resume_from is not None:
             spec.resume_from = resume_from
         self.executor.launch(spec)
+        self.logs.track(launch.job_id, launch.attempt,
+                        self.executor.log_sources(launch.job_id, launch.attempt))
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
         t.spawn_time = time.time()
 
@@ -419,34 +486,40 @@ class RegionAgent:
         if st is None:
             return False
         st.cancelled.set()
+        what = "copying" if st.copies else "resolving"
         self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STOPPED, exit_code=-1,
-                                  message="stopped while copying its checkpoint"),
-                     transfer=st.snapshot())
+                                  message=f"stopped while {what} its checkpoint"),
+                     transfer=st.transfer())
         return True
 
     def _poll_staging(self) -> None:
-        """Report copy progress (~1/s); start the ranks, or fail the attempt, when done."""
+        """Report copy progress (~1/s); start the ranks, or fail the attempt, when done.
+
+        A resume point that cannot be resolved (gone, and nothing newer and complete in
+        its directory) fails the attempt with the trainer's code for exactly that,
+        EXIT_RESUME_UNAVAILABLE: not a configuration error, so the broker relaunches."""
         now = time.time()
         for key, st in list(self._staging.items()):
             launch = st.launch
             if not st.finished.is_set():
-                if now - st.last_sent >= 1.0:
+                if st.copies and now - st.last_sent >= 1.0:
                     st.last_sent = now
                     self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
                                  transfer=st.snapshot())
                 continue
             del self._staging[key]
-            stats = st.snapshot()
+            stats = st.transfer()
             if st.cancelled.is_set() or self.ledger.running.get(launch.job_id) != launch.attempt:
                 continue
-            if stats.error:
+            failure = st.failure()
+            if failure:
+                code = -1 if st.copies else EXIT_RESUME_UNAVAILABLE
                 self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
-                                          exit_code=-1,
-                                          message=f"checkpoint transfer failed: {stats.error}"),
-                             transfer=stats)
+                                          exit_code=code, message=failure), transfer=stats)
                 continue
-            self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_STARTING),
-                         transfer=stats)
+            if stats is not None:
+                self._report(AttemptEvent(launch.job_id, launch.attempt,
+                                          AS.ATTEMPT_STATE_STARTING), transfer=stats)
             try:
                 self._start_attempt(launch, resume_from=st.dst)
             except (ValueError, OSError) as e:
@@ -500,8 +573,14 @@ class RegionAgent:
         if timings is not None:
             upd.timings.CopyFrom(timings)
         if ev.terminal:
+            # Its last lines go first: a follower sees them before the job ends.
+            # Sent to a dead stream they are resent after RegisterAck's rewind.
+            for chunk in self.logs.flush(ev.job_id, ev.attempt):
+                self._send(agent_pb2.AgentMessage(log_chunk=chunk))
             self.ledger.finished(ev.job_id, ev.attempt)
             self._recent_terminal[(ev.job_id, ev.attempt)] = (time.time(), upd)
+            self._unacked[(ev.job_id, ev.attempt)] = upd
+            self._last_resend = time.monotonic()  # give the broker time to ack it
         self._send(agent_pb2.AgentMessage(job_update=upd))
 
     def _tick(self) -> None:
@@ -509,6 +588,9 @@ class RegionAgent:
             for ev in self.executor.poll():
                 self._report(ev)
             self._poll_staging()
+            if self.connected:  # else the files wait; RegisterAck rewinds to the broker's copy
+                for chunk in self.logs.poll():
+                    self._send(agent_pb2.AgentMessage(log_chunk=chunk))
             new_spot, health_changes = self.signals.poll()
             for ch in health_changes:
                 log.info("node %s is now %s %s", ch.node_id,
@@ -521,6 +603,39 @@ class RegionAgent:
             urgent = bool(new_spot or health_changes)
             if self.connected and (urgent or now - self._last_heartbeat >= self.heartbeat_interval_s):
                 self._send_heartbeat(now)
+            self._resend_unacked()
+            self._check_leader_liveness()
+
+    def _resend_unacked(self) -> None:
+        """Terminal updates the broker did not acknowledge (e.g. its store was down when
+        they arrived): send them again every two heartbeat intervals (at least 5 s)."""
+        mono = time.monotonic()
+        if not self._unacked or not self.connected:
+            return
+        if mono - self._last_resend < max(MIN_RESEND_S, 2 * self.heartbeat_interval_s):
+            return
+        self._last_resend = mono
+        for upd in list(self._unacked.values()):
+            self._send(agent_pb2.AgentMessage(job_update=upd))
+
+    @property
+    def leader_timeout_s(self) -> float:
+        if self.config.leader_timeout_s:
+            return self.config.leader_timeout_s
+        return max(MIN_LEADER_TIMEOUT_S, LEADER_TIMEOUT_HEARTBEATS * self.heartbeat_interval_s)
+
+    def _check_leader_liveness(self) -> None:
+        """No message from the broker for leader_timeout_s: it hangs (SIGSTOP, a wedged
+        process, a half-open connection). Drop the stream; the connector rotates."""
+        s = self._session
+        if s is None or s.closed.is_set():
+            return
+        silent = time.monotonic() - s.last_rx
+        if silent > self.leader_timeout_s:
+            log.warning("broker silent for %.1fs (limit %.1fs): dropping the stream, trying"
+                        " the next broker", silent, self.leader_timeout_s)
+            s.leader_silent = True
+            s.close()
 
     def _fail_attempts_on(self, node_id: str, reason: str) -> None:
         for r in self.executor.running():
@@ -567,6 +682,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default=sys.executable, help="python used to run `-m trainer`")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every rank (repeatable)")
+    p.add_argument("--leader-timeout-s", type=float, default=None,
+                   help="broker silent this long = hung: reconnect to the next --broker"
+                        " (default: 4 heartbeat intervals, at least 6 s)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -599,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             extra_env=env,
             namespace=args.namespace,
             image=args.image,
+            leader_timeout_s=args.leader_timeout_s,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""Fencing: which commands an agent may obey (TEAM.md stream semantics rule 5).
+"""Fencing: which commands an agent may obey (docs/contracts.md section 6, rule 5).
 
 Why a separate, pure object: the attempt number is the fencing token that keeps
 a partitioned agent from double-running a job, so its rules deserve their own

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 from computebroker.v1 import agent_pb2
@@ -24,6 +25,10 @@ class Session:
         self.registered = threading.Event()
         self.spot_sent: set[str] = set()  # spot notices already reported on this stream
         self.call = None  # the grpc call object, to cancel it
+        # Leader liveness: when the broker last sent anything (monotonic), and whether
+        # the agent dropped this stream because the broker went silent.
+        self.last_rx = time.monotonic()
+        self.leader_silent = False
 
     def send(self, msg: agent_pb2.AgentMessage) -> bool:
         """Queue a message; False if the session is already closed."""

@@ -10,6 +10,12 @@ manifest at the destination, so the attempt can never resume from a partial copy
 the attempt is reported FAILED and the broker relaunches it (auto-resume) from the
 source checkpoint, which is untouched. ``Launch.transfer_mode = "direct"`` skips the
 copy: the trainer then reads the other region's store itself.
+
+A same-region relaunch copies nothing but is staged too (``copies=False``): the resume
+point is resolved once, off the agent's lock, before the ranks start
+(``checkpoint_layout.resolve_resume``: the exact checkpoint, else the newest complete one
+of the same attempt directory that is at least as new, docs/contracts.md section 3), so
+a checkpoint pruned by a still-running older attempt never reaches the trainer.
 """
 
 from __future__ import annotations
@@ -21,22 +27,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from checkpoint_layout import (
+    LayoutError,
+    check_scheme,
+    normalize,
+    parse_step,
+    resolve_resume,
+    split_step_uri,
+)
 from computebroker.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
-
-
-def _norm(uri: str) -> str:
-    if uri.startswith("s3://"):
-        return uri.rstrip("/")
-    return os.path.abspath(uri.removeprefix("file://")).rstrip("/")
 
 
 def under(uri: str, base: str) -> bool:
     """Is ``uri`` inside the store rooted at ``base`` (an s3:// prefix or a directory)?"""
     if not uri or not base:
         return False
-    u, b = _norm(uri), _norm(base)
+    u, b = normalize(uri), normalize(base)
     if uri.startswith("s3://") != base.startswith("s3://"):
         return False
     return u == b or u.startswith(b + "/")
@@ -55,6 +63,25 @@ def plan_transfer(launch: agent_pb2.Launch, bucket: str) -> tuple[str, str] | No
     return src, f"{launch.checkpoint_uri.rstrip('/')}/{name}"
 
 
+def plan_staging(launch: agent_pb2.Launch, bucket: str) -> Staging | None:
+    """What must happen before this attempt's ranks start: a copy into this region's
+    store (``plan_transfer``), else resolving ``resume_from`` where it is, else nothing.
+
+    A ``resume_from`` that is not a checkpoint URI at all is left to the trainer, which
+    rejects it as a configuration error (exit 2): resolving cannot fix it."""
+    move = plan_transfer(launch, bucket)
+    if move is not None:
+        return Staging(launch, *move)
+    if not launch.resume_from:
+        return None
+    try:
+        split_step_uri(launch.resume_from)
+        check_scheme(launch.resume_from)
+    except LayoutError:
+        return None
+    return Staging(launch, launch.resume_from, "", copies=False)
+
+
 _client_lock = threading.Lock()
 _clients: dict[str, Any] = {}
 
@@ -62,7 +89,7 @@ _clients: dict[str, Any] = {}
 def s3_client() -> Any:
     """One cached S3 client per endpoint: building one (botocore loads its service model)
     takes a few hundred ms, which would otherwise sit inside every migration."""
-    from region_agents.transfer import make_s3_client
+    from checkpoint_layout import make_s3_client
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
     with _client_lock:
@@ -95,20 +122,20 @@ def _copy_tuning(src: str, dst: str) -> dict[str, int]:
     return {}
 
 
-def _step(name: str) -> int:
-    try:
-        return int(name.removeprefix("step-"))
-    except ValueError:
-        return -1
+def _client_for(*uris: str) -> Any:
+    return s3_client() if any(u.startswith("s3://") for u in uris) else None
 
 
 @dataclass
 class Staging:
-    """One checkpoint copy in flight for a launched attempt (a background thread)."""
+    """One attempt's resume point being prepared before its ranks start (a background
+    thread): copied into this region's store (``copies``), or only resolved (``dst`` is
+    then the checkpoint to load, known once ``finished`` is set without an error)."""
 
     launch: agent_pb2.Launch
     src: str
     dst: str
+    copies: bool = True
     stats: common_pb2.TransferStats = field(default_factory=common_pb2.TransferStats)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -128,6 +155,19 @@ class Staging:
                 out.seconds = time.time() - out.start_time
             return out
 
+    def transfer(self) -> common_pb2.TransferStats | None:
+        """What the agent's updates carry: copy stats, or nothing for a resolve-only step."""
+        return self.snapshot() if self.copies else None
+
+    def failure(self) -> str:
+        """'' or why the attempt cannot start (the update's message)."""
+        err = self.snapshot().error
+        if not err:
+            return ""
+        if self.copies:
+            return f"checkpoint transfer failed: {err}"
+        return f"resume checkpoint unavailable: {err}"
+
     def _progress(self, done: int, total: int) -> None:
         with self._lock:
             self.stats.bytes_done, self.stats.bytes_total = done, total
@@ -142,26 +182,24 @@ class Staging:
         Its newer checkpoints are complete, consistent points of the same run (the data
         order is deterministic), so resuming from one loses less work; they are only
         ever read, never written, by the new attempt (fencing is by directory)."""
-        from region_agents.transfer import (
-            TransferError,
-            copy_checkpoint,
-            latest_complete_checkpoint,
-        )
+        from checkpoint_layout import CheckpointMissing
+        from region_agents.transfer import TransferError, copy_checkpoint
 
         src = self.src
-        parent, _, name = src.rstrip("/").rpartition("/")
-        want = _step(name)
         for attempt in range(4):
             try:
-                client = s3_client() if src.startswith("s3://") or self.dst.startswith("s3://") else None
-                return copy_checkpoint(src, self.dst, progress=self._progress, s3_client=client,
+                return copy_checkpoint(src, self.dst, progress=self._progress,
+                                       s3_client=_client_for(src, self.dst),
                                        **_copy_tuning(src, self.dst))
-            except TransferError:
+            except TransferError as exc:
                 if attempt == 3:
                     raise
-                newest = latest_complete_checkpoint(parent)
-                if newest is None or _step(newest.rpartition("/")[2]) < want:
-                    raise
+                try:
+                    newest = resolve_resume(self.src, s3_client=_client_for(self.src)).uri
+                except CheckpointMissing:
+                    raise exc from None
+                if parse_step(newest.rpartition("/")[2]) == parse_step(src.rpartition("/")[2]):
+                    continue  # the same checkpoint is still complete: try the copy again
                 log.warning("%s: %s is gone or incomplete (its writer may still be pruning); "
                             "copying the newer complete %s instead", self.launch.job_id, src, newest)
                 src = newest
@@ -171,7 +209,28 @@ class Staging:
                     self.stats.src_uri, self.stats.dst_uri = self.src, self.dst
         raise AssertionError("unreachable")
 
+    def _resolve(self) -> None:
+        point = resolve_resume(self.src, s3_client=_client_for(self.src))
+        if point.fell_back:
+            log.warning("%s attempt %d: %s is gone or incomplete (its writer may still be "
+                        "pruning); resuming from the newer complete %s instead",
+                        self.launch.job_id, self.launch.attempt, self.src, point.uri)
+        with self._lock:
+            self.dst = point.uri
+            self.stats.done = True
+
     def _run(self) -> None:
+        if not self.copies:
+            try:
+                self._resolve()
+            except Exception as e:  # noqa: BLE001 - reported as the attempt's failure
+                log.warning("%s attempt %d: cannot resume: %s", self.launch.job_id,
+                            self.launch.attempt, e)
+                with self._lock:
+                    self.stats.error = str(e)[:1000] or type(e).__name__
+            finally:
+                self.finished.set()
+            return
         try:
             res = self._copy()
             with self._lock:

@@ -29,9 +29,10 @@ S3->S3 across endpoints, or where the store refuses server-side copy, `stream`
 
 Retries: botocore retries single requests (parts) a few times; tenacity retries a whole
 file on throttling, 5xx, connection errors and verification mismatches with exponential
-backoff, bounded by `RetryPolicy.attempts`. Checkpoint naming and "latest complete" come
-from the trainer's storage layer (`trainer.storage`), imported lazily: it imports torch,
-which an agent should not pay for at start-up.
+backoff, bounded by `RetryPolicy.attempts`. Checkpoint naming, manifest parsing, digests,
+"latest complete", the retry policy, the transient-error check and the S3 client come
+from `checkpoint_layout`, the torch-free package the trainer's storage layer uses too, so
+the agent and the trainer cannot disagree about any of them.
 
 Verification details: a streamed copy hashes the bytes that land at the destination
 (the downloaded file or the spool file that is then uploaded with S3's per-request CRC
@@ -44,13 +45,12 @@ has a checksum.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,10 +58,42 @@ from typing import Any
 
 from s3transfer.subscribers import BaseSubscriber
 
-MANIFEST = "manifest.json"  # == trainer.storage.MANIFEST (kept here to avoid importing torch)
+from checkpoint_layout import (
+    MANIFEST,
+    MOVER_RETRY,
+    RetryPolicy,
+    TransientError,
+    check_scheme,
+    expected_digest,
+    hash_file,
+    is_transient,
+    make_s3_client,
+    new_hasher,
+    normalize,
+    parse_step,
+    split_s3_uri,
+    split_step_uri,
+)
+from checkpoint_layout import latest_complete_checkpoint as _latest_complete
+from checkpoint_layout import manifest as manifest_format
+from checkpoint_layout.retry import chain as _chain
+from checkpoint_layout.retry import error_code as _error_code
+
+__all__ = [
+    "IncompleteCheckpoint",
+    "MovePlan",
+    "RetryPolicy",
+    "TransferError",
+    "TransferFailed",
+    "TransferResult",
+    "copy_checkpoint",
+    "is_transient",
+    "latest_complete_checkpoint",
+    "make_s3_client",
+    "plan_move",
+]
+
 MiB = 1024 * 1024
-# the trainer's manifests carry xxh3_128 (version 3) or sha256 (version 2)
-_HASH_ALGOS = ("xxh3_128", "sha256", "sha1", "md5", "blake2b")
 _COPY_CHUNK = 8 * MiB
 
 ProgressFn = Callable[[int, int], None]
@@ -92,16 +124,6 @@ class TransferResult:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries: `attempts` tries per file (tenacity), `botocore_attempts` per request."""
-
-    attempts: int = 5
-    wait_initial_s: float = 0.25
-    wait_max_s: float = 8.0
-    botocore_attempts: int = 3
-
-
-@dataclass(frozen=True)
 class MovePlan:
     """What moving a job's checkpoint to another region's store means, before any I/O."""
 
@@ -124,120 +146,7 @@ class MovePlan:
 # ----------------------------------------------------------------------------- URIs
 
 
-def _trainer_storage() -> Any:
-    from trainer import storage  # lazy: imports torch
-
-    return storage
-
-
-def _step_of(name: str) -> int | None:
-    if not name.startswith("step-"):
-        return None
-    try:
-        return int(name[len("step-") :])
-    except ValueError:
-        return None
-
-
-def _split_step_uri(uri: str) -> tuple[str, str]:
-    """'s3://b/jobs/j/step-000000120' -> ('s3://b/jobs/j', 'step-000000120')."""
-    uri = uri.rstrip("/")
-    parent, _, name = uri.rpartition("/")
-    if not parent or _step_of(name) is None:
-        raise ValueError(
-            f"{uri!r} does not name a checkpoint directory (expected .../step-NNNNNNNNN)"
-        )
-    return parent, name
-
-
-def _check_scheme(uri: str) -> None:
-    if "://" in uri and not uri.startswith(("s3://", "file://")):
-        raise ValueError(
-            f"unsupported checkpoint URI {uri!r}: use a local path, file:///path or s3://bucket/prefix"
-        )
-
-
-# --------------------------------------------------------------------------- clients
-
-
-def make_s3_client(
-    endpoint_url: str | None = None, *, retry: RetryPolicy | None = None, max_pool: int = 32
-) -> Any:
-    """A boto3 S3 client like the trainer's (path style; AWS_ENDPOINT_URL[_S3] honoured)."""
-    import boto3
-    from botocore.config import Config
-
-    retry = retry or RetryPolicy()
-    endpoint = (
-        endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    )
-    cfg = Config(
-        retries={"mode": "standard", "total_max_attempts": max(1, retry.botocore_attempts)},
-        connect_timeout=5,
-        read_timeout=60,
-        max_pool_connections=max_pool,
-        s3={"addressing_style": "path"},
-    )
-    client = boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
-    client.meta.events.register("before-parameter-build.s3.CopyObject", _full_object_crc)
-    return client
-
-
-def _full_object_crc(params: dict[str, Any], **_: Any) -> None:
-    """Ask CopyObject for a fresh full-object CRC32 of the copy.
-
-    Why: the trainer uploads large files multipart, so their stored checksum is a
-    *composite* (a CRC of part CRCs). A plain CopyObject may carry that value over as if
-    it were a full-object checksum (moto does), and every later checksum-validated GET of
-    the copy then fails (botocore FlexibleChecksumError): the resumed trainer would
-    refuse a perfectly good checkpoint. With ChecksumAlgorithm set, the store computes
-    the copy's checksum from its bytes (real S3 supports the same parameter)."""
-    params.setdefault("ChecksumAlgorithm", "CRC32")
-
-
-def _error_code(exc: BaseException) -> tuple[str, int]:
-    resp = getattr(exc, "response", None)
-    if isinstance(resp, dict):
-        return str(resp.get("Error", {}).get("Code", "")), int(
-            resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
-        )
-    return "", 0
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """exc, then what caused it (boto3 wraps ClientErrors; s3transfer keeps last_exception)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        last = getattr(cur, "last_exception", None)
-        cur = last if isinstance(last, BaseException) else (cur.__cause__ or cur.__context__)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: throttling, 5xx, connection/timeouts, a verification mismatch."""
-    from botocore.exceptions import BotoCoreError
-    from botocore.exceptions import ConnectionError as BotoConnError
-
-    for e in _chain(exc):
-        if isinstance(e, _Mismatch | BotoConnError | ConnectionError | TimeoutError):
-            return True
-        code, status = _error_code(e)
-        if code in {"NotImplemented", "XNotImplemented"} or status == 501:
-            return False
-        if status >= 500 or code in {
-            "SlowDown",
-            "Throttling",
-            "ThrottlingException",
-            "RequestTimeout",
-            "InternalError",
-            "ServiceUnavailable",
-        }:
-            return True
-        if isinstance(e, BotoCoreError) and "retries exceeded" in str(e).lower():
-            return True
-    return False
+# --------------------------------------------------------------------------- errors
 
 
 def _copy_refused(exc: BaseException) -> bool:
@@ -264,7 +173,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _Mismatch(Exception):
+class _Mismatch(TransientError):
     """Destination bytes do not match the manifest (retried, then reported)."""
 
 
@@ -326,10 +235,7 @@ class _S3Dir:
     kind = "s3"
 
     def __init__(self, uri: str, client: Any) -> None:
-        rest = uri.rstrip("/").removeprefix("s3://")
-        self.bucket, _, self.prefix = rest.partition("/")
-        if not self.bucket:
-            raise ValueError(f"checkpoint URI {uri!r} has no bucket (expected s3://bucket/prefix)")
+        self.bucket, self.prefix = split_s3_uri(uri)
         self.uri = uri.rstrip("/")
         self.client = client
 
@@ -407,7 +313,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _place(uri: str, client: Any) -> _LocalDir | _S3Dir:
-    _check_scheme(uri)
+    check_scheme(uri)
     return _S3Dir(uri, client) if uri.startswith("s3://") else _LocalDir(uri)
 
 
@@ -471,38 +377,8 @@ def _subscriber(prog: _Progress, name: str, size: int) -> Any:
 # --------------------------------------------------------------------------- checksums
 
 
-def _expected_digest(entry: dict[str, Any]) -> tuple[str, str] | None:
-    """(algo, hexdigest) from a manifest file entry: {"sha256": hex} or {"checksum": "sha256:hex"}."""
-    for algo in _HASH_ALGOS:
-        if isinstance(entry.get(algo), str):
-            return algo, entry[algo].lower()
-    cs = entry.get("checksum")
-    if isinstance(cs, str) and ":" in cs:
-        algo, _, hexd = cs.partition(":")
-        if algo.lower() in _HASH_ALGOS:
-            return algo.lower(), hexd.lower()
-    return None
-
-
-def _new_hash(algo: str) -> Any:
-    """hashlib's algorithms, plus xxh3_128 (from xxhash, like the trainer's writer)."""
-    if algo == "xxh3_128":
-        import xxhash
-
-        return xxhash.xxh3_128()
-    return hashlib.new(algo)
-
-
-def _hash_file(path: Path, algo: str) -> str:
-    h = _new_hash(algo)
-    with open(path, "rb") as f:
-        while chunk := f.read(_COPY_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _hash_s3(client: Any, bucket: str, key: str, algo: str) -> str:
-    h = _new_hash(algo)
+    h = new_hasher(algo)
     body = client.get_object(Bucket=bucket, Key=key)["Body"]
     for chunk in body.iter_chunks(_COPY_CHUNK):
         h.update(chunk)
@@ -531,14 +407,14 @@ class _Copier:
 
     def copy(self, entry: dict[str, Any]) -> None:
         name, size = entry["name"], int(entry["size"])
-        want = _expected_digest(entry) if self.verify_checksums else None
+        want = expected_digest(entry) if self.verify_checksums else None
         self.prog.restart(name)
         src, dst = self.src, self.dst
         if isinstance(src, _LocalDir) and isinstance(dst, _LocalDir):
             self._local_copy(name, size, want)
         elif isinstance(src, _LocalDir) and isinstance(dst, _S3Dir):
             if want is not None:
-                _check_digest(name, _hash_file(src.file(name), want[0]), want)
+                _check_digest(name, hash_file(src.file(name), want[0]), want)
             self.up.upload(
                 str(src.file(name)),
                 dst.bucket,
@@ -555,7 +431,7 @@ class _Copier:
             ).result()
             _fsync_file(dst.file(name))  # durable before the manifest can say "complete"
             if want is not None:
-                _check_digest(name, _hash_file(dst.file(name), want[0]), want)
+                _check_digest(name, hash_file(dst.file(name), want[0]), want)
         else:
             assert isinstance(src, _S3Dir) and isinstance(dst, _S3Dir)
             if self.method == "server-side-copy" and name not in self.fallbacks:
@@ -576,7 +452,7 @@ class _Copier:
         assert isinstance(self.src, _LocalDir) and isinstance(self.dst, _LocalDir)
         out = self.dst.file(name)
         out.parent.mkdir(parents=True, exist_ok=True)
-        h = _new_hash(want[0]) if want else None
+        h = new_hasher(want[0]) if want else None
         with open(self.src.file(name), "rb") as fi, open(out, "wb") as fo:
             while chunk := fi.read(_COPY_CHUNK):
                 fo.write(chunk)  # hash exactly what is written to the destination
@@ -613,7 +489,7 @@ class _Copier:
         try:
             self.down.download(self.src.bucket, self.src.key(name), tmp).result()
             if want is not None:
-                _check_digest(name, _hash_file(Path(tmp), want[0]), want)
+                _check_digest(name, hash_file(Path(tmp), want[0]), want)
             self.up.upload(
                 tmp,
                 self.dst.bucket,
@@ -631,23 +507,11 @@ class _Copier:
 
 
 def _retrying(policy: RetryPolicy, counter: list[int]) -> Any:
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-    def count(_: Any) -> None:
-        counter.append(1)
-
-    return Retrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(max(1, policy.attempts)),
-        wait=wait_exponential(multiplier=policy.wait_initial_s, max=policy.wait_max_s),
-        before_sleep=count,
-        reraise=True,
-    )
+    """The policy's tenacity loop, counting whole-file retries into `counter`."""
+    return policy.retrying(before_sleep=lambda _: counter.append(1))
 
 
 def _load_manifest(src: _LocalDir | _S3Dir) -> tuple[bytes, list[dict[str, Any]]]:
-    import json
-
     raw = src.read(MANIFEST)
     if raw is None:
         raise IncompleteCheckpoint(
@@ -655,18 +519,10 @@ def _load_manifest(src: _LocalDir | _S3Dir) -> tuple[bytes, list[dict[str, Any]]
             "(still being written, or abandoned); refusing to copy it"
         )
     try:
-        manifest = json.loads(raw)
-        files = manifest["files"]
-        entries = [{**f, "name": str(f["name"]), "size": int(f["size"])} for f in files]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TransferFailed(
-            f"{src.uri}/{MANIFEST} is not a valid manifest ({exc}); refusing to copy"
-        ) from None
-    for e in entries:
-        n = e["name"]
-        if n == MANIFEST or n.startswith("/") or ".." in n.split("/") or not n:
-            raise TransferFailed(f"{src.uri}/{MANIFEST} lists an invalid file name {n!r}")
-    return raw, entries
+        manifest = manifest_format.loads(raw, f"{src.uri}/{MANIFEST}")
+    except manifest_format.ManifestError as exc:
+        raise TransferFailed(f"{exc}; refusing to copy") from None
+    return raw, manifest_format.entries(manifest)
 
 
 def copy_checkpoint(
@@ -699,10 +555,10 @@ def copy_checkpoint(
     """
     from s3transfer.manager import TransferConfig, TransferManager
 
-    retry = retry or RetryPolicy()
-    _split_step_uri(src_uri)
-    _check_scheme(src_uri)
-    _check_scheme(dst_uri)
+    retry = retry or MOVER_RETRY
+    split_step_uri(src_uri)
+    check_scheme(src_uri)
+    check_scheme(dst_uri)
     if src_uri.rstrip("/") == dst_uri.rstrip("/"):
         raise ValueError(f"source and destination are the same checkpoint: {src_uri}")
     s3_uris = [u for u in (src_uri, dst_uri) if u.startswith("s3://")]
@@ -854,21 +710,9 @@ def _run_parallel(
 
 
 def latest_complete_checkpoint(base_uri: str, *, s3_client: Any = None) -> str | None:
-    """The highest-step checkpoint under `base_uri` that has a manifest, or None.
-
-    Uses the trainer's own storage layer (trainer.storage.open_store(...).list_steps()),
-    so the agent and the trainer agree on what "latest complete" means.
-    """
-    _check_scheme(base_uri)
-    st = _trainer_storage()
-    try:
-        store = st.open_store(base_uri)
-    except st.TrainerError as exc:
-        raise ValueError(str(exc)) from None
-    if s3_client is not None and hasattr(store, "client"):
-        store.client = s3_client
-    complete = [s for s, ok in store.list_steps().items() if ok]
-    return store.uri(st.step_name(max(complete))) if complete else None
+    """The highest-step checkpoint under `base_uri` that has a manifest, or None
+    (checkpoint_layout's discovery: the same listing the trainer's Store uses)."""
+    return _latest_complete(base_uri, s3_client=s3_client)
 
 
 def plan_move(
@@ -885,25 +729,20 @@ def plan_move(
     """
     if mode not in ("copy", "direct"):
         raise ValueError(f"unknown move mode {mode!r}: use 'copy' or 'direct'")
-    _check_scheme(src_uri)
-    _check_scheme(dst_base_uri)
+    check_scheme(src_uri)
+    check_scheme(dst_base_uri)
     src = src_uri.rstrip("/")
-    if _step_of(src.rpartition("/")[2]) is None:
+    if parse_step(src.rpartition("/")[2]) is None:
         found = latest_complete_checkpoint(src, s3_client=s3_client)
         if found is None:
             raise IncompleteCheckpoint(f"no complete checkpoint under {src_uri}: nothing to move")
         src = found
-    parent, name = _split_step_uri(src)
+    parent, name = split_step_uri(src)
     base = dst_base_uri.rstrip("/")
-    if _norm(parent) == _norm(base):
+    if normalize(parent) == normalize(base):
         return MovePlan("same-store", src, src, src)
     if mode == "direct":
         return MovePlan("direct", src, "", src)
     dst = f"{base}/{name}"
     return MovePlan("copy", src, dst, dst)
 
-
-def _norm(uri: str) -> str:
-    if uri.startswith("s3://"):
-        return uri.rstrip("/")
-    return str(Path(uri.removeprefix("file://")).absolute())

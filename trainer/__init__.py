@@ -44,16 +44,20 @@ _EXPORTS = {
     "EXIT_BAD_CONFIG": "trainer.errors",
     "EXIT_CHECKPOINTED": "trainer.errors",
     "EXIT_GRACE_EXCEEDED": "trainer.errors",
+    "EXIT_RESUME_UNAVAILABLE": "trainer.errors",
+    "ResumeUnavailable": "trainer.errors",
 }
 __all__ = [
     "EXIT_BAD_CONFIG",
     "EXIT_CHECKPOINTED",
     "EXIT_GRACE_EXCEEDED",
     "EXIT_OK",
+    "EXIT_RESUME_UNAVAILABLE",
     "CheckpointSaveError",
     "Checkpointer",
     "Parallelism",
     "ResumableSampler",
+    "ResumeUnavailable",
     "Run",
     "RunExit",
     "Stateful",
@@ -69,7 +73,9 @@ if TYPE_CHECKING:
         EXIT_CHECKPOINTED,
         EXIT_GRACE_EXCEEDED,
         EXIT_OK,
+        EXIT_RESUME_UNAVAILABLE,
         CheckpointSaveError,
+        ResumeUnavailable,
         TrainerError,
     )
     from trainer.parallel import Parallelism

@@ -3,7 +3,8 @@
 Everything comes from the environment (docs/contracts.md section 1). The loop itself is
 trainer/loop.py on the public library (trainer/run.py), which produces the exit codes:
 0 done, 75 stopped after a durable checkpoint, 2 bad config / checkpoint / storage
-(one paragraph on stderr, no traceback), anything else = crash (traceback on stderr).
+(one paragraph on stderr, no traceback), 77 the resume checkpoint is missing (one line),
+anything else = crash (traceback on stderr).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ def main() -> None:
     handler.setFormatter(_OneLineFormatter("trainer: %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
-    from trainer.errors import EXIT_BAD_CONFIG, CheckpointSaveError, TrainerError
+    from trainer.errors import (
+        EXIT_BAD_CONFIG,
+        EXIT_RESUME_UNAVAILABLE,
+        CheckpointSaveError,
+        ResumeUnavailable,
+        TrainerError,
+    )
     from trainer.signals import install_flags
 
     flags = install_flags()  # first thing: a SIGTERM during startup is remembered, not fatal
@@ -57,6 +64,9 @@ def main() -> None:
     except TrainerError as exc:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
+    except ResumeUnavailable as exc:  # not a config error: the broker relaunches
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_RESUME_UNAVAILABLE
     except CheckpointSaveError as exc:  # storage may recover: a crash the broker relaunches
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = 1

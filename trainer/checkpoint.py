@@ -35,6 +35,7 @@ so the previous complete checkpoint stays the latest.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -52,19 +53,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from checkpoint_layout import MANIFEST, MANIFEST_VERSION, latest_complete, parse_step, step_name
+from checkpoint_layout import manifest as manifest_format
 from trainer import telemetry
 from trainer.config import ModelConfig
-from trainer.errors import CheckpointSaveError, TrainerError
-from trainer.shardio import HASH_ALGO
-from trainer.storage import (
-    MANIFEST,
-    Store,
-    open_store,
-    split_checkpoint_uri,
-    step_name,
-)
+from trainer.errors import CheckpointSaveError, ResumeUnavailable, TrainerError
+from trainer.storage import Store, open_store, split_checkpoint_uri
 
-MANIFEST_VERSION = 3  # 2: files[].sha256; 3: files[].xxh3_128, raw-tensor shard layout
+__all__ = ["MANIFEST_VERSION", "CheckpointManager", "GraceExceeded", "find_resume_point"]
 
 
 class GraceExceeded(Exception):
@@ -282,23 +278,18 @@ class CheckpointManager:
     def _commit(self, step: int, samples_seen: int, hashes: dict[str, str]) -> int:
         name = step_name(step)
         files = self.store.list_files(name)
-        missing = sorted(set(files) - set(hashes))
-        if missing:  # every file of the save was hashed while written; anything else is foreign
-            raise RuntimeError(f"checkpoint {name}: no digest for files {missing}")
-        manifest = dict(self.manifest_base)
-        manifest.update(self._meta.pop(step, {}))
-        manifest.update(
-            {
-                "manifest_version": MANIFEST_VERSION,
-                "step": step,
-                "samples_seen": samples_seen,
-                "world_size": self.world_size,
-                "created": time.time(),
-                "files": [
-                    {"name": n, "size": s, HASH_ALGO: hashes[n]} for n, s in sorted(files.items())
-                ],
-            }
-        )
+        try:
+            manifest = manifest_format.build(
+                {**self.manifest_base, **self._meta.pop(step, {})},  # + this save's loss
+                step=step,
+                samples_seen=samples_seen,
+                world_size=self.world_size,
+                files=files,
+                digests=hashes,
+            )
+        except manifest_format.ManifestError as exc:
+            raise RuntimeError(f"checkpoint {name}: {exc}") from None
+        refuse_if_superseded(name)
         self.store.write_manifest(name, manifest)
         self._prune(step)
         return sum(files.values())
@@ -380,6 +371,11 @@ class CheckpointManager:
         try:
             manifest = store.read_manifest(name)
         except Exception as exc:  # noqa: BLE001
+            if _not_found(exc):  # pruned between listing and loading: not a config error
+                raise ResumeUnavailable(
+                    f"checkpoint {store.uri(name)} disappeared before it could be loaded "
+                    "(pruned by the attempt that wrote it?)"
+                ) from None
             raise TrainerError(
                 f"checkpoint {store.uri(name)} has no readable {MANIFEST} ({exc}); "
                 "it is incomplete or corrupt"
@@ -449,6 +445,16 @@ def _load_failure(where: str, exc: BaseException) -> str:
     return f"checkpoint {where} could not be loaded (corrupt or incompatible): {lines[-1]}"[:800]
 
 
+def refuse_if_superseded(name: str) -> None:
+    """The agent fences an attempt it replaced by creating ``CB_FENCE_FILE``
+    (docs/contracts.md section 1): such an attempt must never commit a checkpoint, or a
+    newer attempt could resume from (or be overtaken by) its late writes. Issue 15."""
+    fence = os.environ.get("CB_FENCE_FILE", "")
+    if fence and os.path.exists(fence):
+        raise CheckpointSaveError(
+            f"checkpoint {name}: this attempt was superseded ({fence} exists); not committing")
+
+
 def check_compatible(manifest: dict[str, Any], model_cfg: dict[str, Any], where: str) -> None:
     saved = manifest.get("model")
     if saved != model_cfg:
@@ -472,6 +478,11 @@ def verify_files(store: Store, name: str, manifest: dict[str, Any]) -> None:
     """
     have = store.list_files(name)
     for f in manifest.get("files", []):
+        if f["name"] not in have:  # deleted while we looked: pruned, not corrupt
+            raise ResumeUnavailable(
+                f"checkpoint {store.uri(name)} lost file {f['name']} before it could be "
+                "loaded (pruned by the attempt that wrote it?)"
+            )
         if have.get(f["name"]) != f["size"]:
             raise TrainerError(
                 f"checkpoint {store.uri(name)} is corrupt: file {f['name']} has size "
@@ -482,20 +493,41 @@ def verify_files(store: Store, name: str, manifest: dict[str, Any]) -> None:
 def find_resume_point(
     store: Store, resume_from: str, max_concurrency: int
 ) -> tuple[Store, str] | None:
-    """CB_RESUME_FROM if set, else the latest complete checkpoint under the root, else None."""
+    """CB_RESUME_FROM if set, else the latest complete checkpoint under the root, else None.
+
+    CB_RESUME_FROM is loaded exactly: the agent already resolved a pruned one to the
+    newest complete checkpoint of the same directory (checkpoint_layout.resolve_resume).
+    If it is still not complete here, that is ResumeUnavailable (exit 77, relaunched),
+    not a configuration error: a malformed URI or an unreachable store still is (exit 2).
+    """
     if resume_from:
         parent, name = split_checkpoint_uri(resume_from)
         src = open_store(parent, max_concurrency)
         src.check_reachable()
-        if not src.list_steps().get(int(name.split("-")[1]), False):
-            raise TrainerError(
-                f"CB_RESUME_FROM={resume_from} is not a complete checkpoint (no {MANIFEST})"
+        steps = src.list_steps()
+        if not steps.get(parse_step(name), False):
+            state = "incomplete (no manifest)" if parse_step(name) in steps else "gone"
+            raise ResumeUnavailable(
+                f"CB_RESUME_FROM={resume_from} is not a complete checkpoint: it is {state} "
+                f"(no {MANIFEST}); relaunch from the latest complete one"
             )
         return src, name
-    complete = [s for s, ok in store.list_steps().items() if ok]
-    if not complete:
+    latest = latest_complete(store.list_steps())
+    if latest is None:
         return None
-    return store, step_name(max(complete))
+    return store, step_name(latest)
+
+
+def _not_found(exc: BaseException) -> bool:
+    """A missing file/object (local or S3), as opposed to one that is there but unreadable."""
+    if isinstance(exc, FileNotFoundError):
+        return True
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        code = str(resp.get("Error", {}).get("Code", ""))
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in {"NoSuchKey", "404"} or status == 404
+    return False
 
 
 def model_manifest_fields(cfg: ModelConfig) -> dict[str, Any]:

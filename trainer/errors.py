@@ -15,6 +15,9 @@ EXIT_CHECKPOINTED = 75
 # before the agent's SIGKILL can land mid-write; the previous complete checkpoint stays
 # the latest (no manifest was written). The agent reports it as a failure (relaunch).
 EXIT_GRACE_EXCEEDED = 76
+# CB_RESUME_FROM is gone or incomplete (an older attempt that is still running pruned
+# it, or the store has not caught up): not a configuration error, the broker relaunches.
+EXIT_RESUME_UNAVAILABLE = 77
 
 
 class TrainerError(Exception):
@@ -27,3 +30,12 @@ class CheckpointSaveError(Exception):
     Not a TrainerError: the storage may recover, so the process exits 1 (crash, the
     broker relaunches from the last durable checkpoint), but with one clear line
     instead of DCP's per-rank tracebacks."""
+
+
+class ResumeUnavailable(Exception):
+    """The checkpoint to resume from is missing or incomplete (docs/contracts.md section 1).
+
+    Not a TrainerError: nothing is wrong with the job's configuration, and the next
+    attempt resumes from the broker's latest record (the agent resolves a pruned one to
+    the newest complete checkpoint of the same directory first), so the process exits
+    EXIT_RESUME_UNAVAILABLE with one line and the broker relaunches it."""

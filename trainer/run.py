@@ -13,7 +13,8 @@
 What the library owns so the script never does it by hand (docs/contracts.md):
 * exit codes: 0 after `finish()`, 75 after the emergency checkpoint a SIGTERM asked for,
   76 when that save cannot be durable within CB_GRACE_S, 2 with one stderr line for a
-  bad checkpoint / configuration / unreachable store (`TrainerError`), 1 with one line
+  bad checkpoint / configuration / unreachable store (`TrainerError`), 77 with one line
+  when the checkpoint to resume from is gone (`ResumeUnavailable`), 1 with one line
   when a save fails after bounded retries;
 * the progress file (CB_PROGRESS_FILE) with its heartbeat, and the signal agreement
   (one all_reduce per step so every rank stops after the same step).
@@ -46,7 +47,9 @@ from trainer.errors import (
     EXIT_CHECKPOINTED,
     EXIT_GRACE_EXCEEDED,
     EXIT_OK,
+    EXIT_RESUME_UNAVAILABLE,
     CheckpointSaveError,
+    ResumeUnavailable,
     TrainerError,
 )
 from trainer.parallel import (
@@ -341,6 +344,9 @@ def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> No
     if isinstance(exc, TrainerError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
+    elif isinstance(exc, ResumeUnavailable):  # not a config error: the broker relaunches
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_RESUME_UNAVAILABLE
     elif isinstance(exc, CheckpointSaveError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = 1

@@ -28,7 +28,6 @@ the trainer exits 2 on it, so they are never trained on.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import os
@@ -40,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import xxhash
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -62,11 +60,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
 
+from checkpoint_layout import TransientError, expected_digest, new_hasher
 from trainer.errors import TrainerError
 from trainer.shardfile import RAW_DESCRIPTOR, Entry, build_header, byte_view, tensor_entry
 
-HASH_ALGO = "xxh3_128"  # manifest key of every file's digest (see docs/contracts.md section 3)
-LEGACY_HASH_ALGOS = ("sha256",)  # manifest_version 2 checkpoints
 CHUNK = 8 << 20  # bytes per read/write call: large enough for few syscalls, hashed while cache-hot
 SMALL_ITEM_BYTES = 1 << 20
 READ_THREADS = 8  # files fetched concurrently per rank on load
@@ -77,21 +74,9 @@ class ChecksumError(TrainerError):
     """A checkpoint file whose size or digest differs from its manifest entry."""
 
 
-class TruncatedRead(ChecksumError):
+class TruncatedRead(ChecksumError, TransientError):
     """A file's bytes ended before the size its store announced: on S3 a cut stream,
     which the S3 reader retries; locally a file that shrank while being read."""
-
-
-def new_hasher(algo: str = HASH_ALGO) -> Any:
-    return xxhash.xxh3_128() if algo == HASH_ALGO else hashlib.new(algo)
-
-
-def expected_digest(entry: dict[str, Any] | None) -> tuple[str, str] | None:
-    """(algo, hex) the manifest entry promises for a file, if any (v1 manifests: none)."""
-    for algo in (HASH_ALGO, *LEGACY_HASH_ALGOS):
-        if entry and entry.get(algo):
-            return algo, str(entry[algo])
-    return None
 
 
 def verify(

@@ -13,7 +13,8 @@ each file is a multipart upload whose parts are cut straight out of the tensors'
 (no spool file: an earlier version wrote each shard to local disk first, which cost a
 third of the save time) and uploaded `s3_max_concurrency` at a time per file.
 
-Retries (bounded by `RETRY`, a `RetryPolicy`): botocore's "standard" mode retries
+Retries (bounded by `RETRY`, a `checkpoint_layout.RetryPolicy`, the policy the agents'
+mover uses too, with the same transient-error check): botocore's "standard" mode retries
 throttling and 5xx per request a few times; tenacity retries a part, a whole small
 object or a whole file read (a stream cut mid-body is not a request botocore can
 retry) on connection errors, throttling and 5xx, with exponential backoff. The two
@@ -24,7 +25,8 @@ Reachability is probed once at start with a short deadline, so a wrong endpoint 
 clear exit 2, not a hang.
 
 Visibility: a checkpoint counts only when its `manifest.json` exists (written last by
-checkpoint.py), on both backends.
+checkpoint.py), on both backends. Names, manifest format, listings and S3 client setup
+come from `checkpoint_layout` (torch-free, shared with the region agents).
 """
 
 from __future__ import annotations
@@ -32,35 +34,50 @@ from __future__ import annotations
 import bisect
 import contextlib
 import io
-import json
 import os
 import shutil
 import threading
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemBase
 
+from checkpoint_layout import (
+    MANIFEST,
+    STEP_PREFIX,
+    LayoutError,
+    RetryPolicy,
+    check_scheme,
+    hash_bytes,
+    hash_file,
+    list_local_steps,
+    list_s3_steps,
+    make_probe_client,
+    make_s3_client,
+    new_hasher,
+    split_s3_uri,
+    split_step_uri,
+    step_name,
+)
+from checkpoint_layout import manifest as manifest_format
 from trainer.errors import TrainerError
 from trainer.shardio import (
-    CHUNK,
     EncodedFile,
     ShardReaderMixin,
     ShardWriterMixin,
-    TruncatedRead,
     chunks_of,
-    new_hasher,
     write_local,
 )
 
 __all__ = [
     "MANIFEST",
+    "RETRY",
     "LocalStore",
+    "RetryPolicy",
     "S3Store",
     "Store",
     "open_store",
@@ -68,49 +85,18 @@ __all__ = [
     "step_name",
 ]
 
-MANIFEST = "manifest.json"
-STEP_PREFIX = "step-"
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """`attempts` tries per part / object / file read (tenacity, exponential backoff
-    from `wait_initial_s` up to `wait_max_s`), each of which botocore may send up to
-    `botocore_attempts` times. The region agents' mover has its own (region_agents/
-    transfer.py): it must not import this module, which imports torch."""
-
-    attempts: int = 4
-    wait_initial_s: float = 0.25
-    wait_max_s: float = 8.0
-    botocore_attempts: int = 3
-
-
-RETRY = RetryPolicy()
-
-
-def step_name(step: int) -> str:
-    return f"{STEP_PREFIX}{step:09d}"
-
-
-def parse_step(name: str) -> int | None:
-    if not name.startswith(STEP_PREFIX):
-        return None
-    try:
-        return int(name[len(STEP_PREFIX) :])
-    except ValueError:
-        return None
+RETRY = RetryPolicy()  # read at call time (tests swap it for short waits)
 
 
 def split_checkpoint_uri(uri: str) -> tuple[str, str]:
     """'s3://b/p/step-000000020' -> ('s3://b/p', 'step-000000020')."""
-    uri = uri.rstrip("/")
-    parent, _, name = uri.rpartition("/")
-    if not parent or parse_step(name) is None:
+    try:
+        return split_step_uri(uri)
+    except LayoutError:
         raise TrainerError(
-            f"CB_RESUME_FROM={uri!r} does not name a checkpoint directory "
+            f"CB_RESUME_FROM={uri.rstrip('/')!r} does not name a checkpoint directory "
             f"(expected .../{STEP_PREFIX}NNNNNNNNN)"
-        )
-    return parent, name
+        ) from None
 
 
 # ------------------------------------------------------------- .metadata (DCP's own finish)
@@ -164,14 +150,6 @@ class _HashingStream(io.RawIOBase):
                 super().close()
 
 
-def _hash_file(path: str) -> str:
-    h = new_hasher()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class _HashRegistry:
     """{file name: (digest, size)} of the files one writer's `fs` produced (thread-safe)."""
 
@@ -209,7 +187,7 @@ class _HashingLocalFS(FileSystem, _HashRegistry):
             return
 
         def done(digest: str | None, size: int) -> None:
-            self.record(path, digest or _hash_file(str(path)), size)
+            self.record(path, digest or hash_file(str(path)), size)
 
         with _HashingStream(open(path, mode), done) as f:  # noqa: SIM115 - closed by wrapper
             yield f
@@ -268,24 +246,17 @@ class LocalStore(Store):
             raise TrainerError(f"cannot create checkpoint directory {self.root}: {exc}") from None
 
     def list_steps(self) -> dict[int, bool]:
-        out: dict[int, bool] = {}
-        root = Path(self.root)
-        if not root.is_dir():
-            return out
-        for child in root.iterdir():
-            step = parse_step(child.name)
-            if step is not None and child.is_dir():
-                out[step] = (child / MANIFEST).is_file()
-        return out
+        return list_local_steps(self.root)
 
     def read_manifest(self, name: str) -> dict[str, Any]:
-        return json.loads((Path(self.root) / name / MANIFEST).read_text())
+        path = Path(self.root) / name / MANIFEST
+        return manifest_format.loads(path.read_bytes(), str(path))
 
     def write_manifest(self, name: str, manifest: dict[str, Any]) -> None:
         path = Path(self.root) / name / MANIFEST
         tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
+        with open(tmp, "wb") as f:
+            f.write(manifest_format.dumps(manifest))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -333,48 +304,12 @@ class LocalReader(ShardReaderMixin, FileSystemReader):
 
 
 def _s3_client(max_concurrency: int) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    cfg = Config(
-        retries={"mode": "standard", "total_max_attempts": max(1, RETRY.botocore_attempts)},
-        connect_timeout=5,
-        read_timeout=60,
-        max_pool_connections=max(10, 2 * max_concurrency),
-        s3={"addressing_style": "path"},
-    )
-    # boto3 reads AWS_ENDPOINT_URL itself (botocore >= 1.31); passing it explicitly keeps
-    # older clients and odd envs honest.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return boto3.session.Session().client("s3", endpoint_url=endpoint or None, config=cfg)
-
-
-def _transient(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
-    from botocore.exceptions import ConnectionError as BotoConnError
-
-    # HTTPClientError covers a response stream cut mid-body (ResponseStreamingError) and
-    # read timeouts; TruncatedRead is a body that ended before its Content-Length.
-    transport = (BotoConnError, HTTPClientError, IncompleteReadError, TruncatedRead)
-    if isinstance(exc, (*transport, ConnectionError, TimeoutError)):
-        return True
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return status >= 500 or code in {"SlowDown", "Throttling", "RequestTimeout"}
-    return False
+    return make_s3_client(retry=RETRY, max_pool=max(10, 2 * max_concurrency))
 
 
 def _retrying(fn: Any) -> Any:
-    """tenacity: retry whole transfers on connection errors, throttling and 5xx."""
-    from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
-
-    return retry(
-        retry=retry_if_exception(_transient),
-        stop=stop_after_attempt(max(1, RETRY.attempts)),
-        wait=wait_exponential(multiplier=RETRY.wait_initial_s, max=RETRY.wait_max_s),
-        reraise=True,
-    )(fn)
+    """`fn` under the current `RETRY` policy (tenacity over checkpoint_layout.is_transient)."""
+    return RETRY.wrap(fn)
 
 
 class _S3FileSystem(FileSystemBase, _HashRegistry):
@@ -404,9 +339,7 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
         yield spool
         data = spool.getvalue()
         _retrying(self.client.put_object)(Bucket=bucket, Key=key, Body=data)
-        h = new_hasher()
-        h.update(data)
-        self.record(path, h.hexdigest(), len(data))
+        self.record(path, hash_bytes(data), len(data))
 
     def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
         return f"{str(path).rstrip('/')}/{suffix}"
@@ -612,12 +545,10 @@ class S3Reader(ShardReaderMixin, FileSystemReader):
 class S3Store(Store):
     def __init__(self, root: str, max_concurrency: int = 8) -> None:
         self.root = root.rstrip("/")
-        rest = self.root.removeprefix("s3://")
-        self.bucket, _, self.prefix = rest.partition("/")
-        if not self.bucket:
-            raise TrainerError(
-                f"checkpoint URI {root!r} has no bucket (expected s3://bucket/prefix)"
-            )
+        try:
+            self.bucket, self.prefix = split_s3_uri(self.root)
+        except LayoutError as exc:
+            raise TrainerError(str(exc)) from None
         self.client = _s3_client(max_concurrency)
         self.max_concurrency = max_concurrency
         self.uploader = S3Uploader(self.client, max_concurrency)
@@ -627,22 +558,9 @@ class S3Store(Store):
 
     def check_reachable(self) -> None:
         """One cheap call with few retries, so a wrong endpoint fails fast and clearly."""
-        import boto3
-        from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError
 
-        probe = boto3.session.Session().client(
-            "s3",
-            endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or None,
-            config=Config(
-                retries={"mode": "standard", "max_attempts": 3},
-                connect_timeout=3,
-                read_timeout=10,
-                s3={"addressing_style": "path"},
-            ),
-        )
+        probe = make_probe_client()
         endpoint = probe.meta.endpoint_url
         try:
             probe.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
@@ -668,24 +586,14 @@ class S3Store(Store):
         return out
 
     def list_steps(self) -> dict[int, bool]:
-        base = self._key("")
-        base = f"{base}/" if base else ""
-        out: dict[int, bool] = {}
-        for obj in self._list(base + STEP_PREFIX):
-            rel = obj["Key"][len(base) :]
-            name, _, fname = rel.partition("/")
-            step = parse_step(name)
-            if step is None:
-                continue
-            out[step] = out.get(step, False) or fname == MANIFEST
-        return out
+        return list_s3_steps(self.client, self.bucket, self.prefix)
 
     def read_manifest(self, name: str) -> dict[str, Any]:
         body = self.client.get_object(Bucket=self.bucket, Key=self._key(name, MANIFEST))["Body"]
-        return json.loads(body.read())
+        return manifest_format.loads(body.read(), self.uri(f"{name}/{MANIFEST}"))
 
     def write_manifest(self, name: str, manifest: dict[str, Any]) -> None:
-        data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        data = manifest_format.dumps(manifest)
         _retrying(self.client.put_object)(
             Bucket=self.bucket, Key=self._key(name, MANIFEST), Body=data
         )
@@ -713,8 +621,8 @@ class S3Store(Store):
 def open_store(root: str, max_concurrency: int = 8) -> Store:
     if root.startswith("s3://"):
         return S3Store(root, max_concurrency)
-    if "://" in root and not root.startswith("file://"):
-        raise TrainerError(
-            f"unsupported checkpoint URI {root!r}: use a local path, file:///path or s3://bucket/prefix"
-        )
+    try:
+        check_scheme(root)
+    except LayoutError as exc:
+        raise TrainerError(str(exc)) from None
     return LocalStore(root)

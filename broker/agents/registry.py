@@ -4,7 +4,7 @@ and a per-agent outbound queue the scheduler and RPC threads send commands throu
 Agents' inventories are persisted as store records (KIND_AGENT, a Register proto) so
 capacity survives a broker restart; connected/lost is runtime state only. After a
 restart every stored agent starts "disconnected, last seen now": it gets
-``grace_s`` to reconnect before its jobs are declared lost (TEAM.md rule 2).
+``grace_s`` to reconnect before its jobs are declared lost (docs/contracts.md section 6, rule 2).
 """
 
 from __future__ import annotations
@@ -82,10 +82,21 @@ class AgentRegistry:
         self._lock = threading.RLock()
         self._agents: dict[str, AgentState] = {}
         self._commands: dict[str, PendingCommand] = {}
-        now = clock()
-        for rec in store.list_records(KIND_AGENT, apb.Register):
+        self._last_expiry_check: float | None = None  # clock() of the previous expired()
+        self.reload()
+
+    def reload(self) -> None:
+        """Runtime state from the store: every known agent is "disconnected, last seen
+        now" (a promoted leader gives them the grace period from this moment)."""
+        now = self.clock()
+        agents: dict[str, AgentState] = {}
+        for rec in self.store.list_records(KIND_AGENT, apb.Register):
             assert isinstance(rec, apb.Register)
-            self._agents[rec.agent_id] = AgentState(rec.agent_id, rec, last_seen=now)
+            agents[rec.agent_id] = AgentState(rec.agent_id, rec, last_seen=now)
+        with self._lock:
+            self._agents = agents
+            self._commands = {}
+            self._last_expiry_check = None
 
     # ---- registration / liveness -----------------------------------------------
     def register(self, reg: apb.Register) -> tuple[AgentState, AgentSession]:
@@ -132,9 +143,23 @@ class AgentRegistry:
                 st.session = None
 
     def expired(self, timeout_s: float) -> list[AgentState]:
-        """Agents silent for longer than ``timeout_s`` and not yet declared lost."""
+        """Agents silent for longer than ``timeout_s`` and not yet declared lost.
+
+        Called every scheduler pass. If the previous call was more than half a timeout
+        ago, the broker itself stalled (SIGSTOP, a long GC or store wait): the agents'
+        messages sat unread in its sockets, so their silence says nothing about them.
+        Then every agent's grace period restarts, as at start-up, and nobody is declared
+        lost on that stale data (issue 15 defect 4).
+        """
         now = self.clock()
         with self._lock:
+            last, self._last_expiry_check = self._last_expiry_check, now
+            if last is not None and now - last > max(timeout_s / 2, 1.0):
+                log.warning("agent expiry not checked for %.1fs (broker stalled): restarting"
+                            " every agent's %.0fs grace period", now - last, timeout_s)
+                for a in self._agents.values():
+                    a.last_seen = max(a.last_seen, now)
+                return []
             return [a for a in self._agents.values() if not a.lost and now - a.last_seen > timeout_s]
 
     def mark_lost(self, agent_id: str) -> None:

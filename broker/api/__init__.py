@@ -1,2 +1,3 @@
-"""The broker's gRPC servicers: translate wire messages into calls on the job core, and
-validate every input at the edge."""
+"""The broker's gRPC servicers: validate every input at the edge, translate wire
+messages into job operations (``broker.jobs.ops``) or recovery triggers, and read
+through views; they decide nothing about jobs themselves."""

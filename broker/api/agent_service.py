@@ -1,11 +1,16 @@
 """AgentService.Connect: one long-lived bidirectional stream per region agent.
 
-Implements TEAM.md "Agent stream semantics": Register -> RegisterAck (with the
+Implements docs/contracts.md "Agent stream semantics": Register -> RegisterAck (with the
 running attempts the broker no longer wants), heartbeats, JobUpdates fenced by
 attempt, command acks. The stream's handler thread drains the agent's outbound
 queue (commands from the scheduler and RPC threads); a reader thread consumes what
 the agent sends. A stream that ends does not fail the agent's jobs: only silence
 for ``agent_timeout_s`` does (the agent may be reconnecting, or we restarting).
+
+This servicer decides nothing about jobs: it translates what the agent says into
+job operations (an update) or recovery triggers (a spot notice, a node turning
+unhealthy, a missing attempt, a refused launch). Inbound messages are dispatched by
+:attr:`AgentService.HANDLERS` (message kind -> method): a new kind is one entry.
 """
 
 from __future__ import annotations
@@ -13,26 +18,49 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import grpc
 
-from broker.agents.registry import AgentSession, AgentState
+from broker.agents.registry import AgentRegistry, AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
-from broker.jobs.core import BrokerCore
+from broker.config import BrokerConfig
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
-from broker.store.base import NotFound
-from broker.store.jobs_query import iter_jobs
+from broker.jobs.ops import JobOps
+from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.views import JobsView
+from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import logs_pb2 as lpb
 
 log = logging.getLogger(__name__)
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, core: BrokerCore) -> None:
-        self.core = core
+    """``leading``: is this replica still the leader? Checked before applying each agent
+    message, so a replica that lost its lease (e.g. resumed after SIGSTOP) stops acting
+    on agents at once, before its leadership thread even notices."""
+
+    # Inbound message kind (AgentMessage oneof) -> handler method name.
+    HANDLERS: dict[str, str] = {
+        "heartbeat": "_heartbeat",
+        "job_update": "_job_update",
+        "ack": "_ack",
+        "log_chunk": "_log_chunk",
+        "register": "_register_again",
+    }
+
+    def __init__(self, ops: JobOps, jobs: JobsView, agents: AgentRegistry, config: BrokerConfig,
+                 leading: Callable[[], bool] = lambda: True, broker_id: str = "") -> None:
+        self.ops = ops
+        self.jobs = jobs
+        self.agents = agents
+        self.config = config
+        self.leading = leading
+        self.broker_id = broker_id
 
     @rpc
     def Connect(self, request_iterator: Iterator[apb.AgentMessage],
@@ -45,19 +73,20 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidArgument("the first message on the agent stream must be Register")
         reg = first.register
         self._validate_register(reg)
-        agent, session = self.core.agents.register(reg)
+        agent, session = self.agents.register(reg)
         stale = self.reconcile(agent, reg)
         log.info("agent %s registered (%s, %d nodes, running %d, stale %d)", reg.agent_id,
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
-            agent_id=reg.agent_id, heartbeat_interval_s=self.core.config.heartbeat_interval_s,
-            stale_job_ids=stale))
+            agent_id=reg.agent_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
+            stale_job_ids=stale,
+            log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
             if r.job_id not in stale:
-                self.core.handle_update(agent, apb.JobUpdate(
+                self.ops.handle_update(agent, apb.JobUpdate(
                     job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
-        self.core.poke()
+        self.ops.poke()
         reader = threading.Thread(target=self._read, args=(agent, session, request_iterator),
                                   name=f"agent-{reg.agent_id}", daemon=True)
         reader.start()
@@ -71,7 +100,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     break
                 yield msg
         finally:
-            self.core.agents.disconnect(reg.agent_id, session)
+            self.agents.disconnect(reg.agent_id, session)
             log.info("agent %s stream ended", reg.agent_id)
 
     def _validate_register(self, reg: apb.Register) -> None:
@@ -88,33 +117,28 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             if n.gpus < 0:
                 raise InvalidArgument(f"node {n.id!r} has a negative GPU count")
             seen.add(n.id)
-            other = self.core.agents.find_node(n.id)
+            other = self.agents.find_node(n.id)
             if other is not None and other[0].agent_id != reg.agent_id:
                 raise InvalidArgument(
                     f"node {n.id!r} is already registered by agent {other[0].agent_id!r}")
 
-    # ---- reconcile (TEAM.md rule 6) -------------------------------------------------
+    # ---- reconcile (contracts "Agent stream semantics" rule 6) --------------------------
     def reconcile(self, agent: AgentState, reg: apb.Register) -> list[str]:
         """Keep attempts the broker expects, stop stale ones, relaunch missing ones."""
-        core = self.core
         stale: list[str] = []
         reported: set[str] = set()
         for r in reg.running:
-            try:
-                job = core.store.get_job(r.job_id)
-            except NotFound:
-                stale.append(r.job_id)
-                continue
-            if core.is_current(job, agent.agent_id, r.attempt):
+            job = self.jobs.find(r.job_id)
+            if job is not None and self.ops.is_current(job, agent.agent_id, r.attempt):
                 reported.add(r.job_id)
             else:
                 stale.append(r.job_id)
-        for job in iter_jobs(core.store, phases=HOLDING):
+        for job in self.jobs.iter(phases=HOLDING):
             if job.placement.agent_id != agent.agent_id or job.id in reported:
                 continue
-            core.fail_over(job.id, agent.agent_id, reason="attempt_missing", attempt=job.attempt,
-                           message=f"agent {agent.agent_id} re-registered without attempt"
-                                   f" {job.attempt}")
+            self.ops.attempt_lost(job.id, agent.agent_id, Trigger.ATTEMPT_MISSING, attempt=job.attempt,
+                                  message=f"agent {agent.agent_id} re-registered without attempt"
+                                          f" {job.attempt}")
         return stale
 
     # ---- inbound -----------------------------------------------------------------------
@@ -122,19 +146,31 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         try:
             for msg in request_iterator:
-                if not self.core.agents.touch(agent.agent_id, session):
+                if not self.leading():
+                    log.warning("agent %s: not the leader any more; dropping its stream",
+                                agent.agent_id)
+                    session.close()
+                    break
+                if not self.agents.touch(agent.agent_id, session):
                     break  # superseded by a newer stream of the same agent
                 kind = msg.WhichOneof("msg")
+                handler = self.HANDLERS.get(kind or "")
+                if handler is None:
+                    log.warning("agent %s sent an unknown message kind %r; ignored", agent.agent_id, kind)
+                    continue
                 try:
-                    if kind == "heartbeat":
-                        self._heartbeat(agent, msg.heartbeat)
-                    elif kind == "job_update":
-                        self.core.handle_update(agent, msg.job_update)
-                    elif kind == "ack":
-                        self._ack(agent, msg.ack)
-                    elif kind == "register":
-                        log.warning("agent %s sent Register twice on one stream; ignored",
-                                    agent.agent_id)
+                    payload = getattr(msg, kind)
+                    getattr(self, handler)(agent, payload)
+                    reply = self._reply(kind, payload)
+                    if reply is not None:
+                        session.send(reply)
+                except StoreError as e:  # store down or fenced: the agent re-sends, unacked
+                    log.warning("agent %s: %s not applied (%s: %s); not acked",
+                                agent.agent_id, kind, type(e).__name__, e)
+                    if kind == "heartbeat" and self.leading():
+                        # We are alive and still lead; only the store is down. Silence
+                        # would make the agent churn through reconnects for nothing.
+                        session.send(self._heartbeat_ack())
                 except Exception:  # noqa: BLE001 - one bad message must not kill the stream
                     log.exception("agent %s: handling %s failed", agent.agent_id, kind)
         except grpc.RpcError:
@@ -142,39 +178,55 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         except Exception:  # noqa: BLE001
             log.exception("agent %s: stream reader failed", agent.agent_id)
         finally:
-            self.core.agents.disconnect(agent.agent_id, session)
+            self.agents.disconnect(agent.agent_id, session)
+
+    def _register_again(self, agent: AgentState, reg: apb.Register) -> None:
+        log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
+
+    def _job_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
+        self.ops.handle_update(agent, u)
 
     def _heartbeat(self, agent: AgentState, hb: apb.Heartbeat) -> None:
-        core = self.core
         health = {h.node_id: h for h in hb.node_health}
+        sick: list[str] = []
         if health:
             def apply(n: pb.Node) -> bool:
                 h = health.get(n.id)
                 if h is None or n.healthy == h.healthy:
                     return False
+                if not h.healthy:
+                    sick.append(n.id)
                 n.healthy = h.healthy
                 return True
 
-            if core.agents.update_nodes(agent.agent_id, apply):
-                core.poke()
+            if self.agents.update_nodes(agent.agent_id, apply):
+                self.ops.poke()
         if hb.spot_notices:
             self._spot(agent, hb)
+        if sick:
+            self._unhealthy(agent, set(sick) - {s.node_id for s in hb.spot_notices})
         # Drift: attempts the agent runs that the broker does not want -> fence them.
         for r in hb.running:
-            try:
-                job = core.store.get_job(r.job_id)
-            except NotFound:
-                core.send_stale_stop(agent, r.job_id, r.attempt)
-                continue
-            if not core.is_current(job, agent.agent_id, r.attempt):
-                core.send_stale_stop(agent, r.job_id, r.attempt)
+            job = self.jobs.find(r.job_id)
+            if job is None or not self.ops.is_current(job, agent.agent_id, r.attempt):
+                self.ops.fence(agent.agent_id, r.job_id, r.attempt)
             elif r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
-                core.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
-                                                        state=r.state, progress=r.progress))
+                self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
+                                                            state=r.state, progress=r.progress))
+
+    def _jobs_on(self, agent: AgentState, nodes: set[str] | dict[str, float]) -> list[tuple[pb.Job, list[str]]]:
+        """This agent's jobs holding GPUs on any of ``nodes``, with the nodes they hit."""
+        out = []
+        for job in self.jobs.iter(phases=HOLDING):
+            if job.placement.agent_id != agent.agent_id:
+                continue
+            hit = [a.node_id for a in job.placement.nodes if a.node_id in nodes]
+            if hit:
+                out.append((job, hit))
+        return out
 
     def _spot(self, agent: AgentState, hb: apb.Heartbeat) -> None:
-        """A 2-minute warning: checkpoint the jobs on those nodes now and move them."""
-        core = self.core
+        """A 2-minute warning: trigger SPOT_NOTICE for the jobs on those nodes."""
         doomed = {s.node_id: s.deadline_time for s in hb.spot_notices}
 
         def mark(n: pb.Node) -> bool:
@@ -183,30 +235,51 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 return True
             return False
 
-        core.agents.update_nodes(agent.agent_id, mark)
-        now = core.clock()
-        for job in iter_jobs(core.store, phases=HOLDING):
-            if job.placement.agent_id != agent.agent_id:
-                continue
-            hit = [a.node_id for a in job.placement.nodes if a.node_id in doomed]
-            if not hit:
-                continue
+        self.agents.update_nodes(agent.agent_id, mark)
+        for job, hit in self._jobs_on(agent, doomed):
             deadline = min(doomed[n] for n in hit)
-            grace = max(5.0, deadline - now - 10.0) if deadline else core.config.preempt_grace_s
-            core.request_stop(job.id, "migrate", actor=f"agent:{agent.agent_id}",
-                              reason="spot_interruption", grace_s=grace,
-                              message=f"spot interruption notice for {', '.join(hit)}:"
-                                      " emergency checkpoint, then moving",
-                              details={"nodes": ",".join(hit), "deadline": f"{deadline:.0f}"})
-        core.poke()
+            self.ops.trigger(job.id, Signal(Trigger.SPOT_NOTICE, nodes=tuple(hit), deadline=deadline),
+                             actor=f"agent:{agent.agent_id}",
+                             message=f"spot interruption notice for {', '.join(hit)}:"
+                                     " emergency checkpoint, then moving",
+                             details={"nodes": ",".join(hit), "deadline": f"{deadline:.0f}"})
+        self.ops.poke()
+
+    def _unhealthy(self, agent: AgentState, sick: set[str]) -> None:
+        """Nodes the agent reports unhealthy: trigger NODE_UNHEALTHY for the jobs on them
+        (the policy decides: an elastic job moves with a checkpoint; others stay)."""
+        for job, hit in self._jobs_on(agent, sick):
+            self.ops.trigger(job.id, Signal(Trigger.NODE_UNHEALTHY, nodes=tuple(hit)),
+                             actor=f"agent:{agent.agent_id}",
+                             message=f"node(s) {', '.join(hit)} unhealthy: checkpointing to move"
+                                     " off them", details={"nodes": ",".join(hit)})
+
+    def _heartbeat_ack(self) -> apb.BrokerMessage:
+        return apb.BrokerMessage(heartbeat_ack=apb.HeartbeatAck(time=time.time(),
+                                                                broker_id=self.broker_id))
+
+    def _reply(self, kind: str, payload: object) -> apb.BrokerMessage | None:
+        """What the agent hears once a message was applied: a heartbeat is answered (after
+        it was handled, so a leader hung on its store is silent and the agent rotates), and
+        a JobUpdate is acked once committed or deliberately ignored as stale (the agent
+        re-sends unacked terminal updates: contracts §9)."""
+        if kind == "heartbeat":
+            return self._heartbeat_ack()
+        if kind == "job_update":
+            assert isinstance(payload, apb.JobUpdate)
+            return apb.BrokerMessage(update_ack=apb.JobUpdateAck(
+                job_id=payload.job_id, attempt=payload.attempt, state=payload.state))
+        return None
+
+    def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
+        self.ops.job_logs.ingest(agent.agent_id, chunk)
 
     def _ack(self, agent: AgentState, ack: apb.CommandAck) -> None:
-        cmd = self.core.agents.pop_command(ack.command_id)
+        cmd = self.agents.pop_command(ack.command_id)
         if cmd is None or ack.accepted:
             return
         log.warning("agent %s refused %s of %s#%d: %s", agent.agent_id, cmd.kind, cmd.job_id,
                     cmd.attempt, ack.message)
         if cmd.kind == "launch":
-            self.core.fail_over(cmd.job_id, agent.agent_id, reason="launch_refused",
-                                attempt=cmd.attempt,
-                                message=f"agent {agent.agent_id} refused the launch: {ack.message}")
+            self.ops.attempt_lost(cmd.job_id, agent.agent_id, Trigger.LAUNCH_REFUSED, attempt=cmd.attempt,
+                                  message=f"agent {agent.agent_id} refused the launch: {ack.message}")

@@ -17,12 +17,17 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.store.base import AlreadyExists as StoreAlreadyExists
+from broker.store.base import Fenced, StoreError, StoreUnavailable
 from broker.store.base import NotFound as StoreNotFound
-from broker.store.base import StoreError
 
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Trailing metadata on UNAVAILABLE answers caused by the store: how long a client should
+# wait before retrying (gRPC's own retry-pushback key, understood by grpc retry policies).
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+RETRY_PUSHBACK_MS = "1000"
 
 
 class BrokerError(Exception):
@@ -60,7 +65,7 @@ class Unavailable(BrokerError):
 
 
 class IllegalTransition(BrokerError):
-    """A lifecycle transition DESIGN.md does not allow (a broker bug or a race lost)."""
+    """A phase change broker/jobs/lifecycle.py does not allow (a broker bug or a race lost)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -73,6 +78,12 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.NOT_FOUND, str(exc)
     if isinstance(exc, StoreAlreadyExists):
         return grpc.StatusCode.ALREADY_EXISTS, str(exc)
+    if isinstance(exc, StoreUnavailable):
+        log.warning("state store unavailable: %s", exc)
+        return grpc.StatusCode.UNAVAILABLE, "state store unavailable, retry in a second"
+    if isinstance(exc, Fenced):
+        log.warning("write refused, this broker no longer leads: %s", exc)
+        return grpc.StatusCode.UNAVAILABLE, "this broker no longer leads; retry (another leads)"
     if isinstance(exc, StoreError):
         incident = uuid.uuid4().hex[:8]
         log.exception("store error (incident %s)", incident)
@@ -80,6 +91,14 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     incident = uuid.uuid4().hex[:8]
     log.exception("internal error (incident %s)", incident)
     return grpc.StatusCode.INTERNAL, f"internal broker error (incident {incident}; see broker log)"
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    """Abort the RPC; UNAVAILABLE carries a retry hint (every UNAVAILABLE we send is
+    transient: store down, or leadership moving)."""
+    if code is grpc.StatusCode.UNAVAILABLE:
+        context.set_trailing_metadata(((RETRY_PUSHBACK_KEY, RETRY_PUSHBACK_MS),))
+    context.abort(code, message)
 
 
 def rpc(func: F) -> F:
@@ -93,7 +112,7 @@ def rpc(func: F) -> F:
                 return
             except Exception as exc:  # noqa: BLE001 - mapped below
                 code, message = to_status(exc)
-            context.abort(code, message)
+            _abort(context, code, message)
 
         return stream_wrapper  # type: ignore[return-value]
 
@@ -103,6 +122,6 @@ def rpc(func: F) -> F:
             return func(self, request, context)
         except Exception as exc:  # noqa: BLE001 - mapped below
             code, message = to_status(exc)
-        context.abort(code, message)
+        _abort(context, code, message)
 
     return unary_wrapper  # type: ignore[return-value]

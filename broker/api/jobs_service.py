@@ -8,8 +8,11 @@ import binascii
 import grpc
 
 from broker.api.errors import InvalidArgument, rpc
-from broker.jobs.core import BrokerCore
+from broker.config import BrokerConfig
 from broker.jobs.lifecycle import TERMINAL
+from broker.jobs.ops import JobOps
+from broker.jobs.views import JobsView
+from broker.logs.service import LogQuery
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -39,8 +42,10 @@ def decode_token(token: str) -> str:
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, core: BrokerCore) -> None:
-        self.core = core
+    def __init__(self, ops: JobOps, jobs: JobsView, config: BrokerConfig) -> None:
+        self.ops = ops
+        self.jobs = jobs
+        self.config = config
 
     @rpc
     def SubmitJob(self, request: jpb.SubmitJobRequest, context: grpc.ServicerContext) -> jpb.SubmitJobResponse:
@@ -49,19 +54,19 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if len(request.client_request_id) > 200:
             raise InvalidArgument("client_request_id is longer than 200 characters")
         # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
-        with self.core.telemetry.job_span(context.invocation_metadata()):
-            job, created = self.core.submit(request.spec, request.client_request_id, actor_of(context))
+        with self.ops.telemetry.job_span(context.invocation_metadata()):
+            job, created = self.ops.submit(request.spec, request.client_request_id, actor_of(context))
         return jpb.SubmitJobResponse(job=job, created=created)
 
     @rpc
     def GetJob(self, request: jpb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
-        return self.core.lifecycle.get(request.job_id)
+        return self.jobs.get(request.job_id)
 
     @rpc
     def ListJobs(self, request: jpb.ListJobsRequest, context: grpc.ServicerContext) -> jpb.ListJobsResponse:
-        cfg = self.core.config
+        cfg = self.config
         size = request.page_size or cfg.default_page_size
         if size < 0 or size > cfg.max_page_size:
             raise InvalidArgument(f"page_size must be between 1 and {cfg.max_page_size} (got {request.page_size})")
@@ -69,8 +74,8 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             if ph not in pb.JobPhase.values() or ph == pb.JOB_PHASE_UNSPECIFIED:
                 raise InvalidArgument(f"phases contains {ph}, which is not a job phase")
         after = decode_token(request.page_token) if request.page_token else ""
-        jobs = self.core.store.list_jobs(team=request.team, phases=list(request.phases),
-                                         region=request.region, after_id=after, limit=size + 1)
+        jobs = self.jobs.list(team=request.team, phases=request.phases,
+                              region=request.region, after_id=after, limit=size + 1)
         more = len(jobs) > size
         jobs = jobs[:size]
         return jpb.ListJobsResponse(
@@ -80,19 +85,19 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
     def CancelJob(self, request: jpb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
-        return self.core.cancel(request.job_id, request.reason, actor_of(context))
+        return self.ops.cancel(request.job_id, request.reason, actor_of(context))
 
     @rpc
     def WatchJob(self, request: jpb.WatchJobRequest, context: grpc.ServicerContext):
         """History after ``after_seq``, then live events; ends after the terminal event."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
-        core = self.core
-        core.lifecycle.get(request.job_id)  # NOT_FOUND before streaming anything
+        jobs = self.jobs
+        jobs.get(request.job_id)  # NOT_FOUND before streaming anything
         seq = max(0, request.after_seq)
-        seen = core.hub.counter(request.job_id)
+        seen = jobs.hub.counter(request.job_id)
         while context.is_active():
-            events = core.store.list_events(request.job_id, after_seq=seq)
+            events = jobs.events(request.job_id, after_seq=seq)
             for ev in events:
                 seq = ev.seq
                 if ev.type == "progress" and not request.include_progress:
@@ -100,11 +105,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 yield ev
             if any(ev.to_phase in TERMINAL for ev in events):
                 return
-            if not events and core.lifecycle.get(request.job_id).phase in TERMINAL:
+            if not events and jobs.get(request.job_id).phase in TERMINAL:
                 return
-            if core.hub.closed:
+            if jobs.hub.closed:
                 return
-            seen = core.hub.wait(request.job_id, seen, WATCH_POLL_S)
+            seen = jobs.hub.wait(request.job_id, seen, WATCH_POLL_S)
 
     @rpc
     def GetJobEvents(self, request: jpb.GetJobEventsRequest, context: grpc.ServicerContext) -> jpb.GetJobEventsResponse:
@@ -112,29 +117,35 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("job_id is empty")
         if request.limit < 0:
             raise InvalidArgument("limit must be >= 0")
-        self.core.lifecycle.get(request.job_id)
-        events = self.core.store.list_events(request.job_id, after_seq=request.after_seq,
-                                             limit=request.limit)
+        self.jobs.get(request.job_id)
+        events = self.jobs.events(request.job_id, after_seq=request.after_seq, limit=request.limit)
         return jpb.GetJobEventsResponse(events=events)
 
     @rpc
     def GetJobLogs(self, request: jpb.GetJobLogsRequest, context: grpc.ServicerContext) -> jpb.GetJobLogsResponse:
-        """What the broker knows in text: event history plus the agent-reported messages
-        (e.g. a failing rank's last stderr lines). Full rank logs stay on the agent."""
+        """Deprecated (one release, for old clients): the event history as text. The
+        history is GetJobEvents; the ranks' output is StreamJobLogs."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
         if request.tail_lines < 0:
             raise InvalidArgument("tail_lines must be >= 0")
-        self.core.lifecycle.get(request.job_id)
+        self.jobs.get(request.job_id)
         tail = request.tail_lines or 100
         lines = [
             f"{ev.time:.3f} #{ev.seq} attempt={ev.attempt} {ev.type}"
             f"{' ' + ev.region if ev.region else ''}: {ev.message}"
-            for ev in self.core.store.list_events(request.job_id)
+            for ev in self.jobs.events(request.job_id)
             if ev.type != "progress"
         ]
-        lines.extend(self.core.logs(request.job_id))
         return jpb.GetJobLogsResponse(lines=lines[-tail:])
+
+    @rpc
+    def StreamJobLogs(self, request: jpb.StreamJobLogsRequest, context: grpc.ServicerContext):
+        """Rank output: a header per attempt, then its lines (broker/logs/service.py)."""
+        q = LogQuery.parse(request.job_id, request.follow,
+                           request.rank if request.HasField("rank") else None,
+                           request.attempt, request.tail)
+        yield from self.ops.job_logs.stream(q, context.is_active, lambda: self.jobs.hub.closed)
 
     @rpc
     def ListMigrations(self, request: jpb.ListMigrationsRequest,
@@ -143,14 +154,12 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         moves (written with the phase change that caused them); a dedicated index is
         not worth it at the tens of thousands of jobs one broker holds."""
         limit = request.limit or 50
-        if limit < 0 or limit > self.core.config.max_page_size:
-            raise InvalidArgument(f"limit must be between 1 and {self.core.config.max_page_size}")
+        if limit < 0 or limit > self.config.max_page_size:
+            raise InvalidArgument(f"limit must be between 1 and {self.config.max_page_size}")
         if request.job_id:
-            jobs = [self.core.lifecycle.get(request.job_id)]
+            jobs = [self.jobs.get(request.job_id)]
         else:
-            from broker.store.jobs_query import iter_jobs
-
-            jobs = [j for j in iter_jobs(self.core.store) if j.migrations
+            jobs = [j for j in self.jobs.iter() if j.migrations
                     and (not request.team or j.spec.team == request.team)]
         found = [m for j in jobs for m in j.migrations]
         found.sort(key=lambda m: (-m.started_time, m.job_id, -m.seq))

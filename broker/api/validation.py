@@ -1,6 +1,6 @@
 """Edge validation: every request is checked here before it can touch state.
 
-Two kinds of refusal (DESIGN.md "API"): a *malformed* request is INVALID_ARGUMENT
+Two kinds of refusal: a *malformed* request is INVALID_ARGUMENT
 (fix the spec), an *impossible* one is FAILED_PRECONDITION (the spec is fine but
 this broker can never run it as things stand: unknown team, bigger than any
 cluster). Messages name the field, the bad value and what would be accepted.
@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 
 from broker.api.errors import FailedPrecondition, InvalidArgument
+from broker.jobs.recovery import POLICIES, POLICY_LABEL
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -75,6 +76,10 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
         raise InvalidArgument(
             f"spec.priority_class {spec.priority_class!r} is unknown; known classes: {known}"
         )
+    policy = spec.labels.get(POLICY_LABEL, "")
+    if policy and policy not in POLICIES:
+        raise InvalidArgument(f"label {POLICY_LABEL} {policy!r} is unknown;"
+                              f" known: {', '.join(sorted(POLICIES))}")
     if not spec.HasField("resources"):
         raise InvalidArgument("spec.resources is missing: say nodes and gpus_per_node")
     r = spec.resources

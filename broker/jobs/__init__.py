@@ -1,1 +1,3 @@
-"""Jobs: the state machine, its transitions and the event hub that feeds watchers."""
+"""Jobs: pure transitions (``transitions``, ``updates``) and recovery policies
+(``recovery``) decide; the ``applier`` writes and sends; ``ops`` is what servicers and
+the scheduler call. See docs/architecture.md."""

@@ -1,13 +1,14 @@
-"""The job state machine and its one write path.
+"""The job state machine: phases, allowed edges, and the goodput accounting of a move.
 
 Every phase change goes through :class:`Tx.move`, which checks the transition is
 allowed, charges the time spent in the old phase to the right goodput bucket and
-appends a JobEvent (who, why, where, attempt). :meth:`Lifecycle.mutate` writes the
-job and its events in one compare-and-set (re-reading and re-applying on a
-conflict), so history can never disagree with state, whoever races whom.
+appends a JobEvent (who, why, where, attempt). A Tx is pure data (no store, no
+clock): :mod:`broker.jobs.transitions` build one per input and
+:mod:`broker.jobs.applier` writes the result in one compare-and-set, so history can
+never disagree with state, whoever races whom.
 
-Allowed transitions: DESIGN.md's diagram, plus the edges a real broker needs and
-the diagram leaves implicit (named below):
+Allowed transitions: the design's phase diagram, plus the edges a real broker needs
+and the diagram leaves implicit (named below):
 - cancel from any live phase;
 - a relaunch after a failure or a lost agent goes back to PENDING (HyperPod
   auto-resume) from ADMITTED/LAUNCHING/RUNNING/CHECKPOINTING;
@@ -18,18 +19,11 @@ the diagram leaves implicit (named below):
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.api.errors import IllegalTransition
-from broker.api.errors import NotFound as ApiNotFound
-from broker.jobs.hub import EventHub
-from broker.store.base import NotFound, Store, VersionConflict
+from broker.jobs.causes import Family
 from computebroker.v1 import common_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 P = pb.JobPhase
 PENDING, ADMITTED, LAUNCHING, RUNNING = (
@@ -58,15 +52,11 @@ ALLOWED: dict[int, frozenset[int]] = {
     CANCELLED: frozenset(),
 }
 
-# Goodput buckets by cause (Job.requeue_cause / Job.stop_reason).
-_CAUSE_FIELD = {
-    "failure": "lost_failure_s",
-    "preemption": "lost_preemption_s",
-    "preempt": "lost_preemption_s",
-    "migration": "lost_migration_s",
-    "migrate": "lost_migration_s",
-    "drain": "lost_migration_s",
-}
+
+def _bucket(value: str, default: str) -> str:
+    """Goodput field charged for a stored ``requeue_cause``/``stop_reason`` string."""
+    fam = Family.parse(value)
+    return fam.goodput_field if fam is not None else default
 
 
 def phase_name(phase: int) -> str:
@@ -84,7 +74,6 @@ class Tx:
     job: pb.Job
     now: float
     events: list[pb.JobEvent] = field(default_factory=list)
-    after_commit: list[Callable[[pb.Job], None]] = field(default_factory=list)
 
     def _event(self, type_: str, from_phase: int, to_phase: int, *, reason: str, actor: str,
                message: str, details: dict[str, str] | None) -> pb.JobEvent:
@@ -131,7 +120,7 @@ class Tx:
         return self._event(type_, self.job.phase, self.job.phase, reason=reason, actor=actor,
                            message=message, details=details)
 
-    def lose_work(self, cause: str) -> float:
+    def lose_work(self, cause: Family) -> float:
         """The running attempt died without a checkpoint now: the time since its last
         durable checkpoint (or its start) was not productive after all. Returns seconds."""
         g = self.job.goodput
@@ -143,7 +132,7 @@ class Tx:
             return 0.0
         lost = max(0.0, min(self.now - since, g.productive_s))
         g.productive_s -= lost
-        bucket = _CAUSE_FIELD.get(cause, "lost_failure_s")
+        bucket = cause.goodput_field
         setattr(g, bucket, getattr(g, bucket) + lost)
         return lost
 
@@ -158,73 +147,9 @@ class Tx:
             g.productive_s += elapsed
             return
         if frm in (PENDING, ADMITTED) or (frm == LAUNCHING and not cause):
-            bucket = _CAUSE_FIELD.get(cause, "queued_s") if cause else "queued_s"
+            bucket = _bucket(cause, "queued_s")
         elif frm in (CHECKPOINTING, SUSPENDED, MIGRATING):
-            bucket = _CAUSE_FIELD.get(self.job.stop_reason or cause, "lost_migration_s")
+            bucket = _bucket(self.job.stop_reason or cause, "lost_migration_s")
         else:  # LAUNCHING after a requeue
-            bucket = _CAUSE_FIELD.get(cause, "lost_failure_s")
+            bucket = _bucket(cause, "lost_failure_s")
         setattr(g, bucket, getattr(g, bucket) + elapsed)
-
-
-class Lifecycle:
-    """Reads, mutates and CAS-writes jobs; notifies watchers after each commit."""
-
-    def __init__(self, store: Store, hub: EventHub, clock: Callable[[], float] = time.time,
-                 max_retries: int = 50) -> None:
-        self.store = store
-        self.hub = hub
-        self.clock = clock
-        self.max_retries = max_retries
-
-    def get(self, job_id: str) -> pb.Job:
-        try:
-            return self.store.get_job(job_id)
-        except NotFound as e:
-            raise ApiNotFound(f"job {job_id!r} not found") from e
-
-    def mutate(self, job_id: str, fn: Callable[[Tx], bool | None]) -> pb.Job | None:
-        """Apply ``fn`` to a fresh copy of the job and CAS-write it with its events.
-
-        ``fn`` returns False to write nothing (e.g. the job moved on meanwhile);
-        it may be called several times (once per lost race), so it must be pure
-        apart from editing the Tx. Returns the stored job, or None when skipped.
-        """
-        for _ in range(self.max_retries):
-            current = self.get(job_id)
-            job = pb.Job()
-            job.CopyFrom(current)
-            tx = Tx(job=job, now=self.clock())
-            if fn(tx) is False:
-                return None
-            self._finish(tx)
-            try:
-                stored = self.store.update_job(job, current.version, tx.events)
-            except VersionConflict:
-                continue
-            if tx.events:
-                self.hub.notify(job_id)
-            for cb in tx.after_commit:
-                try:
-                    cb(stored)
-                except Exception:  # noqa: BLE001 - a side effect must not undo a commit
-                    log.exception("after-commit hook for %s failed", job_id)
-            return stored
-        raise RuntimeError(f"job {job_id}: gave up after {self.max_retries} write conflicts")
-
-    def create(self, job: pb.Job, events: list[pb.JobEvent]) -> pb.Job:
-        stored = self.store.create_job(job, events)
-        self.hub.notify(job.id)
-        return stored
-
-    @staticmethod
-    def _finish(tx: Tx) -> None:
-        job = tx.job
-        if job.phase in TERMINAL:
-            # A move cannot outlive its job: close it with the job's outcome.
-            from broker.jobs import migration
-
-            migration.finish(job, tx.now, 0.0, state={SUCCEEDED: "done", FAILED: "failed"}.get(
-                job.phase, "cancelled"), message=f"job ended {phase_name(job.phase)}")
-        job.updated_time = tx.now
-        end = job.finished_time or tx.now
-        job.goodput.wall_s = max(0.0, end - job.created_time)

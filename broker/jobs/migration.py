@@ -25,13 +25,18 @@ Milestones, in order (each sets a time and the ``state``)::
 
 from __future__ import annotations
 
+from broker.jobs.causes import Cause, MoveState
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
-OPEN_STATES = frozenset({"checkpointing", "queued", "launching", "transferring", "starting"})
+OPEN_STATES = frozenset(s.value for s in MoveState if s.open)
 KEEP = 20  # migrations kept per job (oldest dropped)
-# Causes that give the trainer no planned checkpoint: a reclaim deadline or a loss.
-EMERGENCY_CAUSES = frozenset({"spot_interruption", "agent_lost", "attempt_missing"})
+
+
+def set_state(m: pb.Migration, state: MoveState) -> None:
+    """The string (old readers) and the typed twin, always together."""
+    m.state = state.value
+    m.state_code = state.proto
 
 
 def open_migration(job: pb.Job) -> pb.Migration | None:
@@ -41,7 +46,7 @@ def open_migration(job: pb.Job) -> pb.Migration | None:
     return None
 
 
-def begin(job: pb.Job, now: float, cause: str, *, emergency: bool | None = None,
+def begin(job: pb.Job, now: float, cause: Cause | str, *, emergency: bool | None = None,
           message: str = "") -> pb.Migration:
     """Start recording a move of ``job``'s current attempt (idempotent while one is open:
     a drain during a spot move does not start a second record)."""
@@ -49,14 +54,17 @@ def begin(job: pb.Job, now: float, cause: str, *, emergency: bool | None = None,
     if m is not None:
         return m
     seq = job.migrations[-1].seq + 1 if job.migrations else 1
+    text = cause.value if isinstance(cause, Cause) else cause
+    typed = Cause.parse(text)
     m = job.migrations.add(
-        job_id=job.id, job_name=job.spec.name, seq=seq,
-        cause=cause, state="checkpointing",
-        emergency=(cause in EMERGENCY_CAUSES) if emergency is None else emergency,
+        job_id=job.id, job_name=job.spec.name, seq=seq, cause=text,
+        cause_code=typed.proto if typed is not None else pb.MIGRATION_CAUSE_OTHER,
+        emergency=(typed is not None and typed.emergency) if emergency is None else emergency,
         from_region=job.placement.region, from_agent=job.placement.agent_id,
         from_attempt=job.attempt, from_world_size=job.placement.world_size,
         started_time=now, message=message,
     )
+    set_state(m, MoveState.CHECKPOINTING)
     if len(job.migrations) > KEEP:
         del job.migrations[: len(job.migrations) - KEEP]
     return m
@@ -66,9 +74,9 @@ def stopped(job: pb.Job, now: float, *, saved: bool, timings: apb.AttemptTimings
             work_lost_s: float = 0.0) -> None:
     """The old attempt is gone (checkpointed, killed or lost): waiting for new capacity."""
     m = open_migration(job)
-    if m is None or m.state != "checkpointing":
+    if m is None or m.state != MoveState.CHECKPOINTING:
         return
-    m.state = "queued"
+    set_state(m, MoveState.QUEUED)
     m.checkpointed_time = now
     m.checkpoint_step = job.progress.last_checkpoint_step
     m.checkpoint_uri = job.progress.last_checkpoint_uri
@@ -85,9 +93,9 @@ def launched(job: pb.Job, now: float, resume_from: str) -> None:
     m = open_migration(job)
     if m is None:
         return
-    if m.state == "checkpointing":  # relaunched before the old attempt's end was reported
+    if m.state == MoveState.CHECKPOINTING:  # relaunched before the old attempt's end was reported
         stopped(job, now, saved=bool(job.progress.last_checkpoint_uri))
-    m.state = "launching"
+    set_state(m, MoveState.LAUNCHING)
     m.launched_time = now
     m.to_region = job.placement.region
     m.to_agent = job.placement.agent_id
@@ -114,8 +122,8 @@ def transfer(job: pb.Job, stats: pb.TransferStats) -> pb.Migration | None:
             # The mover found a newer complete checkpoint than the one we knew of.
             m.checkpoint_step = int(step)
             m.checkpoint_uri = stats.src_uri
-    if m.state in ("launching", "transferring"):
-        m.state = "starting" if stats.done else "transferring"
+    if m.state in (MoveState.LAUNCHING, MoveState.TRANSFERRING):
+        set_state(m, MoveState.STARTING if stats.done else MoveState.TRANSFERRING)
     return m
 
 
@@ -123,7 +131,7 @@ def running(job: pb.Job, now: float, timings: apb.AttemptTimings | None) -> None
     m = open_migration(job)
     if m is None or m.to_attempt != job.attempt:
         return
-    m.state = "starting"
+    set_state(m, MoveState.STARTING)
     if not m.running_time:
         m.running_time = now
     if timings is not None and timings.spawn_time:
@@ -137,17 +145,18 @@ def first_step_due(job: pb.Job, progress: pb.Progress) -> bool:
             and progress.step > m.checkpoint_step)
 
 
-def finish(job: pb.Job, now: float, first_step_time: float, *, state: str = "done",
+def finish(job: pb.Job, now: float, first_step_time: float, *,
+           state: MoveState = MoveState.DONE,
            message: str = "") -> pb.Migration | None:
     """Close the open move and derive its durations; returns it (None if none was open)."""
     m = open_migration(job)
     if m is None:
         return None
-    m.state = state
+    set_state(m, MoveState(state))
     m.finished_time = now
     if message:
         m.message = message
-    if state != "done":
+    if state != MoveState.DONE:
         return m
     m.first_step_time = first_step_time or now
     if not m.running_time:

@@ -1,1 +1,2 @@
-"""Scheduling: snapshot of the fleet, the placement pass and applying its decisions."""
+"""Scheduling: snapshot of the fleet, the placement pass, applying its decisions, and
+the one usage view built from the same snapshot."""

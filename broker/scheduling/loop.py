@@ -2,7 +2,9 @@
 
 Runs every ``scheduler_interval_s`` and whenever poked (a submit, a finished or
 requeued attempt, an agent (re)connecting), so queue latency is not bounded by the
-interval. One pass also runs housekeeping (lost agents, stop/cancel timeouts).
+interval. One pass also runs housekeeping (lost agents, stop/cancel timeouts) and
+planned moves (plan ends); both return the jobs they rewrote into the same pass, so
+the live jobs are read once per pass.
 With several broker replicas only the holder of the "scheduler" lease schedules.
 """
 
@@ -11,29 +13,45 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 import placement
-from broker.jobs.core import BrokerCore
-from broker.jobs.lifecycle import LIVE, PENDING, QUEUED, Tx
+from broker.jobs.causes import Cause
+from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
+from broker.jobs.ops import JobOps
+from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling import plan_watch
-from broker.scheduling import snapshot as snap
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
-from broker.store.jobs_query import iter_jobs
-from computebroker.v1 import capacity_pb2 as cpb
+from broker.scheduling.usage import build_snapshot
 from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+Lease = Callable[[str, str, float], bool]  # Store.acquire_lease
+
+
+def merged(live: list[pb.Job], changed: Iterable[pb.Job]) -> list[pb.Job]:
+    """``live`` with the jobs this pass already rewrote (a terminal one leaves it)."""
+    new = {j.id: j for j in changed}
+    if not new:
+        return live
+    return [j for j in (new.get(job.id, job) for job in live) if j.phase in LIVE]
+
 
 class SchedulerLoop:
-    def __init__(self, core: BrokerCore, holder: str) -> None:
-        self.core = core
+    def __init__(self, ops: JobOps, jobs: JobsView, records: RecordsView, lease: Lease,
+                 holder: str) -> None:
+        self.ops = ops
+        self.jobs = jobs
+        self.records = records
+        self.lease = lease
         self.holder = holder
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
-        core.set_poke(self.poke)
+        self.last_snapshot: placement.Snapshot | None = None  # what the last pass decided on
+        ops.applier.set_poke(self.poke)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
@@ -49,7 +67,7 @@ class SchedulerLoop:
         self._wake.set()
 
     def _run(self) -> None:
-        interval = self.core.config.scheduler_interval_s
+        interval = self.ops.config.scheduler_interval_s
         while not self._stop.is_set():
             self._wake.wait(interval)
             self._wake.clear()
@@ -61,44 +79,43 @@ class SchedulerLoop:
                 log.exception("scheduler pass failed")
 
     def run_once(self) -> placement.Decisions | None:
-        core = self.core
-        ttl = max(3 * core.config.scheduler_interval_s, 5.0)
-        if not core.store.acquire_lease("scheduler", self.holder, ttl):
+        """One pass over ONE read of the live jobs: housekeeping and planned moves return
+        the jobs they rewrote, which replace their stale copies before placement."""
+        ops = self.ops
+        ttl = max(3 * ops.config.scheduler_interval_s, 5.0)
+        if not self.lease("scheduler", self.holder, ttl):
             return None
-        live = list(iter_jobs(core.store, phases=LIVE))
-        core.housekeeping(live)
-        plans = core.store.list_records(KIND_PLAN, cpb.TrainingPlan)
-        plan_watch.check(core, live, plans)  # type: ignore[arg-type]  # moves ahead of plan ends
-        live = list(iter_jobs(core.store, phases=LIVE))
-        now = core.clock()
-        regions = core.store.list_records(KIND_REGION, cpb.RegionInfo)
-        draining = [r.name for r in regions if isinstance(r, cpb.RegionInfo) and r.draining]
-        snapshot = snap.build(
-            now=now, agents=core.agents.all(), jobs=live,
-            teams=core.store.list_records(KIND_TEAM, cpb.TeamQuota),  # type: ignore[arg-type]
-            plans=plans,  # type: ignore[arg-type]
-            draining=draining, priority_of=core.priority_of,
-        )
+        live = list(self.jobs.iter(phases=LIVE))
+        live = merged(live, ops.housekeeping(live))
+        plans = self.records.plans()
+        now = ops.clock()
+        live = merged(live, plan_watch.check(ops, live, plans, now))
+        snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
+                                  teams=self.records.teams().values(), plans=plans,
+                                  regions=self.records.regions().values(),
+                                  priority_of=ops.priority_of)
+        self.last_snapshot = snapshot
         self.passes += 1
-        core.telemetry.observe(snapshot, live, core.agents.all())
+        telemetry = ops.telemetry
+        telemetry.observe(snapshot, live, ops.agents.all())
         if not snapshot.pending and not snapshot.running:
             return placement.Decisions()
-        with core.telemetry.schedule_pass(snapshot):
+        with telemetry.schedule_pass(snapshot):
             t0 = time.perf_counter()
             decisions = placement.schedule(snapshot)
-            core.telemetry.placed(time.perf_counter() - t0)
+            telemetry.placed(time.perf_counter() - t0)
             self.apply(decisions, live, snapshot)
         return decisions
 
     def apply(self, decisions: placement.Decisions, live: list[pb.Job],
               snapshot: placement.Snapshot) -> None:
-        core = self.core
+        ops = self.ops
         by_id = {j.id: j for j in live}
         admitted = set()
         for adm in decisions.admissions:
-            if core.launch(adm.job_id, adm) is not None:
+            if ops.launch(adm.job_id, adm) is not None:
                 admitted.add(adm.job_id)
-                core.telemetry.admitted(by_id.get(adm.job_id), adm, snapshot.now)
+                ops.telemetry.admitted(by_id.get(adm.job_id), adm, snapshot.now)
         for pre in decisions.preemptions:
             victim = by_id.get(pre.job_id)
             beneficiary = by_id.get(pre.for_job_id)
@@ -106,8 +123,8 @@ class SchedulerLoop:
                 continue
             who = (f"{pre.for_job_id} (team {beneficiary.spec.team}, priority"
                    f" {beneficiary.spec.priority_class})" if beneficiary else pre.for_job_id)
-            stopping = core.request_stop(
-                pre.job_id, "preempt", actor="scheduler", reason=pre.reason or "preempted",
+            stopping = ops.trigger(
+                pre.job_id, Signal(Trigger.PREEMPTED, cause=Cause.parse(pre.reason)), actor="scheduler",
                 message=f"preempted for {who}: {pre.message or pre.reason}; work at risk"
                         f" {pre.work_lost_gpu_s:.0f} GPU-s since the last checkpoint",
                 details={"for_job": pre.for_job_id,
@@ -115,10 +132,10 @@ class SchedulerLoop:
                          "work_lost_gpu_s": f"{pre.work_lost_gpu_s:.1f}"},
             )
             if stopping is not None:
-                core.telemetry.preempted(victim, pre.reason)
+                ops.telemetry.preempted(victim, pre.reason)
         reasons = dict(decisions.pending_reasons)
         if not snapshot.nodes:
-            default = ("no regions registered yet" if not core.agents.any_registered()
+            default = ("no regions registered yet" if not ops.agents.any_registered()
                        else "no region agent is connected")
         else:
             default = ""
@@ -131,13 +148,4 @@ class SchedulerLoop:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")
             if reason and reason != job.pending_reason and job.phase == PENDING:
-                self._set_reason(job.id, reason)
-
-    def _set_reason(self, job_id: str, reason: str) -> None:
-        def fn(tx: Tx) -> bool:
-            if tx.job.phase != PENDING or tx.job.pending_reason == reason:
-                return False
-            tx.job.pending_reason = reason
-            return True
-
-        self.core.lifecycle.mutate(job_id, fn)
+                ops.set_pending_reason(job.id, reason)

@@ -1,5 +1,4 @@
-"""Planned moves ahead of a training plan's end (DESIGN "plan migrations ahead of a
-plan's end").
+"""Planned moves ahead of a training plan's end.
 
 Why a separate step from ``placement.schedule``: the pure placement pass decides
 where queued work goes; *when* a running job must leave capacity that is about to
@@ -7,8 +6,8 @@ disappear is a deadline rule that depends on the job's own history (how long its
 checkpoints and transfers took), which only the broker has. SageMaker HyperPod and
 Kueue both treat a capacity end as a reason to evict gracefully before it, not at it.
 
-Rule: a RUNNING job holding nodes of plan P is asked to checkpoint and move (Stop
-{MIGRATE, checkpoint_first}, reason ``plan_ending``) once
+Rule: a RUNNING job holding nodes of plan P gets the recovery trigger PLAN_ENDING
+(by default: Stop{MIGRATE, checkpoint_first}, cause ``plan_ending``) once
 ``now >= P.end - lead``, where ``lead = max(plan_move_floor_s, plan_move_margin x
 (last checkpoint time + last checkpoint bytes / last transfer MB/s))``
 (:func:`broker.jobs.migration.estimate_move_s`). The grace given to the trainer is the
@@ -23,9 +22,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from broker.agents.registry import AgentRegistry
 from broker.jobs import migration
-from broker.jobs.core import BrokerCore
-from broker.jobs.lifecycle import RUNNING, Tx
+from broker.jobs.lifecycle import RUNNING
+from broker.jobs.ops import JobOps
+from broker.jobs.recovery import Signal, Trigger
 from broker.scheduling.snapshot import plan_state
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -33,11 +34,12 @@ from computebroker.v1 import common_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-def plan_of_job(core: BrokerCore, job: pb.Job, plans: dict[str, cpb.TrainingPlan]) -> cpb.TrainingPlan | None:
+def plan_of_job(agents: AgentRegistry, job: pb.Job,
+                plans: dict[str, cpb.TrainingPlan]) -> cpb.TrainingPlan | None:
     """The plan (earliest ending) whose nodes the job's current placement uses, if any."""
     found: list[cpb.TrainingPlan] = []
     for a in job.placement.nodes:
-        hit = core.agents.find_node(a.node_id)
+        hit = agents.find_node(a.node_id)
         if hit is None:
             continue
         node = hit[1]
@@ -46,18 +48,19 @@ def plan_of_job(core: BrokerCore, job: pb.Job, plans: dict[str, cpb.TrainingPlan
     return min(found, key=lambda p: p.end_time) if found else None
 
 
-def check(core: BrokerCore, live: Iterable[pb.Job], plans: Iterable[cpb.TrainingPlan]) -> list[str]:
-    """Ask every job whose plan ends within its move lead time to move; returns their ids."""
-    now = core.clock()
+def check(ops: JobOps, live: Iterable[pb.Job], plans: Iterable[cpb.TrainingPlan],
+          now: float) -> list[pb.Job]:
+    """Trigger PLAN_ENDING for every job whose plan ends within its move lead time;
+    returns the jobs as written (the scheduler pass goes on with them)."""
     plan_map = {p.id: p for p in plans}
     if not plan_map:
         return []
-    cfg = core.config
-    moved: list[str] = []
+    cfg, agents = ops.config, ops.agents
+    moved: list[pb.Job] = []
     for job in live:
         if job.phase != RUNNING or job.stop_reason:
             continue
-        plan = plan_of_job(core, job, plan_map)
+        plan = plan_of_job(agents, job, plan_map)
         if plan is None or plan_state(plan, now) == cpb.PLAN_STATE_SCHEDULED:
             continue
         end = plan.start_time if plan.state == cpb.PLAN_STATE_CANCELLED else plan.end_time
@@ -65,20 +68,10 @@ def check(core: BrokerCore, live: Iterable[pb.Job], plans: Iterable[cpb.Training
         if now < end - lead:
             continue
         left = end - now
-        plan_nodes = [a.node_id for a in job.placement.nodes
-                      if (hit := core.agents.find_node(a.node_id)) is not None and hit[1].pool == plan.id]
-
-        def exclude(tx: Tx, nodes: list[str] = plan_nodes) -> bool:
-            add = [n for n in nodes if n not in tx.job.excluded_nodes]
-            if not add:
-                return False
-            tx.job.excluded_nodes.extend(add)
-            return True
-
-        core.lifecycle.mutate(job.id, exclude)
-        stored = core.request_stop(
-            job.id, "migrate", actor="broker", reason="plan_ending",
-            grace_s=max(5.0, left - 1.0),
+        plan_nodes = tuple(a.node_id for a in job.placement.nodes
+                           if (hit := agents.find_node(a.node_id)) is not None and hit[1].pool == plan.id)
+        stored = ops.trigger(
+            job.id, Signal(Trigger.PLAN_ENDING, nodes=plan_nodes, seconds_left=left), actor="broker",
             message=f"training plan {plan.id} ends in {max(0.0, left):.0f}s (move lead {lead:.0f}s):"
                     " checkpointing and moving to other capacity",
             details={"plan": plan.id, "plan_end": f"{end:.0f}", "lead_s": f"{lead:.1f}",
@@ -86,5 +79,5 @@ def check(core: BrokerCore, live: Iterable[pb.Job], plans: Iterable[cpb.Training
         )
         if stored is not None:
             log.info("job %s: plan %s ends in %.0fs (lead %.0fs): planned move", job.id, plan.id, left, lead)
-            moved.append(job.id)
+            moved.append(stored)
     return moved

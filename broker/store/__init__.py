@@ -1,4 +1,4 @@
-"""State stores behind one narrow interface (DESIGN.md "State").
+"""State stores behind one narrow interface (docs/architecture.md "State and leadership").
 
 ``open_store(url)`` is the one way the broker gets a store, so the config holds a
 single URL string and swapping SQLite for Redis is a config change, not a code change.

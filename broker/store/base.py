@@ -1,4 +1,4 @@
-"""The one narrow state interface the broker uses (DESIGN.md "State").
+"""The one narrow state interface the broker uses (docs/architecture.md "State and leadership").
 
 Why this shape:
 - Jobs are stored as serialized ``computebroker.v1.Job`` protobufs with a
@@ -13,6 +13,13 @@ Why this shape:
 - ``acquire_lease`` gives one leader among broker replicas. Both stores enforce it
   (SQLite too: two broker processes pointed at one file must not both schedule). A
   broker restarted after a crash with a new holder id waits out the old lease's TTL.
+- **Fencing**: every lease grant to a new holder increments the lease's *epoch*
+  (``acquire_lease_epoch`` returns it). A leader calls ``fence_writes(name, epoch)``;
+  from then on every mutating call of that store object checks, inside the same
+  atomic write (Redis script / SQLite transaction), that the lease's epoch is still
+  ``epoch`` and raises :class:`Fenced` otherwise. A leader frozen past its lease
+  (SIGSTOP, GC pause, partition) therefore cannot write once a standby took over,
+  however late its queued writes arrive.
 
 Implementations: ``broker.store.sqlite.SQLiteStore`` (embedded default) and
 ``broker.store.redis.RedisStore`` (HA). Both pass ``tests/store/test_conformance.py``.
@@ -26,6 +33,7 @@ from collections.abc import Sequence
 from google.protobuf.message import Message
 
 from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import logs_pb2 as lpb
 
 
 class StoreError(Exception):
@@ -42,6 +50,17 @@ class AlreadyExists(StoreError):
 
 class VersionConflict(StoreError):
     """The job changed since it was read; re-read and retry."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (connection refused/reset, timeout) even after the
+    store's own bounded retries. Callers see UNAVAILABLE and retry later; the write may
+    or may not have happened, so only idempotent writes should be blindly repeated."""
+
+
+class Fenced(StoreError):
+    """A write carried a leader epoch older than the lease's current one: another
+    replica leads now, so this one must not change anything (issue 15 defect 7)."""
 
 
 # Kinds of keyed records (put_record / get_record / list_records).
@@ -102,6 +121,28 @@ class Store(abc.ABC):
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         """Append events that do not change the job (e.g. progress); returns them with seq."""
 
+    # ---- rank logs (docs/contracts.md "Rank logs") ----------------------------------
+    @abc.abstractmethod
+    def append_logs(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
+        """Store a chunk's new lines atomically; return the stream's stored end offset.
+
+        Dedup by offset: lines ending at or before the stored end of (job, attempt,
+        rank, stream) are skipped (a resend after a reconnect), so a chunk applied twice
+        changes nothing. A chunk starting past the stored end (the agent dropped part of
+        its backlog) is stored after a marker line saying how many bytes are missing.
+        Lines get the attempt's next ``seq``. Then, while the attempt's stored text is
+        over ``max_bytes``, its oldest lines are dropped and counted (:meth:`read_logs`).
+        """
+
+    @abc.abstractmethod
+    def log_offsets(self, job_id: str) -> list[lpb.LogOffset]:
+        """The stored end offset of every (attempt, rank, stream) of a job."""
+
+    @abc.abstractmethod
+    def read_logs(self, job_id: str, attempt: int, after_seq: int = 0) -> tuple[list[lpb.LogLine], int]:
+        """An attempt's stored lines with seq > after_seq (oldest first) and how many
+        of its oldest lines were dropped by the size bound."""
+
     # ---- keyed records -----------------------------------------------------------
     @abc.abstractmethod
     def put_record(self, kind: str, key: str, message: Message) -> None: ...
@@ -117,9 +158,20 @@ class Store(abc.ABC):
     def delete_record(self, kind: str, key: str) -> bool: ...
 
     # ---- leadership --------------------------------------------------------------
-    @abc.abstractmethod
     def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew lease ``name`` for ``holder``; False if another holder has it."""
+        return self.acquire_lease_epoch(name, holder, ttl_s) > 0
+
+    @abc.abstractmethod
+    def acquire_lease_epoch(self, name: str, holder: str, ttl_s: float) -> int:
+        """Take or renew lease ``name``; 0 if another holder has it, else the lease's
+        epoch: incremented each time the lease passes to a holder (a new one, or the
+        same one after it had expired), unchanged by a renewal."""
+
+    @abc.abstractmethod
+    def fence_writes(self, name: str, epoch: int | None) -> None:
+        """From now on refuse (raise :class:`Fenced`) every mutating call unless lease
+        ``name`` is still at ``epoch``; ``None`` turns fencing off (the default)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections/files."""

@@ -44,7 +44,16 @@ from tenacity import (
     wait_exponential,
 )
 
-from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from broker.store.base import (
+    AlreadyExists,
+    Fenced,
+    NotFound,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
+from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -71,14 +80,21 @@ end
 local function seen(tok)
   return redis.call('GET', p .. ':tok:' .. tok)
 end
+-- Leader fencing: ARGV[4] = the lease's epoch key ('' = not fenced), ARGV[5] = our epoch.
+local function fenced()
+  if ARGV[4] == '' then return false end
+  return (redis.call('GET', ARGV[4]) or '0') ~= ARGV[5]
+end
 """
 
-# ARGV: prefix, token, token_ttl, id, team, crid, phase, region, data, n_events, events...
-# Returns: 1 created | -1 id exists | -2 request id exists
+# ARGV: prefix, token, token_ttl, fence_key, fence_epoch, id, team, crid, phase, region, data,
+#       n_events, events...
+# Returns: 1 created | -1 id exists | -2 request id exists | -9 fenced
 _CREATE = _LUA_COMMON + r"""
-local tok, id, team, crid, phase, region, data = ARGV[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local tok, id, team, crid, phase, region, data = ARGV[2], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local prev = seen(tok)
 if prev then return tonumber(prev) end
+if fenced() then return -9 end
 local jk = jkey(id)
 if redis.call('EXISTS', jk) == 1 then return -1 end
 if crid ~= '' and redis.call('HSETNX', p .. ':reqid', reqfield(team, crid), id) == 0 then
@@ -89,17 +105,20 @@ redis.call('ZADD', p .. ':jobs', 0, id)
 redis.call('ZADD', ikey('team', team), 0, id)
 redis.call('ZADD', ikey('phase', phase), 0, id)
 if region ~= '' then redis.call('ZADD', ikey('region', region), 0, id) end
-push_events(id, 11, tonumber(ARGV[10]))
+push_events(id, 13, tonumber(ARGV[12]))
 return done(tok, 1)
 """
 
-# ARGV: prefix, token, token_ttl, id, expected, team, crid, phase, region, data, n, events...
+# ARGV: prefix, token, token_ttl, fence_key, fence_epoch, id, expected, team, crid, phase,
+#       region, data, n, events...
 # Returns: {0, first_seq} ok | {-1, 0} not found | {-2, current} conflict | {-3, 0} reqid taken
+#          | {-9, 0} fenced
 _UPDATE = _LUA_COMMON + r"""
-local tok, id, expected = ARGV[2], ARGV[4], ARGV[5]
-local team, crid, phase, region, data = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local tok, id, expected = ARGV[2], ARGV[6], ARGV[7]
+local team, crid, phase, region, data = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local prev = seen(tok)
 if prev then return {0, tonumber(prev)} end
+if fenced() then return {-9, 0} end
 local jk = jkey(id)
 local cur = redis.call('HMGET', jk, 'v', 'team', 'crid', 'phase', 'region')
 if not cur[1] then return {-1, 0} end
@@ -126,27 +145,45 @@ if region ~= oregion then
 end
 redis.call('HSET', jk, 'd', data, 'v', tonumber(expected) + 1, 'team', team, 'crid', crid,
            'phase', phase, 'region', region)
-local start = push_events(id, 12, tonumber(ARGV[11]))
+local start = push_events(id, 14, tonumber(ARGV[13]))
 done(tok, start)
 return {0, start}
 """
 
-# ARGV: prefix, token, token_ttl, id, n, events...   Returns first seq, or -1 not found.
+# ARGV: prefix, token, token_ttl, fence_key, fence_epoch, id, n, events...
+# Returns first seq, or -1 not found, -9 fenced.
 _APPEND = _LUA_COMMON + r"""
-local tok, id = ARGV[2], ARGV[4]
+local tok, id = ARGV[2], ARGV[6]
 local prev = seen(tok)
 if prev then return tonumber(prev) end
+if fenced() then return -9 end
 if redis.call('EXISTS', jkey(id)) == 0 then return -1 end
-return done(tok, push_events(id, 6, tonumber(ARGV[5])))
+return done(tok, push_events(id, 8, tonumber(ARGV[7])))
 """
 
-# KEYS: lease key; ARGV: holder, ttl_ms.  Renew only if we still hold it.
-_RENEW = r"""
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+# ARGV: prefix, token, token_ttl, fence_key, fence_epoch, kind, key, data ('' + del=1: delete)
+# Returns 1/0 (written or deleted / not), -9 fenced.
+_RECORD = _LUA_COMMON + r"""
+if fenced() then return -9 end
+local hk = p .. ':rec:' .. ARGV[6]
+if ARGV[9] == '1' then return redis.call('HDEL', hk, ARGV[7]) end
+redis.call('HSET', hk, ARGV[7], ARGV[8])
+return 1
+"""
+
+# KEYS: lease key, epoch key; ARGV: holder, ttl_ms. Returns the epoch, or 0 if another
+# holder has the lease. A grant (not a renewal) increments the epoch (leader fencing).
+_LEASE = r"""
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  local e = redis.call('GET', KEYS[2])
+  if e then return tonumber(e) end
+  return redis.call('INCR', KEYS[2])
 end
-return 0
+if cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return redis.call('INCR', KEYS[2])
 """
 
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
@@ -176,7 +213,7 @@ def _event_bytes(ev: pb.JobEvent) -> bytes:
     return e.SerializeToString()
 
 
-class RedisStore(Store):
+class RedisStore(RedisLogs, Store):
     """Store in Redis (``redis://host:port/db?prefix=cb``)."""
 
     def __init__(
@@ -200,7 +237,9 @@ class RedisStore(Store):
         self._create = self._r.register_script(_CREATE)
         self._update = self._r.register_script(_UPDATE)
         self._append = self._r.register_script(_APPEND)
-        self._renew = self._r.register_script(_RENEW)
+        self._record = self._r.register_script(_RECORD)
+        self._lease = self._r.register_script(_LEASE)
+        self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
         self._retry = retry(
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts) | stop_after_delay(retry_max_delay_s),
@@ -210,13 +249,21 @@ class RedisStore(Store):
 
     # ---- plumbing ------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
-        return self._retry(fn)()
+        """Run ``fn`` with bounded retries; a store still unreachable after them is
+        :class:`StoreUnavailable` (UNAVAILABLE to API callers, never INTERNAL)."""
+        try:
+            return self._retry(fn)()
+        except _TRANSIENT as e:
+            raise StoreUnavailable(f"redis unavailable: {e}") from e
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
     def _base_args(self) -> list[object]:
-        return [self.prefix, uuid.uuid4().hex, _TOKEN_TTL_S]
+        return [self.prefix, uuid.uuid4().hex, _TOKEN_TTL_S, *self._fence]
+
+    def _fenced(self) -> Fenced:
+        return Fenced(f"leader epoch {self._fence[1]} is stale: another broker leads now")
 
     @staticmethod
     def _columns(job: pb.Job) -> list[object]:
@@ -249,6 +296,8 @@ class RedisStore(Store):
             *(_event_bytes(e) for e in events),
         ]
         res = self._call(lambda: self._create(args=args))
+        if res == -9:
+            raise self._fenced()
         if res == -1:
             raise AlreadyExists(f"job {stored.id!r} already exists")
         if res == -2:
@@ -291,6 +340,8 @@ class RedisStore(Store):
             *(_event_bytes(e) for e in events),
         ]
         code, value = self._call(lambda: self._update(args=args))
+        if code == -9:
+            raise self._fenced()
         if code == -1:
             raise NotFound(f"job {stored.id!r} not found")
         if code == -2:
@@ -379,14 +430,22 @@ class RedisStore(Store):
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         args = [*self._base_args(), job_id, len(events), *(_event_bytes(e) for e in events)]
         start = self._call(lambda: self._append(args=args))
+        if start == -9:
+            raise self._fenced()
         if start == -1:
             raise NotFound(f"job {job_id!r} not found")
         return self._with_seq(job_id, start, events)
 
     # ---- keyed records ---------------------------------------------------------------
+    def _write_record(self, kind: str, key: str, data: bytes, delete: bool) -> int:
+        args = [*self._base_args(), kind, key, data, "1" if delete else "0"]
+        res = self._call(lambda: self._record(args=args))
+        if res == -9:
+            raise self._fenced()
+        return int(res)
+
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        data = message.SerializeToString()
-        self._call(lambda: self._r.hset(self._k("rec", kind), key, data))
+        self._write_record(kind, key, message.SerializeToString(), delete=False)
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
@@ -397,19 +456,16 @@ class RedisStore(Store):
         return [message_type.FromString(items[k]) for k in sorted(items)]
 
     def delete_record(self, kind: str, key: str) -> bool:
-        return bool(self._call(lambda: self._r.hdel(self._k("rec", kind), key)))
+        return self._write_record(kind, key, b"", delete=True) > 0
 
     # ---- leadership ------------------------------------------------------------------
-    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
-        key = self._k("lease", name)
+    def acquire_lease_epoch(self, name: str, holder: str, ttl_s: float) -> int:
+        keys = [self._k("lease", name), self._k("lease", name, "epoch")]
         ttl_ms = max(1, int(ttl_s * 1000))
+        return int(self._call(lambda: self._lease(keys=keys, args=[holder, ttl_ms])))
 
-        def attempt() -> bool:
-            if self._r.set(key, holder, nx=True, px=ttl_ms):
-                return True
-            return bool(self._renew(keys=[key], args=[holder, ttl_ms]))
-
-        return self._call(attempt)
+    def fence_writes(self, name: str, epoch: int | None) -> None:
+        self._fence = ("", "") if epoch is None else (self._k("lease", name, "epoch"), str(epoch))
 
     def close(self) -> None:
         self._pool.disconnect()

@@ -16,8 +16,10 @@ Why these choices:
 - Jobs are stored as serialized protobuf ``data`` plus the few columns that are
   queried (team, client_request_id, phase, region, version): the schema never has to
   follow the proto, and the indexed columns are rewritten from the proto on every write.
-- Leases are real (name, holder, expiry) rows so the conformance suite holds for both
-  stores; with a single broker process they are simply always granted to it.
+- Leases are real (name, holder, expiry, epoch) rows so the conformance suite holds
+  for both stores; with a single broker process they are simply always granted to it.
+  Fencing (``fence_writes``) reads the lease's epoch inside each write transaction
+  (BEGIN IMMEDIATE holds the write lock, so no grant can slip in between).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ from contextlib import contextmanager
 
 from google.protobuf.message import Message
 
-from broker.store.base import AlreadyExists, NotFound, Store, StoreError, VersionConflict
+from broker.store.base import (
+    AlreadyExists,
+    Fenced,
+    NotFound,
+    Store,
+    StoreError,
+    VersionConflict,
+)
+from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from computebroker.v1 import common_pb2 as pb
 
 _SCHEMA = """
@@ -63,12 +73,13 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0
 );
 """
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteLogs, Store):
     """Store in one SQLite file (``":memory:"`` for a throwaway in-process store)."""
 
     def __init__(self, path: str, *, busy_timeout_s: float = 30.0) -> None:
@@ -85,19 +96,31 @@ class SQLiteStore(Store):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(_SCHEMA + LOG_SCHEMA)
+            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(leases)")}
+            if "epoch" not in cols:  # a file from before leader fencing
+                self._conn.execute(
+                    "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+        self._fence: tuple[str, int] | None = None
 
     # ---- plumbing ------------------------------------------------------------------
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, fenced: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction: takes the write lock up front (BEGIN IMMEDIATE) so a
-        read-then-write inside it can never be invalidated by another writer."""
+        read-then-write inside it can never be invalidated by another writer. With
+        fencing on, the lease epoch is checked first, inside the same transaction."""
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise StoreError("store is closed")
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if fenced and self._fence is not None:
+                    name, epoch = self._fence
+                    row = conn.execute("SELECT epoch FROM leases WHERE name = ?",
+                                       (name,)).fetchone()
+                    if (row[0] if row else 0) != epoch:
+                        raise Fenced(f"leader epoch {epoch} is stale: another broker leads now")
                 yield conn
                 conn.execute("COMMIT")
             except BaseException:
@@ -265,22 +288,27 @@ class SQLiteStore(Store):
             return cur.rowcount > 0
 
     # ---- leadership ------------------------------------------------------------------
-    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+    def acquire_lease_epoch(self, name: str, holder: str, ttl_s: float) -> int:
         # Wall clock (not monotonic): another process may share the file.
         now = time.time()
-        with self._tx() as conn:
+        with self._tx(fenced=False) as conn:
             row = conn.execute(
-                "SELECT holder, expires_at FROM leases WHERE name = ?", (name,)
+                "SELECT holder, expires_at, epoch FROM leases WHERE name = ?", (name,)
             ).fetchone()
             if row is not None and row[0] != holder and row[1] > now:
-                return False
+                return 0
+            renewal = row is not None and row[0] == holder and row[1] > now
+            epoch = (row[2] if row else 0) + (0 if renewal else 1)
             conn.execute(
-                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)"
+                "INSERT INTO leases (name, holder, expires_at, epoch) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,"
-                " expires_at = excluded.expires_at",
-                (name, holder, now + ttl_s),
+                " expires_at = excluded.expires_at, epoch = excluded.epoch",
+                (name, holder, now + ttl_s, epoch),
             )
-            return True
+            return epoch
+
+    def fence_writes(self, name: str, epoch: int | None) -> None:
+        self._fence = None if epoch is None else (name, epoch)
 
     def close(self) -> None:
         with self._lock:

@@ -16,8 +16,12 @@ Why this shape:
 * **Metrics are per broker server** (own MeterProvider and Prometheus registry), so
   tests can run several brokers in one process; traces use the process-wide provider
   that :func:`setup_tracing` installs once.
-* Only the OpenTelemetry *API* is imported at module load: the SDK (``brokersdk.client``)
-  imports this module and stays light; the OTel SDK and exporters load when enabled.
+* Only the OpenTelemetry *API* is imported at module load (the broker starts light;
+  ``brokersdk`` has its own small tracing helper); the OTel SDK and exporters load when
+  enabled.
+
+Over 400 lines on purpose: the span hooks and the metric instruments share one set of
+job/attempt attributes and one start/close lifecycle per broker server.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from broker.jobs.causes import Family, MoveState
 
 if TYPE_CHECKING:
     import placement
@@ -255,7 +261,7 @@ class _Pass:
 class BrokerTelemetry:
     """The broker's hooks: spans for job operations, and metrics once started.
 
-    ``BrokerCore`` owns one (``core.telemetry``); ``BrokerServer`` calls
+    ``BrokerServer`` makes one (``JobOps.telemetry``) and calls
     :meth:`start_metrics` with ``BrokerConfig.metrics_listen`` and :meth:`close`.
     """
 
@@ -374,7 +380,7 @@ class BrokerTelemetry:
         if self.metrics_on:
             self._inst[key].record(value, attrs)
 
-    # ---- job spans (hooks in BrokerCore / JobService) -------------------------------
+    # ---- job spans (hooks in JobOps / JobService) -------------------------------
     @contextlib.contextmanager
     def job_span(self, invocation_metadata: Sequence[tuple[str, Any]] | None) -> Iterator[None]:
         """SubmitJob: the ``job`` span, a child of the caller's (from gRPC metadata).
@@ -460,9 +466,9 @@ class BrokerTelemetry:
         since = job.phase_time or job.created_time
         if since:
             self._record("queue_wait", max(0.0, now - since), team=job.spec.team, cause=cause)
-        if job.migrations and cause != "preemption":
+        if job.migrations and cause != Family.PREEMPTION:
             m = job.migrations[-1]
-            if m.state in ("queued", "checkpointing"):
+            if m.state in (MoveState.QUEUED, MoveState.CHECKPOINTING):
                 self._add("migrations", 1, cause=m.cause or "unspecified",
                           from_region=m.from_region, to_region=admission.region)
 
@@ -516,7 +522,7 @@ class BrokerTelemetry:
                     self._add("transfer_bytes", t.bytes_total, method=t.method or "unknown",
                               to_region=m.to_region)
                     seen += "t"
-                if m.state == "done" and m.total_s and "d" not in seen:
+                if m.state == MoveState.DONE and m.total_s and "d" not in seen:
                     self._record("migration_duration", m.total_s, cause=m.cause or "unspecified")
                     seen += "d"
                 if seen:

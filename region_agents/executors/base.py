@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from computebroker.v1 import agent_pb2, common_pb2
+from region_agents.logship import LogSource
 
 AS = agent_pb2.AttemptState
 TERMINAL_STATES = frozenset(
@@ -29,6 +30,10 @@ TERMINAL_STATES = frozenset(
 EXIT_OK = 0
 EXIT_CHECKPOINTED = 75
 EXIT_BAD_CONFIG = 2
+# The resume checkpoint is gone or incomplete (the trainer found it so, or the agent
+# could not resolve it): retryable, and no node is to blame.
+EXIT_RESUME_UNAVAILABLE = 77
+NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE})  # exits that blame no node
 
 
 @dataclass
@@ -154,6 +159,24 @@ class Executor(abc.ABC):
     def running(self) -> list[RunningInfo]:
         """Attempts that have not reached a terminal state."""
 
+    def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
+        """Files holding each rank's stdout/stderr (shipped to the broker by
+        region_agents/logship.py); [] = this executor's output is not shipped."""
+        return []
+
     @abc.abstractmethod
     def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop everything (checkpoint-first when grace_s > 0) and release resources."""
+
+    # ---- restart safety (optional; the local executor implements them) --------------
+    def recover(self) -> list[AttemptEvent]:  # noqa: B027 - optional hook
+        """After an agent restart: re-adopt surviving attempts (``running()`` then lists
+        them) and return finished outcomes the broker has not acknowledged yet."""
+        return []
+
+    def known_attempts(self) -> dict[str, int]:
+        """Highest attempt per job this executor has durable knowledge of."""
+        return {}
+
+    def acknowledged(self, job_id: str, attempt: int) -> None:  # noqa: B027 - optional hook
+        """The broker committed this attempt's terminal update."""

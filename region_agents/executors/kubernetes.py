@@ -29,9 +29,9 @@ from computebroker.v1 import common_pb2
 from region_agents import labels as L
 from region_agents.executors.base import (
     AS,
-    EXIT_BAD_CONFIG,
     EXIT_CHECKPOINTED,
     EXIT_OK,
+    NOT_THE_NODE,
     AttemptEvent,
     AttemptSpec,
     Executor,
@@ -324,7 +324,7 @@ class KubernetesExecutor(Executor):
                     att.exit_codes[pod.metadata.name] = term.exit_code
                     if term.exit_code not in (EXIT_OK, EXIT_CHECKPOINTED) and not att.failure \
                             and not att.stop_mode:
-                        blamed = [] if term.exit_code == EXIT_BAD_CONFIG else [pod.spec.node_name or ""]
+                        blamed = [] if term.exit_code in NOT_THE_NODE else [pod.spec.node_name or ""]
                         msg = f"pod {pod.metadata.name} exited {term.exit_code}: " \
                               f"{term.reason or ''} {term.message or ''}".strip()
                         att.failure = (term.exit_code, msg, [b for b in blamed if b])

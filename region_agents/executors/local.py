@@ -5,13 +5,22 @@ matters to the broker: gang failure, signals, exit codes, hangs. One attempt =
 one process group (rank 0 leads a new group, the others join it), so a single ``killpg`` reaches every rank and anything they spawned.
 
 Rank layout: ``nodes x min(gpus_per_node, ranks_per_node)`` processes, with
-WORLD_SIZE set to that number (TEAM.md rule 8); the trainer keeps the global
+WORLD_SIZE set to that number (docs/contracts.md section 6, rule 8); the trainer keeps the global
 batch fixed, so fewer ranks change speed, not results.
+
+Restart safety (issue 15; records in attempt_records.py): every attempt leaves a durable
+record, a restarted agent re-adopts or reports what a previous agent process started,
+and no attempt starts while an older attempt of its job can still write. Why this
+module is over 400 lines: recovery rebuilds the same private per-attempt state
+(_Attempt/_Rank) the launch path builds, and the gang/stop logic must treat own and
+re-adopted ranks alike; the JSON record format and /proc handling live apart.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import glob
 import logging
 import os
 import signal
@@ -24,18 +33,20 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from computebroker.v1 import common_pb2
+from computebroker.v1 import agent_pb2, common_pb2
+from region_agents.executors import attempt_records as records
 from region_agents.executors.base import (
     AS,
-    EXIT_BAD_CONFIG,
     EXIT_CHECKPOINTED,
     EXIT_OK,
+    NOT_THE_NODE,
     AttemptEvent,
     AttemptSpec,
     Executor,
     RunningInfo,
     trainer_config_json,
 )
+from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 
 log = logging.getLogger(__name__)
@@ -72,9 +83,33 @@ def file_path(uri: str) -> str:
 class _Rank:
     rank: int
     node_id: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None: re-adopted after an agent restart (not our child)
     stderr_path: Path
     returncode: int | None = None
+    pid: int = 0
+    start_ticks: int = 0
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running. An adopted rank's exit code is unknowable
+        (it is not our child): ``ADOPTED_EXITED`` stands for it."""
+        if self.returncode is None:
+            if self.proc is not None:
+                self.returncode = self.proc.poll()
+            elif not records.same_process_alive(self.pid, self.start_ticks):
+                self.returncode = ADOPTED_EXITED
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if self.proc is not None:
+                self.proc.send_signal(sig)
+            else:
+                os.kill(self.pid, sig)
+
+
+ADOPTED_EXITED = -1000  # exit code of a re-adopted rank that has exited (see _Rank.poll)
 
 
 @dataclass
@@ -95,6 +130,7 @@ class _Attempt:
     last_sent_time: float = 0.0
     hang_timeout_s: float = 0.0
     events: list[AttemptEvent] = field(default_factory=list)
+    record: records.AttemptRecord | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -147,7 +183,11 @@ class LocalExecutor(Executor):
             layout = self.layout(spec)
             world = sum(n for _, n in layout)
             adir = self.work_dir / "jobs" / spec.job_id / f"attempt-{spec.attempt}"
+            # No attempt may take a step while an older one of the job can still write.
+            self._fence_older(spec.job_id, spec.attempt)
             adir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                (adir / records.FENCE_NAME).unlink()
             progress_path = adir / "progress.json"
             with contextlib.suppress(FileNotFoundError):
                 progress_path.unlink()
@@ -175,6 +215,7 @@ class LocalExecutor(Executor):
                     "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
                     "CB_PROGRESS_FILE": str(progress_path),
                     "CB_WORK_DIR": str(adir),
+                    "CB_FENCE_FILE": str(adir / records.FENCE_NAME),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
@@ -185,6 +226,14 @@ class LocalExecutor(Executor):
             ranks: list[_Rank] = []
             pgid = 0
             rank = 0
+            # Durable before the first spawn (an agent dying mid-launch leaves a record;
+            # its ranks are then found by CB_WORK_DIR), completed with pids right after.
+            record = records.AttemptRecord(
+                job_id=spec.job_id, attempt=spec.attempt, dir=str(adir),
+                launch_b64=base64.b64encode(_launch_of(spec).SerializeToString()).decode(),
+                env_digest=records.env_digest(base_env), hang_timeout_s=hang,
+                started=time.time())
+            record.save()
             try:
                 for node_rank, (node_id, local_world) in enumerate(layout):
                     for local in range(local_world):
@@ -221,20 +270,27 @@ class LocalExecutor(Executor):
                             err.close()
                         if rank == 0:
                             pgid = proc.pid
-                        ranks.append(_Rank(rank, node_id, proc, err_path))
+                        ticks = records.proc_start_ticks(proc.pid) or 0
+                        ranks.append(_Rank(rank, node_id, proc, err_path, pid=proc.pid,
+                                           start_ticks=ticks))
                         rank += 1
             except OSError as e:
                 if pgid:
                     self._killpg(pgid, signal.SIGKILL)
                 raise ValueError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
+            record.pgid = pgid
+            record.ranks = [records.RankRecord(r.rank, r.node_id, r.pid, r.start_ticks)
+                            for r in ranks]
+            record.save()
             att = _Attempt(
                 spec=spec,
                 dir=adir,
                 progress_path=progress_path,
                 pgid=pgid,
                 ranks=ranks,
-                started=time.time(),
+                started=record.started,
                 hang_timeout_s=hang,
+                record=record,
             )
             self._attempts[att.key] = att
             self._pending.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
@@ -248,11 +304,22 @@ class LocalExecutor(Executor):
 
     def _signal_live(self, att: _Attempt, sig: int) -> None:
         """Signal each live rank directly and the group (the leader may be gone)."""
+        live = False
         for r in att.ranks:
-            if r.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    r.proc.send_signal(sig)
-        self._killpg(att.pgid, sig)
+            if r.poll() is None:
+                live = True
+                r.signal(sig)
+        if live:  # a group id stays ours while any member lives (Linux never reuses it)
+            self._killpg(att.pgid, sig)
+
+    def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
+        """``rank-<r>.stdout`` / ``rank-<r>.stderr`` in the attempt directory."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                return []
+            return [LogSource(r.rank, stream, att.dir / f"rank-{r.rank}.{stream}")
+                    for r in att.ranks for stream in ("stdout", "stderr")]
 
     def get(self, job_id: str, attempt: int) -> _Attempt | None:
         return self._attempts.get((job_id, attempt))
@@ -322,12 +389,12 @@ class LocalExecutor(Executor):
             return out
 
     def _poll_one(self, att: _Attempt, now: float) -> None:
-        for r in att.ranks:
-            if r.returncode is None:
-                r.returncode = r.proc.poll()
         snap = read_progress(str(att.progress_path))
         if snap is not None:
             att.last = snap
+        for r in att.ranks:
+            if r.poll() == ADOPTED_EXITED:
+                r.returncode = self._adopted_exit_code(att)
         alive = [r for r in att.ranks if r.returncode is None]
 
         # Stop deadline passed: the trainer did not checkpoint in time.
@@ -340,7 +407,7 @@ class LocalExecutor(Executor):
             crashed = [r for r in att.ranks if r.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
             if crashed:
                 first = crashed[0]
-                blamed = [] if first.returncode == EXIT_BAD_CONFIG else [first.node_id]
+                blamed = [] if first.returncode in NOT_THE_NODE else [first.node_id]
                 msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
                 stderr = tail(first.stderr_path)
                 if stderr:
@@ -411,6 +478,12 @@ class LocalExecutor(Executor):
             )
         )
         log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, state, code)
+        if att.record is not None:
+            att.record.final = {"state": int(state), "exit_code": int(code),
+                                "message": msg.strip(), "failed_nodes": list(failed_nodes),
+                                "time": time.time()}
+            with contextlib.suppress(OSError):
+                att.record.save()
 
     def running(self) -> list[RunningInfo]:
         with self._lock:
@@ -437,9 +510,119 @@ class LocalExecutor(Executor):
         deadline = time.time() + grace_s
         for a in atts:
             for r in a.ranks:
+                if r.proc is None:  # adopted: not our child, poll /proc
+                    while r.poll() is None and time.time() < deadline:
+                        time.sleep(0.05)
+                    if r.poll() is None:
+                        self._signal_live(a, signal.SIGKILL)
+                    continue
                 try:
                     r.proc.wait(timeout=max(0.0, deadline - time.time()))
                 except subprocess.TimeoutExpired:
                     self._signal_live(a, signal.SIGKILL)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         r.proc.wait(timeout=5)
+
+
+    # ---- restart safety (issue 15 defect 2; region_agents/executors/attempt_records.py) ----
+    def _fence_older(self, job_id: str, attempt: int) -> None:
+        """Kill every older attempt of ``job_id`` this work dir knows (in memory or only
+        in a record left by a previous agent process) and wait until none can write."""
+        for key, att in list(self._attempts.items()):
+            if key[0] == job_id and key[1] < attempt and any(r.poll() is None for r in att.ranks):
+                records.write_fence(att.dir)
+                att.killed_by_us = True
+                att.stop_mode = att.stop_mode or "kill"
+                self._signal_live(att, signal.SIGKILL)
+                deadline = time.monotonic() + 30.0
+                while any(r.poll() is None for r in att.ranks):
+                    if time.monotonic() > deadline:
+                        raise ValueError(f"attempt {key[1]} of {job_id} could not be killed")
+                    time.sleep(0.02)
+        for rec in records.scan(self.work_dir, glob.escape(job_id)):
+            if rec.job_id != job_id or rec.attempt >= attempt or (job_id, rec.attempt) in self._attempts:
+                continue
+            extra = records.orphan_pids([rec.dir]).get(rec.dir, []) if not rec.ranks else []
+            if rec.live_pids() or extra:
+                log.warning("%s attempt %d supersedes attempt %d still running from a previous"
+                            " agent process: killing it", job_id, attempt, rec.attempt)
+            if not records.kill_and_wait(rec, extra):
+                raise ValueError(f"attempt {rec.attempt} of {job_id} could not be killed")
+
+    def _adopted_exit_code(self, att: _Attempt) -> int:
+        """Best knowledge of how a re-adopted rank ended (its exit code is not ours to
+        read): the trainer's own last word in the progress file."""
+        state = att.last.state if att.last is not None else ""
+        if state == "done":
+            return EXIT_OK
+        if state == "checkpointing" and att.stop_mode == "checkpoint":
+            return EXIT_CHECKPOINTED
+        return -signal.SIGKILL if att.killed_by_us else 1
+
+    def recover(self) -> list[AttemptEvent]:
+        """After an agent restart: re-adopt attempts whose ranks still run (``running()``
+        lists them, ``poll()`` watches them) and return the outcomes of finished attempts
+        the broker has not acknowledged yet (to be re-sent)."""
+        unacked: list[AttemptEvent] = []
+        with self._lock:
+            recs = records.scan(self.work_dir)
+            missing = [r.dir for r in recs if r.final is None and not r.ranks]
+            orphans = records.orphan_pids(missing)
+            for rec in recs:
+                if rec.final is not None:
+                    if not rec.acked:
+                        f = rec.final
+                        unacked.append(AttemptEvent(rec.job_id, rec.attempt, int(f["state"]),
+                                                    exit_code=int(f.get("exit_code", 0)),
+                                                    message=str(f.get("message", "")),
+                                                    failed_nodes=list(f.get("failed_nodes", [])),
+                                                    time=float(f.get("time", time.time()))))
+                    continue
+                if (rec.job_id, rec.attempt) in self._attempts:
+                    continue
+                if not rec.ranks:  # died mid-launch: kill whatever it had started
+                    records.kill_and_wait(rec, orphans.get(rec.dir, []))
+                self._adopt(rec)
+        return unacked
+
+    def _adopt(self, rec: records.AttemptRecord) -> None:
+        launch = agent_pb2.Launch.FromString(base64.b64decode(rec.launch_b64))
+        spec = AttemptSpec.from_launch(launch)
+        adir = Path(rec.dir)
+        ranks = [_Rank(r.rank, r.node_id, None, adir / f"rank-{r.rank}.stderr", pid=r.pid,
+                       start_ticks=r.start_ticks) for r in rec.ranks]
+        att = _Attempt(spec=spec, dir=adir, progress_path=adir / "progress.json", pgid=rec.pgid,
+                       ranks=ranks, started=rec.started, hang_timeout_s=rec.hang_timeout_s,
+                       record=rec)
+        att.last = read_progress(str(att.progress_path))
+        if att.last is not None and att.last.state in ("running", "checkpointing", "done"):
+            att.state = AS.ATTEMPT_STATE_RUNNING
+        if not ranks:
+            att.failure = (-signal.SIGKILL, "the agent died while starting this attempt", [])
+        self._attempts[att.key] = att
+        live = sum(1 for r in ranks if r.poll() is None)
+        log.info("re-adopted %s attempt %d (%d/%d ranks alive)", rec.job_id, rec.attempt, live,
+                 len(ranks))
+
+    def known_attempts(self) -> dict[str, int]:
+        """Highest attempt per job any record shows (keeps fencing across restarts)."""
+        out: dict[str, int] = {}
+        for rec in records.scan(self.work_dir):
+            out[rec.job_id] = max(out.get(rec.job_id, 0), rec.attempt)
+        return out
+
+    def acknowledged(self, job_id: str, attempt: int) -> None:
+        """The broker committed this attempt's terminal update: never re-send it."""
+        path = self.work_dir / "jobs" / job_id / f"attempt-{attempt}" / records.RECORD_NAME
+        rec = records.AttemptRecord.load(path)
+        if rec is not None and rec.final is not None and not rec.acked:
+            rec.acked = True
+            with contextlib.suppress(OSError):
+                rec.save()
+
+
+def _launch_of(spec: AttemptSpec) -> agent_pb2.Launch:
+    """The Launch an AttemptSpec came from (stored in the attempt record)."""
+    return agent_pb2.Launch(job_id=spec.job_id, attempt=spec.attempt, spec=spec.spec,
+                            placement=spec.placement, checkpoint_uri=spec.checkpoint_uri,
+                            resume_from=spec.resume_from, env=spec.env)

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from region_agents.agent import AgentConfig, RegionAgent
+from tests.agents.fake_broker import FakeBroker
+
 # A tiny stand-in for `python -m trainer` that honours docs/contracts.md: rank 0 writes
 # the progress file atomically each step, SIGTERM -> "checkpoint" + exit 75, SIGUSR1 ->
 # checkpoint and continue, exit 0 at the end. Knobs (env): FAKE_STEPS, FAKE_STEP_S,
@@ -118,3 +121,23 @@ def inventory_file(tmp_path: Path) -> Path:
     path = tmp_path / "inventory.yaml"
     path.write_text(INVENTORY.format(bucket=tmp_path / "ckpt"))
     return path
+
+
+@pytest.fixture
+def broker():
+    """A scripted FakeBroker on a real gRPC server (fake_broker.py)."""
+    b = FakeBroker(heartbeat_interval_s=0.3)
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def agent(broker, inventory_file, tmp_path):
+    """A real RegionAgent (local executor) connected to `broker`."""
+    a = RegionAgent(AgentConfig(broker_address=broker.address, inventory_path=str(inventory_file),
+                                work_dir=str(tmp_path / "work"), ranks_per_node=1,
+                                hang_timeout_s=120))
+    a.start()
+    yield a
+    a.stop()

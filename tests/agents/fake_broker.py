@@ -36,6 +36,8 @@ class FakeBroker(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, heartbeat_interval_s: float = 0.3) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.stale_job_ids: list[str] = []
+        self.mute = False  # True: a hung leader (answers nothing, not even heartbeats)
+        self.ack_updates = True  # False: a broker whose store is down (never acks updates)
         self.messages: list[tuple[int, agent_pb2.AgentMessage]] = []  # (connection no, msg)
         self.connections = 0
         self._out: queue.Queue | None = None
@@ -79,6 +81,15 @@ class FakeBroker(agent_pb2_grpc.AgentServiceServicer):
                 for msg in request_iterator:
                     with self._lock:
                         self.messages.append((conn, msg))
+                    if self.mute:
+                        continue
+                    if msg.HasField("heartbeat"):
+                        out.put(agent_pb2.BrokerMessage(heartbeat_ack=agent_pb2.HeartbeatAck(
+                            time=msg.heartbeat.time)))
+                    if msg.HasField("job_update") and self.ack_updates:
+                        u = msg.job_update
+                        out.put(agent_pb2.BrokerMessage(update_ack=agent_pb2.JobUpdateAck(
+                            job_id=u.job_id, attempt=u.attempt, state=u.state)))
                     if msg.HasField("register"):
                         out.put(agent_pb2.BrokerMessage(
                             command_id=f"reg-{conn}",

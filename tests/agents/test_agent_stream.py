@@ -1,6 +1,6 @@
 """RegionAgent over a real gRPC stream, against the scripted FakeBroker (fake_broker.py).
 
-Covers TEAM.md "Agent stream semantics": register contents, heartbeats, launch/stop
+Covers docs/contracts.md section 6 "Agent stream semantics": register contents, heartbeats, launch/stop
 with acks, fencing, reconnect (processes survive and are re-registered), stale
 attempts from RegisterAck, spot notices and health flips.
 """
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from computebroker.v1 import agent_pb2, common_pb2
-from region_agents.agent import AgentConfig, RegionAgent, main
-from tests.agents.fake_broker import FakeBroker, wait_for
+from region_agents.agent import main
+from tests.agents.fake_broker import wait_for
 
 AS = agent_pb2.AttemptState
 LONG = {"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05"}
@@ -29,24 +29,6 @@ def launch_msg(command, job="j-1", attempt=1, env=None, nodes=("t1-p5-000",)):
             region="test-1", world_size=8 * len(nodes),
             nodes=[common_pb2.NodeAssignment(node_id=n, gpus=8) for n in nodes]),
     )
-
-
-@pytest.fixture
-def broker():
-    b = FakeBroker(heartbeat_interval_s=0.3)
-    b.start()
-    yield b
-    b.stop()
-
-
-@pytest.fixture
-def agent(broker, inventory_file, tmp_path):
-    a = RegionAgent(AgentConfig(broker_address=broker.address, inventory_path=str(inventory_file),
-                                work_dir=str(tmp_path / "work"), ranks_per_node=1,
-                                hang_timeout_s=120))
-    a.start()
-    yield a
-    a.stop()
 
 
 def test_register_contents_and_heartbeats(broker, agent):

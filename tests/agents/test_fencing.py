@@ -1,4 +1,4 @@
-"""fencing.py: the attempt-number rules of TEAM.md stream semantics rule 5 (pure)."""
+"""fencing.py: the attempt-number rules of docs/contracts.md section 6, rule 5 (pure)."""
 
 from region_agents.fencing import AttemptLedger
 

@@ -64,8 +64,12 @@ class Broker:
         self.capacity = capacity_pb2_grpc.CapacityServiceStub(self.channel)
 
     @property
-    def core(self):  # noqa: ANN201
-        return self.server.core
+    def ops(self):  # noqa: ANN201
+        return self.server.ops
+
+    @property
+    def store(self):  # noqa: ANN201
+        return self.server.store
 
     def stop(self) -> None:
         self.channel.close()
@@ -180,6 +184,8 @@ class FakeAgent:
                     for j in msg.registered.stale_job_ids:
                         with self._lock:
                             self.running.pop(j, None)
+                    continue
+                if kind in ("heartbeat_ack", "update_ack"):  # liveness/acks, not commands
                     continue
                 with self._lock:
                     self.received.append(msg)

@@ -131,6 +131,22 @@ def test_config_error_fails_without_retry(broker: Broker, make_agent) -> None:  
     assert any("unknown model" in line for line in logs)
 
 
+def test_missing_resume_checkpoint_is_relaunched_not_a_config_error(broker: Broker, make_agent) -> None:  # noqa: ANN001
+    """Exit 77 (docs/contracts.md section 1): the resume checkpoint was gone (pruned by a
+    still-running older attempt). Not terminal, unlike exit 2: the job is relaunched."""
+    broker.team()
+    agent = make_agent()
+    job, launch = start_running(broker, agent, spec("gone"))
+    agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_FAILED, exit_code=77,
+                 message="resume checkpoint unavailable: step-000000010 is gone")
+    l2 = agent.wait_launch(job.id, attempt=launch.attempt + 1)
+    assert l2.attempt == launch.attempt + 1
+    j = broker.get(job.id)
+    assert j.phase != pb.JOB_PHASE_FAILED and j.restarts == 1
+    reasons = [e.reason for e in broker.events(job.id)]
+    assert "auto_resume" in reasons and "config_error" not in reasons
+
+
 def test_agent_lost_relaunches_elsewhere_from_checkpoint(broker: Broker, make_agent) -> None:  # noqa: ANN001
     broker.team()
     a1 = make_agent("us-east-2", agent_id="east", nodes=1, gpus=8)

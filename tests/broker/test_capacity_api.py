@@ -7,6 +7,8 @@ import time
 import grpc
 import pytest
 
+from broker.jobs.causes import Cause
+from broker.jobs.recovery import Signal, Trigger
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -113,8 +115,8 @@ def test_preemption_checkpoints_suspends_and_requeues(broker: Broker, make_agent
     l1 = agent.wait_launch(job.id)
     agent.update(job.id, 1, apb.ATTEMPT_STATE_RUNNING, step=3)
     broker.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
-    out = broker.core.request_stop(job.id, "preempt", actor="scheduler", reason="higher_priority",
-                                   message="preempted for j-other (team x)")
+    out = broker.ops.trigger(job.id, Signal(Trigger.PREEMPTED, cause=Cause.HIGHER_PRIORITY),
+                             actor="scheduler", message="preempted for j-other (team x)")
     assert out is not None and out.phase == pb.JOB_PHASE_CHECKPOINTING
     stop = agent.wait_stop(job.id, apb.STOP_REASON_PREEMPT)
     assert stop.checkpoint_first and stop.grace_s > 0 and stop.attempt == l1.attempt
@@ -136,9 +138,11 @@ def test_illegal_transition_raises(broker: Broker) -> None:
     broker.team()
     job = broker.submit(spec("x"))
 
-    def bad(tx):  # noqa: ANN001, ANN202
-        tx.move(pb.JOB_PHASE_RUNNING, "running")
+    from broker.jobs.outcome import begin
+
+    def bad(job, now):  # noqa: ANN001, ANN202
+        begin(job, now).move(pb.JOB_PHASE_RUNNING, "running")
 
     with pytest.raises(IllegalTransition):
-        broker.core.lifecycle.mutate(job.id, bad)
+        broker.ops.applier.apply(job.id, bad)
     assert broker.get(job.id).phase == pb.JOB_PHASE_PENDING

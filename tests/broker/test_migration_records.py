@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 
 from broker.jobs import migration
+from broker.jobs.causes import Cause
+from broker.jobs.recovery import Signal, Trigger
 from brokersdk.client import BrokerClient
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
@@ -21,8 +23,8 @@ def test_preemption_is_a_recorded_move_resumed_from_its_checkpoint(broker: Broke
     a.wait_launch(job.id)
     a.update(job.id, 1, apb.ATTEMPT_STATE_RUNNING, step=3)
     broker.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
-    broker.core.request_stop(job.id, "preempt", actor="scheduler", reason="higher_priority",
-                             message="preempted for j-other")
+    broker.ops.trigger(job.id, Signal(Trigger.PREEMPTED, cause=Cause.HIGHER_PRIORITY),
+                       actor="scheduler", message="preempted for j-other")
     stop = a.wait_stop(job.id, apb.STOP_REASON_PREEMPT)
     assert stop.checkpoint_first
     ck = f"s3://cb-us-east-2/jobs/{job.id}/attempt-1/step-000000005"
@@ -53,7 +55,7 @@ def test_plan_end_triggers_a_planned_move_and_excludes_the_plan_nodes(tmp_path) 
         other = FakeAgent(b.address, "eu-a", "eu-west-1", nodes_for("eu-west-1", "eu", 1, 8),
                           bucket="s3://cb-eu-west-1").connect()
         now = time.time()
-        b.core.store.put_record("plan", "tp-1", cpb.TrainingPlan(
+        b.store.put_record("plan", "tp-1", cpb.TrainingPlan(
             id="tp-1", region="us-west-2", instance_type="p5.48xlarge", instance_count=1,
             gpus_per_instance=8, start_time=now - 60, end_time=now + 3600))
         s = spec("on-plan", gpus=8, expected_duration_s=600.0)
@@ -65,10 +67,10 @@ def test_plan_end_triggers_a_planned_move_and_excludes_the_plan_nodes(tmp_path) 
         time.sleep(0.5)
         assert b.get(job.id).phase == pb.JOB_PHASE_RUNNING  # an hour left: nothing to do
         # The plan is shortened: 20 s left < the 30 s floor -> planned move now.
-        b.core.store.put_record("plan", "tp-1", cpb.TrainingPlan(
+        b.store.put_record("plan", "tp-1", cpb.TrainingPlan(
             id="tp-1", region="us-west-2", instance_type="p5.48xlarge", instance_count=1,
             gpus_per_instance=8, start_time=now - 60, end_time=time.time() + 20))
-        b.core.poke()
+        b.ops.poke()
         stop = a.wait_stop(job.id, apb.STOP_REASON_MIGRATE)
         assert stop.checkpoint_first and 5 <= stop.grace_s <= 20
         j = b.get(job.id)

@@ -63,8 +63,19 @@ def test_submit_jobs_job_cancel(capsys, broker_address: str) -> None:
     rc, out, _ = run(capsys, "--broker", broker_address, "job", job_id, "-o", "json")
     assert rc == 0 and json.loads(out)["job"]["id"] == job_id
 
+    rc, out, _ = run(capsys, "--broker", broker_address, "events", job_id)
+    assert rc == 0 and "submitted" in out and re.search(r"^\d\d:\d\d:\d\d submitted ", out, re.M)
+
     rc, out, _ = run(capsys, "--broker", broker_address, "logs", job_id, "--tail", "5")
-    assert rc == 0 and "submitted" in out
+    assert rc == 0 and f"no output from {job_id} yet" in out
+
+    rc, out, err = run(capsys, "--broker", broker_address, "logs", job_id, "--rank", "-1")
+    assert rc == 2 and "rank must be >= 0" in err + out
+    assert_one_error_line(err, out)
+
+    rc, out, err = run(capsys, "--broker", broker_address, "logs", "j-nope")
+    assert rc == 2
+    assert_one_error_line(err, out)
 
     rc, out, _ = run(capsys, "--broker", broker_address, "cancel", job_id, "--reason", "test")
     assert rc == 0 and "cancelled" in out

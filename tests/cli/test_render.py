@@ -85,3 +85,13 @@ def test_job_detail_and_events() -> None:
     assert "pending" in out and "goodput" in out and "submitted" in out
     header_ok(out, ["#", "TIME", "EVENT", "MESSAGE"])
     assert "user:alice" in out  # the actor is stacked into the EVENT cell
+
+
+def test_migrations_table_reads_the_typed_cause_and_state() -> None:
+    typed = pb.Migration(job_id="j-1", cause="node_unhealthy", state="transferring",
+                         cause_code=pb.MIGRATION_CAUSE_NODE_UNHEALTHY,
+                         state_code=pb.MIGRATION_STATE_TRANSFERRING, from_region="a", to_region="b")
+    old = pb.Migration(job_id="j-2", cause="spot_interruption", state="queued", emergency=True)
+    out = text_of(render.migrations_table([typed, old]))
+    assert "unhealthy" in out and "transferring" in out
+    assert "spot!" in out and "queued" in out  # a record from an older broker: the strings

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import grpc
+import pytest
 import redis
 
 from broker.config import BrokerConfig
@@ -66,7 +67,7 @@ def test_sqlite_one_leader_per_file_and_graceful_handover(tmp_path: Path) -> Non
         wait_until(lambda: second.leadership.is_leader, timeout=30, what="promotion")
         assert probe(f"127.0.0.1:{second.port}")[0]
         # Agents known from the store get their grace period from the promotion.
-        assert second.core is not None and second.core.started_time >= before
+        assert second.ops is not None and second.ops.started_time >= before
     finally:
         second.stop()
         first.stop()
@@ -82,3 +83,34 @@ def test_memory_store_always_leads() -> None:
         assert probe(f"127.0.0.1:{server.port}")[0]
     finally:
         server.stop()
+
+
+def test_replaced_leader_store_writes_are_fenced(redis_server: RedisServer) -> None:
+    """Issue 15 defect 7: a leader frozen past its lease wrote to Redis after a standby
+    took over. Now the lease grant bumps an epoch and every write of the old leader's
+    store checks it inside the write: refused at once, before the old leader's own
+    lease tick even runs, and nothing reaches the store."""
+    from broker.store import KIND_TEAM
+    from broker.store.base import Fenced
+    from computebroker.v1 import common_pb2 as pb
+
+    prefix = f"hf{uuid.uuid4().hex[:10]}"
+    leader = _server(f"{redis_server.url}?prefix={prefix}", "hf-a", lease=30.0)
+    leader.start()
+    r = redis.Redis.from_url(redis_server.url)
+    try:
+        assert leader.leadership is not None and leader.leadership.is_leader
+        assert leader.core is not None
+        store = leader.core.store
+        store.put_record(KIND_TEAM, "before", pb.JobSpec(team="before"))
+        # A standby takes over (what acquire_lease_epoch does once our lease expired).
+        r.set(f"{prefix}:lease:leader", "hf-b", px=60_000)
+        r.incr(f"{prefix}:lease:leader:epoch")
+        with pytest.raises(Fenced):
+            store.put_record(KIND_TEAM, "late", pb.JobSpec(team="late"))
+        assert r.hget(f"{prefix}:rec:team", "late") is None
+        assert r.hget(f"{prefix}:rec:team", "before") is not None
+        wait_until(lambda: not leader.leadership.is_leader, timeout=60, what="step-down")
+    finally:
+        r.close()
+        leader.stop()

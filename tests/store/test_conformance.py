@@ -19,6 +19,7 @@ from broker.store import (
     Store,
     VersionConflict,
 )
+from broker.store.base import Fenced
 from computebroker.v1 import common_pb2 as pb
 
 P = pb  # short alias for phases
@@ -216,6 +217,57 @@ def test_leases(store: Store):
         assert time.monotonic() < deadline, "lease never expired"
         time.sleep(0.1)
     assert store.acquire_lease("short", "broker-1", ttl_s=30) is False
+
+
+def test_lease_epoch_grows_on_each_grant_not_on_renewal(store: Store):
+    e1 = store.acquire_lease_epoch("leader", "a", ttl_s=30)
+    assert e1 >= 1
+    assert store.acquire_lease_epoch("leader", "a", ttl_s=30) == e1  # renewal
+    assert store.acquire_lease_epoch("leader", "b", ttl_s=30) == 0  # held by a
+    store.acquire_lease("leader", "a", ttl_s=0.001)  # release (1 ms renewal)
+    time.sleep(0.05)
+    e2 = store.acquire_lease_epoch("leader", "b", ttl_s=30)
+    assert e2 > e1
+
+
+def test_fenced_writes_of_a_replaced_leader_are_refused(store_factory):
+    """Issue 15 defect 7: a leader frozen past its lease must not write after a standby
+    took over. Every mutating call checks the lease epoch inside the write."""
+    old, new = store_factory(), store_factory()
+    e_old = old.acquire_lease_epoch("leader", "old", ttl_s=0.3)
+    old.fence_writes("leader", e_old)
+    old.create_job(make_job("j1"), [ev("submitted")])  # while it leads: fine
+    old.put_record(KIND_TEAM, "t", pb.JobSpec(team="t", name="v1"))
+    deadline = time.monotonic() + 30
+    while not (e_new := new.acquire_lease_epoch("leader", "new", ttl_s=30)):
+        assert time.monotonic() < deadline, "lease never expired"
+        time.sleep(0.05)
+    new.fence_writes("leader", e_new)
+    assert e_new > e_old
+    job = old.get_job("j1")  # reads stay allowed (a standby reads too)
+    job.restarts = 99
+    with pytest.raises(Fenced):
+        old.update_job(job, job.version, [ev("late")])
+    with pytest.raises(Fenced):
+        old.create_job(make_job("j2"))
+    with pytest.raises(Fenced):
+        old.append_events("j1", [ev("late")])
+    with pytest.raises(Fenced):
+        old.put_record(KIND_TEAM, "t", pb.JobSpec(team="t", name="late"))
+    with pytest.raises(Fenced):
+        old.delete_record(KIND_TEAM, "t")
+    # Nothing of the old leader's late writes reached the store.
+    assert new.get_job("j1").restarts == 0
+    assert [e.type for e in new.list_events("j1")] == ["submitted"]
+    assert new.get_record(KIND_TEAM, "t", pb.JobSpec).name == "v1"
+    with pytest.raises(NotFound):
+        new.get_job("j2")
+    # The new leader writes normally; an unfenced store object is not checked.
+    cur = new.get_job("j1")
+    cur.restarts = 1
+    assert new.update_job(cur, cur.version, [ev("ok")]).restarts == 1
+    old.fence_writes("leader", None)
+    old.put_record(KIND_TEAM, "u", pb.JobSpec(team="u"))
 
 
 # ---- concurrency and durability -----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A broker killed at any instant loses nothing (DESIGN.md "State").
+"""A broker killed at any instant loses nothing.
 
 SQLite: a writer process is SIGKILLed while it streams writes; a NEW process then
 opens the file, checks integrity and finds every write the writer had acknowledged

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from broker.store import KIND_AGENT, open_store
+from broker.store.base import StoreUnavailable
 from broker.store.redis import RedisStore, _split_url
 from computebroker.v1 import common_pb2 as pb
 from tests.fixtures.redis_server import start_redis, stop_redis
@@ -45,13 +46,13 @@ def test_retried_write_with_same_token_applies_once(redis_store: RedisStore):
                            [pb.JobEvent(type="submitted")])
     job = redis_store.get_job("j1")
     job.version = 2
-    args = [redis_store.prefix, "tok-1", 600, "j1", "1", "a", "", 1, "",
+    args = [redis_store.prefix, "tok-1", 600, "", "", "j1", "1", "a", "", 1, "",
             job.SerializeToString(), 1, pb.JobEvent(type="x").SerializeToString()]
     assert redis_store._update(args=args) == [0, 2]
     assert redis_store._update(args=args) == [0, 2]  # the "retry"
     assert [e.seq for e in redis_store.list_events("j1")] == [1, 2]
     assert redis_store.get_job("j1").version == 2
-    app = [redis_store.prefix, "tok-2", 600, "j1", 1, pb.JobEvent(type="p").SerializeToString()]
+    app = [redis_store.prefix, "tok-2", 600, "", "", "j1", 1, pb.JobEvent(type="p").SerializeToString()]
     assert redis_store._append(args=app) == 3
     assert redis_store._append(args=app) == 3
     assert [e.seq for e in redis_store.list_events("j1")] == [1, 2, 3]
@@ -88,7 +89,29 @@ def test_bounded_retry_gives_up_with_connection_error(tmp_path):
     stop_redis(server)
     store = RedisStore(url, retry_attempts=3, retry_max_delay_s=5, socket_timeout_s=1)
     try:
-        with pytest.raises(redis.ConnectionError):
+        with pytest.raises(StoreUnavailable) as info:  # a StoreError, the cause kept
             store.get_record(KIND_AGENT, "a", pb.JobSpec)
+        assert isinstance(info.value.__cause__, redis.ConnectionError)
+    finally:
+        store.close()
+
+
+def test_server_down_is_store_unavailable_not_a_raw_redis_error(tmp_path):
+    """Issue 15 defect 6: a Redis outage that outlasts the retries must surface as
+    StoreUnavailable (a StoreError -> UNAVAILABLE with a retry hint), never as a raw
+    redis.ConnectionError (which the API mapped to INTERNAL)."""
+    from broker.store import StoreError
+
+    server = start_redis(tmp_path)
+    store = RedisStore(f"{server.url}?prefix=u", retry_attempts=2, retry_max_delay_s=1,
+                       socket_timeout_s=1)
+    try:
+        store.put_record(KIND_AGENT, "a", pb.JobSpec(name="before"))
+        stop_redis(server)
+        with pytest.raises(StoreUnavailable) as info:
+            store.put_record(KIND_AGENT, "a", pb.JobSpec(name="during"))
+        assert isinstance(info.value, StoreError)
+        with pytest.raises(StoreUnavailable):
+            store.get_job("nope")
     finally:
         store.close()

@@ -92,7 +92,7 @@ def test_metrics_listen_off_by_default_and_validated(tmp_path: Path) -> None:
     b = Broker(fast_config(tmp_path))
     try:
         assert b.server.metrics_port == 0
-        assert not b.core.telemetry.metrics_on
+        assert not b.ops.telemetry.metrics_on
     finally:
         b.stop()
     with pytest.raises(ValueError, match="metrics_listen"):

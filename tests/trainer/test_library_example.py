@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,15 +163,31 @@ def test_outside_the_broker_checkpoints_locally_and_resumes(tmp_path: Path) -> N
     assert (tmp_path / "checkpoints" / step_name(20) / "manifest.json").is_file()
 
 
-def test_library_errors_exit_2_with_one_line(tmp_path: Path) -> None:
-    """A TrainerError inside the script (here: CB_RESUME_FROM names no checkpoint) is
-    turned by the library into exit 2 and one stderr line, without a traceback."""
-    env = {**_plain_env(), "CB_RESUME_FROM": str(tmp_path / "nowhere" / step_name(7))}
-    res = subprocess.run([sys.executable, SCRIPT, "--steps", "3"], cwd=tmp_path, env=env,
+@pytest.mark.parametrize("case", ["resume-gone", "foreign-checkpoint"])
+def test_library_errors_exit_with_the_contract_code_and_one_line(
+    tmp_path: Path, reference: dict[str, Any], case: str
+) -> None:
+    """Errors inside the script's library calls end it as docs/contracts.md says, with
+    one stderr line and no traceback: CB_RESUME_FROM gone -> 77 (the broker relaunches);
+    a checkpoint whose manifest names another model (its fingerprint differs) -> 2."""
+    env = _plain_env()
+    if case == "resume-gone":
+        env["CB_RESUME_FROM"] = str(tmp_path / "nowhere" / step_name(7))
+        expect, needle = 77, "is not a complete checkpoint"
+    else:
+        ckpt = tmp_path / "ckpt"
+        shutil.copytree(reference["dir"] / "ckpt" / step_name(40), ckpt / step_name(40))
+        manifest = ckpt / step_name(40) / "manifest.json"
+        m = json.loads(manifest.read_text())
+        m["model"]["shapes_sha256"] = "0" * 16
+        manifest.write_text(json.dumps(m))
+        env["CB_CHECKPOINT_URI"] = str(ckpt)
+        expect, needle = 2, "was written for a different model"
+    res = subprocess.run([sys.executable, SCRIPT, "--steps", "50"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=240)
-    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.returncode == expect, res.stdout + res.stderr
     assert "Traceback" not in res.stderr, res.stderr
-    assert "trainer error (rank 0):" in res.stderr and "is not a complete checkpoint" in res.stderr
+    assert "trainer error (rank 0):" in res.stderr and needle in res.stderr, res.stderr
 
 
 def test_gpt2_example_learns_and_resumes(tmp_path: Path) -> None:

@@ -339,6 +339,20 @@ def test_bad_config_exits_2(tmp_path: Path) -> None:
     _assert_clean_exit_2(run, "global_batch_size", "unknown model preset")
 
 
+def test_missing_resume_checkpoint_exits_77_not_2(tmp_path: Path) -> None:
+    """CB_RESUME_FROM pruned or half-written (an older attempt still running): retryable
+    exit 77 with one line, not exit 2, which the broker treats as terminal (issue 15)."""
+    old = tmp_path / "attempt-1" / step_name(10)
+    old.mkdir(parents=True)  # files but no manifest: incomplete
+    (old / "__0_0.distcp").write_bytes(b"x")
+    run = launch(tmp_path / "run", 1, tiny_spec(), str(tmp_path / "attempt-2"), resume_from=str(old))
+    codes = run.wait(180)
+    err = run.stderr(0)
+    assert codes == [77], f"exit codes {codes}\n{run.output()}\n{err}"
+    assert "Traceback" not in err, err
+    assert f"CB_RESUME_FROM={old} is not a complete checkpoint" in err, err
+
+
 def test_bf16_and_activation_checkpointing_run(tmp_path: Path) -> None:
     """The switchable knobs train and checkpoint (loss is not compared: bf16 differs)."""
     log = tmp_path / "bf16.jsonl"

@@ -144,3 +144,42 @@ def test_save_past_its_deadline_raises_and_commits_nothing(tmp_path) -> None:
     assert LocalStore(str(tmp_path)).list_steps().get(2) is not True  # step 1 stays the latest
     assert LocalStore(str(tmp_path)).list_steps()[1] is True
     release.set()
+
+
+def test_resume_point_missing_is_retryable_not_a_config_error(tmp_path) -> None:
+    """find_resume_point: a pruned or incomplete CB_RESUME_FROM raises ResumeUnavailable
+    (exit 77), a malformed one stays a TrainerError (exit 2); no CB_RESUME_FROM = latest."""
+    from trainer.checkpoint import find_resume_point
+    from trainer.errors import ResumeUnavailable
+
+    root = tmp_path / "attempt-1"
+    (root / step_name(12)).mkdir(parents=True)  # incomplete
+    (root / step_name(14)).mkdir()
+    (root / step_name(14) / "manifest.json").write_text('{"step": 14, "files": []}')
+    store = LocalStore(str(root))
+    for missing in (root / step_name(10), root / step_name(12)):
+        with pytest.raises(ResumeUnavailable, match="is not a complete checkpoint"):
+            find_resume_point(store, str(missing), 1)
+    with pytest.raises(TrainerError, match="does not name a checkpoint directory"):
+        find_resume_point(store, str(root / "latest"), 1)
+    src, name = find_resume_point(store, str(root / step_name(14)), 1)
+    assert name == step_name(14)
+    assert find_resume_point(store, "", 1)[1] == step_name(14)
+    assert not issubclass(ResumeUnavailable, TrainerError)
+
+
+def test_checkpoint_pruned_while_loading_is_retryable(tmp_path) -> None:
+    """Manifest or a listed file gone by load time (the writer pruned it): ResumeUnavailable
+    (exit 77). A file that is there with the wrong size or digest stays corrupt (exit 2,
+    tests above)."""
+    from trainer.errors import ResumeUnavailable
+
+    m = make_manager(str(tmp_path), width=32)
+    m.save(3, 24, blocking=True)
+    m.save(4, 32, blocking=True)
+    (tmp_path / step_name(3) / "__0_0.distcp").unlink()
+    with pytest.raises(ResumeUnavailable, match=r"lost file __0_0.distcp"):
+        make_manager(str(tmp_path), width=32).load(step_name(3))
+    (tmp_path / step_name(4) / "manifest.json").unlink()
+    with pytest.raises(ResumeUnavailable, match="disappeared before it could be loaded"):
+        make_manager(str(tmp_path), width=32).load(step_name(4))

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from computebroker.v1 import common_pb2 as computebroker_dot_v1_dot_common__pb2
+from computebroker.v1 import logs_pb2 as computebroker_dot_v1_dot_logs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63omputebroker/v1/agent.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\"\xd7\x01\n\x0c\x41gentMessage\x12.\n\x08register\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.RegisterH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.computebroker.v1.HeartbeatH\x00\x12\x31\n\njob_update\x18\x03 \x01(\x0b\x32\x1b.computebroker.v1.JobUpdateH\x00\x12+\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x1c.computebroker.v1.CommandAckH\x00\x42\x05\n\x03msg\"\x8e\x01\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\"\xc4\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12%\n\x05nodes\x18\x03 \x03(\x0b\x32\x16.computebroker.v1.Node\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\x12\x10\n\x08\x65xecutor\x18\x05 \x01(\t\x12\x19\n\x11\x63heckpoint_bucket\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\">\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\nSpotNotice\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rdeadline_time\x18\x02 \x01(\x01\"\xb3\x01\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x31\n\x0bnode_health\x18\x02 \x03(\x0b\x32\x1c.computebroker.v1.NodeHealth\x12\x32\n\x0cspot_notices\x18\x03 \x03(\x0b\x32\x1c.computebroker.v1.SpotNotice\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\"\xb7\x02\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61iled_nodes\x18\x07 \x03(\t\x12\x0c\n\x04time\x18\x08 \x01(\x01\x12\x31\n\x08transfer\x18\t \x01(\x0b\x32\x1f.computebroker.v1.TransferStats\x12\x31\n\x07timings\x18\n \x01(\x0b\x32 .computebroker.v1.AttemptTimings\"o\n\x0e\x41ttemptTimings\x12\x1c\n\x14launch_received_time\x18\x01 \x01(\x01\x12\x12\n\nspawn_time\x18\x02 \x01(\x01\x12\x18\n\x10stop_signal_time\x18\x03 \x01(\x01\x12\x11\n\texit_time\x18\x04 \x01(\x01\"C\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"T\n\x0bRegisterAck\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rstale_job_ids\x18\x03 \x03(\t\"\xa2\x02\n\x06Launch\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12.\n\tplacement\x18\x04 \x01(\x0b\x32\x1b.computebroker.v1.Placement\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\x12\x13\n\x0bresume_from\x18\x06 \x01(\t\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.computebroker.v1.Launch.EnvEntry\x12\x15\n\rtransfer_mode\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\x04Stop\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12,\n\x06reason\x18\x03 \x01(\x0e\x32\x1c.computebroker.v1.StopReason\x12\x18\n\x10\x63heckpoint_first\x18\x04 \x01(\x08\x12\x0f\n\x07grace_s\x18\x05 \x01(\x01\"0\n\rCheckpointNow\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x1c\n\nDrainAgent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x99\x02\n\rBrokerMessage\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x33\n\nregistered\x18\x02 \x01(\x0b\x32\x1d.computebroker.v1.RegisterAckH\x00\x12*\n\x06launch\x18\x03 \x01(\x0b\x32\x18.computebroker.v1.LaunchH\x00\x12&\n\x04stop\x18\x04 \x01(\x0b\x32\x16.computebroker.v1.StopH\x00\x12\x35\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x1f.computebroker.v1.CheckpointNowH\x00\x12-\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x1c.computebroker.v1.DrainAgentH\x00\x42\x05\n\x03\x63md*\xf7\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTEMPT_STATE_STARTING\x10\x01\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x02\x12\x1f\n\x1b\x41TTEMPT_STATE_CHECKPOINTING\x10\x03\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x05\x12\x1e\n\x1a\x41TTEMPT_STATE_CHECKPOINTED\x10\x06\x12\x19\n\x15\x41TTEMPT_STATE_STOPPED\x10\x07*\xa9\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_CANCEL\x10\x01\x12\x17\n\x13STOP_REASON_PREEMPT\x10\x02\x12\x17\n\x13STOP_REASON_MIGRATE\x10\x03\x12\x1d\n\x19STOP_REASON_STALE_ATTEMPT\x10\x04\x12\x15\n\x11STOP_REASON_DRAIN\x10\x05\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.computebroker.v1.AgentMessage\x1a\x1f.computebroker.v1.BrokerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63omputebroker/v1/agent.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\x1a\x1b\x63omputebroker/v1/logs.proto\"\x88\x02\n\x0c\x41gentMessage\x12.\n\x08register\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.RegisterH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.computebroker.v1.HeartbeatH\x00\x12\x31\n\njob_update\x18\x03 \x01(\x0b\x32\x1b.computebroker.v1.JobUpdateH\x00\x12+\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x1c.computebroker.v1.CommandAckH\x00\x12/\n\tlog_chunk\x18\x05 \x01(\x0b\x32\x1a.computebroker.v1.LogChunkH\x00\x42\x05\n\x03msg\"\x8e\x01\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\"\xc4\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12%\n\x05nodes\x18\x03 \x03(\x0b\x32\x16.computebroker.v1.Node\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\x12\x10\n\x08\x65xecutor\x18\x05 \x01(\t\x12\x19\n\x11\x63heckpoint_bucket\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\">\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\nSpotNotice\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rdeadline_time\x18\x02 \x01(\x01\"\xb3\x01\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x31\n\x0bnode_health\x18\x02 \x03(\x0b\x32\x1c.computebroker.v1.NodeHealth\x12\x32\n\x0cspot_notices\x18\x03 \x03(\x0b\x32\x1c.computebroker.v1.SpotNotice\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\"\xb7\x02\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61iled_nodes\x18\x07 \x03(\t\x12\x0c\n\x04time\x18\x08 \x01(\x01\x12\x31\n\x08transfer\x18\t \x01(\x0b\x32\x1f.computebroker.v1.TransferStats\x12\x31\n\x07timings\x18\n \x01(\x0b\x32 .computebroker.v1.AttemptTimings\"o\n\x0e\x41ttemptTimings\x12\x1c\n\x14launch_received_time\x18\x01 \x01(\x01\x12\x12\n\nspawn_time\x18\x02 \x01(\x01\x12\x18\n\x10stop_signal_time\x18\x03 \x01(\x01\x12\x11\n\texit_time\x18\x04 \x01(\x01\"C\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x86\x01\n\x0bRegisterAck\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rstale_job_ids\x18\x03 \x03(\t\x12\x30\n\x0blog_offsets\x18\x04 \x03(\x0b\x32\x1b.computebroker.v1.LogOffset\"\xa2\x02\n\x06Launch\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12.\n\tplacement\x18\x04 \x01(\x0b\x32\x1b.computebroker.v1.Placement\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\x12\x13\n\x0bresume_from\x18\x06 \x01(\t\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.computebroker.v1.Launch.EnvEntry\x12\x15\n\rtransfer_mode\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\x04Stop\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12,\n\x06reason\x18\x03 \x01(\x0e\x32\x1c.computebroker.v1.StopReason\x12\x18\n\x10\x63heckpoint_first\x18\x04 \x01(\x08\x12\x0f\n\x07grace_s\x18\x05 \x01(\x01\"0\n\rCheckpointNow\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x1c\n\nDrainAgent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x88\x03\n\rBrokerMessage\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x33\n\nregistered\x18\x02 \x01(\x0b\x32\x1d.computebroker.v1.RegisterAckH\x00\x12*\n\x06launch\x18\x03 \x01(\x0b\x32\x18.computebroker.v1.LaunchH\x00\x12&\n\x04stop\x18\x04 \x01(\x0b\x32\x16.computebroker.v1.StopH\x00\x12\x35\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x1f.computebroker.v1.CheckpointNowH\x00\x12-\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x1c.computebroker.v1.DrainAgentH\x00\x12\x37\n\rheartbeat_ack\x18\x07 \x01(\x0b\x32\x1e.computebroker.v1.HeartbeatAckH\x00\x12\x34\n\nupdate_ack\x18\x08 \x01(\x0b\x32\x1e.computebroker.v1.JobUpdateAckH\x00\x42\x05\n\x03\x63md\"/\n\x0cHeartbeatAck\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tbroker_id\x18\x02 \x01(\t\"^\n\x0cJobUpdateAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState*\xf7\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTEMPT_STATE_STARTING\x10\x01\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x02\x12\x1f\n\x1b\x41TTEMPT_STATE_CHECKPOINTING\x10\x03\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x05\x12\x1e\n\x1a\x41TTEMPT_STATE_CHECKPOINTED\x10\x06\x12\x19\n\x15\x41TTEMPT_STATE_STOPPED\x10\x07*\xa9\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_CANCEL\x10\x01\x12\x17\n\x13STOP_REASON_PREEMPT\x10\x02\x12\x17\n\x13STOP_REASON_MIGRATE\x10\x03\x12\x1d\n\x19STOP_REASON_STALE_ATTEMPT\x10\x04\x12\x15\n\x11STOP_REASON_DRAIN\x10\x05\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.computebroker.v1.AgentMessage\x1a\x1f.computebroker.v1.BrokerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,42 +35,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LAUNCH_ENVENTRY']._loaded_options = None
   _globals['_LAUNCH_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_ATTEMPTSTATE']._serialized_start=2314
-  _globals['_ATTEMPTSTATE']._serialized_end=2561
-  _globals['_STOPREASON']._serialized_start=2564
-  _globals['_STOPREASON']._serialized_end=2733
-  _globals['_AGENTMESSAGE']._serialized_start=82
-  _globals['_AGENTMESSAGE']._serialized_end=297
-  _globals['_RUNNINGATTEMPT']._serialized_start=300
-  _globals['_RUNNINGATTEMPT']._serialized_end=442
-  _globals['_REGISTER']._serialized_start=445
-  _globals['_REGISTER']._serialized_end=641
-  _globals['_NODEHEALTH']._serialized_start=643
-  _globals['_NODEHEALTH']._serialized_end=705
-  _globals['_SPOTNOTICE']._serialized_start=707
-  _globals['_SPOTNOTICE']._serialized_end=759
-  _globals['_HEARTBEAT']._serialized_start=762
-  _globals['_HEARTBEAT']._serialized_end=941
-  _globals['_JOBUPDATE']._serialized_start=944
-  _globals['_JOBUPDATE']._serialized_end=1255
-  _globals['_ATTEMPTTIMINGS']._serialized_start=1257
-  _globals['_ATTEMPTTIMINGS']._serialized_end=1368
-  _globals['_COMMANDACK']._serialized_start=1370
-  _globals['_COMMANDACK']._serialized_end=1437
-  _globals['_REGISTERACK']._serialized_start=1439
-  _globals['_REGISTERACK']._serialized_end=1523
-  _globals['_LAUNCH']._serialized_start=1526
-  _globals['_LAUNCH']._serialized_end=1816
-  _globals['_LAUNCH_ENVENTRY']._serialized_start=1774
-  _globals['_LAUNCH_ENVENTRY']._serialized_end=1816
-  _globals['_STOP']._serialized_start=1819
-  _globals['_STOP']._serialized_end=1947
-  _globals['_CHECKPOINTNOW']._serialized_start=1949
-  _globals['_CHECKPOINTNOW']._serialized_end=1997
-  _globals['_DRAINAGENT']._serialized_start=1999
-  _globals['_DRAINAGENT']._serialized_end=2027
-  _globals['_BROKERMESSAGE']._serialized_start=2030
-  _globals['_BROKERMESSAGE']._serialized_end=2311
-  _globals['_AGENTSERVICE']._serialized_start=2735
-  _globals['_AGENTSERVICE']._serialized_end=2829
+  _globals['_ATTEMPTSTATE']._serialized_start=2699
+  _globals['_ATTEMPTSTATE']._serialized_end=2946
+  _globals['_STOPREASON']._serialized_start=2949
+  _globals['_STOPREASON']._serialized_end=3118
+  _globals['_AGENTMESSAGE']._serialized_start=111
+  _globals['_AGENTMESSAGE']._serialized_end=375
+  _globals['_RUNNINGATTEMPT']._serialized_start=378
+  _globals['_RUNNINGATTEMPT']._serialized_end=520
+  _globals['_REGISTER']._serialized_start=523
+  _globals['_REGISTER']._serialized_end=719
+  _globals['_NODEHEALTH']._serialized_start=721
+  _globals['_NODEHEALTH']._serialized_end=783
+  _globals['_SPOTNOTICE']._serialized_start=785
+  _globals['_SPOTNOTICE']._serialized_end=837
+  _globals['_HEARTBEAT']._serialized_start=840
+  _globals['_HEARTBEAT']._serialized_end=1019
+  _globals['_JOBUPDATE']._serialized_start=1022
+  _globals['_JOBUPDATE']._serialized_end=1333
+  _globals['_ATTEMPTTIMINGS']._serialized_start=1335
+  _globals['_ATTEMPTTIMINGS']._serialized_end=1446
+  _globals['_COMMANDACK']._serialized_start=1448
+  _globals['_COMMANDACK']._serialized_end=1515
+  _globals['_REGISTERACK']._serialized_start=1518
+  _globals['_REGISTERACK']._serialized_end=1652
+  _globals['_LAUNCH']._serialized_start=1655
+  _globals['_LAUNCH']._serialized_end=1945
+  _globals['_LAUNCH_ENVENTRY']._serialized_start=1903
+  _globals['_LAUNCH_ENVENTRY']._serialized_end=1945
+  _globals['_STOP']._serialized_start=1948
+  _globals['_STOP']._serialized_end=2076
+  _globals['_CHECKPOINTNOW']._serialized_start=2078
+  _globals['_CHECKPOINTNOW']._serialized_end=2126
+  _globals['_DRAINAGENT']._serialized_start=2128
+  _globals['_DRAINAGENT']._serialized_end=2156
+  _globals['_BROKERMESSAGE']._serialized_start=2159
+  _globals['_BROKERMESSAGE']._serialized_end=2551
+  _globals['_HEARTBEATACK']._serialized_start=2553
+  _globals['_HEARTBEATACK']._serialized_end=2600
+  _globals['_JOBUPDATEACK']._serialized_start=2602
+  _globals['_JOBUPDATEACK']._serialized_end=2696
+  _globals['_AGENTSERVICE']._serialized_start=3120
+  _globals['_AGENTSERVICE']._serialized_end=3214
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from computebroker.v1 import common_pb2 as _common_pb2
+from computebroker.v1 import logs_pb2 as _logs_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -43,16 +44,18 @@ STOP_REASON_STALE_ATTEMPT: StopReason
 STOP_REASON_DRAIN: StopReason
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "job_update", "ack")
+    __slots__ = ("register", "heartbeat", "job_update", "ack", "log_chunk")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     JOB_UPDATE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     job_update: JobUpdate
     ack: CommandAck
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., job_update: _Optional[_Union[JobUpdate, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ...) -> None: ...
+    log_chunk: _logs_pb2.LogChunk
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., job_update: _Optional[_Union[JobUpdate, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., log_chunk: _Optional[_Union[_logs_pb2.LogChunk, _Mapping]] = ...) -> None: ...
 
 class RunningAttempt(_message.Message):
     __slots__ = ("job_id", "attempt", "state", "progress")
@@ -161,14 +164,16 @@ class CommandAck(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterAck(_message.Message):
-    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids")
+    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids", "log_offsets")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STALE_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     heartbeat_interval_s: float
     stale_job_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    log_offsets: _containers.RepeatedCompositeFieldContainer[_logs_pb2.LogOffset]
+    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ...) -> None: ...
 
 class Launch(_message.Message):
     __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode")
@@ -226,17 +231,39 @@ class DrainAgent(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class BrokerMessage(_message.Message):
-    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain")
+    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain", "heartbeat_ack", "update_ack")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ACK_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     registered: RegisterAck
     launch: Launch
     stop: Stop
     checkpoint: CheckpointNow
     drain: DrainAgent
-    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    update_ack: JobUpdateAck
+    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., update_ack: _Optional[_Union[JobUpdateAck, _Mapping]] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("time", "broker_id")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    broker_id: str
+    def __init__(self, time: _Optional[float] = ..., broker_id: _Optional[str] = ...) -> None: ...
+
+class JobUpdateAck(_message.Message):
+    __slots__ = ("job_id", "attempt", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    state: AttemptState
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ...) -> None: ...

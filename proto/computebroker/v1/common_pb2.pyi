@@ -38,6 +38,32 @@ class TopologyLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOPOLOGY_LEVEL_LAYER_1: _ClassVar[TopologyLevel]
     TOPOLOGY_LEVEL_ZONE: _ClassVar[TopologyLevel]
     TOPOLOGY_LEVEL_REGION: _ClassVar[TopologyLevel]
+
+class MigrationCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATION_CAUSE_UNSPECIFIED: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_OTHER: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_SPOT_INTERRUPTION: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_REGION_DRAIN: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_PLAN_ENDING: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_PREEMPTED: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_AGENT_LOST: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_ATTEMPT_MISSING: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_LAUNCH_REFUSED: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_NODE_UNHEALTHY: _ClassVar[MigrationCause]
+    MIGRATION_CAUSE_BETTER_CAPACITY: _ClassVar[MigrationCause]
+
+class MigrationState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATION_STATE_UNSPECIFIED: _ClassVar[MigrationState]
+    MIGRATION_STATE_CHECKPOINTING: _ClassVar[MigrationState]
+    MIGRATION_STATE_QUEUED: _ClassVar[MigrationState]
+    MIGRATION_STATE_LAUNCHING: _ClassVar[MigrationState]
+    MIGRATION_STATE_TRANSFERRING: _ClassVar[MigrationState]
+    MIGRATION_STATE_STARTING: _ClassVar[MigrationState]
+    MIGRATION_STATE_DONE: _ClassVar[MigrationState]
+    MIGRATION_STATE_FAILED: _ClassVar[MigrationState]
+    MIGRATION_STATE_CANCELLED: _ClassVar[MigrationState]
 JOB_PHASE_UNSPECIFIED: JobPhase
 JOB_PHASE_PENDING: JobPhase
 JOB_PHASE_ADMITTED: JobPhase
@@ -61,6 +87,26 @@ TOPOLOGY_LEVEL_LAYER_2: TopologyLevel
 TOPOLOGY_LEVEL_LAYER_1: TopologyLevel
 TOPOLOGY_LEVEL_ZONE: TopologyLevel
 TOPOLOGY_LEVEL_REGION: TopologyLevel
+MIGRATION_CAUSE_UNSPECIFIED: MigrationCause
+MIGRATION_CAUSE_OTHER: MigrationCause
+MIGRATION_CAUSE_SPOT_INTERRUPTION: MigrationCause
+MIGRATION_CAUSE_REGION_DRAIN: MigrationCause
+MIGRATION_CAUSE_PLAN_ENDING: MigrationCause
+MIGRATION_CAUSE_PREEMPTED: MigrationCause
+MIGRATION_CAUSE_AGENT_LOST: MigrationCause
+MIGRATION_CAUSE_ATTEMPT_MISSING: MigrationCause
+MIGRATION_CAUSE_LAUNCH_REFUSED: MigrationCause
+MIGRATION_CAUSE_NODE_UNHEALTHY: MigrationCause
+MIGRATION_CAUSE_BETTER_CAPACITY: MigrationCause
+MIGRATION_STATE_UNSPECIFIED: MigrationState
+MIGRATION_STATE_CHECKPOINTING: MigrationState
+MIGRATION_STATE_QUEUED: MigrationState
+MIGRATION_STATE_LAUNCHING: MigrationState
+MIGRATION_STATE_TRANSFERRING: MigrationState
+MIGRATION_STATE_STARTING: MigrationState
+MIGRATION_STATE_DONE: MigrationState
+MIGRATION_STATE_FAILED: MigrationState
+MIGRATION_STATE_CANCELLED: MigrationState
 
 class Node(_message.Message):
     __slots__ = ("id", "region", "zone", "instance_type", "accelerator", "gpus", "efa", "network_layer_1", "network_layer_2", "network_layer_3", "ultraserver_id", "capacity_type", "pool", "price_per_gpu_hour", "interruption_risk", "healthy", "cordoned", "labels")
@@ -408,7 +454,7 @@ class TransferStats(_message.Message):
     def __init__(self, src_uri: _Optional[str] = ..., dst_uri: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., seconds: _Optional[float] = ..., mb_per_s: _Optional[float] = ..., method: _Optional[str] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time")
+    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +491,8 @@ class Migration(_message.Message):
     WORK_LOST_S_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_CODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     seq: int
@@ -481,4 +529,6 @@ class Migration(_message.Message):
     work_lost_s: float
     message: str
     finished_time: float
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ...) -> None: ...
+    cause_code: MigrationCause
+    state_code: MigrationState
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ...) -> None: ...

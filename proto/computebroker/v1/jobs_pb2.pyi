@@ -1,4 +1,5 @@
 from computebroker.v1 import common_pb2 as _common_pb2
+from computebroker.v1 import logs_pb2 as _logs_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -114,3 +115,17 @@ class ListMigrationsResponse(_message.Message):
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     migrations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Migration]
     def __init__(self, migrations: _Optional[_Iterable[_Union[_common_pb2.Migration, _Mapping]]] = ...) -> None: ...
+
+class StreamJobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "follow", "rank", "attempt", "tail")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    follow: bool
+    rank: int
+    attempt: int
+    tail: int
+    def __init__(self, job_id: _Optional[str] = ..., follow: _Optional[bool] = ..., rank: _Optional[int] = ..., attempt: _Optional[int] = ..., tail: _Optional[int] = ...) -> None: ...

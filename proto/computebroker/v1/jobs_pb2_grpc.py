@@ -5,6 +5,7 @@ import warnings
 
 from computebroker.v1 import common_pb2 as computebroker_dot_v1_dot_common__pb2
 from computebroker.v1 import jobs_pb2 as computebroker_dot_v1_dot_jobs__pb2
+from computebroker.v1 import logs_pb2 as computebroker_dot_v1_dot_logs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -75,6 +76,11 @@ class JobServiceStub:
                 request_serializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.SerializeToString,
                 response_deserializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.FromString,
                 _registered_method=True)
+        self.StreamJobLogs = channel.unary_stream(
+                '/computebroker.v1.JobService/StreamJobLogs',
+                request_serializer=computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_logs__pb2.LogRecord.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -122,13 +128,24 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJobLogs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deprecated: the event history as text. Use GetJobEvents (history) and
+        StreamJobLogs (rank output).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMigrations(self, request, context):
         """Recent migrations (moves between capacity), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamJobLogs(self, request, context):
+        """The ranks' own stdout/stderr: per attempt a header record, then its lines in
+        order. With follow, keeps streaming (across relaunches and migrations) until
+        the job is terminal. NOT_FOUND for an unknown job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,6 +193,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListMigrations,
                     request_deserializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.FromString,
                     response_serializer=computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.SerializeToString,
+            ),
+            'StreamJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamJobLogs,
+                    request_deserializer=computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_logs__pb2.LogRecord.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +416,33 @@ class JobService:
             '/computebroker.v1.JobService/ListMigrations',
             computebroker_dot_v1_dot_jobs__pb2.ListMigrationsRequest.SerializeToString,
             computebroker_dot_v1_dot_jobs__pb2.ListMigrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/computebroker.v1.JobService/StreamJobLogs',
+            computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.SerializeToString,
+            computebroker_dot_v1_dot_logs__pb2.LogRecord.FromString,
             options,
             channel_credentials,
             insecure,

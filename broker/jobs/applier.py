@@ -1,0 +1,136 @@
+"""The one write path: compare-and-set an Outcome, then run its commands.
+
+Why here and only here: a transition may be computed several times (each lost CAS
+race re-reads the job and re-runs it), but its commands must run exactly once, and
+only after the write committed, so an agent never runs an attempt the store does
+not know about (a crash between the two leaves a LAUNCHING job whose Launch was
+never sent: the agent's reconcile or its timeout relaunches it). The Outcome is
+returned to the caller, so nothing leaves the retry loop through side channels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from broker.api.errors import NotFound as ApiNotFound
+from broker.jobs.outcome import Command, Outcome, SendLaunch, SendStop, WakeScheduler
+from broker.store.base import NotFound, Store, VersionConflict
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import common_pb2 as pb
+
+if TYPE_CHECKING:
+    from broker.agents.registry import AgentRegistry
+    from broker.config import BrokerConfig
+    from broker.jobs.hub import EventHub
+    from broker.telemetry import BrokerTelemetry
+
+log = logging.getLogger(__name__)
+
+# A transition bound to its input: (job, now) -> Outcome, or None to write nothing.
+Step = Callable[[pb.Job, float], "Outcome | None"]
+
+
+class Applier:
+    """Writes outcomes (CAS, retried) and executes their commands after commit."""
+
+    def __init__(self, store: Store, hub: EventHub, agents: AgentRegistry, telemetry: BrokerTelemetry,
+                 config: BrokerConfig, clock: Callable[[], float] = time.time,
+                 max_retries: int = 50) -> None:
+        self.store = store
+        self.hub = hub
+        self.agents = agents
+        self.telemetry = telemetry
+        self.config = config
+        self.clock = clock
+        self.max_retries = max_retries
+        self._poke: Callable[[], None] = lambda: None
+
+    def set_poke(self, poke: Callable[[], None]) -> None:
+        """The scheduler loop's wake-up (a no-op while this replica is a standby)."""
+        self._poke = poke
+
+    def poke(self) -> None:
+        self._poke()
+
+    def get(self, job_id: str) -> pb.Job:
+        try:
+            return self.store.get_job(job_id)
+        except NotFound as e:
+            raise ApiNotFound(f"job {job_id!r} not found") from e
+
+    def apply(self, job_id: str, step: Step) -> Outcome | None:
+        """Run ``step`` on the stored job and CAS-write its outcome (re-reading and
+        re-running on a conflict); then run the commands. Returns the outcome with
+        the stored job (new version), or None when the step wrote nothing."""
+        for _ in range(self.max_retries):
+            current = self.get(job_id)
+            out = step(current, self.clock())
+            if out is None:
+                return None
+            try:
+                stored = self.store.update_job(out.job, current.version, out.events)
+            except VersionConflict:
+                continue
+            done = Outcome(job=stored, events=out.events, commands=out.commands)
+            self._committed(done)
+            return done
+        raise RuntimeError(f"job {job_id}: gave up after {self.max_retries} write conflicts")
+
+    def create(self, out: Outcome) -> Outcome:
+        """Insert a new job (submit); raises the store's AlreadyExists on a duplicate."""
+        stored = self.store.create_job(out.job, out.events)
+        done = Outcome(job=stored, events=out.events, commands=out.commands)
+        self._committed(done)
+        return done
+
+    def _committed(self, out: Outcome) -> None:
+        if out.events:
+            self.hub.notify(out.job.id)
+        for cmd in out.commands:
+            try:
+                self.run(cmd, out.job)
+            except Exception:  # noqa: BLE001 - a side effect must not undo a commit
+                log.exception("command %s for %s failed", type(cmd).__name__, out.job.id)
+
+    def run(self, cmd: Command, job: pb.Job) -> None:
+        """Execute one command; its telemetry (launch/stop spans and counts) goes with it."""
+        if isinstance(cmd, WakeScheduler):
+            self._poke()
+        elif isinstance(cmd, SendLaunch):
+            msg = apb.BrokerMessage(launch=cmd.launch)
+            self.telemetry.launched(job, msg.launch)  # span + TRACEPARENT in the Launch env
+            if not self.agents.send(cmd.agent_id, msg, "launch", cmd.launch.job_id, cmd.launch.attempt):
+                log.warning("launch of %s attempt %d: agent %s went away; reconcile/timeout will "
+                            "relaunch", cmd.launch.job_id, cmd.launch.attempt, cmd.agent_id)
+        elif isinstance(cmd, SendStop):
+            self._stop(cmd, job)
+
+    def _stop(self, cmd: SendStop, job: pb.Job) -> None:
+        if cmd.kind is None:
+            self.fence(cmd.agent_id, cmd.job_id, cmd.attempt)
+            return
+        msg = apb.BrokerMessage(stop=apb.Stop(
+            job_id=cmd.job_id, attempt=cmd.attempt, reason=cmd.kind.wire,
+            checkpoint_first=cmd.checkpoint_first, grace_s=cmd.grace_s))
+        self.telemetry.stop_sent(job, cmd.kind.value, checkpoint_first=cmd.checkpoint_first,
+                                 grace_s=cmd.grace_s)
+        self.agents.send(cmd.agent_id, msg, "stop", cmd.job_id, cmd.attempt)
+
+    def fence(self, agent_id: str, job_id: str, attempt: int) -> None:
+        """Tell an agent to kill an attempt the broker no longer wants (rate-limited)."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return
+        now = self.clock()
+        key = (job_id, attempt)
+        if now - agent.stale_stops.get(key, 0.0) < max(5.0, self.config.heartbeat_interval_s * 2):
+            return
+        agent.stale_stops[key] = now
+        msg = apb.BrokerMessage(stop=apb.Stop(job_id=job_id, attempt=attempt,
+                                              reason=apb.STOP_REASON_STALE_ATTEMPT,
+                                              checkpoint_first=False, grace_s=0))
+        self.agents.send(agent_id, msg, "stop", job_id, attempt)
+        log.info("stale attempt %s#%d on %s: sent Stop{STALE_ATTEMPT}", job_id, attempt, agent_id)

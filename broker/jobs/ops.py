@@ -1,0 +1,254 @@
+"""Job operations the servicers and the scheduler call: read what a transition needs,
+bind it to its input, hand it to the applier.
+
+Why this layer is thin: the decisions live in :mod:`broker.jobs.transitions`,
+:mod:`broker.jobs.updates` and :mod:`broker.jobs.recovery` (pure); the writes and
+commands in :mod:`broker.jobs.applier`. What is left here is the I/O a decision
+needs first (is the team known, is the agent connected, which bucket does its region
+use) and the one piece of per-process state: the progress-write throttle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from broker.agents.registry import AgentState
+from broker.api import validation
+from broker.api.errors import FailedPrecondition
+from broker.ids import new_job_id
+from broker.jobs import migration, transitions, updates
+from broker.jobs.applier import Applier
+from broker.jobs.lifecycle import HOLDING, LAUNCHING
+from broker.jobs.outcome import Outcome
+from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
+from broker.logs import JobLogs
+from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+if TYPE_CHECKING:
+    import placement
+
+log = logging.getLogger(__name__)
+
+
+class JobOps:
+    """Every job write the API and the scheduler make, each one transition."""
+
+    def __init__(self, applier: Applier) -> None:
+        self.applier = applier
+        # The applier's collaborators, for reads (it is the only writer).
+        self.config, self._store, self.agents = applier.config, applier.store, applier.agents
+        self.telemetry, self.clock = applier.telemetry, applier.clock
+        self.started_time = self.clock()
+        self._progress_lock = threading.Lock()
+        # job_id -> (last progress write time, last step with a "progress" event)
+        self._progress_marks: dict[str, tuple[float, int]] = {}
+        self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
+
+    def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
+        return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
+
+    def poke(self) -> None:
+        """Wake the scheduler (capacity, quotas or plans changed outside a job write)."""
+        self.applier.poke()
+
+    def priority_of(self, spec: pb.JobSpec) -> int:
+        cls = spec.priority_class or self.config.default_priority_class
+        return self.config.priority_classes.get(cls, 0)
+
+    # ---- users ---------------------------------------------------------------------------
+    def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
+        validation.validate_spec(spec, self.config.priority_classes)
+        store = self._store
+        if client_request_id:
+            existing = store.find_job_by_request_id(spec.team, client_request_id)
+            if existing is not None:
+                return existing, False
+        if store.get_record(KIND_TEAM, spec.team, cpb.TeamQuota) is None:
+            if not self.config.auto_create_teams:
+                raise FailedPrecondition(
+                    f"team {spec.team!r} does not exist; an operator creates it with"
+                    f" `brokerctl teams set {spec.team} --gpus N` (SetTeamQuota)"
+                )
+            store.put_record(KIND_TEAM, spec.team, cpb.TeamQuota(team=spec.team))
+        validation.check_feasible(spec, [list(a.record.nodes) for a in self.agents.all()])
+        out = transitions.submit(
+            transitions.Submit(job_id=new_job_id(), spec=spec, client_request_id=client_request_id,
+                               actor=actor, regions_known=self.agents.any_registered()),
+            self.clock(), self.config)
+        self.telemetry.stamp_job(out.job)  # the job's traceparent (JobService opened its span)
+        try:
+            return self.applier.create(out).job, True
+        except AlreadyExists:
+            existing = store.find_job_by_request_id(spec.team, client_request_id)
+            if existing is None:
+                raise
+            return existing, False
+
+    def cancel(self, job_id: str, reason: str, actor: str) -> pb.Job:
+        def step(job: pb.Job, now: float) -> Outcome | None:
+            agent = self.agents.get(job.placement.agent_id) if job.phase in HOLDING else None
+            inp = transitions.Cancel(actor=actor, reason=reason,
+                                     agent_connected=agent is not None and agent.connected)
+            return transitions.cancel(job, inp, now, self.config)
+
+        out = self.applier.apply(job_id, step)
+        return out.job if out is not None else self.applier.get(job_id)
+
+    # ---- scheduler ---------------------------------------------------------------------------
+    def launch(self, job_id: str, admission: placement.Admission, explanation: str = "") -> pb.Job | None:
+        """Admit a queued job on ``admission``; the Launch goes out after the write."""
+        agent = self.agents.get(admission.agent_id)
+        if agent is None or not agent.connected:
+            return None
+        inp = transitions.Admit(admission=admission, nodes={n.id: n for n in agent.record.nodes},
+                                checkpoint_bucket=agent.record.checkpoint_bucket,
+                                explanation=explanation)
+        out = self._apply(job_id, transitions.admit, inp)
+        return out.job if out is not None else None
+
+    def set_pending_reason(self, job_id: str, reason: str) -> None:
+        self._apply(job_id, transitions.set_pending_reason, reason)
+
+    # ---- recovery triggers ----------------------------------------------------------------
+    def trigger(self, job_id: str, sig: Signal, *, actor: str, message: str,
+                details: dict[str, str] | None = None) -> pb.Job | None:
+        """Something happened to a job's attempt: its recovery policy decides the stop
+        (or that there is none); the applier writes it and sends the Stop."""
+
+        def step(job: pb.Job, now: float) -> Outcome | None:
+            plan = policy_for(job, self.config).plan(sig, job, self.config, now)
+            if plan is None:
+                return None
+            inp = transitions.StopRequest(plan=plan, actor=actor, message=message,
+                                          details=tuple((details or {}).items()))
+            return transitions.request_stop(job, inp, now, self.config)
+
+        out = self.applier.apply(job_id, step)
+        return out.job if out is not None else None
+
+    def stop(self, job_id: str, plan: StopPlan, *, actor: str, message: str,
+             details: dict[str, str] | None = None) -> pb.Job | None:
+        """Apply an explicit stop plan (operators, tests); :meth:`trigger` is the usual door."""
+        inp = transitions.StopRequest(plan=plan, actor=actor, message=message,
+                                      details=tuple((details or {}).items()))
+        out = self._apply(job_id, transitions.request_stop, inp)
+        return out.job if out is not None else None
+
+    def attempt_lost(self, job_id: str, agent_id: str, trigger: Trigger, *, message: str,
+                     attempt: int | None = None) -> Outcome | None:
+        """The attempt on ``agent_id`` is gone: relaunch elsewhere from the last durable
+        checkpoint, or finish a pending cancel."""
+
+        def step(job: pb.Job, now: float) -> Outcome | None:
+            plan = policy_for(job, self.config).plan(Signal(trigger), job, self.config, now)
+            if plan is None:
+                return None
+            inp = transitions.AttemptLost(agent_id=agent_id, plan=plan, message=message,
+                                          attempt=attempt)
+            return transitions.attempt_lost(job, inp, now, self.config)
+
+        return self.applier.apply(job_id, step)
+
+    # ---- housekeeping (scheduler pass) -------------------------------------------------------
+    def housekeeping(self, live: Iterable[pb.Job]) -> list[pb.Job]:
+        """Lost agents, unanswered stops and cancels, jobs on unknown agents. Returns the
+        jobs it changed (as stored), so the pass goes on without re-reading the store."""
+        now = self.clock()
+        in_grace = now - self.started_time < self.config.grace_s
+        changed: list[pb.Job] = []
+
+        def keep(out: Outcome | None) -> None:
+            if out is not None:
+                changed.append(out.job)
+
+        holding = [j for j in live if j.phase in HOLDING]
+        if not in_grace:
+            for agent in self.agents.expired(self.config.agent_timeout_s):
+                silent = now - agent.last_seen
+                log.warning("agent %s lost (silent %.1fs)", agent.agent_id, silent)
+                self.agents.mark_lost(agent.agent_id)
+                for job in holding:
+                    if job.placement.agent_id == agent.agent_id:
+                        keep(self.attempt_lost(
+                            job.id, agent.agent_id, Trigger.AGENT_LOST,
+                            message=f"agent {agent.agent_id} lost (no message for {silent:.0f}s)"))
+        done = {j.id for j in changed}
+        for job in holding:
+            if job.id in done:
+                continue
+            agent = self.agents.get(job.placement.agent_id)
+            if agent is None and not in_grace:
+                keep(self.attempt_lost(job.id, job.placement.agent_id, Trigger.AGENT_LOST,
+                                       message=f"agent {job.placement.agent_id!r} is not registered"))
+            elif agent is not None and agent.lost:
+                keep(self.attempt_lost(job.id, agent.agent_id, Trigger.AGENT_LOST,
+                                       message=f"agent {agent.agent_id} lost"))
+            elif transitions.stop_due(job, now, self.config):
+                keep(self._apply(job.id, transitions.stop_timed_out,
+                                 transitions.StopTimeout(attempt=job.attempt)))
+        return changed
+
+    # ---- agent updates --------------------------------------------------------------------
+    def handle_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
+        """Apply one JobUpdate (contracts "Agent stream semantics" rules 3-5): fenced by
+        attempt and agent; a stale or unknown attempt is told to stop."""
+        try:
+            job = self._store.get_job(u.job_id)
+        except NotFound:
+            log.warning("update for unknown job %s from %s: stopping it", u.job_id, agent.agent_id)
+            if u.state not in updates.ATTEMPT_TERMINAL:
+                self.applier.fence(agent.agent_id, u.job_id, u.attempt)
+            return
+        if not transitions.is_current(job, agent.agent_id, u.attempt):
+            if u.state not in updates.ATTEMPT_TERMINAL:
+                self.applier.fence(agent.agent_id, u.job_id, u.attempt)
+            return
+        inp = updates.AgentUpdate(agent_id=agent.agent_id, update=u)
+        if u.HasField("transfer"):
+            self._apply(u.job_id, updates.transfer, inp)
+        if u.state in updates.ATTEMPT_TERMINAL:
+            if self._apply(u.job_id, updates.attempt_ended, inp) is not None:
+                with self._progress_lock:
+                    self._progress_marks.pop(u.job_id, None)
+        else:
+            self._progress(job, inp)
+
+    def _progress(self, job: pb.Job, inp: updates.AgentUpdate) -> None:
+        """Progress writes are throttled (``progress_write_interval_s``) except when they
+        matter: a new durable checkpoint, LAUNCHING -> RUNNING, a move's first step."""
+        u = inp.update
+        now = self.clock()
+        every = self.config.progress_event_every_steps
+        with self._progress_lock:
+            last_write, last_ev_step = self._progress_marks.get(job.id, (0.0, -1))
+        has = u.HasField("progress")
+        new_ckpt = has and u.progress.last_checkpoint_uri and (
+            u.progress.last_checkpoint_step != job.progress.last_checkpoint_step
+            or u.progress.last_checkpoint_uri != job.progress.last_checkpoint_uri)
+        started = job.phase == LAUNCHING and u.state in (apb.ATTEMPT_STATE_RUNNING,
+                                                         apb.ATTEMPT_STATE_CHECKPOINTING)
+        step = u.progress.step if has else 0
+        want_event = has and (last_ev_step < 0 or step // every > last_ev_step // every
+                              or job.attempt_started_time == 0)
+        due = now - last_write >= self.config.progress_write_interval_s
+        first = has and migration.first_step_due(job, u.progress)
+        if not (new_ckpt or started or due or first or (want_event and last_ev_step < 0)):
+            return
+        inp = updates.AgentUpdate(agent_id=inp.agent_id, update=u, progress_event=bool(want_event))
+        if self._apply(job.id, updates.progress, inp) is not None:
+            with self._progress_lock:
+                self._progress_marks[job.id] = (now, step if want_event else last_ev_step)
+
+    def fence(self, agent_id: str, job_id: str, attempt: int) -> None:
+        self.applier.fence(agent_id, job_id, attempt)
+
+    @staticmethod
+    def is_current(job: pb.Job, agent_id: str, attempt: int) -> bool:
+        return transitions.is_current(job, agent_id, attempt)
+

@@ -1,0 +1,203 @@
+"""When and how a job is stopped, moved or restarted: one place, as data.
+
+Why one module (like SkyPilot's ``sky/jobs/recovery_strategy.py``): the reasons to
+interrupt a running attempt arrive through very different doors (a spot notice in a
+heartbeat, an operator draining a region, a training plan about to end, the
+scheduler preempting, an agent going silent, an attempt failing), but the decision
+is one question: *checkpoint first or not, how long to wait, which bucket the lost
+time goes to, what to avoid next time, and whether to try again*. Servicers and the
+scheduler only translate what they saw into a :class:`Trigger` with its
+:class:`Signal`; a :class:`RecoveryPolicy` turns that into a :class:`StopPlan`
+(pure, no I/O), and :func:`broker.jobs.transitions.request_stop` applies it.
+
+Adding a trigger: a member in :class:`Trigger`, its rule in
+:meth:`RecoveryPolicy.plan` (or a policy subclass), a case in
+``tests/jobs/test_recovery.py``; then the servicer that sees it calls
+``JobOps.trigger``. See docs/architecture.md.
+
+Choosing a policy: ``BrokerConfig.recovery_policy`` is the broker-wide default; a job
+overrides it with the spec label ``cb.recovery-policy`` (one of :data:`POLICIES`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker.jobs.causes import Cause, Family, StopKind
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from computebroker.v1 import common_pb2 as pb
+
+POLICY_LABEL = "cb.recovery-policy"
+
+# Trainer exit codes (docs/contracts.md section 1).
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG_ERROR = 2
+EXIT_CHECKPOINTED = 75
+EXIT_GRACE_MISSED = 76
+
+
+class Trigger(enum.Enum):
+    """Why an attempt must be interrupted (what a servicer or the scheduler saw)."""
+
+    SPOT_NOTICE = "spot_notice"
+    REGION_DRAIN = "region_drain"
+    PLAN_ENDING = "plan_ending"
+    PREEMPTED = "preempted"
+    AGENT_LOST = "agent_lost"
+    ATTEMPT_MISSING = "attempt_missing"
+    LAUNCH_REFUSED = "launch_refused"
+    ATTEMPT_FAILED = "attempt_failed"
+    HANG = "hang"
+    NODE_UNHEALTHY = "node_unhealthy"
+    BETTER_CAPACITY = "better_capacity"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One trigger with what the observer knew: the nodes concerned, a reclaim
+    deadline, the finer cause (e.g. which preemption), and the time left."""
+
+    trigger: Trigger
+    nodes: tuple[str, ...] = ()
+    deadline: float = 0.0  # absolute reclaim time (spot), 0 = none
+    seconds_left: float = 0.0  # plan ending: until the plan's end
+    cause: Cause | None = None  # finer reason (preemption: reclaim vs priority)
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """How to stop the current attempt, and what the relaunch must avoid. The relaunch
+    budget is :meth:`RecoveryPolicy.restart`'s (``max_restarts`` counts failures; moves
+    and losses do not use it up)."""
+
+    kind: StopKind  # what the Stop asks; its family is the goodput bucket and requeue cause
+    cause: Cause
+    checkpoint_first: bool
+    grace_s: float
+    exclude_nodes: tuple[str, ...] = ()  # the relaunch avoids these (Job.excluded_nodes)
+
+    @property
+    def family(self) -> Family:
+        return self.kind.family
+
+
+class Restart(enum.Enum):
+    """What to do when an attempt ends by itself (no stop was asked)."""
+
+    SUCCEED = "succeed"
+    RETRY = "retry"  # relaunch elsewhere from the last durable checkpoint
+    FAIL_CONFIG = "fail_config"  # exit 2: retrying will not help
+    GIVE_UP = "give_up"  # restarts exhausted
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """The default policy: move anywhere the scheduler finds room.
+
+    Small named subclasses change one rule each; policies are frozen and stateless,
+    so one instance serves every job.
+    """
+
+    name: str = "move-anywhere"
+    loss_triggers: frozenset[Trigger] = field(
+        default=frozenset({Trigger.AGENT_LOST, Trigger.ATTEMPT_MISSING, Trigger.LAUNCH_REFUSED}))
+
+    def plan(self, sig: Signal, job: pb.Job, config: BrokerConfig, now: float) -> StopPlan | None:
+        """The stop for ``sig`` on ``job``'s running attempt, or None (leave it alone)."""
+        t = sig.trigger
+        if t is Trigger.SPOT_NOTICE:
+            grace = (max(5.0, sig.deadline - now - 10.0) if sig.deadline else config.preempt_grace_s)
+            return StopPlan(StopKind.MIGRATE, Cause.SPOT_INTERRUPTION, True, grace,
+                            exclude_nodes=self.avoid(sig))
+        if t is Trigger.REGION_DRAIN:
+            return StopPlan(StopKind.DRAIN, Cause.REGION_DRAIN, True, config.preempt_grace_s)
+        if t is Trigger.PLAN_ENDING:
+            return StopPlan(StopKind.MIGRATE, Cause.PLAN_ENDING, True, max(5.0, sig.seconds_left - 1.0),
+                            exclude_nodes=sig.nodes)
+        if t is Trigger.PREEMPTED:
+            return StopPlan(StopKind.PREEMPT, sig.cause or Cause.PREEMPTED, True, config.preempt_grace_s)
+        if t is Trigger.NODE_UNHEALTHY:
+            return self.node_unhealthy(sig, job, config)
+        if t is Trigger.BETTER_CAPACITY:
+            return StopPlan(StopKind.MIGRATE, Cause.BETTER_CAPACITY, True, config.preempt_grace_s)
+        if t is Trigger.HANG:
+            return StopPlan(StopKind.MIGRATE, Cause.HANG, False, 0.0, exclude_nodes=self.avoid(sig))
+        if t in self.loss_triggers:
+            return self.loss(sig, job)
+        return None
+
+    def avoid(self, sig: Signal) -> tuple[str, ...]:
+        """Nodes a relaunch must not use after ``sig`` (move-anywhere: none beyond what
+        the snapshot already leaves out; a doomed spot node leaves it by itself)."""
+        return ()
+
+    def node_unhealthy(self, sig: Signal, job: pb.Job, config: BrokerConfig) -> StopPlan | None:
+        """An elastic job can resume on fewer/other nodes: checkpoint and move off the
+        sick node now, instead of waiting for it to fail and restarting in place. A
+        fixed-size gang keeps running (a restart would need the same node count)."""
+        if not is_elastic(job):
+            return None
+        return StopPlan(StopKind.MIGRATE, Cause.NODE_UNHEALTHY, True, config.preempt_grace_s,
+                        exclude_nodes=sig.nodes)
+
+    def loss(self, sig: Signal, job: pb.Job) -> StopPlan:
+        """The attempt is already gone: nothing to save. ``kind`` is the stop in flight,
+        if any: :func:`broker.jobs.transitions.attempt_lost` charges the lost time to
+        its family (a preempted job lost mid-stop stays a preemption), else to failure."""
+        inflight = StopKind.parse(job.stop_reason)
+        cause = {Trigger.AGENT_LOST: Cause.AGENT_LOST, Trigger.ATTEMPT_MISSING: Cause.ATTEMPT_MISSING,
+                 Trigger.LAUNCH_REFUSED: Cause.LAUNCH_REFUSED}[sig.trigger]
+        return StopPlan(inflight or StopKind.MIGRATE, cause, False, 0.0)
+
+    def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig) -> Restart:
+        """An attempt FAILED on its own: exit 2 is a configuration error; anything else
+        (1, 76 = the emergency save missed its grace, a signal) is retried until
+        ``max_restarts``, from the last durable checkpoint."""
+        if exit_code == EXIT_OK:
+            return Restart.SUCCEED
+        if exit_code == EXIT_CONFIG_ERROR:
+            return Restart.FAIL_CONFIG
+        if job.restarts >= config.max_restarts:
+            return Restart.GIVE_UP
+        return Restart.RETRY
+
+    def exclude_after_failure(self, failed_nodes: tuple[str, ...]) -> tuple[str, ...]:
+        """Nodes the agent blamed for a failure are avoided by the relaunch."""
+        return failed_nodes
+
+
+@dataclass(frozen=True)
+class StayInPlace(RecoveryPolicy):
+    """Keep the job on the capacity it has as long as it runs: a sick node does not
+    move an elastic job (it restarts in place if the node really fails), and the
+    nodes an agent blames for a failure are not excluded (tightly pinned capacity
+    such as a reserved block, where the same nodes come back after a reboot)."""
+
+    name: str = "stay-in-place"
+
+    def node_unhealthy(self, sig: Signal, job: pb.Job, config: BrokerConfig) -> StopPlan | None:
+        return None
+
+    def exclude_after_failure(self, failed_nodes: tuple[str, ...]) -> tuple[str, ...]:
+        return ()
+
+
+POLICIES: dict[str, RecoveryPolicy] = {p.name: p for p in (RecoveryPolicy(), StayInPlace())}
+
+
+def policy_for(job: pb.Job, config: BrokerConfig) -> RecoveryPolicy:
+    """The job's label wins over the broker default; unknown names fall back to it
+    (submit-time validation rejects them, so this only meets old or hand-made jobs)."""
+    name = job.spec.labels.get(POLICY_LABEL, "") or config.recovery_policy
+    return POLICIES.get(name) or POLICIES[config.recovery_policy]
+
+
+def is_elastic(job: pb.Job) -> bool:
+    """Unset elasticity (0/0) means exactly ``resources.nodes``."""
+    e, n = job.spec.elasticity, job.spec.resources.nodes
+    return bool(e.min_nodes or e.max_nodes) and not (e.min_nodes == e.max_nodes == n)

@@ -1,0 +1,356 @@
+"""The broker's job state machine as pure functions: ``(job, input, now, config) -> Outcome``.
+
+One function per input the broker reacts to: submit, admission, cancel, stop request
+(any :class:`broker.jobs.recovery.StopPlan`), attempt lost, stop timeout, pending
+reason. Agent job updates (progress, transfer, an attempt's end) are in
+:mod:`broker.jobs.updates`. None of them reads a clock, a store or a socket, so they
+are tested as tables (tests/jobs/test_transitions.py) and may be re-run when their
+compare-and-set write loses a race. ``None`` means "nothing to write" (the job moved
+on meanwhile). :mod:`broker.jobs.applier` writes the Outcome and runs its commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.api.errors import FailedPrecondition
+from broker.jobs import migration
+from broker.jobs.causes import Cause, Family, MoveState, StopKind
+from broker.jobs.lifecycle import (
+    ADMITTED,
+    CANCELLED,
+    CHECKPOINTING,
+    HOLDING,
+    LAUNCHING,
+    MIGRATING,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    SUSPENDED,
+    TERMINAL,
+    Tx,
+    phase_name,
+)
+from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler, begin, seal
+from broker.jobs.recovery import StopPlan
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import common_pb2 as pb
+
+if TYPE_CHECKING:
+    import placement
+    from broker.config import BrokerConfig
+
+
+# ---- inputs -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    job_id: str
+    spec: pb.JobSpec
+    client_request_id: str
+    actor: str
+    regions_known: bool
+
+
+@dataclass(frozen=True)
+class Admit:
+    """The scheduler placed a queued job; ``nodes`` = the agent's node records by id."""
+
+    admission: placement.Admission
+    nodes: dict[str, pb.Node]
+    checkpoint_bucket: str
+    explanation: str = ""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    actor: str
+    reason: str
+    agent_connected: bool  # the job's agent can be told to stop
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    plan: StopPlan
+    actor: str
+    message: str
+    details: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class AttemptLost:
+    """The attempt on ``agent_id`` is gone (agent lost, attempt missing, launch refused)."""
+
+    agent_id: str
+    plan: StopPlan
+    message: str
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class StopTimeout:
+    attempt: int
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def checkpoint_uri_for(job: pb.Job, bucket: str, config: BrokerConfig) -> str:
+    """Where attempt ``job.attempt`` writes: ``<root>/attempt-<n>`` (attempt-fenced).
+
+    ``<root>`` is the user's URI, else ``<region bucket>/jobs/<job_id>`` (contracts
+    "Agent stream semantics" rule 7). Why one directory per attempt (docs/contracts.md
+    section 3): a stale attempt (its agent was partitioned, declared lost, and came
+    back before it was told to stop) keeps writing checkpoints for a while; in its own
+    directory it can never overwrite, prune or out-step the new attempt's checkpoints,
+    and the new attempt never picks them up, because ``resume_from`` always names the
+    exact durable checkpoint the broker recorded from the *current* attempt. The same
+    idea as a fencing token in a lock service: the token (attempt) is part of the
+    write location, so no store-side check is needed.
+    """
+    if job.spec.checkpoint_uri:
+        root = job.spec.checkpoint_uri.rstrip("/")
+    else:
+        base = bucket or config.checkpoint_root
+        root = f"{base.rstrip('/')}/jobs/{job.id}"
+    return f"{root}/attempt-{job.attempt}"
+
+
+def requeue(tx: Tx, cause: Family, *, reason: str, actor: str, message: str,
+            details: dict[str, str] | None = None) -> None:
+    """Back to PENDING for a relaunch (attempt+1 at the next launch)."""
+    j = tx.job
+    j.requeue_cause = cause.value
+    j.stop_reason = ""
+    j.stop_requested_time = 0.0
+    tx.move(PENDING, "requeued", reason=reason, actor=actor, message=message, details=details)
+
+
+def requeue_open(job: pb.Job) -> None:
+    """An open move whose new attempt is gone again waits for capacity once more."""
+    m = migration.open_migration(job)
+    if m is not None and m.state != MoveState.CHECKPOINTING:
+        migration.set_state(m, MoveState.QUEUED)
+
+
+def stopped_to_queue(tx: Tx, kind: StopKind, *, actor: str, saved: bool, detail: str = "") -> None:
+    """An attempt we asked to stop has stopped: route it by what the stop asked.
+
+    preempt -> CHECKPOINTING -> SUSPENDED -> PENDING; drain/migrate ->
+    CHECKPOINTING -> MIGRATING (placed elsewhere next, MIGRATING -> LAUNCHING).
+    """
+    j = tx.job
+    what = (f"checkpoint at step {j.progress.last_checkpoint_step} saved" if saved
+            else "stopped without a new checkpoint")
+    if j.phase in (ADMITTED, LAUNCHING):
+        requeue(tx, kind.family, reason=kind.value, actor=actor,
+                message=f"attempt {j.attempt} {what}; requeued")
+        return
+    if j.phase == RUNNING:
+        tx.move(CHECKPOINTING, kind.event, reason=kind.value, actor=actor)
+    if kind is StopKind.PREEMPT:
+        tx.move(SUSPENDED, "suspended", reason="preempted", actor=actor,
+                message=f"attempt {j.attempt} {what}; suspended")
+        j.requeue_cause = Family.PREEMPTION.value
+        tx.move(PENDING, "requeued", reason="preempted", actor=actor,
+                message="waiting for capacity to resume from its checkpoint")
+    else:
+        j.requeue_cause = Family.MIGRATION.value
+        tx.move(MIGRATING, "migrating", reason=kind.value, actor=actor,
+                message=f"attempt {j.attempt} {what}; moving to new capacity"
+                        + (f" ({detail})" if detail and not saved else ""))
+
+
+def is_current(job: pb.Job, agent_id: str, attempt: int) -> bool:
+    """Fencing: only the job's current attempt on its own agent may change it."""
+    return job.attempt == attempt and job.placement.agent_id == agent_id and job.phase in HOLDING
+
+
+def _stop_of(job: pb.Job, kind: StopKind | None, checkpoint_first: bool, grace_s: float) -> SendStop:
+    return SendStop(agent_id=job.placement.agent_id, job_id=job.id, attempt=job.attempt,
+                    kind=kind, checkpoint_first=checkpoint_first, grace_s=grace_s)
+
+
+# ---- transitions -------------------------------------------------------------------------
+def submit(inp: Submit, now: float, config: BrokerConfig) -> Outcome:
+    """A new PENDING job and its "submitted" event."""
+    job = pb.Job(id=inp.job_id, phase=PENDING, client_request_id=inp.client_request_id,
+                 created_time=now, updated_time=now, phase_time=now)
+    job.spec.CopyFrom(inp.spec)
+    if not job.spec.priority_class:
+        job.spec.priority_class = config.default_priority_class
+    if not inp.regions_known:
+        job.pending_reason = "no regions registered yet"
+    res = inp.spec.resources
+    ev = pb.JobEvent(
+        job_id=job.id, time=now, from_phase=pb.JOB_PHASE_UNSPECIFIED, to_phase=PENDING,
+        type="submitted", reason="submitted", actor=inp.actor,
+        message=f"submitted by {inp.actor}: {res.nodes} node(s) x {res.gpus_per_node} GPU(s),"
+                f" priority {job.spec.priority_class}",
+    )
+    return Outcome(job=job, events=(ev,), commands=(WakeScheduler(),))
+
+
+def cancel(job: pb.Job, inp: Cancel, now: float, config: BrokerConfig) -> Outcome | None:
+    """Cancel: a job holding GPUs on a connected agent is asked to stop (the agent's
+    answer or the cancel timeout ends it); anything else is CANCELLED at once."""
+    if job.phase in TERMINAL:
+        raise FailedPrecondition(
+            f"job {job.id} already finished ({phase_name(job.phase)}); nothing to cancel")
+    tx = begin(job, now)
+    j = tx.job
+    msg = f"cancelled by {inp.actor}" + (f": {inp.reason}" if inp.reason else "")
+    if j.phase in HOLDING and inp.agent_connected:
+        if j.stop_reason == StopKind.CANCEL:
+            return None  # already asked
+        j.stop_reason = StopKind.CANCEL.value
+        j.stop_requested_time = now
+        tx.note("cancel_requested", reason=Cause.USER_CANCEL.value, actor=inp.actor, message=msg)
+        return seal(tx, _stop_of(j, StopKind.CANCEL, False, 0.0))
+    tx.move(CANCELLED, "cancelled", reason=Cause.USER_CANCEL.value, actor=inp.actor, message=msg)
+    return seal(tx, WakeScheduler())
+
+
+def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome | None:
+    """Place a queued job: ADMITTED (first time) -> LAUNCHING with attempt+1, and the
+    Launch for the agent (resuming from the last durable checkpoint)."""
+    if job.phase not in QUEUED:
+        return None
+    adm = inp.admission
+    tx = begin(job, now)
+    j = tx.job
+    pl = pb.Placement(
+        region=adm.region, agent_id=adm.agent_id, capacity_type=int(adm.capacity_type),
+        pool=adm.pool, price_per_gpu_hour=adm.price_per_gpu_hour,
+        explanation=adm.explanation or inp.explanation,
+    )
+    for node_id, gpus in adm.assignments:
+        n = inp.nodes.get(node_id)
+        pl.nodes.add(node_id=node_id, gpus=gpus, zone=n.zone if n else "",
+                     network_layer_3=n.network_layer_3 if n else "",
+                     ultraserver_id=n.ultraserver_id if n else "")
+    pl.world_size = sum(g for _, g in adm.assignments)
+    j.placement.CopyFrom(pl)
+    where = f"{adm.region}/{adm.agent_id} on {len(adm.assignments)} node(s)"
+    if j.phase == PENDING:
+        tx.move(ADMITTED, "admitted", reason="placed", actor="scheduler",
+                message=f"admitted to {where}: {pl.explanation}",
+                details={"nodes": ",".join(n for n, _ in adm.assignments)})
+    relaunch = j.attempt > 0
+    j.attempt += 1
+    if relaunch:
+        j.relaunches += 1
+    ckpt = checkpoint_uri_for(j, inp.checkpoint_bucket, config)
+    resume = j.progress.last_checkpoint_uri
+    why = "migrated" if j.phase == MIGRATING else ("relaunch" if relaunch else "launch")
+    migration.launched(j, now, resume)
+    tx.move(LAUNCHING, "launched", reason=why, actor="scheduler",
+            message=f"attempt {j.attempt} launching in {where}"
+                    + (f", resuming from {resume}" if resume else ""),
+            details={"checkpoint_uri": ckpt, "resume_from": resume,
+                     "agent": adm.agent_id, "world_size": str(pl.world_size)})
+    j.stop_reason = ""
+    j.stop_requested_time = 0.0
+    launch = apb.Launch(job_id=j.id, attempt=j.attempt, spec=j.spec, placement=j.placement,
+                        checkpoint_uri=ckpt, resume_from=resume,
+                        transfer_mode=config.migration_transfer_mode)
+    return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
+
+
+def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig) -> Outcome | None:
+    """Apply a :class:`StopPlan` to the job's current attempt.
+
+    RUNNING -> CHECKPOINTING and Stop{checkpoint_first}; a job not yet running
+    (ADMITTED/LAUNCHING) has nothing to save: stopped and requeued at once. A job
+    already stopping, or not holding GPUs, is left alone.
+    """
+    plan = inp.plan
+    if job.phase not in HOLDING or job.stop_reason or job.phase == CHECKPOINTING:
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    add = [n for n in plan.exclude_nodes if n not in j.excluded_nodes]
+    j.excluded_nodes.extend(add)
+    details = dict(inp.details)
+    if j.phase == RUNNING and plan.checkpoint_first:
+        j.stop_reason = plan.kind.value
+        j.stop_requested_time = now
+        migration.begin(j, now, plan.cause)
+        tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
+                message=inp.message, details=details)
+        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s))
+    stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
+    lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
+    j.requeue_cause = plan.family.value
+    migration.begin(j, now, plan.cause)
+    migration.stopped(j, now, saved=False, work_lost_s=lost)
+    requeue_open(j)
+    suffix = (" (not started yet: requeued without checkpoint)" if j.phase != RUNNING
+              else " (stopped without checkpoint)")
+    tx.move(PENDING, "requeued", reason=plan.cause.value, actor=inp.actor,
+            message=inp.message + suffix, details=details)
+    return seal(tx, stop, WakeScheduler())
+
+
+def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig) -> Outcome | None:
+    """The attempt is gone without a word: relaunch from the last durable checkpoint
+    (attempt+1 at the next admission), or finish a pending cancel."""
+    if job.phase not in HOLDING or job.placement.agent_id != inp.agent_id:
+        return None
+    if inp.attempt is not None and job.attempt != inp.attempt:
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    if j.stop_reason == StopKind.CANCEL:
+        tx.move(CANCELLED, "cancelled", reason=Cause.USER_CANCEL.value, actor="broker",
+                message=f"cancelled ({inp.message})")
+        return seal(tx, WakeScheduler())
+    inflight = StopKind.parse(j.stop_reason)
+    family = inflight.family if inflight is not None else Family.FAILURE
+    lost = tx.lose_work(family)
+    migration.begin(j, now, inp.plan.cause)
+    migration.stopped(j, now, saved=False, work_lost_s=lost)
+    requeue_open(j)
+    ck = j.progress.last_checkpoint_uri
+    requeue(tx, family, reason=inp.plan.cause.value, actor="broker",
+            message=f"{inp.message}; relaunching attempt {j.attempt + 1} "
+                    + (f"from checkpoint step {j.progress.last_checkpoint_step}"
+                       if ck else "from the start (no durable checkpoint yet)"),
+            details={"agent": inp.agent_id, "work_lost_s": f"{lost:.1f}", "resume_from": ck})
+    return seal(tx, WakeScheduler())
+
+
+def stop_timed_out(job: pb.Job, inp: StopTimeout, now: float, config: BrokerConfig) -> Outcome | None:
+    """The agent did not confirm a stop in time: finish it without the agent (the old
+    attempt is fenced with a STALE_ATTEMPT stop)."""
+    kind = StopKind.parse(job.stop_reason)
+    if job.phase not in HOLDING or job.attempt != inp.attempt or kind is None:
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    fence = _stop_of(job, None, False, 0.0)
+    if kind is StopKind.CANCEL:
+        tx.move(CANCELLED, "cancelled", reason="cancel_timeout", actor="broker",
+                message="the agent did not confirm the stop in time; cancelled anyway")
+        return seal(tx, fence, WakeScheduler())
+    lost = tx.lose_work(kind.family)
+    migration.stopped(j, now, saved=False, work_lost_s=lost)
+    stopped_to_queue(tx, kind, actor="broker", saved=False, detail="no answer to the stop in time")
+    return seal(tx, fence, WakeScheduler())
+
+
+def stop_due(job: pb.Job, now: float, config: BrokerConfig) -> bool:
+    """True when a stop or cancel in flight has waited past its limit."""
+    kind = StopKind.parse(job.stop_reason)
+    if kind is None or not job.stop_requested_time:
+        return False
+    limit = (config.cancel_timeout_s if kind is StopKind.CANCEL
+             else config.preempt_grace_s + config.stop_timeout_s)
+    return now - job.stop_requested_time > limit
+
+
+def set_pending_reason(job: pb.Job, reason: str, now: float, config: BrokerConfig) -> Outcome | None:
+    """Why a PENDING job still waits (no event: it changes every pass)."""
+    if job.phase != PENDING or job.pending_reason == reason:
+        return None
+    tx = begin(job, now)
+    tx.job.pending_reason = reason
+    return seal(tx)

@@ -1,0 +1,81 @@
+"""Read-only views the servicers get instead of the store.
+
+Why a view and not the store: job writes must go through the applier (one CAS path
+with its commands after commit). A servicer that holds only a view cannot write a
+job behind the state machine's back; keyed records (teams, plans, regions) are
+written through :class:`RecordsView` methods that name what they write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from google.protobuf.message import Message
+
+from broker.api.errors import NotFound as ApiNotFound
+from broker.jobs.hub import EventHub
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, NotFound, Store
+from broker.store.jobs_query import iter_jobs
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+
+class JobsView:
+    """Jobs and their events, read-only; ``hub`` wakes watchers after each commit."""
+
+    def __init__(self, store: Store, hub: EventHub) -> None:
+        self._store = store
+        self.hub = hub
+
+    def get(self, job_id: str) -> pb.Job:
+        try:
+            return self._store.get_job(job_id)
+        except NotFound as e:
+            raise ApiNotFound(f"job {job_id!r} not found") from e
+
+    def find(self, job_id: str) -> pb.Job | None:
+        try:
+            return self._store.get_job(job_id)
+        except NotFound:
+            return None
+
+    def list(self, *, team: str = "", phases: Iterable[int] = (), region: str = "",
+             after_id: str = "", limit: int = 100) -> list[pb.Job]:
+        return self._store.list_jobs(team=team, phases=list(phases), region=region,
+                                     after_id=after_id, limit=limit)
+
+    def iter(self, *, phases: Iterable[int] = (), team: str = "") -> Iterator[pb.Job]:
+        return iter_jobs(self._store, phases=phases, team=team)
+
+    def events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
+        return self._store.list_events(job_id, after_seq=after_seq, limit=limit)
+
+
+class RecordsView:
+    """Operator-owned records (teams, plans, regions): last writer wins, one owner each."""
+
+    TYPES: dict[str, type[Message]] = {KIND_TEAM: cpb.TeamQuota, KIND_PLAN: cpb.TrainingPlan,
+                                       KIND_REGION: cpb.RegionInfo}
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def get(self, kind: str, key: str) -> Any:
+        """The record, or None (typed by :attr:`TYPES`)."""
+        return self._store.get_record(kind, key, self.TYPES[kind])
+
+    def put(self, kind: str, key: str, message: Message) -> None:
+        self._store.put_record(kind, key, message)
+
+    def all(self, kind: str) -> list[Any]:
+        return self._store.list_records(kind, self.TYPES[kind])
+
+    def teams(self) -> dict[str, cpb.TeamQuota]:
+        return {t.team: t for t in self.all(KIND_TEAM)}
+
+    def plans(self) -> list[cpb.TrainingPlan]:
+        return self.all(KIND_PLAN)
+
+    def regions(self) -> dict[str, cpb.RegionInfo]:
+        return {r.name: r for r in self.all(KIND_REGION)}

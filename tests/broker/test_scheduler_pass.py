@@ -1,0 +1,44 @@
+"""One scheduler pass reads the live jobs once: housekeeping returns the jobs it
+rewrote into the same pass, so a job whose agent was just declared lost is placed
+elsewhere by the pass that noticed, without a second read of the store."""
+
+from __future__ import annotations
+
+import time
+
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import common_pb2 as pb
+from tests.broker.harness import Broker, spec, wait_until
+
+
+def test_a_lost_agents_job_is_replaced_by_the_same_single_read_pass(broker: Broker, make_agent) -> None:  # noqa: ANN001
+    broker.team()
+    agents = {a.agent_id: a for a in (make_agent("us-east-2"), make_agent("us-west-2"))}
+    job = broker.submit(spec("mover", gpus=8))
+    first = wait_until(lambda: next((a for a in agents.values() if a.commands("launch", job.id)), None),
+                       20, "the first launch")
+    first.update(job.id, 1, apb.ATTEMPT_STATE_RUNNING, step=2)
+    broker.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+
+    loop = broker.server.scheduler
+    assert loop is not None
+    loop.stop()  # drive passes by hand from here
+    first.close()
+    time.sleep(broker.config.agent_timeout_s + 0.5)  # silent past the timeout
+
+    reads: list[tuple] = []
+    real_iter = loop.jobs.iter
+
+    def counting(**kw):  # noqa: ANN003, ANN202
+        reads.append(tuple(sorted(kw.get("phases", ()))))
+        return real_iter(**kw)
+
+    loop.jobs.iter = counting  # type: ignore[method-assign]
+    decisions = loop.run_once()
+    assert decisions is not None
+    assert len(reads) == 1, reads
+    assert job.id in {a.job_id for a in decisions.admissions}
+    j = broker.get(job.id)
+    other = next(a for a in agents.values() if a is not first)
+    assert j.phase == pb.JOB_PHASE_LAUNCHING and j.attempt == 2 and j.placement.agent_id == other.agent_id
+    assert [e.reason for e in broker.events(job.id) if e.type == "requeued"][-1] == "agent_lost"
