@@ -215,6 +215,37 @@ def workdir(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def library(d: dict[str, Any]) -> list[str]:
+    out = [
+        "### Training library overhead (`python benchmarks/bench_library.py`)",
+        "",
+        f"The same training loop ({d['model']}, {d['ranks']} ranks, global batch {d['global_batch']}) with and "
+        f"without `import trainer`: progress file, signal agreement every step, async checkpoint every "
+        f"{d['checkpoint_every']} steps (waited for inside the measured phase). Median of {d['rounds']} "
+        f"alternating phases of {d['steps_per_phase']} steps; {d['machine']}.",
+        "",
+        "Wall time on this shared machine swings by tens of percent between phases (1-minute load average "
+        f"{d.get('load_average_1min', ['?'])[0]} at the start on 2 cores), so read the CPU-time line (all "
+        "threads, background uploads included) and the time spent inside library calls.",
+        "",
+        "| loop | wall ms/step |",
+        "|---|---|",
+        f"| plain PyTorch | {f(d['plain_ms_per_step'], 2)} |",
+        f"| library hooks only (`step_done`, no checkpoints) | {f(d['hooks_ms_per_step'], 2)} |",
+        f"| with the library | {f(d['library_ms_per_step'], 2)} |",
+        f"| **overhead**, median of per-round ratios (goal < {d['goal']:.0%}) | **{d['overhead']:+.2%}** |",
+        f"| CPU time per step, all threads (plain / hooks / library) | {f(d['plain_cpu_ms_per_step'], 1)} / "
+        f"{f(d['hooks_cpu_ms_per_step'], 1)} / {f(d['library_cpu_ms_per_step'], 1)} ms: hooks "
+        f"{d['hooks_cpu_overhead']:+.2%}, library **{d['cpu_overhead']:+.2%}** |",
+        f"| training thread inside library calls | {f(d['in_library_ms_per_step'], 2)} ms "
+        f"({d['in_library_share']:.2%} of a step) |",
+    ]
+    if d.get("async_save_blocked_ms_median") is not None:
+        out.append(f"| training thread blocked per async save (median of {d['saves']}) | "
+                   f"{f(d['async_save_blocked_ms_median'], 1)} ms |")
+    return out
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -226,7 +257,8 @@ def render() -> str:
     ]
     for name, fn in (("placement", placement), ("checkpoint", checkpoint), ("hash", digests),
                      ("migration", migration),
-                     ("transfer", transfer), ("store", store), ("workdir", workdir)):
+                     ("transfer", transfer), ("store", store), ("library", library),
+                     ("workdir", workdir)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

@@ -1,6 +1,7 @@
 """`python -m trainer`: one process per rank, launched by the region agent (or torchrun).
 
-Everything comes from the environment (docs/contracts.md section 1). Exit codes:
+Everything comes from the environment (docs/contracts.md section 1). The loop itself is
+trainer/loop.py on the public library (trainer/run.py), which produces the exit codes:
 0 done, 75 stopped after a durable checkpoint, 2 bad config / checkpoint / storage
 (one paragraph on stderr, no traceback), 77 the resume checkpoint is missing (one line),
 anything else = crash (traceback on stderr).
@@ -45,10 +46,9 @@ def main() -> None:
         ResumeUnavailable,
         TrainerError,
     )
-    from trainer.signals import SignalFlags
+    from trainer.signals import install_flags
 
-    flags = SignalFlags()
-    flags.install()  # first thing: a SIGTERM during startup is remembered, not fatal
+    flags = install_flags()  # first thing: a SIGTERM during startup is remembered, not fatal
     rank = os.environ.get("RANK", "0")
     try:
         from trainer.config import load_run_env, parse_spec
@@ -59,6 +59,8 @@ def main() -> None:
         from trainer.telemetry import traced_attempt
 
         code = traced_attempt(train, spec, env, flags)  # a span when TRACEPARENT + exporter
+    except SystemExit as exc:  # the library's RunExit: 0 done, 75 checkpointed
+        code = exc.code if isinstance(exc.code, int) else 1
     except TrainerError as exc:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG

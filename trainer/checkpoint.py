@@ -124,7 +124,7 @@ class CheckpointManager:
         *,
         model: torch.nn.Module,
         optim: torch.optim.Optimizer,
-        sched: Any,
+        sched: Any = None,
         ckpt_group: dist.ProcessGroup,
         rank: int,
         world_size: int,
@@ -133,7 +133,12 @@ class CheckpointManager:
         threads: int,
         use_async: bool,
         on_durable: Callable[[int, str], None] | None = None,
+        user_state: Callable[[], dict[str, Any]] | None = None,
+        load_user_state: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """`user_state` / `load_user_state`: the library's registered `Stateful`s (data
+        position, anything the script adds), saved as small items beside the trainer's
+        own; `load_user_state` gets back what `user_state()` returned at save time."""
         self.store = store
         self.model, self.optim, self.sched = model, optim, sched
         self.group = ckpt_group
@@ -143,12 +148,14 @@ class CheckpointManager:
         self.threads = threads
         self.use_async = use_async
         self.on_durable = on_durable
+        self.user_state, self.load_user_state = user_state, load_user_state
         self._stager = ReusedBufferStager()
         self._inflight: Future | None = None
         self._inflight_step = -1
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._deadline_pool: ThreadPoolExecutor | None = None
+        self._meta: dict[int, dict[str, Any]] = {}
         self.last_durable_step = -1
         self.last_saved_step = -1  # last step a save was started for
         self.stats: list[dict[str, float]] = []
@@ -156,12 +163,15 @@ class CheckpointManager:
     # ------------------------------------------------------------------ state
     def _state(self, step: int, samples_seen: int) -> dict[str, Any]:
         msd, osd = get_state_dict(self.model, self.optim)
-        extra = {
+        extra: dict[str, Any] = {
             "step": step,
             "samples_seen": samples_seen,
-            "lr_sched": self.sched.state_dict(),
             "rng": torch.get_rng_state(),
         }
+        if self.sched is not None:
+            extra["lr_sched"] = self.sched.state_dict()
+        if self.user_state is not None:
+            extra["user"] = self.user_state()
         return {"model": msd, "optim": osd, "trainer": extra}
 
     # ------------------------------------------------------------------- save
@@ -186,12 +196,19 @@ class CheckpointManager:
         *,
         blocking: bool = False,
         deadline: float | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Start a checkpoint of `step`; blocking=True (emergency / final) waits until durable.
 
         `deadline` (time.monotonic() value, blocking saves only): raise GraceExceeded
         instead of waiting past it; the save's manifest is then never written.
+        `meta`: extra manifest fields of this save (the library stores the last loss).
+        Step 0 is refused: before the first optimizer step there is no training state,
+        and `get_state_dict` on a never-stepped AdamW would *create* one (a zero-LR
+        step: Adam's `step` 1), so a resume from it diverges (TRAINER-NOTES, issue 15).
         """
+        if step < 1:
+            raise ValueError(f"refusing to checkpoint step {step}: no optimizer step taken yet")
         self.raise_if_failed()
         if step == self.last_saved_step:
             if blocking:
@@ -203,6 +220,7 @@ class CheckpointManager:
         state = self._state(step, samples_seen)
         t0 = time.perf_counter()
         self.last_saved_step = step
+        self._meta[step] = dict(meta or {})
         if self.use_async and not blocking:
             fut = dcp.async_save(
                 state, storage_writer=writer, process_group=self.group, async_stager=self._stager
@@ -262,7 +280,7 @@ class CheckpointManager:
         files = self.store.list_files(name)
         try:
             manifest = manifest_format.build(
-                self.manifest_base,
+                {**self.manifest_base, **self._meta.pop(step, {})},  # + this save's loss
                 step=step,
                 samples_seen=samples_seen,
                 world_size=self.world_size,
@@ -366,12 +384,11 @@ class CheckpointManager:
         verify_files(store, name, manifest)
         expected = {f["name"]: f for f in manifest.get("files", [])}
         msd, osd = get_state_dict(self.model, self.optim)
-        extra: dict[str, Any] = {
-            "step": 0,
-            "samples_seen": 0,
-            "lr_sched": self.sched.state_dict(),
-            "rng": torch.get_rng_state(),
-        }
+        extra: dict[str, Any] = {"step": 0, "samples_seen": 0, "rng": torch.get_rng_state()}
+        if self.sched is not None:
+            extra["lr_sched"] = self.sched.state_dict()
+        if self.user_state is not None:
+            extra["user"] = self.user_state()
         state = {"model": msd, "optim": osd, "trainer": extra}
         # no_dist: DCP's default load planning is per rank (its global step returns the
         # local plans unchanged), so its two collectives only forward plans and errors;
@@ -392,7 +409,10 @@ class CheckpointManager:
             options=StateDictOptions(strict=True),
         )
         extra = state["trainer"]
-        self.sched.load_state_dict(extra["lr_sched"])
+        if self.sched is not None:
+            self.sched.load_state_dict(extra["lr_sched"])
+        if self.load_user_state is not None:
+            self.load_user_state(extra["user"])
         torch.set_rng_state(extra["rng"])
         if int(extra["step"]) != int(manifest["step"]):
             raise TrainerError(

@@ -133,14 +133,21 @@ def _int_env(env: dict[str, str], name: str, default: int) -> int:
         raise TrainerError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def load_run_env(env: dict[str, str] | None = None) -> RunEnv:
-    """Read RANK/WORLD_SIZE/CB_* (docs/contracts.md section 1). Missing RANK = single process."""
+def load_run_env(env: dict[str, str] | None = None, default_checkpoint_uri: str = "") -> RunEnv:
+    """Read RANK/WORLD_SIZE/CB_* (docs/contracts.md section 1). Missing RANK = single process.
+
+    `default_checkpoint_uri` is used when CB_CHECKPOINT_URI is unset (a library user's
+    script run by hand); `python -m trainer` passes none, so it still requires the variable.
+    A relative local path is made absolute here, once, so every later use agrees on it.
+    """
     env = dict(os.environ if env is None else env)
     rank = _int_env(env, "RANK", 0)
     world = _int_env(env, "WORLD_SIZE", 1)
     if world < 1 or not 0 <= rank < world:
         raise TrainerError(f"RANK={rank} / WORLD_SIZE={world} are inconsistent")
-    ckpt = env.get("CB_CHECKPOINT_URI", "")
+    ckpt = env.get("CB_CHECKPOINT_URI", "") or default_checkpoint_uri
+    if ckpt and "://" not in ckpt:
+        ckpt = os.path.abspath(ckpt)
     if not ckpt:
         raise TrainerError(
             "CB_CHECKPOINT_URI is not set: the trainer needs a local directory or an "

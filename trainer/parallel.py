@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import os
 import socket
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -43,35 +45,86 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(env: RunEnv, opts: TrainerOptions) -> Dist:
-    """Init the default group from torchrun-style env; a bare single process also works."""
-    if env.world_size == 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    for var in ("MASTER_ADDR", "MASTER_PORT"):
-        if not os.environ.get(var):
-            raise TrainerError(f"{var} is not set (needed with WORLD_SIZE={env.world_size})")
+class Parallelism(enum.StrEnum):
+    """How parameters are laid out over the ranks (a DeviceMesh FSDP2 shards over)."""
+
+    AUTO = "auto"  # HSDP (nodes x local ranks) when the job spans nodes, else FSDP
+    FSDP = "fsdp"  # 1-D mesh: every rank holds 1/world of every parameter
+    HSDP = "hsdp"  # 2-D mesh ("replicate", "shard"): shard inside a group, replicate across
+
+
+def init_process_group(
+    rank: int, world_size: int, local_rank: int, timeout_s: float
+) -> tuple[torch.device, str]:
+    """The default group from torchrun-style env; a bare single process also works.
+
+    NCCL on the rank's GPU when CUDA exists, else gloo on CPU (the local executor's case).
+    Returns (device, backend). Does nothing but pick the device if a group already exists.
+    """
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    if dist.is_initialized():
+        return device, dist.get_backend()
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(var):
+            raise TrainerError(f"{var} is not set (needed with WORLD_SIZE={world_size})")
     dist.init_process_group(
         backend=backend,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=opts.dist_timeout_s),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if backend == "nccl" else None,
     )
-    mesh = build_mesh(device.type, env.world_size, opts)
+    return device, backend
+
+
+def init_distributed(env: RunEnv, opts: TrainerOptions) -> Dist:
+    """Process group + mesh + checkpoint group for the built-in trainer's options."""
+    device, backend = init_process_group(
+        env.rank, env.world_size, env.local_rank, opts.dist_timeout_s
+    )
+    mesh = build_mesh(device.type, env.world_size, opts.parallelism, opts.hsdp_replicate)
     ckpt_group = dist.new_group(backend="gloo")
     return Dist(device, backend, mesh, ckpt_group, env.rank, env.world_size)
 
 
-def build_mesh(device_type: str, world_size: int, opts: TrainerOptions) -> DeviceMesh:
-    if opts.parallelism == "hsdp":
-        rep = opts.hsdp_replicate
+def choose_layout(
+    world_size: int,
+    parallelism: Parallelism | str,
+    hsdp_replicate: int = 2,
+    local_world_size: int = 0,
+) -> tuple[Parallelism, int]:
+    """(FSDP or HSDP, replica groups). AUTO = HSDP with one replica per node when the
+    job spans nodes (local_world_size < world_size), because FSDP's all-gathers then
+    stay on the fast intra-node links and only gradient all-reduces cross nodes."""
+    parallelism = Parallelism(parallelism)
+    if parallelism is not Parallelism.AUTO:
+        return parallelism, hsdp_replicate
+    if 0 < local_world_size < world_size and world_size % local_world_size == 0:
+        return Parallelism.HSDP, world_size // local_world_size
+    return Parallelism.FSDP, 1
+
+
+def build_mesh(
+    device_type: str,
+    world_size: int,
+    parallelism: Parallelism | str = Parallelism.FSDP,
+    hsdp_replicate: int = 2,
+    local_world_size: int = 0,
+) -> DeviceMesh:
+    """1-D FSDP mesh or 2-D HSDP mesh ("replicate", "shard"), see `choose_layout`."""
+    parallelism, hsdp_replicate = choose_layout(
+        world_size, parallelism, hsdp_replicate, local_world_size
+    )
+    if parallelism is Parallelism.HSDP:
+        rep = hsdp_replicate
         if world_size % rep:
             raise TrainerError(
                 f"parallelism=hsdp needs WORLD_SIZE ({world_size}) divisible by "
@@ -83,30 +136,61 @@ def build_mesh(device_type: str, world_size: int, opts: TrainerOptions) -> Devic
     return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
 
 
-def shard_model(model: nn.Module, d: Dist, opts: TrainerOptions) -> nn.Module:
-    """Wrap blocks then root with fully_shard; optional bf16 and activation checkpointing."""
-    model.to(d.device)
-    if opts.activation_checkpointing:
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers to shard one by one: the elements of the largest ModuleList
+    (`blocks`, GPT-2's `transformer.h`, Llama's `model.layers`), as torchtitan wraps them."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shard_module(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    device: torch.device,
+    *,
+    blocks: list[nn.Module] | None = None,
+    mixed_precision: str = "none",
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """fully_shard each block then the root (FSDP2); optional bf16 and activation
+    checkpointing. Blocks default to `find_blocks(model)`."""
+    model.to(device)
+    blocks = find_blocks(model) if blocks is None else blocks
+    if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            checkpoint_wrapper,
+            apply_activation_checkpointing,
         )
 
-        blocks = model.blocks  # type: ignore[attr-defined]
-        for i, block in enumerate(list(blocks)):
-            blocks[i] = checkpoint_wrapper(block)
-    mp = None
-    if opts.mixed_precision == "bf16":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kwargs = {"mesh": d.mesh}
-    if mp is not None:
-        kwargs["mp_policy"] = mp
-    for block in model.blocks:  # type: ignore[attr-defined]
+        ids = {id(b) for b in blocks}
+        apply_activation_checkpointing(model, check_fn=lambda m: id(m) in ids)
+        blocks = [m for m in model.modules() if getattr(m, "_checkpoint_wrapped_module", None)
+                  is not None and id(m._checkpoint_wrapped_module) in ids] or blocks
+    kwargs: dict[str, object] = {"mesh": mesh}
+    if mixed_precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    elif mixed_precision != "none":
+        raise TrainerError(f"mixed_precision={mixed_precision!r}: use 'none' or 'bf16'")
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
 
-def shutdown_and_exit(code: int) -> None:
+def shard_model(model: nn.Module, d: Dist, opts: TrainerOptions) -> nn.Module:
+    """The built-in trainer's wrapping: its `blocks` with the spec's options."""
+    return shard_module(
+        model,
+        d.mesh,
+        d.device,
+        blocks=list(model.blocks),  # type: ignore[attr-defined]
+        mixed_precision=opts.mixed_precision,
+        activation_checkpointing=opts.activation_checkpointing,
+    )
+
+
+def shutdown_and_exit(code: int) -> NoReturn:
     """destroy_process_group then os._exit: FSDP2+gloo sometimes aborts in normal
     interpreter teardown (exit -6, ~1 run in 10 with DCP; see TRAINER-NOTES)."""
     import sys

@@ -26,6 +26,11 @@ class SignalFlags:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_usr1)
 
+    def request_stop(self) -> None:
+        """Stop after the current step as if SIGTERM had come, but without its grace
+        deadline (the built-in trainer's simulated preemption, `stop_at_step`)."""
+        self.term = True
+
     def _on_term(self, signum: int, frame: object) -> None:
         if not self.term:
             self.term_time = time.monotonic()
@@ -34,14 +39,39 @@ class SignalFlags:
     def _on_usr1(self, signum: int, frame: object) -> None:
         self.usr1 = True
 
-    def agree(self, device: torch.device) -> tuple[bool, bool]:
-        """(stop, checkpoint_now) as agreed by all ranks; clears the local SIGUSR1 flag."""
-        t = torch.tensor([int(self.term), int(self.usr1)], dtype=torch.int32, device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        stop, ckpt = bool(t[0].item()), bool(t[1].item())
+    def local(self) -> tuple[int, int]:
+        """This rank's (stop, checkpoint_now) flags, to combine with the other ranks'."""
+        return int(self.term), int(self.usr1)
+
+    def settle(self, stop: bool, ckpt: bool) -> tuple[bool, bool]:
+        """Adopt the combined flags: clears the local SIGUSR1 flag once it was acted on,
+        and starts the grace clock when the SIGTERM was a peer's."""
         if ckpt:
             self.usr1 = False
-        if stop and self.term_time is None:
-            self.term_time = time.monotonic()  # learned from a peer
+        if stop and self.term_time is None and not self.term:
+            self.term_time = time.monotonic()  # learned from a peer's SIGTERM
         return stop, ckpt
+
+    def agree(self, device: torch.device) -> tuple[bool, bool]:
+        """(stop, checkpoint_now) as agreed by all ranks (one all_reduce MAX)."""
+        t = torch.tensor(self.local(), dtype=torch.int32, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return self.settle(bool(t[0].item()), bool(t[1].item()))
+
+
+_installed: SignalFlags | None = None
+
+
+def install_flags() -> SignalFlags:
+    """The process's one SignalFlags, installed on first call (main thread only).
+
+    Why a singleton: `python -m trainer` installs the handlers before importing torch
+    (a SIGTERM while torch loads must be remembered), and the library's `init()`
+    must then reuse those flags rather than replace the handlers and lose the signal.
+    """
+    global _installed
+    if _installed is None:
+        _installed = SignalFlags()
+        _installed.install()
+    return _installed

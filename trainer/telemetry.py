@@ -120,7 +120,10 @@ def traced_attempt(train: Callable[..., int], *args: Any) -> int:
     try:
         with tracer.start_as_current_span("train_attempt", context=parent, attributes=attrs) as span:
             _parent = trace.set_span_in_context(span)
-            code = train(*args)
+            try:
+                code = train(*args)
+            except SystemExit as exc:  # the library ends a run with RunExit(code)
+                code = exc.code if isinstance(exc.code, int) else 1
             span.set_attribute("cb.exit_code", code)
             return code
     finally:

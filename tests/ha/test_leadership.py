@@ -100,8 +100,8 @@ def test_replaced_leader_store_writes_are_fenced(redis_server: RedisServer) -> N
     r = redis.Redis.from_url(redis_server.url)
     try:
         assert leader.leadership is not None and leader.leadership.is_leader
-        assert leader.core is not None
-        store = leader.core.store
+        assert leader._store is not None
+        store = leader._store  # the leader's own store object (fenced with its epoch)
         store.put_record(KIND_TEAM, "before", pb.JobSpec(team="before"))
         # A standby takes over (what acquire_lease_epoch does once our lease expired).
         r.set(f"{prefix}:lease:leader", "hf-b", px=60_000)

@@ -1,4 +1,5 @@
-"""Start `python -m trainer` ranks as real subprocesses, the way the region agent does.
+"""Start `python -m trainer` (or a script using the library) ranks as real subprocesses,
+the way the region agent does.
 
 One process per rank with torchrun-style env (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus the CB_* contract variables.
@@ -98,7 +99,10 @@ def launch(
     attempt: int = 0,
     job_id: str = "j-test",
     grace_s: float = 60,
+    argv: list[str] | None = None,
 ) -> Run:
+    """`argv` (default `-m trainer`): what each rank runs after the interpreter, e.g. an
+    example script using the library; CB_TRAINER_CONFIG is then simply ignored."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     progress = workdir / "progress.json"
@@ -128,7 +132,7 @@ def launch(
         logs.append(out)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "trainer"],
+                [sys.executable, *(argv or ["-m", "trainer"])],
                 env=e,
                 cwd=REPO,
                 stdout=open(out, "w"),  # noqa: SIM115 - closed when the process exits
