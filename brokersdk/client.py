@@ -1,17 +1,17 @@
-"""Python SDK for Compute Broker: a thin, friendly layer over the gRPC API.
+"""Python SDK for Compute Broker: :class:`BrokerClient`, a thin layer over the gRPC API.
 
 Why this shape: ML engineers want to say "2 nodes x 8 GPUs of the tiny model,
-spot is fine" and get a handle they can wait on, not build protobufs by hand. So
-:class:`JobSpec` is a small pydantic model with sensible defaults that turns into
-the wire ``computebroker.v1.JobSpec``; raw protobuf specs are accepted too.
+spot is fine" and get a handle they can wait on, not build protobufs by hand. The
+package is split by job: ``spec.py`` (the pydantic :class:`JobSpec` and its wire
+form), ``errors.py`` (typed errors), ``enums.py`` (enum names), ``handle.py``
+(:class:`JobHandle`) and this module, the connection. Every public name is
+re-exported here, so ``from brokersdk.client import X`` keeps working. This module
+stays over 400 lines on purpose: it is one class whose methods are one thin wrapper
+per RPC around the single connection, failover and retry path (``_call``).
 
 Imports only the generated ``computebroker.v1`` stubs, grpc, pydantic, tenacity
 and the standard library (the SDK uses only the stubs, docs/architecture.md), so it can be
 shipped to users without the broker's internals.
-
-Errors: every gRPC failure becomes a :class:`BrokerError` subclass that carries
-the gRPC status code and the server's message, so callers can ``except
-InvalidJobSpec`` instead of inspecting ``grpc.RpcError``.
 
 Retries: calls that are safe to repeat (reads, SubmitJob with its client request
 id, quota puts, drain/cordon) are retried on UNAVAILABLE with bounded exponential
@@ -27,8 +27,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import json_format
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tenacity import (
     Retrying as _Retrying,
 )
@@ -40,7 +38,33 @@ from tenacity import (
 )
 
 from brokersdk import tracing as telemetry
-from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file, run_argv
+from brokersdk.enums import (
+    TERMINAL_PHASES,
+    capacity_type_name,
+    parse_capacity_type,
+    parse_phase,
+    parse_plan_state,  # noqa: F401  (re-exported: the old import path)
+    parse_strategy,
+    parse_topology,
+    phase_name,
+    plan_state_name,  # noqa: F401  (re-exported: the old import path)
+    strategy_name,  # noqa: F401  (re-exported: the old import path)
+    topology_name,
+)
+from brokersdk.errors import (
+    AlreadyExists,
+    BrokerError,
+    BrokerUnavailable,
+    InvalidJobSpec,
+    JobNotFound,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    QuotaExceeded,
+    translate_rpc_error,
+)
+from brokersdk.handle import JobHandle
+from brokersdk.spec import JobSpec, TrainerSpec, _pydantic_message, spec_to_proto  # noqa: F401
 from brokersdk.workdir import DEFAULT_MAX_BYTES, pack
 from computebroker.v1 import (
     capacity_pb2,
@@ -80,115 +104,6 @@ __all__ = [
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 _NO_DIGEST = "sha256:" + "0" * 64  # asks HasWorkdir for the broker's size limit only
 
-TERMINAL_PHASES = frozenset(
-    {
-        common_pb2.JOB_PHASE_SUCCEEDED,
-        common_pb2.JOB_PHASE_FAILED,
-        common_pb2.JOB_PHASE_CANCELLED,
-    }
-)
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class BrokerError(Exception):
-    """A failed broker call: ``code`` is the gRPC status, ``message`` the server's text.
-
-    ``hint`` is an optional one-line suggestion for people (the CLI prints it).
-    """
-
-    default_hint = ""
-
-    def __init__(
-        self,
-        message: str,
-        code: grpc.StatusCode | None = None,
-        hint: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.hint = self.default_hint if hint is None else hint
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class InvalidJobSpec(BrokerError):
-    """INVALID_ARGUMENT: the request (usually the job spec) is malformed."""
-
-
-class NotFound(BrokerError):
-    """NOT_FOUND: the named object (job, team, plan, region, node) does not exist."""
-
-
-class JobNotFound(NotFound):
-    """NOT_FOUND for a job id."""
-
-    default_hint = "list jobs with `brokerctl jobs`"
-
-
-class AlreadyExists(BrokerError):
-    """ALREADY_EXISTS."""
-
-
-class PreconditionFailed(BrokerError):
-    """FAILED_PRECONDITION: e.g. cancelling a job that already finished."""
-
-
-class QuotaExceeded(BrokerError):
-    """RESOURCE_EXHAUSTED: over quota and nothing can be borrowed."""
-
-    default_hint = "see quotas with `brokerctl teams`"
-
-
-class PermissionDenied(BrokerError):
-    """PERMISSION_DENIED or UNAUTHENTICATED."""
-
-
-class BrokerUnavailable(BrokerError):
-    """UNAVAILABLE / DEADLINE_EXCEEDED: the broker could not be reached in time."""
-
-
-_CODE_TO_ERROR: dict[grpc.StatusCode, type[BrokerError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidJobSpec,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidJobSpec,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.FAILED_PRECONDITION: PreconditionFailed,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: QuotaExceeded,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
-    grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: BrokerUnavailable,
-}
-
-
-def _translate(err: grpc.RpcError, address: str, *, job_id: str | None = None) -> BrokerError:
-    """Turn a grpc.RpcError into the matching BrokerError subclass."""
-    code = err.code() if hasattr(err, "code") else None
-    details = (err.details() if hasattr(err, "details") else None) or ""
-    if code is grpc.StatusCode.UNAVAILABLE:
-        return BrokerUnavailable(
-            f"cannot reach the broker at {address}",
-            code,
-            hint="is it running? start one with `brokerctl serve` or set --broker / BROKER_ADDRESS"
-            + (f" ({details})" if details and "connect" not in details.lower() else ""),
-        )
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return BrokerUnavailable(
-            f"the broker at {address} did not answer in time", code, hint=details or None
-        )
-    cls = _CODE_TO_ERROR.get(code, BrokerError) if code is not None else BrokerError
-    if cls is NotFound and job_id is not None:
-        cls = JobNotFound
-    name = code.name if code is not None else "UNKNOWN"
-    return cls(details or f"broker call failed ({name})", code)
-
-
-# --------------------------------------------------------------------------- enum helpers
-
 
 def logs_request(job_id: str, follow: bool = False, rank: int | None = None,
                  attempt: int | None = None, tail: int | None = None) -> jobs_pb2.StreamJobLogsRequest:
@@ -199,234 +114,6 @@ def logs_request(job_id: str, follow: bool = False, rank: int | None = None,
         req.rank = rank
     return req
 
-
-def _enum_parser(prefix: str, enum: Any, aliases: Mapping[str, str] | None = None):
-    def parse(value: str | int) -> int:
-        if isinstance(value, int):
-            return value
-        key = str(value).strip().lower().replace("-", "_")
-        key = (aliases or {}).get(key, key)
-        full = key.upper() if key.upper().startswith(prefix) else prefix + key.upper()
-        try:
-            return enum.Value(full)
-        except ValueError:
-            choices = ", ".join(
-                v.name[len(prefix) :].lower().replace("_", "-")
-                for v in enum.DESCRIPTOR.values
-                if not v.name.endswith("UNSPECIFIED")
-            )
-            raise InvalidJobSpec(
-                f"unknown value {value!r}; expected one of: {choices}",
-                grpc.StatusCode.INVALID_ARGUMENT,
-            ) from None
-
-    def name(value: int) -> str:
-        try:
-            n = enum.Name(value)
-        except ValueError:
-            return str(value)
-        if n.endswith("UNSPECIFIED"):
-            return ""
-        return n[len(prefix) :].lower().replace("_", "-")
-
-    return parse, name
-
-
-parse_phase, phase_name = _enum_parser("JOB_PHASE_", common_pb2.JobPhase)
-parse_capacity_type, capacity_type_name = _enum_parser(
-    "CAPACITY_TYPE_", common_pb2.CapacityType, {"ondemand": "on_demand", "plan": "training_plan"}
-)
-parse_topology, topology_name = _enum_parser(
-    "TOPOLOGY_LEVEL_",
-    common_pb2.TopologyLevel,
-    {"l1": "layer_1", "l2": "layer_2", "l3": "layer_3", "spine": "layer_1", "block": "layer_3"},
-)
-parse_strategy, strategy_name = _enum_parser("LENDING_STRATEGY_", capacity_pb2.LendingStrategy)
-parse_plan_state, plan_state_name = _enum_parser("PLAN_STATE_", capacity_pb2.PlanState)
-
-
-# --------------------------------------------------------------------------- job spec
-
-
-class TrainerSpec(BaseModel):
-    """What our trainer (``python -m trainer``) should do (docs/contracts.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    total_steps: int = 100
-    checkpoint_every: int = 10
-    global_batch_size: int = 8  # samples per global step, whatever the world size
-    seed: int = 0
-    model: str = "tiny"
-    step_sleep_s: float = 0.0
-    options: dict[str, str] = Field(default_factory=dict)
-
-    def to_proto(self) -> common_pb2.TrainerSpec:
-        return common_pb2.TrainerSpec(
-            total_steps=self.total_steps,
-            checkpoint_every=self.checkpoint_every,
-            global_batch_size=self.global_batch_size,
-            seed=self.seed,
-            model=self.model,
-            step_sleep_s=self.step_sleep_s,
-            options={k: str(v) for k, v in self.options.items()},
-        )
-
-
-class JobSpec(BaseModel):
-    """A friendly job spec. Defaults: 1 node x 1 GPU, priority "training", tiny model.
-
-    Semantic checks (GPU counts, teams, URIs) are the broker's job: it is the one
-    place that validates every input, so the SDK and CLI report its messages.
-    Topology levels, capacity types and regions are given by name, e.g.
-    ``topology_required="ultraserver"``, ``capacity_types=["spot", "on-demand"]``.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = ""
-    team: str = "default"
-    priority_class: str = "training"
-    nodes: int = 1
-    gpus_per_node: int = 1
-    accelerator: str = ""
-    topology_required: str = ""
-    topology_preferred: str = ""
-    allowed_regions: list[str] = Field(default_factory=list)
-    denied_regions: list[str] = Field(default_factory=list)
-    preferred_regions: list[str] = Field(default_factory=list)
-    dataset_uri: str = ""
-    dataset_region: str = ""
-    checkpoint_uri: str = ""
-    spot_ok: bool = False
-    capacity_types: list[str] = Field(default_factory=list)
-    max_price_per_gpu_hour: float = 0.0
-    min_nodes: int = 0
-    max_nodes: int = 0
-    expected_duration_s: float = 0.0
-    # Your program: ``run`` (argv list, or a command line split with shlex, or a
-    # multi-line script for ``bash -c``); ``command`` is its older name (same field).
-    run: list[str] | str = Field(default_factory=list)
-    command: list[str] = Field(default_factory=list)
-    # A local directory to package and upload (``submit`` does it), or an uploaded
-    # workdir's digest ("sha256:..."); the ranks run in its unpacked copy.
-    workdir: str = ""
-    image: str = ""  # container image (Kubernetes executor only)
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
-
-    def argv(self) -> list[str]:
-        """The program to run (empty = the built-in trainer)."""
-        try:
-            run = run_argv(self.run)
-        except TaskFileError as e:
-            raise InvalidJobSpec(str(e)) from None
-        if run and self.command and run != list(self.command):
-            raise InvalidJobSpec("give run or command (its older name), not both")
-        return run or list(self.command)
-
-    def to_proto(self, workdir: common_pb2.WorkdirRef | None = None) -> common_pb2.JobSpec:
-        """The wire spec. ``spot_ok`` means: any capacity type, spot included.
-
-        ``workdir``: the uploaded ref; needed when ``self.workdir`` is a local path
-        (``BrokerClient.submit`` uploads and passes it)."""
-        if workdir is None and self.workdir:
-            if not self.workdir.startswith("sha256:"):
-                raise InvalidJobSpec(
-                    f"workdir {self.workdir!r} is a local path: submit it with BrokerClient.submit,"
-                    " which uploads it")
-            workdir = common_pb2.WorkdirRef(digest=self.workdir)
-        ctypes = [parse_capacity_type(c) for c in self.capacity_types]
-        if self.spot_ok and not ctypes:
-            ctypes = [
-                common_pb2.CAPACITY_TYPE_ON_DEMAND,
-                common_pb2.CAPACITY_TYPE_SPOT,
-                common_pb2.CAPACITY_TYPE_TRAINING_PLAN,
-                common_pb2.CAPACITY_TYPE_RESERVED,
-            ]
-        elif self.spot_ok and common_pb2.CAPACITY_TYPE_SPOT not in ctypes:
-            ctypes.append(common_pb2.CAPACITY_TYPE_SPOT)
-        return common_pb2.JobSpec(
-            name=self.name,
-            team=self.team,
-            priority_class=self.priority_class,
-            command=self.argv(),
-            image=self.image,
-            workdir=workdir,
-            resources=common_pb2.Resources(
-                nodes=self.nodes, gpus_per_node=self.gpus_per_node, accelerator=self.accelerator
-            ),
-            topology=common_pb2.TopologyConstraint(
-                required=parse_topology(self.topology_required) if self.topology_required else 0,
-                preferred=parse_topology(self.topology_preferred)
-                if self.topology_preferred
-                else 0,
-            ),
-            allowed_regions=list(self.allowed_regions),
-            denied_regions=list(self.denied_regions),
-            preferred_regions=list(self.preferred_regions),
-            dataset_uri=self.dataset_uri,
-            dataset_region=self.dataset_region,
-            checkpoint_uri=self.checkpoint_uri,
-            capacity_types=ctypes,
-            max_price_per_gpu_hour=self.max_price_per_gpu_hour,
-            elasticity=common_pb2.Elasticity(min_nodes=self.min_nodes, max_nodes=self.max_nodes),
-            expected_duration_s=self.expected_duration_s,
-            env={k: str(v) for k, v in self.env.items()},
-            trainer=self.trainer.to_proto(),
-            labels={k: str(v) for k, v in self.labels.items()},
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec | common_pb2.JobSpec:
-        """Build a spec from a YAML/JSON mapping.
-
-        Two forms are accepted: this class's flat fields (``nodes``, ``gpus_per_node``,
-        ...), or the API's own JSON form (``resources: {nodes: ...}``), which is
-        returned as a protobuf. Errors become :class:`InvalidJobSpec`.
-        """
-        if not isinstance(data, Mapping):
-            raise InvalidJobSpec("a job spec must be a mapping of fields")
-        data = dict(data)
-        if "spec" in data and isinstance(data["spec"], Mapping) and len(data) == 1:
-            data = dict(data["spec"])
-        if is_task_file(data):  # SkyPilot-style: resources.accelerators, num_nodes, run, envs
-            try:
-                data = from_task_file(data)
-            except TaskFileError as e:
-                raise InvalidJobSpec(f"bad task file: {e}") from None
-        if "resources" in data or "topology" in data or "elasticity" in data:
-            try:
-                return json_format.ParseDict(data, common_pb2.JobSpec())
-            except json_format.ParseError as e:
-                raise InvalidJobSpec(f"bad job spec: {e}") from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise InvalidJobSpec(f"bad job spec: {_pydantic_message(e)}") from None
-
-
-def _pydantic_message(err: ValidationError) -> str:
-    parts = []
-    for item in err.errors():
-        loc = ".".join(str(p) for p in item.get("loc", ()))
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}" if loc else item.get("msg", ""))
-    return "; ".join(parts)
-
-
-def _spec_to_proto(spec: JobSpec | common_pb2.JobSpec | Mapping[str, Any]) -> common_pb2.JobSpec:
-    if isinstance(spec, common_pb2.JobSpec):
-        return spec
-    if isinstance(spec, JobSpec):
-        return spec.to_proto()
-    if isinstance(spec, Mapping):
-        built = JobSpec.from_dict(spec)
-        return built if isinstance(built, common_pb2.JobSpec) else built.to_proto()
-    raise TypeError(f"spec must be a JobSpec, a computebroker.v1.JobSpec or a dict, not {spec!r}")
-
-
-# --------------------------------------------------------------------------- client
 
 T = TypeVar("T")
 
@@ -536,7 +223,7 @@ class BrokerClient:
                 return self._rebind(method)(request, timeout=timeout or self.timeout,
                                             metadata=metadata)
             except grpc.RpcError as e:
-                err = _translate(e, address, job_id=job_id)
+                err = translate_rpc_error(e, address, job_id=job_id)
                 if isinstance(err, BrokerUnavailable):
                     self._next_address()
                 raise err from None
@@ -576,7 +263,7 @@ class BrokerClient:
             ref = self.upload_workdir(spec.workdir, progress=workdir_progress)
             wire = spec.to_proto(workdir=ref)
         else:
-            wire = _spec_to_proto(spec)
+            wire = spec_to_proto(spec)
         request = jobs_pb2.SubmitJobRequest(
             spec=wire, client_request_id=client_request_id or str(uuid.uuid4())
         )
@@ -751,7 +438,7 @@ class BrokerClient:
                     self._next_address()
                     time.sleep(min(2.0, 0.2 * 2**reconnects))
                     continue
-                raise _translate(e, self.address, job_id=job_id) from None
+                raise translate_rpc_error(e, self.address, job_id=job_id) from None
             finally:
                 stream.cancel()
 
@@ -816,7 +503,7 @@ class BrokerClient:
                     time.sleep(min(2.0, 0.2 * 2**reconnects))
                     req.tail = 0  # resume: everything, minus what was already yielded
                     continue
-                raise _translate(e, self.address, job_id=job_id) from None
+                raise translate_rpc_error(e, self.address, job_id=job_id) from None
             finally:
                 stream.cancel()
 
@@ -963,88 +650,3 @@ class BrokerClient:
             capacity_pb2.CordonNodeRequest(node_id=node, uncordon=uncordon),
             idempotent=True,
         )
-
-
-class JobHandle:
-    """A submitted job. Cheap: holds only the id and the last known state."""
-
-    def __init__(
-        self,
-        client: BrokerClient,
-        job_id: str,
-        job: common_pb2.Job | None = None,
-        created: bool | None = None,
-    ) -> None:
-        self.client = client
-        self.id = job_id
-        self.job = job
-        self.created = created
-
-    def __repr__(self) -> str:
-        phase = phase_name(self.job.phase) if self.job is not None else "?"
-        return f"JobHandle({self.id!r}, phase={phase!r})"
-
-    def status(self) -> common_pb2.Job:
-        """Fetch the job now (GetJob)."""
-        self.job = self.client.get_job(self.id)
-        return self.job
-
-    @property
-    def phase(self) -> str:
-        """The phase name of the last fetched state (e.g. "running")."""
-        return phase_name((self.job or self.status()).phase)
-
-    def wait(self, timeout: float | None = None, poll: float = 1.0) -> common_pb2.Job:
-        """Block until the job is terminal and return it; TimeoutError after ``timeout`` s.
-
-        Follows the WatchJob stream (no polling load on the broker); falls back to
-        polling GetJob every ``poll`` seconds if the broker does not offer WatchJob.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        job = self.status()
-        if job.phase in TERMINAL_PHASES:
-            return job
-        try:
-            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
-            for event in self.client.watch(self.id, timeout=remaining):
-                if event.to_phase in TERMINAL_PHASES:
-                    break
-        except BrokerError as e:
-            if e.code is not grpc.StatusCode.UNIMPLEMENTED:
-                raise
-        # The stream ends at a terminal phase; confirm (and poll if it was unavailable).
-        while True:
-            job = self.status()
-            if job.phase in TERMINAL_PHASES:
-                return job
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"job {self.id} still {phase_name(job.phase)} after {timeout:.0f}s"
-                )
-            time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
-
-    def events(
-        self, follow: bool = True, include_progress: bool = False, after_seq: int = 0
-    ) -> Iterator[common_pb2.JobEvent]:
-        """The job's events: history then live ones until terminal (``follow``),
-        or just the recorded history."""
-        if follow:
-            yield from self.client.watch(
-                self.id, after_seq=after_seq, include_progress=include_progress
-            )
-        else:
-            yield from self.client.events(self.id, after_seq=after_seq)
-
-    def cancel(self, reason: str = "") -> common_pb2.Job:
-        self.job = self.client.cancel(self.id, reason)
-        return self.job
-
-    def logs(
-        self,
-        follow: bool = False,
-        rank: int | None = None,
-        attempt: int | None = None,
-        tail: int | None = None,
-    ) -> Iterator[logs_pb2.LogRecord]:
-        """The ranks' output, attempt by attempt (see :meth:`BrokerClient.logs`)."""
-        return self.client.logs(self.id, follow=follow, rank=rank, attempt=attempt, tail=tail)

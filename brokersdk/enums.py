@@ -1,0 +1,64 @@
+"""Enum names for people: parse "on-demand" into the wire enum and back, and the terminal phases."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from brokersdk.errors import InvalidJobSpec
+from computebroker.v1 import capacity_pb2, common_pb2
+
+TERMINAL_PHASES = frozenset(
+    {
+        common_pb2.JOB_PHASE_SUCCEEDED,
+        common_pb2.JOB_PHASE_FAILED,
+        common_pb2.JOB_PHASE_CANCELLED,
+    }
+)
+
+
+def _enum_parser(prefix: str, enum: Any, aliases: Mapping[str, str] | None = None):
+    def parse(value: str | int) -> int:
+        if isinstance(value, int):
+            return value
+        key = str(value).strip().lower().replace("-", "_")
+        key = (aliases or {}).get(key, key)
+        full = key.upper() if key.upper().startswith(prefix) else prefix + key.upper()
+        try:
+            return enum.Value(full)
+        except ValueError:
+            choices = ", ".join(
+                v.name[len(prefix) :].lower().replace("_", "-")
+                for v in enum.DESCRIPTOR.values
+                if not v.name.endswith("UNSPECIFIED")
+            )
+            raise InvalidJobSpec(
+                f"unknown value {value!r}; expected one of: {choices}",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ) from None
+
+    def name(value: int) -> str:
+        try:
+            n = enum.Name(value)
+        except ValueError:
+            return str(value)
+        if n.endswith("UNSPECIFIED"):
+            return ""
+        return n[len(prefix) :].lower().replace("_", "-")
+
+    return parse, name
+
+
+parse_phase, phase_name = _enum_parser("JOB_PHASE_", common_pb2.JobPhase)
+parse_capacity_type, capacity_type_name = _enum_parser(
+    "CAPACITY_TYPE_", common_pb2.CapacityType, {"ondemand": "on_demand", "plan": "training_plan"}
+)
+parse_topology, topology_name = _enum_parser(
+    "TOPOLOGY_LEVEL_",
+    common_pb2.TopologyLevel,
+    {"l1": "layer_1", "l2": "layer_2", "l3": "layer_3", "spine": "layer_1", "block": "layer_3"},
+)
+parse_strategy, strategy_name = _enum_parser("LENDING_STRATEGY_", capacity_pb2.LendingStrategy)
+parse_plan_state, plan_state_name = _enum_parser("PLAN_STATE_", capacity_pb2.PlanState)
