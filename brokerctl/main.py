@@ -13,6 +13,10 @@ Rules every command follows:
   NOT_FOUND, FAILED_PRECONDITION, ...), 1 otherwise (broker unreachable, internal);
 * never a Python traceback (set BROKERCTL_DEBUG=1 to see one);
 * tables fit 100 columns; ``-o json`` prints the API objects as JSON instead.
+
+This module is the parser and the dispatch (with the one error path); the commands
+live by audience in ``commands_jobs.py``, ``commands_operator.py`` and
+``commands_daemons.py``, their shared helpers in ``common.py``.
 """
 
 from __future__ import annotations
@@ -20,34 +24,44 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import traceback
 from collections.abc import Sequence
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from brokerctl import render, render_logs
+from brokerctl.commands_daemons import cmd_agent, cmd_demo, cmd_serve
+from brokerctl.commands_jobs import (
+    cmd_cancel,
+    cmd_events,
+    cmd_job,
+    cmd_jobs,
+    cmd_logs,
+    cmd_migrations,
+    cmd_submit,
+    cmd_watch,
+)
+from brokerctl.commands_operator import (
+    cmd_capacity,
+    cmd_cordon,
+    cmd_drain,
+    cmd_plans,
+    cmd_regions,
+    cmd_teams,
+)
+from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles
 from brokersdk.client import (
     DEFAULT_ADDRESS,
-    TERMINAL_PHASES,
     AlreadyExists,
     BrokerClient,
     BrokerError,
     InvalidJobSpec,
-    JobSpec,
     NotFound,
     PermissionDenied,
     PreconditionFailed,
     QuotaExceeded,
-    _pydantic_message,
-    phase_name,
 )
-from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -58,11 +72,8 @@ BAD_INPUT_ERRORS = (
     PermissionDenied,
 )
 
-EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 
-
-class UsageError(Exception):
-    """Bad command-line input (argparse or our own checks): exit 2."""
+# --------------------------------------------------------------------------- parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,469 +81,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _consoles() -> tuple[Console, Console]:
-    # Created per invocation so that captured stdout/stderr (tests) are honoured.
-    return Console(highlight=False), Console(stderr=True, highlight=False)
-
-
-def _csv(values: Sequence[str] | None) -> list[str]:
-    """Flags given several times and/or comma separated: --region a,b --region c."""
-    out: list[str] = []
-    for v in values or []:
-        out += [p.strip() for p in v.split(",") if p.strip()]
-    return out
-
-
-def _kv_pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values or []:
-        if "=" not in v:
-            raise UsageError(f"{flag} expects KEY=VALUE, got {v!r}")
-        k, _, val = v.partition("=")
-        out[k.strip()] = val
-    return out
-
-
-def _parse_time(value: str, now: float | None = None) -> float:
-    """Epoch seconds from "now", "+2h"/"+30m"/"+45s"/"+1d", an epoch number or ISO 8601."""
-    now = time.time() if now is None else now
-    v = value.strip()
-    if v == "now":
-        return now
-    if v.startswith("+"):
-        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-        try:
-            return now + float(v[1:-1]) * units[v[-1]] if v[-1] in units else now + float(v[1:])
-        except (ValueError, KeyError):
-            raise UsageError(f"bad relative time {value!r} (e.g. +30m, +2h)") from None
-    try:
-        return float(v)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(v).timestamp()
-    except ValueError:
-        raise UsageError(f"bad time {value!r}: use now, +2h, epoch seconds or ISO 8601") from None
-
-
-def _load_spec_file(path: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        raise UsageError(f"cannot read spec file {path}: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise UsageError(f"spec file {path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"spec file {path} must hold a mapping of job spec fields")
-    return data
-
-
-# --------------------------------------------------------------------------- commands
-
-
-def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    base = _load_spec_file(args.file) if args.file else {}
-    if is_task_file(base):  # SkyPilot-style task file (brokersdk/taskfile.py)
-        try:
-            base = from_task_file(base)
-        except TaskFileError as e:
-            raise UsageError(f"spec file {args.file}: {e}") from None
-    overrides: dict[str, Any] = {}
-    flag_map = {
-        "name": "name",
-        "team": "team",
-        "priority": "priority_class",
-        "nodes": "nodes",
-        "gpus_per_node": "gpus_per_node",
-        "accelerator": "accelerator",
-        "topology_required": "topology_required",
-        "topology_preferred": "topology_preferred",
-        "max_price": "max_price_per_gpu_hour",
-        "min_nodes": "min_nodes",
-        "max_nodes": "max_nodes",
-        "checkpoint_uri": "checkpoint_uri",
-        "dataset_uri": "dataset_uri",
-        "dataset_region": "dataset_region",
-        "expected_duration": "expected_duration_s",
-        "image": "image",
-    }
-    for flag, field in flag_map.items():
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[field] = value
-    for flag, field in (
-        ("allow_region", "allowed_regions"),
-        ("deny_region", "denied_regions"),
-        ("prefer_region", "preferred_regions"),
-        ("capacity_type", "capacity_types"),
-    ):
-        if getattr(args, flag):
-            overrides[field] = _csv(getattr(args, flag))
-    if args.spot:
-        overrides["spot_ok"] = True
-    if args.env:
-        overrides["env"] = _kv_pairs(args.env, "--env")
-    if args.label:
-        overrides["labels"] = _kv_pairs(args.label, "--label")
-    if args.command_argv:
-        argv = list(args.command_argv)
-        # One quoted argument with spaces is a command line: split it like a shell would.
-        overrides["run"] = argv[0] if len(argv) == 1 and " " in argv[0] else argv
-        base.pop("command", None)
-    if args.workdir is not None:
-        overrides["workdir"] = args.workdir
-    trainer: dict[str, Any] = {}
-    for flag, field in (
-        ("steps", "total_steps"),
-        ("checkpoint_every", "checkpoint_every"),
-        ("model", "model"),
-        ("batch_size", "global_batch_size"),
-        ("seed", "seed"),
-        ("step_sleep", "step_sleep_s"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            trainer[field] = value
-    if args.trainer_option:
-        trainer["options"] = _kv_pairs(args.trainer_option, "--trainer-option")
-
-    if "resources" in base or "topology" in base:  # the API's JSON form
-        if overrides or trainer:
-            raise UsageError(
-                "flags cannot be combined with a spec file in the API's JSON form "
-                "(resources: ...); use the flat form (nodes:, gpus_per_node:, ...)"
-            )
-        spec: Any = JobSpec.from_dict(base)
-    else:
-        merged = {**base, **overrides}
-        if trainer:
-            merged["trainer"] = {**(base.get("trainer") or {}), **trainer}
-        spec = JobSpec.from_dict(merged)
-
-    handle = _submit_with_progress(client, spec, args.request_id)
-    job = handle.job
-    if args.output == "json":
-        out.print_json(render.to_json(job))
-    else:
-        verb = "submitted" if handle.created is not False else "already submitted (same request id)"
-        line = Text(f"{verb} job ")
-        line.append(handle.id, style="bold")
-        if job is not None and job.spec.name:
-            line.append(f" ({job.spec.name})")
-        if job is not None:
-            line.append(" — ")
-            line.append_text(render.phase_text(job.phase))
-            if job.pending_reason:
-                line.append(f": {job.pending_reason}", style="yellow")
-        out.print(line)
-        if not args.wait:
-            out.print(
-                f"[dim]follow it: brokerctl watch {handle.id}   details: brokerctl job {handle.id}[/]"
-            )
-    if args.wait:
-        return _watch(client, handle.id, out, include_progress=False)
-    return EXIT_OK
-
-
-def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | None) -> Any:
-    """Submit; when a local workdir is uploaded first, show a progress bar on stderr."""
-    if not (isinstance(spec, JobSpec) and spec.workdir and not spec.workdir.startswith("sha256:")):
-        return client.submit(spec, client_request_id=request_id)
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    with Progress(TextColumn("uploading workdir"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("upload", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        return client.submit(spec, client_request_id=request_id, workdir_progress=progress)
-
-
-def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    jobs = list(
-        client.jobs(team=args.team or "", phases=_csv(args.phase), region=args.region or "",
-                    limit=args.limit)
-    )
-    if args.output == "json":
-        out.print_json(render.to_json(jobs))
-        return EXIT_OK
-    if not jobs:
-        out.print("[dim]no jobs[/]")
-        return EXIT_OK
-    out.print(render.jobs_table(jobs))
-    return EXIT_OK
-
-
-def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    job = client.get_job(args.job_id)
-    events = client.events(args.job_id)
-    if args.output == "json":
-        import json
-
-        data = {
-            "job": json.loads(render.to_json(job)),
-            "events": json.loads(render.to_json(events)),
-        }
-        out.print_json(json.dumps(data))
-        return EXIT_OK
-    out.print(render.job_detail(job, events))
-    return EXIT_OK
-
-
-def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    """Recent migrations: cause (! = emergency), route, world sizes, timing breakdown."""
-    migs = client.migrations(job_id=args.job or "", team=args.team or "", limit=args.limit or 0)
-    if args.output == "json":
-        out.print_json(render.to_json(migs))
-        return EXIT_OK
-    if not migs:
-        out.print("no migrations yet")
-        return EXIT_OK
-    out.print(render.migrations_table(migs))
-    return EXIT_OK
-
-
-def cmd_cancel(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    job = client.cancel(args.job_id, args.reason or "cancelled from brokerctl")
-    line = Text(f"job {job.id}: ")
-    line.append_text(render.phase_text(job.phase))
-    if job.phase not in TERMINAL_PHASES:
-        line.append(" (stopping)", style="dim")
-    out.print(line)
-    return EXIT_OK
-
-
-def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    """The ranks' own output, attempt by attempt (a separator line each)."""
-    with_rank = args.rank is None
-    shown = 0
-    for rec in client.logs(args.job_id, follow=args.follow, rank=args.rank,
-                           attempt=args.attempt, tail=args.tail):
-        kind = rec.WhichOneof("kind")
-        if kind == "attempt":
-            with_rank = args.rank is None and rec.attempt.world_size != 1
-            out.print(render_logs.attempt_separator(rec.attempt), soft_wrap=True)
-        elif kind == "dropped_lines":
-            out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)
-        else:
-            shown += 1
-            out.print(render_logs.log_line(rec.line, with_rank), soft_wrap=True)
-    if not shown and not args.follow:
-        out.print(f"[dim]no output from {args.job_id} yet[/]")
-    return EXIT_OK
-
-
-def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    """The job's history, one line per event with local times (``-f``: live)."""
-    if args.follow:
-        client.get_job(args.job_id)  # NOT_FOUND early, with the usual message
-        return _watch(client, args.job_id, out, include_progress=args.progress)
-    events = [e for e in client.events(args.job_id)
-              if args.progress or e.type != "progress"]
-    if args.output == "json":
-        out.print_json(render.to_json(events))
-        return EXIT_OK
-    for event in events:
-        out.print(render_logs.event_line(event), soft_wrap=True)
-    return EXIT_OK
-
-
-def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
-    for event in client.watch(job_id, include_progress=include_progress):
-        out.print(render_logs.event_line(event), soft_wrap=True)
-    job = client.get_job(job_id)
-    final = Text("final: ")
-    final.append_text(render.phase_text(job.phase))
-    if job.message:
-        final.append(f" — {job.message}")
-    out.print(final)
-    return EXIT_OK if job.phase in TERMINAL_PHASES and phase_name(job.phase) != "failed" else 1
-
-
-def cmd_watch(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    client.get_job(args.job_id)  # NOT_FOUND early, with the usual message
-    return _watch(client, args.job_id, out, include_progress=args.progress)
-
-
-def cmd_capacity(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    resp = client.capacity(region=args.region or "", by_block=args.by_block,
-                           include_nodes=args.nodes)
-    if args.output == "json":
-        out.print_json(render.to_json(resp))
-        return EXIT_OK
-    if not resp.rows:
-        out.print("[dim]no capacity registered (no agent connected yet?)[/]")
-    else:
-        out.print(render.capacity_table(resp, by_block=args.by_block))
-    if args.nodes and resp.nodes:
-        out.print(render.nodes_table(list(resp.nodes)))
-    return EXIT_OK
-
-
-def cmd_regions(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    regions = client.regions()
-    if args.output == "json":
-        out.print_json(render.to_json(regions))
-    elif not regions:
-        out.print("[dim]no regions registered (start an agent: brokerctl agent ...)[/]")
-    else:
-        out.print(render.regions_table(regions))
-    return EXIT_OK
-
-
-def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    if getattr(args, "teams_cmd", None) == "set":
-        guaranteed: dict[str, int] = {}
-        for g in _csv(args.guaranteed) or ["0"]:
-            n, _, accel = g.partition(":")
-            try:
-                guaranteed[accel] = int(n)
-            except ValueError:
-                raise UsageError(f"--guaranteed expects N or N:ACCELERATOR, got {g!r}") from None
-        caps = {k: int(v) for k, v in _kv_pairs(args.region_cap, "--region-cap").items()} \
-            if args.region_cap else None
-        quota = client.set_team_quota(
-            args.team,
-            cohort=args.cohort or "",
-            guaranteed=guaranteed,
-            borrow_limit=args.borrow_limit,
-            lend_limit=args.lend_limit,
-            strategy=args.strategy or 0,
-            fair_share_weight=args.weight or 0.0,
-            region_caps=caps,
-        )
-        if args.output == "json":
-            out.print_json(render.to_json(quota))
-        else:
-            out.print(render.teams_table([quota]))
-        return EXIT_OK
-    if getattr(args, "teams_cmd", None) == "get":
-        teams = [client.team(args.team)]
-    else:
-        teams = client.teams()
-    if args.output == "json":
-        out.print_json(render.to_json(teams))
-    elif not teams:
-        out.print("[dim]no teams (create one: brokerctl teams set TEAM --guaranteed 8)[/]")
-    else:
-        out.print(render.teams_table(teams))
-    return EXIT_OK
-
-
-def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    sub = getattr(args, "plans_cmd", None) or "list"
-    if sub == "create":
-        start = _parse_time(args.start)
-        if args.end:
-            end = _parse_time(args.end, now=start if args.end.startswith("+") else None)
-        else:
-            end = _parse_time(args.duration, now=start)
-        plan = client.create_plan(
-            name=args.name or "",
-            region=args.region,
-            zone=args.zone or "",
-            instance_type=args.instance_type or "",
-            accelerator=args.accelerator or "",
-            instance_count=args.count,
-            gpus_per_instance=args.gpus_per_instance,
-            start_time=start,
-            end_time=end,
-            team=args.team or "",
-            price_per_gpu_hour=args.price or 0.0,
-        )
-        plans = [plan]
-    elif sub == "cancel":
-        plans = [client.cancel_plan(args.plan_id)]
-    else:
-        plans = client.plans(region=args.region or "", include_ended=args.all)
-    if args.output == "json":
-        out.print_json(render.to_json(plans if sub == "list" else plans[0]))
-    elif not plans:
-        out.print("[dim]no training plans[/]")
-    else:
-        out.print(render.plans_table(plans))
-    return EXIT_OK
-
-
-def cmd_drain(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    resp = client.drain(args.region, undrain=args.undrain, reason=args.reason or "")
-    state = "draining" if resp.draining else "accepting work"
-    out.print(f"region {resp.region or args.region}: [bold]{state}[/]")
-    if resp.moved_job_ids:
-        out.print(f"moving {len(resp.moved_job_ids)} job(s): {', '.join(resp.moved_job_ids)}")
-    return EXIT_OK
-
-
-def cmd_cordon(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    resp = client.cordon(args.node, uncordon=args.undo)
-    state = "cordoned" if resp.cordoned else "schedulable"
-    out.print(f"node {resp.node_id or args.node}: [bold]{state}[/]")
-    return EXIT_OK
-
-
-def cmd_serve(args: argparse.Namespace, out: Console) -> int:
-    """Build a BrokerConfig from flags (and an optional YAML file) and serve until signalled."""
-    from broker.config import BrokerConfig
-    from broker.server import serve
-
-    data: dict[str, Any] = {}
-    if args.config:
-        data.update(_load_spec_file(args.config))
-    for flag, field in (
-        ("listen", "listen"),
-        ("store", "store"),
-        ("checkpoint_root", "checkpoint_root"),
-        ("scheduler_interval", "scheduler_interval_s"),
-        ("heartbeat_interval", "heartbeat_interval_s"),
-        ("agent_timeout", "agent_timeout_s"),
-        ("metrics_listen", "metrics_listen"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            data[field] = value
-    for key, value in _kv_pairs(args.set, "--set").items():
-        data[key] = value
-    known = getattr(BrokerConfig, "model_fields", None)
-    if known is not None:
-        unknown = sorted(k for k in data if k not in known)
-        if unknown:
-            raise UsageError(f"unknown broker setting(s): {', '.join(unknown)}")
-    try:
-        config = BrokerConfig(**data)
-    except ValidationError as e:
-        raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
-    serve(config)
-    return EXIT_OK
-
-
-def cmd_agent(argv: list[str], broker_flag: str | None) -> int:
-    """Run a region agent: everything after `agent` goes to region_agents.agent.main."""
-    from region_agents.agent import main as agent_main
-
-    if broker_flag and "--broker" not in argv and not any(a.startswith("--broker=") for a in argv):
-        argv = ["--broker", broker_flag, *argv]
-    rc = agent_main(argv)
-    return int(rc or 0)
-
-
-def cmd_demo(args: argparse.Namespace, out: Console) -> int:
-    from brokerctl import demo
-
-    return demo.run(args, console=out)
-
-
-# --------------------------------------------------------------------------- parser
 
 
 def build_parser() -> _Parser:
@@ -748,7 +296,7 @@ def _split_agent_argv(argv: list[str]) -> tuple[list[str], list[str]] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `brokerctl`; returns the exit status (never raises on user errors)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    out, err = _consoles()
+    out, err = consoles()
     debug = bool(os.environ.get("BROKERCTL_DEBUG"))
     address = DEFAULT_ADDRESS
     try:

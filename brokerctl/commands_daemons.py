@@ -1,0 +1,68 @@
+"""brokerctl's daemon commands: serve (a broker), agent (a region agent), demo."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+
+from brokerctl.common import (
+    EXIT_OK,
+    UsageError,
+    kv_pairs,
+    load_spec_file,
+)
+from brokersdk.spec import _pydantic_message
+
+
+def cmd_serve(args: argparse.Namespace, out: Console) -> int:
+    """Build a BrokerConfig from flags (and an optional YAML file) and serve until signalled."""
+    from broker.config import BrokerConfig
+    from broker.server import serve
+
+    data: dict[str, Any] = {}
+    if args.config:
+        data.update(load_spec_file(args.config))
+    for flag, field in (
+        ("listen", "listen"),
+        ("store", "store"),
+        ("checkpoint_root", "checkpoint_root"),
+        ("scheduler_interval", "scheduler_interval_s"),
+        ("heartbeat_interval", "heartbeat_interval_s"),
+        ("agent_timeout", "agent_timeout_s"),
+        ("metrics_listen", "metrics_listen"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            data[field] = value
+    for key, value in kv_pairs(args.set, "--set").items():
+        data[key] = value
+    known = getattr(BrokerConfig, "model_fields", None)
+    if known is not None:
+        unknown = sorted(k for k in data if k not in known)
+        if unknown:
+            raise UsageError(f"unknown broker setting(s): {', '.join(unknown)}")
+    try:
+        config = BrokerConfig(**data)
+    except ValidationError as e:
+        raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
+    serve(config)
+    return EXIT_OK
+
+
+def cmd_agent(argv: list[str], broker_flag: str | None) -> int:
+    """Run a region agent: everything after `agent` goes to region_agents.agent.main."""
+    from region_agents.agent import main as agent_main
+
+    if broker_flag and "--broker" not in argv and not any(a.startswith("--broker=") for a in argv):
+        argv = ["--broker", broker_flag, *argv]
+    rc = agent_main(argv)
+    return int(rc or 0)
+
+
+def cmd_demo(args: argparse.Namespace, out: Console) -> int:
+    from brokerctl import demo
+
+    return demo.run(args, console=out)

@@ -1,0 +1,233 @@
+"""brokerctl's commands for ML engineers: submit, jobs, job, migrations, cancel, logs, events, watch."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from brokerctl import render, render_logs
+from brokerctl.common import (
+    EXIT_OK,
+    UsageError,
+    csv_values,
+    kv_pairs,
+    load_spec_file,
+    show_list,
+)
+from brokersdk.client import TERMINAL_PHASES, BrokerClient, JobSpec, phase_name
+from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file
+
+
+def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    base = load_spec_file(args.file) if args.file else {}
+    if is_task_file(base):  # SkyPilot-style task file (brokersdk/taskfile.py)
+        try:
+            base = from_task_file(base)
+        except TaskFileError as e:
+            raise UsageError(f"spec file {args.file}: {e}") from None
+    overrides: dict[str, Any] = {}
+    flag_map = {
+        "name": "name",
+        "team": "team",
+        "priority": "priority_class",
+        "nodes": "nodes",
+        "gpus_per_node": "gpus_per_node",
+        "accelerator": "accelerator",
+        "topology_required": "topology_required",
+        "topology_preferred": "topology_preferred",
+        "max_price": "max_price_per_gpu_hour",
+        "min_nodes": "min_nodes",
+        "max_nodes": "max_nodes",
+        "checkpoint_uri": "checkpoint_uri",
+        "dataset_uri": "dataset_uri",
+        "dataset_region": "dataset_region",
+        "expected_duration": "expected_duration_s",
+        "image": "image",
+    }
+    for flag, field in flag_map.items():
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[field] = value
+    for flag, field in (
+        ("allow_region", "allowed_regions"),
+        ("deny_region", "denied_regions"),
+        ("prefer_region", "preferred_regions"),
+        ("capacity_type", "capacity_types"),
+    ):
+        if getattr(args, flag):
+            overrides[field] = csv_values(getattr(args, flag))
+    if args.spot:
+        overrides["spot_ok"] = True
+    if args.env:
+        overrides["env"] = kv_pairs(args.env, "--env")
+    if args.label:
+        overrides["labels"] = kv_pairs(args.label, "--label")
+    if args.command_argv:
+        argv = list(args.command_argv)
+        # One quoted argument with spaces is a command line: split it like a shell would.
+        overrides["run"] = argv[0] if len(argv) == 1 and " " in argv[0] else argv
+        base.pop("command", None)
+    if args.workdir is not None:
+        overrides["workdir"] = args.workdir
+    trainer: dict[str, Any] = {}
+    for flag, field in (
+        ("steps", "total_steps"),
+        ("checkpoint_every", "checkpoint_every"),
+        ("model", "model"),
+        ("batch_size", "global_batch_size"),
+        ("seed", "seed"),
+        ("step_sleep", "step_sleep_s"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            trainer[field] = value
+    if args.trainer_option:
+        trainer["options"] = kv_pairs(args.trainer_option, "--trainer-option")
+
+    if "resources" in base or "topology" in base:  # the API's JSON form
+        if overrides or trainer:
+            raise UsageError(
+                "flags cannot be combined with a spec file in the API's JSON form "
+                "(resources: ...); use the flat form (nodes:, gpus_per_node:, ...)"
+            )
+        spec: Any = JobSpec.from_dict(base)
+    else:
+        merged = {**base, **overrides}
+        if trainer:
+            merged["trainer"] = {**(base.get("trainer") or {}), **trainer}
+        spec = JobSpec.from_dict(merged)
+
+    handle = _submit_with_progress(client, spec, args.request_id)
+    job = handle.job
+    if args.output == "json":
+        out.print_json(render.to_json(job))
+    else:
+        verb = "submitted" if handle.created is not False else "already submitted (same request id)"
+        line = Text(f"{verb} job ")
+        line.append(handle.id, style="bold")
+        if job is not None and job.spec.name:
+            line.append(f" ({job.spec.name})")
+        if job is not None:
+            line.append(" — ")
+            line.append_text(render.phase_text(job.phase))
+            if job.pending_reason:
+                line.append(f": {job.pending_reason}", style="yellow")
+        out.print(line)
+        if not args.wait:
+            out.print(
+                f"[dim]follow it: brokerctl watch {handle.id}   details: brokerctl job {handle.id}[/]"
+            )
+    if args.wait:
+        return _watch(client, handle.id, out, include_progress=False)
+    return EXIT_OK
+
+
+def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | None) -> Any:
+    """Submit; when a local workdir is uploaded first, show a progress bar on stderr."""
+    if not (isinstance(spec, JobSpec) and spec.workdir and not spec.workdir.startswith("sha256:")):
+        return client.submit(spec, client_request_id=request_id)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("uploading workdir"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return client.submit(spec, client_request_id=request_id, workdir_progress=progress)
+
+
+def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    jobs = list(
+        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or "",
+                    limit=args.limit)
+    )
+    return show_list(args, out, jobs, "[dim]no jobs[/]", render.jobs_table)
+
+
+def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    job = client.get_job(args.job_id)
+    events = client.events(args.job_id)
+    if args.output == "json":
+        import json
+
+        data = {
+            "job": json.loads(render.to_json(job)),
+            "events": json.loads(render.to_json(events)),
+        }
+        out.print_json(json.dumps(data))
+        return EXIT_OK
+    out.print(render.job_detail(job, events))
+    return EXIT_OK
+
+
+def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """Recent migrations: cause (! = emergency), route, world sizes, timing breakdown."""
+    migs = client.migrations(job_id=args.job or "", team=args.team or "", limit=args.limit or 0)
+    return show_list(args, out, migs, "no migrations yet", render.migrations_table)
+
+
+def cmd_cancel(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    job = client.cancel(args.job_id, args.reason or "cancelled from brokerctl")
+    line = Text(f"job {job.id}: ")
+    line.append_text(render.phase_text(job.phase))
+    if job.phase not in TERMINAL_PHASES:
+        line.append(" (stopping)", style="dim")
+    out.print(line)
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """The ranks' own output, attempt by attempt (a separator line each)."""
+    with_rank = args.rank is None
+    shown = 0
+    for rec in client.logs(args.job_id, follow=args.follow, rank=args.rank,
+                           attempt=args.attempt, tail=args.tail):
+        kind = rec.WhichOneof("kind")
+        if kind == "attempt":
+            with_rank = args.rank is None and rec.attempt.world_size != 1
+            out.print(render_logs.attempt_separator(rec.attempt), soft_wrap=True)
+        elif kind == "dropped_lines":
+            out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)
+        else:
+            shown += 1
+            out.print(render_logs.log_line(rec.line, with_rank), soft_wrap=True)
+    if not shown and not args.follow:
+        out.print(f"[dim]no output from {args.job_id} yet[/]")
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """The job's history, one line per event with local times (``-f``: live)."""
+    if args.follow:
+        client.get_job(args.job_id)  # NOT_FOUND early, with the usual message
+        return _watch(client, args.job_id, out, include_progress=args.progress)
+    events = [e for e in client.events(args.job_id)
+              if args.progress or e.type != "progress"]
+    if args.output == "json":
+        out.print_json(render.to_json(events))
+        return EXIT_OK
+    for event in events:
+        out.print(render_logs.event_line(event), soft_wrap=True)
+    return EXIT_OK
+
+
+def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
+    for event in client.watch(job_id, include_progress=include_progress):
+        out.print(render_logs.event_line(event), soft_wrap=True)
+    job = client.get_job(job_id)
+    final = Text("final: ")
+    final.append_text(render.phase_text(job.phase))
+    if job.message:
+        final.append(f" — {job.message}")
+    out.print(final)
+    return EXIT_OK if job.phase in TERMINAL_PHASES and phase_name(job.phase) != "failed" else 1
+
+
+def cmd_watch(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    client.get_job(args.job_id)  # NOT_FOUND early, with the usual message
+    return _watch(client, args.job_id, out, include_progress=args.progress)

@@ -1,0 +1,94 @@
+"""What every brokerctl command shares: exit codes, the usage error, flag parsing helpers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from brokerctl import render
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command-line input (argparse or our own checks): exit 2."""
+
+
+def consoles() -> tuple[Console, Console]:
+    # Created per invocation so that captured stdout/stderr (tests) are honoured.
+    return Console(highlight=False), Console(stderr=True, highlight=False)
+
+
+def csv_values(values: Sequence[str] | None) -> list[str]:
+    """Flags given several times and/or comma separated: --region a,b --region c."""
+    out: list[str] = []
+    for v in values or []:
+        out += [p.strip() for p in v.split(",") if p.strip()]
+    return out
+
+
+def kv_pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values or []:
+        if "=" not in v:
+            raise UsageError(f"{flag} expects KEY=VALUE, got {v!r}")
+        k, _, val = v.partition("=")
+        out[k.strip()] = val
+    return out
+
+
+def parse_time(value: str, now: float | None = None) -> float:
+    """Epoch seconds from "now", "+2h"/"+30m"/"+45s"/"+1d", an epoch number or ISO 8601."""
+    now = time.time() if now is None else now
+    v = value.strip()
+    if v == "now":
+        return now
+    if v.startswith("+"):
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        try:
+            return now + float(v[1:-1]) * units[v[-1]] if v[-1] in units else now + float(v[1:])
+        except (ValueError, KeyError):
+            raise UsageError(f"bad relative time {value!r} (e.g. +30m, +2h)") from None
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(v).timestamp()
+    except ValueError:
+        raise UsageError(f"bad time {value!r}: use now, +2h, epoch seconds or ISO 8601") from None
+
+
+def load_spec_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read spec file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UsageError(f"spec file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"spec file {path} must hold a mapping of job spec fields")
+    return data
+
+
+def show_list(args: argparse.Namespace, out: Console, items: Any, empty: str,
+              table: Callable[[Any], Any]) -> int:
+    """A list command's answer: JSON with ``-o json``, else ``empty`` or the table."""
+    if args.output == "json":
+        out.print_json(render.to_json(items))
+    elif not items:
+        out.print(empty)
+    else:
+        out.print(table(items))
+    return EXIT_OK
