@@ -1,0 +1,89 @@
+"""How one region agent is configured (:class:`AgentConfig`) and the executor it gets."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from region_agents.executors.base import Executor
+from region_agents.inventory import Inventory, load_inventory
+
+
+@dataclass
+class AgentConfig:
+    """How to run one region agent.
+
+    ``heartbeat_interval_s=None`` means: use the broker's ``RegisterAck`` value
+    (2 s until the first ack). ``leader_timeout_s=None``: 4 heartbeat intervals
+    (at least 6 s) of silence from the broker mean it hangs: rotate to the next one.
+    ``hang_timeout_s``: no trainer heartbeat in the progress file for this long -> the
+    attempt is killed and reported FAILED ("hang: ..."); a job can override it with
+    trainer option ``hang_timeout_s``.
+    """
+
+    broker_address: str
+    region: str = ""
+    inventory_path: str = ""
+    agent_id: str = ""
+    work_dir: str = "var/agent"
+    executor: str = "local"  # "local" | "kubernetes"
+    ranks_per_node: int = 2
+    heartbeat_interval_s: float | None = None
+    hang_timeout_s: float = 600.0
+    python: str = sys.executable
+    extra_env: dict[str, str] = field(default_factory=dict)
+    max_backoff_s: float = 5.0
+    poll_interval_s: float = 0.2
+    shutdown_grace_s: float = 0.0  # on .stop(): >0 = SIGTERM (checkpoint) first
+    namespace: str = "default"  # kubernetes executor
+    image: str = ""  # kubernetes executor: default trainer image
+    leader_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.broker_address:
+            raise ValueError("broker_address is required (host:port)")
+        if self.executor not in ("local", "kubernetes"):
+            raise ValueError(f"executor must be 'local' or 'kubernetes', got {self.executor!r}")
+        if self.executor == "local" and not self.inventory_path:
+            raise ValueError("the local executor needs an inventory file (--inventory)")
+        if self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be > 0")
+        # Resolve once, here: ranks run in their own attempt directories, where a relative
+        # path would name a different place for each of them (issue 11).
+        self.work_dir = os.path.abspath(self.work_dir)
+        if self.inventory_path:
+            self.inventory_path = os.path.abspath(self.inventory_path)
+
+
+def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
+    """Build the executor and discover the inventory it runs on."""
+    if config.executor == "kubernetes":
+        from region_agents.executors.kubernetes import KubernetesExecutor
+
+        ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image)
+        ex.adopt_existing()
+        inv = Inventory(
+            region=config.region,
+            agent_id=config.agent_id or f"{config.region}-agent",
+            nodes=ex.discover_nodes(),
+        )
+        if config.inventory_path:  # optional: region metadata (checkpoint bucket)
+            file_inv = load_inventory(config.inventory_path)
+            inv.checkpoint_bucket = file_inv.checkpoint_bucket
+        return ex, inv
+    from region_agents.executors.local import LocalExecutor
+
+    inv = load_inventory(config.inventory_path)
+    root = inv.checkpoint_bucket if inv.checkpoint_bucket and "://" not in inv.checkpoint_bucket else ""
+    ex = LocalExecutor(
+        config.work_dir,
+        ranks_per_node=config.ranks_per_node,
+        python=config.python,
+        extra_env=config.extra_env,
+        hang_timeout_s=config.hang_timeout_s,
+        default_checkpoint_root=os.path.join(root, "jobs") if root else "",
+    )
+    return ex, inv
