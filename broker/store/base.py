@@ -70,6 +70,39 @@ KIND_TEAM = "team"  # computebroker.v1.TeamQuota, key = team
 KIND_REGION = "region"  # computebroker.v1.RegionInfo (draining flag etc.), key = region
 
 
+def job_columns(job: pb.Job) -> tuple[str, str, int, str]:
+    """The indexed columns of a stored job: team, client request id, phase, region."""
+    return job.spec.team, job.client_request_id, int(job.phase), job.placement.region
+
+
+def versioned_copy(job: pb.Job, version: int) -> pb.Job:
+    """The job as it will be stored: a copy carrying ``version``."""
+    stored = pb.Job()
+    stored.CopyFrom(job)
+    stored.version = version
+    return stored
+
+
+def new_job_copy(job: pb.Job) -> pb.Job:
+    """:meth:`Store.create_job`'s precondition and stored form (version 1)."""
+    if not job.id:
+        raise StoreError("job.id must be set before create_job")
+    return versioned_copy(job, 1)
+
+
+def numbered_events(job_id: str, first_seq: int,
+                    events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
+    """Copies of ``events`` as stored: this job's id and seq first_seq, first_seq+1, ..."""
+    out = []
+    for i, ev in enumerate(events, start=first_seq):
+        e = pb.JobEvent()
+        e.CopyFrom(ev)
+        e.job_id = job_id
+        e.seq = i
+        out.append(e)
+    return out
+
+
 class Store(abc.ABC):
     """Narrow, synchronous, thread-safe state interface."""
 

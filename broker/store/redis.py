@@ -49,9 +49,12 @@ from broker.store.base import (
     Fenced,
     NotFound,
     Store,
-    StoreError,
     StoreUnavailable,
     VersionConflict,
+    job_columns,
+    new_job_copy,
+    numbered_events,
+    versioned_copy,
 )
 from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
@@ -265,36 +268,24 @@ class RedisStore(RedisLogs, Store):
     def _fenced(self) -> Fenced:
         return Fenced(f"leader epoch {self._fence[1]} is stale: another broker leads now")
 
-    @staticmethod
-    def _columns(job: pb.Job) -> list[object]:
-        return [job.spec.team, job.client_request_id, int(job.phase), job.placement.region]
-
-    @staticmethod
-    def _with_seq(job_id: str, start: int, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
-        out = []
-        for i, ev in enumerate(events):
-            e = pb.JobEvent()
-            e.CopyFrom(ev)
-            e.job_id = job_id
-            e.seq = start + i
-            out.append(e)
-        return out
-
-    # ---- jobs ----------------------------------------------------------------------
-    def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        if not job.id:
-            raise StoreError("job.id must be set before create_job")
-        stored = pb.Job()
-        stored.CopyFrom(job)
-        stored.version = 1
-        args = [
+    def _job_args(self, stored: pb.Job, events: Sequence[pb.JobEvent],
+                  *checks: object) -> list[object]:
+        """ARGV of the create/update scripts: fence, id, ``checks`` (update: the expected
+        version), the index columns, the job, then the events."""
+        return [
             *self._base_args(),
             stored.id,
-            *self._columns(stored),
+            *checks,
+            *job_columns(stored),
             stored.SerializeToString(),
             len(events),
             *(_event_bytes(e) for e in events),
         ]
+
+    # ---- jobs ----------------------------------------------------------------------
+    def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
+        stored = new_job_copy(job)
+        args = self._job_args(stored, events)
         res = self._call(lambda: self._create(args=args))
         if res == -9:
             raise self._fenced()
@@ -327,18 +318,8 @@ class RedisStore(RedisLogs, Store):
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
     ) -> pb.Job:
-        stored = pb.Job()
-        stored.CopyFrom(job)
-        stored.version = expected_version + 1
-        args = [
-            *self._base_args(),
-            stored.id,
-            str(expected_version),
-            *self._columns(stored),
-            stored.SerializeToString(),
-            len(events),
-            *(_event_bytes(e) for e in events),
-        ]
+        stored = versioned_copy(job, expected_version + 1)
+        args = self._job_args(stored, events, str(expected_version))
         code, value = self._call(lambda: self._update(args=args))
         if code == -9:
             raise self._fenced()
@@ -434,7 +415,7 @@ class RedisStore(RedisLogs, Store):
             raise self._fenced()
         if start == -1:
             raise NotFound(f"job {job_id!r} not found")
-        return self._with_seq(job_id, start, events)
+        return numbered_events(job_id, start, events)
 
     # ---- keyed records ---------------------------------------------------------------
     def _write_record(self, kind: str, key: str, data: bytes, delete: bool) -> int:

@@ -40,6 +40,10 @@ from broker.store.base import (
     Store,
     StoreError,
     VersionConflict,
+    job_columns,
+    new_job_copy,
+    numbered_events,
+    versioned_copy,
 )
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from computebroker.v1 import common_pb2 as pb
@@ -137,10 +141,6 @@ class SQLiteStore(SQLiteLogs, Store):
             return self._conn.execute(sql, args).fetchall()
 
     @staticmethod
-    def _columns(job: pb.Job) -> tuple[str, str, int, str]:
-        return job.spec.team, job.client_request_id, int(job.phase), job.placement.region
-
-    @staticmethod
     def _insert_events(
         conn: sqlite3.Connection, job_id: str, events: Sequence[pb.JobEvent]
     ) -> list[pb.JobEvent]:
@@ -149,26 +149,15 @@ class SQLiteStore(SQLiteLogs, Store):
         (last,) = conn.execute(
             "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
         ).fetchone()
-        out: list[pb.JobEvent] = []
-        rows = []
-        for i, ev in enumerate(events, start=last + 1):
-            e = pb.JobEvent()
-            e.CopyFrom(ev)
-            e.job_id = job_id
-            e.seq = i
-            out.append(e)
-            rows.append((job_id, i, e.SerializeToString()))
-        conn.executemany("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)", rows)
+        out = numbered_events(job_id, last + 1, events)
+        conn.executemany("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)",
+                         [(job_id, e.seq, e.SerializeToString()) for e in out])
         return out
 
     # ---- jobs ----------------------------------------------------------------------
     def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        if not job.id:
-            raise StoreError("job.id must be set before create_job")
-        stored = pb.Job()
-        stored.CopyFrom(job)
-        stored.version = 1
-        team, crid, phase, region = self._columns(stored)
+        stored = new_job_copy(job)
+        team, crid, phase, region = job_columns(stored)
         try:
             with self._tx() as conn:
                 conn.execute(
@@ -201,10 +190,8 @@ class SQLiteStore(SQLiteLogs, Store):
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
     ) -> pb.Job:
-        stored = pb.Job()
-        stored.CopyFrom(job)
-        stored.version = expected_version + 1
-        team, crid, phase, region = self._columns(stored)
+        stored = versioned_copy(job, expected_version + 1)
+        team, crid, phase, region = job_columns(stored)
         with self._tx() as conn:
             row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
             if row is None:
