@@ -64,8 +64,7 @@ from trainer.signals import SignalFlags, install_flags
 from trainer.storage import Store, open_store
 
 if TYPE_CHECKING:
-    from trainer.checkpointer import Checkpointer, Stateful
-    from trainer.sampler import ResumableSampler
+    from trainer.checkpointer import Checkpointer
 
 EXIT_TERMINATED = 143  # SIGTERM'd with no checkpointer: nothing saved, as if killed (128+15)
 
@@ -180,37 +179,14 @@ class Run:
         )
 
     def checkpointer(
-        self,
-        *,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any = None,
-        data: ResumableSampler | None = None,
-        extra: dict[str, Stateful] | None = None,
-        every: int = 0,
-        keep_last: int = 3,
-        async_save: bool = True,
-        model_config: dict[str, Any] | None = None,
-        meta: dict[str, Any] | None = None,
-        storage_threads: int = 2,
+        self, *, model: nn.Module, optimizer: torch.optim.Optimizer, **options: Any
     ) -> Checkpointer:
-        """Register the training state; see `Checkpointer`. One per run."""
+        """Register the training state; one per run. ``options`` are `Checkpointer`'s
+        keywords (scheduler, data, extra, every, keep_last, async_save, model_config,
+        meta, storage_threads), documented there so the list has one home."""
         from trainer.checkpointer import Checkpointer
 
-        self._ckpt = Checkpointer(
-            self,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            data=data,
-            extra=extra,
-            every=every,
-            keep_last=keep_last,
-            async_save=async_save,
-            model_config=model_config,
-            meta=meta,
-            storage_threads=storage_threads,
-        )
+        self._ckpt = Checkpointer(self, model=model, optimizer=optimizer, **options)
         return self._ckpt
 
     def request_stop(self) -> None:
