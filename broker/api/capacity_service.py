@@ -10,8 +10,11 @@ job's recovery policy decides the stop.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from broker.agents.registry import AgentRegistry
 from broker.api import validation
@@ -28,6 +31,18 @@ from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
+
+M = TypeVar("M", bound=Message)
+
+
+def _validated_copy(request: Message, field: str, validate: Callable[[M], None]) -> M:
+    """A copy of the request's required message ``field``, checked by ``validate``."""
+    if not request.HasField(field):
+        raise InvalidArgument(f"{field} is missing")
+    out = type(getattr(request, field))()
+    out.CopyFrom(getattr(request, field))
+    validate(out)
+    return out
 
 
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
@@ -117,13 +132,17 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         out.state = plan_state(plan, time.time())  # type: ignore[assignment]
         return out
 
+    def _save_plan(self, plan: cpb.TrainingPlan, state: int) -> cpb.TrainingPlan:
+        """Store the plan with ``state`` (UNSPECIFIED = by its times), wake the scheduler,
+        answer with the state it has now."""
+        plan.state = state  # type: ignore[assignment]
+        self.records.put(KIND_PLAN, plan.id, plan)
+        self.ops.poke()
+        return self._with_state(plan)
+
     @rpc
     def CreateTrainingPlan(self, request: cpb.CreateTrainingPlanRequest, context: grpc.ServicerContext) -> cpb.TrainingPlan:
-        if not request.HasField("plan"):
-            raise InvalidArgument("plan is missing")
-        plan = cpb.TrainingPlan()
-        plan.CopyFrom(request.plan)
-        validation.validate_plan(plan)
+        plan = _validated_copy(request, "plan", validation.validate_plan)
         if plan.id:
             if not validation.TEAM_RE.match(plan.id):
                 raise InvalidArgument(f"plan.id {plan.id!r}: use letters, digits, '.', '_' or '-'")
@@ -133,10 +152,7 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             plan.id = new_plan_id()
         if not plan.name:
             plan.name = plan.id
-        plan.state = cpb.PLAN_STATE_UNSPECIFIED
-        self.records.put(KIND_PLAN, plan.id, plan)
-        self.ops.poke()
-        return self._with_state(plan)
+        return self._save_plan(plan, cpb.PLAN_STATE_UNSPECIFIED)
 
     @rpc
     def ListTrainingPlans(self, request: cpb.ListTrainingPlansRequest, context: grpc.ServicerContext) -> cpb.ListTrainingPlansResponse:
@@ -163,19 +179,12 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         if state in (cpb.PLAN_STATE_CANCELLED, cpb.PLAN_STATE_EXPIRED):
             raise FailedPrecondition(
                 f"training plan {plan.id} is already {cpb.PlanState.Name(state).removeprefix('PLAN_STATE_').lower()}")
-        plan.state = cpb.PLAN_STATE_CANCELLED
-        self.records.put(KIND_PLAN, plan.id, plan)
-        self.ops.poke()
-        return self._with_state(plan)
+        return self._save_plan(plan, cpb.PLAN_STATE_CANCELLED)
 
     # ---- teams ------------------------------------------------------------------------------
     @rpc
     def SetTeamQuota(self, request: cpb.SetTeamQuotaRequest, context: grpc.ServicerContext) -> cpb.TeamQuota:
-        if not request.HasField("quota"):
-            raise InvalidArgument("quota is missing")
-        q = cpb.TeamQuota()
-        q.CopyFrom(request.quota)
-        validation.validate_quota(q)
+        q = _validated_copy(request, "quota", validation.validate_quota)
         for f in ("used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs"):
             q.ClearField(f)  # read-only usage, never stored
         self.records.put(KIND_TEAM, q.team, q)
