@@ -122,6 +122,13 @@ class TransferResult:
     method: str  # local-copy | upload | download | server-side-copy | stream | already-complete
     retries: int = 0  # whole-file retries tenacity made
 
+    @classmethod
+    def timed(cls, src: str, dst: str, total: int, files: int, t0: float, method: str,
+              retries: int = 0) -> TransferResult:
+        """The result of a transfer that started at ``perf_counter()`` ``t0`` and ends now."""
+        secs = time.perf_counter() - t0
+        return cls(src, dst, total, files, secs, total / max(secs, 1e-9) / 1e6, method, retries)
+
 
 @dataclass(frozen=True)
 class MovePlan:
@@ -585,16 +592,8 @@ def copy_checkpoint(
         dst.size(e["name"]) == e["size"] for e in entries
     ):
         prog.complete(MANIFEST, total)  # nothing to do: report done
-        secs = time.perf_counter() - t0
-        return TransferResult(
-            src.uri,
-            dst.uri,
-            total,
-            len(entries) + 1,
-            secs,
-            total / max(secs, 1e-9) / 1e6,
-            "already-complete",
-        )
+        return TransferResult.timed(src.uri, dst.uri, total, len(entries) + 1, t0,
+                                    "already-complete")
 
     if isinstance(src, _LocalDir):
         method = "local-copy" if isinstance(dst, _LocalDir) else "upload"
@@ -650,19 +649,10 @@ def copy_checkpoint(
             m.shutdown()
         if spool:
             shutil.rmtree(spool, ignore_errors=True)
-    secs = time.perf_counter() - t0
     if copier.fallbacks:
         method = "stream (server-side copy refused)"
-    return TransferResult(
-        src.uri,
-        dst.uri,
-        total,
-        len(entries) + 1,
-        secs,
-        total / max(secs, 1e-9) / 1e6,
-        method,
-        len(retries),
-    )
+    return TransferResult.timed(src.uri, dst.uri, total, len(entries) + 1, t0, method,
+                                len(retries))
 
 
 def _run_parallel(
