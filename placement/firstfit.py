@@ -27,15 +27,20 @@ def allowed_types(job: JobRequest) -> frozenset[CapacityType]:
     return frozenset({CapacityType.ON_DEMAND, CapacityType.TRAINING_PLAN, CapacityType.RESERVED})
 
 
+def accepts(job: JobRequest, region: str, accelerator: str) -> bool:
+    """The job's accelerator and region constraints allow capacity of this kind there."""
+    if job.accelerator and accelerator != job.accelerator:
+        return False
+    if job.allowed_regions and region not in job.allowed_regions:
+        return False
+    return region not in job.denied_regions
+
+
 def node_fits_job(node: NodeInfo, job: JobRequest, draining: frozenset[str]) -> bool:
     """Static eligibility of a node for a job (ignores free GPUs)."""
     if node.region in draining or node.id in job.excluded_nodes:
         return False
-    if job.accelerator and node.accelerator != job.accelerator:
-        return False
-    if job.allowed_regions and node.region not in job.allowed_regions:
-        return False
-    if node.region in job.denied_regions:
+    if not accepts(job, node.region, node.accelerator):
         return False
     if node.capacity_type not in allowed_types(job):
         return False

@@ -66,7 +66,7 @@ import math
 from collections import defaultdict
 from operator import attrgetter
 
-from placement.firstfit import allowed_types
+from placement.firstfit import accepts, allowed_types
 from placement.model import (
     Admission,
     CapacityType,
@@ -420,11 +420,7 @@ class _Pass:
 
     def _static_ok(self, job: JobRequest, p: Partition, t_safe: float, future: bool,
                    types: frozenset[CapacityType] | None = None) -> bool:
-        if job.accelerator and p.accelerator != job.accelerator:
-            return False
-        if job.allowed_regions and p.region not in job.allowed_regions:
-            return False
-        if p.region in job.denied_regions:
+        if not accepts(job, p.region, p.accelerator):
             return False
         if p.capacity_type not in (types if types is not None else allowed_types(job)):
             return False
