@@ -40,6 +40,10 @@ checks); an upload hashes its local source (S3 validates each request's CRC, so 
 landed is what was read); a server-side copy compares size and, for single-part
 objects, the ETag (an MD5 of the content), and re-reads the copy only when the manifest
 has a checksum.
+
+Over 400 lines on purpose: one copy protocol (plan, per-file method, verification,
+retries, progress, manifest last) whose parts share the same entries and progress state;
+the two kinds of place it copies between are in ``checkpoint_dirs.py``.
 """
 
 from __future__ import annotations
@@ -71,13 +75,13 @@ from checkpoint_layout import (
     new_hasher,
     normalize,
     parse_step,
-    split_s3_uri,
     split_step_uri,
 )
 from checkpoint_layout import latest_complete_checkpoint as _latest_complete
 from checkpoint_layout import manifest as manifest_format
 from checkpoint_layout.retry import chain as _chain
 from checkpoint_layout.retry import error_code as _error_code
+from region_agents.checkpoint_dirs import LocalDir, S3Dir, fsync_file, place
 
 __all__ = [
     "IncompleteCheckpoint",
@@ -184,146 +188,6 @@ class _Mismatch(TransientError):
     """Destination bytes do not match the manifest (retried, then reported)."""
 
 
-# --------------------------------------------------------------------------- places
-
-
-class _LocalDir:
-    kind = "local"
-
-    def __init__(self, uri: str) -> None:
-        self.path = Path(uri.removeprefix("file://")).absolute()
-        self.uri = str(self.path)
-
-    def file(self, name: str) -> Path:
-        return self.path / name
-
-    def sizes(self) -> dict[str, int]:
-        if not self.path.is_dir():
-            return {}
-        return {
-            p.relative_to(self.path).as_posix(): p.stat().st_size
-            for p in self.path.rglob("*")
-            if p.is_file()
-        }
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return self.file(name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def size(self, name: str) -> int | None:
-        try:
-            return self.file(name).stat().st_size
-        except FileNotFoundError:
-            return None
-
-    def write_durable(self, name: str, data: bytes) -> None:
-        path = self.file(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-
-    def delete(self, names: list[str]) -> None:
-        for n in names:
-            with contextlib.suppress(OSError):
-                self.file(n).unlink()
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-class _S3Dir:
-    kind = "s3"
-
-    def __init__(self, uri: str, client: Any) -> None:
-        self.bucket, self.prefix = split_s3_uri(uri)
-        self.uri = uri.rstrip("/")
-        self.client = client
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def sizes(self) -> dict[str, int]:
-        base = self.key("")
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=base
-        )
-        return {o["Key"][len(base) :]: int(o["Size"]) for p in pages for o in p.get("Contents", [])}
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read()
-        except Exception as exc:  # noqa: BLE001
-            if _error_code(exc)[0] in {"NoSuchKey", "404"} or _error_code(exc)[1] == 404:
-                return None
-            raise
-
-    def head(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self.client.head_object(Bucket=self.bucket, Key=self.key(name))
-        except Exception as exc:  # noqa: BLE001
-            if _error_code(exc)[1] == 404:
-                return None
-            raise
-
-    def size(self, name: str) -> int | None:
-        h = self.head(name)
-        return None if h is None else int(h["ContentLength"])
-
-    def write_durable(self, name: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
-
-    def delete(self, names: list[str]) -> None:
-        if len(names) == 1:
-            self.client.delete_object(Bucket=self.bucket, Key=self.key(names[0]))
-            return
-        for i in range(0, len(names), 1000):
-            objs = [{"Key": self.key(n)} for n in names[i : i + 1000]]
-            with contextlib.suppress(Exception):
-                self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True}
-                )
-
-    def cleanup(self) -> None:
-        """Delete everything under the dir and abort multipart uploads left behind."""
-        with contextlib.suppress(Exception):
-            self.delete(list(self.sizes()))
-        with contextlib.suppress(Exception):
-            ups = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.key(""))
-            for u in ups.get("Uploads", []):
-                self.client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
-                )
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _place(uri: str, client: Any) -> _LocalDir | _S3Dir:
-    check_scheme(uri)
-    return _S3Dir(uri, client) if uri.startswith("s3://") else _LocalDir(uri)
-
-
 # --------------------------------------------------------------------------- progress
 
 
@@ -402,8 +266,8 @@ def _check_digest(name: str, got: str, want: tuple[str, str] | None) -> None:
 
 @dataclass
 class _Copier:
-    src: _LocalDir | _S3Dir
-    dst: _LocalDir | _S3Dir
+    src: LocalDir | S3Dir
+    dst: LocalDir | S3Dir
     method: str
     prog: _Progress
     verify_checksums: bool
@@ -417,9 +281,9 @@ class _Copier:
         want = expected_digest(entry) if self.verify_checksums else None
         self.prog.restart(name)
         src, dst = self.src, self.dst
-        if isinstance(src, _LocalDir) and isinstance(dst, _LocalDir):
+        if isinstance(src, LocalDir) and isinstance(dst, LocalDir):
             self._local_copy(name, size, want)
-        elif isinstance(src, _LocalDir) and isinstance(dst, _S3Dir):
+        elif isinstance(src, LocalDir) and isinstance(dst, S3Dir):
             if want is not None:
                 _check_digest(name, hash_file(src.file(name), want[0]), want)
             self.up.upload(
@@ -428,7 +292,7 @@ class _Copier:
                 dst.key(name),
                 subscribers=[_subscriber(self.prog, name, size)],
             ).result()
-        elif isinstance(src, _S3Dir) and isinstance(dst, _LocalDir):
+        elif isinstance(src, S3Dir) and isinstance(dst, LocalDir):
             dst.file(name).parent.mkdir(parents=True, exist_ok=True)
             self.down.download(
                 src.bucket,
@@ -436,11 +300,11 @@ class _Copier:
                 str(dst.file(name)),
                 subscribers=[_subscriber(self.prog, name, size)],
             ).result()
-            _fsync_file(dst.file(name))  # durable before the manifest can say "complete"
+            fsync_file(dst.file(name))  # durable before the manifest can say "complete"
             if want is not None:
                 _check_digest(name, hash_file(dst.file(name), want[0]), want)
         else:
-            assert isinstance(src, _S3Dir) and isinstance(dst, _S3Dir)
+            assert isinstance(src, S3Dir) and isinstance(dst, S3Dir)
             if self.method == "server-side-copy" and name not in self.fallbacks:
                 try:
                     self._server_copy(name, size, want)
@@ -456,7 +320,7 @@ class _Copier:
         self.prog.complete(name, size)
 
     def _local_copy(self, name: str, size: int, want: tuple[str, str] | None) -> None:
-        assert isinstance(self.src, _LocalDir) and isinstance(self.dst, _LocalDir)
+        assert isinstance(self.src, LocalDir) and isinstance(self.dst, LocalDir)
         out = self.dst.file(name)
         out.parent.mkdir(parents=True, exist_ok=True)
         h = new_hasher(want[0]) if want else None
@@ -472,7 +336,7 @@ class _Copier:
             _check_digest(name, h.hexdigest(), want)
 
     def _server_copy(self, name: str, size: int, want: tuple[str, str] | None) -> None:
-        assert isinstance(self.src, _S3Dir) and isinstance(self.dst, _S3Dir)
+        assert isinstance(self.src, S3Dir) and isinstance(self.dst, S3Dir)
         src, dst = self.src, self.dst
         self.up.copy(
             {"Bucket": src.bucket, "Key": src.key(name)},
@@ -490,7 +354,7 @@ class _Copier:
             raise _Mismatch(f"{name}: ETag {d_etag} != source {s_etag}")
 
     def _stream(self, name: str, size: int, want: tuple[str, str] | None) -> None:
-        assert isinstance(self.src, _S3Dir) and isinstance(self.dst, _S3Dir)
+        assert isinstance(self.src, S3Dir) and isinstance(self.dst, S3Dir)
         fd, tmp = tempfile.mkstemp(prefix="cb-xfer-", dir=self.spool_dir)
         os.close(fd)
         try:
@@ -518,7 +382,7 @@ def _retrying(policy: RetryPolicy, counter: list[int]) -> Any:
     return policy.retrying(before_sleep=lambda _: counter.append(1))
 
 
-def _load_manifest(src: _LocalDir | _S3Dir) -> tuple[bytes, list[dict[str, Any]]]:
+def _load_manifest(src: LocalDir | S3Dir) -> tuple[bytes, list[dict[str, Any]]]:
     raw = src.read(MANIFEST)
     if raw is None:
         raise IncompleteCheckpoint(
@@ -573,8 +437,8 @@ def copy_checkpoint(
     if s3_uris and s3_client is None:
         s3_client = make_s3_client(endpoint_url, retry=retry, max_pool=pool)
     dst_client = dst_s3_client or s3_client
-    src = _place(src_uri, s3_client)
-    dst = _place(dst_uri, dst_client)
+    src = place(src_uri, s3_client)
+    dst = place(dst_uri, dst_client)
 
     t0 = time.perf_counter()
     raw_manifest, entries = _load_manifest(src)
@@ -595,9 +459,9 @@ def copy_checkpoint(
         return TransferResult.timed(src.uri, dst.uri, total, len(entries) + 1, t0,
                                     "already-complete")
 
-    if isinstance(src, _LocalDir):
-        method = "local-copy" if isinstance(dst, _LocalDir) else "upload"
-    elif isinstance(dst, _LocalDir):
+    if isinstance(src, LocalDir):
+        method = "local-copy" if isinstance(dst, LocalDir) else "upload"
+    elif isinstance(dst, LocalDir):
         method = "download"
     else:
         same = s3_client is dst_client or (
@@ -614,10 +478,10 @@ def copy_checkpoint(
             max_request_concurrency=max_concurrency,
             num_download_attempts=max(1, retry.botocore_attempts),
         )
-        if isinstance(src, _S3Dir):
+        if isinstance(src, S3Dir):
             down = TransferManager(src.client, cfg)
             managers.append(down)
-        if isinstance(dst, _S3Dir):
+        if isinstance(dst, S3Dir):
             up = (
                 down
                 if (down is not None and dst.client is src.client)
