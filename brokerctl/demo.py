@@ -14,6 +14,9 @@ way; agents stay separate processes because that is how they run in production
 The live view polls GetJob (one cheap call per job and refresh); the summary counts
 complete checkpoints on disk (directories holding ``manifest.json``,
 docs/contracts.md section 3), so it shows what a user could resume from.
+
+Over 400 lines on purpose: one script-like ``Demo`` run (set up, start, submit, watch,
+summarise, tear down) that reads top to bottom; shared cell and table rendering is ``render.py``.
 """
 
 from __future__ import annotations

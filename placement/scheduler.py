@@ -57,6 +57,11 @@ next safe point falls before plan_start.
 Cost: one pass is O(jobs x partitions x domains-per-level) with failed shapes
 cached (capacity only shrinks during a pass, so a shape that failed fails
 again), and at most ``MAX_PREEMPTION_SEARCHES`` victim simulations per pass.
+
+Over 400 lines on purpose: it is one pure algorithm (two phases, victim search and
+minimisation, plan reservations) whose steps share the pass state (``_Pass``), and its
+decisions are pinned by golden digests (tests/placement/test_perf_equivalence.py), so it
+reads best top to bottom in one place; the capacity index is ``topology.py``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ Every domain keeps ``cnt[k]`` = number of its nodes with at least ``k`` free GPU
 That answers "can this domain hold n nodes x g GPUs?" in O(1), and an allocation
 updates only the node's ~6 ancestors. Single-node jobs use per-partition buckets
 of nodes by free-GPU count (best fit without a scan).
+
+Over 400 lines on purpose: ``CapacityIndex`` is one data structure whose counts, buckets
+and domain tree must change together on every allocation and release.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ Deadline (CB_GRACE_S): a save given a `deadline` runs on a helper thread and is 
 for only until then; past it, `GraceExceeded` is raised and the caller exits with
 EXIT_GRACE_EXCEEDED before the agent's SIGKILL. No manifest was written for that save,
 so the previous complete checkpoint stays the latest.
+
+Over 400 lines on purpose: ``CheckpointManager`` is one commit protocol (stage, save,
+manifest last, retention, resume with its fallbacks) whose steps share its state; the
+storage and the byte path are already ``storage.py`` and ``shardio.py``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ concurrently (READ_THREADS per rank).
 
 A failed verification raises after some live tensors may already hold the file's bytes:
 the trainer exits 2 on it, so they are never trained on.
+
+Over 400 lines on purpose: it is one data path (file plan, encoding, hashing, landing
+bytes in tensors, verification) for save and load, both bound to the same file layout.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ clear exit 2, not a hang.
 Visibility: a checkpoint counts only when its `manifest.json` exists (written last by
 checkpoint.py), on both backends. Names, manifest format, listings and S3 client setup
 come from `checkpoint_layout` (torch-free, shared with the region agents).
+
+Over 400 lines on purpose: the two backends of one ``Store`` interface, with the hashing
+file-system wrappers and the one retry policy (``RETRY``) they share.
 """
 
 from __future__ import annotations
