@@ -11,6 +11,7 @@ from rich.console import Console
 from brokerctl.common import (
     EXIT_OK,
     UsageError,
+    given_flags,
     kv_pairs,
     load_spec_file,
 )
@@ -25,7 +26,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     data: dict[str, Any] = {}
     if args.config:
         data.update(load_spec_file(args.config))
-    for flag, field in (
+    data.update(given_flags(args, (
         ("listen", "listen"),
         ("store", "store"),
         ("checkpoint_root", "checkpoint_root"),
@@ -33,10 +34,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         ("heartbeat_interval", "heartbeat_interval_s"),
         ("agent_timeout", "agent_timeout_s"),
         ("metrics_listen", "metrics_listen"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            data[field] = value
+    )))
     for key, value in kv_pairs(args.set, "--set").items():
         data[key] = value
     known = getattr(BrokerConfig, "model_fields", None)

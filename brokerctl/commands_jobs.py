@@ -13,6 +13,7 @@ from brokerctl.common import (
     EXIT_OK,
     UsageError,
     csv_values,
+    given_flags,
     kv_pairs,
     load_spec_file,
     show_list,
@@ -28,7 +29,6 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
             base = from_task_file(base)
         except TaskFileError as e:
             raise UsageError(f"spec file {args.file}: {e}") from None
-    overrides: dict[str, Any] = {}
     flag_map = {
         "name": "name",
         "team": "team",
@@ -47,10 +47,7 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         "expected_duration": "expected_duration_s",
         "image": "image",
     }
-    for flag, field in flag_map.items():
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[field] = value
+    overrides = given_flags(args, flag_map.items())
     for flag, field in (
         ("allow_region", "allowed_regions"),
         ("deny_region", "denied_regions"),
@@ -72,18 +69,14 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         base.pop("command", None)
     if args.workdir is not None:
         overrides["workdir"] = args.workdir
-    trainer: dict[str, Any] = {}
-    for flag, field in (
+    trainer = given_flags(args, (
         ("steps", "total_steps"),
         ("checkpoint_every", "checkpoint_every"),
         ("model", "model"),
         ("batch_size", "global_batch_size"),
         ("seed", "seed"),
         ("step_sleep", "step_sleep_s"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            trainer[field] = value
+    ))
     if args.trainer_option:
         trainer["options"] = kv_pairs(args.trainer_option, "--trainer-option")
 

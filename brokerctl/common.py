@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,12 @@ def load_spec_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"spec file {path} must hold a mapping of job spec fields")
     return data
+
+
+def given_flags(args: argparse.Namespace, pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """``{field: value}`` for each ``(flag, field)`` whose flag was given (is not None)."""
+    return {field: getattr(args, flag) for flag, field in pairs
+            if getattr(args, flag) is not None}
 
 
 def show_list(args: argparse.Namespace, out: Console, items: Any, empty: str,
