@@ -10,6 +10,7 @@ mapping Kubernetes ``Node`` objects use.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,13 +120,7 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         seen[name] = line
         inv.nodes.append(_node(name, entry, region, err))
 
-    groups = data.get("node_groups") or []
-    if not isinstance(groups, list):
-        raise err(data, "'node_groups' must be a list")
-    for g in groups:
-        if not isinstance(g, dict):
-            raise err(data, "each node_groups entry must be a mapping")
-        _check_keys(g, _GROUP_KEYS, "node group", err)
+    for g in _entries(data, "node_groups", _GROUP_KEYS, "node group", err):
         prefix = g.get("name_prefix")
         if not prefix:
             raise err(g, "node group needs 'name_prefix'")
@@ -135,19 +130,25 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         start = int(g.get("start_index", 0))
         for i in range(start, start + count):
             add(f"{prefix}-{i:03d}", g)
-    nodes = data.get("nodes") or []
-    if not isinstance(nodes, list):
-        raise err(data, "'nodes' must be a list")
-    for n in nodes:
-        if not isinstance(n, dict):
-            raise err(data, "each nodes entry must be a mapping")
-        _check_keys(n, _NODE_KEYS, "node", err)
+    for n in _entries(data, "nodes", _NODE_KEYS, "node", err):
         if not n.get("name"):
             raise err(n, "node needs 'name'")
         add(str(n["name"]), n)
     if not inv.nodes:
         raise err(data, "inventory has no nodes (add node_groups or nodes)")
     return inv
+
+
+def _entries(data: dict, key: str, allowed: set[str], what: str, err: Any) -> Iterator[dict]:
+    """The mappings listed under ``key``, each checked for unknown keys as it is reached."""
+    entries = data.get(key) or []
+    if not isinstance(entries, list):
+        raise err(data, f"'{key}' must be a list")
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise err(data, f"each {key} entry must be a mapping")
+        _check_keys(entry, allowed, what, err)
+        yield entry
 
 
 def _check_keys(entry: dict, allowed: set[str], what: str, err: Any) -> None:
