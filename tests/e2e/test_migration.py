@@ -25,7 +25,7 @@ import pytest
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from tests.e2e.test_foundation import events_of, setup_team, spec, wait_regions
-from tests.fixtures.cluster import Cluster, _kill_leftover_trainers, wait_until
+from tests.fixtures.cluster import Cluster, _kill_leftover_trainers, live_attempts, wait_until
 from tests.trainer.launch import launch, read_log
 
 pytestmark = pytest.mark.slow
@@ -39,6 +39,19 @@ def s3_setup(cluster: Cluster, s3: Any, *regions: str, broker_args: tuple[str, .
     cluster.extra_env = dict(s3.env)
     cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1", *broker_args]
     return {r: s3.unique_bucket(f"cb-{r}") for r in regions}
+
+
+def two_regions(cluster: Cluster, s3: Any, *, src_nodes: int = 1, dst_nodes: int = 1,
+                **src: Any) -> dict[str, str]:
+    """The broker, a cheap source region (us-east-2, ``src`` inventory extras) and a dearer
+    destination (eu-west-1), each with its own bucket; returns the buckets."""
+    buckets = s3_setup(cluster, s3, "us-east-2", "eu-west-1")
+    cluster.start_broker()
+    cluster.start_agent("us-east-2", nodes=src_nodes, gpus=1, price=1.0,
+                        checkpoint_bucket=f"s3://{buckets['us-east-2']}", **src)
+    cluster.start_agent("eu-west-1", nodes=dst_nodes, gpus=1, price=3.0,
+                        checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+    return buckets
 
 
 def trainer_spec(steps: int = STEPS, log: Path | None = None) -> dict[str, Any]:
@@ -99,31 +112,9 @@ def running_in(handle: Any, region: str, min_ckpt: int = EVERY) -> Any:
     return ok
 
 
-def trainer_pids(root: Path, job_id: str, attempt: int) -> list[int]:
-    """Live trainer processes of one attempt (found by their CB_* environment)."""
-    want = (f"CB_JOB_ID={job_id}".encode(), f"CB_ATTEMPT={attempt}".encode())
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = (d / "environ").read_bytes().split(b"\0")
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        if all(w in env for w in want) and str(root).encode() in b"\0".join(env) and ") Z" not in stat:
-            out.append(int(d.name))
-    return out
-
-
 def test_spot_notice_resumes_in_other_region_on_smaller_world_equivalently(
         cluster: Cluster, s3_server: Any, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
-    buckets = s3_setup(cluster, s3_server, "us-east-2", "eu-west-1")
-    cluster.start_broker()
-    cluster.start_agent("us-east-2", nodes=2, gpus=1, capacity_type="spot", price=1.0,
-                        checkpoint_bucket=f"s3://{buckets['us-east-2']}")
-    cluster.start_agent("eu-west-1", nodes=1, gpus=1, price=3.0,
-                        checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+    buckets = two_regions(cluster, s3_server, src_nodes=2, capacity_type="spot")
     log = tmp_path / "samples.jsonl"
     with cluster.client() as client:
         setup_team(client)
@@ -214,12 +205,7 @@ def test_plan_expiry_moves_job_before_plan_ends_without_emergency(
 
 def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
         cluster: Cluster, s3_server: Any) -> None:
-    buckets = s3_setup(cluster, s3_server, "us-east-2", "eu-west-1")
-    cluster.start_broker()
-    cluster.start_agent("us-east-2", nodes=1, gpus=1, price=1.0,
-                        checkpoint_bucket=f"s3://{buckets['us-east-2']}")
-    cluster.start_agent("eu-west-1", nodes=1, gpus=1, price=3.0,
-                        checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+    buckets = two_regions(cluster, s3_server)
     with cluster.client() as client:
         setup_team(client)
         wait_regions(cluster, client, 2)
@@ -233,11 +219,11 @@ def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
             moved = wait_until(lambda: (j := handle.status()).attempt == 2 and j.phase == pb.JOB_PHASE_RUNNING
                                and j.placement.region == "eu-west-1" and j, timeout=120,
                                what=f"relaunch in eu-west-1\n{cluster.logs()}")
-            assert trainer_pids(cluster.root, moved.id, 1), "the stale attempt should still run"
+            assert 1 in live_attempts(cluster.root, moved.id), "the stale attempt should still run"
         finally:
             os.kill(agent_a.popen.pid, signal.SIGCONT)
         # The agent comes back, re-registers with attempt 1: the broker fences it off.
-        wait_until(lambda: not trainer_pids(cluster.root, moved.id, 1), timeout=90,
+        wait_until(lambda: 1 not in live_attempts(cluster.root, moved.id), timeout=90,
                    what=f"stale attempt 1 stopped\n{cluster.logs()}")
         job = handle.wait(timeout=300)
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
@@ -258,12 +244,7 @@ def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
 
 def test_agent_sigkill_resumes_elsewhere_from_last_durable_checkpoint(
         cluster: Cluster, s3_server: Any, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
-    buckets = s3_setup(cluster, s3_server, "us-east-2", "eu-west-1")
-    cluster.start_broker()
-    cluster.start_agent("us-east-2", nodes=1, gpus=1, price=1.0,
-                        checkpoint_bucket=f"s3://{buckets['us-east-2']}")
-    cluster.start_agent("eu-west-1", nodes=2, gpus=1, price=3.0,
-                        checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+    two_regions(cluster, s3_server, dst_nodes=2)
     log = tmp_path / "samples.jsonl"
     with cluster.client() as client:
         setup_team(client)
@@ -289,12 +270,7 @@ def test_agent_sigkill_resumes_elsewhere_from_last_durable_checkpoint(
 
 def test_drain_region_three_jobs_finish_elsewhere(
         cluster: Cluster, s3_server: Any, reference: list[dict[str, Any]]) -> None:
-    buckets = s3_setup(cluster, s3_server, "us-east-2", "eu-west-1")
-    cluster.start_broker()
-    cluster.start_agent("us-east-2", nodes=3, gpus=1, price=1.0,
-                        checkpoint_bucket=f"s3://{buckets['us-east-2']}")
-    cluster.start_agent("eu-west-1", nodes=3, gpus=1, price=3.0,
-                        checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+    two_regions(cluster, s3_server, src_nodes=3, dst_nodes=3)
     with cluster.client() as client:
         setup_team(client)
         wait_regions(cluster, client, 2)

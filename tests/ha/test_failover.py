@@ -9,54 +9,16 @@ job must finish on its first attempt with every event kept (contiguous seqs).
 from __future__ import annotations
 
 import signal
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import grpc
 import pytest
 
 from brokersdk.client import BrokerClient
-from computebroker.v1 import capacity_pb2, capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
-from tests.e2e.test_foundation import events_of, setup_team, spec
-from tests.fixtures.cluster import Cluster, free_port, wait_until
-from tests.fixtures.redis_server import RedisServer
+from tests.e2e.test_foundation import events_of, setup_team, spec, wait_regions
+from tests.fixtures.cluster import Cluster, wait_until
+from tests.ha.helpers import probe, start_pair
 
 pytestmark = pytest.mark.slow
-
-LEASE_S = 3.0  # short lease so a takeover happens quickly; tests never assert on time
-
-
-@pytest.fixture
-def ha_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[Cluster]:
-    c = Cluster(root=tmp_path,
-                store_url=f"{redis_server.url}?prefix=ha{uuid.uuid4().hex[:10]}",
-                broker_args=["--set", f"leader_lease_s={LEASE_S}"])
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-def probe(address: str) -> tuple[bool, str]:
-    """(True, "") if ``address`` serves the API, else (False, the UNAVAILABLE details)."""
-    with grpc.insecure_channel(address) as channel:
-        stub = capacity_pb2_grpc.CapacityServiceStub(channel)
-        try:
-            stub.ListRegions(capacity_pb2.ListRegionsRequest(), timeout=5)
-            return True, ""
-        except grpc.RpcError as e:
-            assert e.code() is grpc.StatusCode.UNAVAILABLE, f"{e.code()}: {e.details()}"
-            return False, e.details() or ""
-
-
-def start_pair(c: Cluster) -> tuple[str, str]:
-    """Broker a (started first, so it leads) and standby b; returns their addresses."""
-    c.start_broker("--set", "broker_id=ha-a")
-    port_b = free_port()
-    c.start_replica("b", port_b, "--set", "broker_id=ha-b")
-    return c.address, f"127.0.0.1:{port_b}"
 
 
 def test_two_brokers_one_leader_standby_names_it(ha_cluster: Cluster) -> None:
@@ -83,11 +45,9 @@ def test_leader_killed_standby_takes_over_job_keeps_its_attempt(ha_cluster: Clus
     both = f"{a},{b}"
     with BrokerClient(both, timeout=5) as client:
         setup_team(client)
-        wait_until(lambda: any(r.connected for r in client.regions()), timeout=90,
-                   what=f"agent connected\n{c.logs()}")
+        wait_regions(c, client, 1)
         job = client.submit(spec("ha-survivor", steps=80, every=10, sleep=0.2))
-        wait_until(lambda: job.status().progress.step >= 3, timeout=180,
-                   what=f"job progressing\n{c.logs()}")
+        c.wait_progressing(job)
         assert job.status().attempt == 1
 
     assert c.broker is not None

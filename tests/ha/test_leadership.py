@@ -19,7 +19,7 @@ from broker.config import BrokerConfig
 from broker.server import BrokerServer
 from tests.fixtures.cluster import wait_until
 from tests.fixtures.redis_server import RedisServer
-from tests.ha.test_failover import probe
+from tests.ha.helpers import probe
 
 
 def _server(store: str, broker_id: str, lease: float = 3.0) -> BrokerServer:

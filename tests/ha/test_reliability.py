@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,33 +16,12 @@ import redis
 from brokersdk.client import BrokerClient, BrokerUnavailable
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2, jobs_pb2_grpc
-from tests.e2e.test_foundation import events_of, setup_team, spec
-from tests.fixtures.cluster import Cluster, free_port, wait_until
-from tests.fixtures.redis_server import RedisServer, start_redis, stop_redis
-from tests.ha.test_failover import LEASE_S, probe
+from tests.e2e.test_foundation import events_of, setup_team, spec, wait_regions
+from tests.fixtures.cluster import Cluster, live_attempts, wait_until
+from tests.fixtures.redis_server import start_redis, stop_redis
+from tests.ha.helpers import probe, start_pair
 
 pytestmark = pytest.mark.slow
-
-
-def live_attempts(root: Path, job_id: str) -> set[int]:
-    """Attempt numbers of the job's live (non-zombie) trainer processes under ``root``."""
-    out: set[int] = set()
-    marker = str(root).encode()
-    want = f"CB_JOB_ID={job_id}".encode()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            env = (d / "environ").read_bytes().split(b"\0")
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        if want not in env or ") Z" in stat or marker not in b"\0".join(env):
-            continue
-        for item in env:
-            if item.startswith(b"CB_ATTEMPT="):
-                out.add(int(item.split(b"=", 1)[1]))
-    return out
 
 
 class AttemptSampler:
@@ -80,11 +57,9 @@ def test_agent_daemon_killed_and_restarted_never_double_runs(cluster: Cluster) -
     c.start_agent("us-east-2", nodes=1, gpus=1)
     with c.client() as client:
         setup_team(client)
-        wait_until(lambda: any(r.connected for r in client.regions()), timeout=90,
-                   what=f"agent connected\n{c.logs()}")
+        wait_regions(c, client, 1)
         job = client.submit(spec("restart-survivor", steps=60, every=10, sleep=0.2))
-        wait_until(lambda: job.status().progress.step >= 3, timeout=180,
-                   what=f"job progressing\n{c.logs()}")
+        c.wait_progressing(job)
         sampler = AttemptSampler(c.root, job.id)
         try:
             assert live_attempts(c.root, job.id) == {1}
@@ -103,20 +78,6 @@ def test_agent_daemon_killed_and_restarted_never_double_runs(cluster: Cluster) -
     assert "re-adopted" in (c.root / "logs" / "agent-us-east-2.log").read_text()
 
 
-@pytest.fixture
-def ha_cluster(tmp_path: Path, redis_server: RedisServer) -> Iterator[Cluster]:
-    c = Cluster(root=tmp_path,
-                store_url=f"{redis_server.url}?prefix=rl{uuid.uuid4().hex[:10]}",
-                broker_args=["--set", f"leader_lease_s={LEASE_S}"])
-    try:
-        yield c
-    finally:
-        for p in [c.broker, *c.replicas.values()]:
-            if p is not None and p.popen is not None and p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGCONT)
-        c.stop()
-
-
 def test_frozen_leader_agents_move_to_the_standby_and_the_old_leader_is_fenced(
         ha_cluster: Cluster) -> None:
     """Defects 3 and 7: SIGSTOP of the leader. Agents used to stay on the frozen leader's
@@ -125,19 +86,14 @@ def test_frozen_leader_agents_move_to_the_standby_and_the_old_leader_is_fenced(
     writing. Now the agent rotates to the new leader, the job keeps running on its first
     attempt, and the resumed old leader steps down with its writes fenced."""
     c = ha_cluster
-    c.start_broker("--set", "broker_id=rl-a")
-    port_b = free_port()
-    c.start_replica("b", port_b, "--set", "broker_id=rl-b")
-    a, b = c.address, f"127.0.0.1:{port_b}"
+    a, b = start_pair(c, "rl")
     wait_until(lambda: probe(a)[0], timeout=60, what=f"a leads\n{c.logs()}")
     c.start_agent("us-east-2", broker=f"{a},{b}", nodes=1, gpus=1)
     with BrokerClient(f"{a},{b}", timeout=5) as client:
         setup_team(client)
-        wait_until(lambda: any(r.connected for r in client.regions()), timeout=90,
-                   what=f"agent connected\n{c.logs()}")
+        wait_regions(c, client, 1)
         job = client.submit(spec("frozen-leader", steps=150, every=10, sleep=0.2))
-        wait_until(lambda: job.status().progress.step >= 3, timeout=180,
-                   what=f"job progressing\n{c.logs()}")
+        c.wait_progressing(job)
     assert c.broker is not None and c.broker.popen is not None
     frozen = c.broker.popen
     frozen.send_signal(signal.SIGSTOP)  # hung, not dead: its sockets stay open
@@ -182,11 +138,9 @@ def test_redis_restart_is_unavailable_and_the_terminal_update_arrives(tmp_path: 
         c.start_agent("us-east-2", nodes=1, gpus=1)
         with c.client() as client:
             setup_team(client)
-            wait_until(lambda: any(r.connected for r in client.regions()), timeout=90,
-                       what=f"agent connected\n{c.logs()}")
+            wait_regions(c, client, 1)
             job = client.submit(spec("redis-blip", steps=25, every=5, sleep=0.2))
-            wait_until(lambda: job.status().progress.step >= 3, timeout=180,
-                       what=f"job progressing\n{c.logs()}")
+            c.wait_progressing(job)
         # Redis goes away (saving its data, as a persistent Redis would have it).
         redis.Redis.from_url(server.url).shutdown(save=True)
         server.proc.wait(timeout=30)
