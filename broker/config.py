@@ -73,7 +73,7 @@ class BrokerConfig(BaseModel):
     # cb.recovery-policy label: "move-anywhere" (default) or "stay-in-place".
     recovery_policy: Annotated[str, AfterValidator(_known_policy)] = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
-    # (broker/telemetry/__init__.py; README "Observability").
+    # (broker/telemetry/metrics.py; README "Observability").
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
     # Users' code (broker/workdirs/): where uploaded workdir tarballs live, content-addressed:
     # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.

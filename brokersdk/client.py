@@ -268,7 +268,7 @@ class BrokerClient:
             spec=wire, client_request_id=client_request_id or str(uuid.uuid4())
         )
         # A "submit_job" span when the application traces; its traceparent travels in the
-        # metadata and becomes the parent of the job's whole trace (broker/telemetry/__init__.py).
+        # metadata and becomes the parent of the job's whole trace (broker/telemetry/metrics.py).
         with telemetry.client_span("submit_job", **{"cb.team": request.spec.team}) as trace_md:
             resp = self._call(self._jobs.SubmitJob, request, idempotent=True,
                               extra_metadata=trace_md)
