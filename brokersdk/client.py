@@ -6,8 +6,8 @@ package is split by job: ``spec.py`` (the pydantic :class:`JobSpec` and its wire
 form), ``errors.py`` (typed errors), ``enums.py`` (enum names), ``handle.py``
 (:class:`JobHandle`) and this module, the connection. Every public name is
 re-exported here, so ``from brokersdk.client import X`` keeps working. This module
-stays over 400 lines on purpose: it is one class whose methods are one thin wrapper
-per RPC around the single connection, failover and retry path (``_call``).
+stays over 400 lines on purpose: it is one class, a thin wrapper per RPC (and the two
+reconnecting streams, watch and logs) around one connection, failover and retry path.
 
 Imports only the generated ``computebroker.v1`` stubs, grpc, pydantic, tenacity
 and the standard library (the SDK uses only the stubs, docs/architecture.md), so it can be
