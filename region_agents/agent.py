@@ -716,7 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the broker's heartbeat interval")
     p.add_argument("--hang-timeout-s", type=float, default=600.0,
                    help="no trainer heartbeat for this long = hang -> FAILED")
-    p.add_argument("--python", default=sys.executable, help="python used to run `-m trainer`")
+    p.add_argument("--python", default=sys.executable,
+                   help="python for `-m trainer` and a job's bare `python`/`python3` "
+                   "(its directory goes first on the ranks' PATH)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every rank (repeatable)")
     p.add_argument("--leader-timeout-s", type=float, default=None,
