@@ -17,6 +17,9 @@ run uninterrupted on 2 ranks:
   script's own per-step lines of all three attempts, in order, each after a separator
   naming its region and world size.
 
+The command is a bare `python`: the agent runs it as its own interpreter (the one with
+torch and the library; docs/contracts.md section 10), not the host's first `python` on PATH.
+
 The per-step JSONL log (the example's `--loss-log`) is one absolute path shared by every
 attempt: all "regions" are on this machine; on real machines it would be collected from
 each attempt's node, and the `brokerctl logs` assertions show the same lines arrive that way.
