@@ -105,11 +105,10 @@ def notice(cluster: Cluster, region: str, job: pb.Job) -> None:
         (notices / a.node_id).write_text("60")
 
 
-def running_attempt(handle: Any, attempt: int, region: str) -> Any:
+def attempt_in(handle: Any, attempt: int, region: str, *phases: int) -> Any:
     def ok() -> Any:
         j = handle.status()
-        return (j.phase == pb.JOB_PHASE_RUNNING and j.attempt == attempt
-                and j.placement.region == region) and j
+        return (j.phase in phases and j.attempt == attempt and j.placement.region == region) and j
     return ok
 
 
@@ -151,13 +150,18 @@ def test_library_script_moves_2_to_1_to_2_and_matches_an_uninterrupted_run(
                 what=f"attempt 1 running with a checkpoint\n{cluster.logs()}")
             assert (first.attempt, first.placement.region, first.placement.world_size) == (1, A, 2)
             notice(cluster, A, first)  # 2 -> 1
-            second = wait_until(running_attempt(handle, 2, B), timeout=240,
-                                what=f"attempt 2 running in {B}\n{cluster.logs()}")
+            second = wait_until(
+                attempt_in(handle, 2, B, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING),
+                timeout=240, what=f"attempt 2 placed in {B}\n{cluster.logs()}")
+            assert second.placement.world_size == 1
+            for i in range(2):  # placed: C may take the next move
+                cli(cluster, "cordon", "--undo", f"{C}-n-{i:03d}")
+            # Running as far as the broker knows (else the notice stops it without a
+            # checkpoint) and past its first step (it resumed).
+            wait_until(attempt_in(handle, 2, B, pb.JOB_PHASE_RUNNING), timeout=240,
+                       what=f"attempt 2 running in {B}\n{cluster.logs()}")
             wait_until(lambda: any(r["attempt"] == 2 for r in read_log(log)), timeout=120,
                        what=f"attempt 2 training\n{cluster.logs()}")
-            assert second.placement.world_size == 1
-            for i in range(2):
-                cli(cluster, "cordon", "--undo", f"{C}-n-{i:03d}")
             notice(cluster, B, second)  # 1 -> 2
             job = handle.wait(timeout=300)
             assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
