@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from computebroker.v1 import common_pb2 as pb
+from tests.e2e.test_logs import sections
 from tests.e2e.test_migration import REL_TOL, assert_equivalent, manifests, s3_setup
 from tests.fixtures.cluster import ROOT, Cluster, wait_until
 from tests.trainer.launch import launch, read_log
@@ -79,17 +80,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert records[-1]["loss"] < records[0]["loss"], "the example does not learn"
     return {"log": records, "final": final}
-
-
-def sections(out: str) -> list[tuple[str, list[str]]]:
-    """`brokerctl logs` output as (separator, lines) per attempt."""
-    result: list[tuple[str, list[str]]] = []
-    for line in out.splitlines():
-        if line.startswith("── attempt"):
-            result.append((line, []))
-        elif result:
-            result[-1][1].append(line)
-    return result
 
 
 def step_lines(lines: list[str]) -> list[tuple[int, str]]:
