@@ -91,10 +91,13 @@ def when(t: float) -> str:
 
 
 def steps(job: common_pb2.Job) -> str:
-    total = job.progress.total_steps or job.spec.trainer.total_steps
+    """``step/total``. A job running its own code (``run``) counts only what it reports:
+    the trainer spec's total is the built-in trainer's default there, and a plain script
+    that reports nothing would otherwise read ``0/100`` forever."""
+    total = job.progress.total_steps or (0 if job.spec.command else job.spec.trainer.total_steps)
     if not total and not job.progress.step:
         return "-"
-    return f"{job.progress.step}/{total}"
+    return f"{job.progress.step}/{total}" if total else str(job.progress.step)
 
 
 def shape(job: common_pb2.Job) -> str:

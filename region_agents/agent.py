@@ -75,6 +75,16 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def rpc_error_text(e: grpc.RpcError) -> str:
+    """``UNAVAILABLE: failed to connect ...`` on one line: the default repr of a stream's
+    error is a five-line dump, printed on every (re)connect attempt while a broker starts."""
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    if callable(code) and callable(details):
+        name, text = getattr(code(), "name", str(code())), details()
+        return f"{name}: {text}" if text else name
+    return str(e)
+
+
 class _Disconnected(Exception):
     """The stream ended before the broker acknowledged our Register."""
 
@@ -370,7 +380,7 @@ class RegionAgent:
                     self._on_broker_message(session, msg)
             except grpc.RpcError as e:
                 if not self._stopping.is_set():
-                    log.warning("broker stream broke: %s", e)
+                    log.warning("broker stream broke: %s", rpc_error_text(e))
             if session.leader_silent and not self._stopping.is_set():
                 self._broker_i += 1  # a hung leader: try the next replica
                 if not session.registered.is_set():
@@ -716,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the broker's heartbeat interval")
     p.add_argument("--hang-timeout-s", type=float, default=600.0,
                    help="no trainer heartbeat for this long = hang -> FAILED")
-    p.add_argument("--python", default=sys.executable, help="python used to run `-m trainer`")
+    p.add_argument("--python", default=sys.executable,
+                   help="python for `-m trainer` and a job's bare `python`/`python3` "
+                   "(its directory goes first on the ranks' PATH)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every rank (repeatable)")
     p.add_argument("--leader-timeout-s", type=float, default=None,

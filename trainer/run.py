@@ -103,6 +103,7 @@ class Run:
         self.s3_max_concurrency = s3_max_concurrency
         self.log_prefix = log_prefix
         self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
+        self.attempt = env.attempt  # the broker's attempt number (CB_ATTEMPT); 0 outside it
         self.device, self.backend = init_process_group(
             env.rank, env.world_size, env.local_rank, timeout_s
         )

@@ -46,10 +46,38 @@ def open_migration(job: pb.Job) -> pb.Migration | None:
     return None
 
 
+def close_landed(job: pb.Job, now: float) -> pb.Migration | None:
+    """Close the open move if it already brought the job's *current* attempt here; return it.
+
+    Why: a move stays open until the new attempt reports its first step after the resume.
+    If that attempt is moved again first (a second spot notice, a drain right after a
+    move), the new move is a different one: without closing the old record, ``begin``
+    would reuse it, the second move would get no record, and the first would be closed by
+    the third attempt's first step with the wrong destination. The landed move is DONE
+    (first step as reported, else now: it was not reported in time, the message says so).
+    A new attempt that never ran has not landed: its move goes on, re-routed (kept open).
+    """
+    m = open_migration(job)
+    if m is None or not m.launched_time or m.to_attempt != job.attempt:
+        return None
+    if job.phase not in (pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_CHECKPOINTING):
+        return None
+    p = job.progress
+    if p.step > m.checkpoint_step and p.updated_time:
+        return finish(job, now, min(now, p.updated_time))
+    done = finish(job, now, now)
+    if done is not None:
+        done.message = (f"attempt {job.attempt} was moved again before its first step after"
+                        " the resume was reported")
+    return done
+
+
 def begin(job: pb.Job, now: float, cause: Cause | str, *, emergency: bool | None = None,
           message: str = "") -> pb.Migration:
-    """Start recording a move of ``job``'s current attempt (idempotent while one is open:
-    a drain during a spot move does not start a second record)."""
+    """Start recording a move of ``job``'s current attempt (idempotent while one is open
+    for this attempt: a drain during a spot move does not start a second record; a move
+    that already landed this attempt is closed first, see ``close_landed``)."""
+    close_landed(job, now)
     m = open_migration(job)
     if m is not None:
         return m

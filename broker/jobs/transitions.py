@@ -255,6 +255,27 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
 
 
+def note_move_completed(tx: Tx, m: pb.Migration) -> None:
+    """The ``migration_completed`` event of a closed move (what ``brokerctl job`` shows)."""
+    tx.note("migration_completed", reason=m.cause, actor="broker",
+            message=f"moved {m.from_region} -> {m.to_region} (world size {m.from_world_size}"
+                    f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
+                    f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
+                    f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s"
+                    + (f" ({m.message})" if m.message else ""),
+            details=migration.timing_details(m))
+
+
+def begin_move(tx: Tx, now: float, cause: Cause) -> None:
+    """Record the start of a move of the current attempt; a previous move that landed
+    this attempt and was still waiting for its first step is closed first, with its event
+    (``migration.close_landed``), so two quick moves are two records."""
+    landed = migration.close_landed(tx.job, now)
+    if landed is not None:
+        note_move_completed(tx, landed)
+    migration.begin(tx.job, now, cause)
+
+
 def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig) -> Outcome | None:
     """Apply a :class:`StopPlan` to the job's current attempt.
 
@@ -273,14 +294,14 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
     if j.phase == RUNNING and plan.checkpoint_first:
         j.stop_reason = plan.kind.value
         j.stop_requested_time = now
-        migration.begin(j, now, plan.cause)
+        begin_move(tx, now, plan.cause)
         tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
                 message=inp.message, details=details)
         return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s))
     stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
     lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
     j.requeue_cause = plan.family.value
-    migration.begin(j, now, plan.cause)
+    begin_move(tx, now, plan.cause)
     migration.stopped(j, now, saved=False, work_lost_s=lost)
     requeue_open(j)
     suffix = (" (not started yet: requeued without checkpoint)" if j.phase != RUNNING
@@ -306,7 +327,7 @@ def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig
     inflight = StopKind.parse(j.stop_reason)
     family = inflight.family if inflight is not None else Family.FAILURE
     lost = tx.lose_work(family)
-    migration.begin(j, now, inp.plan.cause)
+    begin_move(tx, now, inp.plan.cause)
     migration.stopped(j, now, saved=False, work_lost_s=lost)
     requeue_open(j)
     ck = j.progress.last_checkpoint_uri

@@ -27,7 +27,13 @@ from broker.jobs.lifecycle import (
 )
 from broker.jobs.outcome import Outcome, SendStop, WakeScheduler, begin, seal
 from broker.jobs.recovery import Restart, policy_for
-from broker.jobs.transitions import is_current, requeue, requeue_open, stopped_to_queue
+from broker.jobs.transitions import (
+    is_current,
+    note_move_completed,
+    requeue,
+    requeue_open,
+    stopped_to_queue,
+)
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -286,12 +292,7 @@ def first_step_after_move(tx: Tx, u: apb.JobUpdate, force: bool = False) -> None
     m = migration.finish(j, tx.now, u.progress.updated_time if u.HasField("progress") else tx.now)
     if m is None:
         return
-    tx.note("migration_completed", reason=m.cause, actor="broker",
-            message=f"moved {m.from_region} -> {m.to_region} (world size {m.from_world_size}"
-                    f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
-                    f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
-                    f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s",
-            details=migration.timing_details(m))
+    note_move_completed(tx, m)
 
 
 def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:

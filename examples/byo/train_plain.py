@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow down (for demos/tests)")
+    p.add_argument("--log-every", type=int, default=50, help="print the loss every N steps")
     p.add_argument("--loss-log", default="", help="rank 0 appends {step, loss, ids} per step")
     p.add_argument("--export", default="", help="write the final full model state here")
     args = p.parse_args()
@@ -89,8 +90,8 @@ def main() -> None:
         if run.is_main and args.loss_log:
             with open(args.loss_log, "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "ids": batch.ids,
-                                    "world_size": run.world_size}) + "\n")
-        if step % 50 == 0:
+                                    "world_size": run.world_size, "attempt": run.attempt}) + "\n")
+        if step % args.log_every == 0:
             run.log(f"step {step} loss {loss:.4f}")
         if args.step_sleep:
             import time

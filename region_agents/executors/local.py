@@ -53,6 +53,7 @@ from region_agents.workdir import unpack
 log = logging.getLogger(__name__)
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
+BARE_PYTHONS = frozenset({"python", "python3"})  # run as the agent's interpreter
 STDERR_TAIL_LINES = 20
 # A command that never writes CB_PROGRESS_FILE (a plain script, no progress contract) is
 # reported RUNNING this long after spawn, marked as assumed (docs/contracts.md section 2).
@@ -174,6 +175,31 @@ class LocalExecutor(Executor):
         self._lock = threading.RLock()
 
     # ---- launch ---------------------------------------------------------------
+    def resolve_command(self, command: list[str]) -> list[str]:
+        """The argv each rank runs: the built-in trainer when the job gives none, and a
+        bare ``python``/``python3`` as the agent's own interpreter (``--python``).
+
+        Why: ``run: python train.py`` means "the Python this agent runs ranks with", the
+        one that has torch and the ``trainer`` library; a PATH lookup would find whatever
+        interpreter comes first on the host (often a system Python without torch) and the
+        job would die at ``import torch``. An absolute path is left alone.
+        """
+        if not command:
+            return [self.python, "-m", "trainer"]
+        if command[0] in BARE_PYTHONS:
+            return [self.python, *command[1:]]
+        return command
+
+    def rank_path(self, path: str) -> str:
+        """PATH for the ranks: the interpreter's directory first, as activating its venv
+        would, so ``python`` inside a ``bash -c`` run script and the venv's console
+        scripts (``torchrun``) are the agent's too."""
+        bindir = os.path.dirname(self.python)
+        if not bindir:
+            return path
+        rest = [p for p in path.split(os.pathsep) if p and p != bindir]
+        return os.pathsep.join([bindir, *rest])
+
     def layout(self, spec: AttemptSpec) -> list[tuple[str, int]]:
         """(node_id, ranks on it) per placed node."""
         nodes = list(spec.placement.nodes)
@@ -209,11 +235,12 @@ class LocalExecutor(Executor):
                 resume = os.path.abspath(resume)
             # Users' code: a fresh copy of the workdir per attempt, and the ranks' cwd.
             cwd = unpack(spec.workdir_tar, adir / "workdir") if spec.workdir_tar else adir
-            command = list(spec.spec.command) or [self.python, "-m", "trainer"]
+            command = self.resolve_command(list(spec.spec.command))
             base_env = dict(os.environ)
             base_env.update(self.extra_env)
             base_env.update(dict(spec.spec.env))
             base_env.update(spec.env)
+            base_env["PATH"] = self.rank_path(base_env.get("PATH", ""))
             pythonpath = base_env.get("PYTHONPATH", "")
             base_env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + pythonpath if pythonpath else "")
             base_env.update(

@@ -33,3 +33,21 @@ def test_main_registers_and_stops_on_sigterm(inventory_file, tmp_path):
             proc.wait()
         broker.stop()
     assert b"registered as cli-agent" in proc.stdout.read()
+
+
+def test_a_broken_stream_is_logged_on_one_line() -> None:
+    """Found starting the README's `brokerctl agent` next to a starting broker: every
+    reconnect logged the gRPC error's five-line repr."""
+    import grpc
+
+    from region_agents.agent import rpc_error_text
+
+    class Broken(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self) -> str:
+            return "failed to connect to all addresses"
+
+    assert rpc_error_text(Broken()) == "UNAVAILABLE: failed to connect to all addresses"
+    assert rpc_error_text(grpc.RpcError("plain")) == "plain"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,6 +199,44 @@ def test_fail_marks_failed_nodes(ex, fake_trainer):
 def test_bad_command_is_a_clear_error(ex):
     with pytest.raises(ValueError, match="cannot start"):
         ex.launch(make_spec(["/nonexistent/binary"]))
+
+
+@pytest.mark.parametrize("form", ["argv", "bash"])
+def test_bare_python_is_the_agents_interpreter(tmp_path, form):
+    """`run: python train.py` must run the agent's interpreter (the one with torch and the
+    trainer library), not whatever `python` comes first on the host's PATH: here a decoy
+    that exits 3. A multi-line run (bash -c) finds it through PATH, which starts with the
+    interpreter's directory."""
+    decoy = tmp_path / "decoy-bin"
+    decoy.mkdir()
+    for name in ("python", "python3"):
+        (decoy / name).write_text("#!/bin/sh\necho decoy python >&2\nexit 3\n")
+        (decoy / name).chmod(0o755)
+    executor = LocalExecutor(tmp_path / "work", ranks_per_node=1, starting_grace_s=1.0,
+                             progress_interval_s=0.2,
+                             extra_env={"PATH": f"{decoy}{os.pathsep}{os.environ['PATH']}"})
+    out = tmp_path / "seen.json"
+    code = (f"import json, os, sys; json.dump({{'exe': sys.executable, "
+            f"'path': os.environ['PATH']}}, open({str(out)!r}, 'w'))")
+    command = (["python3", "-c", code] if form == "argv"
+               else ["bash", "-c", f"cd /\npython -c {shlex.quote(code)}"])
+    try:
+        col = Collector(executor)
+        executor.launch(make_spec(command, nodes=1, gpus=1))
+        end = col.wait_terminal()
+        assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end
+    finally:
+        executor.shutdown(0)
+    seen = json.loads(out.read_text())
+    assert os.path.samefile(seen["exe"], sys.executable)
+    assert seen["path"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert str(decoy) in seen["path"]  # the job's own PATH entries stay, after it
+
+
+def test_absolute_program_is_left_alone(ex):
+    assert ex.resolve_command(["/opt/py/bin/python", "x.py"]) == ["/opt/py/bin/python", "x.py"]
+    assert ex.resolve_command(["python", "x.py"]) == [ex.python, "x.py"]
+    assert ex.resolve_command([]) == [ex.python, "-m", "trainer"]
 
 
 SLOW_START = (

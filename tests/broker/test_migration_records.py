@@ -105,3 +105,39 @@ def test_estimate_move_uses_history_and_floor() -> None:
     m = job.migrations.add(state="done", stop_signal_time=100.0, exit_time=140.0)
     m.transfer.bytes_total, m.transfer.mb_per_s = 3_000_000_000, 100.0
     assert migration.estimate_move_s(job, floor_s=60, margin=1.5) == 1.5 * (40 + 30)
+
+
+def test_a_second_move_before_the_first_steps_is_its_own_record(broker: Broker, make_agent) -> None:  # noqa: ANN001
+    """Found by tests/e2e/test_byo.py: attempt 2 was moved again (a second spot notice)
+    before it reported a step past its resume. The first move must be closed (done, with
+    its event) and the second get its own record from attempt 2 to 3; before the fix the
+    second move reused the first record and attempt 2's next step closed it."""
+    broker.team()
+    a = make_agent("us-east-2", nodes=1, gpus=8)
+    job = broker.submit(spec("twice", gpus=8))
+    def uri(attempt: int, step: int) -> str:
+        return f"s3://cb-us-east-2/jobs/{job.id}/attempt-{attempt}/step-{step:09d}"
+
+    for attempt in (1, 2):  # attempt 2 resumes at step 5 and is preempted at once
+        a.wait_launch(job.id, attempt=attempt)
+        prev = 5 * (attempt - 1)
+        a.update(job.id, attempt, apb.ATTEMPT_STATE_RUNNING, step=prev, ckpt_step=prev,
+                 ckpt_uri=uri(attempt, prev) if prev else "")
+        wait_until(lambda at=attempt: (j := broker.get(job.id)).phase == pb.JOB_PHASE_RUNNING
+                   and j.attempt == at, 10, f"attempt {attempt} running")
+        broker.ops.trigger(job.id, Signal(Trigger.PREEMPTED, cause=Cause.HIGHER_PRIORITY),
+                           actor="scheduler", message="preempted")
+        wait_until(lambda at=attempt: [s for s in a.commands("stop", job.id) if s.attempt == at],
+                   10, f"stop of attempt {attempt}")
+        a.update(job.id, attempt, apb.ATTEMPT_STATE_CHECKPOINTED, step=prev + 5,
+                 ckpt_step=prev + 5, ckpt_uri=uri(attempt, prev + 5))
+    a.wait_launch(job.id, attempt=3)
+    a.update(job.id, 2, apb.ATTEMPT_STATE_RUNNING, step=7, ckpt_step=5)  # stale: ignored
+    a.update(job.id, 3, apb.ATTEMPT_STATE_RUNNING, step=11, ckpt_step=10, ckpt_uri=uri(3, 10))
+    migs = wait_until(lambda: len(ms := broker.get(job.id).migrations) == 2
+                      and ms[-1].state == "done" and ms, 10, "two closed moves")
+    assert [(m.from_attempt, m.to_attempt, m.checkpoint_step, m.state) for m in migs] == [
+        (1, 2, 5, "done"), (2, 3, 10, "done")]
+    assert "moved again before its first step" in migs[0].message
+    done = [e for e in broker.events(job.id) if e.type == "migration_completed"]
+    assert len(done) == 2, [e.message for e in done]

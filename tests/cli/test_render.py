@@ -95,3 +95,17 @@ def test_migrations_table_reads_the_typed_cause_and_state() -> None:
     out = text_of(render.migrations_table([typed, old]))
     assert "unhealthy" in out and "transferring" in out
     assert "spot!" in out and "queued" in out  # a record from an older broker: the strings
+
+
+def test_steps_of_own_code_count_only_what_the_program_reports() -> None:
+    """Found trying examples/task.yaml: a plain script showed `0/100` in `brokerctl jobs`
+    (the built-in trainer's default total), though it reports no steps at all."""
+    plain = pb.Job(spec=pb.JobSpec(
+        command=["python", "hello.py"], trainer=pb.TrainerSpec(total_steps=100)))
+    assert render.steps(plain) == "-"
+    plain.progress.step = 7
+    assert render.steps(plain) == "7"
+    plain.progress.total_steps = 60
+    assert render.steps(plain) == "7/60"
+    builtin = pb.Job(spec=pb.JobSpec(trainer=pb.TrainerSpec(total_steps=40)))
+    assert render.steps(builtin) == "0/40"

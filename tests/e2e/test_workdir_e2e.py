@@ -9,7 +9,9 @@ inventory's relative checkpoint bucket), then:
    its output file appears there;
 2. submit a built-in trainer job: its checkpoints must land in the store the inventory
    names (relative to where the agent was started), not inside the rank's own cwd
-   (the bug of issue 11: progress and checkpoints silently went to the wrong place).
+   (the bug of issue 11: progress and checkpoints silently went to the wrong place);
+3. the "Bring your own training code" submit line, word for word, with the library
+   example as the project's train.py.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ def readme_commands() -> dict[str, str]:
         if words[:1] == ["brokerctl"] and len(words) > 1:
             cmds.setdefault(words[1], " ".join(words))
     return cmds
+
+
+def readme_byo_submit() -> str:
+    """The submit line of the README's "Bring your own training code" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Bring your own training code", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"`(brokerctl submit [^`]*-- python train\.py)`", section.replace("\n", " "))
+    assert found, "no `brokerctl submit ... -- python train.py` in the README's BYO section"
+    return found.group(1)
 
 
 def brokerctl(*args: str) -> list[str]:
@@ -144,6 +155,25 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path) -> None:
         assert "no checkpoint" not in subprocess.run(
             brokerctl("--broker", addr, "job", h.id), cwd=home, capture_output=True,
             text=True, timeout=60).stdout
+
+        # 3. "Bring your own training code": the README's submit line, word for word, from
+        #    a project holding the library example as train.py (a bare `python`: the
+        #    agent's interpreter, the one with torch and the library).
+        project = home / "my-project"
+        project.mkdir()
+        shutil.copy(ROOT / "examples" / "byo" / "train_plain.py", project / "train.py")
+        line = readme_byo_submit()
+        res = subprocess.run(brokerctl("--broker", addr, *line.split()[1:]), cwd=project,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, f"{line}\n{res.stdout}{res.stderr}"
+        job_id = re.search(r"submitted job (\S+)", res.stdout).group(1)
+        job = wait_until(lambda: (j := client.get_job(job_id)).phase in TERMINAL and j, 300,
+                         what=f"the README's BYO job to finish\n{logs()}")
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message + logs()
+        assert job.progress.step == 200 and job.progress.last_checkpoint_step == 200
+        shown = subprocess.run(brokerctl("--broker", addr, "logs", job_id), cwd=home,
+                               capture_output=True, text=True, timeout=60).stdout
+        assert "trainer: done: 200 steps, final checkpoint durable" in shown, shown
         client.close()
     finally:
         for p in reversed(procs):
