@@ -14,7 +14,9 @@ and the diagram leaves implicit (named below):
   auto-resume) from ADMITTED/LAUNCHING/RUNNING/CHECKPOINTING;
 - FAILED from any live phase (unrecoverable error, restarts exhausted);
 - SUCCEEDED also from CHECKPOINTING (finished while checkpointing) and LAUNCHING
-  (an attempt so short that RUNNING was never reported).
+  (an attempt so short that RUNNING was never reported), and from any live phase when
+  a superseded attempt reports it finished all steps with a durable final checkpoint
+  (``updates.superseded_ended``: the job was requeued or relaunched meanwhile).
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ QUEUED = frozenset({PENDING, MIGRATING})
 LIVE = frozenset(P.values()) - TERMINAL - {pb.JOB_PHASE_UNSPECIFIED}
 
 ALLOWED: dict[int, frozenset[int]] = {
-    PENDING: frozenset({ADMITTED, CANCELLED, FAILED}),
-    ADMITTED: frozenset({LAUNCHING, PENDING, CANCELLED, FAILED}),
+    PENDING: frozenset({ADMITTED, CANCELLED, FAILED, SUCCEEDED}),
+    ADMITTED: frozenset({LAUNCHING, PENDING, CANCELLED, FAILED, SUCCEEDED}),
     LAUNCHING: frozenset({RUNNING, PENDING, SUCCEEDED, FAILED, CANCELLED}),
     RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, CHECKPOINTING, PENDING}),
     CHECKPOINTING: frozenset({SUSPENDED, MIGRATING, PENDING, SUCCEEDED, FAILED, CANCELLED}),
-    SUSPENDED: frozenset({PENDING, CANCELLED, FAILED}),
-    MIGRATING: frozenset({LAUNCHING, CANCELLED, FAILED}),
+    SUSPENDED: frozenset({PENDING, CANCELLED, FAILED, SUCCEEDED}),
+    MIGRATING: frozenset({LAUNCHING, CANCELLED, FAILED, SUCCEEDED}),
     SUCCEEDED: frozenset(),
     FAILED: frozenset(),
     CANCELLED: frozenset(),

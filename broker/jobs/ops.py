@@ -208,6 +208,9 @@ class JobOps:
         if not transitions.is_current(job, agent.agent_id, u.attempt):
             if u.state not in updates.ATTEMPT_TERMINAL:
                 self.applier.fence(agent.agent_id, u.job_id, u.attempt)
+            else:  # a superseded attempt's end: its durable work still counts
+                self._apply(u.job_id, updates.attempt_ended,
+                            updates.AgentUpdate(agent_id=agent.agent_id, update=u))
             return
         inp = updates.AgentUpdate(agent_id=agent.agent_id, update=u)
         if u.HasField("transfer"):

@@ -3,7 +3,8 @@
 Three inputs: progress (STARTING/RUNNING/CHECKPOINTING with steps and checkpoints),
 a checkpoint transfer report, and the attempt's end (SUCCEEDED / FAILED /
 CHECKPOINTED / STOPPED). All are fenced: only the job's current attempt on its own
-agent changes the job. What happens after an attempt ends by itself is the recovery
+agent changes the job, except that a superseded attempt's durable work still counts
+when it ends (:func:`superseded_ended`). What happens after an attempt ends by itself is the recovery
 policy's call (:meth:`broker.jobs.recovery.RecoveryPolicy.restart`).
 """
 
@@ -14,8 +15,17 @@ from typing import TYPE_CHECKING
 
 from broker.jobs import migration
 from broker.jobs.causes import Cause, Family, StopKind
-from broker.jobs.lifecycle import CANCELLED, FAILED, LAUNCHING, RUNNING, SUCCEEDED, Tx
-from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
+from broker.jobs.lifecycle import (
+    CANCELLED,
+    FAILED,
+    HOLDING,
+    LAUNCHING,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL,
+    Tx,
+)
+from broker.jobs.outcome import Outcome, SendStop, WakeScheduler, begin, seal
 from broker.jobs.recovery import Restart, policy_for
 from broker.jobs.transitions import (
     is_current,
@@ -118,10 +128,11 @@ def transfer(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
 
 def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) -> Outcome | None:
     """The attempt reported its end: finish, requeue by the stop it answered, or let
-    the recovery policy decide by exit code."""
+    the recovery policy decide by exit code. The end of an attempt the broker already
+    gave up on is :func:`superseded_ended`."""
     u = inp.update
     if not is_current(job, inp.agent_id, u.attempt):
-        return None
+        return superseded_ended(job, inp, now, config)
     tx = begin(job, now)
     j = tx.job
     actor = inp.actor
@@ -157,6 +168,81 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
                 message=f"attempt {j.attempt} was stopped by the agent; relaunching")
         return seal(tx, WakeScheduler())
     return _failed(tx, u, detail, actor, config)
+
+
+def _durable_in_own_dir(u: apb.JobUpdate) -> bool:
+    """The update names a durable checkpoint written by its own attempt (contracts
+    section 3: ``<root>/attempt-<n>/step-...``)."""
+    p = u.progress
+    return (u.HasField("progress") and bool(p.last_checkpoint_uri)
+            and f"/attempt-{u.attempt}/" in p.last_checkpoint_uri)
+
+
+def finished_all_steps(job: pb.Job, u: apb.JobUpdate) -> bool:
+    """SUCCEEDED with a durable final checkpoint at ``total_steps``."""
+    p = u.progress
+    total = job.spec.trainer.total_steps or p.total_steps
+    return (u.state == apb.ATTEMPT_STATE_SUCCEEDED and _durable_in_own_dir(u) and total > 0
+            and p.total_steps in (0, total) and p.last_checkpoint_step >= total)
+
+
+def superseded_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) -> Outcome | None:
+    """The end of an attempt the broker already gave up on (issue 15 defect 3: its agent
+    was declared lost, or the leader changed, and the job was requeued or relaunched;
+    then the old attempt's terminal update arrives). Its durable work still counts:
+
+    - it SUCCEEDED with a durable final checkpoint at ``total_steps``: the job succeeds
+      (unless it already ended), and a newer attempt holding GPUs is told to stop;
+    - otherwise a durable checkpoint newer than the job's recorded one becomes the
+      job's resume point (progress only moves forward); nothing else changes.
+
+    Only a checkpoint in the old attempt's own directory counts. The newer attempt is
+    not touched in the second case (it resumes from an older step: some work is
+    repeated, none is lost)."""
+    u = inp.update
+    if job.phase in TERMINAL or u.attempt <= 0 or u.attempt > job.attempt:
+        return None
+    if u.attempt == job.attempt and job.phase in HOLDING:
+        return None  # the current attempt's slot, but reported by another agent
+    if not _durable_in_own_dir(u):
+        return None
+    p = u.progress
+    actor = inp.actor
+    tx = begin(job, now)
+    j = tx.job
+    if finished_all_steps(j, u):
+        commands: list = [WakeScheduler()]
+        if j.phase in HOLDING:  # a newer attempt is launching/running: it must stop
+            commands.insert(0, SendStop(agent_id=j.placement.agent_id, job_id=j.id,
+                                        attempt=j.attempt, kind=None))
+        j.progress.CopyFrom(p)
+        j.progress.updated_time = now
+        j.last_checkpoint_time = now
+        j.stop_reason = ""
+        j.stop_requested_time = 0.0
+        tx.move(SUCCEEDED, "succeeded", reason="completed_by_superseded_attempt", actor=actor,
+                message=f"superseded attempt {u.attempt} finished all steps; its final"
+                        f" checkpoint at step {p.last_checkpoint_step} is durable",
+                details={"attempt": str(u.attempt), "step": str(p.last_checkpoint_step),
+                         "uri": p.last_checkpoint_uri,
+                         "stopped_attempt": str(j.attempt) if len(commands) > 1 else ""})
+        return seal(tx, *commands)
+    if p.last_checkpoint_step <= j.progress.last_checkpoint_step and j.progress.last_checkpoint_uri:
+        return None
+    j.progress.last_checkpoint_step = p.last_checkpoint_step
+    j.progress.last_checkpoint_uri = p.last_checkpoint_uri
+    if p.step > j.progress.step:
+        j.progress.step = p.step
+        j.progress.samples_seen = max(j.progress.samples_seen, p.samples_seen)
+        j.progress.loss = p.loss or j.progress.loss
+    j.progress.total_steps = j.progress.total_steps or p.total_steps
+    j.last_checkpoint_time = now
+    tx.note("checkpoint", reason="checkpoint_durable_superseded", actor=actor,
+            message=f"superseded attempt {u.attempt} left a durable checkpoint at step"
+                    f" {p.last_checkpoint_step}: the job resumes from it",
+            details={"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri,
+                     "attempt": str(u.attempt)})
+    return seal(tx)
 
 
 def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerConfig) -> Outcome:
@@ -219,11 +305,14 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
     p = u.progress
     job.progress.CopyFrom(p)
     job.progress.updated_time = tx.now
-    if not p.last_checkpoint_uri and old_uri:
-        # Never forget a durable checkpoint because one report left it out.
+    if old_uri and (not p.last_checkpoint_uri or p.last_checkpoint_step < old_ckpt):
+        # Never forget a durable checkpoint because one report left it out, nor go back
+        # to an older one (a newer attempt that resumed before a superseded attempt's
+        # later checkpoint was recorded: superseded_ended).
         job.progress.last_checkpoint_uri = old_uri
         job.progress.last_checkpoint_step = max(old_ckpt, p.last_checkpoint_step)
-    if p.last_checkpoint_uri and (p.last_checkpoint_step != old_ckpt or p.last_checkpoint_uri != old_uri):
+    if p.last_checkpoint_uri and p.last_checkpoint_step >= old_ckpt and (
+            p.last_checkpoint_step != old_ckpt or p.last_checkpoint_uri != old_uri):
         job.last_checkpoint_time = tx.now
         tx.note("checkpoint", reason="checkpoint_durable", actor=actor,
                 message=f"checkpoint at step {p.last_checkpoint_step} is durable",

@@ -55,6 +55,12 @@ log = logging.getLogger(__name__)
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 BARE_PYTHONS = frozenset({"python", "python3"})  # run as the agent's interpreter
 STDERR_TAIL_LINES = 20
+# A command that never writes CB_PROGRESS_FILE (a plain script, no progress contract) is
+# reported RUNNING this long after spawn, marked as assumed (docs/contracts.md section 2).
+# Per job: trainer option ``startup_timeout_s`` (0: the command has the progress contract,
+# never assume). The built-in trainer (no command) always writes the file, so it is
+# RUNNING only when the file says so.
+ASSUMED_RUNNING = "no progress file after {s:g} s: assumed running (no progress contract)"
 
 
 def free_port() -> int:
@@ -152,7 +158,7 @@ class LocalExecutor(Executor):
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
         hang_timeout_s: float = 600.0,
-        starting_grace_s: float = 3.0,
+        starting_grace_s: float = 30.0,
         progress_interval_s: float = 1.0,
         default_checkpoint_root: str = "",
     ) -> None:
@@ -469,9 +475,19 @@ class LocalExecutor(Executor):
             return
         snap = att.last
         if att.state == AS.ATTEMPT_STATE_STARTING:
-            started = snap is not None and snap.state in ("running", "checkpointing", "done")
-            if started or (snap is None and now - att.started >= self.starting_grace_s):
+            # RUNNING only when the trainer says so (issue 15 defect 5): a stop that
+            # reaches a trainer still importing or resuming would save a state that is
+            # not a real training state. ``starting`` in the file means not yet.
+            if snap is not None and snap.state in ("running", "checkpointing", "done"):
                 self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
+                return
+            timeout = self._startup_timeout(att)
+            if snap is None and timeout is not None and now - att.started >= timeout:
+                self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
+                if att.events and att.events[-1].state == AS.ATTEMPT_STATE_RUNNING:
+                    att.events[-1].message = ASSUMED_RUNNING.format(s=timeout)
+                log.info("%s attempt %d: %s", att.spec.job_id, att.spec.attempt,
+                         ASSUMED_RUNNING.format(s=timeout))
             return
         if snap is None:
             return
@@ -481,6 +497,17 @@ class LocalExecutor(Executor):
             att.events.append(
                 AttemptEvent(att.spec.job_id, att.spec.attempt, att.state, snap.progress)
             )
+
+    def _startup_timeout(self, att: _Attempt) -> float | None:
+        """Seconds after which a silent attempt (no progress file) counts as RUNNING;
+        None for the built-in trainer, which has the progress contract."""
+        spec = att.spec.spec
+        if not spec.command:
+            return None
+        timeout = self.starting_grace_s
+        with contextlib.suppress(ValueError, TypeError):
+            timeout = float(spec.trainer.options.get("startup_timeout_s", timeout))
+        return timeout if timeout > 0 else None
 
     def _finish(self, att: _Attempt) -> None:
         codes = [r.returncode for r in att.ranks]

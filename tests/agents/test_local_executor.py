@@ -237,3 +237,69 @@ def test_absolute_program_is_left_alone(ex):
     assert ex.resolve_command(["/opt/py/bin/python", "x.py"]) == ["/opt/py/bin/python", "x.py"]
     assert ex.resolve_command(["python", "x.py"]) == [ex.python, "x.py"]
     assert ex.resolve_command([]) == [ex.python, "-m", "trainer"]
+
+
+SLOW_START = (
+    "import json, os, sys, time\n"
+    "path = os.environ['CB_PROGRESS_FILE']\n"
+    "def write(state, step):\n"
+    "    if os.environ['RANK'] != '0':\n"
+    "        return\n"
+    "    now = time.time()\n"
+    "    data = {'state': state, 'step': step, 'total_steps': 3, 'time': now, 'heartbeat': now}\n"
+    "    open(path + '.tmp', 'w').write(json.dumps(data))\n"
+    "    os.replace(path + '.tmp', path)\n"
+    "time.sleep(float(os.environ['SILENT_S']))  # 'importing torch': no progress file yet\n"
+    "write('starting', 0)\n"
+    "time.sleep(float(os.environ['RESUME_S']))  # resume() not finished yet\n"
+    "for step in (1, 2, 3):\n"
+    "    write('running', step)\n"
+    "    time.sleep(0.2)\n"
+    "write('done', 3)\n"
+)
+
+
+@pytest.fixture
+def quick_ex(tmp_path):
+    executor = LocalExecutor(tmp_path / "work", ranks_per_node=1, hang_timeout_s=60,
+                             starting_grace_s=0.2, progress_interval_s=0.1)
+    yield executor
+    executor.shutdown(0)
+
+
+def test_running_only_when_the_trainer_says_so(quick_ex):
+    """Issue 15 defect 5 (agent half): the local executor reported RUNNING a few seconds
+    after spawn without a progress file, so checkpoint-first stops reached trainers still
+    importing torch. With the progress contract declared (startup_timeout_s=0), RUNNING
+    comes only once the file says ``running``: neither silence nor ``starting`` is enough,
+    however long they last (here longer than the executor's start-up timeout)."""
+    col = Collector(quick_ex)
+    quick_ex.launch(make_spec([os.sys.executable, "-c", SLOW_START], nodes=1, gpus=1,
+                              env={"SILENT_S": "1.0", "RESUME_S": "0.6"},
+                              options={"startup_timeout_s": "0"}))
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_SUCCEEDED
+    running = [e for e in col.events if e.state == AS.ATTEMPT_STATE_RUNNING]
+    assert running, "never reported RUNNING"
+    first = running[0]
+    # The first RUNNING report carries the trainer's own running progress (step >= 1).
+    assert first.progress is not None and first.progress.step >= 1
+    assert "assumed" not in first.message
+    assert col.states() == [AS.ATTEMPT_STATE_STARTING, AS.ATTEMPT_STATE_RUNNING,
+                            AS.ATTEMPT_STATE_SUCCEEDED]
+
+
+def test_plain_script_without_progress_file_is_assumed_running(quick_ex, tmp_path):
+    """A plain script never writes the progress file: after the start-up timeout it is
+    reported RUNNING, marked as assumed (contracts section 2), and ends normally."""
+    go = tmp_path / "go"
+    script = ("import os, time\n"
+              f"while not os.path.exists({str(go)!r}):\n"
+              "    time.sleep(0.05)\n")
+    col = Collector(quick_ex)
+    quick_ex.launch(make_spec([os.sys.executable, "-c", script], nodes=1, gpus=1))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    running = [e for e in col.events if e.state == AS.ATTEMPT_STATE_RUNNING]
+    assert "assumed running" in running[0].message and running[0].progress is None
+    go.write_text("")
+    assert col.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED

@@ -4,7 +4,9 @@
   has ended, been killed, been fenced or been declared lost;
 - attempt numbers only grow;
 - terminal is terminal: nothing changes a finished job;
-- goodput parts sum to wall time (plus the time in the current, uncharged phase).
+- goodput parts sum to wall time (plus the time in the current, uncharged phase);
+- the recorded resume checkpoint never goes back (a superseded attempt's late end
+  may move it forward, issue 15 defect 3).
 
 Pure: the transitions are driven directly with a model of the agent; no broker.
 """
@@ -28,7 +30,7 @@ from tests.jobs.helpers import AGENT, CFG, admission, spec, submitted, update
 
 ACTIONS = ["admit", "running", "progress", "checkpoint", "succeeded", "failed", "config_error",
            "stopped", "checkpointed", "lost", "missing", "cancel", "cancel_offline", "timeout",
-           "stale", *[f"trigger:{tr.name}" for tr in Trigger if tr not in (
+           "stale", "late_succeeded", "late_stopped", *[f"trigger:{tr.name}" for tr in Trigger if tr not in (
                Trigger.AGENT_LOST, Trigger.ATTEMPT_MISSING, Trigger.LAUNCH_REFUSED,
                Trigger.ATTEMPT_FAILED)]]
 
@@ -49,6 +51,15 @@ def step(job: pb.Job, action: str, now: float, ckpt: int) -> Outcome | None:
     if action == "stale":
         return updates.attempt_ended(job, update(job, S.ATTEMPT_STATE_FAILED, exit_code=1,
                                                  attempt=job.attempt - 1), now, CFG)
+    if action.startswith("late_"):  # the previous attempt's end, with its later checkpoint
+        old = job.attempt - 1
+        u = apb.JobUpdate(job_id=job.id, attempt=old, state=S.ATTEMPT_STATE_SUCCEEDED
+                          if action == "late_succeeded" else S.ATTEMPT_STATE_STOPPED)
+        done = 100 if action == "late_succeeded" else ckpt + 3
+        u.progress.step, u.progress.total_steps = done, 100
+        u.progress.last_checkpoint_step = done
+        u.progress.last_checkpoint_uri = f"s3://cb/jobs/{job.id}/attempt-{old}/step-{done}"
+        return updates.attempt_ended(job, updates.AgentUpdate(agent_id=AGENT, update=u), now, CFG)
     if action in ("lost", "missing"):
         trig = Trigger.AGENT_LOST if action == "lost" else Trigger.ATTEMPT_MISSING
         plan = policy_for(job, CFG).plan(Signal(trig), job, CFG, now)
@@ -99,6 +110,7 @@ def test_any_input_sequence_keeps_the_invariants(seq: list[tuple[str, float, boo
         assert not was_terminal, f"{action} changed a finished job"
         new = out.job
         assert new.attempt >= attempt_before
+        assert new.progress.last_checkpoint_step >= job.progress.last_checkpoint_step
         if action in ("lost", "missing"):
             live.discard(attempt_before)
         for cmd in out.commands:

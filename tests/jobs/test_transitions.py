@@ -189,3 +189,113 @@ def test_cancel_of_a_finished_job_is_refused() -> None:
     assert done is not None
     with pytest.raises(FailedPrecondition):
         t.cancel(done.job, t.Cancel(actor="u", reason="", agent_connected=True), NOW + 1, CFG)
+
+
+# ---- issue 15 defect 3 (core half): a superseded attempt's late end ------------------------
+def relaunched_after_loss() -> pb.Job:
+    """Attempt 1 ran, checkpointed step 10, its agent was declared lost; attempt 2 launching."""
+    j = running()
+    j = updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=10, ckpt=10), NOW - 5, CFG).job
+    j = lost(Trigger.AGENT_LOST)(j).job
+    return t.admit(j, admission(agent="us-east-2-b"), NOW - 2, CFG).job
+
+
+def requeued_after_loss() -> pb.Job:
+    """Attempt 1's agent was declared lost; the job waits in PENDING for attempt 2."""
+    j = running()
+    j = updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=10, ckpt=10), NOW - 5, CFG).job
+    return lost(Trigger.AGENT_LOST)(j).job
+
+
+def late(state: int, *, step: int, ckpt: int, attempt: int = 1, total: int = 100,
+         own_dir: bool = True) -> Callable[[pb.Job], Outcome | None]:
+    def apply(job: pb.Job) -> Outcome | None:
+        u = apb.JobUpdate(job_id=job.id, attempt=attempt, state=state)
+        u.progress.step, u.progress.total_steps, u.progress.loss = step, total, 0.5
+        if ckpt:
+            u.progress.last_checkpoint_step = ckpt
+            where = attempt if own_dir else attempt + 1
+            u.progress.last_checkpoint_uri = f"s3://cb/jobs/{job.id}/attempt-{where}/step-{ckpt}"
+        return updates.attempt_ended(job, updates.AgentUpdate(agent_id=AGENT, update=u), NOW, CFG)
+    return apply
+
+
+def _stops_attempt_2(out: Outcome) -> bool:
+    stops = [c for c in out.commands if isinstance(c, SendStop)]
+    return [(s.agent_id, s.attempt, s.kind) for s in stops] == [("us-east-2-b", 2, None)]
+
+
+SUPERSEDED = [
+    # The defect: attempt 1 finished all 100 steps while the broker had given up on it;
+    # today its success is dropped as stale and attempt 2 runs from the (pruned) step 10.
+    Row("late success, newer attempt launching", relaunched_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100), P.JOB_PHASE_SUCCEEDED,
+        ("succeeded",), (SendStop, WakeScheduler),
+        lambda j: j.progress.last_checkpoint_step == 100 and j.progress.step == 100
+        and j.attempt == 2),
+    Row("late success, job requeued", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100), P.JOB_PHASE_SUCCEEDED,
+        ("succeeded",), (WakeScheduler,), lambda j: j.progress.last_checkpoint_step == 100),
+    Row("late success, job migrating", migrating,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100), P.JOB_PHASE_SUCCEEDED,
+        ("succeeded",), (WakeScheduler,)),
+    # Not a finished attempt: its later checkpoint becomes the resume point, nothing else.
+    Row("late failure with a newer checkpoint, requeued", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_FAILED, step=42, ckpt=40), P.JOB_PHASE_PENDING, ("checkpoint",), (),
+        lambda j: j.progress.last_checkpoint_step == 40
+        and j.progress.last_checkpoint_uri.endswith("/attempt-1/step-40")),
+    Row("late stop with a newer checkpoint, newer attempt launching", relaunched_after_loss,
+        late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30), P.JOB_PHASE_LAUNCHING, ("checkpoint",), (),
+        lambda j: j.progress.last_checkpoint_step == 30 and j.attempt == 2),
+    Row("late success without the final checkpoint: only its checkpoint counts", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=90), P.JOB_PHASE_PENDING, ("checkpoint",), (),
+        lambda j: j.progress.last_checkpoint_step == 90),
+    Row("late end with an older checkpoint: progress never goes back", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_FAILED, step=8, ckpt=5), None),
+    Row("late end with no checkpoint", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=0), None),
+    Row("late checkpoint outside the attempt's own directory", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100, own_dir=False), None),
+    Row("late success of a future attempt number", requeued_after_loss,
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100, attempt=5), None),
+    Row("late success after the job already ended", lambda: must_end(requeued_after_loss()),
+        late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=100), None),
+]
+
+
+def must_end(job: pb.Job) -> pb.Job:
+    return t.cancel(job, t.Cancel(actor="user", reason="", agent_connected=False), NOW - 1, CFG).job
+
+
+@pytest.mark.parametrize("row", SUPERSEDED, ids=lambda r: r.name)
+def test_superseded_attempt_end(row: Row) -> None:
+    """Issue 15 defect 3 (core half): a superseded attempt's SUCCEEDED update with a
+    durable final checkpoint was discarded as stale (``is_current`` requires a running
+    phase), so the job relaunched from a pruned step and FAILED. Its durable work counts:
+    it completes the job (stopping a newer attempt), or moves the resume point forward."""
+    job = row.build()
+    out = row.apply(job)
+    if row.phase is None:
+        assert out is None
+        return
+    assert out is not None
+    assert out.job.phase == row.phase
+    assert tuple(e.type for e in out.events) == row.events
+    assert tuple(type(c) for c in out.commands) == row.commands
+    assert row.check(out.job)
+    if row.name == "late success, newer attempt launching":
+        assert _stops_attempt_2(out)
+        assert out.events[0].reason == "completed_by_superseded_attempt"
+
+
+def test_newer_attempt_reporting_an_older_checkpoint_keeps_the_later_one() -> None:
+    """After a superseded attempt's step-30 checkpoint became the resume point, the newer
+    attempt (resumed from step 10) reporting its step-15 checkpoint does not move it back."""
+    job = late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30)(relaunched_after_loss()).job
+    out = updates.progress(job, update(job, apb.ATTEMPT_STATE_RUNNING, step=15, ckpt=15,
+                                       agent="us-east-2-b"), NOW + 1, CFG)
+    assert out is not None and out.job.phase == P.JOB_PHASE_RUNNING
+    assert out.job.progress.last_checkpoint_step == 30
+    assert out.job.progress.last_checkpoint_uri.endswith("/attempt-1/step-30")
+    assert out.job.progress.step == 15
+    assert "checkpoint" not in [e.type for e in out.events]
