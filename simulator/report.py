@@ -21,7 +21,7 @@ def markdown(result: dict, timing: dict) -> str:
         f"Trace `{tr['file']}` ({tr['jobs']} jobs, sha256 {tr['sha256'][:12]}...), seed {result['seed']}.",
         "",
         "| policy | util | goodput | JCT mean h | JCT p50 h | JCT p99 h | wait mean h | wait p99 h"
-        " | preempt | migr | lost GPU-h | cost $k | Jain | wall s | events/s |",
+        " | preempt | migr | lost GPU-h | cost $k | Jain | CPU s | events/CPU-s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m in result["policies"].items():
@@ -31,7 +31,7 @@ def markdown(result: dict, timing: dict) -> str:
             f" | {_h(m['jct_s']['p50'])} | {_h(m['jct_s']['p99'])} | {_h(m['queue_wait_s']['mean'])}"
             f" | {_h(m['queue_wait_s']['p99'])} | {m['preemptions']} | {m['migrations']}"
             f" | {m['lost_gpu_h_total']:.0f} | {m['cost_usd_total'] / 1000:.1f} | {m['fairness']['jain_index']:.3f}"
-            f" | {t.get('wall_s', 0):.1f} | {t.get('events_per_s', 0):.0f} |")
+            f" | {t.get('cpu_s', 0):.1f} | {t.get('events_per_cpu_s', 0):.0f} |")
     lines += ["", "Lost GPU-hours by cause:", "",
               "| policy | " + " | ".join(_causes(result)) + " |",
               "|---|" + "---:|" * len(_causes(result))]
