@@ -602,7 +602,7 @@ class Simulation:
     def _spot_return(self, payload) -> None:  # noqa: ANN001
         node_id, again = payload
         s = self.node[node_id]
-        self._set_node(node_id, healthy=True, cordoned=False)
+        self._set_node(node_id, healthy=s.region.name not in self.down_regions, cordoned=False)
         if again:
             self.push(self.now + self._exp(s.pool.interruptions_per_node_hour) + s.pool.notice_s,
                       SPOT_NOTICE, node_id)

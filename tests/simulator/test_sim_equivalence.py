@@ -17,7 +17,7 @@ from broker.jobs.lifecycle import HOLDING
 from broker.jobs.recovery import Signal, Trigger, policy_for
 from simulator.engine import T0
 from simulator.policies import PolicyKind
-from tests.simulator.helpers import busy_scenario, random_rows, simulate
+from tests.simulator.helpers import busy_scenario, random_rows
 
 ROWS = random_rows(220)
 
