@@ -764,8 +764,8 @@ class Simulation:
         self.tick_at = -1.0
         if self.check:
             self.check_conservation()
-        if not self.queued:
-            return
+        if not self.queued and (self.policy.proactive is Proactive.NONE or not self.holding):
+            return  # nothing to place (a proactive policy still looks for better homes)
         snap = self.snapshot()
         dec = placement.schedule(snap)
         self.passes += 1

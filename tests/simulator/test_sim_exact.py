@@ -103,3 +103,22 @@ def test_without_defragmentation_the_gang_waits_for_the_small_jobs(tmp_path):
     sim = _defrag_case(tmp_path, PolicyKind.OURS)
     assert jct(sim, "g") == 10920
     assert jct(sim, "s1") == 10010
+
+
+def test_better_capacity_moves_onto_a_plan_that_starts(tmp_path):
+    # One on-demand node ($4/GPU-h) and a training plan node from t=1000 (prepaid).
+    # 0: admitted on-demand; RUNNING 10. 1000: the plan starts, a pass runs: 4000 s left
+    # x 8 GPUs x $4/h saves ~$35.6 vs ~$0.3 for the move -> checkpoint (8 GB at 1 GB/s)
+    # done 1008 with 990 s saved; pass at 1010 -> the plan node; start-up 10 + read 8 ->
+    # RUNNING 1028; 4010 s left -> done 5038. Plain ours stays: done at 5010.
+    scn = scenario(regions=[{"name": "r1", "pools": [
+        {"kind": "on_demand", "nodes": 1, "price_per_gpu_hour": 4.0},
+        {"kind": "training_plan", "name": "p", "nodes": 1, "price_per_gpu_hour": 1.0,
+         "start_s": 1000, "end_s": 100000}]}])
+    moved = simulate(tmp_path, scn, [("a", 0, 5000, 8, "t")], policy=PolicyKind.BETTER_CAPACITY)
+    j = moved.sj["a"]
+    assert jct(moved, "a") == 5038
+    assert j.job.placement.capacity_type == 3 and j.migrations == 1  # TRAINING_PLAN
+    assert j.cost == {"on_demand": 8 * 4.0 * 1008 / 3600}
+    stay = simulate(tmp_path, scn, [("a", 0, 5000, 8, "t")], policy=PolicyKind.OURS)
+    assert jct(stay, "a") == 5010 and stay.sj["a"].cost["on_demand"] > j.cost["on_demand"]
