@@ -45,14 +45,16 @@ def test_busy_scenario_exercises_interruptions(tmp_path):
 
 
 def test_same_seed_gives_byte_identical_result(tmp_path):
+    import json
+
     import yaml
 
     trace = write_trace(tmp_path / "t.csv", ROWS)
     scn = tmp_path / "s.yaml"
     scn.write_text(yaml.safe_dump(busy_scenario()))
-    pols = (PolicyKind.OURS, PolicyKind.FAILOVER, PolicyKind.DEFRAG)
+    pols = (PolicyKind.OURS, PolicyKind.FAILOVER)
     a = dumps(run(trace, scn, policies=pols, seed=3).result)
     b = dumps(run(trace, scn, policies=pols, seed=3).result)
-    c = dumps(run(trace, scn, policies=pols, seed=4).result)
     assert a == b
-    assert a != c  # the seed drives failures and interruptions
+    c = run(trace, scn, policies=pols[:1], seed=4).result["policies"]["ours"]
+    assert c != json.loads(a)["policies"]["ours"]  # the seed drives failures and interruptions
