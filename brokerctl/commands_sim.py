@@ -65,15 +65,17 @@ def cmd_sim(args: argparse.Namespace, out: Console) -> int:
 
 
 def _table(result: dict, timing: dict):  # noqa: ANN202 - a rich Table
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"{result['trace']['file']}: {result['trace']['jobs']} jobs, seed {result['seed']}")
-    for col in ("policy", "util", "goodput", "JCT mean h", "JCT p99 h", "wait mean h", "lost GPU-h",
-                "cost $k", "s"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"{result['trace']['file']}: {result['trace']['jobs']} jobs, seed {result['seed']}")
+    t.add_column("policy", no_wrap=True)  # names are up to 20 characters: keep them whole
+    for col in ("util", "goodput", "JCT h", "p99 h", "wait h", "lost GPU-h", "cost $k", "CPU s"):
+        # fits 80 columns: SIMPLE_HEAD box, no edge padding
+        t.add_column(col, justify="right", no_wrap=True)
     for name, m in result["policies"].items():
         t.add_row(name, f"{m['utilisation']:.2f}", f"{m['goodput']:.3f}", f"{m['jct_s']['mean'] / 3600:.1f}",
                   f"{m['jct_s']['p99'] / 3600:.0f}", f"{m['queue_wait_s']['mean'] / 3600:.2f}",
                   f"{m['lost_gpu_h_total']:.0f}", f"{m['cost_usd_total'] / 1000:.0f}",
-                  f"{timing[name]['wall_s']:.0f}")
+                  f"{timing[name]['cpu_s']:.0f}")
     return t
