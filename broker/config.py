@@ -79,7 +79,24 @@ class BrokerConfig(BaseModel):
     # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.
     workdir_store: str = ""
     workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
-    max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
+    # gRPC threads for unary RPCs (reads, submits). Streams have their own budget on top
+    # (max_streams), so idle WatchJob/Connect streams can never take these (issue 12).
+    max_workers: int = Field(64, ge=8)
+    # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
+    # Watch): at most this many open at once, and per identity (user header or peer host);
+    # beyond: RESOURCE_EXHAUSTED. Each open stream holds one server thread.
+    max_streams: int = Field(512, ge=1, le=10_000)
+    max_streams_per_identity: int = Field(128, ge=1)
+    # A request stream (agent Connect, upload) silent this long is cancelled; agents
+    # heartbeat every heartbeat_interval_s, so this only fires for half-open/dead peers.
+    stream_idle_timeout_s: float = Field(60.0, gt=0)
+    # Largest request message decoded (bytes); workdir chunks are 1 MiB.
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024)
+    # gRPC server reflection (grpcurl and friends): off unless asked for.
+    reflection: bool = False
+    # Operator-allowed roots for job-chosen checkpoint URIs (dirs or s3://bucket/prefix),
+    # besides checkpoint_root and each region's advertised store and roots.
+    checkpoint_allowed_roots: list[str] = Field(default_factory=list)
     max_page_size: int = 1000
     default_page_size: int = 100
 

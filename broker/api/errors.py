@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.store.base import AlreadyExists as StoreAlreadyExists
-from broker.store.base import Fenced, StoreError, StoreUnavailable
+from broker.store.base import CorruptRecord, Fenced, StoreError, StoreUnavailable
 from broker.store.base import NotFound as StoreNotFound
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, Fenced):
         log.warning("write refused, this broker no longer leads: %s", exc)
         return grpc.StatusCode.UNAVAILABLE, "this broker no longer leads; retry (another leads)"
+    if isinstance(exc, CorruptRecord):  # already logged (one line) where it was read
+        return grpc.StatusCode.DATA_LOSS, str(exc)
     if isinstance(exc, StoreError):
         incident = uuid.uuid4().hex[:8]
         log.exception("store error (incident %s)", incident)

@@ -52,6 +52,8 @@ from broker.store.base import (
     Store,
     StoreUnavailable,
     VersionConflict,
+    decode,
+    decode_each,
     job_columns,
     new_job_copy,
     numbered_events,
@@ -177,7 +179,7 @@ class RedisStore(RedisLogs, Store):
         data = self._call(lambda: self._r.hget(self._k("job", job_id), "d"))
         if data is None:
             raise NotFound(f"job {job_id!r} not found")
-        return pb.Job.FromString(data)
+        return decode(pb.Job, data, f"job {job_id}")
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:
@@ -267,7 +269,7 @@ class RedisStore(RedisLogs, Store):
                     continue
                 if region and jregion != region.encode():
                     continue
-                out.append(pb.Job.FromString(data))
+                out.extend(decode_each(pb.Job, [("job (listed)", data)]))
                 if 0 < limit <= len(out):
                     return out
             cursor = ids[-1]
@@ -278,7 +280,10 @@ class RedisStore(RedisLogs, Store):
         raw = self._call(lambda: self._r.lrange(self._k("ev", job_id), start, stop))
         out = []
         for i, data in enumerate(raw):
-            e = pb.JobEvent.FromString(data)
+            got = decode_each(pb.JobEvent, [(f"event {job_id}#{start + i + 1}", data)])
+            if not got:
+                continue
+            e = got[0]
             e.job_id = job_id
             e.seq = start + i + 1
             out.append(e)
@@ -306,11 +311,12 @@ class RedisStore(RedisLogs, Store):
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
-        return None if data is None else message_type.FromString(data)
+        return None if data is None else decode(message_type, data, f"record:{kind} {key}")
 
     def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
         items = self._call(lambda: self._r.hgetall(self._k("rec", kind)))
-        return [message_type.FromString(items[k]) for k in sorted(items)]
+        return decode_each(message_type, ((f"record:{kind} {k.decode() if isinstance(k, bytes) else k}",
+                                           items[k]) for k in sorted(items)))
 
     def delete_record(self, kind: str, key: str) -> bool:
         return self._write_record(kind, key, b"", delete=True) > 0

@@ -40,6 +40,8 @@ from broker.store.base import (
     Store,
     StoreError,
     VersionConflict,
+    decode,
+    decode_each,
     job_columns,
     new_job_copy,
     numbered_events,
@@ -176,7 +178,7 @@ class SQLiteStore(SQLiteLogs, Store):
         rows = self._read("SELECT data FROM jobs WHERE id = ?", (job_id,))
         if not rows:
             raise NotFound(f"job {job_id!r} not found")
-        return pb.Job.FromString(rows[0][0])
+        return decode(pb.Job, rows[0][0], f"job {job_id}")
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:
@@ -185,7 +187,7 @@ class SQLiteStore(SQLiteLogs, Store):
             "SELECT data FROM jobs WHERE team = ? AND client_request_id = ?",
             (team, client_request_id),
         )
-        return pb.Job.FromString(rows[0][0]) if rows else None
+        return decode(pb.Job, rows[0][0], f"job for request {client_request_id}") if rows else None
 
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
@@ -232,19 +234,20 @@ class SQLiteStore(SQLiteLogs, Store):
         if region:
             where.append("region = ?")
             args.append(region)
-        sql = f"SELECT data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
+        sql = f"SELECT id, data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
         if limit > 0:
             sql += " LIMIT ?"
             args.append(limit)
-        return [pb.Job.FromString(r[0]) for r in self._read(sql, args)]
+        return decode_each(pb.Job, ((f"job {r[0]}", r[1]) for r in self._read(sql, args)))
 
     def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
-        sql = "SELECT data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
+        sql = "SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
         args: list[object] = [job_id, after_seq]
         if limit > 0:
             sql += " LIMIT ?"
             args.append(limit)
-        return [pb.JobEvent.FromString(r[0]) for r in self._read(sql, args)]
+        return decode_each(pb.JobEvent, ((f"event {job_id}#{r[0]}", r[1])
+                                         for r in self._read(sql, args)))
 
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         with self._tx() as conn:
@@ -263,11 +266,11 @@ class SQLiteStore(SQLiteLogs, Store):
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         rows = self._read("SELECT data FROM records WHERE kind = ? AND key = ?", (kind, key))
-        return message_type.FromString(rows[0][0]) if rows else None
+        return decode(message_type, rows[0][0], f"record:{kind} {key}") if rows else None
 
     def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
-        rows = self._read("SELECT data FROM records WHERE kind = ? ORDER BY key", (kind,))
-        return [message_type.FromString(r[0]) for r in rows]
+        rows = self._read("SELECT key, data FROM records WHERE kind = ? ORDER BY key", (kind,))
+        return decode_each(message_type, ((f"record:{kind} {k}", d) for k, d in rows))
 
     def delete_record(self, kind: str, key: str) -> bool:
         with self._tx() as conn:
