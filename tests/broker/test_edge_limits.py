@@ -25,7 +25,7 @@ from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
-from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
+from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec
 
 ESC = "\x1b"
 
