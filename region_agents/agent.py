@@ -43,6 +43,7 @@ from collections.abc import Callable
 import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
+from checkpoint_layout.roots import RootError, canonical, check_under
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from region_agents.config import AgentConfig, make_executor
 from region_agents.executors.base import (
@@ -253,6 +254,7 @@ class RegionAgent:
                 executor=self.config.executor,
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
                 checkpoint_store_error=self.store_error,
+                checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
             )
         )
@@ -399,7 +401,7 @@ class RegionAgent:
             self.ledger.seen(launch.job_id, launch.attempt)
             key = (launch.job_id, launch.attempt)
             self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
-            problem = self._check_placement(launch)
+            problem = self._check_placement(launch) or self._check_checkpoint_root(launch)
             staging = None
             if problem is None:
                 try:
@@ -428,6 +430,29 @@ class RegionAgent:
                 if staging.copies:
                     log.info("%s attempt %d: copying checkpoint %s -> %s before start",
                              launch.job_id, launch.attempt, staging.src, staging.dst)
+
+    def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
+        """Why this region will not write ``launch.checkpoint_uri``, or None.
+
+        The agent re-checks what the broker checked at submit (issue 12): it is the one
+        writing there, and the allowed roots are this region's operator's to set. With no
+        roots configured and no checkpoint store, only '..'-free absolute URIs pass.
+        """
+        uri = launch.checkpoint_uri
+        if not uri:
+            return None
+        roots = list(self.config.checkpoint_allowed_roots)
+        store = self.inventory.checkpoint_bucket
+        if store:
+            roots.append(store if "://" in store or store.startswith("/") else os.path.abspath(store))
+        try:
+            if roots:
+                check_under(uri, roots, "Launch.checkpoint_uri")
+            else:
+                canonical(uri)
+        except RootError as e:
+            return f"checkpoint location refused: {e}"
+        return None
 
     def _workdir_fetch(self, launch: agent_pb2.Launch) -> Callable[[], object] | None:
         """A fetch to run before the ranks start, or None (no workdir, or cached)."""
@@ -661,6 +686,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-timeout-s", type=float, default=None,
                    help="broker silent this long = hung: reconnect to the next --broker"
                         " (default: 4 heartbeat intervals, at least 6 s)")
+    p.add_argument("--run-as-user", default="", metavar="USER",
+                   help="local executor: run every job's ranks as this unprivileged user")
+    p.add_argument("--allow-root-jobs", action="store_true",
+                   help="a root agent without --run-as-user runs jobs as root (else it refuses)")
+    p.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR|s3://B/P",
+                   help="where jobs may choose to write checkpoints here (repeatable)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -694,6 +725,9 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             leader_timeout_s=args.leader_timeout_s,
+            run_as_user=args.run_as_user,
+            allow_root_jobs=args.allow_root_jobs,
+            checkpoint_allowed_roots=args.checkpoint_root,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:
