@@ -435,15 +435,16 @@ class RegionAgent:
         """Why this region will not write ``launch.checkpoint_uri``, or None.
 
         The agent re-checks what the broker checked at submit (issue 12): it is the one
-        writing there, and the allowed roots are this region's operator's to set. With no
-        roots configured and no checkpoint store, only '..'-free absolute URIs pass.
+        writing there. With ``checkpoint_allowed_roots`` configured, the URI must lie under
+        one of them or under the region's own store; without, only '.'/'..'-free absolute
+        URIs pass (the broker's submit check still applies).
         """
         uri = launch.checkpoint_uri
         if not uri:
             return None
         roots = list(self.config.checkpoint_allowed_roots)
         store = self.inventory.checkpoint_bucket
-        if store:
+        if roots and store:
             roots.append(store if "://" in store or store.startswith("/") else os.path.abspath(store))
         try:
             if roots:

@@ -86,3 +86,30 @@ def test_ranks_run_as_the_job_user_in_their_own_dir(job_user: str, shared_dir: P
     assert (ckpt / "w").stat().st_uid == pw.pw_uid
     assert not Path("/root/cb-escape").exists()
     ex.shutdown()
+
+
+def test_launch_outside_the_regions_checkpoint_roots_is_refused(broker, inventory_file,  # noqa: ANN001
+                                                                tmp_path: Path, fake_trainer) -> None:  # noqa: ANN001
+    from region_agents.agent import RegionAgent
+    from tests.agents.fake_broker import wait_for
+    from tests.agents.test_agent_stream import launch_msg
+
+    allowed = tmp_path / "team-ckpt"
+    agent = RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=broker.address,
+                                    inventory_path=str(inventory_file), work_dir=str(tmp_path / "w"),
+                                    ranks_per_node=1, checkpoint_allowed_roots=[str(allowed)]))
+    agent.start()
+    try:
+        reg = wait_for(lambda: broker.of("register"), 30, what="register")[0]
+        assert list(reg.checkpoint_roots) == [str(allowed)]
+        for n, uri in enumerate(["/etc/cron.d", "file:///etc/passwd", f"{allowed}/../../etc"]):
+            msg = launch_msg(fake_trainer, job=f"j-{n}")
+            msg.checkpoint_uri = uri
+            ack = broker.wait_ack(broker.send(launch=msg))
+            assert not ack.accepted and "checkpoint location refused" in ack.message, ack
+        assert not Path("/etc/cron.d/attempt-1").exists()
+        ok = launch_msg(fake_trainer, job="j-ok")
+        ok.checkpoint_uri = f"{allowed}/j-ok/attempt-1"
+        assert broker.wait_ack(broker.send(launch=ok)).accepted
+    finally:
+        agent.stop()
