@@ -112,6 +112,10 @@ def rpc(func: F) -> F:
             try:
                 yield from func(self, request, context)
                 return
+            except grpc.RpcError:
+                if not context.is_active():
+                    return  # the client went away mid-read (cancel, deadline): nobody to answer
+                code, message = to_status(RuntimeError("request stream failed"))
             except Exception as exc:  # noqa: BLE001 - mapped below
                 code, message = to_status(exc)
             _abort(context, code, message)
@@ -122,6 +126,10 @@ def rpc(func: F) -> F:
     def unary_wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return func(self, request, context)
+        except grpc.RpcError:
+            if not context.is_active():
+                return None  # the client went away mid-upload: nobody to answer
+            code, message = to_status(RuntimeError("request stream failed"))
         except Exception as exc:  # noqa: BLE001 - mapped below
             code, message = to_status(exc)
         _abort(context, code, message)
