@@ -69,7 +69,7 @@ class CorruptRecord(StoreError):
 
 
 # What was skipped, by kind ("job", "event", "record:agent"...): surfaced in the log (one
-# warning per record) and as the broker metric cb_store_corrupt_records (issue 12).
+# warning per record) and as the metric computebroker.store.corrupt_records (issue 12).
 CORRUPT: Counter[str] = Counter()
 _log = logging.getLogger(__name__)
 

@@ -219,10 +219,21 @@ def test_undecodable_requests_are_invalid_argument_without_traceback(
     assert job_ids(broker) == []
 
 
-def test_a_damaged_sqlite_record_breaks_no_read_and_no_pass(
-        broker: Broker, make_agent, no_tracebacks) -> None:  # noqa: ANN001
+def test_a_damaged_sqlite_record_breaks_no_read_and_no_pass(tmp_path: Path, no_tracebacks) -> None:  # noqa: ANN001
+    broker = Broker(fast_config(tmp_path, metrics_listen="127.0.0.1:0"))
+    agent = FakeAgent(broker.address, "a", "us-east-2", nodes_for("us-east-2", "a", 2, 8))
+    try:
+        damaged_record_scenario(broker, agent)
+    finally:
+        agent.close()
+        broker.stop()
+
+
+def damaged_record_scenario(broker: Broker, agent: FakeAgent) -> None:
+    import urllib.request
+
     broker.team()
-    make_agent("us-east-2")
+    agent.connect()
     good, bad = broker.submit(spec("good")), broker.submit(spec("bad"))
     db = broker.config.store.removeprefix("sqlite:///")
     with sqlite3.connect(db) as conn:
@@ -238,6 +249,10 @@ def test_a_damaged_sqlite_record_breaks_no_read_and_no_pass(
     broker.wait_phase(good.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
     fresh = broker.submit(spec("fresh"))  # later passes keep placing
     broker.wait_phase(fresh.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
+    url = f"http://127.0.0.1:{broker.server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    assert 'computebroker_store_corrupt_records_total{kind="job",' in text, text[-2000:]
 
 
 def test_a_damaged_redis_record_is_skipped(redis_store) -> None:  # noqa: ANN001
@@ -256,3 +271,31 @@ def test_a_damaged_redis_record_is_skipped(redis_store) -> None:  # noqa: ANN001
     assert [p.id for p in redis_store.list_records(KIND_PLAN, cpb.TrainingPlan)] == ["ok"]
     with pytest.raises(CorruptRecord):
         redis_store.get_job("j-2")
+
+
+# ---- probes ----------------------------------------------------------------------------------
+def test_health_service_and_reflection_only_with_the_flag(tmp_path: Path) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    def services(b: Broker) -> list[str]:
+        stub = reflection_pb2_grpc.ServerReflectionStub(b.channel)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        resp = next(stub.ServerReflectionInfo(iter([req]), timeout=10))
+        return [s.name for s in resp.list_services_response.service]
+
+    for flag in (False, True):
+        b = Broker(fast_config(tmp_path / str(flag), reflection=flag))
+        try:
+            health = health_pb2_grpc.HealthStub(b.channel)
+            for svc in ("", "computebroker.v1.JobService", "computebroker.v1.AgentService"):
+                status = health.Check(health_pb2.HealthCheckRequest(service=svc), timeout=10).status
+                assert status == health_pb2.HealthCheckResponse.SERVING
+            if flag:
+                assert "computebroker.v1.JobService" in services(b)
+            else:
+                with pytest.raises(grpc.RpcError) as e:
+                    services(b)
+                assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        finally:
+            b.stop()
