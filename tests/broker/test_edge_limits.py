@@ -25,7 +25,7 @@ from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
-from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec
+from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
 
 ESC = "\x1b"
 
@@ -103,6 +103,30 @@ def test_int32_gpu_nodes_refused_and_a_persisted_one_is_skipped(tmp_path: Path) 
         assert CORRUPT["record:agent"] > before  # counted (once per reload), and logged
     finally:
         b.stop()
+
+
+def test_bad_agent_messages_are_dropped_and_the_stream_goes_on(
+        broker: Broker, make_agent, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    caplog.set_level(logging.WARNING)
+    broker.team()
+    agent = make_agent("us-east-2")
+    job = broker.submit(spec("runs"))
+    launch = agent.wait_launch(job.id)
+    node = launch.placement.nodes[0].node_id
+    # A spot notice with a NaN deadline, an update with an unknown state, a 1 MB message:
+    # each refused at the edge, logged on one line, and nothing applied.
+    agent.send(apb.AgentMessage(heartbeat=apb.Heartbeat(
+        time=1.0, spot_notices=[apb.SpotNotice(node_id=node, deadline_time=math.nan)])))
+    agent.send(apb.AgentMessage(job_update=apb.JobUpdate(job_id=job.id, attempt=launch.attempt,
+                                                         state=99)))
+    agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_FAILED, message="x" * 1_000_000)
+    wait_until(lambda: sum("refused" in r.getMessage() for r in caplog.records) >= 3, 20,
+               "three refusals logged")
+    assert all(r.exc_info is None for r in caplog.records)
+    assert broker.get(job.id).phase in (pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
+    # The same stream still works: a valid update is applied.
+    agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_RUNNING, step=3)
+    broker.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
 
 
 def test_nan_and_inf_are_refused_everywhere(broker: Broker, no_tracebacks) -> None:  # noqa: ANN001
