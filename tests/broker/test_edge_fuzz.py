@@ -209,3 +209,42 @@ def test_agent_stream_messages(fuzzed: Broker, log_check, msgs: list[Message]) -
     if not registered:
         assert snapshot(fuzzed)[-1] == before[-1], "a refused Register was stored"
     assert fuzzed.jobs.ListJobs(jpb.ListJobsRequest(), timeout=10).jobs
+
+
+def spec_fields() -> list[tuple[str, FieldDescriptor]]:
+    """(path to the message inside a JobSpec, field) for every field a spec holds."""
+    from computebroker.v1 import common_pb2 as pb
+
+    out = [("", fd) for fd in pb.JobSpec.DESCRIPTOR.fields if fd.message_type is None
+           or fd.message_type.GetOptions().map_entry]
+    for sub in ("resources", "trainer", "elasticity", "topology", "workdir"):
+        desc = pb.JobSpec.DESCRIPTOR.fields_by_name[sub].message_type
+        out += [(sub, fd) for fd in desc.fields if fd.message_type is None
+                or fd.message_type.GetOptions().map_entry]
+    return out
+
+
+SPEC_FIELDS = spec_fields()
+
+
+@settings(FUZZ, max_examples=80)
+@given(data=st.data())
+def test_one_bad_field_in_a_valid_spec(fuzzed: Broker, log_check, data: st.DataObject) -> None:  # noqa: ANN001
+    """A valid submit with one field set to a drawn (often nasty) value: only clean
+    statuses, and a refused submit creates nothing."""
+    s = spec("mutant")
+    where, fd = data.draw(st.sampled_from(SPEC_FIELDS))
+    target = getattr(s, where) if where else s
+    if fd.message_type is not None:  # a map
+        kfd, vfd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+        getattr(target, fd.name)[data.draw(scalar(kfd))] = data.draw(scalar(vfd))
+    elif fd.is_repeated:
+        getattr(target, fd.name).append(data.draw(scalar(fd)))
+    else:
+        setattr(target, fd.name, data.draw(scalar(fd)))
+    before = snapshot(fuzzed)
+    code = call(fuzzed, "/computebroker.v1.JobService/SubmitJob",
+                jpb.SubmitJobRequest(spec=s).SerializeToString(), False)
+    assert code in CLEAN, f"{where}.{fd.name}: {code}"
+    if code != grpc.StatusCode.OK:
+        assert snapshot(fuzzed) == before
