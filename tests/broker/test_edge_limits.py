@@ -323,3 +323,17 @@ def test_health_service_and_reflection_only_with_the_flag(tmp_path: Path) -> Non
                 assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         finally:
             b.stop()
+
+
+def test_unknown_fields_are_dropped_not_stored(broker: Broker) -> None:
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    broker.team()
+    unknown = b"\xf8\x06\x2a" + b"\xfa\x06\x03abc"  # field 111 = 42, field 111 = "abc"
+    inner = spec("unknown").SerializeToString() + unknown
+    raw = b"\x0a" + _VarintBytes(len(inner)) + inner  # SubmitJobRequest.spec
+    resp = jpb.SubmitJobResponse.FromString(
+        broker.channel.unary_unary("/computebroker.v1.JobService/SubmitJob")(raw, timeout=10))
+    stored = broker.store.get_job(resp.job.id)
+    assert unknown not in stored.SerializeToString()
+    assert stored.spec.name == "unknown"
