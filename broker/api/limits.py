@@ -87,7 +87,9 @@ LIMITS: dict[str, FieldLimit] = {
     "command": FieldLimit(max_len=32 * 1024, kind=Kind.TEXT, max_items=4096),
     # ---- maps: key and value rows are "<map>.key" / "<map>.value" ----------------------
     "labels": FieldLimit(max_items=64),
-    "labels.key": FieldLimit(max_len=128, kind=Kind.IDENTIFIER),
+    "Node.labels": FieldLimit(max_items=256),  # every Kubernetes node label is copied
+    # Kubernetes' own bound: a 253-char DNS prefix, '/', a 63-char name.
+    "labels.key": FieldLimit(max_len=320, kind=Kind.IDENTIFIER),
     "labels.value": FieldLimit(max_len=1024, kind=Kind.IDENTIFIER),
     "env": FieldLimit(max_items=128),
     "env.key": FieldLimit(max_len=256, kind=Kind.IDENTIFIER),
