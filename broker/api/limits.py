@@ -57,11 +57,11 @@ DEFAULT_STRING = FieldLimit(max_len=1024, kind=Kind.IDENTIFIER)
 DEFAULT_ITEMS = 10_000
 DEFAULT_BYTES = MAX_MESSAGE_BYTES
 
-ID = FieldLimit(max_len=128, kind=Kind.IDENTIFIER)
+ID = FieldLimit(max_len=253, kind=Kind.IDENTIFIER)  # a DNS name (Kubernetes node names)
 NAME = FieldLimit(max_len=200, kind=Kind.IDENTIFIER)
 URI = FieldLimit(max_len=2048, kind=Kind.IDENTIFIER)
 REASON = FieldLimit(max_len=4096, kind=Kind.TEXT)
-REGIONS = FieldLimit(max_len=128, kind=Kind.IDENTIFIER, max_items=256)
+REGIONS = FieldLimit(max_len=253, kind=Kind.IDENTIFIER, max_items=256)
 
 LIMITS: dict[str, FieldLimit] = {
     # ---- identifiers ------------------------------------------------------------------
