@@ -9,6 +9,7 @@ cluster). Messages name the field, the bad value and what would be accepted.
 from __future__ import annotations
 
 import math
+import os
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -392,8 +393,6 @@ def checkpoint_roots_of(config_roots: Iterable[str], checkpoint_root: str,
                         agents: Iterable[apb.Register]) -> list[str]:
     """Where a job may choose to write checkpoints: the operator's broker-wide roots,
     the broker's default root, and every region's advertised store and roots."""
-    import os
-
     roots = [*config_roots, os.path.abspath(checkpoint_root)]
     for a in agents:
         if a.checkpoint_bucket and (a.checkpoint_bucket.startswith(("s3://", "file://", "/"))):
