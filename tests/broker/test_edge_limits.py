@@ -337,3 +337,28 @@ def test_unknown_fields_are_dropped_not_stored(broker: Broker) -> None:
     stored = broker.store.get_job(resp.job.id)
     assert unknown not in stored.SerializeToString()
     assert stored.spec.name == "unknown"
+
+
+def test_a_job_is_not_placed_where_its_checkpoint_uri_is_not_allowed(tmp_path: Path) -> None:
+    """Regions whose agent names allowed roots get only jobs whose own checkpoint_uri
+    lies under them (or under the region's store); the others go elsewhere."""
+    b = Broker(fast_config(tmp_path))
+    strict = FakeAgent(b.address, "strict", "us-east-2", nodes_for("us-east-2", "strict", 2, 8),
+                       bucket="s3://cb-east", roots=["s3://team-east/ml"])
+    lax = FakeAgent(b.address, "lax", "eu-west-1", nodes_for("eu-west-1", "lax", 2, 8),
+                    bucket="s3://cb-eu")
+    try:
+        strict.connect()
+        lax.connect()
+        b.team()
+        ok_there = b.submit(spec("east", checkpoint_uri="s3://team-east/ml/run",
+                                 preferred_regions=["us-east-2"]))
+        assert b.wait_phase(ok_there.id, pb.JOB_PHASE_LAUNCHING,
+                            pb.JOB_PHASE_RUNNING).placement.region == "us-east-2"
+        elsewhere = b.submit(spec("eu", checkpoint_uri="s3://cb-eu/mine", preferred_regions=["us-east-2"]))
+        assert b.wait_phase(elsewhere.id, pb.JOB_PHASE_LAUNCHING,
+                            pb.JOB_PHASE_RUNNING).placement.region == "eu-west-1"
+    finally:
+        strict.close()
+        lax.close()
+        b.stop()
