@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
@@ -115,6 +115,15 @@ class BrokerConfig(BaseModel):
         if v.startswith("s3://") and not v.removeprefix("s3://").split("/", 1)[0]:
             raise ValueError(f"{v!r} names no bucket: s3://bucket/prefix")
         return v
+
+    @model_validator(mode="after")
+    def _idle_outlasts_heartbeats(self) -> BrokerConfig:
+        # Agents speak every heartbeat_interval_s; a shorter idle timeout would cancel
+        # healthy agent streams over and over.
+        if self.stream_idle_timeout_s < 3 * self.heartbeat_interval_s:
+            raise ValueError(f"stream_idle_timeout_s ({self.stream_idle_timeout_s}) must be at"
+                             f" least 3 x heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
 
     @property
     def grace_s(self) -> float:

@@ -125,7 +125,7 @@ def test_per_identity_cap_and_release(tmp_path: Path) -> None:
 
 
 def test_silent_agent_stream_is_cancelled_after_the_idle_timeout(tmp_path: Path) -> None:
-    b = Broker(fast_config(tmp_path, stream_idle_timeout_s=0.5))
+    b = Broker(fast_config(tmp_path, stream_idle_timeout_s=1.0))
     try:
         s = Silent()
         call = agent_pb2_grpc.AgentServiceStub(b.channel).Connect(iter(s), timeout=60)
