@@ -51,6 +51,7 @@ class FieldLimit:
     max_items: int | None = None
     lo: float | None = None
     hi: float | None = None
+    finite: bool = True  # False: NaN/inf are facts worth keeping (a diverged loss)
 
 
 DEFAULT_STRING = FieldLimit(max_len=1024, kind=Kind.IDENTIFIER)
@@ -125,6 +126,11 @@ LIMITS: dict[str, FieldLimit] = {
     "TrainerSpec.checkpoint_every": FieldLimit(lo=0, hi=MAX_STEPS),
     "step_sleep_s": FieldLimit(lo=0, hi=86_400),
     "expected_duration_s": FieldLimit(lo=0, hi=1e9),
+    # Measurements an agent reports, never used in sums or comparisons: a training run
+    # whose loss diverged to NaN must still have its updates applied.
+    "Progress.loss": FieldLimit(finite=False),
+    "Progress.tokens_per_s": FieldLimit(finite=False),
+    "TransferStats.mb_per_s": FieldLimit(finite=False),
 }
 
 # Every double/float field must be finite (NaN passes every ``< 0`` check; inf sums

@@ -79,6 +79,8 @@ def check_text(path: str, value: str, limit: FieldLimit) -> None:
 
 def check_number(path: str, value: float, limit: FieldLimit | None) -> None:
     if isinstance(value, float) and not math.isfinite(value):
+        if limit is not None and not limit.finite:
+            return
         raise InvalidArgument(f"{path} is {value}; numbers must be finite")
     if limit is None:
         return

@@ -124,9 +124,14 @@ def test_bad_agent_messages_are_dropped_and_the_stream_goes_on(
                "three refusals logged")
     assert all(r.exc_info is None for r in caplog.records)
     assert broker.get(job.id).phase in (pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
-    # The same stream still works: a valid update is applied.
-    agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_RUNNING, step=3)
+    # The same stream still works: a valid update is applied, and a diverged loss (NaN)
+    # is a fact, not bad input: that update lands too.
+    agent.send(apb.AgentMessage(job_update=apb.JobUpdate(
+        job_id=job.id, attempt=launch.attempt, state=apb.ATTEMPT_STATE_RUNNING,
+        progress=pb.Progress(step=3, total_steps=100, loss=math.nan))))
     broker.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+    assert math.isnan(wait_until(lambda: (j := broker.get(job.id)).progress.step == 3 and j,
+                                 20, "progress applied").progress.loss)
 
 
 def test_nan_and_inf_are_refused_everywhere(broker: Broker, no_tracebacks) -> None:  # noqa: ANN001
