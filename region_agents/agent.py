@@ -96,6 +96,17 @@ class _Disconnected(Exception):
     """The stream ended before the broker acknowledged our Register."""
 
 
+# The broker refuses longer texts (broker/api/limits.py): clip them here, so an unusual
+# error text can never make a terminal update undeliverable (re-sent forever).
+ACK_MESSAGE_MAX = 4000
+UPDATE_MESSAGE_MAX = 60_000
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, keeping its end (errors say most there)."""
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+
+
 class RegionAgent:
     """One region's agent. ``start()`` returns at once; ``stop()`` joins the threads."""
 
@@ -266,8 +277,8 @@ class RegionAgent:
     def _ack(self, command_id: str, accepted: bool, message: str = "") -> None:
         if not accepted:
             log.warning("refused command %s: %s", command_id, message)
-        self._send(agent_pb2.AgentMessage(
-            ack=agent_pb2.CommandAck(command_id=command_id, accepted=accepted, message=message)))
+        self._send(agent_pb2.AgentMessage(ack=agent_pb2.CommandAck(
+            command_id=command_id, accepted=accepted, message=clip(message, ACK_MESSAGE_MAX))))
 
     # ---- connection ------------------------------------------------------------------
     def _connect_loop(self) -> None:
@@ -563,6 +574,7 @@ class RegionAgent:
 
     def _report(self, ev: AttemptEvent, transfer: common_pb2.TransferStats | None = None) -> None:
         upd = ev.to_proto()
+        upd.message = clip(upd.message, UPDATE_MESSAGE_MAX)
         key = (ev.job_id, ev.attempt)
         if transfer is not None:
             upd.transfer.CopyFrom(transfer)
