@@ -264,7 +264,7 @@ class RegionAgent:
                 running=self._running(include_recent=True),
                 executor=self.config.executor,
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
-                checkpoint_store_error=self.store_error,
+                checkpoint_store_error=clip(self.store_error, ACK_MESSAGE_MAX),
                 checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
             )
@@ -578,6 +578,7 @@ class RegionAgent:
         key = (ev.job_id, ev.attempt)
         if transfer is not None:
             upd.transfer.CopyFrom(transfer)
+            upd.transfer.error = clip(upd.transfer.error, ACK_MESSAGE_MAX)
         timings = self._timings.get(key)
         if ev.terminal and timings is not None:
             timings.exit_time = ev.time
