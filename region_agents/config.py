@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from checkpoint_layout.roots import canonical
 from region_agents.executors.base import Executor
-from region_agents.executors.job_user import job_user_for
+from region_agents.executors.job_user import check_can_run, job_user_for
 from region_agents.inventory import Inventory, load_inventory
 
 
@@ -93,6 +93,10 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
     from region_agents.executors.local import LocalExecutor
 
     inv = load_inventory(config.inventory_path)
+    job_user = job_user_for(config.run_as_user, config.allow_root_jobs)
+    if job_user is not None:
+        os.makedirs(config.work_dir, exist_ok=True)
+        check_can_run(job_user, config.python, config.work_dir)
     root = inv.checkpoint_bucket if inv.checkpoint_bucket and "://" not in inv.checkpoint_bucket else ""
     ex = LocalExecutor(
         config.work_dir,
@@ -101,6 +105,6 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
         extra_env=config.extra_env,
         hang_timeout_s=config.hang_timeout_s,
         default_checkpoint_root=os.path.join(root, "jobs") if root else "",
-        job_user=job_user_for(config.run_as_user, config.allow_root_jobs),
+        job_user=job_user,
     )
     return ex, inv

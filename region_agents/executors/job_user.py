@@ -52,6 +52,29 @@ class JobUser:
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
 
+def check_can_run(user: JobUser, python: str, work_dir: str) -> None:
+    """Refuse to start an agent whose job user could not run a single rank: it cannot
+    execute the interpreter (e.g. a venv whose base Python lives under /root) or reach
+    the work dir. Found the hard way: every launch then failed at once and the job
+    bounced between relaunches. Raises JobUserError naming what to fix."""
+    import subprocess
+
+    probe = f"import os, sys; sys.exit(0 if os.access({work_dir!r}, os.X_OK) else 3)"
+    try:
+        res = subprocess.run([python, "-c", probe], capture_output=True, timeout=60,
+                             **user.popen_kwargs())  # type: ignore[call-overload]
+    except OSError as e:
+        raise JobUserError(f"run_as_user {user.name!r} cannot execute {python}"
+                           f" ({e.strerror or e}): install the Python it runs jobs with where"
+                           " that user can read it (not under /root)") from None
+    if res.returncode == 3:
+        raise JobUserError(f"run_as_user {user.name!r} cannot reach the work dir {work_dir}:"
+                           " make its parent directories traversable (chmod o+x)")
+    if res.returncode != 0:
+        raise JobUserError(f"run_as_user {user.name!r} cannot run {python}:"
+                           f" {res.stderr.decode(errors='replace').strip()[-300:]}")
+
+
 def job_user_for(run_as_user: str, allow_root_jobs: bool, euid: int | None = None) -> JobUser | None:
     """The user ranks run as; None = the agent's own user. Raises JobUserError."""
     euid = os.geteuid() if euid is None else euid

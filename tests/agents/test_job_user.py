@@ -113,3 +113,20 @@ def test_launch_outside_the_regions_checkpoint_roots_is_refused(broker, inventor
         assert broker.wait_ack(broker.send(launch=ok)).accepted
     finally:
         agent.stop()
+
+
+def test_agent_refuses_to_start_when_the_job_user_cannot_run_python(
+        job_user: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A Python under a root-only directory (pytest's tmp_path is one): every launch
+    would fail, so the agent says so at start (exit 2) instead of bouncing jobs."""
+    from region_agents.agent import main
+
+    private = tmp_path / "bin" / "python"
+    private.parent.mkdir()
+    private.symlink_to(sys.executable)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("region: r\nnodes:\n  - name: a\n    gpus: 1\n")
+    assert main(["--broker", "127.0.0.1:1", "--inventory", str(inv), "--work-dir",
+                 str(tmp_path / "w"), "--run-as-user", job_user, "--python", str(private)]) == 2
+    err = capsys.readouterr().err
+    assert f"run_as_user {job_user!r} cannot execute {private}" in err, err
