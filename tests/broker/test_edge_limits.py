@@ -264,6 +264,10 @@ def damaged_record_scenario(broker: Broker, agent: FakeAgent) -> None:
     broker.team()
     agent.connect()
     good, bad = broker.submit(spec("good")), broker.submit(spec("bad"))
+    # Damage a finished job: nothing writes it any more (a live one could be rewritten by
+    # the scheduler between our damage and our reads).
+    broker.jobs.CancelJob(jpb.CancelJobRequest(job_id=bad.id), timeout=10)
+    broker.wait_phase(bad.id, pb.JOB_PHASE_CANCELLED)
     db = broker.config.store.removeprefix("sqlite:///")
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE jobs SET data = ? WHERE id = ?", (b"\xff\xff\xff", bad.id))
