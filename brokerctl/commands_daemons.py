@@ -34,6 +34,12 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         ("heartbeat_interval", "heartbeat_interval_s"),
         ("agent_timeout", "agent_timeout_s"),
         ("metrics_listen", "metrics_listen"),
+        ("agent_listen", "agent_listen"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("tls_ca", "tls_ca"),
+        ("static_tokens", "static_tokens_file"),
+        ("insecure_dev", "insecure_dev"),
     )))
     for key, value in kv_pairs(args.set, "--set").items():
         data[key] = value
@@ -46,6 +52,9 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         config = BrokerConfig(**data)
     except ValidationError as e:
         raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
+    problem = config.tls_problem()
+    if problem:
+        raise UsageError(problem)
     serve(config)
     return EXIT_OK
 

@@ -24,7 +24,6 @@ from typing import BinaryIO
 import grpc
 
 from brokersdk.credentials import ClientCredentials, make_channel
-
 from computebroker.v1 import workdir_pb2, workdir_pb2_grpc
 
 log = logging.getLogger(__name__)

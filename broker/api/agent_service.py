@@ -31,8 +31,8 @@ from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
-from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.views import JobsView
 from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb

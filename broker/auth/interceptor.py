@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from broker.api.errors import to_status
 from broker.auth.audit import AuditLog, target_of
 from broker.auth.identity import INSECURE_DEV_PRINCIPAL, Principal, principal_from_uri
 from broker.auth.policy import (
@@ -139,6 +140,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             if self.audit is not None and (rule is None or rule.mutation):
                 self.audit.record(principal, method, "", context.peer(), e.code.name, e.message)
             context.abort(e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - e.g. the store is down: UNAVAILABLE, retry
+            code, message = to_status(e)
+            context.abort(code, message)
         assert principal is not None and rule is not None
         return AuthedContext(context, principal), rule.mutation
 
