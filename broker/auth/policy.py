@@ -108,19 +108,20 @@ METHODS: dict[str, MethodRule] = {
 PUBLIC_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
-def allowed(principal: Principal, permission: Permission, team: str = "") -> bool:
+def allowed(principal: Principal, permission: Permission, team: str | None = None) -> bool:
     """The decision itself (no exception): role grants the permission, and for
-    team-scoped permissions a non-operator acts only on its own team."""
+    team-scoped permissions a non-operator acts only on its own team. ``team=None``:
+    the role check only (the interceptor, before the request says which team)."""
     if principal.credential is CredentialKind.INSECURE_DEV:
         return True  # the one local operator of a loopback dev broker
     if permission not in ROLE_PERMISSIONS[principal.role]:
         return False
-    if permission in TEAM_SCOPED and principal.role is not Role.OPERATOR:
+    if team is not None and permission in TEAM_SCOPED and principal.role is not Role.OPERATOR:
         return bool(team) and team == principal.team
     return True
 
 
-def authorize(principal: Principal, permission: Permission, team: str = "") -> None:
+def authorize(principal: Principal, permission: Permission, team: str | None = None) -> None:
     """Raise PERMISSION_DENIED (one clear line) unless ``principal`` may do this."""
     if allowed(principal, permission, team):
         return
