@@ -16,8 +16,6 @@ from broker.auth.identity import Role
 from broker.auth.policy import METHODS
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import auth_pb2 as aupb
-from computebroker.v1 import auth_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc, workdir_pb2_grpc
-from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import workdir_pb2 as wpb

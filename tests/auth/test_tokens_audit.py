@@ -27,9 +27,10 @@ def test_no_or_bad_credential_is_unauthenticated_with_a_hint(tls_broker: Broker)
         assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
     from brokersdk.credentials import ClientCredentials
 
-    with BrokerClient(tls_broker.address, credentials=ClientCredentials(ca=tls_broker.pki.ca_file)) as c:
-        with pytest.raises(NotAuthenticated) as err:
-            c.whoami()
+    creds = ClientCredentials(ca=tls_broker.pki.ca_file)
+    with BrokerClient(tls_broker.address, credentials=creds) as c, \
+            pytest.raises(NotAuthenticated) as err:
+        c.whoami()
     assert "not logged in" in (err.value.hint or "")
 
 

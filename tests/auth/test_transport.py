@@ -21,18 +21,17 @@ from tests.broker.harness import Broker, fast_config
 
 def test_plaintext_clients_get_nothing_from_a_tls_broker(tls_broker: Broker) -> None:
     for address in (tls_broker.address, tls_broker.agent_address):
-        with grpc.insecure_channel(address) as ch:
-            with pytest.raises(grpc.RpcError) as info:
-                capacity_pb2_grpc.CapacityServiceStub(ch).ListRegions(cpb.ListRegionsRequest(), timeout=5)
+        with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as info:
+            capacity_pb2_grpc.CapacityServiceStub(ch).ListRegions(cpb.ListRegionsRequest(), timeout=5)
         assert info.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
 def test_agent_port_requires_a_certificate_from_the_ca(tls_broker: Broker) -> None:
     from brokersdk.credentials import make_channel
 
-    with make_channel(tls_broker.agent_address, tls_broker.pki.operator()) as ch:  # token, no cert
-        with pytest.raises(grpc.RpcError) as info:
-            capacity_pb2_grpc.CapacityServiceStub(ch).ListRegions(cpb.ListRegionsRequest(), timeout=5)
+    creds = tls_broker.pki.operator()  # a token, no certificate
+    with make_channel(tls_broker.agent_address, creds) as ch, pytest.raises(grpc.RpcError) as info:
+        capacity_pb2_grpc.CapacityServiceStub(ch).ListRegions(cpb.ListRegionsRequest(), timeout=5)
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
