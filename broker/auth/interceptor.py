@@ -150,6 +150,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if self.audit is None:
             return
         code = ctx.final_code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
+        if code is grpc.StatusCode.UNAVAILABLE:
+            return  # a standby's refusal or a store outage: nothing happened, the caller retries
         target = target_of(request) or (ctx.principal.name if "AgentService" in method else "")
         self.audit.record(ctx.principal, method, target, ctx.peer(), code.name)
 
