@@ -50,7 +50,7 @@ def add_parsers(add: object) -> None:
 
     s = add("audit", "operators: the audit log of mutations, newest first", output=True)  # type: ignore[operator]
     s.add_argument("--user", default="", help="only this actor (alice, user:alice, agent:x)")
-    s.add_argument("--since", default="", help="e.g. 2026-01-01T00:00, an epoch, or -1h")
+    s.add_argument("--since", default="", help="e.g. --since=-1h (an hour ago), an epoch or ISO 8601")
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(func=cmd_audit)
 

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from brokerctl.common import (
+    EXIT_ERROR,
     EXIT_OK,
     UsageError,
     given_flags,
@@ -55,7 +56,13 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     problem = config.tls_problem()
     if problem:
         raise UsageError(problem)
-    serve(config)
+    try:
+        serve(config)
+    except RuntimeError as e:  # cannot bind, unreadable TLS files: one line, exit 1
+        from rich.text import Text
+
+        Console(stderr=True).print(Text(f"error: broker did not start: {e}", style="red"))
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -539,7 +539,7 @@ def tokens_table(tokens: Iterable[object]) -> Table:
 
 def audit_table(records: Iterable[object]) -> Table:
     table = _table("TIME", ("ACTOR", {"flex": True, "max_width": 18}), ("RPC", {"flex": True}),
-                   ("TARGET", {"flex": True, "max_width": 22}), ("PEER", {"flex": True, "max_width": 21}),
+                   ("TARGET", {"flex": True, "max_width": 22}), "PEER",
                    "RESULT")
     for r in records:
         table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.time)),  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ KIND_AUDIT = "audit"
 log = logging.getLogger("broker.audit")
 
 # Request fields that name what a mutation acts on, first match wins.
-_TARGET_FIELDS = ("job_id", "token_id", "plan_id", "region", "node", "node_id", "team", "user",
+_TARGET_FIELDS = ("job_id", "token_id", "plan_id", "region", "node", "node_id", "user", "team",
                   "digest")
 
 
