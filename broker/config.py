@@ -23,6 +23,11 @@ def _known_policy(name: str) -> str:
     return name
 
 
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
 class BrokerConfig(BaseModel):
     """Everything the broker process needs; defaults suit a laptop demo."""
 
@@ -98,6 +103,20 @@ class BrokerConfig(BaseModel):
     # besides checkpoint_root and each region's advertised store and roots.
     checkpoint_allowed_roots: list[str] = Field(default_factory=list)
     max_page_size: int = 1000
+    # Security (broker/auth/, README "Security"): TLS on every port, PEM files. ``tls_ca``
+    # verifies client certificates (agents, certificate users) on ``agent_listen``, the
+    # mutual-TLS port; ``listen`` is server-authenticated TLS where users send tokens.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    agent_listen: str = Field("127.0.0.1:50052", pattern=r"^(|.+:\d+)$")
+    # DEV ONLY, loudly labelled: no TLS, no authentication, loopback only; every caller
+    # is the one local operator. The broker refuses to start without TLS otherwise.
+    insecure_dev: bool = False
+    # Bootstrap tokens (YAML written by `brokerctl dev-ca`: id, user, role, team, argon2
+    # hash), valid besides the store's tokens; the first operator's way in. Static: edit
+    # the file and restart to revoke one.
+    static_tokens_file: str = ""
     default_page_size: int = 100
 
     @field_validator("priority_classes")
@@ -124,6 +143,22 @@ class BrokerConfig(BaseModel):
             raise ValueError(f"stream_idle_timeout_s ({self.stream_idle_timeout_s}) must be at"
                              f" least 3 x heartbeat_interval_s ({self.heartbeat_interval_s})")
         return self
+
+    @model_validator(mode="after")
+    def _tls_or_dev(self) -> BrokerConfig:
+        if self.insecure_dev:
+            for addr in (self.listen, self.metrics_listen):
+                if addr and not _loopback(addr):
+                    raise ValueError(f"insecure_dev binds loopback only; {addr!r} is not loopback")
+        return self
+
+    def tls_problem(self) -> str:
+        """Why this config may not serve ("" = fine); checked when the broker starts
+        (not at validation: tests build configs as plain settings too)."""
+        if self.insecure_dev or all([self.tls_cert, self.tls_key, self.tls_ca]):
+            return ""
+        return ("TLS is required: set tls_cert, tls_key and tls_ca (`brokerctl dev-ca DIR` makes"
+                " them), or insecure_dev: true (--insecure-dev) for a loopback-only dev broker")
 
     @property
     def grace_s(self) -> float:

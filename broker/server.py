@@ -22,12 +22,17 @@ import grpc
 
 from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
+from broker.api.auth_service import AuthService
 from broker.api.capacity_service import CapacityService
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService
 from broker.api.streams import StreamBudget
 from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
+from broker.auth.audit import AuditLog
+from broker.auth.interceptor import Authenticator, AuthInterceptor
+from broker.auth.tls import server_credentials
+from broker.auth.tokens import TokenManager, load_static_tokens
 from broker.config import BrokerConfig
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
@@ -40,7 +45,13 @@ from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
 from broker.workdirs.checks import check_submit
 from broker.workdirs.service import WorkdirService
-from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc, workdir_pb2_grpc
+from computebroker.v1 import (
+    agent_pb2_grpc,
+    auth_pb2_grpc,
+    capacity_pb2_grpc,
+    jobs_pb2_grpc,
+    workdir_pb2_grpc,
+)
 from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -58,6 +69,7 @@ class BrokerServer:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port = 0
+        self.agent_port = 0  # the mutual-TLS port (agents, certificate users); 0 = none
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
         self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
         self.streams = StreamBudget(config.max_streams, config.max_streams_per_identity)
@@ -78,6 +90,12 @@ class BrokerServer:
         return self.config.broker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     def start(self) -> int:
+        problem = self.config.tls_problem()
+        if problem:
+            raise RuntimeError(problem)
+        if self.config.insecure_dev:
+            log.warning("INSECURE DEV MODE: no TLS, no authentication; every caller on this"
+                        " loopback port is the local operator. Never use this beyond a laptop.")
         store = self._store or open_store(self.config.store)
         self._store = store
         # The wiring: one registry, one applier (the only job write path), one set of
@@ -88,14 +106,22 @@ class BrokerServer:
         ops = JobOps(applier)
         self.ops = ops
         jobs, records = JobsView(store, applier.hub), RecordsView(store)
-        self.metrics_port = telemetry.start_metrics(self.config.metrics_listen)
+        self.metrics_port = telemetry.start_metrics(
+            self.config.metrics_listen,
+            None if self.config.insecure_dev else (self.config.tls_cert, self.config.tls_key))
         # Leader lease is taken only after binding (the advertised address needs the port).
         self.leadership = Leadership(ops, store, self.holder, "", self.config.leader_lease_s)
+        tokens = TokenManager(store, load_static_tokens(self.config.static_tokens_file))
+        audit = AuditLog(store)
+        self.tokens, self.audit = tokens, audit
+        auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
         self._idle = IdleWatch(self.config.stream_idle_timeout_s)
         threads = self.config.max_streams + self.config.max_workers
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-            interceptors=[EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)],
+            # Who first (an unauthenticated caller takes no stream slot), then the edge
+            # (decode, limits, stream budget), then the standby gate.
+            interceptors=[auth, EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)],
             options=[
                 # Keepalive: a dead client's connection (and its streams' slots) is found
                 # within ~30 s; idle connections (no RPC) are closed after 10 min.
@@ -130,19 +156,36 @@ class BrokerServer:
             AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
                          broker_id=self.holder),
             server)
+        auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
         self.health = add_probes(server, reflection=self.config.reflection)
-        port = server.add_insecure_port(self.config.listen)
-        if port == 0:
-            raise RuntimeError(f"could not bind {self.config.listen}")
+        port = self._bind(server)
         server.start()
         self._server = server
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
-        log.info("broker %s listening on %s (port %d), store %s, %s", self.holder,
-                 self.config.listen, port, self.config.store,
+        log.info("broker %s listening on %s (port %d, %s; agents/mTLS port %d), store %s, %s",
+                 self.holder, self.config.listen, port,
+                 "INSECURE" if self.config.insecure_dev else "TLS", self.agent_port, self.config.store,
                  "leader" if self.leadership.is_leader else "standby")
+        return port
+
+    def _bind(self, server: grpc.Server) -> int:
+        """TLS on ``listen``; mutual TLS on ``agent_listen`` (broker/auth/tls.py says why
+        two ports). Insecure dev mode: one plain loopback port for everyone."""
+        cfg = self.config
+        if cfg.insecure_dev:
+            port = server.add_insecure_port(cfg.listen)
+        else:
+            port = server.add_secure_port(cfg.listen, server_credentials(cfg, mutual=False))
+            if cfg.agent_listen:
+                self.agent_port = server.add_secure_port(cfg.agent_listen,
+                                                         server_credentials(cfg, mutual=True))
+                if self.agent_port == 0:
+                    raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
+        if port == 0:
+            raise RuntimeError(f"could not bind {cfg.listen}")
         return port
 
     def stop(self, grace: float = 2.0) -> None:

@@ -43,9 +43,10 @@ from collections.abc import Callable
 import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
+from brokersdk.credentials import make_channel
 from checkpoint_layout.roots import RootError, canonical, check_under
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from region_agents.config import AgentConfig, make_executor
+from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
     AS,
     EXIT_RESUME_UNAVAILABLE,
@@ -155,7 +156,8 @@ class RegionAgent:
             config.broker_address]
         self._broker_i = 0
         self.workdirs = WorkdirCache(config.work_dir,
-                                     lambda: self._brokers[self._broker_i % len(self._brokers)])
+                                     lambda: self._brokers[self._broker_i % len(self._brokers)],
+                                     broker_credentials(config))
         self._lock = threading.RLock()
         self._session: Session | None = None
         self._last_resend = 0.0
@@ -305,7 +307,7 @@ class RegionAgent:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
         address = self._brokers[self._broker_i % len(self._brokers)]
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = make_channel(address, broker_credentials(self.config), CHANNEL_OPTIONS)
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             with self._lock:
@@ -706,6 +708,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a root agent without --run-as-user runs jobs as root (else it refuses)")
     p.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR|s3://B/P",
                    help="where jobs may choose to write checkpoints here (repeatable)")
+    p.add_argument("--cert", default="", help="this agent's certificate (PEM; names its region"
+                   " and agent id; env CB_AGENT_CERT)")
+    p.add_argument("--key", default="", help="its private key (PEM; env CB_AGENT_KEY)")
+    p.add_argument("--ca", default="", help="the CA that signed the broker's certificate (env CB_CA)")
+    p.add_argument("--insecure-dev", action="store_true",
+                   help="DEV ONLY: plaintext, for a broker started with --insecure-dev")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -742,6 +750,10 @@ def main(argv: list[str] | None = None) -> int:
             run_as_user=args.run_as_user,
             allow_root_jobs=args.allow_root_jobs,
             checkpoint_allowed_roots=args.checkpoint_root,
+            tls_cert=args.cert,
+            tls_key=args.key,
+            tls_ca=args.ca,
+            insecure=args.insecure_dev,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:

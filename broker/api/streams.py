@@ -20,16 +20,18 @@ from broker.api.errors import ResourceExhausted
 
 
 def stream_owner(context: grpc.ServicerContext) -> str:
-    """Who a stream counts against for the per-identity cap.
+    """Who a stream counts against for the per-identity cap: the one seam for identity.
 
-    The one seam for identity here: the caller's ``x-cb-user`` header if any, else its
-    peer host (port stripped: one client's connections count together). An
-    authenticated principal replaces this when transport auth exists.
+    The authenticated principal (broker/auth/interceptor.py wraps the context before the
+    edge sees it); without one (a public method such as health Watch), the caller's
+    peer host, port stripped, so one client's connections count together. Never a
+    header: a header names whoever the caller claims to be.
     """
-    md = dict(context.invocation_metadata() or ())
-    user = md.get("x-cb-user")
-    if user:
-        return f"user:{user}"
+    principal = getattr(context, "principal", None)
+    name = getattr(principal, "name", "")
+    if name:
+        role = getattr(getattr(principal, "role", None), "value", "")
+        return f"{role}:{name}" if role else name
     peer = context.peer() or "unknown"
     host = peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
     return f"peer:{host}"
