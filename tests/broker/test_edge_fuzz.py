@@ -35,7 +35,8 @@ from tests.broker.harness import Broker, fast_config, spec
 
 CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-         grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE}
+         grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE,
+         grpc.StatusCode.PERMISSION_DENIED}  # e.g. a Register naming another agent than the certificate
 NASTY_STRINGS = ["", "a", "\x1b[2J\x1b]0;x\a", "a\x00b", "\u202e\u200b", "..", "../../etc",
                  "/etc/cron.d", "file:///etc/passwd", "s3://b/../x", "ml", "training",
                  "x" * 5000, "y" * 300_000]
@@ -191,7 +192,8 @@ def test_raw_bytes_on_every_rpc(fuzzed: Broker, log_check, junk: bytes) -> None:
 @FUZZ
 @given(msgs=st.lists(messages(apb.AgentMessage.DESCRIPTOR), min_size=1, max_size=3))
 def test_agent_stream_messages(fuzzed: Broker, log_check, msgs: list[Message]) -> None:  # noqa: ANN001
-    stream = fuzzed.channel.stream_stream("/computebroker.v1.AgentService/Connect")
+    stream = fuzzed.agent_channel("us-east-2", "fuzz").stream_stream(
+        "/computebroker.v1.AgentService/Connect")
     before = snapshot(fuzzed)
     it = stream(iter([m.SerializeToString() for m in msgs]), timeout=10)
     registered = False

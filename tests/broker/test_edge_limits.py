@@ -51,9 +51,9 @@ def job_ids(broker: Broker) -> list[str]:
 
 
 def register_over(broker: Broker, reg: apb.Register) -> grpc.RpcError | apb.BrokerMessage:
-    """Open one Connect stream on the harness' channel, send ``reg``, return the first
-    answer (or the stream's error)."""
-    stub = agent_pb2_grpc.AgentServiceStub(broker.channel)
+    """Open one Connect stream on an agent channel whose certificate names ``reg``'s region
+    and agent id, send ``reg``, return the first answer (or the stream's error)."""
+    stub = agent_pb2_grpc.AgentServiceStub(broker.agent_channel(reg.region, reg.agent_id))
     call = stub.Connect(iter([apb.AgentMessage(register=reg)]), timeout=10)
     try:
         return next(call)
@@ -241,7 +241,8 @@ def test_undecodable_requests_are_invalid_argument_without_traceback(
             raw(junk, timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid protobuf message" in e.value.details()
-    stream = broker.channel.stream_stream("/computebroker.v1.AgentService/Connect")
+    stream = broker.agent_channel("us-east-2", "raw").stream_stream(
+        "/computebroker.v1.AgentService/Connect")
     with pytest.raises(grpc.RpcError) as e:
         next(stream(iter([b"\xff\xff\xff"]), timeout=10))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -259,8 +260,6 @@ def test_a_damaged_sqlite_record_breaks_no_read_and_no_pass(tmp_path: Path, no_t
 
 
 def damaged_record_scenario(broker: Broker, agent: FakeAgent) -> None:
-    import urllib.request
-
     broker.team()
     agent.connect()
     good, bad = broker.submit(spec("good")), broker.submit(spec("bad"))
@@ -282,9 +281,9 @@ def damaged_record_scenario(broker: Broker, agent: FakeAgent) -> None:
     broker.wait_phase(good.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
     fresh = broker.submit(spec("fresh"))  # later passes keep placing
     broker.wait_phase(fresh.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
-    url = f"http://127.0.0.1:{broker.server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
+    from tests.telemetry.test_metrics import scrape
+
+    text = scrape(broker)
     assert 'computebroker_store_corrupt_records_total{kind="job",' in text, text[-2000:]
 
 

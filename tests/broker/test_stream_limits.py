@@ -47,9 +47,15 @@ def reads_answer(b: Broker, job_id: str) -> None:
     b.jobs.SubmitJob(jpb.SubmitJobRequest(spec=spec("during")), timeout=DEADLINE_S)
 
 
+USERS: dict[tuple[int, str], object] = {}
+
+
 def watch(b: Broker, job_id: str, user: str) -> grpc.Call:
-    return b.jobs.WatchJob(jpb.WatchJobRequest(job_id=job_id), metadata=(("x-cb-user", user),),
-                           timeout=300)
+    """A WatchJob as ``user`` (a member of team ml, by a real token; one channel per user)."""
+    stubs = USERS.get((id(b), user))
+    if stubs is None:
+        stubs = USERS[(id(b), user)] = b.stubs_as(user)
+    return stubs.jobs.WatchJob(jpb.WatchJobRequest(job_id=job_id), timeout=300)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ def test_1000_idle_streams_do_not_starve_reads(crowded: Broker) -> None:
     b = crowded
     b.team()
     job = b.submit(spec("watched"))
-    agents = agent_pb2_grpc.AgentServiceStub(b.channel)
+    agents = agent_pb2_grpc.AgentServiceStub(b.agent_channel("us-east-2", "idle"))
     silent = [Silent() for _ in range(900)]
     calls = [agents.Connect(iter(s), timeout=300) for s in silent]
     watches = []
@@ -106,7 +112,7 @@ def test_per_identity_cap_and_release(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as e:
             next(watch(b, job.id, "alice"))
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "user:alice already has 3 open streams" in e.value.details()
+        assert "member:alice already has 3 open streams" in e.value.details()
         theirs = [watch(b, job.id, "bob") for _ in range(2)]
         for w in theirs:
             assert next(w).type == "submitted"
@@ -128,7 +134,8 @@ def test_silent_agent_stream_is_cancelled_after_the_idle_timeout(tmp_path: Path)
     b = Broker(fast_config(tmp_path, stream_idle_timeout_s=1.0))
     try:
         s = Silent()
-        call = agent_pb2_grpc.AgentServiceStub(b.channel).Connect(iter(s), timeout=60)
+        call = agent_pb2_grpc.AgentServiceStub(b.agent_channel("us-east-2", "quiet")).Connect(
+            iter(s), timeout=60)
         done = threading.Event()
         codes: list[grpc.StatusCode] = []
 
