@@ -1,4 +1,6 @@
-"""Read latency with 1,000 idle long-lived streams open vs none (issue 12).
+"""Read latency with 1,000 idle long-lived streams open vs none (issue 12), over TLS
+with real credentials (tests/broker/harness.py: operator reads, member watches, agent
+certificate streams).
 
 Why: on the old server every idle WatchJob/Connect stream held one of 256 shared
 threads and reads hung beyond that. With the stream budget (broker/api/streams.py)
@@ -58,12 +60,12 @@ def main() -> None:
         base = latencies(b, job.id, args.calls)
         print(f"no streams:   {base}", flush=True)
         watches = max(1, args.streams // 10)
-        stub = agent_pb2_grpc.AgentServiceStub(b.channel)
+        stub = agent_pb2_grpc.AgentServiceStub(b.agent_channel("us-east-2", "idle"))
+        watchers = [b.stubs_as(f"w{i}") for i in range(5)]
         silent: list[queue.Queue] = [queue.Queue() for _ in range(args.streams - watches)]
         calls = [stub.Connect(iter(q.get, None), timeout=600) for q in silent]
         for i in range(watches):
-            w = b.jobs.WatchJob(jpb.WatchJobRequest(job_id=job.id), timeout=600,
-                                metadata=(("x-cb-user", f"w{i % 5}"),))
+            w = watchers[i % 5].jobs.WatchJob(jpb.WatchJobRequest(job_id=job.id), timeout=600)
             next(w)
             calls.append(w)
         print(f"opening {args.streams} idle streams...", flush=True)
