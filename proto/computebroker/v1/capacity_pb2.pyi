@@ -109,14 +109,16 @@ class CapacityRow(_message.Message):
     def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., capacity_type: _Optional[_Union[_common_pb2.CapacityType, str]] = ..., pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., block: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., unhealthy_gpus: _Optional[int] = ...) -> None: ...
 
 class NodeUsage(_message.Message):
-    __slots__ = ("node", "allocated_gpus", "job_ids")
+    __slots__ = ("node", "allocated_gpus", "job_ids", "borrowed_gpus")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.Node
     allocated_gpus: int
     job_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    borrowed_gpus: int
+    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., borrowed_gpus: _Optional[int] = ...) -> None: ...
 
 class GetCapacityResponse(_message.Message):
     __slots__ = ("rows", "nodes")
