@@ -119,7 +119,9 @@ class Pool:
 
     @property
     def label(self) -> str:
-        return f"{self.capacity_type} · {self.name}" if self.name else self.capacity_type
+        """"spot", or "training-plan · tp-123" when the pool has a name of its own."""
+        same = self.name.replace("_", "-").lower() in ("", self.capacity_type)
+        return self.capacity_type if same else f"{self.capacity_type} · {self.name}"
 
 
 @dataclass

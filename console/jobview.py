@@ -125,6 +125,8 @@ def loss_curve(job: pb.Job, events: Iterable[pb.JobEvent]) -> tuple[str, tuple[f
                 continue
     if job.progress.step:
         pts[int(job.progress.step)] = job.progress.loss
+    # A launch reports step 0 / loss 0 before training: not a point of the curve.
+    pts = {s: v for s, v in pts.items() if s > 0 and v > 0}
     if len(pts) < 2:
         return "", (0.0, 0.0), (0, 0)
     steps = sorted(pts)
@@ -143,25 +145,40 @@ def goodput_parts(g: pb.Goodput) -> list[GoodputPart]:
     return [GoodputPart(n, s, 100 * s / total) for n, s in parts]
 
 
-_MIGRATION_PHASES = (("checkpoint", "checkpoint_s"), ("queue", "queue_s"),
-                     ("launch", "launch_s"), ("first step", "first_step_s"))
+# A move's phases, each between two of its milestones (known as the move goes on, so an
+# unfinished move shows the phases it has passed; durations equal the derived *_s fields).
+_MIGRATION_PHASES = (("checkpoint", "started_time", "checkpointed_time"),
+                     ("queue", "checkpointed_time", "launched_time"),
+                     ("launch", "launched_time", "running_time"),
+                     ("first step", "running_time", "first_step_time"))
+
+
+def migration_phases(m: pb.Migration) -> list[tuple[str, float, float]]:
+    """(phase, start, end) for each phase of ``m`` whose two milestones are known."""
+    out = []
+    for name, a, b in _MIGRATION_PHASES:
+        start, end = getattr(m, a), getattr(m, b)
+        if start and end and end >= start:
+            out.append((name, start, end))
+    return out
+
+
+_PHASE_CLASS = {name: f"mig-{i}" for i, (name, _, _) in enumerate(_MIGRATION_PHASES, 1)}
 
 
 def migration_rows(migrations: Iterable[pb.Migration], t0: float, t1: float) -> list[MigrationRow]:
     """Each move with its phase durations, also as bars on the job's axis."""
     rows: list[MigrationRow] = []
     for m in migrations:
-        phases = [(name, getattr(m, attr)) for name, attr in _MIGRATION_PHASES]
+        spans = migration_phases(m)
+        known = {name: end - start for name, start, end in spans}
+        phases = [(name, known.get(name, 0.0)) for name, _, _ in _MIGRATION_PHASES]
         row = MigrationRow(m.seq, m.cause, m.state, f"{m.from_region} → {m.to_region or '?'}",
-                           f"{m.from_world_size} → {m.to_world_size or '?'}",
-                           phases + ([("transfer (in launch)", m.transfer_s)]
-                                     if m.transfer_s else []), m.total_s)
-        start = m.started_time
-        for name, secs in phases:
-            if secs > 0 and start:
-                row.bars.append(_bar(start, start + secs, t0, t1, name,
-                                     f"move {m.seq}: {name} {secs:.1f} s", "mig"))
-                start += secs
+                           f"{m.from_world_size} → {m.to_world_size or '?'}", phases,
+                           m.total_s or sum(known.values()))
+        for name, start, end in spans:
+            row.bars.append(_bar(start, end, t0, t1, name,
+                                 f"move {m.seq}: {name} {end - start:.1f} s", _PHASE_CLASS[name]))
         rows.append(row)
     return rows
 

@@ -56,8 +56,7 @@ def load_fleet(client: BrokerClient, params: dict[str, str]) -> dict[str, Any]:
 
 def load_queue(client: BrokerClient, params: dict[str, str]) -> dict[str, Any]:
     jobs = list(client.jobs(phases=[*PENDING_PHASES, *ACTIVE_PHASES], page_size=1000))
-    accels = {u.node.id: u.node.accelerator for u in client.capacity(include_nodes=True).nodes}
-    return {"queues": build_queues(client.teams(), jobs, accels)}
+    return {"queues": build_queues(client.teams(), jobs)}
 
 
 def load_jobs(client: BrokerClient, params: dict[str, str]) -> dict[str, Any]:

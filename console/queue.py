@@ -6,7 +6,7 @@ they are computed once from the API's answers (ListTeams, ListJobs) and tested a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from brokersdk.enums import phase_name, strategy_name
@@ -20,9 +20,14 @@ ACTIVE_PHASES = (pb.JOB_PHASE_ADMITTED, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUN
 
 @dataclass
 class QuotaLine:
-    accelerator: str  # "any" for the accelerator-agnostic entry
+    """One quota line as the scheduler accounts it (TeamQuota.usage)."""
+
+    accelerator: str  # "any" for the accelerator-agnostic line
     guaranteed: int
     used: int
+    borrowed: int
+    lent: int
+    pending: int
     borrow_limit: str
     lend_limit: str
 
@@ -62,20 +67,21 @@ def _line(job: pb.Job) -> JobLine:
                    job.created_time, job.placement.region)
 
 
-def build_queues(teams: Iterable[cpb.TeamQuota], jobs: Iterable[pb.Job],
-                 node_accelerators: Mapping[str, str]) -> list[TeamQueue]:
-    """Teams (sorted) with pending jobs oldest first (the scheduler's order within a
-    priority class) and running jobs; ``used`` per accelerator from the running jobs'
-    node assignments (``node_accelerators``: node id -> accelerator)."""
+def build_queues(teams: Iterable[cpb.TeamQuota], jobs: Iterable[pb.Job]) -> list[TeamQueue]:
+    """Teams (sorted) with their quota lines, pending jobs oldest first (the scheduler's
+    order within a priority class) and running jobs."""
     out: dict[str, TeamQueue] = {}
     for t in teams:
         q = out[t.team] = TeamQueue(t.team, t.cohort, strategy_name(t.strategy) or
                                     "lend-and-borrow", t.used_gpus, t.borrowed_gpus, t.lent_gpus)
-        for e in t.quotas:
+        limits = {e.accelerator: e for e in t.quotas}
+        for u in t.usage:
+            e = limits.get(u.accelerator)
             q.quotas.append(QuotaLine(
-                e.accelerator or "any", e.guaranteed_gpus, 0,
-                str(e.borrow_limit_gpus) if e.HasField("borrow_limit_gpus") else "no limit",
-                str(e.lend_limit_gpus) if e.HasField("lend_limit_gpus") else "no limit"))
+                u.accelerator or "any", u.guaranteed_gpus, u.used_gpus, u.borrowed_gpus,
+                u.lent_gpus, u.pending_gpus,
+                str(e.borrow_limit_gpus) if e and e.HasField("borrow_limit_gpus") else "no limit",
+                str(e.lend_limit_gpus) if e and e.HasField("lend_limit_gpus") else "no limit"))
     for job in jobs:
         q = out.get(job.spec.team)
         if q is None:
@@ -84,20 +90,7 @@ def build_queues(teams: Iterable[cpb.TeamQuota], jobs: Iterable[pb.Job],
             q.pending.append(_line(job))
         elif job.phase in ACTIVE_PHASES:
             q.active.append(_line(job))
-            _count_used(q, job, node_accelerators)
     for q in out.values():
         q.pending.sort(key=lambda j: (j.created, j.id))
         q.active.sort(key=lambda j: (j.created, j.id))
     return [out[k] for k in sorted(out)]
-
-
-def _count_used(q: TeamQueue, job: pb.Job, node_accelerators: Mapping[str, str]) -> None:
-    """Add the job's GPUs to the quota line of their accelerator (else to "any")."""
-    for a in job.placement.nodes:
-        accel = node_accelerators.get(a.node_id, job.spec.resources.accelerator)
-        line = next((x for x in q.quotas if x.accelerator == accel), None)
-        line = line or next((x for x in q.quotas if x.accelerator == "any"), None)
-        if line is None:
-            line = QuotaLine(accel or "any", 0, 0, "-", "-")
-            q.quotas.append(line)
-        line.used += a.gpus

@@ -119,6 +119,8 @@ def test_pages_render_live_data(env: Env) -> None:
     reason = blocked.status().pending_reason
     assert reason and reason in item.inner_text()
     assert page.locator(f'section.team[data-team="ml"] ul.active li[data-job="{mover.id}"]').count()
+    cells = page.locator('section.team[data-team="ml"] tr[data-accelerator="any"] td')
+    assert cells.nth(1).inner_text() == "64" and int(cells.nth(2).inner_text()) >= 1  # used
     env.shot(page, "queue")
 
     # Training plans: a plan window per region on the Gantt.
