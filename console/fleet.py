@@ -134,6 +134,10 @@ class RegionView:
     pools: list[Pool] = field(default_factory=list)
     totals: Totals = field(default_factory=Totals)
 
+    @property
+    def cordoned_nodes(self) -> list[str]:
+        return [c.id for p in self.pools for b in p.blocks for c in b.nodes if c.cordoned]
+
 
 # Pools in the order a person reads them: what is paid for first.
 _POOL_ORDER = {pb.CAPACITY_TYPE_TRAINING_PLAN: 0, pb.CAPACITY_TYPE_RESERVED: 1,

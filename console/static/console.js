@@ -20,7 +20,14 @@
       var key = focused && (focused.id || focused.getAttribute("data-attempt"));
       var open = Array.prototype.map.call(main.querySelectorAll("details[open] summary"),
                                           function (s) { return s.textContent; });
+      var typed = {};  // what the user is typing survives the refresh
+      Array.prototype.forEach.call(main.querySelectorAll("input[id]:not([type=hidden])"),
+                                   function (i) { if (i.value) { typed[i.id] = i.value; } });
       main.innerHTML = e.data;
+      Object.keys(typed).forEach(function (id) {
+        var i = document.getElementById(id);
+        if (i) { i.value = typed[id]; }
+      });
       Array.prototype.forEach.call(main.querySelectorAll("details summary"), function (s) {
         if (open.indexOf(s.textContent) >= 0) { s.parentNode.open = true; }
       });
@@ -32,6 +39,14 @@
       document.body.dataset.updated = String(Date.now());
     });
   }
+
+  // Clicking a node cell puts its id in its region's cordon form.
+  document.addEventListener("click", function (e) {
+    var cell = e.target.closest && e.target.closest(".cell[data-node]");
+    var region = cell && cell.closest("section.region");
+    var input = region && region.querySelector("input[data-region-input]");
+    if (input) { input.value = cell.getAttribute("data-node"); input.focus(); }
+  });
 
   // Confirm destructive actions (drain, cancel) before the form posts.
   document.addEventListener("submit", function (e) {

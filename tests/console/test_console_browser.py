@@ -109,6 +109,23 @@ def test_pages_render_live_data(env: Env) -> None:
     assert page.evaluate("() => window.__same") == marker  # same document: pushed, not reloaded
     env.shot(page, "fleet")
 
+    # Cordon from the heat map: click a cell, press Cordon; the broker cordons that node.
+    target = page.locator('section.region[data-region="eu-west-1"] .cell[data-node]').first
+    node_id = target.get_attribute("data-node")
+    target.click()
+    assert page.input_value("#node-eu-west-1") == node_id
+    page.locator('section.region[data-region="eu-west-1"] form.cordon').get_by_role(
+        "button", name="Cordon", exact=True).click()
+    page.locator(".flash", has_text=f"node {node_id} cordoned").wait_for()
+    assert page.locator(f'.cell.cordoned[data-node="{node_id}"]').count() == 1
+    cap = client.capacity(include_nodes=True)
+    assert next(u.node for u in cap.nodes if u.node.id == node_id).cordoned
+    page.fill("#node-eu-west-1", node_id)
+    page.get_by_role("button", name="Uncordon").first.click()
+    page.locator(".flash", has_text=f"node {node_id} uncordoned").wait_for()
+    assert not next(u.node for u in client.capacity(include_nodes=True).nodes
+                    if u.node.id == node_id).cordoned
+
     # Queue: a job only us-east-2 may run waits there, with its pending reason.
     wanted = spec("blocked", nodes=2)
     wanted.allowed_regions.append("us-east-2")
