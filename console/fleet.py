@@ -8,6 +8,7 @@ rules live in one table (:data:`CELL_STYLE`), not in the template.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -139,6 +140,16 @@ class RegionView:
         return [c.id for p in self.pools for b in p.blocks for c in b.nodes if c.cordoned]
 
 
+def _natural(text: str) -> list[object]:
+    """"us2" before "us10": numbers in names compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
+def _short(name: str, region: str) -> str:
+    """A block's name without its region's prefix (the section already says the region)."""
+    return name[len(region) + 1:] if name.startswith(region + "-") and len(name) > len(region) + 1 else name
+
+
 # Pools in the order a person reads them: what is paid for first.
 _POOL_ORDER = {pb.CAPACITY_TYPE_TRAINING_PLAN: 0, pb.CAPACITY_TYPE_RESERVED: 1,
                pb.CAPACITY_TYPE_ON_DEMAND: 2, pb.CAPACITY_TYPE_SPOT: 3}
@@ -166,7 +177,7 @@ def build_fleet(regions: Iterable[cpb.RegionInfo],
         bkey = (*pkey, bname)
         block = blocks.get(bkey)
         if block is None:
-            block = blocks[bkey] = Block(bname or "-", kind)
+            block = blocks[bkey] = Block(_short(bname, n.region) or "-", kind)
             pool.blocks.append(block)
         cell = NodeCell(n.id, n.gpus, usage.allocated_gpus, usage.borrowed_gpus, n.healthy,
                         n.cordoned, list(usage.job_ids), n.accelerator, n.zone)
@@ -177,7 +188,7 @@ def build_fleet(regions: Iterable[cpb.RegionInfo],
     for r in out:
         r.pools.sort(key=lambda p: (_POOL_ORDER.get(p.ctype, 9), p.name))
         for p in r.pools:
-            p.blocks.sort(key=lambda b: b.name)
+            p.blocks.sort(key=lambda b: _natural(b.name))
             for b in p.blocks:
-                b.nodes.sort(key=lambda c: c.id)
+                b.nodes.sort(key=lambda c: _natural(c.id))
     return out
