@@ -9,11 +9,12 @@ is another site's is refused before anything else.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import grpc
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
@@ -54,14 +55,13 @@ class ConsoleConfig:
     timeout: float = 10.0
     secure_cookie: bool = True  # browsers keep Secure cookies over TLS and on loopback
     session_idle_s: float = 8 * 3600
-    client_extra: dict[str, Any] = field(default_factory=dict)
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(template_globals())
     sessions = SessionStore(config.session_idle_s)
-    settings = ClientSettings(config.broker, config.timeout, config.client_extra)
+    settings = ClientSettings.resolve(config.broker, config.timeout)
 
     def session_of(request: Request) -> Session | None:
         return sessions.get(request.cookies.get(COOKIE))
@@ -75,6 +75,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
         return resp
 
     def problem(request: Request, session: Session | None, err: BrokerError) -> Response:
+        if err.code is grpc.StatusCode.UNAUTHENTICATED and session is not None:
+            # The token was revoked or expired: this session is over.
+            sessions.drop(session.id)
+            return render(request, "signin.html", {"error": err.message, "broker": config.broker},
+                          401)
         status = next((s for cls, s in _STATUS if isinstance(err, cls)), 400)
         return render(request, "problem.html", {"message": err.message, "hint": err.hint,
                                                 "status": status}, status, session)
@@ -88,7 +93,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     # ---- sign-in -------------------------------------------------------------------------
     async def signin_form(request: Request) -> Response:
-        return render(request, "signin.html", {"error": "", "broker": config.broker})
+        return render(request, "signin.html", {"error": "", "broker": config.broker,
+                                               "cookie_warning": cookie_lost(request)})
+
+    def cookie_lost(request: Request) -> bool:
+        """Browsers drop Secure cookies over plain HTTP, except on loopback."""
+        host = request.url.hostname or ""
+        return (config.secure_cookie and request.url.scheme == "http"
+                and host not in ("localhost", "::1") and not host.startswith("127."))
 
     async def signin(request: Request) -> Response:
         if not same_origin(request):
@@ -100,7 +112,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             holder = type("Pending", (), {"token": token})()
             client = client_for(holder, settings)
             try:
-                return client, identify(client, token)
+                return client, identify(client)
             except BaseException:
                 client.close()
                 raise

@@ -2,19 +2,32 @@
 
 Why a seam here: every broker call of the console must carry the signed-in user's own
 credential, so the broker's roles decide what the console can read and do (the console
-never holds a privileged credential of its own). :func:`client_for` is the one place
-that turns a session's credential into a :class:`brokersdk.BrokerClient`; the role
-shown in the page (which only hides buttons a user may not press: the broker enforces)
-comes from :func:`identify`.
+never uses a privileged credential of its own). :func:`client_for` is the one place that
+turns a session's token into a :class:`brokersdk.BrokerClient`; the role shown in the
+page (which only hides buttons a user may not press: the broker enforces) comes from
+:func:`identify`, i.e. the broker's ``WhoAmI``.
+
+The transport (TLS and the CA that signed the broker's certificate, or an insecure dev
+broker) is the console operator's setting, resolved like every SDK client's
+(``CB_CA`` / ``CB_INSECURE`` / the config file's context); the identity in it (its token
+or client certificate) is dropped, so a session without a valid token of its own gets
+nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokersdk.client import BrokerClient, BrokerError, PermissionDenied
+
+try:  # SDKs with credentials and roles (issue 12)
+    from brokersdk.credentials import ClientCredentials, resolve
+except ImportError:  # pragma: no cover - an SDK from before authentication
+    ClientCredentials = None  # type: ignore[assignment,misc]
+    resolve = None  # type: ignore[assignment]
 
 
 class Role(enum.Enum):
@@ -26,8 +39,16 @@ class Role(enum.Enum):
 
     @property
     def can_operate(self) -> bool:
-        """Drain / cordon / cancel-any buttons are shown to operators only."""
+        """Drain / cordon / cancel buttons are shown to operators only."""
         return self is Role.OPERATOR
+
+    @classmethod
+    def parse(cls, value: str) -> Role:
+        """The broker's role name; anything unknown (e.g. "agent") reads as a member."""
+        try:
+            return cls(str(value).strip().lower().replace("_", "-"))
+        except ValueError:
+            return cls.MEMBER
 
 
 @dataclass(frozen=True)
@@ -42,7 +63,8 @@ class Identity:
     @property
     def label(self) -> str:
         who = self.user if self.authenticated else "no authentication"
-        return f"{who} · {self.role.value}"
+        team = f" ({', '.join(self.teams)})" if self.teams else ""
+        return f"{who}{team} · {self.role.value}"
 
 
 class SessionLike(Protocol):
@@ -51,47 +73,50 @@ class SessionLike(Protocol):
 
 @dataclass
 class ClientSettings:
-    """How to reach the broker (the same for every user; the credential differs)."""
+    """How to reach the broker: the same for every user (the credential differs)."""
 
     address: str
     timeout: float = 10.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    transport: Any = None  # ClientCredentials without an identity, when the SDK has them
+
+    @classmethod
+    def resolve(cls, address: str, timeout: float = 10.0) -> ClientSettings:
+        """The console operator's transport settings (CA, insecure dev), minus identity."""
+        if resolve is None:
+            return cls(address, timeout)
+        base = resolve(server=address)
+        return cls(address, timeout, dataclasses.replace(base, token="", client_cert="",
+                                                         client_key=""))
 
 
 def client_for(session: SessionLike, settings: ClientSettings) -> BrokerClient:
-    """An SDK client that speaks as the session's user.
+    """An SDK client that speaks as the session's user (bearer token over TLS).
 
-    The bearer token travels as gRPC ``authorization`` metadata (the usual gRPC
-    convention), so a broker with authentication sees the user, never the console.
-    An empty token (a broker without authentication) sends no credential.
+    Without SDK credentials (a broker from before authentication) the token, if any,
+    travels as ``authorization`` metadata, the usual gRPC convention.
     """
+    if settings.transport is not None:
+        creds = dataclasses.replace(settings.transport, token=session.token)
+        return BrokerClient(settings.address, timeout=settings.timeout, retries=1,
+                            credentials=creds)
     metadata = [("authorization", f"Bearer {session.token}")] if session.token else []
-    return BrokerClient(settings.address, timeout=settings.timeout, retries=1,
-                        metadata=metadata, **settings.extra)
+    return BrokerClient(settings.address, timeout=settings.timeout, retries=1, metadata=metadata)
 
 
-def identify(client: BrokerClient, token: str) -> Identity:
+def identify(client: BrokerClient) -> Identity:
     """The user behind ``client``'s credential; raises BrokerError when it is refused.
 
     A broker that knows identities answers ``whoami``; one without authentication has no
-    such call, and every caller may do everything there (reported as such in the page).
+    such call, and every caller may do everything there (the page says so).
     """
     whoami = getattr(client, "whoami", None)
     if whoami is None:
-        client.regions()  # proves the broker answers this credential at all
+        client.regions()  # proves the broker answers at all
         return Identity(user="anonymous", role=Role.OPERATOR, authenticated=False)
-    info = whoami()
-    role = _parse_role(getattr(info, "role", ""))
-    teams = tuple(getattr(info, "teams", ()) or ())
-    return Identity(user=str(getattr(info, "user", "") or "user"), role=role, teams=teams)
-
-
-def _parse_role(value: Any) -> Role:
-    text = str(getattr(value, "name", value)).lower().replace("_", "-")
-    for role in (Role.OPERATOR, Role.TEAM_ADMIN, Role.MEMBER):
-        if role.value in text or role.name.lower().replace("_", "-") in text:
-            return role
-    return Role.MEMBER
+    p = whoami()
+    insecure = getattr(p, "credential", "") == "insecure-dev"
+    return Identity(user=p.name or "user", role=Role.parse(p.role),
+                    teams=(p.team,) if p.team else (), authenticated=not insecure)
 
 
 __all__ = ["BrokerError", "ClientSettings", "Identity", "PermissionDenied", "Role",

@@ -31,6 +31,14 @@ pytestmark = pytest.mark.slow
 WAIT_MS = 120_000  # generous: pages update within seconds, but the machine is shared
 
 
+HAS_AUTH = hasattr(BrokerClient, "create_token")  # the broker has users and roles (issue 12)
+
+
+def issue_token(client: BrokerClient, user: str, role: str, team: str = "") -> str:
+    """A bearer token for a new user (the broker without authentication takes any: "")."""
+    return client.create_token(user, team=team, role=role).secret if HAS_AUTH else ""
+
+
 @dataclass
 class Env:
     cluster: Cluster
@@ -38,6 +46,7 @@ class Env:
     client: BrokerClient
     shots: Path
     browser: Any  # a Playwright BrowserContext
+    operator_token: str = ""
     mover: Any = None  # JobHandle of the job the drain moves
 
     def page(self) -> Any:
@@ -49,12 +58,12 @@ class Env:
         page.screenshot(path=str(self.shots / f"{name}.png"), full_page=True)
 
 
-def sign_in(env: Env, page: Any, token: str = "") -> None:
+def sign_in(env: Env, page: Any, token: str | None = None) -> None:
     """Sign in through the form (the browser profile keeps the session for later tests)."""
     page.goto(env.console.url + "/fleet")
     if not page.url.endswith("/signin"):
         return
-    page.fill("#token", token)
+    page.fill("#token", env.operator_token if token is None else token)
     page.click("button[type=submit]")
     page.wait_for_url("**/fleet")
 
@@ -76,8 +85,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     try:
         setup_team(client)
         wait_regions(cluster, client, 2)
+        operator = issue_token(client, "olga", "operator")
         with chromium(root / "chromium-profile") as browser:
-            yield Env(cluster, console, client, shots, browser)
+            yield Env(cluster, console, client, shots, browser, operator)
     finally:
         client.close()
         console.stop()
@@ -220,7 +230,7 @@ def _post(url: str, path: str, form: dict[str, str], cookie: str = "",
 
 
 def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
-    status, headers, _ = _post(env.console.url, "/signin", {"token": ""})
+    status, headers, _ = _post(env.console.url, "/signin", {"token": env.operator_token})
     assert status == 303
     cookie = headers["set-cookie"]
     attrs = {a.strip().lower() for a in cookie.split(";")}
@@ -246,8 +256,35 @@ def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
     conn.close()
 
 
-def test_member_cannot_see_another_teams_job(env: Env) -> None:
-    if not hasattr(BrokerClient, "whoami"):
-        pytest.skip("the broker has no users or roles yet (issue 12, sec-auth): every caller"
-                    " may see every job, so there is no member to test")
-    raise AssertionError("wire to the broker's user tokens (see the report)")
+def test_member_cannot_see_another_teams_job(env: Env, tmp_path: Path) -> None:
+    if not HAS_AUTH:
+        pytest.skip("the broker has no users or roles yet (issue 12): every caller may see"
+                    " every job, so there is no member to test")
+    if env.mover is None:
+        env.mover = env.client.submit(spec("mover", steps=50, every=5, sleep=0.1))
+    job = env.mover.status()
+    token = issue_token(env.client, "mia", "member", team="vision")
+    with chromium(tmp_path / "member-profile") as browser:  # her own cookie jar
+        page = browser.new_page()
+        page.on("dialog", lambda d: d.accept())
+        sign_in(env, page, token)
+        assert "mia" in page.locator(".who").inner_text()
+        assert "member" in page.locator(".who").inner_text()
+        # Read-only: no operator buttons anywhere on the fleet.
+        page.locator('section.region[data-region="us-east-2"]').wait_for()
+        assert page.locator("form.action button").count() == 0
+        # Team ml's job: refused by the broker, and nothing of it shown.
+        resp = page.goto(f"{env.console.url}/jobs/{job.id}")
+        assert resp is not None and resp.status in (403, 404)
+        body = page.locator("main").inner_text()
+        assert job.spec.name not in body and "Timeline" not in body
+        page.screenshot(path=str(env.shots / "member-refused.png"), full_page=True)
+        # Her session's own CSRF token does not make a drain allowed: the broker refuses.
+        page.goto(env.console.url + "/fleet")
+        csrf = page.locator('form[action="/signout"] input[name="csrf"]').get_attribute("value")
+        cookie = next(c for c in browser.cookies() if c["name"] == "cb_console")
+        status, _, _ = _post(env.console.url, "/actions/drain",
+                             {"region": "eu-west-1", "csrf": csrf or ""},
+                             f"cb_console={cookie['value']}")
+        assert status == 403
+    assert not next(r for r in env.client.regions() if r.name == "eu-west-1").draining
