@@ -75,7 +75,13 @@ def main() -> int:
     from computebroker.v1 import capacity_pb2 as cpb
     from computebroker.v1 import common_pb2 as pb
     from tests.broker.harness import Broker, FakeAgent, fast_config, spec, wait_until
-    from tests.console.browser import ConsoleProcess, chromium, console_env, require_browser
+    from tests.console.browser import (
+        ConsoleProcess,
+        chromium,
+        console_env,
+        new_user,
+        require_browser,
+    )
 
     require_browser()
     tmp = Path(tempfile.mkdtemp(prefix="bench-console-"))
@@ -88,8 +94,8 @@ def main() -> int:
     result: dict[str, Any] = {"nodes": args.nodes, "jobs": args.jobs, "repeat": args.repeat,
                               "python": platform.python_version(), "cpus": os.cpu_count()}
     try:
-        with chromium(tmp / "profile") as browser:
-            page = browser.new_page()
+        with chromium() as browser:
+            page = new_user(browser).new_page()
             page.goto(console.url + "/signin")
             page.fill("#token", "")
             page.click("button[type=submit]")

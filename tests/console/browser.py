@@ -38,18 +38,22 @@ def require_browser() -> Any:
 
 
 @contextmanager
-def chromium(profile: Path) -> Iterator[Any]:
-    """A launched browser (Playwright sync API) with a fresh user data dir."""
+def chromium() -> Iterator[Any]:
+    """A launched browser (Playwright sync API). Playwright gives each launch a fresh
+    temporary profile; each ``new_context()`` is a separate cookie jar (one per user)."""
     sync_api = require_browser()
-    profile.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1366, "height": 900})
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                    headless=True)
         try:
-            yield context
+            yield browser
         finally:
-            context.close()
+            browser.close()
+
+
+def new_user(browser: Any) -> Any:
+    """A browser context of its own (cookies, storage) at a laptop's screen size."""
+    return browser.new_context(viewport={"width": 1366, "height": 900})
 
 
 class ConsoleProcess:
@@ -92,4 +96,5 @@ def console_env(base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-__all__ = ["CHROMIUM", "ConsoleProcess", "chromium", "console_env", "require_browser"]
+__all__ = ["CHROMIUM", "ConsoleProcess", "chromium", "console_env", "new_user",
+           "require_browser"]

@@ -22,7 +22,13 @@ import pytest
 from brokersdk.client import BrokerClient
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from tests.console.browser import ConsoleProcess, chromium, console_env, require_browser
+from tests.console.browser import (
+    ConsoleProcess,
+    chromium,
+    console_env,
+    new_user,
+    require_browser,
+)
 from tests.e2e.test_foundation import setup_team, spec, wait_regions
 from tests.fixtures.cluster import Cluster, wait_until
 
@@ -45,7 +51,8 @@ class Env:
     console: ConsoleProcess
     client: BrokerClient
     shots: Path
-    browser: Any  # a Playwright BrowserContext
+    browser: Any  # the operator's Playwright BrowserContext
+    chromium: Any  # the Playwright Browser (other users get contexts of their own)
     operator_token: str = ""
     mover: Any = None  # JobHandle of the job the drain moves
 
@@ -86,8 +93,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         setup_team(client)
         wait_regions(cluster, client, 2)
         operator = issue_token(client, "olga", "operator")
-        with chromium(root / "chromium-profile") as browser:
-            yield Env(cluster, console, client, shots, browser, operator)
+        with chromium() as browser:
+            yield Env(cluster, console, client, shots, new_user(browser), browser, operator)
     finally:
         client.close()
         console.stop()
@@ -256,7 +263,7 @@ def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
     conn.close()
 
 
-def test_member_cannot_see_another_teams_job(env: Env, tmp_path: Path) -> None:
+def test_member_cannot_see_another_teams_job(env: Env) -> None:
     if not HAS_AUTH:
         pytest.skip("the broker has no users or roles yet (issue 12): every caller may see"
                     " every job, so there is no member to test")
@@ -264,7 +271,8 @@ def test_member_cannot_see_another_teams_job(env: Env, tmp_path: Path) -> None:
         env.mover = env.client.submit(spec("mover", steps=50, every=5, sleep=0.1))
     job = env.mover.status()
     token = issue_token(env.client, "mia", "member", team="vision")
-    with chromium(tmp_path / "member-profile") as browser:  # her own cookie jar
+    browser = new_user(env.chromium)  # her own cookie jar
+    try:
         page = browser.new_page()
         page.on("dialog", lambda d: d.accept())
         sign_in(env, page, token)
@@ -287,4 +295,6 @@ def test_member_cannot_see_another_teams_job(env: Env, tmp_path: Path) -> None:
                              {"region": "eu-west-1", "csrf": csrf or ""},
                              f"cb_console={cookie['value']}")
         assert status == 403
+    finally:
+        browser.close()
     assert not next(r for r in env.client.regions() if r.name == "eu-west-1").draining
