@@ -178,6 +178,17 @@ def test_pages_render_live_data(env: Env) -> None:
     env.shot(page, "job-before")
     second.cancel("done with it")
 
+    # The keyboard: "/" finds a job, "g" then "m" opens the migrations page.
+    page.keyboard.press("/")
+    assert page.evaluate("() => document.activeElement.id") == "find-job"
+    page.keyboard.type(mover.id)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"**/jobs/{mover.id}")
+    page.locator("main").click(position={"x": 5, "y": 5})
+    page.keyboard.press("g")
+    page.keyboard.press("m")
+    page.wait_for_url("**/migrations")
+
 
 def test_operator_drain_moves_job_and_its_timeline_gains_a_bar(env: Env) -> None:
     mover = env.mover
@@ -199,8 +210,9 @@ def test_operator_drain_moves_job_and_its_timeline_gains_a_bar(env: Env) -> None
     # The job page, left open, gains the second attempt's bar live (in eu-west-1).
     job_page.locator('.attempt-bar[data-region="eu-west-1"]').wait_for(timeout=WAIT_MS)
     assert job_page.locator(".attempt-bar").count() == 2
-    job_page.locator("table.migrations tr.migration", has_text="region_drain").wait_for(
-        timeout=WAIT_MS)
+    # ... and its move's row fills in live up to "done" (first step after the resume).
+    job_page.locator("table.migrations tr.migration", has_text="region_drain").filter(
+        has_text="done").wait_for(timeout=WAIT_MS)
     env.shot(job_page, "job-after-drain")
     job = mover.status()
     assert job.placement.region == "eu-west-1" and job.attempt == 2
