@@ -256,7 +256,9 @@ def console(d: dict[str, Any]) -> list[str]:
         f"of {d['repeat']} loads) over a real broker with {d['nodes']:,} nodes "
         f"({full['cells']:,} cells) and {d['jobs']:,} jobs ({d['allocated_gpus']:,} GPUs "
         f"placed), against the same page over an empty fleet. {d['cpus']} CPUs, Python "
-        f"{d['python']}.",
+        f"{d['python']}"
+        + (f", 1-minute load average {d['load_avg_1m']} while measuring (a shared machine: "
+           f"the figures grow with it)" if "load_avg_1m" in d else "") + ".",
         "",
         "| measure | value |",
         "|---|---|",
