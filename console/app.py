@@ -16,6 +16,7 @@ from urllib.parse import urlencode, urlsplit
 
 import grpc
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -43,8 +44,28 @@ SECURITY_HEADERS = {
     # same-origin, not no-referrer: with no-referrer browsers send "Origin: null" on
     # form posts, and the Origin check below needs the real one.
     "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
 }
+
+
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every response (pages, streams, static files)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], *self.headers]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 @dataclass
@@ -71,7 +92,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         ctx = {"session": session, "identity": session.identity if session else None,
                "csrf": session.csrf if session else "", "layout": "base.html", **context}
         resp = templates.TemplateResponse(request, name, ctx, status_code=status)
-        resp.headers.update(SECURITY_HEADERS)
+        resp.headers["Cache-Control"] = "no-store"  # pages show one user's view
         return resp
 
     def problem(request: Request, session: Session | None, err: BrokerError) -> Response:
@@ -251,6 +272,6 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/actions/{name}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
     app.state.sessions = sessions
     return app

@@ -254,6 +254,8 @@ def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
     cookie = headers["set-cookie"]
     attrs = {a.strip().lower() for a in cookie.split(";")}
     assert {"httponly", "samesite=strict", "secure", "path=/"} <= attrs, cookie
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
     jar = cookie.split(";")[0]
     # An action without the session's CSRF token, or from another site, changes nothing.
     for form, origin in (({"region": "eu-west-1"}, None),
