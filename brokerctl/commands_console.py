@@ -8,7 +8,6 @@ import os
 from rich.console import Console
 
 from brokerctl.common import EXIT_OK, UsageError
-from brokersdk.client import DEFAULT_ADDRESS
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -32,8 +31,15 @@ def cmd_console(args: argparse.Namespace, out: Console) -> int:
         raise UsageError(str(e)) from None
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
-    broker = args.broker or os.environ.get("BROKER_ADDRESS") or DEFAULT_ADDRESS
-    config = ConsoleConfig(broker=broker, timeout=args.timeout,
+    from console.identity import ClientSettings
+
+    context = getattr(args, "context", None) or ""
+    try:  # the transport (CA, address) as every client resolves it; users bring identities
+        broker = ClientSettings.resolve(args.broker or os.environ.get("BROKER_ADDRESS") or "",
+                                        args.timeout, context).address
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    config = ConsoleConfig(broker=broker, timeout=args.timeout, context=context,
                            secure_cookie=not args.insecure_cookie)
 
     def ready(url: str) -> None:

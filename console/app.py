@@ -72,8 +72,9 @@ class SecurityHeaders:
 class ConsoleConfig:
     """How the console reaches the broker and how it keeps sessions."""
 
-    broker: str
+    broker: str  # "" = the client config context's server
     timeout: float = 10.0
+    context: str = ""  # client config context for the transport (CA); never its identity
     secure_cookie: bool = True  # browsers keep Secure cookies over TLS and on loopback
     session_idle_s: float = 8 * 3600
 
@@ -82,7 +83,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(template_globals())
     sessions = SessionStore(config.session_idle_s)
-    settings = ClientSettings.resolve(config.broker, config.timeout)
+    settings = ClientSettings.resolve(config.broker, config.timeout, config.context)
 
     def session_of(request: Request) -> Session | None:
         return sessions.get(request.cookies.get(COOKIE))
@@ -99,7 +100,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         if err.code is grpc.StatusCode.UNAUTHENTICATED and session is not None:
             # The token was revoked or expired: this session is over.
             sessions.drop(session.id)
-            return render(request, "signin.html", {"error": err.message, "broker": config.broker},
+            return render(request, "signin.html", {"error": err.message, "broker": settings.address},
                           401)
         status = next((s for cls, s in _STATUS if isinstance(err, cls)), 400)
         return render(request, "problem.html", {"message": err.message, "hint": err.hint,
@@ -114,7 +115,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     # ---- sign-in -------------------------------------------------------------------------
     async def signin_form(request: Request) -> Response:
-        return render(request, "signin.html", {"error": "", "broker": config.broker,
+        return render(request, "signin.html", {"error": "", "broker": settings.address,
                                                "cookie_warning": cookie_lost(request)})
 
     def cookie_lost(request: Request) -> bool:
@@ -141,7 +142,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         try:
             client, who = await asyncio.to_thread(attempt)
         except BrokerError as e:
-            return render(request, "signin.html", {"error": e.message, "broker": config.broker},
+            return render(request, "signin.html", {"error": e.message, "broker": settings.address},
                           401)
         session = sessions.create(token, who, client)
         resp = RedirectResponse("/fleet", 303)

@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from brokersdk.client import BrokerClient, BrokerError, PermissionDenied
+from brokersdk.client import DEFAULT_ADDRESS, BrokerClient, BrokerError, PermissionDenied
 
 try:  # SDKs with credentials and roles (issue 12)
     from brokersdk.credentials import ClientCredentials, resolve
@@ -80,13 +80,15 @@ class ClientSettings:
     transport: Any = None  # ClientCredentials without an identity, when the SDK has them
 
     @classmethod
-    def resolve(cls, address: str, timeout: float = 10.0) -> ClientSettings:
-        """The console operator's transport settings (CA, insecure dev), minus identity."""
+    def resolve(cls, address: str, timeout: float = 10.0, context: str = "") -> ClientSettings:
+        """The console operator's transport settings (CA, insecure dev; the address when
+        none is given), minus any identity. Raises ValueError for an unusable config."""
         if resolve is None:
-            return cls(address, timeout)
-        base = resolve(server=address)
-        return cls(address, timeout, dataclasses.replace(base, token="", client_cert="",
-                                                         client_key=""))
+            return cls(address or DEFAULT_ADDRESS, timeout)
+        base = resolve(context=context)
+        return cls(address or base.server or DEFAULT_ADDRESS, timeout,
+                   dataclasses.replace(base, server="", token="", client_cert="",
+                                       client_key=""))
 
 
 def client_for(session: SessionLike, settings: ClientSettings) -> BrokerClient:
