@@ -9,6 +9,40 @@
     if (state) { state.textContent = text; state.className = "live " + cls; }
   }
 
+  function syncAttributes(from, to) {
+    for (var i = from.attributes.length - 1; i >= 0; i--) {
+      var name = from.attributes[i].name;
+      if (name !== "open" && !to.hasAttribute(name)) { from.removeAttribute(name); }
+    }
+    for (var j = 0; j < to.attributes.length; j++) {
+      var a = to.attributes[j];
+      if (from.getAttribute(a.name) !== a.value) { from.setAttribute(a.name, a.value); }
+    }
+  }
+
+  // Make `from`'s children look like `to`'s while keeping every node that is still there
+  // (position by position): a button being pressed, a focused field, what the user typed
+  // (an input's value property) and an opened <details> all survive a refresh.
+  function morph(from, to) {
+    var f = from.firstChild, t = to.firstChild;
+    while (t) {
+      var nextT = t.nextSibling;
+      if (!f) { from.appendChild(t); t = nextT; continue; }
+      var nextF = f.nextSibling;
+      if (f.nodeType !== t.nodeType || f.nodeName !== t.nodeName) {
+        from.replaceChild(t, f);
+      } else if (f.nodeType === 1) {
+        syncAttributes(f, t);
+        morph(f, t);
+      } else if (f.nodeValue !== t.nodeValue) {
+        f.nodeValue = t.nodeValue;
+      }
+      f = nextF;
+      t = nextT;
+    }
+    while (f) { var n = f.nextSibling; from.removeChild(f); f = n; }
+  }
+
   // The server sends the page's new <main> content ("html" events) when it changed.
   if (main && main.dataset.live && window.EventSource) {
     var es = new EventSource(main.dataset.live);
@@ -16,26 +50,10 @@
     es.addEventListener("error", function () { setState("reconnecting", "off"); });
     es.addEventListener("problem", function (e) { setState("broker: " + e.data, "off"); });
     es.addEventListener("html", function (e) {
-      var focused = document.activeElement;
-      var key = focused && (focused.id || focused.getAttribute("data-attempt"));
-      var open = Array.prototype.map.call(main.querySelectorAll("details[open] summary"),
-                                          function (s) { return s.textContent; });
-      var typed = {};  // what the user is typing survives the refresh
-      Array.prototype.forEach.call(main.querySelectorAll("input[id]:not([type=hidden])"),
-                                   function (i) { if (i.value) { typed[i.id] = i.value; } });
-      main.innerHTML = e.data;
-      Object.keys(typed).forEach(function (id) {
-        var i = document.getElementById(id);
-        if (i) { i.value = typed[id]; }
-      });
-      Array.prototype.forEach.call(main.querySelectorAll("details summary"), function (s) {
-        if (open.indexOf(s.textContent) >= 0) { s.parentNode.open = true; }
-      });
-      if (key) {  // keep the keyboard user's place
-        var again = document.getElementById(key) ||
-                    main.querySelector('[data-attempt="' + key + '"]');
-        if (again) { again.focus(); }
-      }
+      var next = document.createElement("main");
+      next.innerHTML = e.data;
+      morph(main, next);
+      setState("live", "on");
       document.body.dataset.updated = String(Date.now());
     });
   }

@@ -124,6 +124,7 @@ def test_pages_render_live_data(env: Env) -> None:
     page.locator('section.region[data-region="us-east-2"] .cell.full').nth(1).wait_for(
         timeout=WAIT_MS)
     assert page.evaluate("() => window.__same") == marker  # same document: pushed, not reloaded
+    assert page.evaluate("() => document.body.dataset.updated")  # ... by the live stream
     env.shot(page, "fleet")
 
     # Cordon from the heat map: click a cell, press Cordon; the broker cordons that node.
