@@ -46,18 +46,26 @@ class Session:
 
 
 class SessionStore:
-    """Sessions by id, forgotten after ``idle_s`` without a request."""
+    """Sessions by id, forgotten after ``idle_s`` without a request; at most
+    ``max_sessions`` (each holds a broker channel): the least recently used goes first."""
 
-    def __init__(self, idle_s: float = 8 * 3600) -> None:
+    def __init__(self, idle_s: float = 8 * 3600, max_sessions: int = 256) -> None:
         self.idle_s = idle_s
+        self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
     def create(self, token: str, identity: Identity, client: Any) -> Session:
         session = Session(id=secrets.token_urlsafe(32), token=token, identity=identity,
                           client=client)
+        evicted: list[Session] = []
         with self._lock:
             self._sessions[session.id] = session
+            while len(self._sessions) > self.max_sessions:
+                oldest = min(self._sessions.values(), key=lambda s: s.last_used)
+                evicted.append(self._sessions.pop(oldest.id))
+        for s in evicted:
+            s.close()
         return session
 
     def get(self, session_id: str | None) -> Session | None:

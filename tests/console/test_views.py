@@ -165,3 +165,9 @@ def test_sse_frames_multiline_html_and_sessions_check_csrf() -> None:
     assert not s.identity.role.can_operate and Role.OPERATOR.can_operate
     store.drop(s.id)
     assert store.get(s.id) is None
+    # Bounded: the least recently used session goes when the store is full.
+    small = SessionStore(idle_s=60, max_sessions=2)
+    a, b = (small.create("", Identity("u", Role.MEMBER), client=None) for _ in range(2))
+    a.last_used = 0.0
+    c = small.create("", Identity("u", Role.MEMBER), client=None)
+    assert small.get(a.id) is None and small.get(b.id) is b and small.get(c.id) is c
