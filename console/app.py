@@ -8,7 +8,6 @@ is another site's is refused before anything else.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from urllib.parse import urlencode, urlsplit
 
 import grpc
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
@@ -140,7 +140,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
                 raise
 
         try:
-            client, who = await asyncio.to_thread(attempt)
+            client, who = await run_in_threadpool(attempt)
         except BrokerError as e:
             return render(request, "signin.html", {"error": e.message, "broker": settings.address},
                           401)
@@ -169,7 +169,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
                 return RedirectResponse("/signin", 303)
             params = dict(request.path_params)
             try:
-                ctx = await asyncio.to_thread(LOADERS[page], session.client, params)
+                ctx = await run_in_threadpool(LOADERS[page], session.client, params)
             except BrokerError as e:
                 return problem(request, session, e)
             live_url = f"/live/{page.name.lower()}?{urlencode(params)}"
@@ -234,17 +234,17 @@ def create_app(config: ConsoleConfig) -> Starlette:
         try:
             if name == "drain":
                 region = str(form.get("region") or "")
-                resp = await asyncio.to_thread(client.drain, region, undo,
+                resp = await run_in_threadpool(client.drain, region, undo,
                                                str(form.get("reason") or "console"))
                 msg = (f"region {region} accepts work again" if undo else
                        f"region {region} draining; moving {len(resp.moved_job_ids)} job(s)")
             elif name == "cordon":
                 node = str(form.get("node") or "")
-                await asyncio.to_thread(client.cordon, node, undo)
+                await run_in_threadpool(client.cordon, node, undo)
                 msg = f"node {node} {'uncordoned' if undo else 'cordoned'}"
             elif name == "cancel":
                 job_id = str(form.get("job_id") or "")
-                await asyncio.to_thread(client.cancel, job_id, "cancelled from the console")
+                await run_in_threadpool(client.cancel, job_id, "cancelled from the console")
                 msg = f"job {job_id} cancelling"
             else:
                 return PlainTextResponse("no such action", 404)

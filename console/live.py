@@ -16,6 +16,8 @@ import hashlib
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from starlette.concurrency import run_in_threadpool
+
 from brokersdk.client import BrokerClient, BrokerError
 
 KEEPALIVE_S = 15.0
@@ -76,7 +78,7 @@ async def stream_page(render: Callable[[], str], is_disconnected: Callable[[], o
                 return
             wake.clear()
             try:
-                html = await asyncio.to_thread(render)
+                html = await run_in_threadpool(render)
             except BrokerError as e:
                 html = ""
                 yield sse("problem", e.message)
