@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -131,8 +132,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         token = str(form.get("token") or "").strip()
 
         def attempt() -> tuple[Any, Any]:
-            holder = type("Pending", (), {"token": token})()
-            client = client_for(holder, settings)
+            client = client_for(SimpleNamespace(token=token), settings)  # not a session yet
             try:
                 return client, identify(client)
             except BaseException:
