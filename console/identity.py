@@ -9,25 +9,20 @@ page (which only hides buttons a user may not press: the broker enforces) comes 
 
 The transport (TLS and the CA that signed the broker's certificate, or an insecure dev
 broker) is the console operator's setting, resolved like every SDK client's
-(``CB_CA`` / ``CB_INSECURE`` / the config file's context); the identity in it (its token
-or client certificate) is dropped, so a session without a valid token of its own gets
-nothing.
+(``CB_CA`` / ``CB_INSECURE`` / the config file's context, brokersdk/credentials.py); the
+identity in it (its token or client certificate) is dropped, so a session without a
+valid token of its own gets nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from brokersdk.client import DEFAULT_ADDRESS, BrokerClient, BrokerError, PermissionDenied
-
-try:  # SDKs with credentials and roles (issue 12)
-    from brokersdk.credentials import ClientCredentials, resolve
-except ImportError:  # pragma: no cover - an SDK from before authentication
-    ClientCredentials = None  # type: ignore[assignment,misc]
-    resolve = None  # type: ignore[assignment]
+from brokersdk.credentials import ClientCredentials, resolve
 
 
 class Role(enum.Enum):
@@ -77,14 +72,12 @@ class ClientSettings:
 
     address: str
     timeout: float = 10.0
-    transport: Any = None  # ClientCredentials without an identity, when the SDK has them
+    transport: ClientCredentials = field(default_factory=ClientCredentials)  # no identity
 
     @classmethod
     def resolve(cls, address: str, timeout: float = 10.0, context: str = "") -> ClientSettings:
         """The console operator's transport settings (CA, insecure dev; the address when
         none is given), minus any identity. Raises ValueError for an unusable config."""
-        if resolve is None:
-            return cls(address or DEFAULT_ADDRESS, timeout)
         base = resolve(context=context)
         return cls(address or base.server or DEFAULT_ADDRESS, timeout,
                    dataclasses.replace(base, server="", token="", client_cert="",
@@ -92,31 +85,19 @@ class ClientSettings:
 
 
 def client_for(session: SessionLike, settings: ClientSettings) -> BrokerClient:
-    """An SDK client that speaks as the session's user (bearer token over TLS).
-
-    Without SDK credentials (a broker from before authentication) the token, if any,
-    travels as ``authorization`` metadata, the usual gRPC convention.
-    """
-    if settings.transport is not None:
-        creds = dataclasses.replace(settings.transport, token=session.token)
-        return BrokerClient(settings.address, timeout=settings.timeout, retries=1,
-                            credentials=creds)
-    metadata = [("authorization", f"Bearer {session.token}")] if session.token else []
-    return BrokerClient(settings.address, timeout=settings.timeout, retries=1, metadata=metadata)
+    """An SDK client that speaks as the session's user: TLS to the broker, the user's
+    bearer token on every call (none for an empty token: the broker then refuses)."""
+    creds = dataclasses.replace(settings.transport, token=session.token)
+    return BrokerClient(settings.address, timeout=settings.timeout, retries=1,
+                        credentials=creds)
 
 
 def identify(client: BrokerClient) -> Identity:
-    """The user behind ``client``'s credential; raises BrokerError when it is refused.
-
-    A broker that knows identities answers ``whoami``; one without authentication has no
-    such call, and every caller may do everything there (the page says so).
-    """
-    whoami = getattr(client, "whoami", None)
-    if whoami is None:
-        client.regions()  # proves the broker answers at all
-        return Identity(user="anonymous", role=Role.OPERATOR, authenticated=False)
-    p = whoami()
-    insecure = getattr(p, "credential", "") == "insecure-dev"
+    """The user behind ``client``'s credential (the broker's WhoAmI); raises BrokerError
+    (NotAuthenticated) when the broker refuses it. A dev broker without authentication
+    (``--insecure-dev``) answers for a local operator: the page says so."""
+    p = client.whoami()
+    insecure = p.credential == "insecure-dev"
     return Identity(user=p.name or "user", role=Role.parse(p.role),
                     teams=(p.team,) if p.team else (), authenticated=not insecure)
 

@@ -37,12 +37,10 @@ pytestmark = pytest.mark.slow
 WAIT_MS = 120_000  # generous: pages update within seconds, but the machine is shared
 
 
-HAS_AUTH = hasattr(BrokerClient, "create_token")  # the broker has users and roles (issue 12)
-
-
 def issue_token(client: BrokerClient, user: str, role: str, team: str = "") -> str:
-    """A bearer token for a new user (the broker without authentication takes any: "")."""
-    return client.create_token(user, team=team, role=role).secret if HAS_AUTH else ""
+    """A bearer token for a new user, issued by the bootstrap operator (the tests' SDK
+    identity, tests/fixtures/pki.py); the console itself never uses that operator's."""
+    return client.create_token(user, team=team, role=role).secret
 
 
 @dataclass
@@ -263,9 +261,13 @@ def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
                          ({"region": "eu-west-1", "csrf": "forged"}, None)):
         status, _, body = _post(env.console.url, "/actions/drain", form, jar, origin)
         assert status == 403 and "CSRF" in body
-    status, _, body = _post(env.console.url, "/signin", {"token": ""},
+    status, _, body = _post(env.console.url, "/signin", {"token": env.operator_token},
                             origin="http://evil.example")
     assert status == 403
+    # No token, or a wrong one: the broker refuses, no session is made.
+    for bad in ("", "cbt_nope_nope"):
+        status, headers, body = _post(env.console.url, "/signin", {"token": bad})
+        assert status == 401 and "Sign-in failed" in body and "set-cookie" not in headers
     assert not next(r for r in env.client.regions() if r.name == "eu-west-1").draining
     # Without a session: pages send you to sign in, live streams refuse.
     conn = http.client.HTTPConnection("127.0.0.1", env.console.port, timeout=30)
@@ -279,13 +281,11 @@ def test_session_cookie_and_csrf_guard_actions(env: Env) -> None:
 
 
 def test_member_cannot_see_another_teams_job(env: Env) -> None:
-    if not HAS_AUTH:
-        pytest.skip("the broker has no users or roles yet (issue 12): every caller may see"
-                    " every job, so there is no member to test")
     if env.mover is None:
         env.mover = env.client.submit(spec("mover", steps=50, every=5, sleep=0.1))
     job = env.mover.status()
-    token = issue_token(env.client, "mia", "member", team="vision")
+    issued = env.client.create_token("mia", team="vision", role="member")
+    token = issued.secret
     browser = new_user(env.chromium)  # her own cookie jar
     try:
         page = browser.new_page()
@@ -310,6 +310,13 @@ def test_member_cannot_see_another_teams_job(env: Env) -> None:
                              {"region": "eu-west-1", "csrf": csrf or ""},
                              f"cb_console={cookie['value']}")
         assert status == 403
+        # Every call carries her token: once it is revoked, the console signs her out.
+        env.client.revoke_token(issued.token.id)
+        resp = page.goto(env.console.url + "/queue")
+        assert resp is not None and resp.status == 401
+        assert page.locator(".error", has_text="Sign-in failed").count() == 1
+        page.goto(env.console.url + "/fleet")
+        assert page.url.endswith("/signin")
     finally:
         browser.close()
     assert not next(r for r in env.client.regions() if r.name == "eu-west-1").draining
