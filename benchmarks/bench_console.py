@@ -1,6 +1,6 @@
 """Console benchmark: the fleet page's load in a real browser with 2,000 nodes and 5,000 jobs.
 
-A real broker (in process, SQLite), four scripted region agents that register 500 nodes
+A real broker (in process, SQLite, TLS and bearer tokens as in the tests), four scripted region agents that register 500 nodes
 each (8 GPUs, layer-3 blocks of 16 nodes, UltraServers in the training-plan pools, some
 unhealthy or cordoned), 5,000 submitted jobs (the scheduler places what fits, the rest
 stay pending), `brokerctl console` as a subprocess and Debian's headless Chromium driven
@@ -82,8 +82,10 @@ def main() -> int:
         new_user,
         require_browser,
     )
+    from tests.fixtures.pki import install
 
     require_browser()
+    pki = install()  # TLS + tokens like the tests: a dev CA; the console gets only CB_CA
     tmp = Path(tempfile.mkdtemp(prefix="bench-console-"))
     broker = Broker(fast_config(tmp, scheduler_interval_s=1.0, agent_timeout_s=3600.0,
                                 heartbeat_interval_s=30.0))
@@ -97,7 +99,7 @@ def main() -> int:
         with chromium() as browser:
             page = new_user(browser).new_page()
             page.goto(console.url + "/signin")
-            page.fill("#token", "")
+            page.fill("#token", pki.operator_token)
             page.click("button[type=submit]")
             page.wait_for_url("**/fleet")
             base = measure(page, console.url + "/fleet", args.repeat)
