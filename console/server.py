@@ -24,7 +24,8 @@ def serve(config: ConsoleConfig, listen: str, *, tls_cert: str | None = None,
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, log_level="warning", ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key, timeout_graceful_shutdown=2, access_log=False))
+        ssl_keyfile=tls_key, timeout_graceful_shutdown=2, access_log=False,
+        server_header=False))
 
     scheme = "https" if tls_cert else "http"
     original = server.startup
