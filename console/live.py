@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from brokersdk.client import BrokerClient, BrokerError
 
 KEEPALIVE_S = 15.0
+MIN_GAP_S = 1.0  # renders at most this often: a burst of events is one refresh
 
 
 def sse(event: str, data: str) -> str:
@@ -90,8 +91,9 @@ async def stream_page(render: Callable[[], str], is_disconnected: Callable[[], o
             elif quiet >= KEEPALIVE_S:
                 quiet = 0.0
                 yield ": keepalive\n\n"
+            await asyncio.sleep(MIN_GAP_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), interval_s)
+                await asyncio.wait_for(wake.wait(), max(0.0, interval_s - MIN_GAP_S))
             quiet += interval_s
     finally:
         stop.set()
