@@ -246,6 +246,35 @@ def library(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def console(d: dict[str, Any]) -> list[str]:
+    base, full = d["baseline_empty"], d["fleet"]
+    calls = d.get("broker_calls", {})
+    return [
+        "### Console fleet page (`python benchmarks/bench_console.py`)",
+        "",
+        f"The fleet heat map in headless Chromium (Playwright, browser navigation timing, median "
+        f"of {d['repeat']} loads) over a real broker with {d['nodes']:,} nodes "
+        f"({full['cells']:,} cells) and {d['jobs']:,} jobs ({d['allocated_gpus']:,} GPUs "
+        f"placed), against the same page over an empty fleet. {d['cpus']} CPUs, Python "
+        f"{d['python']}"
+        + (f", 1-minute load average {d['load_avg_1m']} while measuring (a shared machine: "
+           f"the figures grow with it)" if "load_avg_1m" in d else "") + ".",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| empty fleet: load | {f(base['load_ms'], 0)} ms |",
+        f"| **{d['nodes']:,} nodes, {d['jobs']:,} jobs: load** (goal < {d['goal_ms']} ms: "
+        f"{'met' if d['met'] else 'NOT met'}) | **{f(full['load_ms'], 0)} ms** |",
+        f"| ... of which first byte (the console's broker calls + render) | "
+        f"{f(full['ttfb_ms'], 0)} ms |",
+        f"| page size | {full['bytes'] / 1e6:.2f} MB |",
+        f"| ratio vs empty fleet | {d['ratio']:.1f}x |",
+        f"| broker calls alone (ListRegions / GetCapacity with nodes, made in parallel) | "
+        f"{f(calls.get('list_regions_ms', 0), 0)} / "
+        f"{f(calls.get('get_capacity_nodes_ms', 0), 0)} ms |",
+    ]
+
+
 def auth(d: dict[str, Any]) -> list[str]:
     def met(r: float) -> str:
         return "met" if r >= d["goal_ratio"] else "**not met**"
@@ -307,7 +336,8 @@ def render() -> str:
     for name, fn in (("placement", placement), ("checkpoint", checkpoint), ("hash", digests),
                      ("migration", migration),
                      ("transfer", transfer), ("store", store), ("library", library),
-                     ("workdir", workdir), ("auth", auth), ("streams", streams)):
+                     ("workdir", workdir), ("auth", auth), ("streams", streams),
+                     ("console", console)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

@@ -32,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from brokerctl import commands_console
 from brokerctl.commands_daemons import cmd_agent, cmd_demo, cmd_serve
 from brokerctl.commands_jobs import (
     cmd_cancel,
@@ -278,6 +279,10 @@ def build_parser() -> _Parser:
                    help="DEV ONLY: no TLS, no auth, loopback only, every caller is operator")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")
     s.set_defaults(local=cmd_serve)
+
+    s = add("console", "serve the web console (fleet, queue, jobs, migrations, plans)")
+    commands_console.add_arguments(s)
+    s.set_defaults(local=commands_console.cmd_console)
 
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 

@@ -155,8 +155,9 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                     row.unhealthy_gpus = sat32(row.unhealthy_gpus + n.gpus)
                 row.free_gpus = sat32(row.free_gpus + (max(0, n.gpus - used) if usable else 0))
                 if request.include_nodes:
-                    nodes_out.append(cpb.NodeUsage(node=n, allocated_gpus=used,
-                                                   job_ids=usage.node_jobs.get(n.id, [])))
+                    nodes_out.append(cpb.NodeUsage(
+                        node=n, allocated_gpus=used, job_ids=usage.node_jobs.get(n.id, []),
+                        borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0))))
         return cpb.GetCapacityResponse(rows=[rows[k] for k in sorted(rows, key=str)], nodes=nodes_out)
 
     # ---- training plans -------------------------------------------------------------------

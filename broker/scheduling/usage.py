@@ -44,6 +44,10 @@ class UsageView:
         out.lent_gpus = t.lent if t else 0
         out.pending_jobs = self.team_pending.get(q.team, 0)
         out.running_jobs = self.team_running.get(q.team, 0)
+        for r in t.resources if t else ():
+            out.usage.add(accelerator=r.accelerator, guaranteed_gpus=r.guaranteed,
+                          used_gpus=r.used, borrowed_gpus=r.borrowed, lent_gpus=r.lent,
+                          pending_gpus=r.pending)
         return out
 
 
