@@ -69,6 +69,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from operator import attrgetter
 
 from placement.firstfit import accepts, allowed_types
@@ -77,6 +78,7 @@ from placement.model import (
     CapacityType,
     Decisions,
     JobRequest,
+    NodeInfo,
     Preemption,
     Reservation,
     RunningJob,
@@ -141,42 +143,85 @@ def work_lost_gpu_s(run: RunningJob, now: float) -> float:
     return max(0.0, now - since) * run.gpus + run.restart_cost_s * run.gpus
 
 
+def usable_nodes(nodes: list[NodeInfo], used: dict[str, int], now: float,
+                 draining: frozenset[str]) -> tuple[list[tuple[NodeInfo, int]], list[tuple[NodeInfo, int]]]:
+    """(node, free GPUs) of the nodes usable now and of the scheduled plans' nodes:
+    the one rule both the from-scratch pass and the kept-alive cache build from."""
+    now_nodes, future_nodes = [], []
+    for n in nodes:
+        if not n.healthy or n.cordoned or n.region in draining:
+            continue
+        if n.plan_end is not None and now >= n.plan_end:
+            continue
+        if n.plan_start is not None and now < n.plan_start:  # a plan not started yet
+            future_nodes.append((n, n.gpus))
+            if not n.available_before_plan:
+                continue
+        free = n.gpus - used.get(n.id, 0)
+        now_nodes.append((n, free if free > 0 else 0))
+    return now_nodes, future_nodes
+
+
+@dataclass
+class Fleet:
+    """What a pass reads about the fleet, built once per pass from scratch or kept
+    alive across passes and updated by deltas (``placement.incremental``). A pass
+    mutates ``index``/``future`` (admissions, holds, victim simulations); the cache
+    undoes that through the indexes' journals. Everything else is read-only."""
+
+    index: CapacityIndex
+    future: CapacityIndex
+    by_team: dict[str, list[RunningJob]]
+    rgpus: dict[int, int]  # id(RunningJob) -> its GPUs
+    running_by_acc: dict[tuple[str, str], int]  # (team, accelerator) -> GPUs running
+    region_of: dict[str, str]  # node id -> region, every node of the snapshot
+
+
+def build_fleet(snap: Snapshot) -> Fleet:
+    nodes = sorted(snap.nodes, key=_by_id)
+    running = sorted(snap.running, key=_by_id)
+    used: dict[str, int] = {}
+    for r in running:
+        for node_id, g in r.allocations:
+            used[node_id] = used.get(node_id, 0) + g
+    now_nodes, future_nodes = usable_nodes(nodes, used, snap.now, snap.draining_regions)
+    by_team: dict[str, list[RunningJob]] = defaultdict(list)
+    rgpus: dict[int, int] = {}
+    by_acc: dict[tuple[str, str], int] = {}
+    for r in running:
+        by_team[r.team].append(r)
+        g = rgpus[id(r)] = r.gpus
+        k = (r.team, r.accelerator)
+        by_acc[k] = by_acc.get(k, 0) + g
+    return Fleet(index=CapacityIndex(now_nodes), future=CapacityIndex(future_nodes, future=True),
+                 by_team=by_team, rgpus=rgpus, running_by_acc=by_acc,
+                 region_of={n.id: n.region for n in nodes} if any(t.region_caps for t in snap.teams) else {})
+
+
 class _Pass:
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, fleet: Fleet | None = None) -> None:
+        """``fleet``: prebuilt from ``snap.nodes``/``snap.running`` (the incremental
+        cache); None builds it here. Same decisions either way."""
         self.now = snap.now
         self.snap = snap
-        nodes = sorted(snap.nodes, key=_by_id)
-        self.running = sorted(snap.running, key=_by_id)
         # Queue order (-priority, submit_time, id) as two stable C-level sorts: the
         # same order as one sort on a built key tuple, at half the cost.
         self.pending = sorted(snap.pending, key=_by_submit_id)
         self.pending.sort(key=_by_priority, reverse=True)
-        used: dict[str, int] = {}
-        for r in self.running:
-            for node_id, g in r.allocations:
-                used[node_id] = used.get(node_id, 0) + g
-        now_nodes, future_nodes = [], []
-        now, draining = self.now, snap.draining_regions
-        for n in nodes:
-            if not n.healthy or n.cordoned or n.region in draining:
-                continue
-            if n.plan_end is not None and now >= n.plan_end:
-                continue
-            if n.plan_start is not None and now < n.plan_start:  # a plan not started yet
-                future_nodes.append((n, n.gpus))
-                if not n.available_before_plan:
-                    continue
-            free = n.gpus - used.get(n.id, 0)
-            now_nodes.append((n, free if free > 0 else 0))
-        self.index = CapacityIndex(now_nodes)
-        self.future = CapacityIndex(future_nodes, future=True)
-        self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
+        if fleet is None:
+            fleet = build_fleet(snap)
+        self.index = fleet.index
+        self.future = fleet.future
+        self.ledger = QuotaLedger(snap.teams, (), snap.pending, running_by_acc=fleet.running_by_acc)
         self.caps: dict[str, dict[str, int]] = {t.team: dict(t.region_caps) for t in snap.teams if t.region_caps}
         self.region_used: dict[tuple[str, str], int] = defaultdict(int)
+        self.by_team = fleet.by_team
+        # RunningJob.gpus sums its allocations on every access; victim search reads it often.
+        self.rgpus = fleet.rgpus
         if self.caps:
-            region_of = {n.id: n.region for n in nodes}
-            for r in self.running:
-                if r.team in self.caps:
+            region_of = fleet.region_of
+            for team in self.caps:
+                for r in fleet.by_team.get(team, ()):
                     for node_id, g in r.allocations:
                         self.region_used[(r.team, region_of.get(node_id, ""))] += g
         self.decisions = Decisions()
@@ -187,12 +232,6 @@ class _Pass:
         self.place_plan: dict[int, list[tuple[tuple, float, float, Partition]]] = {}
         self.fail_cache: dict[tuple, int] = {}
         self.searches = 0
-        self.by_team: dict[str, list[RunningJob]] = defaultdict(list)
-        # RunningJob.gpus sums its allocations on every access; victim search reads it often.
-        self.rgpus: dict[int, int] = {}
-        for r in self.running:
-            self.by_team[r.team].append(r)
-            self.rgpus[id(r)] = r.gpus
         self.preempt_fail: dict[tuple, int] = {}
         self.block_cache: dict[tuple, tuple[int, str]] = {}
         self.tier_text: dict[int, str] = {}
