@@ -647,6 +647,13 @@ class _Pass:
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         self.searches += 1
+        # Prefixes too short to place even on paper are not simulated (a job's
+        # excluded nodes are, as _place reorders them: keep that history exact).
+        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req)
+        if k_min > len(cands):  # no prefix can work: the search's only trace is bucket order
+            self._as_if_searched(cands)
+            self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
+            return False
         # Shortest prefix of the victim order that lets the job place (quota and
         # topology), found by galloping + bisection: both "enough quota freed" and
         # "a domain holds the gang" only get truer as victims are added.
@@ -666,7 +673,7 @@ class _Pass:
             cur = k
 
         def works(k: int) -> Placed | None:
-            if sum(own[:k]) < need_quota:
+            if k < k_min or sum(own[:k]) < need_quota:
                 return None
             move_to(k)
             return self._place(job, n, elig, pref, req, cache=False)
@@ -748,6 +755,57 @@ class _Pass:
             f"{' and '.join(kinds)}); then {n}x{g} GPUs in {where}",
         )
         return True
+
+    def _fewest_victims(self, cands: list, elig: list[tuple[tuple, Partition]], n: int, g: int,
+                        max_level: int) -> int:
+        """Fewest leading victims after which some eligible domain the gang may use
+        (level <= ``max_level``, the job's required one) has ``n`` nodes with ``g``
+        free GPUs: necessary for any placement, so the search skips the shorter
+        prefixes without simulating them (same answer: ``_place`` fails there)."""
+        parts = [p for _, p in elig if g <= p.maxg]
+        if any(p.root.cnt[g] >= n for p in parts):
+            return 0  # (conservative: a sub-domain may still be short; the search decides)
+        ok = {id(p) for p in parts}
+        gained: dict[int, int] = {}
+        acc: dict[Slot, int] = {}
+        slot_of = self.index.slot_by_id
+        for k, c in enumerate(cands, start=1):
+            for node_id, gg in c[1].allocations:
+                sl = slot_of.get(node_id)
+                if sl is None or id(sl.part) not in ok:
+                    continue
+                before = acc.get(sl, 0)
+                acc[sl] = before + gg
+                if sl.free + before < g <= sl.free + before + gg:
+                    for d in sl.doms:
+                        if d.level > max_level:
+                            continue
+                        got = gained[id(d)] = gained.get(id(d), 0) + 1
+                        if d.cnt[g] + got >= n:
+                            return k
+        return len(cands) + 1
+
+    def _as_if_searched(self, cands: list) -> None:
+        """The index as a failed search leaves it, without simulating: releasing every
+        victim and taking them back (last first) restores every count, and each node
+        touched ends at the back of its free-GPU bucket, in the order of its last
+        take. Bucket order steers best fit, so it must match to the node."""
+        last: dict[Slot, None] = {}
+        for i in range(len(cands) - 1, -1, -1):
+            for sl, gg in self._alloc_slots(cands[i][1]):
+                if gg:
+                    last.pop(sl, None)
+                    last[sl] = None
+        index = self.index
+        journal = index.journal
+        for sl in last:
+            if sl.free > 0:
+                bucket = sl.part.buckets[sl.klass][sl.free]
+                bucket.pop(sl, None)
+                bucket[sl] = None
+                if journal is not None:
+                    journal.append((sl, sl.free))
+        index.version += 1
 
     def _victims_of(self, team: str, key: str) -> list[tuple[tuple, RunningJob]]:
         """A team's preemptible jobs on one quota line, cheapest victim first (cached)."""
