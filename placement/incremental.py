@@ -90,7 +90,8 @@ class AdmissionCache:
             self._dirty.add(node_id)
         fleet = self._fleet
         if fleet is not None:
-            fleet.by_team[r.team].remove(r)
+            team = fleet.by_team[r.team]
+            del team[next(i for i, x in enumerate(team) if x is r)]  # not __eq__ field by field
             del fleet.rgpus[id(r)]
             k = (r.team, r.accelerator)
             left = fleet.running_by_acc[k] - fleet_gpus(r)

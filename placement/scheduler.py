@@ -706,12 +706,14 @@ class _Pass:
         chosen = [(r, why) for _, r, why in cands[:hi_k]]
         # Minimise: drop victims that are not needed, last added first (bounded tries).
         freed_quota = sum(own[:hi_k])
-        for r, why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
+        for r, _why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
             self._release(r, give=False)
             fq = freed_quota - (rg[id(r)] if r.team == job.team else 0)
             trial = self._place(job, n, elig, pref, req, cache=False) if fq >= need_quota else None
             if trial is not None:
-                chosen.remove((r, why))
+                # by identity: the same element list.remove finds (ids are unique),
+                # without the dataclass's field-by-field __eq__ on every other victim
+                del chosen[next(i for i, c in enumerate(chosen) if c[0] is r)]
                 freed_quota, placed = fq, trial
             else:
                 self._release(r, give=True)
