@@ -50,6 +50,7 @@ from broker.store.base import (
     Fenced,
     NotFound,
     Store,
+    StoreError,
     StoreUnavailable,
     VersionConflict,
     job_columns,
@@ -172,6 +173,35 @@ class RedisStore(RedisLogs, Store):
                 f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already exists"
             )
         return stored
+
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """The CREATE script once per member, all in one pipeline (one round trip).
+        Each script is atomic and fenced on its own; a retried pipeline is safe
+        because each member carries its own request token."""
+        stored = [new_job_copy(job) for job, _ in items]
+        argv = [self._job_args(st, events) for st, (_, events) in zip(stored, items, strict=True)]
+
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argv:
+                self._create(args=a, client=pipe)
+            return pipe.execute()
+
+        res = self._call(run) if argv else []
+        out: list[pb.Job | StoreError] = []
+        for st, r in zip(stored, res, strict=True):
+            if r == -9:
+                raise self._fenced()
+            if r == -1:
+                out.append(AlreadyExists(f"job {st.id!r} already exists"))
+            elif r == -2:
+                out.append(AlreadyExists(
+                    f"request id ({st.spec.team!r}, {st.client_request_id!r}) already exists"))
+            else:
+                out.append(st)
+        return out
 
     def get_job(self, job_id: str) -> pb.Job:
         data = self._call(lambda: self._r.hget(self._k("job", job_id), "d"))

@@ -172,6 +172,40 @@ class SQLiteStore(SQLiteLogs, Store):
             ) from e
         return stored
 
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """One BEGIN IMMEDIATE transaction (fenced once, one fsync at COMMIT) with a
+        SAVEPOINT per member, so a member that fails rolls back alone."""
+        out: list[pb.Job | StoreError] = []
+        with self._tx() as conn:
+            for job, events in items:
+                try:
+                    stored = new_job_copy(job)
+                except StoreError as e:
+                    out.append(e)
+                    continue
+                team, crid, phase, region = job_columns(stored)
+                conn.execute("SAVEPOINT member")
+                try:
+                    conn.execute(
+                        "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
+                    )
+                    self._insert_events(conn, stored.id, events)
+                except sqlite3.IntegrityError:
+                    conn.execute("ROLLBACK TO member")
+                    out.append(AlreadyExists(
+                        f"job {stored.id!r} or request id ({team!r}, {crid!r}) already exists"))
+                except (sqlite3.Error, ValueError, TypeError) as e:  # this member only
+                    conn.execute("ROLLBACK TO member")
+                    out.append(StoreError(f"job {stored.id!r} not written: {e}"))
+                else:
+                    out.append(stored)
+                conn.execute("RELEASE member")
+        return out
+
     def get_job(self, job_id: str) -> pb.Job:
         rows = self._read("SELECT data FROM jobs WHERE id = ?", (job_id,))
         if not rows:
