@@ -5,12 +5,13 @@ Why these choices:
   before the call returns, so a broker killed at any instant (SIGKILL, power loss)
   restarts with every acknowledged write and a consistent file. WAL keeps readers
   from blocking behind the writer and makes each commit one sequential append.
-- **One connection guarded by a lock** (not one connection per thread): SQLite allows
-  a single writer at a time anyway, and with synchronous=FULL each write costs an
-  fsync, so parallel connections would only parallelise cheap reads while adding
-  SQLITE_BUSY retries and per-thread connections that leak as gRPC pools churn
-  threads. A ``threading.RLock`` around each operation gives linearisable,
-  thread-safe calls from any number of gRPC worker threads plus the scheduler thread.
+- **One writer connection and one reader connection, each guarded by a lock** (not
+  one connection per thread): SQLite allows a single writer at a time anyway, and
+  with synchronous=FULL each write costs an fsync; per-thread connections would add
+  SQLITE_BUSY retries and leak as gRPC pools churn threads. The separate reader
+  (WAL: it sees every committed write, never waits for the writer) keeps reads from
+  queueing behind a commit's fsync. Writes are few and large: concurrent job
+  creations share one transaction (``create_jobs``, broker/store/group_commit.py).
   Writes still use ``BEGIN IMMEDIATE`` with a busy timeout, so a second *process*
   (e.g. an operator tool) opening the same file is also safe.
 - Jobs are stored as serialized protobuf ``data`` plus the few columns that are
@@ -106,6 +107,16 @@ class SQLiteStore(SQLiteLogs, Store):
                 self._conn.execute(
                     "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         self._fence: tuple[str, int] | None = None
+        # Reads get their own connection (a file only; ":memory:" is per connection):
+        # in WAL mode a reader sees every committed write and never waits for the
+        # writer, so GetJob/ListJobs/WatchJob do not queue behind a commit's fsync.
+        self._rlock = self._lock
+        self._rconn = self._conn
+        if path != ":memory:":
+            self._rlock = threading.Lock()
+            self._rconn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
+                                          check_same_thread=False)
+            self._rconn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
 
     # ---- plumbing ------------------------------------------------------------------
     @contextmanager
@@ -135,10 +146,10 @@ class SQLiteStore(SQLiteLogs, Store):
                 raise
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
-        with self._lock:
-            if self._conn is None:
+        with self._rlock:
+            if self._rconn is None:
                 raise StoreError("store is closed")
-            return self._conn.execute(sql, args).fetchall()
+            return self._rconn.execute(sql, args).fetchall()
 
     @staticmethod
     def _insert_events(
@@ -332,6 +343,10 @@ class SQLiteStore(SQLiteLogs, Store):
         self._fence = None if epoch is None else (name, epoch)
 
     def close(self) -> None:
+        with self._rlock:
+            if self._rconn is not None and self._rconn is not self._conn:
+                self._rconn.close()
+            self._rconn = None
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
