@@ -227,7 +227,9 @@ class SQLiteStore(SQLiteLogs, Store):
         if not client_request_id:
             return None
         rows = self._read(
-            "SELECT data FROM jobs WHERE team = ? AND client_request_id = ?",
+            # "!= ''" lets SQLite use the partial unique index (it cannot prove a bound
+            # parameter is non-empty); without it this scanned the team's every job.
+            "SELECT data FROM jobs WHERE team = ? AND client_request_id = ? AND client_request_id != ''",
             (team, client_request_id),
         )
         return pb.Job.FromString(rows[0][0]) if rows else None
