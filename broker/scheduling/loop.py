@@ -117,7 +117,10 @@ class SchedulerLoop:
             return placement.Decisions()
         with telemetry.schedule_pass(snapshot):
             t0 = time.perf_counter()
-            decisions = placement.schedule(snapshot)
+            # No usable node: the engine could only say "no capacity" per job, and
+            # apply() replaces every such reason by the fleet-wide one, so skip the
+            # O(queue) pass (a broker whose agents are away keeps taking submits).
+            decisions = placement.schedule(snapshot) if snapshot.nodes else placement.Decisions()
             telemetry.placed(time.perf_counter() - t0)
             self.apply(decisions, live, snapshot)
         return decisions
