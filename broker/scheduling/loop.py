@@ -89,9 +89,10 @@ class SchedulerLoop:
                 self.live.forget()  # read the store afresh next time
                 log.exception("scheduler pass failed")
             # Wake-ups coalesce: submits arriving during a pass (or this pause) make one
-            # next pass. The pause, as long as the pass took (at most the interval),
-            # keeps a saturated scheduler to about half a core, the rest for the API.
-            self._stop.wait(min(time.monotonic() - t0, interval))
+            # next pass. The pause keeps passes to ``scheduler_busy_share`` of the
+            # time (at most one interval): one process, one GIL, the rest is the API's.
+            share = self.ops.config.scheduler_busy_share
+            self._stop.wait(min((time.monotonic() - t0) * (1 / share - 1), interval))
 
     def run_once(self) -> placement.Decisions | None:
         """One pass over ONE read of the live jobs: housekeeping and planned moves return
