@@ -66,6 +66,7 @@ T = TypeVar("T")
 _TOKEN_TTL_S = 600
 _LIST_BATCH = 200
 
+MAX_CONNECTIONS = 64  # per store object; each call holds one only for its round trip
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
@@ -107,8 +108,13 @@ class RedisStore(RedisLogs, Store):
     ) -> None:
         clean_url, url_prefix = _split_url(url)
         self.prefix = prefix or url_prefix
-        self._pool = redis.ConnectionPool.from_url(
+        # A bounded pool that makes a caller wait for a free connection: a thousand
+        # WatchJob threads waking at once would otherwise open a thousand connections
+        # in one burst (connect storms past the listen backlog read as "unavailable").
+        self._pool = redis.BlockingConnectionPool.from_url(
             clean_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=socket_timeout_s,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
             health_check_interval=30,
