@@ -24,6 +24,8 @@ no-op rate at the same concurrency is the figure to compare across machines (the
 benchmark machine is shared: absolute rates move with the load, the ratio much
 less). Clients are grpc.aio coroutines in this process, one channel per client up
 to 16: they share the machine's cores with the broker, as on a 2-core box they must.
+The broker runs ``--insecure-dev`` (loopback, plaintext, no tokens): what TLS and
+token authentication add per call is measured by ``benchmarks/bench_auth.py``.
 
     .venv/bin/python benchmarks/bench_api.py [--seconds 3] [--jobs 100000] [--watchers 1000]
 
@@ -152,7 +154,7 @@ class Broker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
-             "--set", "auto_create_teams=true"],
+             "--set", "auto_create_teams=true", "--insecure-dev"],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
 
     def stop(self) -> None:

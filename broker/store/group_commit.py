@@ -21,40 +21,46 @@ inside each group's transaction / script.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from broker.store.base import Store
 from computebroker.v1 import common_pb2 as pb
 
 MAX_GROUP = 256  # members per write: bounds one transaction's time (and its latency)
 
+T = TypeVar("T")
+R = TypeVar("R")
 
-class _Member:
-    __slots__ = ("job", "events", "done", "result", "error", "lead")
 
-    def __init__(self, job: pb.Job, events: Sequence[pb.JobEvent]) -> None:
-        self.job = job
-        self.events = events
+class _Member(Generic[T, R]):
+    __slots__ = ("item", "done", "result", "error", "lead")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
         self.done = threading.Event()
-        self.result: pb.Job | None = None
+        self.result: R | None = None
         self.error: BaseException | None = None
         self.lead = False  # woken to lead the next group rather than with a result
 
 
-class GroupCommit:
-    """``create(job, events)``: ``store.create_job`` semantics, writes grouped."""
+class GroupWriter(Generic[T, R]):
+    """``submit(item)`` returns ``write(group)``'s result for that item, where
+    ``write`` takes every item queued meanwhile in one call and returns one result
+    per item, in order (an exception instance = that member's own error)."""
 
-    def __init__(self, store: Store, max_group: int = MAX_GROUP) -> None:
-        self.store = store
+    def __init__(self, write: Callable[[list[T]], Sequence[R | BaseException]],
+                 max_group: int = MAX_GROUP) -> None:
+        self._write = write
         self.max_group = max_group
         self._lock = threading.Lock()
-        self._queue: list[_Member] = []
+        self._queue: list[_Member[T, R]] = []
         self._busy = False
         self.groups = 0  # writes made (for tests and benchmarks)
-        self.members = 0  # jobs written through them
+        self.members = 0  # items written through them
 
-    def create(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        me = _Member(job, events)
+    def submit(self, item: T) -> R:
+        me: _Member[T, R] = _Member(item)
         with self._lock:
             self._queue.append(me)
             lead = not self._busy
@@ -73,9 +79,9 @@ class GroupCommit:
             group = self._queue[: self.max_group]
             del self._queue[: len(group)]
         try:
-            results = self.store.create_jobs([(m.job, m.events) for m in group])
+            results = self._write([m.item for m in group])
             if len(results) != len(group):
-                raise RuntimeError(f"store returned {len(results)} results for {len(group)} jobs")
+                raise RuntimeError(f"store returned {len(results)} results for {len(group)} items")
             for m, r in zip(group, results, strict=True):
                 if isinstance(r, BaseException):
                     m.error = r
@@ -99,8 +105,19 @@ class GroupCommit:
             nxt.done.set()
 
     @staticmethod
-    def _result(m: _Member) -> pb.Job:
+    def _result(m: _Member[T, R]) -> R:
         if m.error is not None:
             raise m.error
-        assert m.result is not None
-        return m.result
+        return m.result  # type: ignore[return-value]
+
+
+class GroupCommit(GroupWriter[tuple[pb.Job, Sequence[pb.JobEvent]], pb.Job]):
+    """``create(job, events)``: ``store.create_job`` semantics, writes grouped
+    through ``store.create_jobs``."""
+
+    def __init__(self, store: Store, max_group: int = MAX_GROUP) -> None:
+        super().__init__(store.create_jobs, max_group)
+        self.store = store
+
+    def create(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
+        return self.submit((job, events))

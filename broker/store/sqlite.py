@@ -46,6 +46,7 @@ from broker.store.base import (
     numbered_events,
     versioned_copy,
 )
+from broker.store.group_commit import GroupWriter
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from computebroker.v1 import common_pb2 as pb
 
@@ -107,6 +108,7 @@ class SQLiteStore(SQLiteLogs, Store):
                 self._conn.execute(
                     "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         self._fence: tuple[str, int] | None = None
+        self._records: GroupWriter[tuple[str, str, bytes], None] = GroupWriter(self._put_records)
         # Reads get their own connection (a file only; ":memory:" is per connection):
         # in WAL mode a reader sees every committed write and never waits for the
         # writer, so GetJob/ListJobs/WatchJob do not queue behind a commit's fsync.
@@ -301,12 +303,18 @@ class SQLiteStore(SQLiteLogs, Store):
 
     # ---- keyed records ---------------------------------------------------------------
     def put_record(self, kind: str, key: str, message: Message) -> None:
+        """Concurrent record writes (an audit record per mutating RPC, agent
+        bookkeeping) share one transaction and fsync, like job creations."""
+        self._records.submit((kind, key, message.SerializeToString()))
+
+    def _put_records(self, items: list[tuple[str, str, bytes]]) -> list[None]:
         with self._tx() as conn:
-            conn.execute(
+            conn.executemany(
                 "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
                 " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
-                (kind, key, message.SerializeToString()),
+                items,
             )
+        return [None] * len(items)
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         rows = self._read("SELECT data FROM records WHERE kind = ? AND key = ?", (kind, key))
