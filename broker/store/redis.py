@@ -58,6 +58,7 @@ from broker.store.base import (
     numbered_events,
     versioned_copy,
 )
+from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
 
@@ -126,6 +127,7 @@ class RedisStore(RedisLogs, Store):
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
+        self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
         self._retry = retry(
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts) | stop_after_delay(retry_max_delay_s),
@@ -338,7 +340,18 @@ class RedisStore(RedisLogs, Store):
         return int(res)
 
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        self._write_record(kind, key, message.SerializeToString(), delete=False)
+        """Concurrent record writes share one pipeline (one round trip), each still
+        its own fenced script (broker/store/group_commit.py)."""
+        self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
+
+    def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argvs:
+                self._record(args=a, client=pipe)
+            return pipe.execute()
+
+        return [self._fenced() if r == -9 else None for r in self._call(run)]
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
