@@ -108,7 +108,8 @@ class SQLiteStore(SQLiteLogs, Store):
                 self._conn.execute(
                     "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         self._fence: tuple[str, int] | None = None
-        self._records: GroupWriter[tuple[str, str, bytes], None] = GroupWriter(self._put_records)
+        # Job creations and record puts queue here and share transactions (group commit).
+        self._writes: GroupWriter[tuple[str, object], object] = GroupWriter(self._write_group)
         # Reads get their own connection (a file only; ":memory:" is per connection):
         # in WAL mode a reader sees every committed write and never waits for the
         # writer, so GetJob/ListJobs/WatchJob do not queue behind a commit's fsync.
@@ -189,34 +190,55 @@ class SQLiteStore(SQLiteLogs, Store):
         self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
     ) -> list[pb.Job | StoreError]:
         """One BEGIN IMMEDIATE transaction (fenced once, one fsync at COMMIT) with a
-        SAVEPOINT per member, so a member that fails rolls back alone."""
-        out: list[pb.Job | StoreError] = []
+        SAVEPOINT per member, so a member that fails rolls back alone. It joins the
+        store's write group: record writes queued meanwhile share the transaction."""
+        return self._writes.submit(("jobs", list(items)))  # type: ignore[return-value]
+
+    def _write_group(self, group: list[tuple[str, object]]) -> list[object]:
+        """One transaction for a group of writes (job batches and record puts), in
+        queue order; a whole-transaction failure (Fenced, COMMIT) reaches them all."""
+        out: list[object] = []
         with self._tx() as conn:
-            for job, events in items:
-                try:
-                    stored = new_job_copy(job)
-                except StoreError as e:
-                    out.append(e)
-                    continue
-                team, crid, phase, region = job_columns(stored)
-                conn.execute("SAVEPOINT member")
-                try:
-                    conn.execute(
-                        "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
-                    )
-                    self._insert_events(conn, stored.id, events)
-                except sqlite3.IntegrityError:
-                    conn.execute("ROLLBACK TO member")
-                    out.append(AlreadyExists(
-                        f"job {stored.id!r} or request id ({team!r}, {crid!r}) already exists"))
-                except (sqlite3.Error, ValueError, TypeError) as e:  # this member only
-                    conn.execute("ROLLBACK TO member")
-                    out.append(StoreError(f"job {stored.id!r} not written: {e}"))
+            for kind, item in group:
+                if kind == "jobs":
+                    out.append(self._create_members(conn, item))  # type: ignore[arg-type]
                 else:
-                    out.append(stored)
-                conn.execute("RELEASE member")
+                    conn.execute(
+                        "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
+                        " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
+                        item,  # type: ignore[arg-type]
+                    )
+                    out.append(None)
+        return out
+
+    def _create_members(self, conn: sqlite3.Connection,
+                        items: list[tuple[pb.Job, Sequence[pb.JobEvent]]]) -> list[pb.Job | StoreError]:
+        out: list[pb.Job | StoreError] = []
+        for job, events in items:
+            try:
+                stored = new_job_copy(job)
+            except StoreError as e:
+                out.append(e)
+                continue
+            team, crid, phase, region = job_columns(stored)
+            conn.execute("SAVEPOINT member")
+            try:
+                conn.execute(
+                    "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
+                )
+                self._insert_events(conn, stored.id, events)
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO member")
+                out.append(AlreadyExists(
+                    f"job {stored.id!r} or request id ({team!r}, {crid!r}) already exists"))
+            except (sqlite3.Error, ValueError, TypeError) as e:  # this member only
+                conn.execute("ROLLBACK TO member")
+                out.append(StoreError(f"job {stored.id!r} not written: {e}"))
+            else:
+                out.append(stored)
+            conn.execute("RELEASE member")
         return out
 
     def get_job(self, job_id: str) -> pb.Job:
@@ -304,17 +326,9 @@ class SQLiteStore(SQLiteLogs, Store):
     # ---- keyed records ---------------------------------------------------------------
     def put_record(self, kind: str, key: str, message: Message) -> None:
         """Concurrent record writes (an audit record per mutating RPC, agent
-        bookkeeping) share one transaction and fsync, like job creations."""
-        self._records.submit((kind, key, message.SerializeToString()))
-
-    def _put_records(self, items: list[tuple[str, str, bytes]]) -> list[None]:
-        with self._tx() as conn:
-            conn.executemany(
-                "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
-                " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
-                items,
-            )
-        return [None] * len(items)
+        bookkeeping) share one transaction and fsync with each other and with job
+        creations (the store's write group)."""
+        self._writes.submit(("record", (kind, key, message.SerializeToString())))
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         rows = self._read("SELECT data FROM records WHERE kind = ? AND key = ?", (kind, key))

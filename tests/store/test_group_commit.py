@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from broker.store import AlreadyExists, Store
+from broker.store import KIND_TEAM, AlreadyExists, Store
 from broker.store.base import Fenced, StoreError
 from broker.store.group_commit import GroupCommit
 from computebroker.v1 import common_pb2 as pb
@@ -116,3 +116,21 @@ def test_concurrent_creates_are_grouped_and_none_lost_or_doubled(store: Store):
     assert gc.members == threads_n * per_thread
     assert max(gate.sizes) >= threads_n - 1  # the gated write carried a whole group
     assert gc.groups < gc.members
+
+
+def test_concurrent_record_puts_and_creates_all_land(store: Store):
+    """Record writes (audit records) join the same write groups as job creations."""
+    def worker(t: int) -> None:
+        for k in range(5):
+            store.put_record(KIND_TEAM, f"t-{t}-{k}", pb.JobSpec(name=f"v{t}-{k}"))
+            store.create_jobs([(make_job(f"j-{t:02d}-{k}"), [ev("submitted")])])
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(12)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads)
+    names = {r.name for r in store.list_records(KIND_TEAM, pb.JobSpec)}
+    assert names == {f"v{t}-{k}" for t in range(12) for k in range(5)}
+    assert len(store.list_jobs(limit=0)) == 60
