@@ -42,6 +42,10 @@ class BrokerConfig(BaseModel):
     # What standbys tell callers the leader's address is; "" = listen host + bound port.
     advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Most of the broker's time scheduler passes may take while wake-ups keep coming
+    # (a stream of submits): after a pass the loop pauses so that passes stay under
+    # this share (the GIL is shared with the API threads). Wake-ups coalesce meanwhile.
+    scheduler_busy_share: float = Field(0.25, gt=0, le=1)
     # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
     # beyond it are dropped and counted (docs/contracts.md "Rank logs").
     log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)

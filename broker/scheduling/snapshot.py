@@ -124,6 +124,27 @@ def queue_key(job: pb.Job, priority: int) -> tuple[int, float, str]:
     return (-priority, job.created_time, job.id)
 
 
+class SnapshotMemo:
+    """Placement inputs of unchanged jobs, reused across passes: a job's request or
+    running entry depends only on the job (its ``version`` moves on every write) and
+    its priority (and, for a pending job, the regions whose checkpoint roots refuse it,
+    part of the key since agents can change them). Entries of jobs not seen in a pass are dropped."""
+
+    def __init__(self) -> None:
+        self._old: dict[tuple, object] = {}
+        self._new: dict[tuple, object] = {}
+
+    def get(self, key: tuple, make):  # noqa: ANN001, ANN201
+        hit = self._old.get(key)
+        if hit is None:
+            hit = make()
+        self._new[key] = hit
+        return hit
+
+    def rotate(self) -> None:
+        self._old, self._new = self._new, {}
+
+
 def build(
     *,
     now: float,
@@ -133,6 +154,7 @@ def build(
     plans: Iterable[cpb.TrainingPlan],
     draining: Iterable[str],
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
+    memo: SnapshotMemo | None = None,
 ) -> placement.Snapshot:
     plan_map = {p.id: p for p in plans}
     agents = list(agents)
@@ -152,9 +174,20 @@ def build(
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
             refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
-            pending.append((queue_key(job, prio), job_request(job, prio, refusing)))
+            if memo is None:
+                pending.append((queue_key(job, prio), job_request(job, prio, refusing)))
+            else:
+                pending.append(memo.get(
+                    (job.id, job.version, prio, 0, refusing),
+                    lambda j=job, p=prio, r=refusing: (queue_key(j, p), job_request(j, p, r))))
         elif job.phase in HOLDING and job.placement.nodes:
-            running.append(running_job(job, prio))
+            if memo is None:
+                running.append(running_job(job, prio))
+            else:
+                running.append(memo.get((job.id, job.version, prio, 1),
+                                        lambda j=job, p=prio: running_job(j, p)))
+    if memo is not None:
+        memo.rotate()
     pending.sort(key=lambda kv: kv[0])
     return placement.Snapshot(
         now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),

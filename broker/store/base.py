@@ -158,6 +158,26 @@ class Store(abc.ABC):
         returns that job (idempotent submit) via :meth:`find_job_by_request_id`.
         """
 
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """Group commit: :meth:`create_job` for each (job, events), as few atomic writes
+        as the store allows (SQLite: one transaction, one fsync; Redis: one pipeline).
+
+        Each member stands alone: the result list holds, per item and in order, the
+        stored job or the error that member alone met (``AlreadyExists`` for a
+        duplicate id or request id, even one repeated inside the same batch); the
+        other members are written regardless. A failure of the whole write (Fenced,
+        StoreUnavailable, a failed commit) raises and writes nothing of the batch
+        on SQLite (Redis: the members before it may have been written, each whole)."""
+        out: list[pb.Job | StoreError] = []
+        for job, events in items:
+            try:
+                out.append(self.create_job(job, events))
+            except AlreadyExists as e:
+                out.append(e)
+        return out
+
     @abc.abstractmethod
     def get_job(self, job_id: str) -> pb.Job:
         """Raises NotFound."""

@@ -50,6 +50,7 @@ from broker.store.base import (
     Fenced,
     NotFound,
     Store,
+    StoreError,
     StoreUnavailable,
     VersionConflict,
     decode,
@@ -59,6 +60,7 @@ from broker.store.base import (
     numbered_events,
     versioned_copy,
 )
+from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
 
@@ -67,6 +69,7 @@ T = TypeVar("T")
 _TOKEN_TTL_S = 600
 _LIST_BATCH = 200
 
+MAX_CONNECTIONS = 64  # per store object; each call holds one only for its round trip
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
@@ -108,8 +111,13 @@ class RedisStore(RedisLogs, Store):
     ) -> None:
         clean_url, url_prefix = _split_url(url)
         self.prefix = prefix or url_prefix
-        self._pool = redis.ConnectionPool.from_url(
+        # A bounded pool that makes a caller wait for a free connection: a thousand
+        # WatchJob threads waking at once would otherwise open a thousand connections
+        # in one burst (connect storms past the listen backlog read as "unavailable").
+        self._pool = redis.BlockingConnectionPool.from_url(
             clean_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=socket_timeout_s,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
             health_check_interval=30,
@@ -121,6 +129,7 @@ class RedisStore(RedisLogs, Store):
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
+        self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
         self._retry = retry(
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts) | stop_after_delay(retry_max_delay_s),
@@ -174,6 +183,35 @@ class RedisStore(RedisLogs, Store):
                 f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already exists"
             )
         return stored
+
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """The CREATE script once per member, all in one pipeline (one round trip).
+        Each script is atomic and fenced on its own; a retried pipeline is safe
+        because each member carries its own request token."""
+        stored = [new_job_copy(job) for job, _ in items]
+        argv = [self._job_args(st, events) for st, (_, events) in zip(stored, items, strict=True)]
+
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argv:
+                self._create(args=a, client=pipe)
+            return pipe.execute()
+
+        res = self._call(run) if argv else []
+        out: list[pb.Job | StoreError] = []
+        for st, r in zip(stored, res, strict=True):
+            if r == -9:
+                raise self._fenced()
+            if r == -1:
+                out.append(AlreadyExists(f"job {st.id!r} already exists"))
+            elif r == -2:
+                out.append(AlreadyExists(
+                    f"request id ({st.spec.team!r}, {st.client_request_id!r}) already exists"))
+            else:
+                out.append(st)
+        return out
 
     def get_job(self, job_id: str) -> pb.Job:
         data = self._call(lambda: self._r.hget(self._k("job", job_id), "d"))
@@ -307,7 +345,18 @@ class RedisStore(RedisLogs, Store):
         return int(res)
 
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        self._write_record(kind, key, message.SerializeToString(), delete=False)
+        """Concurrent record writes share one pipeline (one round trip), each still
+        its own fenced script (broker/store/group_commit.py)."""
+        self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
+
+    def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argvs:
+                self._record(args=a, client=pipe)
+            return pipe.execute()
+
+        return [self._fenced() if r == -9 else None for r in self._call(run)]
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
