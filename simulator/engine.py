@@ -43,7 +43,7 @@ from broker.scheduling import snapshot as snapmod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from simulator import fleet
+from simulator import fleet, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
 from simulator.trace import TraceJob
@@ -767,13 +767,28 @@ class Simulation:
         if not self.queued and (self.policy.proactive is Proactive.NONE or not self.holding):
             return  # nothing to place (a proactive policy still looks for better homes)
         snap = self.snapshot()
-        dec = placement.schedule(snap)
+        dec = self.decide(snap)
         self.passes += 1
         self.in_tick = True
         try:
             self.apply_decisions(snap, dec)
         finally:
             self.in_tick = False
+
+    def decide(self, snap: placement.Snapshot) -> placement.Decisions:
+        """``placement.schedule`` of the pass; under static quotas without the jobs it
+        provably leaves pending for quota (:mod:`simulator.quota_filter`: same
+        admissions, preemptions and reservations; ``check`` mode verifies that)."""
+        pending = quota_filter.placeable(snap) if self.policy.quotas is Quotas.STATIC else snap.pending
+        if len(pending) == len(snap.pending):
+            return placement.schedule(snap)
+        dec = placement.schedule(dataclasses.replace(snap, pending=pending)) if pending else placement.Decisions()
+        if self.check:
+            full = placement.schedule(snap)
+            if (dec.admissions, dec.preemptions, dec.reservations) != (
+                    full.admissions, full.preemptions, full.reservations):
+                raise SimError(f"t={self.now}: the quota filter changed a decision")
+        return dec
 
     def check_conservation(self) -> None:
         """No GPU counted twice: per node, the GPUs held equal the sum of the holding

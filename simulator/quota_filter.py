@@ -1,0 +1,72 @@
+"""Leave out of a pass the pending jobs the engine provably keeps pending for quota.
+
+Why: under static per-team quotas (every team's ``borrow_limit`` is 0) the queues grow
+long: on the Philly dev trace about 2,700 jobs wait per pass, and nearly all of them are
+over their team's guarantee. ``placement.schedule`` visits each of them every pass only
+to write "over quota" (about 60 % of the static-quota run's CPU time). The simulator
+uses admissions and preemptions, not those reasons, so it hands the engine only the
+jobs that might be admitted, preempt or reserve; the decisions are the same.
+
+Why the decisions are the same (``placement/scheduler.py``, one pass), for a pending job
+J of team T on quota line K when no team may borrow:
+
+* T's room is ``guarantee - used`` (``QuotaLedger.borrow_room`` with a zero borrow
+  limit); within a pass T's usage only grows (admissions stay inside the room, so no
+  team ever borrows and no job of T is a *reclaim* victim), unless a job of T is a
+  *priority* victim: a running job of T, preemptible or already stopping, with a lower
+  priority than a pending job of T. Teams with such jobs are not filtered.
+* So when J's smallest size (``min_nodes`` when elastic) exceeds T's room at the start,
+  J is quota-blocked all pass: ``_try`` finds no quota, ``_preempt`` (quota-blocked)
+  finds no lower-priority victim and returns before any search (it neither counts a
+  search nor touches the capacity index), and J is left pending with a reason. Its only
+  traces are caches keyed by job shape, and its memo entry could only answer "fail" for
+  a job that would fail anyway (room only shrinks).
+* Dropping J from the queue changes nothing for the others: the queue order is a sort,
+  the borrowing phase serves teams by borrowed share (0 for all: nobody borrows), and
+  J's demand only enters lending, which a zero borrow limit never uses.
+
+The simulator's ``check`` mode runs the engine on the full queue as well and fails when
+an admission, preemption or reservation differs (tests/simulator run with it).
+"""
+
+from __future__ import annotations
+
+import placement
+from placement.quota import QuotaLedger
+
+
+def applies(teams: tuple[placement.TeamQuota, ...]) -> bool:
+    """Static quotas: some team has a quota and none may borrow."""
+    return bool(teams) and all(t.borrow_limit == 0 or not t.can_borrow or not t.cohort for t in teams)
+
+
+def placeable(snap: placement.Snapshot) -> tuple[placement.JobRequest, ...]:
+    """``snap.pending`` without the jobs that stay quota-blocked for the whole pass."""
+    if not snap.pending or not applies(snap.teams):
+        return snap.pending
+    led = QuotaLedger(snap.teams, snap.running, ())
+    top: dict[tuple[str, str], int] = {}  # (team, line) -> highest pending priority
+    for j in snap.pending:
+        k = (j.team, led.key(j.team, j.accelerator))
+        if j.priority > top.get(k, j.priority - 1):
+            top[k] = j.priority
+    unsafe: set[tuple[str, str]] = set()  # lines where a job of the team may be a victim
+    for r in snap.running:
+        if r.preemptible or r.stopping:
+            k = (r.team, led.key(r.team, r.accelerator))
+            if k in top and r.priority < top[k]:
+                unsafe.add(k)
+    room: dict[tuple[str, str], float] = {}
+    for team, key in top:
+        if (team, key) in unsafe or team not in led.quota or led.borrowed(team, key) > 0:
+            continue
+        room[(team, key)] = led.room(team, key)
+    if not room:
+        return snap.pending
+    keep = []
+    for j in snap.pending:
+        r = room.get((j.team, led.key(j.team, j.accelerator)))
+        g, n, mn = j.gpus_per_node, j.nodes, j.min_nodes
+        if r is None or g <= 0 or n <= 0 or (mn if 0 < mn < n else n) * g <= r:
+            keep.append(j)
+    return tuple(keep)
