@@ -7,7 +7,9 @@ What is real (the same functions the live broker calls):
 - the job state machine: :mod:`broker.jobs.transitions` (submit, admit, request_stop,
   attempt_lost) and :mod:`broker.jobs.updates` (progress, attempt_ended) on real
   ``pb.Job`` records, with their goodput accounting;
-- what to do on an interruption: the job's :class:`broker.jobs.recovery.RecoveryPolicy`;
+- what to do on an interruption: :func:`broker.jobs.recovery.plan_stop` (the job's
+  :class:`~broker.jobs.recovery.RecoveryPolicy`, the function ``JobOps.trigger`` and
+  ``JobOps.attempt_lost`` call) and then ``transitions.request_stop`` / ``attempt_lost``;
 - proactive moves: :mod:`broker.jobs.proactive`.
 
 What is simulated: time (a heap of events, ``now`` passed to every pure function, as the
@@ -38,7 +40,7 @@ from broker.jobs import proactive, transitions, updates
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING, TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler
-from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.recovery import Signal, Trigger, plan_stop
 from broker.scheduling import snapshot as snapmod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
@@ -514,11 +516,13 @@ class Simulation:
         self.apply(sj, updates.attempt_ended(sj.job, updates.AgentUpdate(agent, u), self.now, self.cfg))
 
     def trigger(self, sj: SimJob, sig: Signal, actor: str = "sim") -> bool:
-        """What ``JobOps.trigger`` does live: the job's recovery policy plans the stop,
-        ``transitions.request_stop`` applies it."""
+        """What ``JobOps.trigger`` does live: ``recovery.plan_stop`` plans the stop (the
+        broker config's recovery policy is this policy's), ``transitions.request_stop``
+        applies it. In between, the simulated agent reports its last periodic checkpoint
+        (as a progress update would have before the trigger)."""
         if sj.job.phase not in HOLDING or sj.job.stop_reason:
             return False
-        plan = self.policy.recovery.plan(sig, sj.job, self.cfg, self.now)
+        plan = plan_stop(sig, sj.job, self.cfg, self.now)
         if plan is None:
             return False
         self._note_checkpoint(sj)
@@ -544,7 +548,7 @@ class Simulation:
         if sj.job.phase not in HOLDING:
             return
         self._note_checkpoint(sj)
-        plan = self.policy.recovery.plan(Signal(trig), sj.job, self.cfg, self.now)
+        plan = plan_stop(Signal(trig), sj.job, self.cfg, self.now)
         old = sj.job.phase
         if sj.stop_cause is None or not sj.job.stop_reason:
             sj.stop_cause = cause

@@ -23,7 +23,7 @@ from broker.jobs import migration, transitions, updates
 from broker.jobs.applier import Applier
 from broker.jobs.lifecycle import HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
-from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
+from broker.jobs.recovery import Signal, StopPlan, Trigger, plan_stop
 from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
 from computebroker.v1 import agent_pb2 as apb
@@ -122,7 +122,7 @@ class JobOps:
         (or that there is none); the applier writes it and sends the Stop."""
 
         def step(job: pb.Job, now: float) -> Outcome | None:
-            plan = policy_for(job, self.config).plan(sig, job, self.config, now)
+            plan = plan_stop(sig, job, self.config, now)
             if plan is None:
                 return None
             inp = transitions.StopRequest(plan=plan, actor=actor, message=message,
@@ -146,7 +146,7 @@ class JobOps:
         checkpoint, or finish a pending cancel."""
 
         def step(job: pb.Job, now: float) -> Outcome | None:
-            plan = policy_for(job, self.config).plan(Signal(trigger), job, self.config, now)
+            plan = plan_stop(Signal(trigger), job, self.config, now)
             if plan is None:
                 return None
             inp = transitions.AttemptLost(agent_id=agent_id, plan=plan, message=message,

@@ -256,6 +256,17 @@ def policy_for(job: pb.Job, config: BrokerConfig) -> RecoveryPolicy:
     return POLICIES.get(name) or POLICIES[config.recovery_policy]
 
 
+def plan_stop(sig: Signal, job: pb.Job, config: BrokerConfig, now: float) -> StopPlan | None:
+    """The stop ``job``'s own recovery policy plans for ``sig`` (None = leave it alone).
+
+    The one door every interruption goes through: the live broker's ``JobOps.trigger``
+    and ``JobOps.attempt_lost`` and the fleet simulator (``simulator/engine.py``) call
+    this, then :func:`broker.jobs.transitions.request_stop` / ``attempt_lost``, so a
+    simulated run decides stops exactly as the broker would
+    (tests/simulator/test_sim_equivalence.py)."""
+    return policy_for(job, config).plan(sig, job, config, now)
+
+
 def is_elastic(job: pb.Job) -> bool:
     """Unset elasticity (0/0) means exactly ``resources.nodes``."""
     e, n = job.spec.elasticity, job.spec.resources.nodes
