@@ -274,7 +274,7 @@ class _Pass:
             n = len(jobs)
             while True:
                 job, key = jobs[i]
-                settled = self.searches >= MAX_PREEMPTION_SEARCHES and self._out_of_quota(job, key)
+                settled = self._quiet(job, key) and self._out_of_quota(job, key)
                 if not settled:
                     try_(job, key)
                 i += 1
@@ -301,11 +301,36 @@ class _Pass:
                             break
         return self.decisions
 
+    def _quiet(self, job: JobRequest, key: str) -> bool:
+        """True when ``_try`` of this job, if it is out of quota, can only record the
+        quota reason: the preemption searches are spent, or no search could start
+        (its team has no lower-priority victim on this quota line, so the quota-blocked
+        ``_preempt`` returns before searching, now and for the rest of the pass) and
+        some capacity is eligible (else the reason says there is none)."""
+        if self.searches >= MAX_PREEMPTION_SEARCHES:
+            return True
+        return self._lower(job.team, key, job.priority) == 0 and bool(self._eligible(job))
+
+    def _lower(self, team: str, key: str, priority: int) -> int:
+        """GPUs of the team's preemptible (or already stopping) running jobs on this
+        quota line below ``priority``: what a quota-blocked job may free (cached; the
+        running set does not change during a pass)."""
+        lk = (team, key, priority)
+        lower = self.lower_gpus.get(lk)
+        if lower is None:
+            led = self.ledger
+            lower = self.lower_gpus[lk] = sum(
+                self.rgpus[id(r)] for r in self.by_team.get(team, ())
+                if r.priority < priority and (r.preemptible or r.stopping)
+                and led.key(r.team, r.accelerator) == key
+            )
+        return lower
+
     def _out_of_quota(self, job: JobRequest, key: str) -> bool:
-        """Borrowing phase, once the preemption searches are spent: most jobs left
-        are simply over their team's quota. This is ``_try``'s first test (same
-        outcome and reason text) in one call: True when the job was recorded as
-        pending for quota, False when ``_try`` must handle it."""
+        """Borrowing phase, for a job ``_quiet`` vouches for: most jobs left are
+        simply over their team's quota. This is ``_try``'s first test (same outcome
+        and reason text) in one call: True when the job was recorded as pending for
+        quota, False when ``_try`` must handle it."""
         g, nodes, mn = job.gpus_per_node, job.nodes, job.min_nodes
         if nodes <= 0 or g <= 0:
             return False
@@ -335,6 +360,7 @@ class _Pass:
             return i
         used, nominal, iroom = led.usage(team, key), led.guaranteed(team, key), int(room)
         reasons, cache = self.decisions.pending_reasons, self.reason_cache
+        spent = self.searches >= MAX_PREEMPTION_SEARCHES
         n = len(jobs)
         while i < n:
             job, k = jobs[i]
@@ -343,6 +369,8 @@ class _Pass:
                 break
             gpus = nodes * g
             if used + gpus <= nominal or min(nodes, iroom // g) >= (mn if 0 < mn < nodes else nodes):
+                break
+            if not spent and not self._quiet(job, key):
                 break
             rk = (team, key, gpus, used, room)
             msg = cache.get(rk)
@@ -598,14 +626,7 @@ class _Pass:
             return False
         need_quota = n * g - int(led.room(job.team, key)) if quota_blocked else 0
         if quota_blocked:
-            lk = (job.team, key, job.priority)
-            lower = self.lower_gpus.get(lk)
-            if lower is None:
-                lower = self.lower_gpus[lk] = sum(
-                    self.rgpus[id(r)] for r in self.by_team.get(job.team, ())
-                    if r.priority < job.priority and (r.preemptible or r.stopping)
-                    and led.key(r.team, r.accelerator) == key
-                )
+            lower = self._lower(job.team, key, job.priority)
             if lower < need_quota:  # upper bound (ignores victims already claimed)
                 self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
                 return False
