@@ -111,6 +111,9 @@ Placed = tuple[Partition, int, Domain | None, list[Slot]]
 _by_id = attrgetter("id")
 _by_submit_id = attrgetter("submit_time", "id")
 _by_priority = attrgetter("priority")
+# What the static eligibility filters and the ranking read of a job (one C-level call).
+_elig_sig = attrgetter("accelerator", "allowed_regions", "denied_regions", "capacity_types",
+                       "max_price_per_gpu_hour", "gpus_per_node", "dataset_region", "preferred_regions")
 # level_of per TopologyLevel, looked up by int (enum members hash in Python code).
 _LEVEL = {int(lvl): level_of(lvl) for lvl in TopologyLevel}
 
@@ -449,11 +452,9 @@ class _Pass:
         different durations still share one list object (and one fail cache).
         A front cache by (signature, safe point) skips the window checks for the
         many jobs that repeat both; it returns the very same list object."""
-        sig = (
-            job.accelerator, job.allowed_regions, job.denied_regions, job.capacity_types,
-            job.max_price_per_gpu_hour, job.gpus_per_node, job.dataset_region, job.preferred_regions,
-        )
-        t_safe = safe_point_s(job)
+        sig = _elig_sig(job)
+        c, e = job.checkpoint_interval_s, job.expected_duration_s  # safe_point_s, inlined
+        t_safe = (min(c, e) if e > 0 else c) if c > 0 else e if e > 0 else UNKNOWN_SAFE_POINT_S
         fk = (sig, t_safe)
         out = self.elig_by_safe.get(fk)
         if out is None:

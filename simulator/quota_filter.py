@@ -31,8 +31,12 @@ an admission, preemption or reservation differs (tests/simulator run with it).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import placement
 from placement.quota import QuotaLedger
+
+_team_acc = attrgetter("team", "accelerator")
 
 
 def applies(teams: tuple[placement.TeamQuota, ...]) -> bool:
@@ -45,9 +49,13 @@ def placeable(snap: placement.Snapshot) -> tuple[placement.JobRequest, ...]:
     if not snap.pending or not applies(snap.teams):
         return snap.pending
     led = QuotaLedger(snap.teams, snap.running, ())
+    line: dict[tuple[str, str], tuple[str, str]] = {}  # (team, accelerator) -> (team, quota line)
     top: dict[tuple[str, str], int] = {}  # (team, line) -> highest pending priority
     for j in snap.pending:
-        k = (j.team, led.key(j.team, j.accelerator))
+        ta = _team_acc(j)
+        k = line.get(ta)
+        if k is None:
+            k = line[ta] = (ta[0], led.key(*ta))
         if j.priority > top.get(k, j.priority - 1):
             top[k] = j.priority
     unsafe: set[tuple[str, str]] = set()  # lines where a job of the team may be a victim
@@ -63,10 +71,14 @@ def placeable(snap: placement.Snapshot) -> tuple[placement.JobRequest, ...]:
         room[(team, key)] = led.room(team, key)
     if not room:
         return snap.pending
+    by_ta = {ta: room.get(k) for ta, k in line.items()}
     keep = []
     for j in snap.pending:
-        r = room.get((j.team, led.key(j.team, j.accelerator)))
+        r = by_ta[_team_acc(j)]
+        if r is None:
+            keep.append(j)
+            continue
         g, n, mn = j.gpus_per_node, j.nodes, j.min_nodes
-        if r is None or g <= 0 or n <= 0 or (mn if 0 < mn < n else n) * g <= r:
+        if g <= 0 or n <= 0 or (mn if 0 < mn < n else n) * g <= r:
             keep.append(j)
     return tuple(keep)
