@@ -364,6 +364,8 @@ class _Pass:
         used, nominal, iroom = led.usage(team, key), led.guaranteed(team, key), int(room)
         reasons, cache = self.decisions.pending_reasons, self.reason_cache
         spent = self.searches >= MAX_PREEMPTION_SEARCHES
+        calm: dict[int, bool] = {}  # priority -> no lower-priority victim (``_quiet``'s first test)
+        eligible = self._eligible
         n = len(jobs)
         while i < n:
             job, k = jobs[i]
@@ -373,8 +375,13 @@ class _Pass:
             gpus = nodes * g
             if used + gpus <= nominal or min(nodes, iroom // g) >= (mn if 0 < mn < nodes else nodes):
                 break
-            if not spent and not self._quiet(job, key):
-                break
+            if not spent:  # _quiet(job, key), its victim test read once per priority
+                p = job.priority
+                ok = calm.get(p)
+                if ok is None:
+                    ok = calm[p] = self._lower(team, key, p) == 0
+                if not ok or not eligible(job):
+                    break
             rk = (team, key, gpus, used, room)
             msg = cache.get(rk)
             if msg is None:
