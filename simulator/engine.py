@@ -156,6 +156,7 @@ class Simulation:
         self.region_names = [r.name for r in scn.regions]
         self.moving: set[str] = set()
         self.in_tick = False  # jobs stopped by a proactive move, not yet relaunched
+        self._seen: dict[object, object] = {}  # interned request fields (see _interned)
 
     # ---- set-up ------------------------------------------------------------------------
     def _teams(self) -> tuple[placement.TeamQuota, ...]:
@@ -738,7 +739,7 @@ class Simulation:
         pending, running = [], []
         for sj in self.queued.values():
             if sj.req is None:
-                sj.req = snapmod.job_request(sj.job, sj.prio)
+                sj.req = self._interned(snapmod.job_request(sj.job, sj.prio))
             pending.append(sj.req)
         for sj in self.holding.values():
             if sj.run is None:
@@ -747,6 +748,17 @@ class Simulation:
         return placement.Snapshot(now=self.now, nodes=self.node_infos(), running=tuple(running),
                                   pending=tuple(pending), teams=self.teams,
                                   draining_regions=frozenset(self.draining))
+
+    def _interned(self, req: placement.JobRequest) -> placement.JobRequest:
+        """The same request with its region / capacity sets shared with every equal one:
+        the engine's caches key on them, and equal-but-distinct sets are compared
+        element by element on every lookup (equal values: the same decisions)."""
+        seen = self._seen
+        kw = {}
+        for f in ("allowed_regions", "denied_regions", "preferred_regions", "capacity_types"):
+            v = getattr(req, f)
+            kw[f] = seen.setdefault(v, v)
+        return dataclasses.replace(req, **kw)
 
     def live_snapshot(self) -> placement.Snapshot:
         """The same state through the live broker's builder (``snapshot.build``), for the

@@ -50,13 +50,16 @@ def placeable(snap: placement.Snapshot) -> tuple[placement.JobRequest, ...]:
         return snap.pending
     led = QuotaLedger(snap.teams, snap.running, ())
     line: dict[tuple[str, str], tuple[str, str]] = {}  # (team, accelerator) -> (team, quota line)
+    queue: dict[tuple[str, str], list[placement.JobRequest]] = {}  # per (team, line)
     top: dict[tuple[str, str], int] = {}  # (team, line) -> highest pending priority
     for j in snap.pending:
         ta = _team_acc(j)
         k = line.get(ta)
         if k is None:
             k = line[ta] = (ta[0], led.key(*ta))
-        if j.priority > top.get(k, j.priority - 1):
+            queue[k], top[k] = [], j.priority
+        queue[k].append(j)
+        if j.priority > top[k]:
             top[k] = j.priority
     unsafe: set[tuple[str, str]] = set()  # lines where a job of the team may be a victim
     for r in snap.running:
@@ -64,21 +67,12 @@ def placeable(snap: placement.Snapshot) -> tuple[placement.JobRequest, ...]:
             k = (r.team, led.key(r.team, r.accelerator))
             if k in top and r.priority < top[k]:
                 unsafe.add(k)
-    room: dict[tuple[str, str], float] = {}
-    for team, key in top:
+    keep: list[placement.JobRequest] = []
+    for (team, key), jobs in queue.items():
         if (team, key) in unsafe or team not in led.quota or led.borrowed(team, key) > 0:
+            keep += jobs
             continue
-        room[(team, key)] = led.room(team, key)
-    if not room:
-        return snap.pending
-    by_ta = {ta: room.get(k) for ta, k in line.items()}
-    keep = []
-    for j in snap.pending:
-        r = by_ta[_team_acc(j)]
-        if r is None:
-            keep.append(j)
-            continue
-        g, n, mn = j.gpus_per_node, j.nodes, j.min_nodes
-        if g <= 0 or n <= 0 or (mn if 0 < mn < n else n) * g <= r:
-            keep.append(j)
-    return tuple(keep)
+        r = led.room(team, key)
+        keep += [j for j in jobs if j.gpus_per_node <= 0 or j.nodes <= 0
+                 or (j.min_nodes if 0 < j.min_nodes < j.nodes else j.nodes) * j.gpus_per_node <= r]
+    return tuple(keep) if len(keep) < len(snap.pending) else snap.pending
