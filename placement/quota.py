@@ -112,6 +112,12 @@ class QuotaLedger:
             k = self._keys[ta] = accelerator if accelerator and ta in self.nominal else ""
         return k
 
+    def job_key(self, job: JobRequest) -> str:
+        """``key(job.team, job.accelerator)``, with the pair built in C (once per
+        pending job per pass)."""
+        k = self._keys.get(_team_acc(job))
+        return k if k is not None else self.key(job.team, job.accelerator)
+
     def guaranteed(self, team: str, key: str) -> int:
         return self.nominal.get((team, key), 0)
 

@@ -248,17 +248,17 @@ class _Pass:
 
     def run(self) -> Decisions:
         led = self.ledger
-        keyof = led.key
+        keyof = led.job_key
         try_ = self._try
         deferred: dict[str, list[tuple[JobRequest, str]]] = {}
         if not led.enabled:
             for job in self.pending:
-                try_(job, keyof(job.team, job.accelerator))
+                try_(job, keyof(job))
             return self.decisions
         within = led.within_guarantee
         for job in self.pending:
             team, nodes, mn = job.team, job.nodes, job.min_nodes
-            key = keyof(team, job.accelerator)
+            key = keyof(job)
             elastic = 0 < mn < nodes
             if within(team, key, (mn if elastic else nodes) * job.gpus_per_node):  # _min_gpus
                 # not elastic: that was the full size, so _try need not ask again
