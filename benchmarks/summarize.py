@@ -288,14 +288,17 @@ def sim(d: dict[str, Any]) -> list[str]:
     out = [
         "### Fleet simulator (`python benchmarks/bench_sim.py`)",
         "",
-        f"Policy `{d['policy']}` on `{d['trace']}` with scenario `{d['scenario']}`; CPU time of one"
-        " simulation (the 8-policy comparison is docs/sim/results.md).",
+        f"Policies `{d['policy']}` on `{d['trace']}` with scenario `{d['scenario']}`; CPU time of one"
+        " simulation (the 8-policy comparison is docs/sim/results.md; `static-quota` has the longest"
+        " queues, so it is the slowest policy).",
         "",
-        "| share of trace | jobs | events | scheduler passes | CPU s | events / CPU-s | in placement | CPU vs 1/4 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | share of trace | jobs | events | scheduler passes | CPU s | events / CPU-s | in placement"
+        " | CPU vs 1/4 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in d["runs"]:
-        out.append(f"| {r['fraction']:g} | {r['jobs']:,} | {r['events']:,} | {r['passes']:,} | {f(r['cpu_s'])}"
+        out.append(f"| {r.get('policy', d['policy'])} | {r['fraction']:g} | {r['jobs']:,} | {r['events']:,}"
+                   f" | {r['passes']:,} | {f(r['cpu_s'])}"
                    f" | {f(r['events_per_cpu_s'], 0)} | {r['engine_share']:.0%} | {r['cpu_vs_quarter']:.2f}x"
                    f" (jobs {r['jobs_vs_quarter']:.2f}x) |")
     return out
