@@ -157,6 +157,7 @@ class Simulation:
         self.moving: set[str] = set()
         self.in_tick = False  # jobs stopped by a proactive move, not yet relaunched
         self._seen: dict[object, object] = {}  # interned request fields (see _interned)
+        self.left_out = 0  # queued jobs the quota filter kept out of passes, summed over passes
 
     # ---- set-up ------------------------------------------------------------------------
     def _teams(self) -> tuple[placement.TeamQuota, ...]:
@@ -798,6 +799,7 @@ class Simulation:
         pending = quota_filter.placeable(snap) if self.policy.quotas is Quotas.STATIC else snap.pending
         if len(pending) == len(snap.pending):
             return placement.schedule(snap)
+        self.left_out += len(snap.pending) - len(pending)
         dec = placement.schedule(dataclasses.replace(snap, pending=pending)) if pending else placement.Decisions()
         if self.check:
             full = placement.schedule(snap)
