@@ -141,7 +141,7 @@ class JobOps:
         return out.job if out is not None else None
 
     def attempt_lost(self, job_id: str, agent_id: str, trigger: Trigger, *, message: str,
-                     attempt: int | None = None) -> Outcome | None:
+                     attempt: int | None = None, reason: str = "") -> Outcome | None:
         """The attempt on ``agent_id`` is gone: relaunch elsewhere from the last durable
         checkpoint, or finish a pending cancel."""
 
@@ -150,7 +150,7 @@ class JobOps:
             if plan is None:
                 return None
             inp = transitions.AttemptLost(agent_id=agent_id, plan=plan, message=message,
-                                          attempt=attempt)
+                                          attempt=attempt, reason=reason)
             return transitions.attempt_lost(job, inp, now, self.config)
 
         return self.applier.apply(job_id, step)

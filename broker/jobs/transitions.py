@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import migration
+from broker.jobs import backoff, migration
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
     CANCELLED,
     CHECKPOINTING,
+    FAILED,
     HOLDING,
     LAUNCHING,
     MIGRATING,
@@ -85,6 +86,7 @@ class AttemptLost:
     plan: StopPlan
     message: str
     attempt: int | None = None
+    reason: str = ""  # a refused launch: the agent's own words (CommandAck.message)
 
 
 @dataclass(frozen=True)
@@ -328,17 +330,44 @@ def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig
         return seal(tx, WakeScheduler())
     inflight = StopKind.parse(j.stop_reason)
     family = inflight.family if inflight is not None else Family.FAILURE
+    refused = inp.plan.cause is Cause.LAUNCH_REFUSED
+    decision = backoff.decide(j, inp.agent_id, inp.reason, now, config) if refused else None
+    if decision is not None:
+        _note_refusal(tx, inp, decision)
+        if decision.action is backoff.RefusalAction.GIVE_UP:
+            tx.move(FAILED, "failed", reason=Cause.LAUNCH_REFUSED.value, actor="broker",
+                    message=backoff.give_up_message(j, inp.agent_id, inp.reason),
+                    details={"agent": inp.agent_id, "refusals": str(j.launch_refusals)})
+            return seal(tx, WakeScheduler())
     lost = tx.lose_work(family)
     begin_move(tx, now, inp.plan.cause)
     migration.stopped(j, now, saved=False, work_lost_s=lost)
     requeue_open(j)
     ck = j.progress.last_checkpoint_uri
+    avoid = (f" (not placed on {inp.agent_id} again for {decision.delay_s:.0f}s;"
+             f" {j.launch_refusals} refusal(s) in a row)" if decision is not None else "")
     requeue(tx, family, reason=inp.plan.cause.value, actor="broker",
-            message=f"{inp.message}; relaunching attempt {j.attempt + 1} "
+            message=f"{inp.message}{avoid}; relaunching attempt {j.attempt + 1} "
                     + (f"from checkpoint step {j.progress.last_checkpoint_step}"
                        if ck else "from the start (no durable checkpoint yet)"),
             details={"agent": inp.agent_id, "work_lost_s": f"{lost:.1f}", "resume_from": ck})
+    if decision is not None:
+        j.pending_reason = backoff.pending_note(j, now)
     return seal(tx, WakeScheduler())
+
+
+def _note_refusal(tx: Tx, inp: AttemptLost, d: backoff.RefusalDecision) -> None:
+    """Record a refused launch on the job; a distinct one (new agent or new reason) is
+    also a ``launch_refused`` event, a repeat is not (the requeue event says it)."""
+    j = tx.job
+    backoff.record(j, inp.agent_id, j.placement.region, inp.reason, d, tx.now)
+    if d.distinct:
+        tx.note("launch_refused", reason=Cause.LAUNCH_REFUSED.value, actor=f"agent:{inp.agent_id}",
+                message=f"agent {inp.agent_id} ({j.placement.region}) refused attempt {j.attempt}:"
+                        f" {inp.reason or 'no reason given'}",
+                details={"agent": inp.agent_id, "region": j.placement.region,
+                         "refusals": str(d.refusals), "avoid_s": f"{d.delay_s:.0f}",
+                         "reason": inp.reason})
 
 
 def stop_timed_out(job: pb.Job, inp: StopTimeout, now: float, config: BrokerConfig) -> Outcome | None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import placement
+from broker.jobs import backoff
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
@@ -172,5 +173,8 @@ class SchedulerLoop:
             if job.id in reserved:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")
+            refused = backoff.pending_note(job, snapshot.now)  # agents that refused it lately
+            if refused and refused not in reason:
+                reason = f"{refused}; {reason}" if reason else refused
             if reason and reason != job.pending_reason and job.phase == PENDING:
                 ops.set_pending_reason(job.id, reason)

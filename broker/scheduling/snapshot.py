@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
+from broker.jobs import backoff
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
@@ -69,8 +70,10 @@ def regions_refusing(uri: str, roots_by_region: dict[str, list[str]]) -> frozens
     return frozenset(out)
 
 
-def job_request(job: pb.Job, priority: int,
-                refusing: frozenset[str] = frozenset()) -> placement.JobRequest:
+def job_request(job: pb.Job, priority: int, refusing: frozenset[str] = frozenset(),
+                avoid_nodes: frozenset[str] = frozenset()) -> placement.JobRequest:
+    """``avoid_nodes``: nodes of agents that refused this job's launch lately
+    (broker/jobs/backoff.py), left out like ``excluded_nodes``."""
     s = job.spec
     ckpt_interval = 0.0
     if s.trainer.checkpoint_every and s.trainer.step_sleep_s:
@@ -87,7 +90,7 @@ def job_request(job: pb.Job, priority: int,
         max_price_per_gpu_hour=s.max_price_per_gpu_hour,
         min_nodes=s.elasticity.min_nodes, max_nodes=s.elasticity.max_nodes,
         submit_time=job.created_time, expected_duration_s=s.expected_duration_s,
-        checkpoint_interval_s=ckpt_interval, excluded_nodes=frozenset(job.excluded_nodes),
+        checkpoint_interval_s=ckpt_interval, excluded_nodes=frozenset(job.excluded_nodes) | avoid_nodes,
     )
 
 
@@ -169,17 +172,20 @@ def build(
             store = a.record.checkpoint_bucket
             roots_by_region.setdefault(a.region, []).extend(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
+    nodes_of = {a.agent_id: [n.id for n in a.record.nodes] for a in agents}
     pending, running = [], []
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
             refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
+            # Agents that refused its launch lately (time-dependent: part of the memo key).
+            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ()))
             if memo is None:
-                pending.append((queue_key(job, prio), job_request(job, prio, refusing)))
+                pending.append((queue_key(job, prio), job_request(job, prio, refusing, avoid)))
             else:
                 pending.append(memo.get(
-                    (job.id, job.version, prio, 0, refusing),
-                    lambda j=job, p=prio, r=refusing: (queue_key(j, p), job_request(j, p, r))))
+                    (job.id, job.version, prio, 0, refusing, avoid),
+                    lambda j=job, p=prio, r=refusing, v=avoid: (queue_key(j, p), job_request(j, p, r, v))))
         elif job.phase in HOLDING and job.placement.nodes:
             if memo is None:
                 running.append(running_job(job, prio))
