@@ -217,6 +217,8 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     if job.phase not in QUEUED:
         return None
     adm = inp.admission
+    if adm.agent_id in backoff.avoided_agents(job, now):
+        return None  # it refused this job lately (backoff.py); the snapshot should not offer it
     tx = begin(job, now)
     j = tx.job
     pl = pb.Placement(
