@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker.jobs import backoff
+from broker.jobs import backoff, updates
 from broker.jobs import transitions as t
-from broker.jobs import updates
 from broker.jobs.backoff import RefusalAction
 from broker.jobs.recovery import RecoveryPolicy, Signal, Trigger
 from computebroker.v1 import agent_pb2 as apb
