@@ -252,6 +252,10 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
         rows.append(("checkpoint", Text(note, style="yellow")))
     if job.pending_reason:
         rows.append(("pending", Text(job.pending_reason, style="yellow")))
+    for r in job.refusals:  # agents that refused its Launch (broker/jobs/backoff.py)
+        rows.append(("refused", Text(f"{r.agent_id} ({r.region or '?'}) x{r.count}, last {when(r.time)},"
+                                     f" avoided until {when(r.until)}: {r.message or 'no reason given'}",
+                                     style="yellow")))
     if job.message:
         rows.append(("message", job.message))
     table = _kv(rows)

@@ -28,6 +28,7 @@ The count is reset when an attempt reaches RUNNING (:meth:`broker.jobs.lifecycle
 from __future__ import annotations
 
 import enum
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,6 +62,15 @@ def backoff_delay(n: int, base_s: float, max_s: float) -> float:
     return min(max_s, base_s * 2.0 ** min(n - 1, 62))
 
 
+_ATTEMPT = re.compile(r"attempt[-_ #]?\d+")
+
+
+def same_reason(a: str, b: str) -> bool:
+    """Two refusals say the same thing, whichever attempt they name (an agent quotes the
+    attempt's checkpoint URI, ``.../attempt-3``, which changes on every retry)."""
+    return _ATTEMPT.sub("attempt-N", a) == _ATTEMPT.sub("attempt-N", b)
+
+
 def _entry(job: pb.Job, agent_id: str) -> pb.LaunchRefusal | None:
     return next((r for r in job.refusals if r.agent_id == agent_id), None)
 
@@ -70,7 +80,7 @@ def decide(job: pb.Job, agent_id: str, reason: str, now: float, config: BrokerCo
     n = job.launch_refusals + 1
     delay = backoff_delay(n, config.launch_backoff_base_s, config.launch_backoff_max_s)
     old = _entry(job, agent_id)
-    distinct = old is None or old.message != reason
+    distinct = old is None or not same_reason(old.message, reason)
     limit = config.launch_refusal_limit
     action = RefusalAction.GIVE_UP if limit and n >= limit else RefusalAction.REQUEUE
     return RefusalDecision(action=action, refusals=n, delay_s=delay, until=now + delay,

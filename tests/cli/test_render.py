@@ -81,8 +81,11 @@ def test_job_detail_and_events() -> None:
     j.goodput.wall_s, j.goodput.productive_s = 100.0, 80.0
     events = [pb.JobEvent(job_id=j.id, seq=1, time=time.time(), to_phase=pb.JOB_PHASE_PENDING,
                           type="submitted", actor="user:alice", message="submitted " * 20)]
+    j.refusals.add(agent_id="r1-a", region="r1", count=3, message="checkpoint location refused",
+                   time=time.time(), until=time.time() + 40)
     out = text_of(render.job_detail(j, events))
     assert "pending" in out and "goodput" in out and "submitted" in out
+    assert "r1-a (r1) x3" in out and "checkpoint location refused" in out
     header_ok(out, ["#", "TIME", "EVENT", "MESSAGE"])
     assert "user:alice" in out  # the actor is stacked into the EVENT cell
 
