@@ -41,13 +41,18 @@ def test_refusing_agent_is_backed_off_not_relaunched(tmp_path: Path) -> None:
         assert j.phase == pb.JOB_PHASE_PENDING
         assert "bad (r1) refused the launch: refused by test" in j.pending_reason
         assert j.launch_refusals == 1 and [r.agent_id for r in j.refusals] == ["bad"]
+        # The real agent also reports the refused attempt FAILED (exit -1) right after its
+        # ack: a superseded attempt's end, which changes nothing (no restart is used up).
+        agent.update(job.id, 1, apb.ATTEMPT_STATE_FAILED, exit_code=-1,
+                     message="launch failed: checkpoint location refused")
         # Before the fix: hundreds of launches per second here. Now: none while backing off.
         wait_passes(b, 20)
         b.server.scheduler.poke()
         wait_passes(b, 5)
         assert len(agent.commands("launch", job.id)) == 1
         assert len(refused_events(b, job.id)) == 1
-        assert b.get(job.id).phase == pb.JOB_PHASE_PENDING
+        after = b.get(job.id)
+        assert after.phase == pb.JOB_PHASE_PENDING and after.restarts == 0 and after.attempt == 1
     finally:
         if agent is not None:
             agent.close()
