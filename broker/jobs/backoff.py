@@ -112,6 +112,13 @@ def avoided_agents(job: pb.Job, now: float) -> frozenset[str]:
     return frozenset(r.agent_id for r in job.refusals if r.until > now)
 
 
+def seconds(d: float) -> str:
+    """A backoff for people: ``0.3s``, ``40s``, ``5m``."""
+    if d < 10:
+        return f"{d:.1f}s"
+    return f"{d:.0f}s" if d < 600 else f"{d / 60:.0f}m"
+
+
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 

@@ -346,10 +346,14 @@ def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig
     migration.stopped(j, now, saved=False, work_lost_s=lost)
     requeue_open(j)
     ck = j.progress.last_checkpoint_uri
-    avoid = (f" (not placed on {inp.agent_id} again for {decision.delay_s:.0f}s;"
-             f" {j.launch_refusals} refusal(s) in a row)" if decision is not None else "")
+    what, avoid = inp.message, ""
+    if decision is not None:
+        if not decision.distinct:  # the launch_refused event already says why
+            what = f"agent {inp.agent_id} refused the launch again, same reason"
+        avoid = (f" (not placed on {inp.agent_id} again for {backoff.seconds(decision.delay_s)};"
+                 f" {j.launch_refusals} refusal(s) in a row)")
     requeue(tx, family, reason=inp.plan.cause.value, actor="broker",
-            message=f"{inp.message}{avoid}; relaunching attempt {j.attempt + 1} "
+            message=f"{what}{avoid}; relaunching attempt {j.attempt + 1} "
                     + (f"from checkpoint step {j.progress.last_checkpoint_step}"
                        if ck else "from the start (no durable checkpoint yet)"),
             details={"agent": inp.agent_id, "work_lost_s": f"{lost:.1f}", "resume_from": ck})
