@@ -30,7 +30,8 @@ from broker.auth.identity import CredentialKind, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
-from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
+from broker.jobs import backoff
+from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.updates import ATTEMPT_TERMINAL
@@ -94,7 +95,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         reg = first.register
         self._check_identity(reg, context)
         self._validate_register(reg)
+        before = self.agents.get(reg.agent_id)
+        old_fp = backoff.fingerprint(before.record) if before is not None else None
         agent, session = self.agents.register(reg)
+        if old_fp is not None and old_fp != backoff.fingerprint(reg):
+            self._forget_refusals(reg.agent_id)
         stale = self.reconcile(agent, reg)
         log.info("agent %s registered (%s, %d nodes, running %d, stale %d)", reg.agent_id,
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
@@ -123,6 +128,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         finally:
             self.agents.disconnect(reg.agent_id, session)
             log.info("agent %s stream ended", reg.agent_id)
+
+    def _forget_refusals(self, agent_id: str) -> None:
+        """The agent came back configured differently (e.g. a new ``--checkpoint-root``):
+        the jobs it refused may try it again now instead of after their backoff."""
+        now = self.ops.clock()
+        for job in self.jobs.iter(phases=QUEUED):
+            if agent_id in backoff.avoided_agents(job, now):
+                self.ops.refusals_forgotten(job.id, agent_id)
 
     def _check_identity(self, reg: apb.Register, context: grpc.ServicerContext) -> None:
         """An agent speaks only for the region and agent id its certificate names

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
+    from computebroker.v1 import agent_pb2 as apb
     from computebroker.v1 import common_pb2 as pb
 
 
@@ -143,3 +144,24 @@ def give_up_message(job: pb.Job, agent_id: str, reason: str) -> str:
             + (f"; also refused by {', '.join(others)}" if others else "")
             + ". Fix the cause (e.g. a checkpoint_uri under the region's allowed roots, a user"
               " the agents may run as) and resubmit")
+
+
+def fingerprint(reg: apb.Register) -> tuple:
+    """What of an agent's Register decides whether it may now accept what it refused:
+    its checkpoint roots and store (and executor, version). A re-registration that
+    changes it (an operator fixed ``--checkpoint-root`` and restarted the agent) ends
+    that agent's avoidances at once; a plain reconnect does not."""
+    return (tuple(reg.checkpoint_roots), reg.checkpoint_bucket, reg.checkpoint_store_error,
+            reg.executor, reg.version)
+
+
+def forget(job: pb.Job, agent_id: str, now: float) -> bool:
+    """End ``agent_id``'s avoidance of ``job`` now (its entry stays, as history; the
+    count of refusals in a row is kept, so a fix that did not work still ends in
+    giving up). False if it was not avoided."""
+    hit = False
+    for r in job.refusals:
+        if r.agent_id == agent_id and r.until > now:
+            r.until = now
+            hit = True
+    return hit

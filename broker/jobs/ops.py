@@ -155,6 +155,10 @@ class JobOps:
 
         return self.applier.apply(job_id, step)
 
+    def refusals_forgotten(self, job_id: str, agent_id: str) -> None:
+        """``agent_id`` changed its configuration: it may take ``job_id`` again at once."""
+        self._apply(job_id, transitions.refusals_forgotten, agent_id)
+
     # ---- housekeeping (scheduler pass) -------------------------------------------------------
     def housekeeping(self, live: Iterable[pb.Job]) -> list[pb.Job]:
         """Lost agents, unanswered stops and cancels, jobs on unknown agents. Returns the

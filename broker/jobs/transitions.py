@@ -405,6 +405,22 @@ def stop_due(job: pb.Job, now: float, config: BrokerConfig) -> bool:
     return now - job.stop_requested_time > limit
 
 
+def refusals_forgotten(job: pb.Job, agent_id: str, now: float, config: BrokerConfig) -> Outcome | None:
+    """The agent that refused this job re-registered with a new configuration: it may be
+    tried again at once (``backoff.forget``), said in one event."""
+    if job.phase not in QUEUED:
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    if not backoff.forget(j, agent_id, now):
+        return None
+    tx.note("refusal_cleared", reason="agent_reconfigured", actor=f"agent:{agent_id}",
+            message=f"agent {agent_id} re-registered with a new configuration; it may take the"
+                    " job again")
+    j.pending_reason = backoff.pending_note(j, now) or "agent reconfigured: placing again"
+    return seal(tx, WakeScheduler())
+
+
 def set_pending_reason(job: pb.Job, reason: str, now: float, config: BrokerConfig) -> Outcome | None:
     """Why a PENDING job still waits (no event: it changes every pass)."""
     if job.phase != PENDING or job.pending_reason == reason:

@@ -103,3 +103,32 @@ def test_refusals_in_a_row_fail_the_job_with_the_reason(tmp_path: Path) -> None:
         if agent is not None:
             agent.close()
         b.stop()
+
+
+def test_a_reconfigured_agent_gets_the_job_without_waiting(tmp_path: Path) -> None:
+    """An operator fixes the refusing agent (a new --checkpoint-root) and restarts it:
+    its avoidance ends at once instead of after the (here 10-minute) backoff."""
+    b = Broker(fast_config(tmp_path, launch_backoff_base_s=600.0, launch_backoff_max_s=600.0))
+    agent = None
+    try:
+        b.team()
+        agent = FakeAgent(b.address, "bad", "r1", nodes_for("r1", "bad", 1, 8), refuse_launch=True).connect()
+        job = b.submit(spec("fixed"))
+        agent.wait_launch(job.id, attempt=1)
+        wait_until(lambda: b.get(job.id).launch_refusals == 1, 20, "refusal recorded")
+        agent.close()
+        agent.refuse_launch = False
+        agent.connect()  # a plain reconnect (same configuration): still avoided
+        wait_passes(b, 15)
+        assert len(agent.commands("launch", job.id)) == 1
+        agent.close()
+        agent.roots = [str(tmp_path / "team-ckpt")]
+        agent.connect()  # reconfigured
+        launch = agent.wait_launch(job.id, attempt=2)
+        assert launch.placement.agent_id == "bad"
+        assert [e.reason for e in b.events(job.id) if e.type == "refusal_cleared"] == ["agent_reconfigured"]
+        assert len(agent.commands("launch", job.id)) == 2
+    finally:
+        if agent is not None:
+            agent.close()
+        b.stop()

@@ -147,3 +147,23 @@ def test_admission_onto_an_avoided_agent_is_not_written() -> None:
     assert t.admit(job, admission(), 115.0, CONF) is None  # still avoided (until 121)
     assert t.admit(job, admission(agent="other"), 115.0, CONF) is not None
     assert t.admit(job, admission(), 121.0, CONF) is not None  # expired
+
+
+def test_a_reconfigured_agent_is_tried_again_at_once_keeping_the_count() -> None:
+    job = must(refuse(launching(110.0), 111.0))
+    out = t.refusals_forgotten(job, AGENT, 112.0, CONF)
+    assert out is not None and [e.type for e in out.events] == ["refusal_cleared"]
+    assert backoff.avoided_agents(out.job, 112.0) == frozenset()
+    assert out.job.launch_refusals == 1 and out.job.refusals[0].count == 1
+    assert t.admit(out.job, admission(), 112.0, CONF) is not None
+    assert t.refusals_forgotten(out.job, AGENT, 113.0, CONF) is None  # nothing left to forget
+    assert t.refusals_forgotten(job, "other", 112.0, CONF) is None
+
+
+def test_fingerprint_changes_with_roots_not_with_nodes() -> None:
+    a = apb.Register(agent_id="a", checkpoint_roots=["/ckpt"], checkpoint_bucket="s3://b")
+    b = apb.Register(agent_id="a", checkpoint_roots=["/ckpt"], checkpoint_bucket="s3://b")
+    b.nodes.add(id="n1", gpus=8)
+    assert backoff.fingerprint(a) == backoff.fingerprint(b)
+    b.checkpoint_roots.append("/team")
+    assert backoff.fingerprint(a) != backoff.fingerprint(b)
