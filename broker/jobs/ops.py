@@ -21,7 +21,7 @@ from broker.api.errors import FailedPrecondition
 from broker.ids import new_job_id
 from broker.jobs import migration, transitions, updates
 from broker.jobs.applier import Applier
-from broker.jobs.lifecycle import HOLDING, LAUNCHING
+from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
 from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
 from broker.logs import JobLogs
@@ -153,7 +153,10 @@ class JobOps:
                                           attempt=attempt, reason=reason)
             return transitions.attempt_lost(job, inp, now, self.config)
 
-        return self.applier.apply(job_id, step)
+        out = self.applier.apply(job_id, step)
+        if out is not None and trigger is Trigger.LAUNCH_REFUSED:
+            self.telemetry.launch_refused(out.job.placement.region, gave_up=out.job.phase == FAILED)
+        return out
 
     def refusals_forgotten(self, job_id: str, agent_id: str) -> None:
         """``agent_id`` changed its configuration: it may take ``job_id`` again at once."""

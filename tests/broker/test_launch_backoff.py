@@ -11,6 +11,7 @@ from pathlib import Path
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
+from tests.telemetry.test_metrics import sample, scrape
 
 
 def passes(b: Broker) -> int:
@@ -86,7 +87,7 @@ def test_refusal_moves_the_job_to_another_region_at_once(tmp_path: Path) -> None
 def test_refusals_in_a_row_fail_the_job_with_the_reason(tmp_path: Path) -> None:
     # A tiny backoff so the retries happen within the test; the limit ends them.
     b = Broker(fast_config(tmp_path, launch_backoff_base_s=0.05, launch_backoff_max_s=0.2,
-                           launch_refusal_limit=3))
+                           launch_refusal_limit=3, metrics_listen="127.0.0.1:0"))
     agent = None
     try:
         b.team()
@@ -99,6 +100,9 @@ def test_refusals_in_a_row_fail_the_job_with_the_reason(tmp_path: Path) -> None:
         assert len(agent.commands("launch", job.id)) == 3
         assert len(refused_events(b, job.id)) == 1  # one distinct refusal, three retries
         assert [e.reason for e in b.events(job.id) if e.to_phase == pb.JOB_PHASE_FAILED] == ["launch_refused"]
+        text = scrape(b)  # operators see the refusals as a rate, by region and outcome
+        assert sample(text, "computebroker_launch_refusals_total", region="r1", outcome="requeued") == 2
+        assert sample(text, "computebroker_launch_refusals_total", region="r1", outcome="gave_up") == 1
     finally:
         if agent is not None:
             agent.close()
