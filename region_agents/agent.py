@@ -22,6 +22,11 @@ terminal JobUpdate is kept until the broker acknowledges it (JobUpdateAck, sent 
 the store commit) and re-sent on every reconnect and every few heartbeats. Attempts
 survive an agent restart: the local executor keeps durable records and re-adopts them.
 
+Self-fence (cross-host fencing): an agent that has not heard a broker answer for
+``self_fence_s`` (3/4 of the broker's ``agent_timeout_s``, told in RegisterAck) kills its
+own attempts, so a partitioned agent's ranks are gone before the broker can declare it
+lost and relaunch its jobs elsewhere (region_agents/fencing.py states the invariant).
+
 Over 400 lines on purpose: :class:`RegionAgent` is one object whose two threads share
 its state (attempts, staging, unacknowledged updates, the live session), and the message
 handlers, the tick and the reconnect logic each read all of it; the pieces with a job of
@@ -32,6 +37,7 @@ logship.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -53,7 +59,7 @@ from region_agents.executors.base import (
     AttemptSpec,
     Executor,
 )
-from region_agents.fencing import AttemptLedger
+from region_agents.fencing import AttemptLedger, BrokerContact, self_fence_after
 from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
@@ -151,6 +157,18 @@ class RegionAgent:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_heartbeat = 0.0
+        # Self-fence: when a broker last answered us, and the broker's agent timeout.
+        self.contact = BrokerContact(time.monotonic())
+        self._register_sent = time.monotonic()
+        self._agent_timeout_s = 0.0  # from RegisterAck; 0 = not told yet (broker default)
+        self.self_fences = 0  # how often we killed our attempts for lack of a broker
+        # The same deadline for ranks whose agent is frozen (SIGSTOP) and cannot kill
+        # them: CB_AGENT_LEASE_FILE holds it, each rank's watchdog obeys it.
+        self.lease_file = os.path.join(config.work_dir, "agent-lease")
+        self._lease_written = 0.0
+        if hasattr(executor, "extra_env"):
+            executor.extra_env["CB_AGENT_LEASE_FILE"] = self.lease_file
+        self._write_lease(force=True)
         # Migration: checkpoint copies in flight before an attempt starts, and agent-clock
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
         self._staging: dict[tuple[str, int], Staging] = {}
@@ -298,6 +316,8 @@ class RegionAgent:
             with self._lock:
                 if self._stopping.is_set():
                     return
+                self.contact.new_session()
+                self._register_sent = time.monotonic()
                 session.send(self._register_msg())
                 self._session = session
             call = stub.Connect(session.requests())
@@ -330,7 +350,8 @@ class RegionAgent:
             if kind == "registered":
                 self._on_registered(session, msg.registered)
             elif kind == "heartbeat_ack":
-                pass
+                with self._lock:
+                    self.contact.heartbeat_acked()
             elif kind == "update_ack":
                 self._on_update_ack(msg.update_ack)
             elif kind == "launch":
@@ -356,6 +377,9 @@ class RegionAgent:
                 self.heartbeat_interval_s = ack.heartbeat_interval_s
             if ack.agent_id:
                 self.agent_id = ack.agent_id
+            if ack.agent_timeout_s > 0:
+                self._agent_timeout_s = ack.agent_timeout_s
+            self.contact.registered(self._register_sent)
             self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
             # Finished attempts the broker has not acknowledged: report them again, each
             # after the rest of its output (as on the first stream).
@@ -579,6 +603,8 @@ class RegionAgent:
                 self._send_heartbeat(now)
             self._resend_unacked()
             self._check_leader_liveness()
+            self._check_self_fence()
+            self._write_lease()
 
     def _resend_unacked(self) -> None:
         """Terminal updates the broker did not acknowledge (e.g. its store was down when
@@ -611,6 +637,52 @@ class RegionAgent:
             s.leader_silent = True
             s.close()
 
+    @property
+    def self_fence_s(self) -> float:
+        return self_fence_after(self._agent_timeout_s, self.config.self_fence_s)
+
+    def _write_lease(self, force: bool = False) -> None:
+        """Renew CB_AGENT_LEASE_FILE (about twice a second): the wall-clock time at which
+        this agent would self-fence. Frozen, we stop renewing it, and the ranks' watchdog
+        (trainer/agent_lease.py) stops them at that very deadline."""
+        now = time.time()
+        if not force and now - self._lease_written < 0.5:
+            return
+        deadline = now + self.self_fence_s - self.contact.silent_for(time.monotonic())
+        tmp = f"{self.lease_file}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(f"{deadline:.3f}\n")
+            os.replace(tmp, self.lease_file)
+            self._lease_written = now
+        except OSError as e:  # a full disk must not stop the agent; ranks keep the old one
+            log.warning("cannot renew the agent lease %s: %s", self.lease_file, e)
+
+    def _check_self_fence(self) -> None:
+        """No broker has answered us for ``self_fence_s``: a partition (or no leader at
+        all). The broker may be about to declare us lost and relaunch our jobs on another
+        agent, so kill our attempts now (SIGKILL: a checkpoint-first stop could outlive
+        the deadline). They are reported STOPPED when a broker is back; if it still wants
+        them it relaunches them from their last checkpoint (contracts §9)."""
+        silent = self.contact.silent_for(time.monotonic())
+        if silent <= self.self_fence_s:
+            return
+        victims = [(r.job_id, r.attempt) for r in self.executor.running()
+                   if r.state not in TERMINAL_STATES]
+        staging = [key for key, st in self._staging.items() if not st.cancelled.is_set()]
+        if not victims and not staging:
+            return
+        self.self_fences += 1
+        log.warning("self-fence: no broker answered for %.1fs (limit %.1fs, the broker declares"
+                    " an agent lost after %.0fs): killing %d attempt(s) before they can be"
+                    " relaunched elsewhere", silent, self.self_fence_s,
+                    self._agent_timeout_s or self.self_fence_s / 0.75, len(victims) + len(staging))
+        for job_id, attempt in staging:
+            self._cancel_staging(job_id, attempt)
+        for job_id, attempt in victims:
+            with contextlib.suppress(KeyError):  # ended meanwhile
+                self.executor.stop(job_id, attempt, False, 0.0)
+
     def _fail_attempts_on(self, node_id: str, reason: str) -> None:
         for r in self.executor.running():
             if node_id in r.node_ids and r.state not in TERMINAL_STATES:
@@ -627,6 +699,7 @@ class RegionAgent:
         hb = agent_pb2.Heartbeat(time=now, node_health=self._pending_health,
                                  spot_notices=notices, running=self._running())
         if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
+            self.contact.heartbeat_sent(time.monotonic())
             session.spot_sent.update(n.node_id for n in notices)
             self._pending_health = []
             self._last_heartbeat = now
@@ -661,6 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-timeout-s", type=float, default=None,
                    help="broker silent this long = hung: reconnect to the next --broker"
                         " (default: 4 heartbeat intervals, at least 6 s)")
+    p.add_argument("--self-fence-s", type=float, default=None,
+                   help="no broker answer this long = partitioned: kill this agent's attempts"
+                        " (default and maximum: 3/4 of the broker's agent timeout)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -694,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             leader_timeout_s=args.leader_timeout_s,
+            self_fence_s=args.self_fence_s,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:

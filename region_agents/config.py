@@ -39,6 +39,8 @@ class AgentConfig:
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
     leader_timeout_s: float | None = None
+    # None = 3/4 of the broker's agent_timeout_s (RegisterAck); may only be shorter.
+    self_fence_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.broker_address:

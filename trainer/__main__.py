@@ -49,6 +49,9 @@ def main() -> None:
     from trainer.signals import install_flags
 
     flags = install_flags()  # first thing: a SIGTERM during startup is remembered, not fatal
+    from trainer.agent_lease import start_watchdog
+
+    start_watchdog()  # the agent lost its broker: stop before a relaunch elsewhere trains
     rank = os.environ.get("RANK", "0")
     try:
         from trainer.config import load_run_env, parse_spec

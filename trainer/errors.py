@@ -18,6 +18,9 @@ EXIT_GRACE_EXCEEDED = 76
 # CB_RESUME_FROM is gone or incomplete (an older attempt that is still running pruned
 # it, or the store has not caught up): not a configuration error, the broker relaunches.
 EXIT_RESUME_UNAVAILABLE = 77
+# The agent's lease (CB_AGENT_LEASE_FILE) ran out: the agent lost its broker, which may
+# relaunch this job elsewhere, so the ranks stop at once (trainer/agent_lease.py).
+EXIT_AGENT_LEASE_EXPIRED = 78
 
 
 class TrainerError(Exception):

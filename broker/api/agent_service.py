@@ -79,6 +79,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
             agent_id=reg.agent_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
+            agent_timeout_s=self.config.agent_timeout_s,
             stale_job_ids=stale,
             log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).

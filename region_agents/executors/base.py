@@ -33,7 +33,8 @@ EXIT_BAD_CONFIG = 2
 # The resume checkpoint is gone or incomplete (the trainer found it so, or the agent
 # could not resolve it): retryable, and no node is to blame.
 EXIT_RESUME_UNAVAILABLE = 77
-NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE})  # exits that blame no node
+EXIT_AGENT_LEASE_EXPIRED = 78  # the ranks stopped: their agent lost its broker (trainer/agent_lease.py)
+NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE, EXIT_AGENT_LEASE_EXPIRED})  # exits that blame no node
 
 
 @dataclass
