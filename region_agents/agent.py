@@ -620,9 +620,13 @@ class RegionAgent:
 
     @property
     def leader_timeout_s(self) -> float:
+        """How long a silent broker is trusted before rotating to the next one. By default
+        at most half the self-fence deadline: the agent must have found the new leader
+        well before it would kill its attempts for lack of one."""
         if self.config.leader_timeout_s:
             return self.config.leader_timeout_s
-        return max(MIN_LEADER_TIMEOUT_S, LEADER_TIMEOUT_HEARTBEATS * self.heartbeat_interval_s)
+        return min(max(MIN_LEADER_TIMEOUT_S, LEADER_TIMEOUT_HEARTBEATS * self.heartbeat_interval_s),
+                   self.self_fence_s / 2)
 
     def _check_leader_liveness(self) -> None:
         """No message from the broker for leader_timeout_s: it hangs (SIGSTOP, a wedged

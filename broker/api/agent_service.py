@@ -29,6 +29,7 @@ from broker.config import BrokerConfig
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.views import JobsView
 from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb
@@ -84,7 +85,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
-            if r.job_id not in stale:
+            # A finished attempt listed here carries no exit code or message: taking it as
+            # the attempt's end made a FAILED one look like "exit 0" (the fault campaign
+            # saw jobs fail at once). The agent re-sends the full JobUpdate of every
+            # unacknowledged end right after this RegisterAck (contracts §9).
+            if r.job_id not in stale and r.state not in ATTEMPT_TERMINAL:
                 self.ops.handle_update(agent, apb.JobUpdate(
                     job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
         self.ops.poke()

@@ -136,6 +136,7 @@ class FakeAgent:
     heartbeat: bool = True
     refuse_launch: bool = False
     running: dict[str, int] = field(default_factory=dict)  # job_id -> attempt
+    states: dict[str, int] = field(default_factory=dict)  # job_id -> state in Register (RUNNING)
     received: list[apb.BrokerMessage] = field(default_factory=list)
     ack: apb.RegisterAck | None = None
 
@@ -160,7 +161,8 @@ class FakeAgent:
         self.ack = None
         self.channel = grpc.insecure_channel(self.address)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        running = [apb.RunningAttempt(job_id=j, attempt=a, state=apb.ATTEMPT_STATE_RUNNING)
+        running = [apb.RunningAttempt(job_id=j, attempt=a,
+                                      state=self.states.get(j, apb.ATTEMPT_STATE_RUNNING))
                    for j, a in self.running.items()]
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
