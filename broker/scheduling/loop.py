@@ -23,6 +23,7 @@ from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling import plan_watch
 from broker.scheduling.usage import build_snapshot
+from broker.store.base import StoreError
 from broker.workdirs.checks import broken_store_note
 from computebroker.v1 import common_pb2 as pb
 
@@ -76,6 +77,8 @@ class SchedulerLoop:
                 return
             try:
                 self.run_once()
+            except StoreError as e:  # store down or this broker fenced: expected, no traceback
+                log.warning("scheduler pass skipped: %s: %s", type(e).__name__, e)
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                 log.exception("scheduler pass failed")
 
