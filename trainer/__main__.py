@@ -40,6 +40,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
     from trainer.errors import (
+        EXIT_AGENT_LEASE_EXPIRED,
         EXIT_BAD_CONFIG,
         EXIT_RESUME_UNAVAILABLE,
         CheckpointSaveError,
@@ -73,9 +74,16 @@ def main() -> None:
     except CheckpointSaveError as exc:  # storage may recover: a crash the broker relaunches
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = 1
-    except Exception:  # noqa: BLE001 - a crash: full traceback for the operator
-        traceback.print_exc()
-        code = 1
+    except Exception as exc:  # noqa: BLE001 - a crash: full traceback for the operator
+        from trainer.agent_lease import lease_expired
+
+        if lease_expired():  # a peer rank stopped on the agent's expired lease first
+            print(f"trainer (rank {rank}): stopping, the agent's lease ran out ({type(exc).__name__}"
+                  " from a peer that stopped already)", file=sys.stderr, flush=True)
+            code = EXIT_AGENT_LEASE_EXPIRED
+        else:
+            traceback.print_exc()
+            code = 1
     from trainer.parallel import shutdown_and_exit
 
     shutdown_and_exit(code)

@@ -44,6 +44,12 @@ def expired(path: str, now: float | None = None) -> float | None:
     return deadline if (time.time() if now is None else now) > deadline else None
 
 
+def lease_expired(env: dict[str, str] | None = None) -> bool:
+    """This process runs under an agent lease that has run out."""
+    path = (os.environ if env is None else env).get("CB_AGENT_LEASE_FILE", "")
+    return bool(path) and expired(path) is not None
+
+
 def _watch(path: str, rank: str) -> None:
     while True:
         deadline = expired(path)

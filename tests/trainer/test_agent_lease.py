@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.agent_lease import expired, read_deadline
+from trainer.agent_lease import expired, lease_expired, read_deadline
 from trainer.errors import EXIT_AGENT_LEASE_EXPIRED
 
 WATCHED = ("import time, trainer.agent_lease as a; a.start_watchdog(); "
@@ -27,6 +27,8 @@ def test_deadline_parsing(tmp_path: Path) -> None:
     f.write_text("1000.5\n")
     assert expired(str(f), now=1000.0) is None
     assert expired(str(f), now=1001.0) == 1000.5
+    assert lease_expired({"CB_AGENT_LEASE_FILE": str(f)})  # 1000.5 is long past
+    assert not lease_expired({})  # no agent lease at all
 
 
 def test_a_rank_exits_once_the_lease_runs_out_and_not_before(tmp_path: Path) -> None:
