@@ -168,6 +168,7 @@ class RegionAgent:
         self._lease_written = 0.0
         if hasattr(executor, "extra_env"):
             executor.extra_env["CB_AGENT_LEASE_FILE"] = self.lease_file
+        self._resume_contact()
         self._write_lease(force=True)
         # Migration: checkpoint copies in flight before an attempt starts, and agent-clock
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
@@ -380,6 +381,7 @@ class RegionAgent:
             if ack.agent_timeout_s > 0:
                 self._agent_timeout_s = ack.agent_timeout_s
             self.contact.registered(self._register_sent)
+            self._write_lease(force=True)  # before any Launch on this stream starts ranks
             self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
             # Finished attempts the broker has not acknowledged: report them again, each
             # after the rest of its output (as on the first stream).
@@ -645,6 +647,19 @@ class RegionAgent:
     def self_fence_s(self) -> float:
         return self_fence_after(self._agent_timeout_s, self.config.self_fence_s)
 
+    def _resume_contact(self) -> None:
+        """A restarted agent's last broker contact is its predecessor's (from the lease
+        file), not "now": else re-adopted ranks would get a fresh deadline that outlives
+        the one the broker's agent timeout counts from."""
+        try:
+            with open(self.lease_file) as f:
+                fields = f.read().split()
+            contact_wall = float(fields[1])
+        except (OSError, ValueError, IndexError):
+            return  # no predecessor (or an old file format): start-up counts as contact
+        age = max(0.0, time.time() - contact_wall)
+        self.contact.last = min(self.contact.last, time.monotonic() - age)
+
     def _write_lease(self, force: bool = False) -> None:
         """Renew CB_AGENT_LEASE_FILE (about twice a second): the wall-clock time at which
         this agent would self-fence. Frozen, we stop renewing it, and the ranks' watchdog
@@ -652,11 +667,12 @@ class RegionAgent:
         now = time.time()
         if not force and now - self._lease_written < 0.5:
             return
-        deadline = now + self.self_fence_s - self.contact.silent_for(time.monotonic())
+        silent = self.contact.silent_for(time.monotonic())
+        deadline = now + self.self_fence_s - silent
         tmp = f"{self.lease_file}.tmp"
         try:
-            with open(tmp, "w") as f:
-                f.write(f"{deadline:.3f}\n")
+            with open(tmp, "w") as f:  # deadline (what ranks obey), then the last contact
+                f.write(f"{deadline:.3f} {now - silent:.3f}\n")
             os.replace(tmp, self.lease_file)
             self._lease_written = now
         except OSError as e:  # a full disk must not stop the agent; ranks keep the old one

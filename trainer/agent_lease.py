@@ -11,9 +11,10 @@ thread that exits the process, without a checkpoint, once that time has passed. 
 agent stops renewing the file, so its ranks stop in time on their own
 (docs/contracts.md §1 and §9).
 
-File format: one line, the deadline as seconds since the epoch (``time.time()``). A
-missing or unreadable file means "no lease" (a trainer started outside an agent): no
-watchdog decision is taken on it.
+File format: one line, the deadline as seconds since the epoch (``time.time()``),
+optionally followed by more fields for the agent (the time of its last broker contact,
+which a restarted agent resumes from). A missing or unreadable file means "no lease" (a
+trainer started outside an agent): no watchdog decision is taken on it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ POLL_S = 0.5
 def read_deadline(path: str) -> float | None:
     try:
         with open(path) as f:
-            return float(f.read().strip())
-    except (OSError, ValueError):
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
 
 
