@@ -43,6 +43,7 @@ def main() -> None:
         EXIT_AGENT_LEASE_EXPIRED,
         EXIT_BAD_CONFIG,
         EXIT_RESUME_UNAVAILABLE,
+        EXIT_STORAGE_FAILED,
         CheckpointSaveError,
         ResumeUnavailable,
         TrainerError,
@@ -71,9 +72,9 @@ def main() -> None:
     except ResumeUnavailable as exc:  # not a config error: the broker relaunches
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_RESUME_UNAVAILABLE
-    except CheckpointSaveError as exc:  # storage may recover: a crash the broker relaunches
+    except CheckpointSaveError as exc:  # storage may recover: the broker relaunches, no node blamed
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
-        code = 1
+        code = EXIT_STORAGE_FAILED
     except Exception as exc:  # noqa: BLE001 - a crash: full traceback for the operator
         from trainer.agent_lease import lease_expired
 
