@@ -306,7 +306,7 @@ def test_unreachable_s3_exits_2(s3_server: Any, tmp_path: Path) -> None:
     _assert_clean_exit_2(run, "unreachable", dead)
 
 
-def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_1(
+def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_79(
     s3_server: Any, tmp_path: Path
 ) -> None:
     """Storage that accepts reads but refuses every write (503) after bounded retries:
