@@ -45,6 +45,10 @@ def test_short_seeded_campaign_loses_nothing_runs_nothing_twice(tmp_path: Path) 
     assert "partition_agent" in applied, text  # the partition did happen, on a busy agent
     part = next(f for f in report["faults"] if f["kind"] == "partition_agent")
     assert "region" in part["detail"], text
+    # Cut off past the broker's agent timeout, the agent fenced its own attempts (the
+    # broker relaunched them elsewhere meanwhile; the double-run check above covers that).
+    agent_log = (tmp_path / "logs" / f"agent-{part['detail']['region']}.log").read_text()
+    assert "self-fence" in agent_log, agent_log[-3000:]
     assert not report["lost"], text
     assert not report["stuck"], text
     assert not report["failed"], json.dumps(report["failed"], indent=1) + text
