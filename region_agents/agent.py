@@ -59,7 +59,7 @@ from region_agents.executors.base import (
     AttemptSpec,
     Executor,
 )
-from region_agents.fencing import AttemptLedger, BrokerContact, self_fence_after
+from region_agents.fencing import AttemptLedger, BrokerContact, lease_margin, self_fence_after
 from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
@@ -668,7 +668,9 @@ class RegionAgent:
         if not force and now - self._lease_written < 0.5:
             return
         silent = self.contact.silent_for(time.monotonic())
-        deadline = now + self.self_fence_s - silent
+        # A little after our own deadline: a live agent kills (and says so) first; the
+        # ranks' watchdog is the backstop for a frozen one (fencing.LEASE_MARGIN).
+        deadline = now + self.self_fence_s + lease_margin(self._agent_timeout_s) - silent
         tmp = f"{self.lease_file}.tmp"
         try:
             with open(tmp, "w") as f:  # deadline (what ranks obey), then the last contact

@@ -72,6 +72,16 @@ DEFAULT_AGENT_TIMEOUT_S = 20.0  # the broker's default, until a RegisterAck says
 MAX_UNANSWERED = 4096  # heartbeats kept awaiting an ack (a long partition must not grow it)
 
 
+LEASE_MARGIN_FRACTION = 0.05  # the ranks' own deadline (CB_AGENT_LEASE_FILE) is this much later
+
+
+def lease_margin(agent_timeout_s: float) -> float:
+    """How much later than the agent's self-fence the ranks' watchdog fires: a live agent
+    kills first (and logs it); a frozen one cannot, and the watchdog still stops the ranks
+    at 0.8 T, inside the broker's agent timeout T."""
+    return LEASE_MARGIN_FRACTION * (agent_timeout_s if agent_timeout_s > 0 else DEFAULT_AGENT_TIMEOUT_S)
+
+
 def self_fence_after(agent_timeout_s: float, configured: float | None = None) -> float:
     """Seconds without a broker answer after which the agent kills its own attempts.
 

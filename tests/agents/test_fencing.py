@@ -45,6 +45,10 @@ def test_self_fence_deadline_is_inside_the_brokers_agent_timeout():
         assert self_fence_after(t, configured=10 * t) == f  # cannot be made unsafe
         assert self_fence_after(t, configured=f / 2) == f / 2
     assert self_fence_after(0.0) < DEFAULT_AGENT_TIMEOUT_S  # not told yet: broker default
+    from region_agents.fencing import lease_margin
+
+    for t in (6.0, 20.0):  # the ranks' watchdog: after the agent's kill, still inside T
+        assert self_fence_after(t) < self_fence_after(t) + lease_margin(t) <= 0.8 * t
 
 
 def test_broker_contact_counts_from_the_send_time_of_the_answered_message():
