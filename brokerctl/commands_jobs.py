@@ -18,6 +18,7 @@ from brokerctl.common import (
     load_spec_file,
     show_list,
 )
+from brokerctl.live_progress import LiveProgress
 from brokersdk.client import TERMINAL_PHASES, BrokerClient, JobSpec, phase_name
 from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file
 
@@ -135,10 +136,12 @@ def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | Non
 
 
 def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    jobs = list(
-        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or "",
-                    limit=args.limit)
-    )
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be >= 0, got {args.limit}")
+    # The broker lists by id; newest first needs them all, then --limit keeps the newest.
+    jobs = render.newest_first(
+        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or ""),
+        args.limit)
     return show_list(args, out, jobs, "[dim]no jobs[/]", render.jobs_table)
 
 
@@ -154,7 +157,12 @@ def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int
         }
         out.print_json(json.dumps(data))
         return EXIT_OK
-    out.print(render.job_detail(job, events))
+    out.print(render.job_detail(job, None))
+    shown = [e for e in events if e.type != "progress"]
+    out.print(Text(f"events ({len(shown)}, progress omitted: brokerctl events {job.id} --progress)",
+                   style="bold"))
+    for event in shown:
+        out.print(render_logs.event_line(event))
     return EXIT_OK
 
 
@@ -205,13 +213,33 @@ def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         out.print_json(render.to_json(events))
         return EXIT_OK
     for event in events:
-        out.print(render_logs.event_line(event), soft_wrap=True)
+        out.print(render_logs.event_line(event))
     return EXIT_OK
 
 
 def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
-    for event in client.watch(job_id, include_progress=include_progress):
-        out.print(render_logs.event_line(event), soft_wrap=True)
+    """Event lines as they happen, plus live progress (step/total, loss, region, world
+    size): a status line on a terminal, a line per ~10% of the steps otherwise (or every
+    progress event with ``--progress``)."""
+    live = LiveProgress(client.get_job(job_id))
+    status = out.status(live.text()) if out.is_terminal else None
+    if status is not None:
+        status.start()
+    try:
+        for event in client.watch(job_id, include_progress=True):
+            changed = live.update(event)
+            if event.type == "progress":
+                if status is not None:
+                    status.update(live.text())
+                elif include_progress or changed:
+                    out.print(Text(f"  {live.text()}", style="dim"))
+                continue
+            out.print(render_logs.event_line(event))
+            if status is not None:
+                status.update(live.text())
+    finally:
+        if status is not None:
+            status.stop()
     job = client.get_job(job_id)
     final = Text("final: ")
     final.append_text(render.phase_text(job.phase))

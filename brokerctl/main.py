@@ -203,7 +203,7 @@ def build_parser() -> _Parser:
     tsub.add_parser("list", help="list teams")
     tg = tsub.add_parser("get", help="show one team")
     tg.add_argument("team")
-    ts = tsub.add_parser("set", help="create or replace a team's quota")
+    ts = tsub.add_parser("set", help="create a team or change only the given fields")
     ts.add_argument("team")
     ts.add_argument("--cohort")
     ts.add_argument("--guaranteed", "--gpus", dest="guaranteed", action="append",
@@ -231,7 +231,7 @@ def build_parser() -> _Parser:
     pc.add_argument("--gpus-per-instance", type=int, default=8)
     pc.add_argument("--start", default="now", help="now, +2h, epoch or ISO 8601")
     pc.add_argument("--end", help="+48h (after start), epoch or ISO 8601")
-    pc.add_argument("--duration", default="+24h", help="if no --end: e.g. +24h")
+    pc.add_argument("--duration", default="24h", help="if no --end: 24h, 90m, 1d2h, ...")
     pc.add_argument("--team")
     pc.add_argument("--price", type=float, help="$ per GPU-hour (prepaid)")
     pcc = psub.add_parser("cancel", help="cancel a plan")

@@ -109,18 +109,35 @@ def job_region(job: common_pb2.Job) -> str:
     return job.placement.region or "-"
 
 
+def newest_first(jobs: Iterable[common_pb2.Job], limit: int | None = None) -> list[common_pb2.Job]:
+    """Newest (by creation time, then id) first; ``limit`` keeps the newest N."""
+    out = sorted(jobs, key=lambda j: (j.created_time, j.id), reverse=True)
+    return out[:limit] if limit is not None and limit >= 0 else out
+
+
+def moves(job: common_pb2.Job) -> str:
+    """``restarts/moves``: automatic relaunches after a failure / migrations."""
+    return f"{job.restarts}/{len(job.migrations)}"
+
+
 def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Table:
+    """One row per job, newest first as given; REASON says why a job is still pending
+    (or the last message of a failed one) and is the column that gives way at 100 cols."""
     table = _table(
         ("ID", {"overflow": "fold"}),
-        ("NAME", {"flex": True, "max_width": 24}),
-        ("TEAM", {"flex": True, "max_width": 16}),
+        ("NAME", {"flex": True, "max_width": 18}),
+        ("TEAM", {"flex": True, "max_width": 10}),
         "PHASE",
-        ("REGION", {"flex": True, "min_width": 9}),
-        ("NODES×GPU", {"justify": "right"}),
+        ("REGION", {"flex": True, "max_width": 10}),
+        ("SHAPE", {"justify": "right"}),
         ("STEP", {"justify": "right"}),
+        ("R/M", {"justify": "right"}),
         ("AGE", {"justify": "right"}),
+        ("REASON", {"max_width": 30}),
     )
     for job in jobs:
+        reason = job.pending_reason if job.pending_reason else (
+            job.message if phase_name(job.phase) == "failed" else "")
         table.add_row(
             job.id,
             job.spec.name or "-",
@@ -129,9 +146,57 @@ def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Tabl
             job_region(job),
             shape(job),
             steps(job),
+            moves(job),
             age(job.created_time, now),
+            Text(reason or "-", style="yellow" if job.pending_reason else "dim"),
         )
     return table
+
+
+_CAUSE_PHRASE = {"spot": "a spot notice", "drain": "a region drain", "plan-end": "its plan's end",
+                 "agent-lost": "its agent was lost", "missing": "its attempt went missing",
+                 "cheaper": "cheaper capacity", "unhealthy": "an unhealthy node",
+                 "refused": "a refused launch"}
+
+
+def _nodes_of(world_size: int, gpus_per_node: int) -> str:
+    if not world_size:
+        return "?"
+    g = gpus_per_node or 1
+    return f"{max(1, world_size // g)}×{g}" if world_size % g == 0 else f"world {world_size}"
+
+
+def move_story(job: common_pb2.Job, m: common_pb2.Migration) -> str:
+    """One move in one line: ``moved after a spot notice at step 19: us-west-2 2×8 →
+    eu-west-1 1×8, resumed at step 19, lost 4 s``."""
+    g = job.spec.resources.gpus_per_node
+    cause = move_cause(m)
+    why = _CAUSE_PHRASE.get(cause, cause.replace("_", " "))
+    src = f"{m.from_region or '?'} {_nodes_of(m.from_world_size, g)}"
+    if move_state(m) != "done":
+        return f"moving after {why} at step {m.checkpoint_step}: {src} → {m.to_region or '?'} ({move_state(m)})"
+    dst = f"{m.to_region or '?'} {_nodes_of(m.to_world_size, g)}"
+    return (f"moved after {why} at step {m.checkpoint_step}: {src} → {dst}, "
+            f"resumed at step {m.checkpoint_step}, lost {m.total_s:.0f} s")
+
+
+def job_story(job: common_pb2.Job) -> str:
+    """The job's story in one line: where it runs or ran, and its moves (the last one
+    told in full, earlier ones counted)."""
+    name = phase_name(job.phase)
+    where = job.placement.region or "-"
+    head = f"{name}"
+    if job.placement.region:
+        head += f" in {where} {shape(job) if not job.placement.world_size else _nodes_of(job.placement.world_size, job.spec.resources.gpus_per_node)}"
+    if job.progress.step or job.progress.total_steps:
+        head += f" at step {steps(job)}"
+    if name == "pending" and job.pending_reason:
+        head += f": {job.pending_reason}"
+    if not job.migrations:
+        return head + ("" if job.restarts == 0 else f"; {job.restarts} restart(s)")
+    last = move_story(job, job.migrations[-1])
+    earlier = len(job.migrations) - 1
+    return f"{head}; {last}" + (f" (+{earlier} earlier move(s))" if earlier else "")
 
 
 def _kv(rows: Sequence[tuple[str, object]]) -> Table:
@@ -152,7 +217,7 @@ def restart_note(job: common_pb2.Job) -> str:
             " failure (its program reports none; see README \"Bring your own training code\")")
 
 
-def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Group:
+def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None) -> Group:
     """Everything about one job: spec summary, placement, progress, goodput, history."""
     spec = job.spec
     rows: list[tuple[str, object]] = [
@@ -195,7 +260,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
         rows.append(("message", job.message))
     table = _kv(rows)
 
-    parts: list[object] = [Panel(table, title=f"job {job.id}", box=box.ROUNDED, expand=False)]
+    parts: list[object] = [Text(job_story(job), style="bold"),
+                           Panel(table, title=f"job {job.id}", box=box.ROUNDED, expand=False)]
 
     p = job.placement
     if p.region:
@@ -238,7 +304,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
     if job.migrations:
         parts.append(migrations_table(job.migrations, title="migrations", with_job=False))
 
-    parts.append(events_table(events, title="events"))
+    if events is not None:  # `brokerctl job` prints them as lines (render_logs.event_line)
+        parts.append(events_table(events, title="events"))
     return Group(*parts)
 
 

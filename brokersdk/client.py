@@ -40,7 +40,12 @@ from tenacity import (
 from brokersdk import tracing as telemetry
 from brokersdk.enums import (
     TERMINAL_PHASES,
+    CapacityType,
+    MigrationCause,
+    MigrationState,
+    Phase,
     capacity_type_name,
+    cause_name,
     parse_capacity_type,
     parse_phase,
     parse_plan_state,  # noqa: F401  (re-exported: the old import path)
@@ -80,6 +85,11 @@ from computebroker.v1 import (
 __all__ = [
     "AlreadyExists",
     "BrokerClient",
+    "CapacityType",
+    "MigrationCause",
+    "MigrationState",
+    "Phase",
+    "cause_name",
     "BrokerError",
     "BrokerUnavailable",
     "InvalidJobSpec",

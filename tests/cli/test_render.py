@@ -37,7 +37,7 @@ def job(i: int) -> pb.Job:
 
 def test_jobs_table() -> None:
     out = text_of(render.jobs_table([job(i) for i in range(3)]))
-    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"])
+    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "SHAPE", "STEP", "R/M", "AGE", "REASON"])
     assert "12345/100000" in out and "16×8" in out
 
 
