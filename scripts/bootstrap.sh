@@ -17,9 +17,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo ">> installing torch==2.13.0 (CPU build)"
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
-extra=""
+extra="[s3demo]"  # moto[server]: `brokerctl demo --s3` runs a local S3 API server
 if [ "${1:-}" = "test" ]; then
-  extra="[test]"
+  extra="[test,s3demo]"
   if ! command -v redis-server >/dev/null 2>&1; then
     echo ">> installing redis-server (Debian package)"
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
