@@ -72,6 +72,7 @@ def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
         start = parse_time(args.start)
         end = parse_end(args.end, args.duration, start)
         plan = client.create_plan(
+            id=getattr(args, "plan_id", None) or "",
             name=args.name or "",
             region=args.region,
             zone=args.zone or "",

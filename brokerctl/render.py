@@ -415,12 +415,20 @@ def event_row(e: common_pb2.JobEvent) -> list[object]:
     ]
 
 
+def capacity_cell(capacity_type: int, pool: str) -> str:
+    """Capacity type and pool in one cell, the pool only when it says more than the type
+    (``spot``, ``on-demand``, ``plan tp-1a2b3c``, ``on-demand p5-reserved``)."""
+    ctype = capacity_type_name(capacity_type) or "-"
+    if not pool or pool.replace("_", "-") == ctype:
+        return ctype
+    return f"plan {pool}" if ctype == "training-plan" else f"{ctype} {pool}"
+
+
 def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = False) -> Table:
     cols: list[str | tuple[str, dict]] = [
         ("REGION", {"flex": True, "min_width": 9}),
         ("ZONE", {"flex": True}),
-        ("TYPE", {"flex": True}),
-        ("POOL", {"flex": True, "max_width": 16}),
+        ("CAPACITY", {"flex": True, "no_wrap": True, "max_width": 24}),
         ("ACCEL", {"flex": True}),
     ]
     if by_block:
@@ -436,7 +444,7 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
     table = _table(*cols)
     totals = [0, 0, 0, 0, 0]
     for r in resp.rows:
-        row = [r.region, r.zone or "-", capacity_type_name(r.capacity_type) or "-", r.pool or "-"]
+        row = [r.region, r.zone or "-", capacity_cell(r.capacity_type, r.pool)]
         row.append(r.accelerator or "-")
         if by_block:
             row.append(r.block or "-")
@@ -455,7 +463,7 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
         ):
             totals[i] += v
     if resp.rows:
-        pad = ["", "", "", "", ""] + ([""] if by_block else [])
+        pad = ["", "", "", ""] + ([""] if by_block else [])
         pad[0] = "total"
         table.add_section()
         table.add_row(*pad, *(str(t) for t in totals), "", style="bold")
