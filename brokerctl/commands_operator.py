@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -141,3 +143,26 @@ def _set_team(args: argparse.Namespace, client: BrokerClient) -> tuple[capacity_
     desired = team_merge.merge(args.team, current, changes)
     diff = team_merge.field_changes(team_merge.describe(current), team_merge.describe(desired))
     return client.set_team_quota(desired), diff
+
+
+def cmd_apply(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """Declarative teams/quotas/plans (fleet.py): show the diff, then apply it."""
+    import yaml
+
+    from brokerctl import fleet
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        doc = yaml.safe_load(text) or {}
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{args.file} is not valid YAML: {e}") from None
+    changes = fleet.plan_changes(doc, client)
+    fleet.render(changes, out)
+    if args.dry_run:
+        out.print("[dim]dry run: nothing applied[/]")
+        return EXIT_OK
+    done = fleet.apply(changes, client)
+    out.print(f"applied {done} change(s)" if done else "no changes")
+    return EXIT_OK

@@ -43,6 +43,7 @@ from brokerctl.commands_jobs import (
     cmd_watch,
 )
 from brokerctl.commands_operator import (
+    cmd_apply,
     cmd_capacity,
     cmd_cordon,
     cmd_drain,
@@ -238,6 +239,11 @@ def build_parser() -> _Parser:
     pcc = psub.add_parser("cancel", help="cancel a plan")
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
+
+    s = add("apply", "declare teams/quotas and training plans in a file: show the diff, apply it")
+    s.add_argument("-f", "--file", required=True, help="fleet YAML (teams:, plans:); - = stdin")
+    s.add_argument("--dry-run", action="store_true", help="only show the diff")
+    s.set_defaults(func=cmd_apply)
 
     s = add("drain", "drain a region (move its jobs out), or --undrain")
     s.add_argument("region")
