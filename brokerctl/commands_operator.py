@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from brokerctl import render, team_merge
 from brokerctl.common import (
@@ -52,9 +53,9 @@ def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
             out.print_json(render.to_json(quota))
             return EXIT_OK
         if changes:
-            out.print(f"team {args.team}: " + "; ".join(
+            out.print(Text(f"team {args.team}: " + "; ".join(
                 f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
-                for k, old, new in changes), soft_wrap=True)
+                for k, old, new in changes)), soft_wrap=True)
         else:
             out.print(f"team {args.team}: no change")
         out.print(render.teams_table([quota]))

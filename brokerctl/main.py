@@ -256,6 +256,12 @@ def build_parser() -> _Parser:
     s.add_argument("--undo", action="store_true")
     s.set_defaults(func=cmd_cordon)
 
+    # `plans create ... -o json` and `teams set ... -o json` read as people type them:
+    # the sub-subcommands accept -o too (SUPPRESS: the parent's default stays).
+    for sp in (tsub, psub):
+        for child in sp.choices.values():
+            child.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS)
+
     s = add("serve", "run the broker (blocks until SIGINT/SIGTERM)")
     s.add_argument("--config", help="YAML file of BrokerConfig fields")
     s.add_argument("--listen", help="host:port (default 127.0.0.1:50051)")
