@@ -142,7 +142,8 @@ def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
     jobs = render.newest_first(
         client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or ""),
         args.limit)
-    return show_list(args, out, jobs, "[dim]no jobs[/]", render.jobs_table)
+    return show_list(args, out, jobs, "[dim]no jobs[/]",
+                     lambda js: render.jobs_view(js, width=out.width))
 
 
 def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -157,13 +158,19 @@ def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int
         }
         out.print_json(json.dumps(data))
         return EXIT_OK
-    out.print(render.job_detail(job, None))
+    print_job(out, job, events)
+    return EXIT_OK
+
+
+def print_job(out: Console, job: Any, events: list, now: float | None = None) -> None:
+    """``brokerctl job ID``: the story in one line, the detail panels, then the events one
+    line each (progress events left to ``brokerctl events ID --progress``)."""
+    out.print(render.job_detail(job, None, now=now))
     shown = [e for e in events if e.type != "progress"]
-    out.print(Text(f"events ({len(shown)}, progress omitted: brokerctl events {job.id} --progress)",
+    out.print(Text(f"events ({len(shown)}, one line each; in full: brokerctl events {job.id})",
                    style="bold"))
     for event in shown:
-        out.print(render_logs.event_line(event))
-    return EXIT_OK
+        out.print(render_logs.event_line(event), no_wrap=True, overflow="ellipsis", crop=True)
 
 
 def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

@@ -120,37 +120,68 @@ def moves(job: common_pb2.Job) -> str:
     return f"{job.restarts}/{len(job.migrations)}"
 
 
-def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Table:
-    """One row per job, newest first as given; REASON says why a job is still pending
-    (or the last message of a failed one) and is the column that gives way at 100 cols."""
-    table = _table(
-        ("ID", {"overflow": "fold"}),
-        ("NAME", {"flex": True, "max_width": 18}),
-        ("TEAM", {"flex": True, "max_width": 10}),
-        "PHASE",
-        ("REGION", {"flex": True, "max_width": 10}),
-        ("SHAPE", {"justify": "right"}),
-        ("STEP", {"justify": "right"}),
-        ("R/M", {"justify": "right"}),
-        ("AGE", {"justify": "right"}),
-        ("REASON", {"max_width": 30}),
-    )
+JOBS_COLUMNS: tuple[tuple[str, int, str], ...] = (
+    # header, max width (0 = natural), justify
+    ("ID", 0, "left"), ("NAME", 14, "left"), ("TEAM", 8, "left"), ("PHASE", 0, "left"),
+    ("REGION", 9, "left"), ("SHAPE", 0, "right"), ("STEP", 0, "right"), ("R/M", 0, "right"),
+    ("AGE", 0, "right"), ("REASON", 0, "left"),
+)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Table:
+    """One row per job, in the order given (``newest_first``). REASON says why a job is
+    still pending (or why it failed) and gets the width the other columns leave, cut
+    with an ellipsis (``job ID`` has it whole): widths are computed here because rich's
+    own shrinking squeezes the name columns to nothing when one cell is long."""
+    jobs = list(jobs)
+    rows = []
     for job in jobs:
         reason = job.pending_reason if job.pending_reason else (
             job.message if phase_name(job.phase) == "failed" else "")
-        table.add_row(
-            job.id,
-            job.spec.name or "-",
-            job.spec.team or "-",
-            phase_text(job.phase),
-            job_region(job),
-            shape(job),
-            steps(job),
-            moves(job),
-            age(job.created_time, now),
-            Text(reason or "-", style="yellow" if job.pending_reason else "dim"),
-        )
+        rows.append([job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
+                     job_region(job), shape(job), steps(job), moves(job),
+                     age(job.created_time, now), reason or "-"])
+    widths = []
+    for i, (header, cap, _) in enumerate(JOBS_COLUMNS):
+        natural = max([len(header), *(len(r[i]) for r in rows)])
+        widths.append(min(natural, max(cap, len(header))) if cap else natural)
+    overhead = 2 * (len(widths) - 1) + 1
+    over = sum(widths[:-1]) + len("REASON") + overhead - width
+    for i in (1, 2, 4):  # NAME, TEAM, REGION give way (down to their headers) when too wide
+        if over <= 0:
+            break
+        give = min(over, widths[i] - len(JOBS_COLUMNS[i][0]))
+        widths[i] -= give
+        over -= give
+    used = sum(widths[:-1]) + overhead
+    widths[-1] = max(len("REASON"), min(widths[-1], width - used))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
+    for (header, _, justify), w in zip(JOBS_COLUMNS, widths, strict=True):
+        table.add_column(header, width=w, no_wrap=True, overflow="ellipsis", justify=justify)  # type: ignore[arg-type]
+    for r, job in zip(rows, jobs, strict=True):
+        cells: list[object] = [_clip(c, w) for c, w in zip(r, widths, strict=True)]
+        cells[3] = Text(cells[3], style=PHASE_STYLE.get(r[3], ""))
+        cells[9] = Text(cells[9], style="yellow" if job.pending_reason else "dim")
+        table.add_row(*cells)
     return table
+
+
+def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Group:
+    """``brokerctl jobs``: the table, then each pending job's whole reason on a line of
+    its own when the REASON column had to cut it (one line each, never wrapped)."""
+    jobs = list(jobs)
+    parts: list[object] = [jobs_table(jobs, now, width)]
+    cut = [j for j in jobs if j.pending_reason and len(j.pending_reason) > 40]
+    for j in cut:
+        line = Text(f"{j.id} ", style="bold")
+        line.append(_clip(f"pending: {j.pending_reason}", max(10, width - len(j.id) - 1)), style="yellow")
+        parts.append(line)
+    return Group(*parts)
 
 
 _CAUSE_PHRASE = {"spot": "a spot notice", "drain": "a region drain", "plan-end": "its plan's end",
@@ -194,9 +225,9 @@ def job_story(job: common_pb2.Job) -> str:
         head += f": {job.pending_reason}"
     if not job.migrations:
         return head + ("" if job.restarts == 0 else f"; {job.restarts} restart(s)")
-    last = move_story(job, job.migrations[-1])
+    # A job that moved opens with its last move (phase and place are in the panel below).
     earlier = len(job.migrations) - 1
-    return f"{head}; {last}" + (f" (+{earlier} earlier move(s))" if earlier else "")
+    return move_story(job, job.migrations[-1]) + (f" (+{earlier} earlier)" if earlier else "")
 
 
 def _kv(rows: Sequence[tuple[str, object]]) -> Table:
@@ -217,7 +248,8 @@ def restart_note(job: common_pb2.Job) -> str:
             " failure (its program reports none; see README \"Bring your own training code\")")
 
 
-def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None) -> Group:
+def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None,
+               now: float | None = None) -> Group:
     """Everything about one job: spec summary, placement, progress, goodput, history."""
     spec = job.spec
     rows: list[tuple[str, object]] = [
@@ -228,7 +260,7 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         ("phase", phase_text(job.phase)),
         ("attempt", f"{job.attempt} (restarts: {job.restarts})"),
         ("resources", f"{shape(job)} {spec.resources.accelerator or 'any accelerator'}"),
-        ("created", f"{when(job.created_time)} ({age(job.created_time)} ago)"),
+        ("created", f"{when(job.created_time)} ({age(job.created_time, now)} ago)"),
     ]
     if spec.topology.required or spec.topology.preferred:
         rows.append(
@@ -268,7 +300,7 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         nodes = ", ".join(f"{n.node_id}({n.gpus})" for n in p.nodes) or "-"
         prow = [
             ("region", f"{p.region} (agent {p.agent_id or '-'})"),
-            ("capacity", f"{capacity_type_name(p.capacity_type) or '-'} {p.pool}".strip()),
+            ("capacity", capacity_cell(p.capacity_type, p.pool)),
             ("nodes", nodes),
             ("world size", p.world_size),
             ("price", f"${p.price_per_gpu_hour:.2f}/GPU-h"),
@@ -417,18 +449,19 @@ def event_row(e: common_pb2.JobEvent) -> list[object]:
 
 def capacity_cell(capacity_type: int, pool: str) -> str:
     """Capacity type and pool in one cell, the pool only when it says more than the type
-    (``spot``, ``on-demand``, ``plan tp-1a2b3c``, ``on-demand p5-reserved``)."""
+    (``spot``, ``on-demand``, ``plan:tp-1a2b3c``, ``on-demand:p5-reserved``); no space, so
+    a narrow terminal cuts it with an ellipsis instead of wrapping it."""
     ctype = capacity_type_name(capacity_type) or "-"
     if not pool or pool.replace("_", "-") == ctype:
         return ctype
-    return f"plan {pool}" if ctype == "training-plan" else f"{ctype} {pool}"
+    return f"plan:{pool}" if ctype == "training-plan" else f"{ctype}:{pool}"
 
 
 def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = False) -> Table:
     cols: list[str | tuple[str, dict]] = [
         ("REGION", {"flex": True, "min_width": 9}),
         ("ZONE", {"flex": True}),
-        ("CAPACITY", {"flex": True, "no_wrap": True, "max_width": 24}),
+        ("CAPACITY", {"flex": True, "max_width": 24}),
         ("ACCEL", {"flex": True}),
     ]
     if by_block:

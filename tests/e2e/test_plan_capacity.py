@@ -59,4 +59,4 @@ def test_job_on_training_plan_capacity_runs_on_the_plans_nodes(
             (pb.CAPACITY_TYPE_TRAINING_PLAN, plan.id)]
         rc = main(["--broker", cluster.address, "capacity", "--region", "us-west-2"])
         out, _ = capsys.readouterr()
-        assert rc == 0 and f"plan {plan.id}" in out, out
+        assert rc == 0 and f"plan:{plan.id}" in out, out
