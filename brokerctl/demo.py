@@ -465,9 +465,9 @@ class Demo:
                 notice.write_text("20")
             self.spot_notice_sent = True
             progress.console.print(
-                f"[bold magenta]>> spot interruption[/]: {region} reclaims "
-                f"{', '.join(n.node_id for n in job.placement.nodes)} in 20s; watch "
-                f"{job.spec.name} checkpoint and move", no_wrap=True, overflow="ellipsis", crop=True)
+                f"[bold magenta]>> spot interruption[/]: {region} reclaims the "
+                f"{len(job.placement.nodes)} spot node(s) of {job.spec.name} in 20 s",
+                no_wrap=True, overflow="ellipsis", crop=True)
             return
 
     # -- summary

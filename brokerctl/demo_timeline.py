@@ -101,28 +101,25 @@ class Timeline:
         d = e.details
         if e.type == "admitted":
             tier = e.message.rsplit("; ", 1)[-1] if "; " in e.message else ""
-            nodes = d.get("nodes", "").split(",")
-            shown = ",".join(nodes[:2]) + (",…" if len(nodes) > 2 else "")
-            return f"{e.region}, {tier}: {len(nodes)} node(s) {shown}".replace(", :", ":")
+            nodes = [n for n in d.get("nodes", "").split(",") if n]
+            return f"{e.region}, {tier}, {len(nodes)} node(s)".replace(", , ", ", ")
         if e.type == "launched":
             ws = d.get("world_size", "?")
             if d.get("resume_from"):
-                return (f"attempt {e.attempt}: {e.region}, world size {ws}, from the "
+                return (f"attempt {e.attempt}: {e.region}, world {ws}, from the "
                         f"step-{self._step_of(d['resume_from'])} checkpoint")
             return None if e.attempt <= 1 else f"attempt {e.attempt}: {e.region}, world size {ws}"
         if e.type == "migrating_out":
             n = len([x for x in d.get("nodes", "").split(",") if x])
-            return f"spot reclaim notice for {n or 'its'} node(s) in {e.region}: checkpoint now, then move"
+            return f"reclaim notice, {n or 'its'} spot node(s) in {e.region}: checkpoint, move"
         if e.type == "migrating":
-            return f"attempt {e.attempt} stopped in {e.region}; its checkpoint is durable"
+            return f"attempt {e.attempt} stopped in {e.region}, checkpoint durable"
         if e.type == "checkpoint":
             return f"step {d.get('step', '?')} durable in {e.region}"
         if e.type == "migration_completed":
             return (f"{d.get('from', '?').split('/')[0]} → {d.get('to', '?').split('/')[0]}, world "
                     f"{d.get('world_size', '?').replace('->', ' → ')}, in "
-                    f"{float(d.get('total_s', 0) or 0):.1f}s (checkpoint "
-                    f"{float(d.get('checkpoint_s', 0) or 0):.1f}s, copy "
-                    f"{float(d.get('transfer_s', 0) or 0):.1f}s)")
+                    f"{float(d.get('total_s', 0) or 0):.1f}s")
         if e.type == "succeeded":
             try:
                 job = self.client.get_job(job_id)
@@ -153,12 +150,12 @@ class Timeline:
         m = migs[-1]
         manifest = read_manifest(m.resume_from or m.checkpoint_uri) or {}
         seen = manifest.get("samples_seen")
-        where = (f"next unseen sample #{seen} (samples_seen in its manifest)"
-                 if seen is not None else "the checkpoint's data position")
+        where = (f"data from sample #{seen}, the next unseen"
+                 if seen is not None else "data from the checkpoint's position")
         t = Text()
         t.append(time.strftime("%H:%M:%S", time.localtime(e.time or time.time())), style="dim")
         t.append(f" +{max(0.0, (e.time or time.time()) - self.t0):5.1f}s ", style="dim")
         t.append(f"{name[:16]:<16} ", style="bold")
         t.append(f"{'RESUMED':<10} ", style="bold green")
-        t.append(f"step {m.checkpoint_step + 1}, {m.to_region}, world {m.to_world_size}: {where}")
+        t.append(f"step {m.checkpoint_step + 1}, world {m.to_world_size}: {where}")
         return t
