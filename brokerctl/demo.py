@@ -610,8 +610,9 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
             console.print(render.migrations_table(migs, title="migrations"))
             for job in final.values():
                 if job.migrations:
-                    console.print(Text.assemble((f"{job.spec.name}: ", "bold"),
-                                                render.move_story(job, job.migrations[-1])))
+                    console.print(Text(f"{job.spec.name}:", style="bold"))
+                    console.print(Text("  " + render.move_story(job, job.migrations[-1])),
+                                  no_wrap=True, overflow="ellipsis", crop=True)
         if demo.s3 is not None:
             console.print(f"S3: {demo.s3.objects()} objects in the region buckets (the server "
                           "stops with the demo)")
