@@ -548,12 +548,20 @@ def console_hint(address: str) -> str:
     """Where to watch the demo in a browser, when this build has the web console
     (``brokerctl console``, issue 14 part 1); empty otherwise. A console module may offer
     ``demo_url(address) -> str`` to start itself for the demo and return its URL."""
-    try:
-        import importlib
+    import importlib
 
+    try:
         mod = importlib.import_module("brokerctl.console")
     except ImportError:
-        return ""
+        mod = None
+    if mod is None:
+        from brokerctl.main import build_parser
+
+        sub = next((a for a in build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or "console" not in sub.choices:
+            return ""
+        return f"watch it in a browser: [bold]brokerctl --broker {address} console[/]"
     demo_url = getattr(mod, "demo_url", None)
     if callable(demo_url):
         with contextlib.suppress(Exception):
