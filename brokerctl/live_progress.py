@@ -2,7 +2,7 @@
 world size, folded from the job's event stream.
 
 Why from events and not GetJob polling: the watch stream already carries progress
-events (the broker writes one every few steps), and the launch events carry the world
+events (the broker writes one every ``progress_event_every_steps``, default 50), and the launch events carry the world
 size of each attempt, so the line stays right across a resume (the total comes from the
 job spec when a progress event omits it, and the step restarts from the checkpoint).
 """
