@@ -116,16 +116,16 @@ def demo_jobs(steps: int, every: int, sleep: float) -> list[JobSpec]:
         return TrainerSpec(total_steps=n, checkpoint_every=every, global_batch_size=batch,
                            seed=seed, model="tiny", step_sleep_s=sleep)
 
-    return [
+    return [  # the story's job first: `--jobs 1` runs just the story
+        JobSpec(name=SPOT_JOB, team="research", priority_class="experimentation",
+                nodes=2, gpus_per_node=8, accelerator="h100", spot_ok=True,
+                capacity_types=["spot", "on-demand"], allowed_regions=["us-west-2", "eu-west-1"],
+                min_nodes=1, max_nodes=2, trainer=trainer(37, 8)),
         JobSpec(name="llm-pretrain", team="research", nodes=2, gpus_per_node=8,
                 accelerator="h100", topology_required="layer-3", trainer=trainer(11, 16)),
         JobSpec(name="vision-finetune", team="product", priority_class="fine-tuning",
                 nodes=1, gpus_per_node=4, accelerator="a100", dataset_uri="s3://datasets-eu/imagenet",
                 dataset_region="eu-west-1", trainer=trainer(23, 8)),
-        JobSpec(name=SPOT_JOB, team="research", priority_class="experimentation",
-                nodes=2, gpus_per_node=8, accelerator="h100", spot_ok=True,
-                capacity_types=["spot", "on-demand"], allowed_regions=["us-west-2", "eu-west-1"],
-                min_nodes=1, max_nodes=2, trainer=trainer(37, 8)),
         JobSpec(name="eval-harness", team="product", nodes=1, gpus_per_node=2,
                 preferred_regions=["us-east-2"], trainer=trainer(41, 4, max(every, steps // 2))),
         JobSpec(name="speech-ft", team="research", priority_class="fine-tuning",
@@ -143,7 +143,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
     p.add_argument("--ranks-per-node", type=int, default=2,
                    help="trainer processes per simulated node (keep small on few cores)")
-    p.add_argument("--jobs", type=int, default=5, help="how many of the demo jobs to submit (1-5)")
+    p.add_argument("--jobs", type=int, default=5,
+                   help="how many of the demo jobs to submit (1-5; 1 = only the spot job's story)")
     p.add_argument("--timeout", dest="demo_timeout", type=float, default=900.0,
                    help="give up (exit 1) if jobs are not done after this many seconds")
     p.add_argument("--no-spot", dest="spot_demo", action="store_false",
