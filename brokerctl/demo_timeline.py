@@ -106,12 +106,12 @@ class Timeline:
         if e.type == "launched":
             ws = d.get("world_size", "?")
             if d.get("resume_from"):
-                return (f"attempt {e.attempt}: {e.region}, world {ws}, from the "
+                return (f"attempt {e.attempt}: {e.region}, world {ws}, from "
                         f"step-{self._step_of(d['resume_from'])} checkpoint")
             return None if e.attempt <= 1 else f"attempt {e.attempt}: {e.region}, world size {ws}"
         if e.type == "migrating_out":
             n = len([x for x in d.get("nodes", "").split(",") if x])
-            return f"reclaim notice, {n or 'its'} spot node(s) in {e.region}: checkpoint, move"
+            return f"spot reclaim of {n or 'its'} node(s) in {e.region}: checkpoint, move"
         if e.type == "migrating":
             return f"attempt {e.attempt} stopped in {e.region}, checkpoint durable"
         if e.type == "checkpoint":
