@@ -111,7 +111,7 @@ class Timeline:
             return None if e.attempt <= 1 else f"attempt {e.attempt}: {e.region}, world size {ws}"
         if e.type == "migrating_out":
             n = len([x for x in d.get("nodes", "").split(",") if x])
-            return f"spot reclaim of {n or 'its'} node(s) in {e.region}: checkpoint, move"
+            return f"{n or 'its'} spot node(s) in {e.region} reclaimed: checkpoint, move"
         if e.type == "migrating":
             return f"attempt {e.attempt} stopped in {e.region}, checkpoint durable"
         if e.type == "checkpoint":
@@ -150,8 +150,8 @@ class Timeline:
         m = migs[-1]
         manifest = read_manifest(m.resume_from or m.checkpoint_uri) or {}
         seen = manifest.get("samples_seen")
-        where = (f"data from sample #{seen}, the next unseen"
-                 if seen is not None else "data from the checkpoint's position")
+        where = (f"from sample #{seen}, the next unseen"
+                 if seen is not None else "from the checkpoint's data position")
         t = Text()
         t.append(time.strftime("%H:%M:%S", time.localtime(e.time or time.time())), style="dim")
         t.append(f" +{max(0.0, (e.time or time.time()) - self.t0):5.1f}s ", style="dim")
