@@ -139,10 +139,10 @@ def test_readme_run_it_yourself_and_cli_examples_run(
                 procs.append(subprocess.Popen(argv_of(argv), cwd=tmp_path, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
                 if argv[0] == "serve":
-                    wait_until(lambda: run(["regions"], 30).returncode == 0, timeout=60,
+                    wait_until(lambda: run(["regions"], 30).returncode == 0, timeout=180,
                                what="the README's broker answers")
                 else:
-                    wait_until(lambda: "connected" in run(["regions"], 30).stdout, timeout=90,
+                    wait_until(lambda: "connected" in run(["regions"], 30).stdout, timeout=180,
                                what="the README's agent connects")
                 continue
             if "--wait" in argv:  # the README's job, shortened (flags override the file)

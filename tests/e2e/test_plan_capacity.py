@@ -32,7 +32,7 @@ def test_job_on_training_plan_capacity_runs_on_the_plans_nodes(
         s.capacity_types.append(pb.CAPACITY_TYPE_TRAINING_PLAN)
         handle = client.submit(s)
         # No plan covers the plan nodes yet: pending, with a reason that says why.
-        wait_until(lambda: handle.status().pending_reason, timeout=60,
+        wait_until(lambda: handle.status().pending_reason, timeout=120,
                    what=f"a pending reason\n{cluster.logs()}")
         job = handle.status()
         assert job.phase == pb.JOB_PHASE_PENDING and "training_plan" in job.pending_reason, job
@@ -45,7 +45,7 @@ def test_job_on_training_plan_capacity_runs_on_the_plans_nodes(
         assert rc == 0, err
         plan = next(p for p in client.plans() if p.name == "p5-week")
 
-        wait_until(lambda: handle.status().phase != pb.JOB_PHASE_PENDING, timeout=90,
+        wait_until(lambda: handle.status().phase != pb.JOB_PHASE_PENDING, timeout=180,
                    what=f"the job leaves PENDING: {handle.status().pending_reason}\n{cluster.logs()}")
         job = handle.wait(timeout=240)
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
