@@ -11,6 +11,12 @@ the demo talks to, so embedding it keeps start-up fast and its logs out of the
 way; agents stay separate processes because that is how they run in production
 (they dial out to the broker) and so that killing one is realistic.
 
+The story it tells by default (``--no-spot`` skips it): the spot job runs on us-west-2's
+spot nodes; once it has a checkpoint those nodes get a reclaim notice; it checkpoints and
+moves to eu-west-1, the only capacity left in its allowed regions, on half the world
+size, and resumes at the next unseen sample. ``demo_timeline.py`` prints it one line per
+event; ``--s3`` keeps the checkpoints in a local S3 server (``demo_s3.py``).
+
 The live view polls GetJob (one cheap call per job and refresh); the summary counts
 complete checkpoints on disk (directories holding ``manifest.json``,
 docs/contracts.md section 3), so it shows what a user could resume from.

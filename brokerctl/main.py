@@ -277,7 +277,7 @@ def build_parser() -> _Parser:
 
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 
-    s = add("demo", "embedded broker + 3 simulated regions + a few real training jobs")
+    s = add("demo", "embedded broker, 3 simulated regions, real training jobs; a spot job moves region")
     from brokerctl import demo
 
     demo.add_arguments(s)
