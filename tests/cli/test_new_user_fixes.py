@@ -198,3 +198,24 @@ def test_handle_phase_is_a_name(client) -> None:
                                    trainer=TrainerSpec(total_steps=5)))
     assert handle.phase == "pending"
     assert str(Phase(handle.status().phase)) == "pending"
+
+
+def test_apply_list_form_and_relative_plan_times_are_idempotent(capsys, broker_address: str,
+                                                               tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(textwrap.dedent("""
+        teams:
+          - name: list-team
+            guaranteed: 2
+        plans:
+          - name: rel-plan
+            region: eu-west-1
+            accelerator: h100
+            count: 1
+            start: now
+            duration: 2h
+    """))
+    rc, out, err = run(capsys, "--broker", broker_address, "apply", "-f", str(fleet))
+    assert rc == 0 and "applied 2 change(s)" in out, err
+    rc, out, err = run(capsys, "--broker", broker_address, "apply", "-f", str(fleet))
+    assert rc == 0 and "0 to create, 0 to change, 2 unchanged" in out, out + err
