@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import Any
 
 from rich.console import Console
@@ -230,8 +231,11 @@ def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bo
     progress event with ``--progress``)."""
     live = LiveProgress(client.get_job(job_id))
     status = out.status(live.text()) if out.is_terminal else None
+    stop = threading.Event()
     if status is not None:
         status.start()
+        threading.Thread(target=_poll_status, args=(client, job_id, live, status, stop),
+                         daemon=True).start()
     try:
         for event in client.watch(job_id, include_progress=True):
             changed = live.update(event)
@@ -245,6 +249,7 @@ def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bo
             if status is not None:
                 status.update(live.text())
     finally:
+        stop.set()
         if status is not None:
             status.stop()
     job = client.get_job(job_id)
@@ -254,6 +259,17 @@ def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bo
         final.append(f" — {job.message}")
     out.print(final)
     return EXIT_OK if job.phase in TERMINAL_PHASES and phase_name(job.phase) != "failed" else 1
+
+
+def _poll_status(client: BrokerClient, job_id: str, live: LiveProgress, status: Any,
+                 stop: threading.Event, every_s: float = 2.0) -> None:
+    """On a terminal: refresh the status line from GetJob between progress events."""
+    while not stop.wait(every_s):
+        try:
+            live.refresh(client.get_job(job_id))
+        except Exception:  # the event stream reports real trouble; this is cosmetic
+            continue
+        status.update(live.text())
 
 
 def cmd_watch(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

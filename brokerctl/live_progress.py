@@ -25,6 +25,18 @@ class LiveProgress:
         self.attempt = job.attempt
         self._bucket = -1
 
+    def refresh(self, job: common_pb2.Job) -> None:
+        """Fold in a fetched job (GetJob): the terminal's status line refreshes between the
+        broker's progress events, which come only every N steps."""
+        if job.progress.step >= self.step or job.attempt > self.attempt:
+            self.step = job.progress.step
+        self.total = job.progress.total_steps or self.total
+        if job.progress.loss:
+            self.loss = f"{job.progress.loss:.4f}"
+        self.region = job.placement.region or self.region
+        self.world_size = job.placement.world_size or self.world_size
+        self.attempt = max(self.attempt, job.attempt)
+
     def update(self, e: common_pb2.JobEvent) -> bool:
         """Fold one event in; True when a progress line is worth printing (a new tenth
         of the run, or the first step of a new attempt)."""

@@ -204,3 +204,11 @@ def test_live_progress_keeps_the_total_and_world_size_across_a_resume() -> None:
     assert live.update(pb.JobEvent(type="progress", attempt=2, region="eu-west-1",
                                    details={"step": "20", "loss": "4.0900"}))
     assert live.text() == "step 20/30 · loss 4.0900 · eu-west-1 · world 8 · attempt 2"
+
+
+def test_live_progress_refreshes_from_the_job_between_progress_events() -> None:
+    from brokerctl.live_progress import LiveProgress
+
+    live = LiveProgress(pb.Job(spec=moved_job().spec, attempt=1))
+    live.refresh(moved_job())
+    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · world 8 · attempt 2"
