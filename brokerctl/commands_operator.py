@@ -48,11 +48,13 @@ def cmd_regions(args: argparse.Namespace, client: BrokerClient, out: Console) ->
 
 def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     if getattr(args, "teams_cmd", None) == "set":
-        quota, changes = _set_team(args, client)
+        quota, changes, created = _set_team(args, client)
         if args.output == "json":
             out.print_json(render.to_json(quota))
             return EXIT_OK
-        if changes:
+        if created:
+            out.print(f"team {args.team}: created")
+        elif changes:
             out.print(Text(f"team {args.team}: " + "; ".join(
                 f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
                 for k, old, new in changes)), soft_wrap=True)
@@ -118,7 +120,8 @@ def cmd_cordon(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     return EXIT_OK
 
 
-def _set_team(args: argparse.Namespace, client: BrokerClient) -> tuple[capacity_pb2.TeamQuota, list]:
+def _set_team(args: argparse.Namespace,
+              client: BrokerClient) -> tuple[capacity_pb2.TeamQuota, list, bool]:
     """``teams set``: merge semantics (only the flags given change; team_merge.py)."""
     guaranteed: dict[str, int] | None = None
     if args.guaranteed:
@@ -143,7 +146,7 @@ def _set_team(args: argparse.Namespace, client: BrokerClient) -> tuple[capacity_
         current = None
     desired = team_merge.merge(args.team, current, changes)
     diff = team_merge.field_changes(team_merge.describe(current), team_merge.describe(desired))
-    return client.set_team_quota(desired), diff
+    return client.set_team_quota(desired), diff, current is None
 
 
 def cmd_apply(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
