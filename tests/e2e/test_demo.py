@@ -65,3 +65,23 @@ def test_demo_runs_every_job_to_success(tmp_path: Path) -> None:
     # No trainer or agent outlives the demo.
     leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True, check=False)
     assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
+
+
+def test_demo_s3_tells_the_story_with_checkpoints_in_a_local_s3_server(tmp_path: Path) -> None:
+    """`brokerctl demo --s3 --jobs 1`: moto's S3 server is started and stopped by the demo,
+    one bucket per region; the spot job's checkpoints live there, not on local disk."""
+    import socket
+
+    work = tmp_path / "demo"
+    result = run_demo(work, "--s3", "--jobs", "1")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    endpoint = re.search(r"S3 API on http://127\.0\.0\.1:(\d+): buckets s3://cb-demo-", out)
+    assert endpoint, out[:2000]
+    assert re.search(r"rl-sweep-spot +MOVED +us-west-2 → eu-west-1, world 16 → 8", out), out[-4000:]
+    objects = re.search(r"S3: (\d+) objects in the region buckets", out)
+    assert objects and int(objects.group(1)) > 0, out[-2000:]
+    assert not list((work / "regions").rglob("manifest.json")), "checkpoints went to local disk"
+    with socket.socket() as s:  # the demo stopped its S3 server
+        assert s.connect_ex(("127.0.0.1", int(endpoint.group(1)))) != 0
