@@ -57,7 +57,7 @@ def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
         elif changes:
             out.print(Text(f"team {args.team}: " + "; ".join(
                 f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
-                for k, old, new in changes)), soft_wrap=True)
+                for k, old, new in changes)))
         else:
             out.print(f"team {args.team}: no change")
         out.print(render.teams_table([quota]))
@@ -129,11 +129,14 @@ def _set_team(args: argparse.Namespace,
         for g in csv_values(args.guaranteed):
             n, _, accel = g.partition(":")
             try:
-                guaranteed[accel] = int(n)
+                guaranteed[accel.strip().lower()] = int(n)
             except ValueError:
                 raise UsageError(f"--guaranteed expects N or N:ACCELERATOR, got {g!r}") from None
-    caps = {k: int(v) for k, v in kv_pairs(args.region_cap, "--region-cap").items()} \
-        if args.region_cap else None
+    try:
+        caps = {k: int(v) for k, v in kv_pairs(args.region_cap, "--region-cap").items()} \
+            if args.region_cap else None
+    except ValueError:
+        raise UsageError("--region-cap expects REGION=GPUS with a whole number of GPUs") from None
     changes = TeamChanges(
         cohort=args.cohort, guaranteed=guaranteed, borrow_limit=args.borrow_limit,
         lend_limit=args.lend_limit,
