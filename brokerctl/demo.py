@@ -235,7 +235,6 @@ class Demo:
     finished_at: dict[str, float] = field(default_factory=dict)
     plan_id: str = ""
     spot_notice_sent: bool = False
-    migration_seen: dict[tuple[str, int], str] = field(default_factory=dict)
     s3: LocalS3 | None = None
     timeline: Timeline | None = None
 
