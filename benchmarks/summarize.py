@@ -246,6 +246,33 @@ def library(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def auth(d: dict[str, Any]) -> list[str]:
+    def met(r: float) -> str:
+        return "met" if r >= d["goal_ratio"] else "**not met**"
+
+    sub, get, bare = d["submit_per_s"], d["get_per_s"], d["bare_grpc_per_s"]
+    return [
+        "### TLS and authentication (`python benchmarks/bench_auth.py`)",
+        "",
+        f"Two brokers in one process (SQLite, loopback gRPC, {d['threads']} client threads, "
+        f"{d['seconds']:.0f} s per phase, median of {d['rounds']} alternating rounds): TLS + a member's "
+        "bearer token (argon2-verified once, then cached) + authorization + audit, against the same "
+        f"broker in insecure dev mode. {d['machine']}.",
+        "",
+        "| calls/s | TLS + auth | insecure | ratio (goal ≥ 0.8) |",
+        "|---|---|---|---|",
+        f"| SubmitJob | {f(sub['tls_auth'], 0)} | {f(sub['insecure'], 0)} | "
+        f"{d['submit_ratio']:.2f} ({met(d['submit_ratio'])}) |",
+        f"| GetJob | {f(get['tls_auth'], 0)} | {f(get['insecure'], 0)} | "
+        f"{d['get_ratio']:.2f} ({met(d['get_ratio'])}) |",
+        f"| empty RPC, bare gRPC server (TLS only, no auth) | {f(bare['tls'], 0)} | "
+        f"{f(bare['plaintext'], 0)} | {d['bare_tls_ratio']:.2f} |",
+        "",
+        "The last row is gRPC's TLS transport alone on the same machine: the share of the cost "
+        "that no auth design can remove.",
+    ]
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -258,7 +285,7 @@ def render() -> str:
     for name, fn in (("placement", placement), ("checkpoint", checkpoint), ("hash", digests),
                      ("migration", migration),
                      ("transfer", transfer), ("store", store), ("library", library),
-                     ("workdir", workdir)):
+                     ("workdir", workdir), ("auth", auth)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
@@ -21,6 +21,11 @@ def _known_policy(name: str) -> str:
     if name not in POLICIES:
         raise ValueError(f"recovery_policy {name!r} is unknown; known: {', '.join(sorted(POLICIES))}")
     return name
+
+
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 class BrokerConfig(BaseModel):
@@ -81,6 +86,20 @@ class BrokerConfig(BaseModel):
     workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
     max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
     max_page_size: int = 1000
+    # Security (broker/auth/, README "Security"): TLS on every port, PEM files. ``tls_ca``
+    # verifies client certificates (agents, certificate users) on ``agent_listen``, the
+    # mutual-TLS port; ``listen`` is server-authenticated TLS where users send tokens.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    agent_listen: str = Field("127.0.0.1:50052", pattern=r"^(|.+:\d+)$")
+    # DEV ONLY, loudly labelled: no TLS, no authentication, loopback only; every caller
+    # is the one local operator. The broker refuses to start without TLS otherwise.
+    insecure_dev: bool = False
+    # Bootstrap tokens (YAML written by `brokerctl dev-ca`: id, user, role, team, argon2
+    # hash), valid besides the store's tokens; the first operator's way in. Static: edit
+    # the file and restart to revoke one.
+    static_tokens_file: str = ""
     default_page_size: int = 100
 
     @field_validator("priority_classes")
@@ -98,6 +117,22 @@ class BrokerConfig(BaseModel):
         if v.startswith("s3://") and not v.removeprefix("s3://").split("/", 1)[0]:
             raise ValueError(f"{v!r} names no bucket: s3://bucket/prefix")
         return v
+
+    @model_validator(mode="after")
+    def _tls_or_dev(self) -> BrokerConfig:
+        if self.insecure_dev:
+            for addr in (self.listen, self.metrics_listen):
+                if addr and not _loopback(addr):
+                    raise ValueError(f"insecure_dev binds loopback only; {addr!r} is not loopback")
+        return self
+
+    def tls_problem(self) -> str:
+        """Why this config may not serve ("" = fine); checked when the broker starts
+        (not at validation: tests build configs as plain settings too)."""
+        if self.insecure_dev or all([self.tls_cert, self.tls_key, self.tls_ca]):
+            return ""
+        return ("TLS is required: set tls_cert, tls_key and tls_ca (`brokerctl dev-ca DIR` makes"
+                " them), or insecure_dev: true (--insecure-dev) for a loopback-only dev broker")
 
     @property
     def grace_s(self) -> float:

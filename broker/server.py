@@ -17,8 +17,13 @@ import grpc
 
 from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
+from broker.api.auth_service import AuthService
 from broker.api.capacity_service import CapacityService
 from broker.api.jobs_service import JobService
+from broker.auth.audit import AuditLog
+from broker.auth.interceptor import Authenticator, AuthInterceptor
+from broker.auth.tls import server_credentials
+from broker.auth.tokens import TokenManager, load_static_tokens
 from broker.config import BrokerConfig
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
@@ -31,7 +36,13 @@ from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
 from broker.workdirs.checks import check_submit
 from broker.workdirs.service import WorkdirService
-from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc, workdir_pb2_grpc
+from computebroker.v1 import (
+    agent_pb2_grpc,
+    auth_pb2_grpc,
+    capacity_pb2_grpc,
+    jobs_pb2_grpc,
+    workdir_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,7 @@ class BrokerServer:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port = 0
+        self.agent_port = 0  # the mutual-TLS port (agents, certificate users); 0 = none
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
         self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
 
@@ -65,6 +77,12 @@ class BrokerServer:
         return self.config.broker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     def start(self) -> int:
+        problem = self.config.tls_problem()
+        if problem:
+            raise RuntimeError(problem)
+        if self.config.insecure_dev:
+            log.warning("INSECURE DEV MODE: no TLS, no authentication; every caller on this"
+                        " loopback port is the local operator. Never use this beyond a laptop.")
         store = self._store or open_store(self.config.store)
         self._store = store
         # The wiring: one registry, one applier (the only job write path), one set of
@@ -75,12 +93,18 @@ class BrokerServer:
         ops = JobOps(applier)
         self.ops = ops
         jobs, records = JobsView(store, applier.hub), RecordsView(store)
-        self.metrics_port = telemetry.start_metrics(self.config.metrics_listen)
+        self.metrics_port = telemetry.start_metrics(
+            self.config.metrics_listen,
+            None if self.config.insecure_dev else (self.config.tls_cert, self.config.tls_key))
         # Leader lease is taken only after binding (the advertised address needs the port).
         self.leadership = Leadership(ops, store, self.holder, "", self.config.leader_lease_s)
+        tokens = TokenManager(store, load_static_tokens(self.config.static_tokens_file))
+        audit = AuditLog(store)
+        self.tokens, self.audit = tokens, audit
+        auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
-            interceptors=[StandbyGate(self.leadership)],
+            interceptors=[auth, StandbyGate(self.leadership)],
             options=[
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
@@ -106,18 +130,35 @@ class BrokerServer:
             AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
                          broker_id=self.holder),
             server)
-        port = server.add_insecure_port(self.config.listen)
-        if port == 0:
-            raise RuntimeError(f"could not bind {self.config.listen}")
+        auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
+        port = self._bind(server)
         server.start()
         self._server = server
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
-        log.info("broker %s listening on %s (port %d), store %s, %s", self.holder,
-                 self.config.listen, port, self.config.store,
+        log.info("broker %s listening on %s (port %d, %s; agents/mTLS port %d), store %s, %s",
+                 self.holder, self.config.listen, port,
+                 "INSECURE" if self.config.insecure_dev else "TLS", self.agent_port, self.config.store,
                  "leader" if self.leadership.is_leader else "standby")
+        return port
+
+    def _bind(self, server: grpc.Server) -> int:
+        """TLS on ``listen``; mutual TLS on ``agent_listen`` (broker/auth/tls.py says why
+        two ports). Insecure dev mode: one plain loopback port for everyone."""
+        cfg = self.config
+        if cfg.insecure_dev:
+            port = server.add_insecure_port(cfg.listen)
+        else:
+            port = server.add_secure_port(cfg.listen, server_credentials(cfg, mutual=False))
+            if cfg.agent_listen:
+                self.agent_port = server.add_secure_port(cfg.agent_listen,
+                                                         server_credentials(cfg, mutual=True))
+                if self.agent_port == 0:
+                    raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
+        if port == 0:
+            raise RuntimeError(f"could not bind {cfg.listen}")
         return port
 
     def stop(self, grace: float = 2.0) -> None:

@@ -63,6 +63,7 @@ from brokersdk.client import (
     PreconditionFailed,
     QuotaExceeded,
 )
+from brokersdk.credentials import CredentialsError, resolve
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -96,6 +97,9 @@ def build_parser() -> _Parser:
         help=f"broker address, or HA replicas a:1,b:2 (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+    p.add_argument("--context", default=None, metavar="NAME",
+                   help="client config context (env CB_CONTEXT; config: CB_CONFIG or"
+                   " ~/.config/compute-broker/config.yaml)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def add(name: str, help: str, output: bool = False, **kw: Any) -> _Parser:
@@ -262,6 +266,10 @@ def build_parser() -> _Parser:
         for child in sp.choices.values():
             child.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS)
 
+    from brokerctl import commands_auth
+
+    commands_auth.add_parsers(add)
+
     s = add("serve", "run the broker (blocks until SIGINT/SIGTERM)")
     s.add_argument("--config", help="YAML file of BrokerConfig fields")
     s.add_argument("--listen", help="host:port (default 127.0.0.1:50051)")
@@ -271,7 +279,15 @@ def build_parser() -> _Parser:
     s.add_argument("--heartbeat-interval", type=float, metavar="S")
     s.add_argument("--agent-timeout", type=float, metavar="S")
     s.add_argument("--metrics-listen", metavar="HOST:PORT",
-                   help="serve Prometheus metrics on /metrics here (default off)")
+                   help="serve Prometheus metrics on /metrics here (default off; HTTPS)")
+    s.add_argument("--agent-listen", metavar="HOST:PORT",
+                   help="the mutual-TLS port for agents and certificate users (default :50052)")
+    s.add_argument("--tls-cert", help="the broker's certificate (PEM)")
+    s.add_argument("--tls-key", help="its private key (PEM)")
+    s.add_argument("--tls-ca", help="the CA that signs agents' and users' certificates (PEM)")
+    s.add_argument("--static-tokens", metavar="FILE", help="bootstrap tokens (from dev-ca)")
+    s.add_argument("--insecure-dev", action="store_true", default=None,
+                   help="DEV ONLY: no TLS, no auth, loopback only, every caller is operator")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")
     s.set_defaults(local=cmd_serve)
 
@@ -285,7 +301,7 @@ def build_parser() -> _Parser:
     return p
 
 
-_GLOBAL_WITH_VALUE = {"--broker", "--timeout"}
+_GLOBAL_WITH_VALUE = {"--broker", "--timeout", "--context"}
 
 
 def _split_agent_argv(argv: list[str]) -> tuple[list[str], list[str]] | None:
@@ -324,10 +340,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "cmd", None):
             parser.print_help()
             return EXIT_BAD_INPUT
-        address = args.broker or os.environ.get("BROKER_ADDRESS") or DEFAULT_ADDRESS
         if hasattr(args, "local"):
             return args.local(args, out)
-        with BrokerClient(address, timeout=args.timeout) as client:
+        try:
+            creds = resolve(context=args.context or "")
+        except CredentialsError as e:
+            raise UsageError(str(e)) from None
+        address = (args.broker or os.environ.get("BROKER_ADDRESS") or creds.server
+                   or DEFAULT_ADDRESS)
+        with BrokerClient(address, timeout=args.timeout, credentials=creds) as client:
             return args.func(args, client, out)
     except SystemExit as e:  # --help, or a delegated main() calling sys.exit
         code = e.code

@@ -633,6 +633,30 @@ def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
     return table
 
 
+def tokens_table(tokens: Iterable[object]) -> Table:
+    table = _table("ID", ("USER", {"flex": True}), "ROLE", ("TEAM", {"flex": True}), "CREATED",
+                   "ROTATED", "STATE")
+    for t in tokens:
+        table.add_row(t.id, t.user, t.role, t.team or "-",  # type: ignore[attr-defined]
+                      time.strftime("%m-%d %H:%M", time.localtime(t.created_time)),  # type: ignore[attr-defined]
+                      time.strftime("%m-%d %H:%M", time.localtime(t.rotated_time))  # type: ignore[attr-defined]
+                      if t.rotated_time else "-",  # type: ignore[attr-defined]
+                      "revoked" if t.revoked else "active")  # type: ignore[attr-defined]
+    return table
+
+
+def audit_table(records: Iterable[object]) -> Table:
+    table = _table("TIME", ("ACTOR", {"flex": True, "max_width": 18}), ("RPC", {"flex": True}),
+                   ("TARGET", {"flex": True, "max_width": 22}), "PEER",
+                   "RESULT")
+    for r in records:
+        table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.time)),  # type: ignore[attr-defined]
+                      r.actor, r.method.rsplit("/", 1)[-1], r.target or "-",  # type: ignore[attr-defined]
+                      r.peer.removeprefix("ipv4:"), Text(r.result, style="green" if r.result == "OK"  # type: ignore[attr-defined]
+                                                         else "red"))
+    return table
+
+
 def to_json(msg_or_list) -> str:
     """JSON for `--output json`: API field names, enums as names."""
     import json

@@ -43,8 +43,9 @@ from collections.abc import Callable
 import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
+from brokersdk.credentials import make_channel
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from region_agents.config import AgentConfig, make_executor
+from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
     AS,
     EXIT_RESUME_UNAVAILABLE,
@@ -143,7 +144,8 @@ class RegionAgent:
             config.broker_address]
         self._broker_i = 0
         self.workdirs = WorkdirCache(config.work_dir,
-                                     lambda: self._brokers[self._broker_i % len(self._brokers)])
+                                     lambda: self._brokers[self._broker_i % len(self._brokers)],
+                                     broker_credentials(config))
         self._lock = threading.RLock()
         self._session: Session | None = None
         self._last_resend = 0.0
@@ -303,7 +305,7 @@ class RegionAgent:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
         address = self._brokers[self._broker_i % len(self._brokers)]
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = make_channel(address, broker_credentials(self.config), CHANNEL_OPTIONS)
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             with self._lock:
@@ -673,6 +675,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-timeout-s", type=float, default=None,
                    help="broker silent this long = hung: reconnect to the next --broker"
                         " (default: 4 heartbeat intervals, at least 6 s)")
+    p.add_argument("--cert", default="", help="this agent's certificate (PEM; names its region"
+                   " and agent id; env CB_AGENT_CERT)")
+    p.add_argument("--key", default="", help="its private key (PEM; env CB_AGENT_KEY)")
+    p.add_argument("--ca", default="", help="the CA that signed the broker's certificate (env CB_CA)")
+    p.add_argument("--insecure-dev", action="store_true",
+                   help="DEV ONLY: plaintext, for a broker started with --insecure-dev")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -706,6 +714,10 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             leader_timeout_s=args.leader_timeout_s,
+            tls_cert=args.cert,
+            tls_key=args.key,
+            tls_ca=args.ca,
+            insecure=args.insecure_dev,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:

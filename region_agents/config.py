@@ -6,6 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from brokersdk.credentials import ClientCredentials
 from region_agents.executors.base import Executor
 from region_agents.inventory import Inventory, load_inventory
 
@@ -39,10 +40,24 @@ class AgentConfig:
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
     leader_timeout_s: float | None = None
+    # Mutual TLS (README "Security"): this agent's certificate names its region and agent
+    # id; the broker's agent port (agent_listen) requires it. Defaults: CB_AGENT_CERT,
+    # CB_AGENT_KEY, CB_CA. ``insecure``: plaintext, only for a broker run --insecure-dev.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if not self.broker_address:
             raise ValueError("broker_address is required (host:port)")
+        self.tls_cert = self.tls_cert or os.environ.get("CB_AGENT_CERT", "")
+        self.tls_key = self.tls_key or os.environ.get("CB_AGENT_KEY", "")
+        self.tls_ca = self.tls_ca or os.environ.get("CB_CA", "")
+        if not self.insecure and not (self.tls_cert and self.tls_key and self.tls_ca):
+            raise ValueError("agents connect with mutual TLS: give --cert, --key and --ca (or"
+                             " CB_AGENT_CERT/CB_AGENT_KEY/CB_CA; `brokerctl dev-ca DIR` makes"
+                             " them), or --insecure-dev for a broker run with --insecure-dev")
         if self.executor not in ("local", "kubernetes"):
             raise ValueError(f"executor must be 'local' or 'kubernetes', got {self.executor!r}")
         if self.executor == "local" and not self.inventory_path:
@@ -56,6 +71,12 @@ class AgentConfig:
         self.work_dir = os.path.abspath(self.work_dir)
         if self.inventory_path:
             self.inventory_path = os.path.abspath(self.inventory_path)
+
+
+def broker_credentials(config: AgentConfig) -> ClientCredentials:
+    """What the agent's channels to the broker present (agent stream, workdir fetches)."""
+    return ClientCredentials(ca=config.tls_ca, client_cert=config.tls_cert,
+                             client_key=config.tls_key, insecure=config.insecure)
 
 
 def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:

@@ -25,7 +25,7 @@ def test_readme_benchmarks_match_committed_results() -> None:
     summarize = _summarize()
     rendered = summarize.render()
     for section in ("### Placement", "### Checkpoints", "### Migration", "### State store",
-                    "### Workdir upload"):
+                    "### Workdir upload", "### TLS and authentication"):
         assert section in rendered, f"{section} missing: is its JSON in benchmarks/results/?"
     readme = (ROOT / "README.md").read_text()
     assert rendered in readme, (

@@ -25,10 +25,14 @@ import grpc
 
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
+from broker.auth.identity import CredentialKind, Role
+from broker.auth.interceptor import principal_of
+from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.views import JobsView
 from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb
@@ -72,6 +76,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if first.WhichOneof("msg") != "register":
             raise InvalidArgument("the first message on the agent stream must be Register")
         reg = first.register
+        self._check_identity(reg, context)
         self._validate_register(reg)
         agent, session = self.agents.register(reg)
         stale = self.reconcile(agent, reg)
@@ -102,6 +107,34 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         finally:
             self.agents.disconnect(reg.agent_id, session)
             log.info("agent %s stream ended", reg.agent_id)
+
+    def _check_identity(self, reg: apb.Register, context: grpc.ServicerContext) -> None:
+        """An agent speaks only for the region and agent id its certificate names
+        (broker/auth/identity.py); so no other credential can take over a live agent id."""
+        who = principal_of(context)
+        if who.credential is CredentialKind.INSECURE_DEV:
+            return
+        if who.role is not Role.AGENT:
+            raise PermissionDenied(f"{who.actor} is not a region agent")
+        if reg.agent_id != who.name or reg.region != who.region:
+            raise PermissionDenied(
+                f"this certificate is for agent {who.name!r} in region {who.region!r}; it may not"
+                f" register as agent {reg.agent_id!r} in region {reg.region!r}")
+        for n in reg.nodes:
+            if n.region and n.region != who.region:
+                raise PermissionDenied(f"node {n.id!r} claims region {n.region!r}, but this"
+                                       f" agent's certificate is for region {who.region!r}")
+
+    def _assigned(self, agent_id: str, job_id: str, attempt: int) -> bool:
+        """Was attempt ``attempt`` of the job launched on this agent? Updates and logs
+        about anything else change nothing (a forged JobUpdate from another agent)."""
+        job = self.jobs.find(job_id)
+        if job is None:
+            return True  # unknown: handle_update only tells the sender to stop it
+        if job.placement.agent_id == agent_id and job.attempt == attempt:
+            return True
+        return any(ev.type == "launched" and ev.attempt == attempt
+                   and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
 
     def _validate_register(self, reg: apb.Register) -> None:
         if not reg.agent_id:
@@ -184,6 +217,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
 
     def _job_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
+        if not self._assigned(agent.agent_id, u.job_id, u.attempt):
+            log.warning("agent %s sent an update for %s attempt %d, which it never ran: ignored",
+                        agent.agent_id, u.job_id, u.attempt)
+            if u.state not in ATTEMPT_TERMINAL:
+                self.ops.fence(agent.agent_id, u.job_id, u.attempt)  # tells only the sender
+            return
         self.ops.handle_update(agent, u)
 
     def _heartbeat(self, agent: AgentState, hb: apb.Heartbeat) -> None:
@@ -272,6 +311,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return None
 
     def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
+        if not self._assigned(agent.agent_id, chunk.job_id, chunk.attempt):
+            log.warning("agent %s sent logs of %s attempt %d, which it never ran: ignored",
+                        agent.agent_id, chunk.job_id, chunk.attempt)
+            return
         self.ops.job_logs.ingest(agent.agent_id, chunk)
 
     def _ack(self, agent: AgentState, ack: apb.CommandAck) -> None:

@@ -19,6 +19,9 @@ from google.protobuf.message import Message
 from broker.agents.registry import AgentRegistry
 from broker.api import validation
 from broker.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, rpc
+from broker.auth.identity import Role
+from broker.auth.interceptor import principal_of
+from broker.auth.policy import Permission, PermissionDenied, authorize
 from broker.config import BrokerConfig
 from broker.ids import new_plan_id
 from broker.jobs.lifecycle import HOLDING, QUEUED
@@ -28,12 +31,35 @@ from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling import plan_binding
 from broker.scheduling.snapshot import plan_state
 from broker.scheduling.usage import UsageView, build_snapshot, usage_view
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
 
 M = TypeVar("M", bound=Message)
+
+
+def _within_grant(q: cpb.TeamQuota, grant: cpb.TeamQuota | None) -> None:
+    """A team admin's quota stays within what operators granted the team: same cohort,
+    per accelerator no more guaranteed GPUs and no higher borrow limit than granted."""
+    if grant is None:
+        raise PermissionDenied(f"team {q.team} has no quota granted by an operator yet;"
+                               " an operator creates it (`brokerctl teams set`)")
+    if q.cohort != grant.cohort:
+        raise PermissionDenied(f"only operators move team {q.team} to another cohort"
+                               f" (granted: {grant.cohort or '(none)'})")
+    granted = {e.accelerator: e for e in grant.quotas}
+    for e in q.quotas:
+        g = granted.get(e.accelerator)
+        label = e.accelerator or "any accelerator"
+        if g is None or e.guaranteed_gpus > g.guaranteed_gpus:
+            raise PermissionDenied(
+                f"{label}: {e.guaranteed_gpus} guaranteed GPUs exceeds the operators' grant of"
+                f" {g.guaranteed_gpus if g is not None else 0}")
+        if g.HasField("borrow_limit_gpus") and (
+                not e.HasField("borrow_limit_gpus") or e.borrow_limit_gpus > g.borrow_limit_gpus):
+            raise PermissionDenied(f"{label}: the borrow limit may not exceed the granted"
+                                   f" {g.borrow_limit_gpus} GPUs")
 
 
 def _validated_copy(request: Message, field: str, validate: Callable[[M], None]) -> M:
@@ -193,6 +219,12 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         q = _validated_copy(request, "quota", validation.validate_quota)
         for f in ("used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs"):
             q.ClearField(f)  # read-only usage, never stored
+        who = principal_of(context)
+        authorize(who, Permission.QUOTA_SET, q.team)
+        if who.role is Role.OPERATOR:
+            self.records.put(KIND_TEAM_GRANT, q.team, q)  # the ceiling for the team's admins
+        else:
+            _within_grant(q, self.records.get(KIND_TEAM_GRANT, q.team))
         self.records.put(KIND_TEAM, q.team, q)
         self.ops.poke()
         return self._usage().fill(q)
@@ -233,7 +265,8 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             for job in self.jobs.iter(phases=HOLDING):
                 if job.placement.region != request.region:
                     continue
-                if self.ops.trigger(job.id, Signal(Trigger.REGION_DRAIN), actor="operator",
+                if self.ops.trigger(job.id, Signal(Trigger.REGION_DRAIN),
+                                    actor=principal_of(context).actor,
                                     message=f"region {request.region} is draining{why}; checkpointing"
                                             " to move elsewhere") is not None:
                     moved.append(job.id)

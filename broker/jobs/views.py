@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from broker.api.errors import NotFound as ApiNotFound
 from broker.jobs.hub import EventHub
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, NotFound, Store
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT, NotFound, Store
 from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -56,7 +56,8 @@ class RecordsView:
     """Operator-owned records (teams, plans, regions): last writer wins, one owner each."""
 
     TYPES: dict[str, type[Message]] = {KIND_TEAM: cpb.TeamQuota, KIND_PLAN: cpb.TrainingPlan,
-                                       KIND_REGION: cpb.RegionInfo}
+                                       KIND_REGION: cpb.RegionInfo,
+                                       KIND_TEAM_GRANT: cpb.TeamQuota}
 
     def __init__(self, store: Store) -> None:
         self._store = store

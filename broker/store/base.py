@@ -68,6 +68,8 @@ KIND_AGENT = "agent"  # computebroker.v1.Register (+ broker bookkeeping), key = 
 KIND_PLAN = "plan"  # computebroker.v1.TrainingPlan, key = plan id
 KIND_TEAM = "team"  # computebroker.v1.TeamQuota, key = team
 KIND_REGION = "region"  # computebroker.v1.RegionInfo (draining flag etc.), key = region
+# The quota an operator last set for a team: the ceiling its team admins stay within.
+KIND_TEAM_GRANT = "team-grant"  # computebroker.v1.TeamQuota, key = team
 
 
 def job_columns(job: pb.Job) -> tuple[str, str, int, str]:

@@ -93,8 +93,9 @@ class BrokerTelemetry:
         self._inst: dict[str, Any] = {}
 
     # ---- metrics plumbing ----------------------------------------------------------
-    def start_metrics(self, listen: str) -> int:
-        """Serve Prometheus text on ``listen`` ("host:port"; port 0 = free); "" = off."""
+    def start_metrics(self, listen: str, tls: tuple[str, str] | None = None) -> int:
+        """Serve Prometheus text on ``listen`` ("host:port"; port 0 = free); "" = off.
+        ``tls`` = (cert file, key file): HTTPS (the broker's own certificate)."""
         if not listen:
             return 0
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -112,11 +113,14 @@ class BrokerTelemetry:
             metric_readers=readers,
             resource=Resource.create({"service.name": "compute-broker"}))
         self._build_instruments(self._provider.get_meter(TRACER_NAME))
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        certfile, keyfile = tls if tls else (None, None)
+        server, _thread = start_http_server(port, addr=host, registry=registry,
+                                            certfile=certfile, keyfile=keyfile)
         self._http = server
         self.metrics_port = int(server.server_port)
         self.metrics_on = True
-        log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        log.info("metrics on %s://%s:%d/metrics", "https" if tls else "http", host,
+                 self.metrics_port)
         return self.metrics_port
 
     @staticmethod

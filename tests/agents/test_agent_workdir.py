@@ -50,7 +50,7 @@ def test_agent_runs_workdir_and_fails_unknown_digest(real_broker: Broker, invent
     fake.start()
     agent = RegionAgent(AgentConfig(broker_address=fake.address, inventory_path=str(inventory_file),
                                     work_dir=str(tmp_path / "work"), ranks_per_node=1))
-    agent.workdirs.broker_address = lambda: real_broker.address
+    agent.workdirs.broker_address = lambda: real_broker.agent_address  # mTLS, agent's cert
     agent.start()
     try:
         reg = wait_for(lambda: fake.of("register"), 30, what="register")[0]
