@@ -103,43 +103,67 @@ def test_quickstart_commands_exist() -> None:
         assert build_parser().parse_args(["demo", flag]).cmd == "demo"
 
 
-def _block_after(heading: str) -> list[list[str]]:
+def _block_after(heading: str) -> list[tuple[list[str], bool]]:
+    return [(argv, bg) for kind, argv, bg in _steps_after(heading) if kind == "brokerctl"]
+
+
+def _steps_after(heading: str) -> list[tuple[str, list[str], bool]]:
+    """The block's steps: ("export", [KEY, VALUE], False) or ("brokerctl", argv, background)."""
     body = next(b for h, lang, b in blocks() if h == heading and lang == "bash")
-    return [p for line in command_lines(body) if (p := brokerctl_argv(line)) is not None]
+    steps: list[tuple[str, list[str], bool]] = []
+    for line in command_lines(body):
+        words = shlex.split(line, comments=True)
+        if words and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            steps.append(("export", [key, value], False))
+        elif (p := brokerctl_argv(line)) is not None:
+            steps.append(("brokerctl", p[0], p[1]))
+    return steps
 
 
 @pytest.mark.slow
 def test_readme_run_it_yourself_and_cli_examples_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
-    monkeypatch.chdir(ROOT)
+    # A new user's shell: none of the suite's own credentials (tests/fixtures/pki.py).
+    for key in [k for k in os.environ if k.startswith("CB_") or k == "BROKER_ADDRESS"]:
+        monkeypatch.delenv(key, raising=False)
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    port = free_port()
+    # The README's fixed ports (TLS :50051, mutual TLS :50052) become free ones.
+    ports = {"127.0.0.1:50051": f"127.0.0.1:{free_port()}", "127.0.0.1:50052": f"127.0.0.1:{free_port()}"}
     env = dict(os.environ, COLUMNS="100", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "proto"),
                                            os.environ.get("PYTHONPATH", "")]))
-    env.pop("BROKER_ADDRESS", None)
     procs: list[subprocess.Popen[bytes]] = []
 
+    def localized(argv: list[str]) -> list[str]:
+        for fixed, free in ports.items():
+            argv = [a.replace(fixed, free) for a in argv]
+        if argv[0] == "dev-ca" and "--server" not in argv:
+            argv += ["--server", ports["127.0.0.1:50051"], "--mtls-server", ports["127.0.0.1:50052"]]
+        if argv[0] == "serve" and "--agent-listen" not in argv:
+            argv += ["--agent-listen", ports["127.0.0.1:50052"]]
+        return argv
+
     def argv_of(argv: list[str]) -> list[str]:
-        argv = [a.replace("127.0.0.1:50051", f"127.0.0.1:{port}") for a in argv]
-        if argv[0] not in ("serve", "agent") and "--broker" not in argv:
-            argv = ["--broker", f"127.0.0.1:{port}", *argv]
-        return [sys.executable, "-m", "brokerctl", *argv]
+        return [sys.executable, "-m", "brokerctl", *localized(argv)]
 
     def run(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv_of(argv), cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=timeout, check=False)
 
     try:
-        for argv, background in _block_after("Run a broker and agents yourself"):
+        for kind, argv, background in _steps_after("Run a broker and agents yourself"):
+            if kind == "export":  # relative paths resolve in tmp_path, the commands' cwd
+                env[argv[0]] = str(tmp_path / argv[1]) if "/" in argv[1] else argv[1]
+                continue
             if background:
                 log = open(tmp_path / f"{argv[0]}.log", "wb")  # noqa: SIM115 - closed with the process
                 procs.append(subprocess.Popen(argv_of(argv), cwd=tmp_path, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
                 if argv[0] == "serve":
                     wait_until(lambda: run(["regions"], 30).returncode == 0, timeout=180,
-                               what="the README's broker answers")
+                               what=f"the README's broker answers\n{(tmp_path / 'serve.log').read_text()}")
                 else:
                     wait_until(lambda: "connected" in run(["regions"], 30).stdout, timeout=180,
                                what="the README's agent connects")
@@ -150,10 +174,15 @@ def test_readme_run_it_yourself_and_cli_examples_run(
             assert result.returncode == 0, (argv, result.stdout[-3000:], result.stderr[-3000:])
             if "--wait" in argv:
                 assert "final: succeeded" in result.stdout, result.stdout[-3000:]
-        # The CLI examples in-process (brokerctl.main.main, as the console script runs it).
+        # The CLI examples in-process (brokerctl.main.main, as the console script runs it),
+        # with the environment the block above set up (e.g. CB_CONFIG: the admin context).
         monkeypatch.chdir(tmp_path)
+        for key in ("CB_CONFIG",):
+            if key in env:
+                monkeypatch.setenv(key, env[key])
+        broker = [] if "CB_CONFIG" in env else ["--broker", ports["127.0.0.1:50051"]]
         for argv, _ in _block_after("CLI (`brokerctl --help`; every list/detail command takes `-o json`)"):
-            rc = main(["--broker", f"127.0.0.1:{port}", *argv])
+            rc = main([*broker, *localized(argv)])
             out, err = capsys.readouterr()
             assert rc == 0, (argv, out[-3000:], err[-3000:])
             assert "Traceback" not in out + err
