@@ -146,7 +146,7 @@ def create_dev_pki(root: Path, *, server: str = "127.0.0.1:50051",
     user: ``<name>`` (token, on ``server``) and ``<name>-cert`` (certificate, on the
     mutual-TLS ``mtls_server``); the first user's token context is current.
     ``broker.yaml`` holds the broker settings (``brokerctl serve --config``)."""
-    root = Path(root)
+    root = Path(root).resolve()  # absolute paths in broker.yaml and config.yaml
     ca = DevCA(root)
     broker = ca.broker()
     for region, agent_id in DEFAULT_AGENTS if agents is None else agents:
