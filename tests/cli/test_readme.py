@@ -155,7 +155,8 @@ def test_readme_run_it_yourself_and_cli_examples_run(
     try:
         for kind, argv, background in _steps_after("Run a broker and agents yourself"):
             if kind == "export":  # relative paths resolve in tmp_path, the commands' cwd
-                env[argv[0]] = str(tmp_path / argv[1]) if "/" in argv[1] else argv[1]
+                value = argv[1].replace("$PWD", str(tmp_path))
+                env[argv[0]] = str(tmp_path / value) if "/" in value else value
                 continue
             if background:
                 log = open(tmp_path / f"{argv[0]}.log", "wb")  # noqa: SIM115 - closed with the process
