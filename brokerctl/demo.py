@@ -583,7 +583,7 @@ class Demo:
             self.server = None
 
 
-def console_hint(address: str) -> str:
+def console_hint(address: str, env: str = "") -> str:
     """Where to watch the demo in a browser, when this build has the web console
     (``brokerctl console``, issue 14 part 1); empty otherwise. A console module may offer
     ``demo_url(address) -> str`` to start itself for the demo and return its URL."""
@@ -600,14 +600,14 @@ def console_hint(address: str) -> str:
                     if isinstance(a, argparse._SubParsersAction)), None)
         if sub is None or "console" not in sub.choices:
             return ""
-        return f"watch it in a browser: [bold]brokerctl --broker {address} console[/]"
+        return f"watch it in a browser: [bold]{env}brokerctl --broker {address} console[/]"
     demo_url = getattr(mod, "demo_url", None)
     if callable(demo_url):
         with contextlib.suppress(Exception):
             url = demo_url(address)
             if url:
                 return f"[green]✓[/] web console: [bold]{url}[/]"
-    return f"watch it in a browser: [bold]brokerctl --broker {address} console[/]"
+    return f"watch it in a browser: [bold]{env}brokerctl --broker {address} console[/]"
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
@@ -648,7 +648,8 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
             demo.wait_for_agents(client)
             console.print(render.capacity_table(client.capacity()))
             demo.create_teams(client)
-            url_hint = console_hint(demo.address)
+            env = f"CB_CONFIG={demo.pki.client_config} " if demo.pki is not None else ""
+            url_hint = console_hint(demo.address, env)
             if url_hint:
                 console.print(url_hint)
             if args.spot_demo:
