@@ -161,8 +161,9 @@ def desired_plan(name: str, f: dict[str, Any], now: float) -> tuple[capacity_pb2
     start = parse_time(start_s, now=now)
     end_s = None if f.get("end") is None else str(f["end"])
     end = parse_end(end_s, str(f.get("duration", "24h")), start)
-    absolute = start_s.strip() != "now" and not start_s.strip().startswith("+") and (
-        end_s is not None and not end_s.strip().startswith("+"))
+    # Times are comparable with the live plan's when the file pins them: an absolute start
+    # (then the end is absolute, or start + duration). "now"/"+2h" move on every apply.
+    absolute = start_s.strip() != "now" and not start_s.strip().startswith("+")
     plan = capacity_pb2.TrainingPlan(
         id=str(f.get("id") or ""), name=name, region=str(f["region"]), zone=str(f.get("zone") or ""),
         instance_type=str(f.get("instance_type") or ""),
