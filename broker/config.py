@@ -42,6 +42,10 @@ class BrokerConfig(BaseModel):
     # What standbys tell callers the leader's address is; "" = listen host + bound port.
     advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Most of the broker's time scheduler passes may take while wake-ups keep coming
+    # (a stream of submits): after a pass the loop pauses so that passes stay under
+    # this share (the GIL is shared with the API threads). Wake-ups coalesce meanwhile.
+    scheduler_busy_share: float = Field(0.25, gt=0, le=1)
     # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
     # beyond it are dropped and counted (docs/contracts.md "Rank logs").
     log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)
@@ -84,7 +88,24 @@ class BrokerConfig(BaseModel):
     # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.
     workdir_store: str = ""
     workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
-    max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
+    # gRPC threads for unary RPCs (reads, submits). Streams have their own budget on top
+    # (max_streams), so idle WatchJob/Connect streams can never take these (issue 12).
+    max_workers: int = Field(64, ge=8)
+    # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
+    # Watch): at most this many open at once, and per identity (user header or peer host);
+    # beyond: RESOURCE_EXHAUSTED. Each open stream holds one server thread.
+    max_streams: int = Field(512, ge=1, le=10_000)
+    max_streams_per_identity: int = Field(128, ge=1)
+    # A request stream (agent Connect, upload) silent this long is cancelled; agents
+    # heartbeat every heartbeat_interval_s, so this only fires for half-open/dead peers.
+    stream_idle_timeout_s: float = Field(60.0, gt=0)
+    # Largest request message decoded (bytes); workdir chunks are 1 MiB.
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024)
+    # gRPC server reflection (grpcurl and friends): off unless asked for.
+    reflection: bool = False
+    # Operator-allowed roots for job-chosen checkpoint URIs (dirs or s3://bucket/prefix),
+    # besides checkpoint_root and each region's advertised store and roots.
+    checkpoint_allowed_roots: list[str] = Field(default_factory=list)
     max_page_size: int = 1000
     # Security (broker/auth/, README "Security"): TLS on every port, PEM files. ``tls_ca``
     # verifies client certificates (agents, certificate users) on ``agent_listen``, the
@@ -117,6 +138,15 @@ class BrokerConfig(BaseModel):
         if v.startswith("s3://") and not v.removeprefix("s3://").split("/", 1)[0]:
             raise ValueError(f"{v!r} names no bucket: s3://bucket/prefix")
         return v
+
+    @model_validator(mode="after")
+    def _idle_outlasts_heartbeats(self) -> BrokerConfig:
+        # Agents speak every heartbeat_interval_s; a shorter idle timeout would cancel
+        # healthy agent streams over and over.
+        if self.stream_idle_timeout_s < 3 * self.heartbeat_interval_s:
+            raise ValueError(f"stream_idle_timeout_s ({self.stream_idle_timeout_s}) must be at"
+                             f" least 3 x heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
 
     @model_validator(mode="after")
     def _tls_or_dev(self) -> BrokerConfig:

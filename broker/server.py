@@ -1,7 +1,12 @@
 """The broker process: gRPC server + scheduler loop over one store.
 
-Why a big thread pool: every WatchJob and every agent stream holds a server thread
-for its whole life; the pool must outnumber them or new RPCs would queue forever.
+Concurrency model (issue 12): a synchronous gRPC server, one thread per running RPC.
+Every WatchJob, log follow and agent stream holds its thread for its whole life, so the
+pool is ``max_streams + max_workers`` and the edge (broker/api/edge.py) admits at most
+``max_streams`` streams (and ``max_streams_per_identity`` per caller): unary RPCs always
+keep ``max_workers`` threads, however many idle streams are open. Why not grpc.aio: the
+servicers, store and scheduler are synchronous and thread-safe; an event loop would put
+every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
 from broker.api.auth_service import AuthService
 from broker.api.capacity_service import CapacityService
+from broker.api.edge import EdgeGate, IdleWatch
+from broker.api.health import add_probes
 from broker.api.jobs_service import JobService
+from broker.api.streams import StreamBudget
+from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
@@ -43,6 +52,7 @@ from computebroker.v1 import (
     jobs_pb2_grpc,
     workdir_pb2_grpc,
 )
+from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,9 @@ class BrokerServer:
         self.agent_port = 0  # the mutual-TLS port (agents, certificate users); 0 = none
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
         self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
+        self.streams = StreamBudget(config.max_streams, config.max_streams_per_identity)
+        self._idle: IdleWatch | None = None
+        self.health: object | None = None  # grpc_health.v1 servicer, once started
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -102,22 +115,35 @@ class BrokerServer:
         audit = AuditLog(store)
         self.tokens, self.audit = tokens, audit
         auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
+        self._idle = IdleWatch(self.config.stream_idle_timeout_s)
+        threads = self.config.max_streams + self.config.max_workers
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
-            interceptors=[auth, StandbyGate(self.leadership)],
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+            # Who first (an unauthenticated caller takes no stream slot), then the edge
+            # (decode, limits, stream budget), then the standby gate.
+            interceptors=[auth, EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)],
             options=[
+                # Keepalive: a dead client's connection (and its streams' slots) is found
+                # within ~30 s; idle connections (no RPC) are closed after 10 min.
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_connection_idle_ms", 600_000),
+                ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ],
         )
         blobs = open_blob_store(self.config.workdir_store or default_store_url(self.config.store))
         self.blobs = blobs
 
-        def submit_check(spec: object) -> None:  # users' code: broker/workdirs/checks.py
-            check_submit(spec, blobs, [a.record for a in agents.all()])  # type: ignore[arg-type]
+        config = self.config
+
+        def submit_check(spec: pb.JobSpec) -> None:  # users' code: broker/workdirs/checks.py
+            records = [a.record for a in agents.all()]
+            if spec.checkpoint_uri:  # only under roots an operator allowed (issue 12)
+                validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
+                    config.checkpoint_allowed_roots, config.checkpoint_root, records))
+            check_submit(spec, blobs, records)
 
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobService(ops, jobs, self.config, submit_check), server)
@@ -131,6 +157,7 @@ class BrokerServer:
                          broker_id=self.holder),
             server)
         auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
+        self.health = add_probes(server, reflection=self.config.reflection)
         port = self._bind(server)
         server.start()
         self._server = server
@@ -168,8 +195,12 @@ class BrokerServer:
             self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
         if self.ops is not None:
             self.ops.applier.hub.close()
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
+        if self._idle is not None:
+            self._idle.close()
         if self.ops is not None:
             self.ops.telemetry.close()
         if self._owns_store and self._store is not None:

@@ -25,6 +25,7 @@ import grpc
 
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
+from broker.api.validation import validate_register
 from broker.auth.identity import CredentialKind, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import PermissionDenied
@@ -41,6 +42,21 @@ from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import logs_pb2 as lpb
 
 log = logging.getLogger(__name__)
+
+
+def skip_refused(agent_id: str, messages: Iterator[apb.AgentMessage]) -> Iterator[apb.AgentMessage]:
+    """The agent's messages, minus those the edge refused (limits, NaN, unknown enums):
+    each is logged (one line, no traceback) and dropped; the stream goes on, since one
+    bad heartbeat must not cut an agent off from its jobs."""
+    while True:
+        try:
+            msg = next(messages)
+        except StopIteration:
+            return
+        except InvalidArgument as e:
+            log.warning("agent %s sent a message the broker refused: %s", agent_id, e.message)
+            continue
+        yield msg
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -137,19 +153,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                    and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
 
     def _validate_register(self, reg: apb.Register) -> None:
-        if not reg.agent_id:
-            raise InvalidArgument("Register.agent_id is empty")
-        if not reg.region:
-            raise InvalidArgument("Register.region is empty")
-        seen: set[str] = set()
+        """The inventory is user input too (issue 12): limits and enums were checked at
+        the edge (check_message); here the rules that need the registry. A bad node
+        refuses the whole Register: the agent hears why (INVALID_ARGUMENT on its stream)
+        and nothing of it reaches the store or the scheduler."""
+        validate_register(reg)
         for n in reg.nodes:
-            if not n.id:
-                raise InvalidArgument("a registered node has an empty id")
-            if n.id in seen:
-                raise InvalidArgument(f"node id {n.id!r} appears twice in Register")
-            if n.gpus < 0:
-                raise InvalidArgument(f"node {n.id!r} has a negative GPU count")
-            seen.add(n.id)
             other = self.agents.find_node(n.id)
             if other is not None and other[0].agent_id != reg.agent_id:
                 raise InvalidArgument(
@@ -178,7 +187,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _read(self, agent: AgentState, session: AgentSession,
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         try:
-            for msg in request_iterator:
+            for msg in skip_refused(agent.agent_id, request_iterator):
                 if not self.leading():
                     log.warning("agent %s: not the leader any more; dropping its stream",
                                 agent.agent_id)

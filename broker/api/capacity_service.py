@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from broker.agents.registry import AgentRegistry
 from broker.api import validation
 from broker.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, rpc
+from broker.api.limits import INT32_MAX
 from broker.auth.identity import Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import Permission, PermissionDenied, authorize
@@ -72,6 +73,13 @@ def _validated_copy(request: Message, field: str, validate: Callable[[M], None])
     return out
 
 
+def sat32(value: int) -> int:
+    """Totals go into int32 proto fields: saturate instead of overflowing (which made
+    ListRegions/GetCapacity answer INTERNAL forever, issue 12). Inventories are capped
+    (broker/api/limits.py) so this only guards sums over very many agents."""
+    return min(value, INT32_MAX)
+
+
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
     def __init__(self, ops: JobOps, jobs: JobsView, records: RecordsView, agents: AgentRegistry,
                  config: BrokerConfig) -> None:
@@ -107,9 +115,9 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             if a.record.checkpoint_bucket and not r.checkpoint_bucket:
                 r.checkpoint_bucket = a.record.checkpoint_bucket
             for n in a.record.nodes:
-                r.nodes += 1
-                r.total_gpus += n.gpus
-                r.allocated_gpus += min(n.gpus, usage.node_gpus.get(n.id, 0))
+                r.nodes = sat32(r.nodes + 1)
+                r.total_gpus = sat32(r.total_gpus + n.gpus)
+                r.allocated_gpus = sat32(r.allocated_gpus + min(n.gpus, usage.node_gpus.get(n.id, 0)))
         for name, rec in records.items():
             r = regions.setdefault(name, cpb.RegionInfo(name=name))
             r.draining = rec.draining
@@ -145,16 +153,17 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                         accelerator=n.accelerator, block=block,
                         price_per_gpu_hour=n.price_per_gpu_hour)
                 used = min(n.gpus, usage.node_gpus.get(n.id, 0))
-                row.total_gpus += n.gpus
-                row.allocated_gpus += used
-                row.borrowed_gpus += min(used, usage.node_borrowed.get(n.id, 0))
+                row.total_gpus = sat32(row.total_gpus + n.gpus)
+                row.allocated_gpus = sat32(row.allocated_gpus + used)
+                row.borrowed_gpus = sat32(row.borrowed_gpus + min(used, usage.node_borrowed.get(n.id, 0)))
                 usable = n.healthy and not n.cordoned and a.connected
                 if not n.healthy:
-                    row.unhealthy_gpus += n.gpus
-                row.free_gpus += max(0, n.gpus - used) if usable else 0
+                    row.unhealthy_gpus = sat32(row.unhealthy_gpus + n.gpus)
+                row.free_gpus = sat32(row.free_gpus + (max(0, n.gpus - used) if usable else 0))
                 if request.include_nodes:
-                    nodes_out.append(cpb.NodeUsage(node=n, allocated_gpus=used,
-                                                   job_ids=usage.node_jobs.get(n.id, [])))
+                    nodes_out.append(cpb.NodeUsage(
+                        node=n, allocated_gpus=used, job_ids=usage.node_jobs.get(n.id, []),
+                        borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0))))
         return cpb.GetCapacityResponse(rows=[rows[k] for k in sorted(rows, key=str)], nodes=nodes_out)
 
     # ---- training plans -------------------------------------------------------------------

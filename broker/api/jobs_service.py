@@ -135,7 +135,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         seq = max(0, request.after_seq)
         seen = jobs.hub.counter(request.job_id)
         while context.is_active():
-            events = jobs.events(request.job_id, after_seq=seq)
+            events = jobs.watch_events(request.job_id, seq, seen)  # one read for all watchers
             for ev in events:
                 seq = ev.seq
                 if ev.type == "progress" and not request.include_progress:
@@ -143,7 +143,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 yield ev
             if any(ev.to_phase in TERMINAL for ev in events):
                 return
-            if not events and jobs.get(request.job_id).phase in TERMINAL:
+            if not events and jobs.watch_get(request.job_id, seen).phase in TERMINAL:
                 return
             if jobs.hub.closed:
                 return

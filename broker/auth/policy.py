@@ -105,7 +105,9 @@ METHODS: dict[str, MethodRule] = {
 }
 
 # Not subject to auth: standard gRPC infrastructure services (health probes).
-PUBLIC_PREFIXES = ("/grpc.health.v1.Health/",)
+# Health answers probes; reflection (the API's shape, no data) is served only when an
+# operator turned it on (BrokerConfig.reflection), so it needs no credential either.
+PUBLIC_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 def allowed(principal: Principal, permission: Permission, team: str | None = None) -> bool:

@@ -219,6 +219,7 @@ class FakeAgent:
     nodes: list[pb.Node]
     bucket: str = ""
     store_error: str = ""  # Register.checkpoint_store_error (the agent's store probe)
+    roots: list[str] = field(default_factory=list)  # Register.checkpoint_roots
     auto_ack: bool = True
     heartbeat: bool = True
     refuse_launch: bool = False
@@ -257,7 +258,7 @@ class FakeAgent:
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
             executor="fake", checkpoint_bucket=self.bucket,
-            checkpoint_store_error=self.store_error)))
+            checkpoint_store_error=self.store_error, checkpoint_roots=self.roots)))
         responses = stub.Connect(self._requests())
         t = threading.Thread(target=self._read, args=(responses, gen), daemon=True)
         t.start()

@@ -49,7 +49,7 @@ def test_every_line_once_across_a_broker_restart(tmp_path: Path, finish_while_do
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY.format(bucket=tmp_path / "bucket"))
     b: Broker | None = Broker(cfg)
-    agent = RegionAgent(AgentConfig(broker_address=b.agent_address, inventory_path=str(inventory),
+    agent = RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=b.agent_address, inventory_path=str(inventory),
                                     **b.pki.agent_tls("test-1", "test-1-a"),
                                     work_dir=str(tmp_path / "work"), ranks_per_node=1,
                                     max_backoff_s=0.5))
