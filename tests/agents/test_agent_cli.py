@@ -69,7 +69,8 @@ def test_agent_with_no_broker_logs_one_line_per_outage(inventory_file, tmp_path)
         proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from region_agents.agent import main; sys.exit(main(sys.argv[1:]))",
              "--broker", dead, "--inventory", str(inventory_file), "--agent-id", "lonely",
-             "--work-dir", str(tmp_path / "w"), "--ranks-per-node", "1"],
+             "--work-dir", str(tmp_path / "w"), "--ranks-per-node", "1",
+             *(["--allow-root-jobs"] if os.geteuid() == 0 else [])],
             cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: "unreachable" in log.read_text(), 60, what="the outage warning")
