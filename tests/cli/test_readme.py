@@ -143,6 +143,8 @@ def test_readme_run_it_yourself_and_cli_examples_run(
             argv += ["--server", ports["127.0.0.1:50051"], "--mtls-server", ports["127.0.0.1:50052"]]
         if argv[0] == "serve" and "--agent-listen" not in argv:
             argv += ["--agent-listen", ports["127.0.0.1:50052"]]
+        if argv[0] == "agent" and os.geteuid() == 0 and "--allow-root-jobs" not in argv:
+            argv += ["--allow-root-jobs"]  # this test host runs as root (README: run_as_user)
         return argv
 
     def argv_of(argv: list[str]) -> list[str]:
