@@ -304,6 +304,12 @@ def build_parser() -> _Parser:
 
     demo.add_arguments(s)
     s.set_defaults(local=cmd_demo)
+
+    s = add("sim", "replay a job trace on a simulated fleet under several scheduling policies")
+    from brokerctl import commands_sim
+
+    commands_sim.add_arguments(s)
+    s.set_defaults(local=commands_sim.cmd_sim)
     return p
 
 
