@@ -310,6 +310,23 @@ def chaos(d: dict[str, Any]) -> list[str]:
                   "work (load average 30-46), which stretches every recovery time above."]
 
 
+def sim(d: dict[str, Any]) -> list[str]:
+    out = [
+        "### Fleet simulator (`python benchmarks/bench_sim.py`)",
+        "",
+        f"Policy `{d['policy']}` on `{d['trace']}` with scenario `{d['scenario']}`; CPU time of one"
+        " simulation (the 8-policy comparison is docs/sim/results.md).",
+        "",
+        "| share of trace | jobs | events | scheduler passes | CPU s | events / CPU-s | in placement | CPU vs 1/4 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in d["runs"]:
+        out.append(f"| {r['fraction']:g} | {r['jobs']:,} | {r['events']:,} | {r['passes']:,} | {f(r['cpu_s'])}"
+                   f" | {f(r['events_per_cpu_s'], 0)} | {r['engine_share']:.0%} | {r['cpu_vs_quarter']:.2f}x"
+                   f" (jobs {r['jobs_vs_quarter']:.2f}x) |")
+    return out
+
+
 def console(d: dict[str, Any]) -> list[str]:
     base, full = d["baseline_empty"], d["fleet"]
     calls = d.get("broker_calls", {})
@@ -401,7 +418,7 @@ def render() -> str:
                      ("migration", migration),
                      ("transfer", transfer), ("store", store), ("library", library),
                      ("workdir", workdir), ("auth", auth), ("streams", streams),
-                     ("console", console)):
+                     ("console", console), ("sim", sim)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

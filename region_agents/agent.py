@@ -322,6 +322,17 @@ class RegionAgent:
             # A session that registered ended: reconnect quickly, with a fresh backoff.
             self._stopping.wait(0.2)
 
+    def _log_broker_error(self, address: str, e: grpc.RpcError, was_registered: bool) -> None:
+        """One warning line per outage (not one per retry, never the RpcError's multi-line
+        repr); the retries stay at debug level until the agent registers again."""
+        text = rpc_error_text(e)
+        if was_registered or not getattr(self, "_broker_down", False):
+            self._broker_down = True
+            state = "stream lost" if was_registered else "unreachable"
+            log.warning("broker %s %s: %s; retrying in the background", address, state, text)
+        else:
+            log.debug("broker %s still unreachable: %s", address, text)
+
     def _run_session(self) -> None:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
@@ -343,7 +354,7 @@ class RegionAgent:
                     self._on_broker_message(session, msg)
             except grpc.RpcError as e:
                 if not self._stopping.is_set():
-                    log.warning("broker stream broke: %s", rpc_error_text(e))
+                    self._log_broker_error(address, e, session.registered.is_set())
             if session.leader_silent and not self._stopping.is_set():
                 self._broker_i += 1  # a hung leader: try the next replica
                 if not session.registered.is_set():
@@ -414,6 +425,7 @@ class RegionAgent:
                     if not self._cancel_staging(job_id, current):
                         self.executor.stop(job_id, current, checkpoint_first=False, grace_s=0.0)
             self._last_heartbeat = 0.0  # heartbeat right away (spot notices, health)
+        self._broker_down = False
         log.info("registered as %s (heartbeat %.1fs, %d stale)", self.agent_id,
                  self.heartbeat_interval_s, len(ack.stale_job_ids))
 

@@ -108,6 +108,7 @@ class Cause(enum.StrEnum):
     HANG = "hang"
     NODE_UNHEALTHY = "node_unhealthy"
     BETTER_CAPACITY = "better_capacity"
+    DEFRAGMENT = "defragment"
     USER_CANCEL = "user_cancel"
 
     @property
@@ -144,6 +145,7 @@ _TEXT = {
     Cause.HANG: "attempt made no progress",
     Cause.NODE_UNHEALTHY: "node became unhealthy",
     Cause.BETTER_CAPACITY: "cheaper or better capacity",
+    Cause.DEFRAGMENT: "moved to free a block for a waiting gang",
     Cause.USER_CANCEL: "cancelled by a user",
 }
 _EMERGENCY = frozenset({Cause.SPOT_INTERRUPTION, Cause.AGENT_LOST, Cause.ATTEMPT_MISSING})

@@ -54,6 +54,7 @@ class Trigger(enum.Enum):
     HANG = "hang"
     NODE_UNHEALTHY = "node_unhealthy"
     BETTER_CAPACITY = "better_capacity"
+    DEFRAGMENT = "defragment"
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class RecoveryPolicy:
             return self.node_unhealthy(sig, job, config)
         if t is Trigger.BETTER_CAPACITY:
             return StopPlan(StopKind.MIGRATE, Cause.BETTER_CAPACITY, True, config.preempt_grace_s)
+        if t is Trigger.DEFRAGMENT:
+            # sig.nodes = the block being freed: the relaunch must not land back in it.
+            return StopPlan(StopKind.MIGRATE, Cause.DEFRAGMENT, True, config.preempt_grace_s,
+                            exclude_nodes=sig.nodes)
         if t is Trigger.HANG:
             return StopPlan(StopKind.MIGRATE, Cause.HANG, False, 0.0, exclude_nodes=self.avoid(sig))
         if t in self.loss_triggers:
@@ -186,7 +191,61 @@ class StayInPlace(RecoveryPolicy):
         return ()
 
 
-POLICIES: dict[str, RecoveryPolicy] = {p.name: p for p in (RecoveryPolicy(), StayInPlace())}
+@dataclass(frozen=True)
+class NoMigration(RecoveryPolicy):
+    """What a scheduler without live migration does (the simulator's baselines): a spot
+    notice, a plan end or a drain kills the attempt without a checkpoint of its own; it
+    restarts from its last *periodic* checkpoint wherever there is room. No proactive
+    moves (better capacity, defragmentation) either."""
+
+    name: str = "no-migration"
+    _KILL = {Trigger.SPOT_NOTICE: (StopKind.MIGRATE, Cause.SPOT_INTERRUPTION),
+             Trigger.PLAN_ENDING: (StopKind.MIGRATE, Cause.PLAN_ENDING),
+             Trigger.REGION_DRAIN: (StopKind.DRAIN, Cause.REGION_DRAIN)}
+
+    def plan(self, sig: Signal, job: pb.Job, config: BrokerConfig, now: float) -> StopPlan | None:
+        if sig.trigger in (Trigger.BETTER_CAPACITY, Trigger.DEFRAGMENT):
+            return None
+        if sig.trigger in self._KILL:
+            kind, cause = self._KILL[sig.trigger]
+            return StopPlan(kind, cause, False, 0.0, exclude_nodes=self.avoid(sig))
+        return super().plan(sig, job, config, now)
+
+
+@dataclass(frozen=True)
+class Failover(NoMigration):
+    """SkyPilot managed jobs' FAILOVER strategy: restart from the job's own last
+    checkpoint, same size, avoiding the capacity that just failed it (the simulator
+    also puts the next region first in the job's preferred regions)."""
+
+    name: str = "failover"
+
+    def avoid(self, sig: Signal) -> tuple[str, ...]:
+        return sig.nodes
+
+
+@dataclass(frozen=True)
+class Defragment(RecoveryPolicy):
+    """move-anywhere, plus: move small jobs out of an UltraServer / layer-3 block to make
+    room for a waiting large gang when the expected gain beats the move cost
+    (:func:`broker.jobs.proactive.defragment` decides; Trigger.DEFRAGMENT stops them)."""
+
+    name: str = "defragment"
+
+
+@dataclass(frozen=True)
+class BetterCapacity(RecoveryPolicy):
+    """move-anywhere, plus: move a job to cheaper or prepaid capacity that freed up when
+    the saving over its expected remaining time beats the move cost
+    (:func:`broker.jobs.proactive.better_capacity` decides; Trigger.BETTER_CAPACITY)."""
+
+    name: str = "better-capacity"
+
+
+POLICIES: dict[str, RecoveryPolicy] = {
+    p.name: p for p in (RecoveryPolicy(), StayInPlace(), NoMigration(), Failover(), Defragment(),
+                        BetterCapacity())
+}
 
 
 def policy_for(job: pb.Job, config: BrokerConfig) -> RecoveryPolicy:

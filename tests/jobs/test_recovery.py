@@ -11,6 +11,10 @@ import pytest
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.recovery import (
     POLICIES,
+    BetterCapacity,
+    Defragment,
+    Failover,
+    NoMigration,
     RecoveryPolicy,
     Restart,
     Signal,
@@ -42,6 +46,7 @@ CASES = [
     (Trigger.LAUNCH_REFUSED, {}, (StopKind.MIGRATE, Cause.LAUNCH_REFUSED, False, 0.0, ())),
     (Trigger.HANG, {}, (StopKind.MIGRATE, Cause.HANG, False, 0.0, ())),
     (Trigger.BETTER_CAPACITY, {}, (StopKind.MIGRATE, Cause.BETTER_CAPACITY, True, G, ())),
+    (Trigger.DEFRAGMENT, dict(nodes=("b0", "b1")), (StopKind.MIGRATE, Cause.DEFRAGMENT, True, G, ("b0", "b1"))),
 ]
 
 
@@ -108,7 +113,8 @@ def test_policy_choice_label_over_config() -> None:
     odd.CopyFrom(plain)
     odd.spec.labels["cb.recovery-policy"] = "no-such-policy"
     assert policy_for(odd, CFG).name == "move-anywhere"
-    assert set(POLICIES) == {"move-anywhere", "stay-in-place"}
+    assert set(POLICIES) == {"move-anywhere", "stay-in-place", "no-migration", "failover", "defragment",
+                             "better-capacity"}
 
 
 def test_unknown_policy_names_are_refused_at_the_edges() -> None:
@@ -120,5 +126,32 @@ def test_unknown_policy_names_are_refused_at_the_edges() -> None:
         BrokerConfig(recovery_policy="teleport")
     s = spec()
     s.labels["cb.recovery-policy"] = "teleport"
-    with pytest.raises(InvalidArgument, match="move-anywhere, stay-in-place"):
+    with pytest.raises(InvalidArgument, match="move-anywhere, no-migration, stay-in-place"):
         validate_spec(s, CFG.priority_classes)
+
+
+# ---- the simulator's baselines and proactive policies (simulator/policies.py) ------------
+def test_no_migration_kills_without_a_checkpoint_and_never_moves_proactively() -> None:
+    job, p = running(), NoMigration()
+    spot = p.plan(Signal(Trigger.SPOT_NOTICE, nodes=("n0",), deadline=NOW + 120), job, CFG, NOW)
+    assert spot == StopPlan(StopKind.MIGRATE, Cause.SPOT_INTERRUPTION, False, 0.0)
+    assert p.plan(Signal(Trigger.REGION_DRAIN), job, CFG, NOW) == StopPlan(
+        StopKind.DRAIN, Cause.REGION_DRAIN, False, 0.0)
+    assert p.plan(Signal(Trigger.BETTER_CAPACITY), job, CFG, NOW) is None
+    assert p.plan(Signal(Trigger.DEFRAGMENT, nodes=("n0",)), job, CFG, NOW) is None
+    # a preemption still checkpoints (the scheduler asks for it)
+    assert p.plan(Signal(Trigger.PREEMPTED), job, CFG, NOW) == RecoveryPolicy().plan(
+        Signal(Trigger.PREEMPTED), job, CFG, NOW)
+
+
+def test_failover_avoids_the_capacity_that_failed_it() -> None:
+    plan = Failover().plan(Signal(Trigger.SPOT_NOTICE, nodes=("n0",), deadline=NOW + 120), running(), CFG, NOW)
+    assert plan == StopPlan(StopKind.MIGRATE, Cause.SPOT_INTERRUPTION, False, 0.0, exclude_nodes=("n0",))
+
+
+def test_proactive_policies_plan_like_move_anywhere() -> None:
+    job = running()
+    for p in (Defragment(), BetterCapacity()):
+        for sig in (Signal(Trigger.DEFRAGMENT, nodes=("b0",)), Signal(Trigger.BETTER_CAPACITY),
+                    Signal(Trigger.SPOT_NOTICE, deadline=NOW + 120)):
+            assert p.plan(sig, job, CFG, NOW) == RecoveryPolicy().plan(sig, job, CFG, NOW)
