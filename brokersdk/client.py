@@ -41,7 +41,12 @@ from brokersdk import tracing as telemetry
 from brokersdk.credentials import ClientCredentials, make_channel, resolve
 from brokersdk.enums import (
     TERMINAL_PHASES,
+    CapacityType,
+    MigrationCause,
+    MigrationState,
+    Phase,
     capacity_type_name,
+    cause_name,
     parse_capacity_type,
     parse_phase,
     parse_plan_state,  # noqa: F401  (re-exported: the old import path)
@@ -84,6 +89,11 @@ from computebroker.v1 import (
 __all__ = [
     "AlreadyExists",
     "BrokerClient",
+    "CapacityType",
+    "MigrationCause",
+    "MigrationState",
+    "Phase",
+    "cause_name",
     "BrokerError",
     "BrokerUnavailable",
     "InvalidJobSpec",

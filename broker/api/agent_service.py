@@ -105,11 +105,16 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
             agent_id=reg.agent_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
+            agent_timeout_s=self.config.agent_timeout_s,
             stale_job_ids=stale,
             log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
-            if r.job_id not in stale:
+            # A finished attempt listed here carries no exit code or message: taking it as
+            # the attempt's end made a FAILED one look like "exit 0" (the fault campaign
+            # saw jobs fail at once). The agent re-sends the full JobUpdate of every
+            # unacknowledged end right after this RegisterAck (contracts §9).
+            if r.job_id not in stale and r.state not in ATTEMPT_TERMINAL:
                 self.ops.handle_update(agent, apb.JobUpdate(
                     job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
         self.ops.poke()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
 from broker.jobs.outcome import Command, Outcome, SendLaunch, SendStop, WakeScheduler
-from broker.store.base import NotFound, Store, VersionConflict
+from broker.store.base import NotFound, Store, StoreError, VersionConflict
 from broker.store.group_commit import GroupCommit
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
@@ -106,6 +106,9 @@ class Applier:
         for cmd in out.commands:
             try:
                 self.run(cmd, out.job)
+            except StoreError as e:  # store down or fenced: the next pass redoes it
+                log.warning("command %s for %s not run: %s: %s", type(cmd).__name__, out.job.id,
+                            type(e).__name__, e)
             except Exception:  # noqa: BLE001 - a side effect must not undo a commit
                 log.exception("command %s for %s failed", type(cmd).__name__, out.job.id)
 

@@ -26,6 +26,7 @@ from broker.scheduling import plan_watch
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.snapshot import SnapshotMemo
 from broker.scheduling.usage import build_snapshot
+from broker.store.base import StoreError
 from broker.workdirs.checks import broken_store_note
 from computebroker.v1 import common_pb2 as pb
 
@@ -86,6 +87,8 @@ class SchedulerLoop:
             t0 = time.monotonic()
             try:
                 self.run_once()
+            except StoreError as e:  # store down or this broker fenced: expected, no traceback
+                log.warning("scheduler pass skipped: %s: %s", type(e).__name__, e)
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                 self.live.forget()  # read the store afresh next time
                 log.exception("scheduler pass failed")

@@ -15,6 +15,7 @@ import placement
 from broker.agents.registry import AgentState
 from broker.jobs import backoff
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
+from broker.scheduling import plan_binding
 from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -33,7 +34,10 @@ def plan_state(plan: cpb.TrainingPlan, now: float) -> int:
     return cpb.PLAN_STATE_EXPIRED
 
 
-def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan]) -> placement.NodeInfo:
+def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan],
+              bound: cpb.TrainingPlan | None = None) -> placement.NodeInfo:
+    """``bound``: the plan this node is capacity of (plan_binding.py); without it, the
+    plan whose id is the node's pool."""
     kw: dict[str, object] = dict(
         id=n.id, agent_id=agent.agent_id, region=n.region or agent.region, zone=n.zone,
         gpus=n.gpus, accelerator=n.accelerator, instance_type=n.instance_type,
@@ -43,8 +47,17 @@ def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan])
         pool=n.pool, price_per_gpu_hour=n.price_per_gpu_hour,
         interruption_risk=n.interruption_risk, healthy=n.healthy, cordoned=n.cordoned,
     )
-    if n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN and n.pool in plans:
-        plan = plans[n.pool]
+    plan = bound if bound is not None else (
+        plans.get(n.pool) if n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN else None)
+    if plan is None and n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN:
+        # Plan capacity that no registered plan covers is not paid for: not usable
+        # (an empty window) until `brokerctl plans create` covers it (plan_binding.py).
+        kw["plan_start"], kw["plan_end"] = 0.0, 0.0
+    if plan is not None:
+        # A plan's nodes are prepaid plan capacity in the plan's pool, whatever the agent
+        # labelled their type or pool (plan_binding.py: by id, name or adoption).
+        kw["capacity_type"] = placement.CapacityType.TRAINING_PLAN
+        kw["pool"] = plan.id
         if plan.state == cpb.PLAN_STATE_CANCELLED:
             kw["plan_start"], kw["plan_end"] = plan.start_time, plan.start_time  # empty window
         else:
@@ -159,10 +172,12 @@ def build(
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
     memo: SnapshotMemo | None = None,
 ) -> placement.Snapshot:
-    plan_map = {p.id: p for p in plans}
+    plans = list(plans)
     agents = list(agents)
+    plan_map = {p.id: p for p in plans}
+    bound = plan_binding.bind_agents(agents, plans, now)
     nodes = tuple(
-        node_info(a, n, plan_map) for a in agents
+        node_info(a, n, plan_map, bound[n.id][0] if n.id in bound else None) for a in agents
         # A region whose checkpoint store failed the agent's probe gets no placements.
         if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
     )

@@ -33,7 +33,10 @@ EXIT_BAD_CONFIG = 2
 # The resume checkpoint is gone or incomplete (the trainer found it so, or the agent
 # could not resolve it): retryable, and no node is to blame.
 EXIT_RESUME_UNAVAILABLE = 77
-NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE})  # exits that blame no node
+EXIT_AGENT_LEASE_EXPIRED = 78  # the ranks stopped: their agent lost its broker (trainer/agent_lease.py)
+EXIT_STORAGE_FAILED = 79  # a checkpoint save failed after retries: the store, not the node
+NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE, EXIT_AGENT_LEASE_EXPIRED,
+                          EXIT_STORAGE_FAILED})  # exits that blame no node
 
 
 @dataclass

@@ -37,7 +37,7 @@ def job(i: int) -> pb.Job:
 
 def test_jobs_table() -> None:
     out = text_of(render.jobs_table([job(i) for i in range(3)]))
-    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"])
+    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "SHAPE", "STEP", "R/M", "AGE", "REASON"])
     assert "12345/100000" in out and "16×8" in out
 
 
@@ -48,9 +48,9 @@ def test_capacity_tables() -> None:
                           price_per_gpu_hour=2.5)
     resp = cpb.GetCapacityResponse(rows=[row, row])
     header_ok(text_of(render.capacity_table(resp)),
-              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "TOTAL", "ALLOC", "FREE", "BORROW", "$/GPU-h"])
+              ["REGION", "ZONE", "CAPACITY", "ACCEL", "TOTAL", "ALLOC", "FREE", "BORROW", "$/GPU-h"])
     header_ok(text_of(render.capacity_table(resp, by_block=True)),
-              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "BLOCK", "TOTAL", "ALLOC", "FREE", "$/GPU-h"])
+              ["REGION", "ZONE", "CAPACITY", "ACCEL", "BLOCK", "TOTAL", "ALLOC", "FREE", "$/GPU-h"])
     node = cpb.NodeUsage(node=pb.Node(id="use2-p5-000", region="us-east-2", zone="use2-az1",
                                       gpus=8, healthy=True, network_layer_3="nn-l3-a"),
                          allocated_gpus=8, job_ids=["j-1", "j-2"])

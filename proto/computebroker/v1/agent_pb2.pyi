@@ -168,16 +168,18 @@ class CommandAck(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterAck(_message.Message):
-    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids", "log_offsets")
+    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids", "log_offsets", "agent_timeout_s")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STALE_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     LOG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     heartbeat_interval_s: float
     stale_job_ids: _containers.RepeatedScalarFieldContainer[str]
     log_offsets: _containers.RepeatedCompositeFieldContainer[_logs_pb2.LogOffset]
-    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ...) -> None: ...
+    agent_timeout_s: float
+    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ..., agent_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Launch(_message.Message):
     __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode")
