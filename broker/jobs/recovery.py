@@ -38,6 +38,10 @@ EXIT_ERROR = 1
 EXIT_CONFIG_ERROR = 2
 EXIT_CHECKPOINTED = 75
 EXIT_GRACE_MISSED = 76
+# Reported by the agent, not the trainer: it could not start the attempt (staging, the
+# checkpoint copy, the workdir fetch or the spawn failed). Backed off like a refused
+# launch (broker/jobs/backoff.py), not counted against max_restarts.
+EXIT_LAUNCH_FAILED = -1
 
 
 class Trigger(enum.Enum):

@@ -369,8 +369,8 @@ def _note_refusal(tx: Tx, inp: AttemptLost, d: backoff.RefusalDecision) -> None:
     backoff.record(j, inp.agent_id, j.placement.region, inp.reason, d, tx.now)
     if d.distinct:
         tx.note("launch_refused", reason=Cause.LAUNCH_REFUSED.value, actor=f"agent:{inp.agent_id}",
-                message=f"agent {inp.agent_id} ({j.placement.region}) refused attempt {j.attempt}:"
-                        f" {inp.reason or 'no reason given'}",
+                message=f"agent {inp.agent_id} ({j.placement.region}) did not start attempt"
+                        f" {j.attempt}: {inp.reason or 'no reason given'}",
                 details={"agent": inp.agent_id, "region": j.placement.region,
                          "refusals": str(d.refusals), "avoid_s": f"{d.delay_s:.0f}",
                          "reason": inp.reason})

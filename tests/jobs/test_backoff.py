@@ -13,7 +13,7 @@ from broker.jobs.backoff import RefusalAction
 from broker.jobs.recovery import RecoveryPolicy, Signal, Trigger
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
-from tests.jobs.helpers import AGENT, CFG, admission, launching, must, update
+from tests.jobs.helpers import AGENT, CFG, admission, launching, must, running, update
 
 CONF = CFG.model_copy(update={"launch_backoff_base_s": 10.0, "launch_backoff_max_s": 60.0,
                               "launch_refusal_limit": 5})
@@ -167,3 +167,24 @@ def test_fingerprint_changes_with_roots_not_with_nodes() -> None:
     assert backoff.fingerprint(a) == backoff.fingerprint(b)
     b.checkpoint_roots.append("/team")
     assert backoff.fingerprint(a) != backoff.fingerprint(b)
+
+
+def test_an_attempt_the_agent_could_not_start_backs_off_like_a_refusal() -> None:
+    """Exit -1 before RUNNING (staging, checkpoint copy, workdir fetch failed): the same
+    backoff and avoidance, and no restart used up."""
+    job = launching(110.0)
+    u = update(job, apb.ATTEMPT_STATE_FAILED, exit_code=-1)
+    u.update.message = "workdir fetch failed: digest sha256:ab not found"
+    out = updates.attempt_ended(job, u, 111.0, CONF)
+    assert out is not None and out.job.phase == pb.JOB_PHASE_PENDING
+    assert out.job.restarts == 0 and out.job.launch_refusals == 1
+    assert backoff.avoided_agents(out.job, 111.0) == {AGENT}
+    assert out.job.refusals[0].message == "workdir fetch failed: digest sha256:ab not found"
+    assert [e.type for e in out.events] == ["launch_refused", "requeued"]
+
+
+def test_exit_minus_one_of_a_running_attempt_is_an_ordinary_failure() -> None:
+    job = running(120.0)
+    out = updates.attempt_ended(job, update(job, apb.ATTEMPT_STATE_FAILED, exit_code=-1), 121.0, CONF)
+    assert out is not None and out.job.restarts == 1 and out.job.launch_refusals == 0
+    assert not out.job.refusals

@@ -28,7 +28,7 @@ from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from tests.jobs.helpers import AGENT, CFG, admission, spec, submitted, update
 
-ACTIONS = ["admit", "running", "progress", "checkpoint", "succeeded", "failed", "config_error",
+ACTIONS = ["admit", "running", "progress", "checkpoint", "succeeded", "failed", "config_error", "launch_failed",
            "stopped", "checkpointed", "lost", "missing", "refused", "cancel", "cancel_offline", "timeout",
            "stale", "late_succeeded", "late_stopped", *[f"trigger:{tr.name}" for tr in Trigger if tr not in (
                Trigger.AGENT_LOST, Trigger.ATTEMPT_MISSING, Trigger.LAUNCH_REFUSED,
@@ -43,7 +43,7 @@ def step(job: pb.Job, action: str, now: float, ckpt: int) -> Outcome | None:
         u = update(job, S.ATTEMPT_STATE_RUNNING, step=ckpt + 1, ckpt=ckpt if action == "checkpoint" else 0)
         return updates.progress(job, u, now, CFG)
     ends = {"succeeded": (S.ATTEMPT_STATE_SUCCEEDED, 0), "failed": (S.ATTEMPT_STATE_FAILED, 1),
-            "config_error": (S.ATTEMPT_STATE_FAILED, 2), "stopped": (S.ATTEMPT_STATE_STOPPED, 137),
+            "config_error": (S.ATTEMPT_STATE_FAILED, 2), "launch_failed": (S.ATTEMPT_STATE_FAILED, -1), "stopped": (S.ATTEMPT_STATE_STOPPED, 137),
             "checkpointed": (S.ATTEMPT_STATE_CHECKPOINTED, 75)}
     if action in ends:
         state, code = ends[action]
@@ -105,7 +105,7 @@ def test_any_input_sequence_keeps_the_invariants(seq: list[tuple[str, float, boo
         except FailedPrecondition:
             assert was_terminal and action.startswith("cancel")
             continue
-        if action in ("succeeded", "failed", "config_error", "stopped", "checkpointed"):
+        if action in ("succeeded", "failed", "config_error", "launch_failed", "stopped", "checkpointed"):
             live.discard(job.attempt)  # the agent reported the attempt's end
         if out is None:
             continue
