@@ -21,6 +21,7 @@ from broker.api.errors import FailedPrecondition
 from broker.ids import new_job_id
 from broker.jobs import migration, transitions, updates
 from broker.jobs.applier import Applier
+from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
 from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
@@ -154,9 +155,14 @@ class JobOps:
             return transitions.attempt_lost(job, inp, now, self.config)
 
         out = self.applier.apply(job_id, step)
-        if out is not None and trigger is Trigger.LAUNCH_REFUSED:
-            self.telemetry.launch_refused(out.job.placement.region, gave_up=out.job.phase == FAILED)
+        self._count_refusal(out)
         return out
+
+    def _count_refusal(self, out: Outcome | None) -> None:
+        """A refused (or unstartable) launch was written: count it by region and outcome."""
+        if out is not None and any(e.type == "launch_refused" or (
+                e.reason == Cause.LAUNCH_REFUSED and e.from_phase != e.to_phase) for e in out.events):
+            self.telemetry.launch_refused(out.job.placement.region, gave_up=out.job.phase == FAILED)
 
     def refusals_forgotten(self, job_id: str, agent_id: str) -> None:
         """``agent_id`` changed its configuration: it may take ``job_id`` again at once."""
@@ -223,7 +229,9 @@ class JobOps:
         if u.HasField("transfer"):
             self._apply(u.job_id, updates.transfer, inp)
         if u.state in updates.ATTEMPT_TERMINAL:
-            if self._apply(u.job_id, updates.attempt_ended, inp) is not None:
+            ended = self._apply(u.job_id, updates.attempt_ended, inp)
+            self._count_refusal(ended)  # exit -1 before RUNNING: backs off like a refusal
+            if ended is not None:
                 with self._progress_lock:
                     self._progress_marks.pop(u.job_id, None)
         else:

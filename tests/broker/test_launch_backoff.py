@@ -136,3 +136,28 @@ def test_a_reconfigured_agent_gets_the_job_without_waiting(tmp_path: Path) -> No
         if agent is not None:
             agent.close()
         b.stop()
+
+
+def test_an_attempt_the_agent_could_not_start_backs_off(tmp_path: Path) -> None:
+    """Accepted, then FAILED with exit -1 before RUNNING (the agent's workdir fetch or
+    checkpoint copy failed): the same backoff as a refusal, and no restart used up."""
+    b = Broker(fast_config(tmp_path, launch_backoff_base_s=600.0, launch_backoff_max_s=600.0))
+    agent = None
+    try:
+        b.team()
+        agent = FakeAgent(b.address, "a1", "r1", nodes_for("r1", "a1", 1, 8)).connect()
+        job = b.submit(spec("unstartable"))
+        agent.wait_launch(job.id, attempt=1)
+        agent.update(job.id, 1, apb.ATTEMPT_STATE_FAILED, exit_code=-1,
+                     message="workdir fetch failed: cannot fetch workdir sha256:44: not stored")
+        j = wait_until(lambda: (lambda x: x if x.launch_refusals == 1 else None)(b.get(job.id)), 20,
+                       "the failed start recorded")
+        assert j.phase == pb.JOB_PHASE_PENDING and j.restarts == 0
+        assert "workdir fetch failed" in j.pending_reason
+        wait_passes(b, 15)
+        assert len(agent.commands("launch", job.id)) == 1
+        assert len(refused_events(b, job.id)) == 1
+    finally:
+        if agent is not None:
+            agent.close()
+        b.stop()
