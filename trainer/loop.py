@@ -116,7 +116,8 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
             time.sleep(spec.step_sleep_s)
         dt = time.perf_counter() - t_step
         if sample_log:
-            rec = {"step": step, "loss": loss, "world_size": run.world_size, "attempt": env.attempt}
+            rec = {"step": step, "loss": loss, "world_size": run.world_size, "attempt": env.attempt,
+                   "time": time.time()}  # when the step ended: a move's downtime is measured on it
             rec.update(_ids_record(batch.ids))
             with open(sample_log, "a") as f:
                 f.write(json.dumps(rec) + "\n")
