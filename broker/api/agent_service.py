@@ -26,6 +26,7 @@ import grpc
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
 from broker.config import BrokerConfig
+from broker.jobs import standby
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
@@ -131,6 +132,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             job = self.jobs.find(r.job_id)
             if job is not None and self.ops.is_current(job, agent.agent_id, r.attempt):
                 reported.add(r.job_id)
+            elif job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # a make-before-break standby waiting for its go: keep it
             else:
                 stale.append(r.job_id)
         for job in self.jobs.iter(phases=HOLDING):
@@ -208,9 +211,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # Drift: attempts the agent runs that the broker does not want -> fence them.
         for r in hb.running:
             job = self.jobs.find(r.job_id)
+            if job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # make-before-break: held before its first step, not stale
             if job is None or not self.ops.is_current(job, agent.agent_id, r.attempt):
                 self.ops.fence(agent.agent_id, r.job_id, r.attempt)
-            elif r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
+                continue
+            self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
+            if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
                 self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
                                                             state=r.state, progress=r.progress))
 

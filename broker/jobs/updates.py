@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import migration
+from broker.jobs import migration, standby
 from broker.jobs.causes import Cause, Family, StopKind
+from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
     CANCELLED,
     FAILED,
@@ -160,7 +161,10 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
                           work_lost_s=lost)
         requeue_open(j)
         stopped_to_queue(tx, kind, actor=actor, saved=saved, detail=detail)
-        return seal(tx, WakeScheduler())
+        # make-before-break: the source is fenced now; its standby (if any) goes
+        end = SourceEnd.CHECKPOINTED if saved else SourceEnd.FAILED
+        go = standby.promote(tx, end, actor)
+        return seal(tx, go, WakeScheduler()) if go is not None else seal(tx, WakeScheduler())
     tx.lose_work(Family.FAILURE)
     if u.state == S.ATTEMPT_STATE_STOPPED:
         # Stopped without being asked (agent-side decision): relaunch.

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
+from broker.jobs import standby
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -114,7 +115,11 @@ def build(
     plans: Iterable[cpb.TrainingPlan],
     draining: Iterable[str],
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
+    make_before_break: bool = False,
 ) -> placement.Snapshot:
+    """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
+    for its standby's placement (request id ``<job>~standby``, never preempting), and a
+    reserved standby's nodes count as used (broker/jobs/standby.py)."""
     plan_map = {p.id: p for p in plans}
     nodes = tuple(
         node_info(a, n, plan_map) for a in agents
@@ -128,6 +133,18 @@ def build(
             pending.append((queue_key(job, prio), job_request(job, prio)))
         elif job.phase in HOLDING and job.placement.nodes:
             running.append(running_job(job, prio))
+            if make_before_break and standby.wants_placement(job):
+                req = job_request(job, prio)
+                src = frozenset(a.node_id for a in job.placement.nodes)
+                pending.append((queue_key(job, prio), dataclasses.replace(
+                    req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src)))
+        if standby.waiting(job) and job.standby.placement.nodes:
+            held = pb.Job()
+            held.CopyFrom(job)
+            held.id = standby.request_id(job.id)
+            held.placement.CopyFrom(job.standby.placement)
+            held.stop_reason = "standby"  # not preemptible: it holds no work yet
+            running.append(running_job(held, prio))
     pending.sort(key=lambda kv: kv[0])
     return placement.Snapshot(
         now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),
