@@ -24,52 +24,19 @@ hit the process group's timeout).
 
 from __future__ import annotations
 
-import enum
-import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-GO_ENV = "CB_STANDBY_GO_FILE"
+from checkpoint_layout.standby_go import GO_ENV, Go, GoAction, write_go
+
+__all__ = ["GO_ENV", "Go", "GoAction", "StandbyAborted", "go_file", "wait_for_go", "write_go"]
 POLL_S = 0.05
-
-
-class GoAction(enum.Enum):
-    """What the coordinator decided for a standby attempt."""
-
-    GO = "go"  # resume from `resume_from` ("" = newest complete under the own root, or fresh)
-    ABORT = "abort"  # the move was called off: exit without a step or a save
-
-
-@dataclass(frozen=True)
-class Go:
-    action: GoAction
-    resume_from: str = ""
-    reason: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"action": self.action.value, "resume_from": self.resume_from, "reason": self.reason}
-        )
-
-    @staticmethod
-    def from_json(text: str) -> Go:
-        raw = json.loads(text)
-        return Go(GoAction(raw["action"]), str(raw.get("resume_from", "")), str(raw.get("reason", "")))
 
 
 class StandbyAborted(Exception):
     """The standby was told to abort (or SIGTERM'd) before its go: nothing to save."""
-
-
-def write_go(path: str | os.PathLike[str], go: Go) -> None:
-    """Atomically publish the go (tmp file + rename: a rank never reads half a file)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(go.to_json())
-    os.replace(tmp, p)
 
 
 def go_file() -> str:
