@@ -127,6 +127,8 @@ def build(
         if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
     )
     pending, running = [], []
+    by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
+                                           for a in agents} if make_before_break else {}
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
@@ -135,7 +137,9 @@ def build(
             running.append(running_job(job, prio))
             if make_before_break and standby.wants_placement(job):
                 req = job_request(job, prio)
-                src = frozenset(a.node_id for a in job.placement.nodes)
+                # never on the source's agent: starting an attempt there fences the source
+                src = frozenset(a.node_id for a in job.placement.nodes) | by_agent.get(
+                    job.placement.agent_id, frozenset())
                 pending.append((queue_key(job, prio), dataclasses.replace(
                     req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src)))
         if standby.waiting(job) and job.standby.placement.nodes:
