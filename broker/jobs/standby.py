@@ -134,8 +134,6 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
     if h.action is not handoff.GoAction.GO:
         return None
     m = migration.open_migration(j)
-    if m is not None:
-        m.last_source_step_time = j.progress.updated_time
     j.attempt = sb.attempt
     j.relaunches += 1
     j.placement.CopyFrom(sb.placement)

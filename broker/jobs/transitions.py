@@ -268,6 +268,8 @@ def note_move_completed(tx: Tx, m: pb.Migration) -> None:
                     f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
                     f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
                     f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s"
+                    + (f"; downtime {m.downtime_s:.1f}s" if m.downtime_s else "")
+                    + (" (make-before-break)" if m.make_before_break else "")
                     + (f" ({m.message})" if m.message else ""),
             details=migration.timing_details(m))
 

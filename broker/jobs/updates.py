@@ -293,7 +293,9 @@ def first_step_after_move(tx: Tx, u: apb.JobUpdate, force: bool = False) -> None
         return
     if u.HasField("timings"):
         migration.running(j, tx.now, u.timings)
-    m = migration.finish(j, tx.now, u.progress.updated_time if u.HasField("progress") else tx.now)
+    has = u.HasField("progress")
+    m = migration.finish(j, tx.now, u.progress.updated_time if has else tx.now,
+                         resumed_time=u.progress.resumed_time if has else 0.0)
     if m is None:
         return
     note_move_completed(tx, m)

@@ -309,7 +309,7 @@ class Placement(_message.Message):
     def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time")
+    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SEEN_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,8 @@ class Progress(_message.Message):
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TIME_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     samples_seen: int
@@ -326,7 +328,9 @@ class Progress(_message.Message):
     last_checkpoint_step: int
     last_checkpoint_uri: str
     updated_time: float
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ...) -> None: ...
+    step_time: float
+    resumed_time: float
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s")
