@@ -134,14 +134,8 @@ def floor(s3: Any, bucket: str, files: dict[str, int]) -> dict[str, float]:
     return {"raw_write_s": t1 - t0, "raw_read_s": t2 - t1, "floor_s": t2 - t0}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="200m")
-    ap.add_argument("--src-ranks", type=int, default=1)
-    ap.add_argument("--dst-ranks", type=int, default=1)
-    ap.add_argument("--storage-threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mbb.json"))
-    args = ap.parse_args(argv)
+def direct(args: argparse.Namespace) -> dict[str, Any]:
+    """The handoff driven from here (no broker): the protocol's bare timings."""
 
     server, env = moto()
     os.environ.update(env)  # this process's clients (mover, raw floor) use the same store
@@ -265,6 +259,153 @@ def main(argv: list[str] | None = None) -> int:
                 r.kill()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def checkpoint_files(s3: Any, uri: str) -> tuple[str, str, dict[str, int]]:
+    """(bucket, prefix, name -> size) of the checkpoint at ``uri`` (s3://bucket/.../step-N)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    prefix = key.rstrip("/") + "/"
+    objs = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return bucket, prefix, {o["Key"].removeprefix(prefix): o["Size"] for o in objs}
+
+
+def cluster(args: argparse.Namespace) -> dict[str, Any]:
+    """The product path: broker (make_before_break=true) + one agent per region; the
+    source region's spot capacity gets a 2-minute notice; figures from the Migration record."""
+    from computebroker.v1 import common_pb2 as pb
+    from tests.fixtures.cluster import Cluster, wait_until
+
+    server, env = moto()
+    os.environ.update(env)
+    s3 = client(env)
+    buckets = {"us-east-2": "cb-us-east-2", "eu-west-1": "cb-eu-west-1"}
+    for b in buckets.values():
+        s3.create_bucket(Bucket=b)
+    root = Path(tempfile.mkdtemp(prefix="cb-bench-mbb-"))
+    log = root / "steps.jsonl"
+    c = Cluster(root=root, extra_env=env)
+    c.broker_args = ["--heartbeat-interval", "1", "--set", "make_before_break=true",
+                     "--set", "progress_write_interval_s=0.5"]
+    try:
+        c.start_broker()
+        c.start_agent("us-east-2", "--hang-timeout-s", "1800", nodes=args.src_ranks, gpus=1,
+                      price=1.0, capacity_type="spot", checkpoint_bucket=f"s3://{buckets['us-east-2']}")
+        c.start_agent("eu-west-1", "--hang-timeout-s", "1800", nodes=args.dst_ranks, gpus=1,
+                      price=3.0, checkpoint_bucket=f"s3://{buckets['eu-west-1']}")
+        with c.client() as bc:
+            bc.set_team_quota(team="ml", guaranteed_gpus=64)
+            wait_until(lambda: sum(1 for r in bc.regions() if r.connected) >= 2, timeout=120,
+                       what="2 regions")
+            spec = pb.JobSpec(
+                name="bench-mbb", team="ml", priority_class="training",
+                resources=pb.Resources(nodes=args.src_ranks, gpus_per_node=1),
+                trainer=pb.TrainerSpec(total_steps=100_000, checkpoint_every=0, global_batch_size=2,
+                                       seed=1, model=args.model,
+                                       options={"seq_len": "16", "micro_batch_size": "1",
+                                                "log_every": "1", "dist_timeout_s": "1800",
+                                                "sample_log": str(log),
+                                                "storage_threads": str(args.storage_threads)}))
+            spec.elasticity.min_nodes, spec.elasticity.max_nodes = 1, max(args.src_ranks, args.dst_ranks)
+            spec.capacity_types.extend([pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_ON_DEMAND])
+            h = bc.submit(spec)
+            t0 = time.time()
+            job = wait_until(lambda: (j := h.status()).phase == pb.JOB_PHASE_RUNNING
+                             and j.progress.step >= 1 and j, timeout=3600, interval=0.5,
+                             what=f"first step in us-east-2\n{c.logs()}")
+            print(f"job {h.id} stepping in us-east-2 after {time.time() - t0:.0f}s: spot notice (120 s)")
+            notices = root / "agents" / "us-east-2" / "spot-notices"
+            notices.mkdir(parents=True, exist_ok=True)
+            for a in job.placement.nodes:
+                (notices / a.node_id).write_text(str(int(SPOT_NOTICE_S)))
+            m = wait_until(lambda: next((x for x in bc.migrations(job_id=h.id) if x.state == "done"), None),
+                           timeout=3600, interval=0.5, what=f"migration done\n{c.logs()}")
+            h.cancel("benchmark done")
+            h.wait(timeout=300)
+        jobs = root / "agents"
+        src_out = (jobs / "us-east-2" / "jobs" / h.id / f"attempt-{m.from_attempt}" / "rank-0.stdout").read_text()
+        dst_out = (jobs / "eu-west-1" / "jobs" / h.id / f"attempt-{m.to_attempt}" / "rank-0.stdout").read_text()
+        recs = read_log(log)
+        last_src = [r for r in recs if r["attempt"] == m.from_attempt][-1]
+        first_dst = next(r for r in recs if r["attempt"] == m.to_attempt)
+        durable = re.search(r"checkpoint durable in ([0-9.]+)s \(([0-9.]+)s after SIGTERM", src_out)
+        load = re.search(r"resumed from \S+ \(.*\) in ([0-9.]+)s", dst_out)
+        ready = re.search(r"standby: ready in ([0-9.]+)s", dst_out)
+        parked = re.search(r"standby: go after ([0-9.]+)s", dst_out)
+        params = re.search(r"\(([0-9,]+) params\)", src_out)
+        agent_log = (root / "logs" / "agent-eu-west-1.log").read_text()
+        bg = re.search(r"background durability copy \S+ -> \S+: ([0-9.]+) MB in ([0-9.]+)s \((\S+)\)", agent_log)
+        bucket, _, files = checkpoint_files(s3, m.resume_from)
+        fl = floor(s3, bucket, {k: v for k, v in files.items() if k != "manifest.json"})
+        downtime = first_dst["start"] - last_src["time"]
+        phases = {  # consecutive, they add up to the downtime (mixed clocks, one machine)
+            "last_step_to_source_exit_s": m.exit_time - last_src["time"],
+            "exit_to_go_s": m.go_time - m.exit_time,
+            "go_to_training_resumed_s": first_dst["start"] - m.go_time,
+        }
+        return {
+            "benchmark": "make-before-break migration downtime vs the raw floor: broker + agents "
+                         "(make_before_break=true), spot notice, moto S3 on loopback",
+            "mode": "cluster",
+            "machine": f"{os.cpu_count()} CPU cores, {platform.python_implementation()} "
+                       f"{platform.python_version()}, torch CPU/gloo, OMP_NUM_THREADS=1 per rank, "
+                       f"load {os.getloadavg()[0]:.1f}",
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model": args.model, "params": int(params.group(1).replace(",", "")) if params else None,
+            "ranks": f"{m.from_world_size} -> {m.to_world_size}",
+            "route": f"{m.from_region} -> {m.to_region} (cause {m.cause})",
+            "checkpoint_bytes": sum(files.values()), "checkpoint_files": len(files),
+            "downtime_s": round(downtime, 3),
+            "downtime_s_broker_record": round(m.downtime_s, 3),
+            "floor": {k: round(v, 3) for k, v in fl.items()},
+            "downtime_vs_floor": round(downtime / fl["floor_s"], 3),
+            "goal": "downtime <= 1.3 x floor",
+            "goal_met": downtime <= 1.3 * fl["floor_s"],
+            "phases_s": {k: round(v, 3) for k, v in phases.items()},
+            "inside_phases_s": {
+                "final_save_s (trainer: save call -> durable)": float(durable.group(1)) if durable else None,
+                "load_s (trainer: straight from the source bucket)": float(load.group(1)) if load else None,
+            },
+            "standby": {
+                "launched_after_stop_request_s": round(m.standby_launched_time - m.started_time, 3),
+                "prepare_load_s (optimizer state, load plan)": float(ready.group(1)) if ready else None,
+                "parked_waiting_for_go_s": float(parked.group(1)) if parked else None,
+                "ready_before_go": bool(parked and float(parked.group(1)) > 0.1),
+            },
+            "first_step_compute_s": round(first_dst["time"] - first_dst["start"], 3),
+            "source_step_s": round(last_src["time"] - last_src["start"], 3),
+            "background_durability_copy": ({"mb": float(bg.group(1)), "seconds": float(bg.group(2)),
+                                            "method": bg.group(3)} if bg else None),
+            "spot_notice": {
+                "notice_s": SPOT_NOTICE_S,
+                "sigterm_to_durable_s": float(durable.group(2)) if durable else None,
+                "sigterm_to_exit_s": round(m.exit_time - m.stop_signal_time, 3),
+                "notice_to_exit_s": round(m.exit_time - m.started_time, 3),
+                "met": (m.exit_time - m.started_time) < SPOT_NOTICE_S,
+            },
+            "migration_record_s": {k: round(getattr(m, k), 3) for k in (
+                "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s",
+                "orchestration_s", "downtime_s")},
+            "baseline_break_before_make": "117.2 s stop request -> first step, copy then load "
+                                          "(benchmarks/results/migration.json, same model, 1 -> 1)",
+        }
+    finally:
+        c.stop()
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("cluster", "direct"), default="cluster",
+                    help="cluster: broker + agents (default); direct: the handoff driven from here")
+    ap.add_argument("--model", default="200m")
+    ap.add_argument("--src-ranks", type=int, default=1)
+    ap.add_argument("--dst-ranks", type=int, default=1)
+    ap.add_argument("--storage-threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mbb.json"))
+    args = ap.parse_args(argv)
+    result = cluster(args) if args.mode == "cluster" else direct(args)
     print(json.dumps(result, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
