@@ -137,6 +137,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             else:
                 stale.append(r.job_id)
         for job in self.jobs.iter(phases=HOLDING):
+            if standby.waiting(job) and job.standby.placement.agent_id == agent.agent_id and not any(
+                    r.job_id == job.id and r.attempt == job.standby.attempt for r in reg.running):
+                self.ops.standby_missing(job.id, agent.agent_id)
             if job.placement.agent_id != agent.agent_id or job.id in reported:
                 continue
             self.ops.attempt_lost(job.id, agent.agent_id, Trigger.ATTEMPT_MISSING, attempt=job.attempt,

@@ -122,6 +122,10 @@ class JobOps:
         out = self._apply(job_id, standby.reserve, inp)
         return out.job if out is not None else None
 
+    def standby_missing(self, job_id: str, agent_id: str) -> None:
+        """A make-before-break standby its agent no longer runs: drop it."""
+        self.applier.apply(job_id, lambda j, now: standby.standby_missing(j, agent_id, now))
+
     def resend_go(self, job: pb.Job, agent_id: str, attempt: int) -> None:
         """Re-send a promoted standby's Go (lost to a broker or stream restart)."""
         go = standby.go_due(job, agent_id, attempt)

@@ -153,6 +153,15 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
                   resume_from=h.resume_from, reason=h.reason)
 
 
+def standby_missing(job: pb.Job, agent_id: str, now: float) -> Outcome | None:
+    """Its agent re-registered without the standby (it died with the agent): drop it."""
+    if not (waiting(job) and job.standby.placement.agent_id == agent_id):
+        return None
+    u = apb.JobUpdate(job_id=job.id, attempt=job.standby.attempt, state=apb.ATTEMPT_STATE_FAILED,
+                      exit_code=-1, message=f"agent {agent_id} re-registered without it")
+    return standby_ended(job, agent_id, u, now)
+
+
 def standby_ended(job: pb.Job, agent_id: str, u: apb.JobUpdate, now: float) -> Outcome | None:
     """The standby attempt died before its go: drop it (the move goes on the usual way,
     MIGRATING -> placed again, once the source has stopped)."""

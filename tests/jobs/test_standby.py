@@ -144,8 +144,15 @@ def test_standby_that_dies_before_its_go_is_dropped() -> None:
     assert ended.phase == pb.JOB_PHASE_MIGRATING and ended.attempt == 1
 
 
+def test_standby_missing_after_its_agent_restarted_is_dropped() -> None:
+    j = must(reserve(draining()))
+    assert standby.standby_missing(j, "other-agent", 137.0) is None
+    out = standby.standby_missing(j, DST, 137.0)
+    assert out is not None and not out.job.HasField("standby") and out.job.attempt == 1
+
+
 def test_snapshot_reserves_standby_capacity_off_the_source_agent() -> None:
-    from broker.agents.registry import AgentState  # noqa: F401 - type only
+
 
     class Agent:
         def __init__(self, agent_id: str, nodes: list[str], region: str) -> None:
