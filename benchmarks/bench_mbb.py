@@ -286,7 +286,7 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
     log = root / "steps.jsonl"
     c = Cluster(root=root, extra_env=env)
     c.broker_args = ["--heartbeat-interval", "1", "--set", "make_before_break=true",
-                     "--set", "progress_write_interval_s=0.5"]
+                     "--set", "progress_write_interval_s=0.5", "--set", "preempt_grace_s=600"]
     try:
         c.start_broker()
         c.start_agent("us-east-2", "--hang-timeout-s", "1800", nodes=args.src_ranks, gpus=1,
@@ -300,7 +300,7 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
             spec = pb.JobSpec(
                 name="bench-mbb", team="ml", priority_class="training",
                 resources=pb.Resources(nodes=args.src_ranks, gpus_per_node=1),
-                trainer=pb.TrainerSpec(total_steps=100_000, checkpoint_every=0, global_batch_size=2,
+                trainer=pb.TrainerSpec(total_steps=100_000, checkpoint_every=0, global_batch_size=1,
                                        seed=1, model=args.model,
                                        options={"seq_len": "16", "micro_batch_size": "1",
                                                 "log_every": "1", "dist_timeout_s": "1800",
@@ -313,11 +313,14 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
             job = wait_until(lambda: (j := h.status()).phase == pb.JOB_PHASE_RUNNING
                              and j.progress.step >= 1 and j, timeout=3600, interval=0.5,
                              what=f"first step in us-east-2\n{c.logs()}")
-            print(f"job {h.id} stepping in us-east-2 after {time.time() - t0:.0f}s: spot notice (120 s)")
-            notices = root / "agents" / "us-east-2" / "spot-notices"
-            notices.mkdir(parents=True, exist_ok=True)
-            for a in job.placement.nodes:
-                (notices / a.node_id).write_text(str(int(SPOT_NOTICE_S)))
+            print(f"job {h.id} stepping in us-east-2 after {time.time() - t0:.0f}s: {args.trigger}")
+            if args.trigger == "spot":  # a 2-minute reclaim notice on every source node
+                notices = root / "agents" / "us-east-2" / "spot-notices"
+                notices.mkdir(parents=True, exist_ok=True)
+                for a in job.placement.nodes:
+                    (notices / a.node_id).write_text(str(int(SPOT_NOTICE_S)))
+            else:  # a planned move (no deadline but preempt_grace_s)
+                bc.drain("us-east-2", reason="benchmark")
             m = wait_until(lambda: next((x for x in bc.migrations(job_id=h.id) if x.state == "done"), None),
                            timeout=3600, interval=0.5, what=f"migration done\n{c.logs()}")
             h.cancel("benchmark done")
@@ -335,6 +338,9 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
         params = re.search(r"\(([0-9,]+) params\)", src_out)
         agent_log = (root / "logs" / "agent-eu-west-1.log").read_text()
         bg = re.search(r"background durability copy \S+ -> \S+: ([0-9.]+) MB in ([0-9.]+)s \((\S+)\)", agent_log)
+        if not m.resume_from:
+            raise SystemExit(f"the source's final checkpoint was not durable (resumed from scratch):"
+                             f"\n{src_out[-2000:]}\n{c.logs()}")
         bucket, _, files = checkpoint_files(s3, m.resume_from)
         fl = floor(s3, bucket, {k: v for k, v in files.items() if k != "manifest.json"})
         downtime = first_dst["start"] - last_src["time"]
@@ -377,11 +383,14 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
             "background_durability_copy": ({"mb": float(bg.group(1)), "seconds": float(bg.group(2)),
                                             "method": bg.group(3)} if bg else None),
             "spot_notice": {
+                "trigger": args.trigger,
                 "notice_s": SPOT_NOTICE_S,
                 "sigterm_to_durable_s": float(durable.group(2)) if durable else None,
                 "sigterm_to_exit_s": round(m.exit_time - m.stop_signal_time, 3),
                 "notice_to_exit_s": round(m.exit_time - m.started_time, 3),
                 "met": (m.exit_time - m.started_time) < SPOT_NOTICE_S,
+                "note": "with a drain the same save runs without a deadline; a spot notice gives the "
+                        "trainer CB_GRACE_S = notice - 10 s for the rest of its step plus this save",
             },
             "migration_record_s": {k: round(getattr(m, k), 3) for k in (
                 "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s",
@@ -392,7 +401,10 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         c.stop()
         server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("CB_BENCH_KEEP"):
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src-ranks", type=int, default=1)
     ap.add_argument("--dst-ranks", type=int, default=1)
     ap.add_argument("--storage-threads", type=int, default=2)
+    ap.add_argument("--trigger", choices=("drain", "spot"), default="drain",
+                    help="cluster mode: a region drain (planned move) or a 2-minute spot notice")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mbb.json"))
     args = ap.parse_args(argv)
     result = cluster(args) if args.mode == "cluster" else direct(args)
