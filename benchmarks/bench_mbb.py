@@ -307,6 +307,8 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
                                                 "sample_log": str(log),
                                                 "storage_threads": str(args.storage_threads)}))
             spec.elasticity.min_nodes, spec.elasticity.max_nodes = 1, max(args.src_ranks, args.dst_ranks)
+            if args.trigger == "drain":  # a planned move: the save has no 2-minute deadline
+                spec.env["CB_GRACE_S"] = "600"
             spec.capacity_types.extend([pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_ON_DEMAND])
             h = bc.submit(spec)
             t0 = time.time()
