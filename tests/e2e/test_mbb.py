@@ -77,6 +77,7 @@ def test_drain_make_before_break_standby_goes_after_the_source_is_fenced(
                 assert held.phase == pb.JOB_PHASE_CHECKPOINTING and held.attempt == 1
                 assert held.standby.attempt == 2 and held.standby.placement.region == "eu-west-1"
                 assert {r["attempt"] for r in read_log(log)} == {1}  # it took no step
+                assert s3_server.list_keys(buckets["eu-west-1"], f"jobs/{h.id}/") == []  # nor saved
             finally:
                 proxy.plan.gate.set()
             job = h.wait(timeout=300)
