@@ -284,7 +284,9 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
         s3.create_bucket(Bucket=b)
     root = Path(tempfile.mkdtemp(prefix="cb-bench-mbb-"))
     log = root / "steps.jsonl"
-    c = Cluster(root=root, extra_env=env)
+    # A planned move has no 2-minute deadline: the trainers get CB_GRACE_S=600 from the
+    # agents' environment (a job's spec may not set CB_* variables).
+    c = Cluster(root=root, extra_env={**env, "CB_GRACE_S": "600"} if args.trigger == "drain" else env)
     c.broker_args = ["--heartbeat-interval", "1", "--set", "make_before_break=true",
                      "--set", "progress_write_interval_s=0.5", "--set", "preempt_grace_s=600"]
     try:
@@ -307,8 +309,6 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
                                                 "sample_log": str(log),
                                                 "storage_threads": str(args.storage_threads)}))
             spec.elasticity.min_nodes, spec.elasticity.max_nodes = 1, max(args.src_ranks, args.dst_ranks)
-            if args.trigger == "drain":  # a planned move: the save has no 2-minute deadline
-                spec.env["CB_GRACE_S"] = "600"
             spec.capacity_types.extend([pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_ON_DEMAND])
             h = bc.submit(spec)
             t0 = time.time()
