@@ -6,7 +6,7 @@ copy-then-load of the checkpoint, all of it *after* the source had finished its 
 save. A standby attempt does all of that while the source still trains and saves, then
 blocks in `Checkpointer.resume()` until it is told which checkpoint is durable (the
 "go"); it then loads that checkpoint straight from where the source wrote it (the
-source region's store) and takes its first step. docs/contracts.md section 3
+source region's store) and takes its first step. docs/contracts.md section 5a
 ("Make-before-break").
 
 Safety (the reason this is a separate, tiny protocol): before the go a standby has no
