@@ -325,6 +325,10 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
                 bc.drain("us-east-2", reason="benchmark")
             m = wait_until(lambda: next((x for x in bc.migrations(job_id=h.id) if x.state == "done"), None),
                            timeout=3600, interval=0.5, what=f"migration done\n{c.logs()}")
+            # the background durability copy (off the critical path) finishes before the cancel
+            agent_log_path = root / "logs" / "agent-eu-west-1.log"
+            wait_until(lambda: "background durability copy" in agent_log_path.read_text(),
+                       timeout=900, interval=1.0, what="the background durability copy")
             h.cancel("benchmark done")
             h.wait(timeout=300)
         jobs = root / "agents"
