@@ -325,6 +325,9 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
                 bc.drain("us-east-2", reason="benchmark")
             m = wait_until(lambda: next((x for x in bc.migrations(job_id=h.id) if x.state == "done"), None),
                            timeout=3600, interval=0.5, what=f"migration done\n{c.logs()}")
+            if not m.resume_from:
+                raise SystemExit(f"the source's final checkpoint was not durable (the standby "
+                                 f"started from scratch)\n{c.logs()}")
             # the background durability copy (off the critical path) finishes before the cancel
             agent_log_path = root / "logs" / "agent-eu-west-1.log"
             wait_until(lambda: "background durability copy" in agent_log_path.read_text(),
@@ -344,9 +347,6 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
         params = re.search(r"\(([0-9,]+) params\)", src_out)
         agent_log = (root / "logs" / "agent-eu-west-1.log").read_text()
         bg = re.search(r"background durability copy \S+ -> \S+: ([0-9.]+) MB in ([0-9.]+)s \((\S+)\)", agent_log)
-        if not m.resume_from:
-            raise SystemExit(f"the source's final checkpoint was not durable (resumed from scratch):"
-                             f"\n{src_out[-2000:]}\n{c.logs()}")
         bucket, _, files = checkpoint_files(s3, m.resume_from)
         fl = floor(s3, bucket, {k: v for k, v in files.items() if k != "manifest.json"})
         downtime = first_dst["start"] - last_src["time"]

@@ -41,6 +41,7 @@ import io
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -382,6 +383,7 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
         self.client.delete_object(Bucket=bucket, Key=key)
 
 
+COMPLETE_WAIT_S = 180.0  # how long a lost Complete's object may take to appear (_completed)
 MULTIPART_THRESHOLD = 8 << 20
 PART_SIZE = 16 << 20
 MAX_PARTS = 10_000  # S3's limit per multipart upload
@@ -478,13 +480,23 @@ class S3Uploader:
                 raise
 
     def _completed(self, bucket: str, key: str, parts: list[dict[str, Any]], size: int) -> bool:
-        try:
-            head = self.client.head_object(Bucket=bucket, Key=key)
-        except Exception:  # noqa: BLE001 - not there (or unreadable): not completed
-            return False
+        """Is the object our completed upload? The first Complete may still be assembling
+        it (the upload id is gone, the object not there yet: moto builds a 1.5 GB object
+        for a minute under load), so a missing object is looked for again for up to
+        COMPLETE_WAIT_S; an object that is not ours answers at once."""
         digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts)
         want = f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(parts)}"
-        return int(head.get("ContentLength", -1)) == size and head.get("ETag", "").strip('"') == want
+        deadline = time.monotonic() + COMPLETE_WAIT_S
+        while True:
+            try:
+                head = self.client.head_object(Bucket=bucket, Key=key)
+            except Exception:  # noqa: BLE001 - not there (yet), or unreadable
+                head = None
+            if head is not None:
+                return int(head.get("ContentLength", -1)) == size and head.get("ETag", "").strip('"') == want
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
 
     def _part(
         self,
