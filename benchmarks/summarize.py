@@ -157,7 +157,7 @@ def mbb(d: dict[str, Any]) -> list[str]:
         f"A {params} job ({d['checkpoint_bytes'] / 1e9:.2f} GB checkpoint, {d['checkpoint_files']} files), "
         f"ranks {d['ranks']}, moved {d['route']}; {d['mode']} mode ({d['machine']}). "
         "Downtime = the source's last step ends → the destination resumes training; floor = raw write + "
-        "raw read of the same files, same store, same run.",
+        "raw read of the same files, same store" + ("." if fl.get("source") else ", same run."),
         "",
         "| measure | seconds |",
         "|---|---|",
@@ -165,6 +165,9 @@ def mbb(d: dict[str, Any]) -> list[str]:
         f"| floor: raw write {f(fl['raw_write_s'], 2)} + raw read {f(fl['raw_read_s'], 2)} | {f(fl['floor_s'], 2)} |",
         f"| downtime / floor (goal ≤ 1.3) | {d['downtime_vs_floor']:.2f} |",
     ]
+    if fl.get("source"):
+        out.insert(-5, f"Floor: {fl['source']}")
+        out.insert(-5, "")
     for k, v in ph.items():
         out.append(f"| phase: {k.removesuffix('_s').replace('_', ' ')} | {f(v, 2)} |")
     for k, v in inside.items():
@@ -172,12 +175,18 @@ def mbb(d: dict[str, Any]) -> list[str]:
     out += [
         f"| standby: parked waiting for the go | {f(sb.get('parked_waiting_for_go_s'), 2)} |",
         f"| first step's own compute (not downtime) | {f(d['first_step_compute_s'], 2)} |",
-        f"| background durability copy ({bg.get('method', 'n/a')}, off the critical path) | {f(bg.get('seconds'), 2)} |",
+        f"| background durability copy ({bg.get('method', 'n/a')}, off the critical path) | "
+        f"{f(bg['seconds'], 2) if bg else 'not finished when measured'} |",
         f"| spot notice: SIGTERM → final checkpoint durable (notice {f(spot['notice_s'], 0)} s) | "
         f"{f(spot.get('sigterm_to_durable_s'), 2)} |",
         "",
         f"Previous break-before-make figure: {d['baseline_break_before_make']}.",
     ]
+    for key in ("runs",):
+        if d.get(key):
+            out += ["", f"Runs: {d[key]}."]
+    if spot.get("note"):
+        out += ["", f"Spot notice: {spot['note'].rstrip('.')}."]
     return out
 
 
