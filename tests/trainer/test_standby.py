@@ -24,7 +24,7 @@ from trainer.sampler import ResumableSampler
 from trainer.standby import Go, write_go
 from trainer.standby import GoAction as TrainerGo
 
-TOTAL = 200
+TOTAL = 100
 
 
 def reference_ids(steps: int) -> list[list[int]]:
@@ -70,7 +70,7 @@ def test_failed_final_checkpoint_resumes_from_the_newest_durable_one(
 ) -> None:
     bucket = s3_server.unique_bucket("mbbfail")
     log, go, fence = tmp_path / "steps.jsonl", tmp_path / "go.json", tmp_path / "fenced"
-    spec = tiny_spec(total_steps=TOTAL, checkpoint_every=5, step_sleep_s=0.05,
+    spec = tiny_spec(total_steps=TOTAL, checkpoint_every=5, step_sleep_s=0.1,
                      options={"sample_log": str(log), "async_checkpoint": "false"})
     src: Any = None
     dst = launch(tmp_path / "dst", 2, {**spec, "step_sleep_s": 0.0},
