@@ -29,9 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "proto")]
 
+from broker.auth.devca import create_dev_pki  # noqa: E402
 from broker.config import BrokerConfig  # noqa: E402
 from broker.server import BrokerServer  # noqa: E402
 from brokersdk.client import BrokerClient  # noqa: E402
+from brokersdk.credentials import ClientCredentials  # noqa: E402
 from region_agents.workdir import WorkdirCache, unpack  # noqa: E402
 
 
@@ -52,11 +54,12 @@ def make_tree(root: Path, total_mb: int, seed: int) -> int:
     return total
 
 
-def run_ours(client: BrokerClient, address: str, src: Path, work: Path) -> dict[str, float]:
+def run_ours(client: BrokerClient, address: str, src: Path, work: Path,
+             agent_creds: ClientCredentials) -> dict[str, float]:
     t0 = time.perf_counter()
     ref = client.upload_workdir(str(src))
     t1 = time.perf_counter()
-    cache = WorkdirCache(work / "agent", lambda: address)
+    cache = WorkdirCache(work / "agent", lambda: address, agent_creds)  # mTLS, as agents do
     tar = cache.get(ref.digest)
     t2 = time.perf_counter()
     unpack(tar, work / "attempt" / "workdir")
@@ -83,17 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-workdir-") as tmp:
         tmpd = Path(tmp)
-        server = BrokerServer(BrokerConfig(listen="127.0.0.1:0",
+        pki = create_dev_pki(tmpd / "pki", agents=[("bench", "bench-agent")])  # TLS + auth
+        server = BrokerServer(BrokerConfig(listen="127.0.0.1:0", agent_listen="127.0.0.1:0",
                                            store=f"sqlite:///{tmpd / 'broker.sqlite'}",
-                                           checkpoint_root=str(tmpd / "ckpt")))
+                                           checkpoint_root=str(tmpd / "ckpt"), **pki.broker_settings))
         port = server.start()
         address = f"127.0.0.1:{port}"
+        agent_address = f"127.0.0.1:{server.agent_port}"
+        ca = str(pki.ca.ca_cert_path)
+        agent_creds = ClientCredentials(ca=ca, client_cert=str(pki.ca.root / "agents" / "bench-agent.pem"),
+                                        client_key=str(pki.ca.root / "agents" / "bench-agent.key"))
         ours: list[dict[str, float]] = []
         raw: list[float] = []
         raw2: list[float] = []
         nbytes = 0
         try:
-            with BrokerClient(address, timeout=60) as client:
+            with BrokerClient(address, timeout=60, credentials=ClientCredentials(
+                    ca=ca, token=pki.tokens["admin"])) as client:
                 for run in range(args.runs):
                     src = tmpd / f"src{run}"
                     nbytes = make_tree(src, args.mb, seed=run)
@@ -102,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         work = tmpd / f"{kind}{run}"
                         work.mkdir()
                         if kind == "ours":
-                            ours.append(run_ours(client, address, src, work))
+                            ours.append(run_ours(client, agent_address, src, work, agent_creds))
                         else:
                             two, three = run_raw(src, work)
                             raw2.append(two)

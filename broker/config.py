@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
@@ -23,6 +23,11 @@ def _known_policy(name: str) -> str:
     return name
 
 
+def _loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
 class BrokerConfig(BaseModel):
     """Everything the broker process needs; defaults suit a laptop demo."""
 
@@ -37,6 +42,10 @@ class BrokerConfig(BaseModel):
     # What standbys tell callers the leader's address is; "" = listen host + bound port.
     advertise_address: str = ""
     scheduler_interval_s: float = Field(1.0, gt=0)
+    # Most of the broker's time scheduler passes may take while wake-ups keep coming
+    # (a stream of submits): after a pass the loop pauses so that passes stay under
+    # this share (the GIL is shared with the API threads). Wake-ups coalesce meanwhile.
+    scheduler_busy_share: float = Field(0.25, gt=0, le=1)
     # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
     # beyond it are dropped and counted (docs/contracts.md "Rank logs").
     log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)
@@ -83,8 +92,39 @@ class BrokerConfig(BaseModel):
     # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.
     workdir_store: str = ""
     workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
-    max_workers: int = Field(256, ge=8)  # gRPC threads: each WatchJob/agent stream holds one
+    # gRPC threads for unary RPCs (reads, submits). Streams have their own budget on top
+    # (max_streams), so idle WatchJob/Connect streams can never take these (issue 12).
+    max_workers: int = Field(64, ge=8)
+    # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
+    # Watch): at most this many open at once, and per identity (user header or peer host);
+    # beyond: RESOURCE_EXHAUSTED. Each open stream holds one server thread.
+    max_streams: int = Field(512, ge=1, le=10_000)
+    max_streams_per_identity: int = Field(128, ge=1)
+    # A request stream (agent Connect, upload) silent this long is cancelled; agents
+    # heartbeat every heartbeat_interval_s, so this only fires for half-open/dead peers.
+    stream_idle_timeout_s: float = Field(60.0, gt=0)
+    # Largest request message decoded (bytes); workdir chunks are 1 MiB.
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024)
+    # gRPC server reflection (grpcurl and friends): off unless asked for.
+    reflection: bool = False
+    # Operator-allowed roots for job-chosen checkpoint URIs (dirs or s3://bucket/prefix),
+    # besides checkpoint_root and each region's advertised store and roots.
+    checkpoint_allowed_roots: list[str] = Field(default_factory=list)
     max_page_size: int = 1000
+    # Security (broker/auth/, README "Security"): TLS on every port, PEM files. ``tls_ca``
+    # verifies client certificates (agents, certificate users) on ``agent_listen``, the
+    # mutual-TLS port; ``listen`` is server-authenticated TLS where users send tokens.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    agent_listen: str = Field("127.0.0.1:50052", pattern=r"^(|.+:\d+)$")
+    # DEV ONLY, loudly labelled: no TLS, no authentication, loopback only; every caller
+    # is the one local operator. The broker refuses to start without TLS otherwise.
+    insecure_dev: bool = False
+    # Bootstrap tokens (YAML written by `brokerctl dev-ca`: id, user, role, team, argon2
+    # hash), valid besides the store's tokens; the first operator's way in. Static: edit
+    # the file and restart to revoke one.
+    static_tokens_file: str = ""
     default_page_size: int = 100
 
     @field_validator("priority_classes")
@@ -102,6 +142,31 @@ class BrokerConfig(BaseModel):
         if v.startswith("s3://") and not v.removeprefix("s3://").split("/", 1)[0]:
             raise ValueError(f"{v!r} names no bucket: s3://bucket/prefix")
         return v
+
+    @model_validator(mode="after")
+    def _idle_outlasts_heartbeats(self) -> BrokerConfig:
+        # Agents speak every heartbeat_interval_s; a shorter idle timeout would cancel
+        # healthy agent streams over and over.
+        if self.stream_idle_timeout_s < 3 * self.heartbeat_interval_s:
+            raise ValueError(f"stream_idle_timeout_s ({self.stream_idle_timeout_s}) must be at"
+                             f" least 3 x heartbeat_interval_s ({self.heartbeat_interval_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_or_dev(self) -> BrokerConfig:
+        if self.insecure_dev:
+            for addr in (self.listen, self.metrics_listen):
+                if addr and not _loopback(addr):
+                    raise ValueError(f"insecure_dev binds loopback only; {addr!r} is not loopback")
+        return self
+
+    def tls_problem(self) -> str:
+        """Why this config may not serve ("" = fine); checked when the broker starts
+        (not at validation: tests build configs as plain settings too)."""
+        if self.insecure_dev or all([self.tls_cert, self.tls_key, self.tls_ca]):
+            return ""
+        return ("TLS is required: set tls_cert, tls_key and tls_ca (`brokerctl dev-ca DIR` makes"
+                " them), or insecure_dev: true (--insecure-dev) for a loopback-only dev broker")
 
     @property
     def grace_s(self) -> float:

@@ -1,7 +1,12 @@
 """The broker process: gRPC server + scheduler loop over one store.
 
-Why a big thread pool: every WatchJob and every agent stream holds a server thread
-for its whole life; the pool must outnumber them or new RPCs would queue forever.
+Concurrency model (issue 12): a synchronous gRPC server, one thread per running RPC.
+Every WatchJob, log follow and agent stream holds its thread for its whole life, so the
+pool is ``max_streams + max_workers`` and the edge (broker/api/edge.py) admits at most
+``max_streams`` streams (and ``max_streams_per_identity`` per caller): unary RPCs always
+keep ``max_workers`` threads, however many idle streams are open. Why not grpc.aio: the
+servicers, store and scheduler are synchronous and thread-safe; an event loop would put
+every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
 """
 
 from __future__ import annotations
@@ -17,8 +22,17 @@ import grpc
 
 from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
+from broker.api.auth_service import AuthService
 from broker.api.capacity_service import CapacityService
+from broker.api.edge import EdgeGate, IdleWatch
+from broker.api.health import add_probes
 from broker.api.jobs_service import JobService
+from broker.api.streams import StreamBudget
+from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
+from broker.auth.audit import AuditLog
+from broker.auth.interceptor import Authenticator, AuthInterceptor
+from broker.auth.tls import server_credentials
+from broker.auth.tokens import TokenManager, load_static_tokens
 from broker.config import BrokerConfig
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
@@ -31,7 +45,14 @@ from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
 from broker.workdirs.checks import check_submit
 from broker.workdirs.service import WorkdirService
-from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc, workdir_pb2_grpc
+from computebroker.v1 import (
+    agent_pb2_grpc,
+    auth_pb2_grpc,
+    capacity_pb2_grpc,
+    jobs_pb2_grpc,
+    workdir_pb2_grpc,
+)
+from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +69,12 @@ class BrokerServer:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self.port = 0
+        self.agent_port = 0  # the mutual-TLS port (agents, certificate users); 0 = none
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
         self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
+        self.streams = StreamBudget(config.max_streams, config.max_streams_per_identity)
+        self._idle: IdleWatch | None = None
+        self.health: object | None = None  # grpc_health.v1 servicer, once started
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -65,6 +90,12 @@ class BrokerServer:
         return self.config.broker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     def start(self) -> int:
+        problem = self.config.tls_problem()
+        if problem:
+            raise RuntimeError(problem)
+        if self.config.insecure_dev:
+            log.warning("INSECURE DEV MODE: no TLS, no authentication; every caller on this"
+                        " loopback port is the local operator. Never use this beyond a laptop.")
         store = self._store or open_store(self.config.store)
         self._store = store
         # The wiring: one registry, one applier (the only job write path), one set of
@@ -75,25 +106,44 @@ class BrokerServer:
         ops = JobOps(applier)
         self.ops = ops
         jobs, records = JobsView(store, applier.hub), RecordsView(store)
-        self.metrics_port = telemetry.start_metrics(self.config.metrics_listen)
+        self.metrics_port = telemetry.start_metrics(
+            self.config.metrics_listen,
+            None if self.config.insecure_dev else (self.config.tls_cert, self.config.tls_key))
         # Leader lease is taken only after binding (the advertised address needs the port).
         self.leadership = Leadership(ops, store, self.holder, "", self.config.leader_lease_s)
+        tokens = TokenManager(store, load_static_tokens(self.config.static_tokens_file))
+        audit = AuditLog(store)
+        self.tokens, self.audit = tokens, audit
+        auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
+        self._idle = IdleWatch(self.config.stream_idle_timeout_s)
+        threads = self.config.max_streams + self.config.max_workers
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.max_workers, thread_name_prefix="rpc"),
-            interceptors=[StandbyGate(self.leadership)],
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+            # Who first (an unauthenticated caller takes no stream slot), then the edge
+            # (decode, limits, stream budget), then the standby gate.
+            interceptors=[auth, EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)],
             options=[
+                # Keepalive: a dead client's connection (and its streams' slots) is found
+                # within ~30 s; idle connections (no RPC) are closed after 10 min.
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_connection_idle_ms", 600_000),
+                ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ],
         )
         blobs = open_blob_store(self.config.workdir_store or default_store_url(self.config.store))
         self.blobs = blobs
 
-        def submit_check(spec: object) -> None:  # users' code: broker/workdirs/checks.py
-            check_submit(spec, blobs, [a.record for a in agents.all()])  # type: ignore[arg-type]
+        config = self.config
+
+        def submit_check(spec: pb.JobSpec) -> None:  # users' code: broker/workdirs/checks.py
+            records = [a.record for a in agents.all()]
+            if spec.checkpoint_uri:  # only under roots an operator allowed (issue 12)
+                validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
+                    config.checkpoint_allowed_roots, config.checkpoint_root, records))
+            check_submit(spec, blobs, records)
 
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobService(ops, jobs, self.config, submit_check), server)
@@ -106,18 +156,36 @@ class BrokerServer:
             AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
                          broker_id=self.holder),
             server)
-        port = server.add_insecure_port(self.config.listen)
-        if port == 0:
-            raise RuntimeError(f"could not bind {self.config.listen}")
+        auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
+        self.health = add_probes(server, reflection=self.config.reflection)
+        port = self._bind(server)
         server.start()
         self._server = server
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
-        log.info("broker %s listening on %s (port %d), store %s, %s", self.holder,
-                 self.config.listen, port, self.config.store,
+        log.info("broker %s listening on %s (port %d, %s; agents/mTLS port %d), store %s, %s",
+                 self.holder, self.config.listen, port,
+                 "INSECURE" if self.config.insecure_dev else "TLS", self.agent_port, self.config.store,
                  "leader" if self.leadership.is_leader else "standby")
+        return port
+
+    def _bind(self, server: grpc.Server) -> int:
+        """TLS on ``listen``; mutual TLS on ``agent_listen`` (broker/auth/tls.py says why
+        two ports). Insecure dev mode: one plain loopback port for everyone."""
+        cfg = self.config
+        if cfg.insecure_dev:
+            port = server.add_insecure_port(cfg.listen)
+        else:
+            port = server.add_secure_port(cfg.listen, server_credentials(cfg, mutual=False))
+            if cfg.agent_listen:
+                self.agent_port = server.add_secure_port(cfg.agent_listen,
+                                                         server_credentials(cfg, mutual=True))
+                if self.agent_port == 0:
+                    raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
+        if port == 0:
+            raise RuntimeError(f"could not bind {cfg.listen}")
         return port
 
     def stop(self, grace: float = 2.0) -> None:
@@ -127,8 +195,12 @@ class BrokerServer:
             self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
         if self.ops is not None:
             self.ops.applier.hub.close()
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
+        if self._idle is not None:
+            self._idle.close()
         if self.ops is not None:
             self.ops.telemetry.close()
         if self._owns_store and self._store is not None:

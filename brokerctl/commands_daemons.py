@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from brokerctl.common import (
+    EXIT_ERROR,
     EXIT_OK,
     UsageError,
     given_flags,
@@ -34,6 +35,12 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         ("heartbeat_interval", "heartbeat_interval_s"),
         ("agent_timeout", "agent_timeout_s"),
         ("metrics_listen", "metrics_listen"),
+        ("agent_listen", "agent_listen"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("tls_ca", "tls_ca"),
+        ("static_tokens", "static_tokens_file"),
+        ("insecure_dev", "insecure_dev"),
     )))
     for key, value in kv_pairs(args.set, "--set").items():
         data[key] = value
@@ -46,7 +53,16 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         config = BrokerConfig(**data)
     except ValidationError as e:
         raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
-    serve(config)
+    problem = config.tls_problem()
+    if problem:
+        raise UsageError(problem)
+    try:
+        serve(config)
+    except RuntimeError as e:  # cannot bind, unreadable TLS files: one line, exit 1
+        from rich.text import Text
+
+        Console(stderr=True).print(Text(f"error: broker did not start: {e}", style="red"))
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -102,12 +102,12 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         line = Text(f"{verb} job ")
         line.append(handle.id, style="bold")
         if job is not None and job.spec.name:
-            line.append(f" ({job.spec.name})")
+            line.append(f" ({render.escape_controls(job.spec.name)})")
         if job is not None:
             line.append(" — ")
             line.append_text(render.phase_text(job.phase))
             if job.pending_reason:
-                line.append(f": {job.pending_reason}", style="yellow")
+                line.append(f": {render.escape_controls(job.pending_reason)}", style="yellow")
         out.print(line)
         if not args.wait:
             out.print(
@@ -154,7 +154,7 @@ def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int
         }
         out.print_json(json.dumps(data))
         return EXIT_OK
-    out.print(render.job_detail(job, events))
+    out.print(render.job_detail(render.scrub(job), render.scrub(list(events))))
     return EXIT_OK
 
 
@@ -183,12 +183,12 @@ def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
         kind = rec.WhichOneof("kind")
         if kind == "attempt":
             with_rank = args.rank is None and rec.attempt.world_size != 1
-            out.print(render_logs.attempt_separator(rec.attempt), soft_wrap=True)
+            out.print(render_logs.attempt_separator(render.scrub(rec.attempt)), soft_wrap=True)
         elif kind == "dropped_lines":
             out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)
         else:
             shown += 1
-            out.print(render_logs.log_line(rec.line, with_rank), soft_wrap=True)
+            out.print(render_logs.log_line(render.scrub(rec.line), with_rank), soft_wrap=True)
     if not shown and not args.follow:
         out.print(f"[dim]no output from {args.job_id} yet[/]")
     return EXIT_OK
@@ -205,18 +205,18 @@ def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         out.print_json(render.to_json(events))
         return EXIT_OK
     for event in events:
-        out.print(render_logs.event_line(event), soft_wrap=True)
+        out.print(render_logs.event_line(render.scrub(event)), soft_wrap=True)
     return EXIT_OK
 
 
 def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
     for event in client.watch(job_id, include_progress=include_progress):
-        out.print(render_logs.event_line(event), soft_wrap=True)
+        out.print(render_logs.event_line(render.scrub(event)), soft_wrap=True)
     job = client.get_job(job_id)
     final = Text("final: ")
     final.append_text(render.phase_text(job.phase))
     if job.message:
-        final.append(f" — {job.message}")
+        final.append(f" — {render.escape_controls(job.message)}")
     out.print(final)
     return EXIT_OK if job.phase in TERMINAL_PHASES and phase_name(job.phase) != "failed" else 1
 

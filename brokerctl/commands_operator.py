@@ -27,9 +27,9 @@ def cmd_capacity(args: argparse.Namespace, client: BrokerClient, out: Console) -
     if not resp.rows:
         out.print("[dim]no capacity registered (no agent connected yet?)[/]")
     else:
-        out.print(render.capacity_table(resp, by_block=args.by_block))
+        out.print(render.capacity_table(render.scrub(resp), by_block=args.by_block))
     if args.nodes and resp.nodes:
-        out.print(render.nodes_table(list(resp.nodes)))
+        out.print(render.nodes_table(render.scrub(list(resp.nodes))))
     return EXIT_OK
 
 
@@ -63,7 +63,7 @@ def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
         if args.output == "json":
             out.print_json(render.to_json(quota))
         else:
-            out.print(render.teams_table([quota]))
+            out.print(render.teams_table(render.scrub([quota])))
         return EXIT_OK
     if getattr(args, "teams_cmd", None) == "get":
         teams = [client.team(args.team)]
@@ -105,7 +105,7 @@ def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
     elif not plans:
         out.print("[dim]no training plans[/]")
     else:
-        out.print(render.plans_table(plans))
+        out.print(render.plans_table(render.scrub(list(plans))))
     return EXIT_OK
 
 

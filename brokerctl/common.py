@@ -7,11 +7,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from broker.api.limits import MAX_SPEC_FILE_BYTES
 from brokerctl import render
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
@@ -66,17 +66,41 @@ def parse_time(value: str, now: float | None = None) -> float:
         raise UsageError(f"bad time {value!r}: use now, +2h, epoch seconds or ISO 8601") from None
 
 
+def one_line(text: object, limit: int = 300) -> str:
+    """A message on one line (YAML and pydantic errors span several), cut at ``limit``."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
 def load_spec_file(path: str) -> dict[str, Any]:
+    """A spec file's mapping, or UsageError (exit 2, one line): unreadable, larger than
+    MAX_SPEC_FILE_BYTES (refused before parsing), not UTF-8 text, or not YAML."""
     import yaml
 
+    cap = MAX_SPEC_FILE_BYTES
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            raw = sys.stdin.buffer.read(cap + 1)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(cap + 1)
     except OSError as e:
         raise UsageError(f"cannot read spec file {path}: {e.strerror}") from None
+    if len(raw) > cap:
+        raise UsageError(f"spec file {path} is larger than {cap // 1024} KiB; a job spec is"
+                         " a few lines (put code in --workdir, not in the spec)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"spec file {path} is not UTF-8 text (binary file?)") from None
+    if "\0" in text:
+        raise UsageError(f"spec file {path} contains NUL bytes (binary file?)")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise UsageError(f"spec file {path} is not valid YAML: {e}") from None
+        raise UsageError(f"spec file {path} is not valid YAML: {one_line(e)}") from None
+    except RecursionError:
+        raise UsageError(f"spec file {path} is nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"spec file {path} must hold a mapping of job spec fields")
     return data
@@ -96,5 +120,5 @@ def show_list(args: argparse.Namespace, out: Console, items: Any, empty: str,
     elif not items:
         out.print(empty)
     else:
-        out.print(table(items))
+        out.print(table(render.scrub(list(items))))
     return EXIT_OK

@@ -130,6 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=5, help="how many of the demo jobs to submit (1-5)")
     p.add_argument("--timeout", dest="demo_timeout", type=float, default=900.0,
                    help="give up (exit 1) if jobs are not done after this many seconds")
+    p.add_argument("--insecure-dev", action="store_true",
+                   help="DEV ONLY: run without TLS and authentication (default: TLS with a dev CA)")
     p.add_argument("--spot-demo", action="store_true",
                    help="mid-demo, send a spot interruption notice to the spot job's node")
 
@@ -200,6 +202,8 @@ class Demo:
     work: Path = field(init=False)
     server: Any = None
     address: str = ""
+    agent_address: str = ""  # the broker's mutual-TLS port (agents)
+    pki: Any = None  # broker.auth.devca.DevPKI made for this demo (TLS on by default)
     agents: list[AgentProc] = field(default_factory=list)
     handles: list[JobHandle] = field(default_factory=list)
     submitted_at: dict[str, float] = field(default_factory=dict)
@@ -217,7 +221,7 @@ class Demo:
         """Clear what a previous demo left (state, logs, checkpoints) so its jobs do not
         reappear; only our own sub-paths are removed."""
         self.work.mkdir(parents=True, exist_ok=True)
-        for name in ("regions", "agents", "inventories", "logs", "checkpoints"):
+        for name in ("regions", "agents", "inventories", "logs", "checkpoints", "pki"):
             shutil.rmtree(self.work / name, ignore_errors=True)
         for p in self.work.glob("broker.sqlite*"):
             p.unlink(missing_ok=True)
@@ -240,11 +244,39 @@ class Demo:
             "agent_timeout_s": 15.0,
             "progress_write_interval_s": 0.5,
             "progress_event_every_steps": 5,
+            "agent_listen": "127.0.0.1:0",
         }
+        if getattr(self.args, "insecure_dev", False):
+            wanted["insecure_dev"] = True
+        else:  # TLS + auth by default: a dev CA for this demo only, under its work dir
+            from broker.auth.devca import create_dev_pki
+
+            self.pki = create_dev_pki(self.work / "pki",
+                                      agents=[(r, f"{r}-agent") for r in REGIONS])
+            wanted.update(self.pki.broker_settings)
         config = BrokerConfig(**{k: v for k, v in wanted.items() if not fields or k in fields})
         self.server = BrokerServer(config)
         port = self.server.start()
         self.address = f"127.0.0.1:{port}"
+        agent_port = getattr(self.server, "agent_port", 0)
+        self.agent_address = f"127.0.0.1:{agent_port}" if agent_port else self.address
+
+    def client(self) -> BrokerClient:
+        """The demo's own client: the dev CA's operator ("admin"), or plaintext."""
+        from brokersdk.credentials import ClientCredentials
+
+        if self.pki is None:
+            return BrokerClient(self.address, timeout=15,
+                                credentials=ClientCredentials(insecure=True))
+        return BrokerClient(self.address, timeout=15, credentials=ClientCredentials(
+            ca=str(self.pki.ca.ca_cert_path), token=self.pki.tokens["admin"]))
+
+    def agent_tls_flags(self, region: str) -> list[str]:
+        if self.pki is None:
+            return ["--insecure-dev"]
+        stem = self.pki.ca.root / "agents" / f"{region}-agent"
+        return ["--cert", str(stem.with_suffix(".pem")), "--key", str(stem.with_suffix(".key")),
+                "--ca", str(self.pki.ca.ca_cert_path)]
 
     def write_inventory(self, region: str) -> Path:
         layout = REGIONS[region]
@@ -281,12 +313,16 @@ class Demo:
             inv = self.write_inventory(region)
             argv = [
                 sys.executable, "-m", "brokerctl", "agent",
-                "--broker", self.address,
+                "--broker", self.agent_address,
+                *self.agent_tls_flags(region),
                 "--region", region,
                 "--inventory", str(inv),
                 "--agent-id", f"{region}-agent",
                 "--work-dir", str(self.work / "agents" / region),
                 "--ranks-per-node", str(self.args.ranks_per_node),
+                # A root demo runs its toy jobs as root on purpose (private work dir under
+                # /tmp); a real agent runs them as --run-as-user (README "Job user").
+                *(["--allow-root-jobs"] if os.geteuid() == 0 else []),
             ]
             proc = AgentProc(region, argv, self.work / "logs" / f"agent-{region}.log")
             proc.start(env)
@@ -556,8 +592,13 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         with console.status("starting the broker..."):
             demo.start_broker()
         console.print(f"[green]✓[/] broker on {demo.address} "
-                      f"(SQLite: {demo.work / 'broker.sqlite'})")
-        with BrokerClient(demo.address, timeout=15) as client:
+                      f"(SQLite: {demo.work / 'broker.sqlite'}; "
+                      + ("[bold red]INSECURE dev mode[/])" if demo.pki is None else
+                         f"TLS + auth, dev CA in {demo.pki.ca.root})"))
+        if demo.pki is not None:
+            console.print(f"  [dim]try: CB_CONFIG={demo.pki.client_config} brokerctl --broker"
+                          f" {demo.address} jobs[/]")
+        with demo.client() as client:
             demo.create_plan(client)
             demo.start_agents()
             demo.wait_for_agents(client)

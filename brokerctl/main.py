@@ -22,6 +22,7 @@ live by audience in ``commands_jobs.py``, ``commands_operator.py`` and
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -31,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from brokerctl import commands_console
 from brokerctl.commands_daemons import cmd_agent, cmd_demo, cmd_serve
 from brokerctl.commands_jobs import (
     cmd_cancel,
@@ -50,7 +52,7 @@ from brokerctl.commands_operator import (
     cmd_regions,
     cmd_teams,
 )
-from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles
+from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles, one_line
 from brokersdk.client import (
     DEFAULT_ADDRESS,
     AlreadyExists,
@@ -62,6 +64,7 @@ from brokersdk.client import (
     PreconditionFailed,
     QuotaExceeded,
 )
+from brokersdk.credentials import CredentialsError, resolve
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -94,7 +97,10 @@ def build_parser() -> _Parser:
         metavar="ADDR",
         help=f"broker address, or HA replicas a:1,b:2 (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
     )
-    p.add_argument("--timeout", type=float, default=10.0, help="per-call deadline in seconds")
+    p.add_argument("--timeout", type=finite_float, default=10.0, help="per-call deadline in seconds")
+    p.add_argument("--context", default=None, metavar="NAME",
+                   help="client config context (env CB_CONTEXT; config: CB_CONFIG or"
+                   " ~/.config/compute-broker/config.yaml)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def add(name: str, help: str, output: bool = False, **kw: Any) -> _Parser:
@@ -121,7 +127,7 @@ def build_parser() -> _Parser:
     s.add_argument("--spot", "--spot-ok", action="store_true", help="spot capacity is acceptable")
     s.add_argument("--capacity-type", action="append", metavar="T[,T]",
                    help="on-demand | spot | training-plan | reserved")
-    s.add_argument("--max-price", type=float, metavar="USD", help="max $ per GPU-hour")
+    s.add_argument("--max-price", type=finite_float, metavar="USD", help="max $ per GPU-hour")
     s.add_argument("--min-nodes", type=int, help="elastic: fewest nodes to resume on")
     s.add_argument("--max-nodes", type=int, help="elastic: most nodes to resume on")
     s.add_argument("--steps", type=int, help="trainer total steps")
@@ -129,12 +135,12 @@ def build_parser() -> _Parser:
     s.add_argument("--model", help="trainer model preset (tiny, small, ...)")
     s.add_argument("--batch-size", type=int, help="global batch size")
     s.add_argument("--seed", type=int)
-    s.add_argument("--step-sleep", type=float, metavar="S", help="simulated extra seconds/step")
+    s.add_argument("--step-sleep", type=finite_float, metavar="S", help="simulated extra seconds/step")
     s.add_argument("--trainer-option", action="append", metavar="K=V")
     s.add_argument("--checkpoint-uri", help="file:///path, /abs/path or s3://bucket/prefix")
     s.add_argument("--dataset-uri")
     s.add_argument("--dataset-region")
-    s.add_argument("--expected-duration", type=float, metavar="S")
+    s.add_argument("--expected-duration", type=finite_float, metavar="S")
     s.add_argument("--image")
     s.add_argument("--env", action="append", metavar="K=V")
     s.add_argument("--label", action="append", metavar="K=V")
@@ -212,7 +218,7 @@ def build_parser() -> _Parser:
     ts.add_argument("--borrow-limit", type=int, metavar="GPUS")
     ts.add_argument("--lend-limit", type=int, metavar="GPUS")
     ts.add_argument("--strategy", help="lend-and-borrow | lend | dont-lend")
-    ts.add_argument("--weight", type=float, help="fair-share weight")
+    ts.add_argument("--weight", type=finite_float, help="fair-share weight")
     ts.add_argument("--region-cap", action="append", metavar="REGION=GPUS")
     s.set_defaults(func=cmd_teams)
 
@@ -233,7 +239,7 @@ def build_parser() -> _Parser:
     pc.add_argument("--end", help="+48h (after start), epoch or ISO 8601")
     pc.add_argument("--duration", default="+24h", help="if no --end: e.g. +24h")
     pc.add_argument("--team")
-    pc.add_argument("--price", type=float, help="$ per GPU-hour (prepaid)")
+    pc.add_argument("--price", type=finite_float, help="$ per GPU-hour (prepaid)")
     pcc = psub.add_parser("cancel", help="cancel a plan")
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
@@ -249,18 +255,34 @@ def build_parser() -> _Parser:
     s.add_argument("--undo", action="store_true")
     s.set_defaults(func=cmd_cordon)
 
+    from brokerctl import commands_auth
+
+    commands_auth.add_parsers(add)
+
     s = add("serve", "run the broker (blocks until SIGINT/SIGTERM)")
     s.add_argument("--config", help="YAML file of BrokerConfig fields")
     s.add_argument("--listen", help="host:port (default 127.0.0.1:50051)")
     s.add_argument("--store", help="sqlite:///path or redis://host:port/db")
     s.add_argument("--checkpoint-root", help="default checkpoint location for jobs")
-    s.add_argument("--scheduler-interval", type=float, metavar="S")
-    s.add_argument("--heartbeat-interval", type=float, metavar="S")
-    s.add_argument("--agent-timeout", type=float, metavar="S")
+    s.add_argument("--scheduler-interval", type=finite_float, metavar="S")
+    s.add_argument("--heartbeat-interval", type=finite_float, metavar="S")
+    s.add_argument("--agent-timeout", type=finite_float, metavar="S")
     s.add_argument("--metrics-listen", metavar="HOST:PORT",
-                   help="serve Prometheus metrics on /metrics here (default off)")
+                   help="serve Prometheus metrics on /metrics here (default off; HTTPS)")
+    s.add_argument("--agent-listen", metavar="HOST:PORT",
+                   help="the mutual-TLS port for agents and certificate users (default :50052)")
+    s.add_argument("--tls-cert", help="the broker's certificate (PEM)")
+    s.add_argument("--tls-key", help="its private key (PEM)")
+    s.add_argument("--tls-ca", help="the CA that signs agents' and users' certificates (PEM)")
+    s.add_argument("--static-tokens", metavar="FILE", help="bootstrap tokens (from dev-ca)")
+    s.add_argument("--insecure-dev", action="store_true", default=None,
+                   help="DEV ONLY: no TLS, no auth, loopback only, every caller is operator")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")
     s.set_defaults(local=cmd_serve)
+
+    s = add("console", "serve the web console (fleet, queue, jobs, migrations, plans)")
+    commands_console.add_arguments(s)
+    s.set_defaults(local=commands_console.cmd_console)
 
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 
@@ -272,7 +294,7 @@ def build_parser() -> _Parser:
     return p
 
 
-_GLOBAL_WITH_VALUE = {"--broker", "--timeout"}
+_GLOBAL_WITH_VALUE = {"--broker", "--timeout", "--context"}
 
 
 def _split_agent_argv(argv: list[str]) -> tuple[list[str], list[str]] | None:
@@ -293,6 +315,17 @@ def _split_agent_argv(argv: list[str]) -> tuple[list[str], list[str]] | None:
     return None
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number ("nan", "inf" and 1e400 are refused, exit 2)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+finite_float.__name__ = "finite number"  # argparse: "invalid finite number value: 'nan'"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `brokerctl`; returns the exit status (never raises on user errors)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -311,10 +344,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "cmd", None):
             parser.print_help()
             return EXIT_BAD_INPUT
-        address = args.broker or os.environ.get("BROKER_ADDRESS") or DEFAULT_ADDRESS
         if hasattr(args, "local"):
             return args.local(args, out)
-        with BrokerClient(address, timeout=args.timeout) as client:
+        try:
+            creds = resolve(context=args.context or "")
+        except CredentialsError as e:
+            raise UsageError(str(e)) from None
+        address = (args.broker or os.environ.get("BROKER_ADDRESS") or creds.server
+                   or DEFAULT_ADDRESS)
+        with BrokerClient(address, timeout=args.timeout, credentials=creds) as client:
             return args.func(args, client, out)
     except SystemExit as e:  # --help, or a delegated main() calling sys.exit
         code = e.code
@@ -330,6 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TimeoutError as e:
         _error(err, str(e))
         return EXIT_ERROR
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        # Values the spec builder or protobuf refuse (out of int32 range, wrong type,
+        # pydantic's multi-line report): the input's fault, said on one line, exit 2.
+        _error(err, f"invalid input: {one_line(e)}")
+        if debug:
+            traceback.print_exc()
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         err.print("[dim]interrupted[/]")
         return 130

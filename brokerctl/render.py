@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import shlex
 import time
+import unicodedata
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from rich import box
 from rich.console import Group
 from rich.panel import Panel
@@ -41,6 +45,63 @@ PHASE_STYLE = {
     "failed": "bold red",
     "cancelled": "dim",
 }
+
+
+KEEP_CONTROLS = {"\n", "\t"}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control/format character (ESC, CR, BEL, bidi overrides,
+    zero-width chars) shown as a visible ``\\xHH``/``\\uHHHH`` escape, newlines and tabs
+    kept. Why: job names, messages, labels and rank output come from users and agents;
+    printed raw, an ANSI or OSC sequence in them would rewrite the operator's terminal
+    (issue 12)."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch in KEEP_CONTROLS or unicodedata.category(ch)[0] != "C":
+            out.append(ch)
+        else:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+    return "".join(out)
+
+
+def scrub(value: Any) -> Any:
+    """A copy of an API message (or a list of them, or a str) with :func:`escape_controls`
+    applied to every string in it: what every human-readable rendering prints."""
+    if isinstance(value, str):
+        return escape_controls(value)
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    if not isinstance(value, Message):
+        return value
+    copy = type(value)()
+    copy.CopyFrom(value)
+    _scrub_in_place(copy)
+    return copy
+
+
+def _scrub_in_place(msg: Message) -> None:
+    for fd, val in msg.ListFields():
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            items = dict(val)
+            val.clear()
+            for k, v in items.items():
+                key = escape_controls(k) if isinstance(k, str) else k
+                if isinstance(v, Message):
+                    _scrub_in_place(v)
+                    val[key].CopyFrom(v)
+                else:
+                    val[key] = escape_controls(v) if isinstance(v, str) else v
+        elif fd.type == FieldDescriptor.TYPE_STRING:
+            if fd.is_repeated:
+                val[:] = [escape_controls(v) for v in val]
+            else:
+                setattr(msg, fd.name, escape_controls(val))
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            for m in (val if fd.is_repeated else [val]):
+                _scrub_in_place(m)
 
 
 def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
@@ -523,6 +584,30 @@ def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
             time.strftime("%m-%d %H:%M", time.localtime(p.end_time)) if p.end_time else "-",
             p.team or "shared",
         )
+    return table
+
+
+def tokens_table(tokens: Iterable[object]) -> Table:
+    table = _table("ID", ("USER", {"flex": True}), "ROLE", ("TEAM", {"flex": True}), "CREATED",
+                   "ROTATED", "STATE")
+    for t in tokens:
+        table.add_row(t.id, t.user, t.role, t.team or "-",  # type: ignore[attr-defined]
+                      time.strftime("%m-%d %H:%M", time.localtime(t.created_time)),  # type: ignore[attr-defined]
+                      time.strftime("%m-%d %H:%M", time.localtime(t.rotated_time))  # type: ignore[attr-defined]
+                      if t.rotated_time else "-",  # type: ignore[attr-defined]
+                      "revoked" if t.revoked else "active")  # type: ignore[attr-defined]
+    return table
+
+
+def audit_table(records: Iterable[object]) -> Table:
+    table = _table("TIME", ("ACTOR", {"flex": True, "max_width": 18}), ("RPC", {"flex": True}),
+                   ("TARGET", {"flex": True, "max_width": 22}), "PEER",
+                   "RESULT")
+    for r in records:
+        table.add_row(time.strftime("%m-%d %H:%M:%S", time.localtime(r.time)),  # type: ignore[attr-defined]
+                      r.actor, r.method.rsplit("/", 1)[-1], r.target or "-",  # type: ignore[attr-defined]
+                      r.peer.removeprefix("ipv4:"), Text(r.result, style="green" if r.result == "OK"  # type: ignore[attr-defined]
+                                                         else "red"))
     return table
 
 

@@ -38,6 +38,7 @@ from tenacity import (
 )
 
 from brokersdk import tracing as telemetry
+from brokersdk.credentials import ClientCredentials, make_channel, resolve
 from brokersdk.enums import (
     TERMINAL_PHASES,
     capacity_type_name,
@@ -57,6 +58,7 @@ from brokersdk.errors import (
     BrokerUnavailable,
     InvalidJobSpec,
     JobNotFound,
+    NotAuthenticated,
     NotFound,
     PermissionDenied,
     PreconditionFailed,
@@ -67,6 +69,8 @@ from brokersdk.handle import JobHandle
 from brokersdk.spec import JobSpec, TrainerSpec, _pydantic_message, spec_to_proto  # noqa: F401
 from brokersdk.workdir import DEFAULT_MAX_BYTES, pack
 from computebroker.v1 import (
+    auth_pb2,
+    auth_pb2_grpc,
     capacity_pb2,
     capacity_pb2_grpc,
     common_pb2,
@@ -86,6 +90,7 @@ __all__ = [
     "JobHandle",
     "JobNotFound",
     "JobSpec",
+    "NotAuthenticated",
     "NotFound",
     "PermissionDenied",
     "PreconditionFailed",
@@ -134,7 +139,13 @@ class BrokerClient:
         timeout: float = 10.0,
         retries: int = 3,
         metadata: Sequence[tuple[str, str]] | None = None,
+        credentials: ClientCredentials | None = None,
     ) -> None:
+        # Credentials: given, else CB_* environment / the config file's context
+        # (brokersdk/credentials.py); an address given here wins over the context's.
+        self.credentials = credentials or resolve()
+        if not address:
+            address = self.credentials.server or DEFAULT_ADDRESS
         self.address = address
         self.timeout = timeout
         self.retries = max(0, retries)
@@ -142,8 +153,9 @@ class BrokerClient:
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self._current = 0
         self._channels = [
-            grpc.insecure_channel(
+            make_channel(
                 a,
+                self.credentials,
                 options=[
                     ("grpc.keepalive_time_ms", 30_000),
                     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -153,13 +165,17 @@ class BrokerClient:
         ]
         self._stubs = [
             (jobs_pb2_grpc.JobServiceStub(c), capacity_pb2_grpc.CapacityServiceStub(c),
-             workdir_pb2_grpc.WorkdirServiceStub(c))
+             workdir_pb2_grpc.WorkdirServiceStub(c), auth_pb2_grpc.AuthServiceStub(c))
             for c in self._channels
         ]
 
     @property
     def _channel(self) -> grpc.Channel:
         return self._channels[self._current]
+
+    @property
+    def _auth(self) -> auth_pb2_grpc.AuthServiceStub:
+        return self._stubs[self._current][3]
 
     @property
     def _jobs(self) -> jobs_pb2_grpc.JobServiceStub:
@@ -650,3 +666,31 @@ class BrokerClient:
             capacity_pb2.CordonNodeRequest(node_id=node, uncordon=uncordon),
             idempotent=True,
         )
+
+    # -- identity, tokens, audit (operators; docs/contracts.md "Authentication")
+
+    def whoami(self) -> auth_pb2.Principal:
+        return self._call(self._auth.WhoAmI, auth_pb2.WhoAmIRequest(), idempotent=True)
+
+    def create_token(self, user: str, team: str = "", role: str = "member") -> auth_pb2.IssuedToken:
+        return self._call(self._auth.CreateToken,
+                          auth_pb2.CreateTokenRequest(user=user, team=team, role=role),
+                          idempotent=False)
+
+    def list_tokens(self, user: str = "", include_revoked: bool = False) -> list[auth_pb2.ApiToken]:
+        resp = self._call(self._auth.ListTokens, auth_pb2.ListTokensRequest(
+            user=user, include_revoked=include_revoked), idempotent=True)
+        return list(resp.tokens)
+
+    def revoke_token(self, token_id: str) -> auth_pb2.ApiToken:
+        return self._call(self._auth.RevokeToken, auth_pb2.RevokeTokenRequest(token_id=token_id),
+                          idempotent=True)
+
+    def rotate_token(self, token_id: str) -> auth_pb2.IssuedToken:
+        return self._call(self._auth.RotateToken, auth_pb2.RotateTokenRequest(token_id=token_id),
+                          idempotent=False)
+
+    def audit(self, actor: str = "", since: float = 0.0, limit: int = 100) -> list[auth_pb2.AuditRecord]:
+        resp = self._call(self._auth.ListAuditRecords, auth_pb2.ListAuditRecordsRequest(
+            actor=actor, since=since, limit=limit), idempotent=True)
+        return list(resp.records)

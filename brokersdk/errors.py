@@ -76,6 +76,10 @@ class PermissionDenied(BrokerError):
     """PERMISSION_DENIED or UNAUTHENTICATED."""
 
 
+class NotAuthenticated(PermissionDenied):
+    """UNAUTHENTICATED: no credential, or a bad/revoked one."""
+
+
 class BrokerUnavailable(BrokerError):
     """UNAVAILABLE / DEADLINE_EXCEEDED: the broker could not be reached in time."""
 
@@ -88,7 +92,7 @@ _CODE_TO_ERROR: dict[grpc.StatusCode, type[BrokerError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: PreconditionFailed,
     grpc.StatusCode.RESOURCE_EXHAUSTED: QuotaExceeded,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: NotAuthenticated,
     grpc.StatusCode.UNAVAILABLE: BrokerUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: BrokerUnavailable,
 }
@@ -98,6 +102,20 @@ def translate_rpc_error(err: grpc.RpcError, address: str, *, job_id: str | None 
     """Turn a grpc.RpcError into the matching BrokerError subclass."""
     code = err.code() if hasattr(err, "code") else None
     details = (err.details() if hasattr(err, "details") else None) or ""
+    if code is grpc.StatusCode.UNAVAILABLE and any(
+            w in details.lower() for w in ("ssl", "handshake", "certificate", "tls")):
+        return BrokerUnavailable(
+            f"TLS with the broker at {address} failed", code,
+            hint="check CB_CA / the context's ca (the CA that signed the broker's certificate),"
+            " and that certificate users use the broker's mutual-TLS port (agent_listen)")
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return NotAuthenticated(details or "not authenticated", code,
+                                hint="not logged in: set CB_TOKEN, or pick a context (CB_CONTEXT /"
+                                " --context) from a config made by `brokerctl dev-ca DIR`")
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(details or "permission denied", code,
+                                hint="your role does not allow this; `brokerctl whoami` shows who"
+                                " you are, an operator can grant more")
     if code is grpc.StatusCode.UNAVAILABLE:
         return BrokerUnavailable(
             f"cannot reach the broker at {address}",

@@ -62,7 +62,10 @@ class TeamUsage:
 class QuotaLedger:
     """Mutable quota accounting for one scheduling pass."""
 
-    def __init__(self, teams: tuple[TeamQuota, ...], running: tuple[RunningJob, ...], pending: tuple[JobRequest, ...]) -> None:
+    def __init__(self, teams: tuple[TeamQuota, ...], running: tuple[RunningJob, ...], pending: tuple[JobRequest, ...],
+                 running_by_acc: dict[tuple[str, str], int] | None = None) -> None:
+        """``running_by_acc``: GPUs running per (team, accelerator), when the caller
+        keeps them up to date across passes (then ``running`` is not read)."""
         self.enabled = bool(teams)
         self.quota: dict[str, TeamQuota] = {t.team: t for t in sorted(teams, key=lambda t: t.team)}
         self.nominal: dict[tuple[str, str], int] = {}
@@ -84,9 +87,12 @@ class QuotaLedger:
         # Totals per (team, accelerator) first, then per quota line: thousands of
         # pending jobs share a few dozen (team, accelerator) pairs.
         by_acc: dict[tuple[str, str], int] = {}
-        for r in running:
-            k = _team_acc(r)
-            by_acc[k] = by_acc.get(k, 0) + r.gpus
+        if running_by_acc is not None:
+            by_acc = running_by_acc
+        else:
+            for r in running:
+                k = _team_acc(r)
+                by_acc[k] = by_acc.get(k, 0) + r.gpus
         for (team, acc), gpus in by_acc.items():
             k = (team, self.key(team, acc))
             self.used[k] = self.used.get(k, 0) + gpus

@@ -69,6 +69,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from operator import attrgetter
 
 from placement.firstfit import accepts, allowed_types
@@ -77,6 +78,7 @@ from placement.model import (
     CapacityType,
     Decisions,
     JobRequest,
+    NodeInfo,
     Preemption,
     Reservation,
     RunningJob,
@@ -141,42 +143,85 @@ def work_lost_gpu_s(run: RunningJob, now: float) -> float:
     return max(0.0, now - since) * run.gpus + run.restart_cost_s * run.gpus
 
 
+def usable_nodes(nodes: list[NodeInfo], used: dict[str, int], now: float,
+                 draining: frozenset[str]) -> tuple[list[tuple[NodeInfo, int]], list[tuple[NodeInfo, int]]]:
+    """(node, free GPUs) of the nodes usable now and of the scheduled plans' nodes:
+    the one rule both the from-scratch pass and the kept-alive cache build from."""
+    now_nodes, future_nodes = [], []
+    for n in nodes:
+        if not n.healthy or n.cordoned or n.region in draining:
+            continue
+        if n.plan_end is not None and now >= n.plan_end:
+            continue
+        if n.plan_start is not None and now < n.plan_start:  # a plan not started yet
+            future_nodes.append((n, n.gpus))
+            if not n.available_before_plan:
+                continue
+        free = n.gpus - used.get(n.id, 0)
+        now_nodes.append((n, free if free > 0 else 0))
+    return now_nodes, future_nodes
+
+
+@dataclass
+class Fleet:
+    """What a pass reads about the fleet, built once per pass from scratch or kept
+    alive across passes and updated by deltas (``placement.incremental``). A pass
+    mutates ``index``/``future`` (admissions, holds, victim simulations); the cache
+    undoes that through the indexes' journals. Everything else is read-only."""
+
+    index: CapacityIndex
+    future: CapacityIndex
+    by_team: dict[str, list[RunningJob]]
+    rgpus: dict[int, int]  # id(RunningJob) -> its GPUs
+    running_by_acc: dict[tuple[str, str], int]  # (team, accelerator) -> GPUs running
+    region_of: dict[str, str]  # node id -> region, every node of the snapshot
+
+
+def build_fleet(snap: Snapshot) -> Fleet:
+    nodes = sorted(snap.nodes, key=_by_id)
+    running = sorted(snap.running, key=_by_id)
+    used: dict[str, int] = {}
+    for r in running:
+        for node_id, g in r.allocations:
+            used[node_id] = used.get(node_id, 0) + g
+    now_nodes, future_nodes = usable_nodes(nodes, used, snap.now, snap.draining_regions)
+    by_team: dict[str, list[RunningJob]] = defaultdict(list)
+    rgpus: dict[int, int] = {}
+    by_acc: dict[tuple[str, str], int] = {}
+    for r in running:
+        by_team[r.team].append(r)
+        g = rgpus[id(r)] = r.gpus
+        k = (r.team, r.accelerator)
+        by_acc[k] = by_acc.get(k, 0) + g
+    return Fleet(index=CapacityIndex(now_nodes), future=CapacityIndex(future_nodes, future=True),
+                 by_team=by_team, rgpus=rgpus, running_by_acc=by_acc,
+                 region_of={n.id: n.region for n in nodes} if any(t.region_caps for t in snap.teams) else {})
+
+
 class _Pass:
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: Snapshot, fleet: Fleet | None = None) -> None:
+        """``fleet``: prebuilt from ``snap.nodes``/``snap.running`` (the incremental
+        cache); None builds it here. Same decisions either way."""
         self.now = snap.now
         self.snap = snap
-        nodes = sorted(snap.nodes, key=_by_id)
-        self.running = sorted(snap.running, key=_by_id)
         # Queue order (-priority, submit_time, id) as two stable C-level sorts: the
         # same order as one sort on a built key tuple, at half the cost.
         self.pending = sorted(snap.pending, key=_by_submit_id)
         self.pending.sort(key=_by_priority, reverse=True)
-        used: dict[str, int] = {}
-        for r in self.running:
-            for node_id, g in r.allocations:
-                used[node_id] = used.get(node_id, 0) + g
-        now_nodes, future_nodes = [], []
-        now, draining = self.now, snap.draining_regions
-        for n in nodes:
-            if not n.healthy or n.cordoned or n.region in draining:
-                continue
-            if n.plan_end is not None and now >= n.plan_end:
-                continue
-            if n.plan_start is not None and now < n.plan_start:  # a plan not started yet
-                future_nodes.append((n, n.gpus))
-                if not n.available_before_plan:
-                    continue
-            free = n.gpus - used.get(n.id, 0)
-            now_nodes.append((n, free if free > 0 else 0))
-        self.index = CapacityIndex(now_nodes)
-        self.future = CapacityIndex(future_nodes, future=True)
-        self.ledger = QuotaLedger(snap.teams, snap.running, snap.pending)
+        if fleet is None:
+            fleet = build_fleet(snap)
+        self.index = fleet.index
+        self.future = fleet.future
+        self.ledger = QuotaLedger(snap.teams, (), snap.pending, running_by_acc=fleet.running_by_acc)
         self.caps: dict[str, dict[str, int]] = {t.team: dict(t.region_caps) for t in snap.teams if t.region_caps}
         self.region_used: dict[tuple[str, str], int] = defaultdict(int)
+        self.by_team = fleet.by_team
+        # RunningJob.gpus sums its allocations on every access; victim search reads it often.
+        self.rgpus = fleet.rgpus
         if self.caps:
-            region_of = {n.id: n.region for n in nodes}
-            for r in self.running:
-                if r.team in self.caps:
+            region_of = fleet.region_of
+            for team in self.caps:
+                for r in fleet.by_team.get(team, ()):
                     for node_id, g in r.allocations:
                         self.region_used[(r.team, region_of.get(node_id, ""))] += g
         self.decisions = Decisions()
@@ -187,12 +232,6 @@ class _Pass:
         self.place_plan: dict[int, list[tuple[tuple, float, float, Partition]]] = {}
         self.fail_cache: dict[tuple, int] = {}
         self.searches = 0
-        self.by_team: dict[str, list[RunningJob]] = defaultdict(list)
-        # RunningJob.gpus sums its allocations on every access; victim search reads it often.
-        self.rgpus: dict[int, int] = {}
-        for r in self.running:
-            self.by_team[r.team].append(r)
-            self.rgpus[id(r)] = r.gpus
         self.preempt_fail: dict[tuple, int] = {}
         self.block_cache: dict[tuple, tuple[int, str]] = {}
         self.tier_text: dict[int, str] = {}
@@ -608,6 +647,13 @@ class _Pass:
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
             return False
         self.searches += 1
+        # Prefixes too short to place even on paper are not simulated (a job's
+        # excluded nodes are, as _place reorders them: keep that history exact).
+        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req)
+        if k_min > len(cands):  # no prefix can work: the search's only trace is bucket order
+            self._as_if_searched(cands)
+            self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
+            return False
         # Shortest prefix of the victim order that lets the job place (quota and
         # topology), found by galloping + bisection: both "enough quota freed" and
         # "a domain holds the gang" only get truer as victims are added.
@@ -627,7 +673,7 @@ class _Pass:
             cur = k
 
         def works(k: int) -> Placed | None:
-            if sum(own[:k]) < need_quota:
+            if k < k_min or sum(own[:k]) < need_quota:
                 return None
             move_to(k)
             return self._place(job, n, elig, pref, req, cache=False)
@@ -660,12 +706,14 @@ class _Pass:
         chosen = [(r, why) for _, r, why in cands[:hi_k]]
         # Minimise: drop victims that are not needed, last added first (bounded tries).
         freed_quota = sum(own[:hi_k])
-        for r, why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
+        for r, _why in list(reversed(chosen[:-1]))[:MAX_MINIMISE_TRIES]:
             self._release(r, give=False)
             fq = freed_quota - (rg[id(r)] if r.team == job.team else 0)
             trial = self._place(job, n, elig, pref, req, cache=False) if fq >= need_quota else None
             if trial is not None:
-                chosen.remove((r, why))
+                # by identity: the same element list.remove finds (ids are unique),
+                # without the dataclass's field-by-field __eq__ on every other victim
+                del chosen[next(i for i, c in enumerate(chosen) if c[0] is r)]
                 freed_quota, placed = fq, trial
             else:
                 self._release(r, give=True)
@@ -709,6 +757,57 @@ class _Pass:
             f"{' and '.join(kinds)}); then {n}x{g} GPUs in {where}",
         )
         return True
+
+    def _fewest_victims(self, cands: list, elig: list[tuple[tuple, Partition]], n: int, g: int,
+                        max_level: int) -> int:
+        """Fewest leading victims after which some eligible domain the gang may use
+        (level <= ``max_level``, the job's required one) has ``n`` nodes with ``g``
+        free GPUs: necessary for any placement, so the search skips the shorter
+        prefixes without simulating them (same answer: ``_place`` fails there)."""
+        parts = [p for _, p in elig if g <= p.maxg]
+        if any(p.root.cnt[g] >= n for p in parts):
+            return 0  # (conservative: a sub-domain may still be short; the search decides)
+        ok = {id(p) for p in parts}
+        gained: dict[int, int] = {}
+        acc: dict[Slot, int] = {}
+        slot_of = self.index.slot_by_id
+        for k, c in enumerate(cands, start=1):
+            for node_id, gg in c[1].allocations:
+                sl = slot_of.get(node_id)
+                if sl is None or id(sl.part) not in ok:
+                    continue
+                before = acc.get(sl, 0)
+                acc[sl] = before + gg
+                if sl.free + before < g <= sl.free + before + gg:
+                    for d in sl.doms:
+                        if d.level > max_level:
+                            continue
+                        got = gained[id(d)] = gained.get(id(d), 0) + 1
+                        if d.cnt[g] + got >= n:
+                            return k
+        return len(cands) + 1
+
+    def _as_if_searched(self, cands: list) -> None:
+        """The index as a failed search leaves it, without simulating: releasing every
+        victim and taking them back (last first) restores every count, and each node
+        touched ends at the back of its free-GPU bucket, in the order of its last
+        take. Bucket order steers best fit, so it must match to the node."""
+        last: dict[Slot, None] = {}
+        for i in range(len(cands) - 1, -1, -1):
+            for sl, gg in self._alloc_slots(cands[i][1]):
+                if gg:
+                    last.pop(sl, None)
+                    last[sl] = None
+        index = self.index
+        journal = index.journal
+        for sl in last:
+            if sl.free > 0:
+                bucket = sl.part.buckets[sl.klass][sl.free]
+                bucket.pop(sl, None)
+                bucket[sl] = None
+                if journal is not None:
+                    journal.append((sl, sl.free))
+        index.version += 1
 
     def _victims_of(self, team: str, key: str) -> list[tuple[tuple, RunningJob]]:
         """A team's preemptible jobs on one quota line, cheapest victim first (cached)."""

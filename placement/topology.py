@@ -141,6 +141,9 @@ class CapacityIndex:
         self.partitions: list[Partition] = []
         self.slot_by_id: dict[str, Slot] = {}
         self.version = 0  # bumped on every change: lets callers cache derived answers
+        # Undo journal (placement/incremental.py): while a list, every change records
+        # (slot, free before) so a kept-alive index can be put back after a pass.
+        self.journal: list[tuple[Slot, int]] | None = None
         for order, key in enumerate(sorted(grouped)):
             group = grouped[key]
             topo = [_topo_key(info) for info, _ in group]  # C-level getter, no per-node lambda
@@ -238,6 +241,8 @@ class CapacityIndex:
         if a == b:
             return
         self.version += 1
+        if self.journal is not None:
+            self.journal.append((slot, a))
         part = slot.part
         part.buckets[slot.klass][a].pop(slot, None)
         delta = b - a
@@ -283,6 +288,7 @@ class CapacityIndex:
             return
         # chain (by identity) -> [domains, change of each cnt[k], change of free GPUs]
         by_chain: dict[int, list] = {}
+        journal = self.journal
         for i, (slot, delta) in enumerate(changes):
             a = slot.free
             b = a + delta
@@ -294,6 +300,8 @@ class CapacityIndex:
                     self.set_free(s2, s2.free + d2)
                 return
             self.version += 1
+            if journal is not None:
+                journal.append((slot, a))
             buckets = slot.part.buckets
             buckets[slot.klass][a].pop(slot, None)
             doms = slot.doms
@@ -325,6 +333,29 @@ class CapacityIndex:
                 cnt = d.cnt
                 for k, c in nz:
                     cnt[k] += c
+
+    def restore(self, touched: Iterable[Slot], free_of: dict[Slot, int]) -> None:
+        """Set each touched slot to ``free_of[slot]`` and put every bucket it sits in
+        back in node order: the exact state a fresh build over those free counts has
+        (domain counts are sums, so only bucket order can remember history, and
+        ``best_single`` takes a bucket's first node)."""
+        journal, self.journal = self.journal, None
+        try:
+            for slot in touched:
+                self.set_free(slot, free_of[slot])
+        finally:
+            self.journal = journal
+        seen: set[int] = set()
+        for slot in touched:
+            if slot.free <= 0:
+                continue
+            bucket = slot.part.buckets[slot.klass][slot.free]
+            if id(bucket) in seen or len(bucket) < 2:
+                continue
+            seen.add(id(bucket))
+            ordered = sorted(bucket, key=_slot_order)
+            bucket.clear()
+            bucket.update(dict.fromkeys(ordered))
 
     def give(self, slot: Slot, gpus: int) -> None:
         self.set_free(slot, slot.free + gpus)
@@ -428,4 +459,5 @@ def _topo_sort_key(n: NodeInfo) -> tuple:
     return (n.zone, n.layer1, n.layer2, n.layer3, n.ultraserver, n.id)
 
 
+_slot_order = attrgetter("order")
 _topo_key = attrgetter("zone", "layer1", "layer2", "layer3", "ultraserver", "id")  # same tuple

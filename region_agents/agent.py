@@ -43,9 +43,11 @@ from collections.abc import Callable
 import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
+from brokersdk.credentials import make_channel
+from checkpoint_layout.roots import RootError, canonical, check_under
 from checkpoint_layout.standby_go import Go, GoAction
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-from region_agents.config import AgentConfig, make_executor
+from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
     AS,
     EXIT_RESUME_UNAVAILABLE,
@@ -97,6 +99,17 @@ class _Disconnected(Exception):
     """The stream ended before the broker acknowledged our Register."""
 
 
+# The broker refuses longer texts (broker/api/limits.py): clip them here, so an unusual
+# error text can never make a terminal update undeliverable (re-sent forever).
+ACK_MESSAGE_MAX = 4000
+UPDATE_MESSAGE_MAX = 60_000
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, keeping its end (errors say most there)."""
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+
+
 class RegionAgent:
     """One region's agent. ``start()`` returns at once; ``stop()`` joins the threads."""
 
@@ -145,7 +158,8 @@ class RegionAgent:
             config.broker_address]
         self._broker_i = 0
         self.workdirs = WorkdirCache(config.work_dir,
-                                     lambda: self._brokers[self._broker_i % len(self._brokers)])
+                                     lambda: self._brokers[self._broker_i % len(self._brokers)],
+                                     broker_credentials(config))
         self._lock = threading.RLock()
         self._session: Session | None = None
         self._last_resend = 0.0
@@ -257,7 +271,8 @@ class RegionAgent:
                 running=self._running(include_recent=True),
                 executor=self.config.executor,
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
-                checkpoint_store_error=self.store_error,
+                checkpoint_store_error=clip(self.store_error, ACK_MESSAGE_MAX),
+                checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
             )
         )
@@ -269,8 +284,8 @@ class RegionAgent:
     def _ack(self, command_id: str, accepted: bool, message: str = "") -> None:
         if not accepted:
             log.warning("refused command %s: %s", command_id, message)
-        self._send(agent_pb2.AgentMessage(
-            ack=agent_pb2.CommandAck(command_id=command_id, accepted=accepted, message=message)))
+        self._send(agent_pb2.AgentMessage(ack=agent_pb2.CommandAck(
+            command_id=command_id, accepted=accepted, message=clip(message, ACK_MESSAGE_MAX))))
 
     # ---- connection ------------------------------------------------------------------
     def _connect_loop(self) -> None:
@@ -297,7 +312,7 @@ class RegionAgent:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
         address = self._brokers[self._broker_i % len(self._brokers)]
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = make_channel(address, broker_credentials(self.config), CHANNEL_OPTIONS)
         try:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             with self._lock:
@@ -412,7 +427,7 @@ class RegionAgent:
             self.ledger.seen(launch.job_id, launch.attempt)
             key = (launch.job_id, launch.attempt)
             self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
-            problem = self._check_placement(launch)
+            problem = self._check_placement(launch) or self._check_checkpoint_root(launch)
             staging = None
             if problem is None:
                 try:
@@ -496,6 +511,30 @@ class RegionAgent:
                 log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
 
         threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
+
+    def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
+        """Why this region will not write ``launch.checkpoint_uri``, or None.
+
+        The agent re-checks what the broker checked at submit (issue 12): it is the one
+        writing there. With ``checkpoint_allowed_roots`` configured, the URI must lie under
+        one of them or under the region's own store; without, only '.'/'..'-free absolute
+        URIs pass (the broker's submit check still applies).
+        """
+        uri = launch.checkpoint_uri
+        if not uri:
+            return None
+        roots = list(self.config.checkpoint_allowed_roots)
+        store = self.inventory.checkpoint_bucket
+        if roots and store:
+            roots.append(store if "://" in store or store.startswith("/") else os.path.abspath(store))
+        try:
+            if roots:
+                check_under(uri, roots, "Launch.checkpoint_uri")
+            else:
+                canonical(uri)
+        except RootError as e:
+            return f"checkpoint location refused: {e}"
+        return None
 
     def _workdir_fetch(self, launch: agent_pb2.Launch) -> Callable[[], object] | None:
         """A fetch to run before the ranks start, or None (no workdir, or cached)."""
@@ -605,6 +644,7 @@ class RegionAgent:
 
     def _report(self, ev: AttemptEvent, transfer: common_pb2.TransferStats | None = None) -> None:
         upd = ev.to_proto()
+        upd.message = clip(upd.message, UPDATE_MESSAGE_MAX)
         key = (ev.job_id, ev.attempt)
         if key in self._durable_copies and (ev.terminal or ev.state == AS.ATTEMPT_STATE_RUNNING):
             src, dst_dir = self._durable_copies.pop(key)
@@ -612,6 +652,7 @@ class RegionAgent:
                 self._durability_copy(ev.job_id, ev.attempt, src, dst_dir)
         if transfer is not None:
             upd.transfer.CopyFrom(transfer)
+            upd.transfer.error = clip(upd.transfer.error, ACK_MESSAGE_MAX)
         timings = self._timings.get(key)
         if ev.terminal and timings is not None:
             timings.exit_time = ev.time
@@ -733,6 +774,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-timeout-s", type=float, default=None,
                    help="broker silent this long = hung: reconnect to the next --broker"
                         " (default: 4 heartbeat intervals, at least 6 s)")
+    p.add_argument("--run-as-user", default="", metavar="USER",
+                   help="local executor: run every job's ranks as this unprivileged user")
+    p.add_argument("--allow-root-jobs", action="store_true",
+                   help="a root agent without --run-as-user runs jobs as root (else it refuses)")
+    p.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR|s3://B/P",
+                   help="where jobs may choose to write checkpoints here (repeatable)")
+    p.add_argument("--cert", default="", help="this agent's certificate (PEM; names its region"
+                   " and agent id; env CB_AGENT_CERT)")
+    p.add_argument("--key", default="", help="its private key (PEM; env CB_AGENT_KEY)")
+    p.add_argument("--ca", default="", help="the CA that signed the broker's certificate (env CB_CA)")
+    p.add_argument("--insecure-dev", action="store_true",
+                   help="DEV ONLY: plaintext, for a broker started with --insecure-dev")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -766,6 +819,13 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             leader_timeout_s=args.leader_timeout_s,
+            run_as_user=args.run_as_user,
+            allow_root_jobs=args.allow_root_jobs,
+            checkpoint_allowed_roots=args.checkpoint_root,
+            tls_cert=args.cert,
+            tls_key=args.key,
+            tls_ca=args.ca,
+            insecure=args.insecure_dev,
         )
         agent = RegionAgent(config)
     except (InventoryError, ValueError) as e:

@@ -6,7 +6,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from brokersdk.credentials import ClientCredentials
+from checkpoint_layout.roots import canonical
 from region_agents.executors.base import Executor
+from region_agents.executors.job_user import check_can_run, job_user_for
 from region_agents.inventory import Inventory, load_inventory
 
 
@@ -39,10 +42,32 @@ class AgentConfig:
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
     leader_timeout_s: float | None = None
+    # Local executor: the Unix user ranks run as (region_agents/executors/job_user.py).
+    # A root agent without one refuses to start unless allow_root_jobs is set.
+    run_as_user: str = ""
+    allow_root_jobs: bool = False
+    # Where jobs may choose to write checkpoints in this region (dirs or s3://bucket/prefix),
+    # besides the inventory's checkpoint store; advertised to the broker (Register) and
+    # checked again at each Launch. Empty and no store: no restriction (a warning).
+    checkpoint_allowed_roots: list[str] = field(default_factory=list)
+    # Mutual TLS (README "Security"): this agent's certificate names its region and agent
+    # id; the broker's agent port (agent_listen) requires it. Defaults: CB_AGENT_CERT,
+    # CB_AGENT_KEY, CB_CA. ``insecure``: plaintext, only for a broker run --insecure-dev.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if not self.broker_address:
             raise ValueError("broker_address is required (host:port)")
+        self.tls_cert = self.tls_cert or os.environ.get("CB_AGENT_CERT", "")
+        self.tls_key = self.tls_key or os.environ.get("CB_AGENT_KEY", "")
+        self.tls_ca = self.tls_ca or os.environ.get("CB_CA", "")
+        if not self.insecure and not (self.tls_cert and self.tls_key and self.tls_ca):
+            raise ValueError("agents connect with mutual TLS: give --cert, --key and --ca (or"
+                             " CB_AGENT_CERT/CB_AGENT_KEY/CB_CA; `brokerctl dev-ca DIR` makes"
+                             " them), or --insecure-dev for a broker run with --insecure-dev")
         if self.executor not in ("local", "kubernetes"):
             raise ValueError(f"executor must be 'local' or 'kubernetes', got {self.executor!r}")
         if self.executor == "local" and not self.inventory_path:
@@ -51,11 +76,23 @@ class AgentConfig:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be > 0")
+        if self.executor == "local":  # raises JobUserError (a ValueError) when unsafe
+            job_user_for(self.run_as_user, self.allow_root_jobs)
+        for root in self.checkpoint_allowed_roots:
+            canonical(root)  # RootError (a ValueError): '..', relative, unknown scheme
+        self.checkpoint_allowed_roots = [
+            r if "://" in r else os.path.abspath(r) for r in self.checkpoint_allowed_roots]
         # Resolve once, here: ranks run in their own attempt directories, where a relative
         # path would name a different place for each of them (issue 11).
         self.work_dir = os.path.abspath(self.work_dir)
         if self.inventory_path:
             self.inventory_path = os.path.abspath(self.inventory_path)
+
+
+def broker_credentials(config: AgentConfig) -> ClientCredentials:
+    """What the agent's channels to the broker present (agent stream, workdir fetches)."""
+    return ClientCredentials(ca=config.tls_ca, client_cert=config.tls_cert,
+                             client_key=config.tls_key, insecure=config.insecure)
 
 
 def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
@@ -77,6 +114,10 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
     from region_agents.executors.local import LocalExecutor
 
     inv = load_inventory(config.inventory_path)
+    job_user = job_user_for(config.run_as_user, config.allow_root_jobs)
+    if job_user is not None:
+        os.makedirs(config.work_dir, exist_ok=True)
+        check_can_run(job_user, config.python, config.work_dir)
     root = inv.checkpoint_bucket if inv.checkpoint_bucket and "://" not in inv.checkpoint_bucket else ""
     ex = LocalExecutor(
         config.work_dir,
@@ -85,5 +126,6 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
         extra_env=config.extra_env,
         hang_timeout_s=config.hang_timeout_s,
         default_checkpoint_root=os.path.join(root, "jobs") if root else "",
+        job_user=job_user,
     )
     return ex, inv

@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 import grpc
 
+from brokersdk.credentials import ClientCredentials, make_channel
 from computebroker.v1 import workdir_pb2, workdir_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ class WorkdirFetchError(ValueError):
 class WorkdirCache:
     """Tarballs under ``<work_dir>/workdirs/sha256/<hex>.tar``; one fetch per digest."""
 
-    def __init__(self, work_dir: str | os.PathLike[str], broker_address: Callable[[], str]) -> None:
+    def __init__(self, work_dir: str | os.PathLike[str], broker_address: Callable[[], str],
+                 credentials: ClientCredentials | None = None) -> None:
+        self.credentials = credentials or ClientCredentials(insecure=True)
         self.root = Path(work_dir).resolve() / "workdirs" / "sha256"
         self.broker_address = broker_address
         self._locks: dict[str, threading.Lock] = {}
@@ -69,8 +72,9 @@ class WorkdirCache:
         n = 0
         fd, tmp = tempfile.mkstemp(prefix=".fetch-", dir=self.root)
         try:
-            with os.fdopen(fd, "wb") as f, grpc.insecure_channel(
-                address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            with os.fdopen(fd, "wb") as f, make_channel(
+                address, self.credentials,
+                options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
             ) as channel:
                 stub = workdir_pb2_grpc.WorkdirServiceStub(channel)
                 try:

@@ -9,3 +9,11 @@ pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.cluster",
 ]
+
+
+def pytest_configure(config: object) -> None:
+    """TLS + auth everywhere: one dev CA per process; the bootstrap operator is the
+    default identity of SDK clients and brokerctl subprocesses (tests/fixtures/pki.py)."""
+    from tests.fixtures.pki import install
+
+    install()

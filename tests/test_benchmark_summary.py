@@ -24,8 +24,8 @@ def _summarize():  # type: ignore[no-untyped-def]
 def test_readme_benchmarks_match_committed_results() -> None:
     summarize = _summarize()
     rendered = summarize.render()
-    for section in ("### Placement", "### Checkpoints", "### Migration", "### State store",
-                    "### Workdir upload"):
+    for section in ("### Placement", "### Broker API", "### Checkpoints", "### Migration", "### State store",
+                    "### Workdir upload", "### TLS and authentication"):
         assert section in rendered, f"{section} missing: is its JSON in benchmarks/results/?"
     readme = (ROOT / "README.md").read_text()
     assert rendered in readme, (

@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker.api.errors import BrokerError
+from broker.api.validation import validate_register
 from broker.ids import new_command_id
-from broker.store.base import KIND_AGENT, Store
+from broker.store.base import CORRUPT, KIND_AGENT, Store
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -92,6 +94,13 @@ class AgentRegistry:
         agents: dict[str, AgentState] = {}
         for rec in self.store.list_records(KIND_AGENT, apb.Register):
             assert isinstance(rec, apb.Register)
+            try:  # stored by an older broker that did not check inventories (issue 12)
+                validate_register(rec)
+            except BrokerError as e:
+                CORRUPT["record:agent"] += 1
+                log.warning("stored inventory of agent %r is invalid and ignored until it"
+                            " registers again: %s", rec.agent_id, e.message)
+                continue
             agents[rec.agent_id] = AgentState(rec.agent_id, rec, last_seen=now)
         with self._lock:
             self._agents = agents

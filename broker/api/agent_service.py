@@ -25,11 +25,16 @@ import grpc
 
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
 from broker.api.errors import InvalidArgument, rpc
+from broker.api.validation import validate_register
+from broker.auth.identity import CredentialKind, Role
+from broker.auth.interceptor import principal_of
+from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
 from broker.jobs import standby
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
+from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.views import JobsView
 from broker.store.base import StoreError
 from computebroker.v1 import agent_pb2 as apb
@@ -38,6 +43,21 @@ from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import logs_pb2 as lpb
 
 log = logging.getLogger(__name__)
+
+
+def skip_refused(agent_id: str, messages: Iterator[apb.AgentMessage]) -> Iterator[apb.AgentMessage]:
+    """The agent's messages, minus those the edge refused (limits, NaN, unknown enums):
+    each is logged (one line, no traceback) and dropped; the stream goes on, since one
+    bad heartbeat must not cut an agent off from its jobs."""
+    while True:
+        try:
+            msg = next(messages)
+        except StopIteration:
+            return
+        except InvalidArgument as e:
+            log.warning("agent %s sent a message the broker refused: %s", agent_id, e.message)
+            continue
+        yield msg
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -73,6 +93,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         if first.WhichOneof("msg") != "register":
             raise InvalidArgument("the first message on the agent stream must be Register")
         reg = first.register
+        self._check_identity(reg, context)
         self._validate_register(reg)
         agent, session = self.agents.register(reg)
         stale = self.reconcile(agent, reg)
@@ -104,20 +125,41 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             self.agents.disconnect(reg.agent_id, session)
             log.info("agent %s stream ended", reg.agent_id)
 
-    def _validate_register(self, reg: apb.Register) -> None:
-        if not reg.agent_id:
-            raise InvalidArgument("Register.agent_id is empty")
-        if not reg.region:
-            raise InvalidArgument("Register.region is empty")
-        seen: set[str] = set()
+    def _check_identity(self, reg: apb.Register, context: grpc.ServicerContext) -> None:
+        """An agent speaks only for the region and agent id its certificate names
+        (broker/auth/identity.py); so no other credential can take over a live agent id."""
+        who = principal_of(context)
+        if who.credential is CredentialKind.INSECURE_DEV:
+            return
+        if who.role is not Role.AGENT:
+            raise PermissionDenied(f"{who.actor} is not a region agent")
+        if reg.agent_id != who.name or reg.region != who.region:
+            raise PermissionDenied(
+                f"this certificate is for agent {who.name!r} in region {who.region!r}; it may not"
+                f" register as agent {reg.agent_id!r} in region {reg.region!r}")
         for n in reg.nodes:
-            if not n.id:
-                raise InvalidArgument("a registered node has an empty id")
-            if n.id in seen:
-                raise InvalidArgument(f"node id {n.id!r} appears twice in Register")
-            if n.gpus < 0:
-                raise InvalidArgument(f"node {n.id!r} has a negative GPU count")
-            seen.add(n.id)
+            if n.region and n.region != who.region:
+                raise PermissionDenied(f"node {n.id!r} claims region {n.region!r}, but this"
+                                       f" agent's certificate is for region {who.region!r}")
+
+    def _assigned(self, agent_id: str, job_id: str, attempt: int) -> bool:
+        """Was attempt ``attempt`` of the job launched on this agent? Updates and logs
+        about anything else change nothing (a forged JobUpdate from another agent)."""
+        job = self.jobs.find(job_id)
+        if job is None:
+            return True  # unknown: handle_update only tells the sender to stop it
+        if job.placement.agent_id == agent_id and job.attempt == attempt:
+            return True
+        return any(ev.type == "launched" and ev.attempt == attempt
+                   and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
+
+    def _validate_register(self, reg: apb.Register) -> None:
+        """The inventory is user input too (issue 12): limits and enums were checked at
+        the edge (check_message); here the rules that need the registry. A bad node
+        refuses the whole Register: the agent hears why (INVALID_ARGUMENT on its stream)
+        and nothing of it reaches the store or the scheduler."""
+        validate_register(reg)
+        for n in reg.nodes:
             other = self.agents.find_node(n.id)
             if other is not None and other[0].agent_id != reg.agent_id:
                 raise InvalidArgument(
@@ -151,7 +193,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _read(self, agent: AgentState, session: AgentSession,
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         try:
-            for msg in request_iterator:
+            for msg in skip_refused(agent.agent_id, request_iterator):
                 if not self.leading():
                     log.warning("agent %s: not the leader any more; dropping its stream",
                                 agent.agent_id)
@@ -190,6 +232,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
 
     def _job_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
+        if not self._assigned(agent.agent_id, u.job_id, u.attempt):
+            log.warning("agent %s sent an update for %s attempt %d, which it never ran: ignored",
+                        agent.agent_id, u.job_id, u.attempt)
+            if u.state not in ATTEMPT_TERMINAL:
+                self.ops.fence(agent.agent_id, u.job_id, u.attempt)  # tells only the sender
+            return
         self.ops.handle_update(agent, u)
 
     def _heartbeat(self, agent: AgentState, hb: apb.Heartbeat) -> None:
@@ -282,6 +330,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return None
 
     def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
+        if not self._assigned(agent.agent_id, chunk.job_id, chunk.attempt):
+            log.warning("agent %s sent logs of %s attempt %d, which it never ran: ignored",
+                        agent.agent_id, chunk.job_id, chunk.attempt)
+            return
         self.ops.job_logs.ingest(agent.agent_id, chunk)
 
     def _ack(self, agent: AgentState, ack: apb.CommandAck) -> None:

@@ -19,6 +19,10 @@ from google.protobuf.message import Message
 from broker.agents.registry import AgentRegistry
 from broker.api import validation
 from broker.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, rpc
+from broker.api.limits import INT32_MAX
+from broker.auth.identity import Role
+from broker.auth.interceptor import principal_of
+from broker.auth.policy import Permission, PermissionDenied, authorize
 from broker.config import BrokerConfig
 from broker.ids import new_plan_id
 from broker.jobs.lifecycle import HOLDING, QUEUED
@@ -27,12 +31,35 @@ from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling.snapshot import plan_state
 from broker.scheduling.usage import UsageView, build_snapshot, usage_view
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
 
 M = TypeVar("M", bound=Message)
+
+
+def _within_grant(q: cpb.TeamQuota, grant: cpb.TeamQuota | None) -> None:
+    """A team admin's quota stays within what operators granted the team: same cohort,
+    per accelerator no more guaranteed GPUs and no higher borrow limit than granted."""
+    if grant is None:
+        raise PermissionDenied(f"team {q.team} has no quota granted by an operator yet;"
+                               " an operator creates it (`brokerctl teams set`)")
+    if q.cohort != grant.cohort:
+        raise PermissionDenied(f"only operators move team {q.team} to another cohort"
+                               f" (granted: {grant.cohort or '(none)'})")
+    granted = {e.accelerator: e for e in grant.quotas}
+    for e in q.quotas:
+        g = granted.get(e.accelerator)
+        label = e.accelerator or "any accelerator"
+        if g is None or e.guaranteed_gpus > g.guaranteed_gpus:
+            raise PermissionDenied(
+                f"{label}: {e.guaranteed_gpus} guaranteed GPUs exceeds the operators' grant of"
+                f" {g.guaranteed_gpus if g is not None else 0}")
+        if g.HasField("borrow_limit_gpus") and (
+                not e.HasField("borrow_limit_gpus") or e.borrow_limit_gpus > g.borrow_limit_gpus):
+            raise PermissionDenied(f"{label}: the borrow limit may not exceed the granted"
+                                   f" {g.borrow_limit_gpus} GPUs")
 
 
 def _validated_copy(request: Message, field: str, validate: Callable[[M], None]) -> M:
@@ -43,6 +70,13 @@ def _validated_copy(request: Message, field: str, validate: Callable[[M], None])
     out.CopyFrom(getattr(request, field))
     validate(out)
     return out
+
+
+def sat32(value: int) -> int:
+    """Totals go into int32 proto fields: saturate instead of overflowing (which made
+    ListRegions/GetCapacity answer INTERNAL forever, issue 12). Inventories are capped
+    (broker/api/limits.py) so this only guards sums over very many agents."""
+    return min(value, INT32_MAX)
 
 
 class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
@@ -80,9 +114,9 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             if a.record.checkpoint_bucket and not r.checkpoint_bucket:
                 r.checkpoint_bucket = a.record.checkpoint_bucket
             for n in a.record.nodes:
-                r.nodes += 1
-                r.total_gpus += n.gpus
-                r.allocated_gpus += min(n.gpus, usage.node_gpus.get(n.id, 0))
+                r.nodes = sat32(r.nodes + 1)
+                r.total_gpus = sat32(r.total_gpus + n.gpus)
+                r.allocated_gpus = sat32(r.allocated_gpus + min(n.gpus, usage.node_gpus.get(n.id, 0)))
         for name, rec in records.items():
             r = regions.setdefault(name, cpb.RegionInfo(name=name))
             r.draining = rec.draining
@@ -113,16 +147,17 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                         accelerator=n.accelerator, block=block,
                         price_per_gpu_hour=n.price_per_gpu_hour)
                 used = min(n.gpus, usage.node_gpus.get(n.id, 0))
-                row.total_gpus += n.gpus
-                row.allocated_gpus += used
-                row.borrowed_gpus += min(used, usage.node_borrowed.get(n.id, 0))
+                row.total_gpus = sat32(row.total_gpus + n.gpus)
+                row.allocated_gpus = sat32(row.allocated_gpus + used)
+                row.borrowed_gpus = sat32(row.borrowed_gpus + min(used, usage.node_borrowed.get(n.id, 0)))
                 usable = n.healthy and not n.cordoned and a.connected
                 if not n.healthy:
-                    row.unhealthy_gpus += n.gpus
-                row.free_gpus += max(0, n.gpus - used) if usable else 0
+                    row.unhealthy_gpus = sat32(row.unhealthy_gpus + n.gpus)
+                row.free_gpus = sat32(row.free_gpus + (max(0, n.gpus - used) if usable else 0))
                 if request.include_nodes:
-                    nodes_out.append(cpb.NodeUsage(node=n, allocated_gpus=used,
-                                                   job_ids=usage.node_jobs.get(n.id, [])))
+                    nodes_out.append(cpb.NodeUsage(
+                        node=n, allocated_gpus=used, job_ids=usage.node_jobs.get(n.id, []),
+                        borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0))))
         return cpb.GetCapacityResponse(rows=[rows[k] for k in sorted(rows, key=str)], nodes=nodes_out)
 
     # ---- training plans -------------------------------------------------------------------
@@ -187,6 +222,12 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         q = _validated_copy(request, "quota", validation.validate_quota)
         for f in ("used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs"):
             q.ClearField(f)  # read-only usage, never stored
+        who = principal_of(context)
+        authorize(who, Permission.QUOTA_SET, q.team)
+        if who.role is Role.OPERATOR:
+            self.records.put(KIND_TEAM_GRANT, q.team, q)  # the ceiling for the team's admins
+        else:
+            _within_grant(q, self.records.get(KIND_TEAM_GRANT, q.team))
         self.records.put(KIND_TEAM, q.team, q)
         self.ops.poke()
         return self._usage().fill(q)
@@ -227,7 +268,8 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
             for job in self.jobs.iter(phases=HOLDING):
                 if job.placement.region != request.region:
                     continue
-                if self.ops.trigger(job.id, Signal(Trigger.REGION_DRAIN), actor="operator",
+                if self.ops.trigger(job.id, Signal(Trigger.REGION_DRAIN),
+                                    actor=principal_of(context).actor,
                                     message=f"region {request.region} is draining{why}; checkpointing"
                                             " to move elsewhere") is not None:
                     moved.append(job.id)

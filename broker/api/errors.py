@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker.store.base import AlreadyExists as StoreAlreadyExists
-from broker.store.base import Fenced, StoreError, StoreUnavailable
+from broker.store.base import CorruptRecord, Fenced, StoreError, StoreUnavailable
 from broker.store.base import NotFound as StoreNotFound
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, Fenced):
         log.warning("write refused, this broker no longer leads: %s", exc)
         return grpc.StatusCode.UNAVAILABLE, "this broker no longer leads; retry (another leads)"
+    if isinstance(exc, CorruptRecord):  # already logged (one line) where it was read
+        return grpc.StatusCode.DATA_LOSS, str(exc)
     if isinstance(exc, StoreError):
         incident = uuid.uuid4().hex[:8]
         log.exception("store error (incident %s)", incident)
@@ -110,6 +112,10 @@ def rpc(func: F) -> F:
             try:
                 yield from func(self, request, context)
                 return
+            except grpc.RpcError:
+                if not context.is_active():
+                    return  # the client went away mid-read (cancel, deadline): nobody to answer
+                code, message = to_status(RuntimeError("request stream failed"))
             except Exception as exc:  # noqa: BLE001 - mapped below
                 code, message = to_status(exc)
             _abort(context, code, message)
@@ -120,6 +126,10 @@ def rpc(func: F) -> F:
     def unary_wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return func(self, request, context)
+        except grpc.RpcError:
+            if not context.is_active():
+                return None  # the client went away mid-upload: nobody to answer
+            code, message = to_status(RuntimeError("request stream failed"))
         except Exception as exc:  # noqa: BLE001 - mapped below
             code, message = to_status(exc)
         _abort(context, code, message)

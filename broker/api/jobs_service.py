@@ -9,6 +9,9 @@ from collections.abc import Callable
 import grpc
 
 from broker.api.errors import InvalidArgument, rpc
+from broker.auth.identity import Principal, Role
+from broker.auth.interceptor import principal_of
+from broker.auth.policy import Permission, PermissionDenied, authorize, sees_secrets
 from broker.config import BrokerConfig
 from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.ops import JobOps
@@ -21,11 +24,24 @@ from computebroker.v1 import jobs_pb2_grpc
 WATCH_POLL_S = 0.5  # safety-net re-read interval of a watcher (writes by another replica)
 
 
+REDACTED = "<redacted>"
+
+
 def actor_of(context: grpc.ServicerContext) -> str:
-    """Who is calling, for event history (a bearer identity when auth exists)."""
-    md = dict(context.invocation_metadata() or ())
-    user = md.get("x-cb-user") or md.get("user")
-    return f"user:{user}" if user else "user"
+    """Who is calling, for event history: the authenticated principal, never a header."""
+    return principal_of(context).actor
+
+
+def visible(job: pb.Job, principal: Principal) -> pb.Job:
+    """The job as ``principal`` may see it: env values only for the owning team
+    (operators see the keys, values redacted: docs/contracts.md "Visibility")."""
+    if not job.spec.env or sees_secrets(principal, job.spec.team):
+        return job
+    out = pb.Job()
+    out.CopyFrom(job)
+    for key in out.spec.env:
+        out.spec.env[key] = REDACTED
+    return out
 
 
 def encode_token(last_id: str) -> str:
@@ -57,18 +73,27 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("spec is missing")
         if len(request.client_request_id) > 200:
             raise InvalidArgument("client_request_id is longer than 200 characters")
+        who = principal_of(context)
+        authorize(who, Permission.JOBS_SUBMIT, request.spec.team)
         if self.submit_check is not None:
             self.submit_check(request.spec)
         # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
         with self.ops.telemetry.job_span(context.invocation_metadata()):
-            job, created = self.ops.submit(request.spec, request.client_request_id, actor_of(context))
-        return jpb.SubmitJobResponse(job=job, created=created)
+            job, created = self.ops.submit(request.spec, request.client_request_id, who.actor)
+        return jpb.SubmitJobResponse(job=visible(job, who), created=created)
+
+    def _readable(self, job_id: str, context: grpc.ServicerContext,
+                  permission: Permission = Permission.JOBS_READ) -> pb.Job:
+        """The job, if the caller may act on it (its own team, or an operator)."""
+        job = self.jobs.get(job_id)
+        authorize(principal_of(context), permission, job.spec.team)
+        return job
 
     @rpc
     def GetJob(self, request: jpb.GetJobRequest, context: grpc.ServicerContext) -> pb.Job:
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
-        return self.jobs.get(request.job_id)
+        return visible(self._readable(request.job_id, context), principal_of(context))
 
     @rpc
     def ListJobs(self, request: jpb.ListJobsRequest, context: grpc.ServicerContext) -> jpb.ListJobsResponse:
@@ -80,18 +105,25 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             if ph not in pb.JobPhase.values() or ph == pb.JOB_PHASE_UNSPECIFIED:
                 raise InvalidArgument(f"phases contains {ph}, which is not a job phase")
         after = decode_token(request.page_token) if request.page_token else ""
-        jobs = self.jobs.list(team=request.team, phases=request.phases,
+        who = principal_of(context)
+        team = request.team
+        if who.role is not Role.OPERATOR and not team:
+            team = who.team  # members and team admins list their own team's jobs
+        authorize(who, Permission.JOBS_READ, team or who.team)
+        jobs = self.jobs.list(team=team, phases=request.phases,
                               region=request.region, after_id=after, limit=size + 1)
         more = len(jobs) > size
         jobs = jobs[:size]
         return jpb.ListJobsResponse(
-            jobs=jobs, next_page_token=encode_token(jobs[-1].id) if more and jobs else "")
+            jobs=[visible(j, who) for j in jobs], next_page_token=encode_token(jobs[-1].id) if more and jobs else "")
 
     @rpc
     def CancelJob(self, request: jpb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
-        return self.ops.cancel(request.job_id, request.reason, actor_of(context))
+        self._readable(request.job_id, context, Permission.JOBS_CANCEL)
+        return visible(self.ops.cancel(request.job_id, request.reason, actor_of(context)),
+                       principal_of(context))
 
     @rpc
     def WatchJob(self, request: jpb.WatchJobRequest, context: grpc.ServicerContext):
@@ -99,11 +131,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
         jobs = self.jobs
-        jobs.get(request.job_id)  # NOT_FOUND before streaming anything
+        self._readable(request.job_id, context)  # NOT_FOUND / PERMISSION_DENIED first
         seq = max(0, request.after_seq)
         seen = jobs.hub.counter(request.job_id)
         while context.is_active():
-            events = jobs.events(request.job_id, after_seq=seq)
+            events = jobs.watch_events(request.job_id, seq, seen)  # one read for all watchers
             for ev in events:
                 seq = ev.seq
                 if ev.type == "progress" and not request.include_progress:
@@ -111,7 +143,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
                 yield ev
             if any(ev.to_phase in TERMINAL for ev in events):
                 return
-            if not events and jobs.get(request.job_id).phase in TERMINAL:
+            if not events and jobs.watch_get(request.job_id, seen).phase in TERMINAL:
                 return
             if jobs.hub.closed:
                 return
@@ -123,7 +155,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("job_id is empty")
         if request.limit < 0:
             raise InvalidArgument("limit must be >= 0")
-        self.jobs.get(request.job_id)
+        self._readable(request.job_id, context)
         events = self.jobs.events(request.job_id, after_seq=request.after_seq, limit=request.limit)
         return jpb.GetJobEventsResponse(events=events)
 
@@ -135,7 +167,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
             raise InvalidArgument("job_id is empty")
         if request.tail_lines < 0:
             raise InvalidArgument("tail_lines must be >= 0")
-        self.jobs.get(request.job_id)
+        self._readable(request.job_id, context)
         tail = request.tail_lines or 100
         lines = [
             f"{ev.time:.3f} #{ev.seq} attempt={ev.attempt} {ev.type}"
@@ -151,6 +183,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         q = LogQuery.parse(request.job_id, request.follow,
                            request.rank if request.HasField("rank") else None,
                            request.attempt, request.tail)
+        self._readable(q.job_id, context)
         yield from self.ops.job_logs.stream(q, context.is_active, lambda: self.jobs.hub.closed)
 
     @rpc
@@ -162,11 +195,17 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         limit = request.limit or 50
         if limit < 0 or limit > self.config.max_page_size:
             raise InvalidArgument(f"limit must be between 1 and {self.config.max_page_size}")
+        who = principal_of(context)
+        team = request.team
+        if who.role is not Role.OPERATOR:
+            if team and team != who.team:
+                raise PermissionDenied(f"{who.actor} may see only team {who.team}'s migrations")
+            team = who.team
         if request.job_id:
-            jobs = [self.jobs.get(request.job_id)]
+            jobs = [self._readable(request.job_id, context)]
         else:
             jobs = [j for j in self.jobs.iter() if j.migrations
-                    and (not request.team or j.spec.team == request.team)]
+                    and (not team or j.spec.team == team)]
         found = [m for j in jobs for m in j.migrations]
         found.sort(key=lambda m: (-m.started_time, m.job_id, -m.seq))
         return jpb.ListMigrationsResponse(migrations=found[:limit])

@@ -8,11 +8,28 @@ cluster). Messages name the field, the bad value and what would be accepted.
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import unicodedata
 from collections.abc import Iterable
 
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
 from broker.api.errors import FailedPrecondition, InvalidArgument
+from broker.api.limits import (
+    DEFAULT_BYTES,
+    DEFAULT_ITEMS,
+    DEFAULT_STRING,
+    LIMITS,
+    MAX_GPUS_PER_NODE,
+    FieldLimit,
+    Kind,
+)
 from broker.jobs.recovery import POLICIES, POLICY_LABEL
+from checkpoint_layout.roots import RootError, canonical, check_under
+from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -20,8 +37,105 @@ TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NODES = 10_000
-MAX_GPUS_PER_NODE = 1024
 MAX_NAME = 200
+_FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+_INTS = (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
+         FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64)
+
+
+# ---- the generic edge check: LIMITS (broker/api/limits.py) over any message ----------------
+def limit_for(message_name: str, field_name: str) -> FieldLimit | None:
+    """The row of LIMITS for one field: ``Message.field`` first, then ``field``."""
+    return LIMITS.get(f"{message_name}.{field_name}") or LIMITS.get(field_name)
+
+
+def bad_char(value: str) -> str | None:
+    """The first control/format character of ``value`` (C0/C1 controls, ESC, bidi
+    overrides, zero-width chars), or None. Such characters in an identifier would
+    rewrite an operator's terminal or make two different ids look the same."""
+    for ch in value:
+        if unicodedata.category(ch)[0] == "C":
+            return ch
+    return None
+
+
+def _show(value: object, width: int = 40) -> str:
+    """A short, escaped rendering of a refused value for error messages."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + f"... ({len(str(value))} chars)"
+
+
+def check_text(path: str, value: str, limit: FieldLimit) -> None:
+    max_len = limit.max_len if limit.max_len is not None else DEFAULT_STRING.max_len
+    if max_len is not None and len(value) > max_len:
+        raise InvalidArgument(f"{path} is {len(value)} characters long; at most {max_len}")
+    if (limit.kind or DEFAULT_STRING.kind) is Kind.IDENTIFIER:
+        ch = bad_char(value)
+        if ch is not None:
+            raise InvalidArgument(
+                f"{path} {_show(value)} contains the control character U+{ord(ch):04X};"
+                " identifiers, names and labels must be printable text")
+
+
+def check_number(path: str, value: float, limit: FieldLimit | None) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        if limit is not None and not limit.finite:
+            return
+        raise InvalidArgument(f"{path} is {value}; numbers must be finite")
+    if limit is None:
+        return
+    if limit.lo is not None and value < limit.lo:
+        raise InvalidArgument(f"{path} = {value} is below the minimum {limit.lo:g}")
+    if limit.hi is not None and value > limit.hi:
+        raise InvalidArgument(f"{path} = {value} exceeds the maximum {limit.hi:g}")
+
+
+def _check_scalar(path: str, fd: FieldDescriptor, value: object, limit: FieldLimit | None) -> None:
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        check_text(path, value, limit or DEFAULT_STRING)  # type: ignore[arg-type]
+    elif fd.type == FieldDescriptor.TYPE_BYTES:
+        cap = limit.max_len if limit and limit.max_len is not None else DEFAULT_BYTES
+        if len(value) > cap:  # type: ignore[arg-type]
+            raise InvalidArgument(f"{path} is {len(value)} bytes; at most {cap}")  # type: ignore[arg-type]
+    elif fd.type in _FLOATS or fd.type in _INTS:
+        check_number(path, value, limit)  # type: ignore[arg-type]
+    elif fd.type == FieldDescriptor.TYPE_ENUM and fd.enum_type.values_by_number.get(value) is None:
+        words = re.sub(r"(?<!^)([A-Z])", r" \1", fd.enum_type.name).lower()
+        prefix = re.sub(r"(?<!^)([A-Z])", r"_\1", fd.enum_type.name).upper() + "_"
+        known = ", ".join(v.name.removeprefix(prefix).lower() for v in fd.enum_type.values if v.number)
+        raise InvalidArgument(f"{path} = {value} is not a {words}; use one of {known}")
+    elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+        check_message(value, path + ".")  # type: ignore[arg-type]
+
+
+def check_message(msg: Message, prefix: str = "") -> None:
+    """Apply LIMITS to every set field of ``msg``, recursively; raise InvalidArgument
+    naming the first offending field (``spec.labels['k']``), its value and the limit.
+
+    Unknown fields are dropped first (a newer client's fields are not stored blindly).
+    """
+    msg.DiscardUnknownFields()
+    mname = msg.DESCRIPTOR.name
+    for fd, value in msg.ListFields():
+        path = prefix + fd.name
+        limit = limit_for(mname, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            cap = limit.max_items if limit and limit.max_items is not None else DEFAULT_ITEMS
+            if len(value) > cap:
+                raise InvalidArgument(f"{path} has {len(value)} entries; at most {cap}")
+            kfd, vfd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+            klim, vlim = LIMITS.get(f"{fd.name}.key"), LIMITS.get(f"{fd.name}.value")
+            for k, v in value.items():
+                _check_scalar(f"{path} key", kfd, k, klim)
+                _check_scalar(f"{path}[{_show(k, 30)}]", vfd, v, vlim)
+        elif fd.is_repeated:
+            cap = limit.max_items if limit and limit.max_items is not None else DEFAULT_ITEMS
+            if len(value) > cap:
+                raise InvalidArgument(f"{path} has {len(value)} entries; at most {cap}")
+            for i, item in enumerate(value):
+                _check_scalar(f"{path}[{i}]", fd, item, limit)
+        else:
+            _check_scalar(path, fd, value, limit)
 
 
 def _level_name(level: int) -> str:
@@ -38,17 +152,12 @@ def validate_team_name(team: str, field: str = "team") -> None:
         )
 
 
-def validate_checkpoint_uri(uri: str, field: str = "checkpoint_uri") -> None:
-    """Allowed: empty (broker default), /abs/path, file:///abs/path, s3://bucket[/prefix]."""
+def validate_checkpoint_uri(uri: str, field: str = "checkpoint_uri",
+                           roots: Iterable[str] | None = None) -> None:
+    """Allowed: empty (broker default), /abs/path, file:///abs/path, s3://bucket[/prefix],
+    without '.'/'..' segments; with ``roots``, only under one of them (issue 12:
+    ``/etc/cron.d`` and ``file:///etc/passwd`` were accepted)."""
     if not uri:
-        return
-    if uri.startswith("/"):
-        return
-    if uri.startswith("file://"):
-        if not uri[len("file://"):].startswith("/"):
-            raise InvalidArgument(
-                f"{field} {uri!r}: a file:// URI needs an absolute path (file:///data/ckpt)"
-            )
         return
     if uri.startswith("s3://"):
         bucket = uri[len("s3://"):].split("/", 1)[0]
@@ -57,11 +166,18 @@ def validate_checkpoint_uri(uri: str, field: str = "checkpoint_uri") -> None:
                 f"{field} {uri!r}: {bucket!r} is not a valid S3 bucket name"
                 " (3-63 lowercase letters, digits, '.', '-')"
             )
-        return
-    raise InvalidArgument(
-        f"{field} {uri!r}: unsupported location; use an absolute path (/data/ckpt),"
-        " file:///data/ckpt or s3://bucket/prefix (or leave it empty for the broker default)"
-    )
+    elif "://" in uri and not uri.startswith("file://") or not uri.startswith(("/", "file://")):
+        raise InvalidArgument(
+            f"{field} {uri!r}: unsupported location; use an absolute path (/data/ckpt),"
+            " file:///data/ckpt or s3://bucket/prefix (or leave it empty for the broker default)"
+        )
+    try:
+        if roots is None:
+            canonical(uri)
+        else:
+            check_under(uri, roots, field)
+    except RootError as e:
+        raise InvalidArgument(str(e)) from e
 
 
 def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
@@ -244,3 +360,44 @@ def validate_quota(q: cpb.TeamQuota) -> None:
         for region, cap in e.region_caps.items():
             if cap < 0 or not region:
                 raise InvalidArgument(f"region cap {region!r}={cap} is invalid")
+
+
+def validate_register(reg: apb.Register) -> None:
+    """An agent's inventory, checked like user input (issue 12: ``capacity_type=99``
+    made every scheduler pass raise; two 2^31-1 GPU nodes overflowed the int32 totals).
+    The edge already applied LIMITS (enums, GPU and price ranges, NaN); these are the
+    rules across fields. Also applied to inventories read back from the store."""
+    check_message(reg)
+    if not reg.agent_id:
+        raise InvalidArgument("Register.agent_id is empty")
+    if not reg.region:
+        raise InvalidArgument("Register.region is empty")
+    seen: set[str] = set()
+    for n in reg.nodes:
+        if not n.id:
+            raise InvalidArgument("a registered node has an empty id")
+        if n.id in seen:
+            raise InvalidArgument(f"node id {n.id!r} appears twice in Register")
+        seen.add(n.id)
+        if n.region and n.region != reg.region:
+            raise InvalidArgument(f"node {n.id!r} says region {n.region!r} but the agent"
+                                  f" registers region {reg.region!r}")
+        if n.gpus > MAX_GPUS_PER_NODE:  # also a LIMITS row; kept for records from the store
+            raise InvalidArgument(f"node {n.id!r} has {n.gpus} GPUs; at most {MAX_GPUS_PER_NODE}")
+    for root in reg.checkpoint_roots:
+        try:
+            canonical(root)
+        except RootError as e:
+            raise InvalidArgument(f"Register.checkpoint_roots: {e}") from e
+
+
+def checkpoint_roots_of(config_roots: Iterable[str], checkpoint_root: str,
+                        agents: Iterable[apb.Register]) -> list[str]:
+    """Where a job may choose to write checkpoints: the operator's broker-wide roots,
+    the broker's default root, and every region's advertised store and roots."""
+    roots = [*config_roots, os.path.abspath(checkpoint_root)]
+    for a in agents:
+        if a.checkpoint_bucket and (a.checkpoint_bucket.startswith(("s3://", "file://", "/"))):
+            roots.append(a.checkpoint_bucket)
+        roots.extend(a.checkpoint_roots)
+    return roots

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from broker.api.errors import NotFound as ApiNotFound
 from broker.jobs.outcome import Command, Outcome, SendGo, SendLaunch, SendStop, WakeScheduler
 from broker.store.base import NotFound, Store, VersionConflict
+from broker.store.group_commit import GroupCommit
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -47,6 +48,10 @@ class Applier:
         self.clock = clock
         self.max_retries = max_retries
         self._poke: Callable[[], None] = lambda: None
+        # Concurrent submits share one store write (broker/store/group_commit.py).
+        self.creates = GroupCommit(store)
+        # Told every committed job (the scheduler's live-job set, broker/scheduling/live_jobs.py).
+        self._listeners: list[Callable[[pb.Job], None]] = []
 
     def set_poke(self, poke: Callable[[], None]) -> None:
         """The scheduler loop's wake-up (a no-op while this replica is a standby)."""
@@ -54,6 +59,13 @@ class Applier:
 
     def poke(self) -> None:
         self._poke()
+
+    def add_listener(self, fn: Callable[[pb.Job], None]) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[pb.Job], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     def get(self, job_id: str) -> pb.Job:
         try:
@@ -81,12 +93,14 @@ class Applier:
 
     def create(self, out: Outcome) -> Outcome:
         """Insert a new job (submit); raises the store's AlreadyExists on a duplicate."""
-        stored = self.store.create_job(out.job, out.events)
+        stored = self.creates.create(out.job, out.events)
         done = Outcome(job=stored, events=out.events, commands=out.commands)
         self._committed(done)
         return done
 
     def _committed(self, out: Outcome) -> None:
+        for fn in list(self._listeners):
+            fn(out.job)
         if out.events:
             self.hub.notify(out.job.id)
         for cmd in out.commands:

@@ -13,27 +13,45 @@ from collections import defaultdict
 
 
 class EventHub:
+    """Per-job wake-ups: a write to one job wakes only that job's watchers.
+
+    Why per job: with one shared condition every committed write woke every
+    watcher of every job (each then re-checking its counter); a thousand watchers
+    under a stream of submits meant a million wake-ups a second. A job's condition
+    exists while someone waits on it."""
+
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._counters: dict[str, int] = defaultdict(int)
+        self._conds: dict[str, tuple[threading.Condition, list[int]]] = {}  # job -> (cond, [waiters])
         self._closed = False
 
     def notify(self, job_id: str) -> None:
-        with self._cond:
+        with self._lock:
             self._counters[job_id] += 1
-            self._cond.notify_all()
+            entry = self._conds.get(job_id)
+            if entry is not None:
+                entry[0].notify_all()
 
     def counter(self, job_id: str) -> int:
-        with self._cond:
+        with self._lock:
             return self._counters[job_id]
 
     def wait(self, job_id: str, seen: int, timeout: float) -> int:
         """Block until ``job_id``'s counter differs from ``seen`` or ``timeout``; return it."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self._closed or self._counters[job_id] != seen, timeout=timeout
-            )
-            return self._counters[job_id]
+        with self._lock:
+            entry = self._conds.get(job_id)
+            if entry is None:
+                entry = self._conds[job_id] = (threading.Condition(self._lock), [0])
+            cond, waiters = entry
+            waiters[0] += 1
+            try:
+                cond.wait_for(lambda: self._closed or self._counters[job_id] != seen, timeout=timeout)
+                return self._counters[job_id]
+            finally:
+                waiters[0] -= 1
+                if not waiters[0]:
+                    del self._conds[job_id]
 
     @property
     def closed(self) -> bool:
@@ -41,6 +59,7 @@ class EventHub:
 
     def close(self) -> None:
         """Wake every watcher (broker shutdown)."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            for cond, _ in self._conds.values():
+                cond.notify_all()

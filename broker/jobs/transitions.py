@@ -252,7 +252,9 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
             message=f"attempt {j.attempt} launching in {where}"
                     + (f", resuming from {resume}" if resume else ""),
             details={"checkpoint_uri": ckpt, "resume_from": resume,
-                     "agent": adm.agent_id, "world_size": str(pl.world_size)})
+                     "agent": adm.agent_id, "world_size": str(pl.world_size),
+                     # the console's timeline draws each attempt with its capacity type
+                     "capacity_type": str(pl.capacity_type), "pool": pl.pool})
     j.stop_reason = ""
     j.stop_requested_time = 0.0
     launch = apb.Launch(job_id=j.id, attempt=j.attempt, spec=j.spec, placement=j.placement,

@@ -15,7 +15,8 @@ from google.protobuf.message import Message
 
 from broker.api.errors import NotFound as ApiNotFound
 from broker.jobs.hub import EventHub
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, NotFound, Store
+from broker.jobs.shared_reads import SharedReads
+from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT, NotFound, Store
 from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -27,6 +28,7 @@ class JobsView:
     def __init__(self, store: Store, hub: EventHub) -> None:
         self._store = store
         self.hub = hub
+        self._shared = SharedReads()
 
     def get(self, job_id: str) -> pb.Job:
         try:
@@ -51,12 +53,21 @@ class JobsView:
     def events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
         return self._store.list_events(job_id, after_seq=after_seq, limit=limit)
 
+    # WatchJob's reads: one store read per job change for all its watchers
+    # (broker/jobs/shared_reads.py); ``seen`` is the hub counter the watcher holds.
+    def watch_events(self, job_id: str, after_seq: int, seen: int) -> list[pb.JobEvent]:
+        return self._shared.get(("ev", job_id, after_seq, seen), lambda: self.events(job_id, after_seq))
+
+    def watch_get(self, job_id: str, seen: int) -> pb.Job:
+        return self._shared.get(("job", job_id, seen), lambda: self.get(job_id))
+
 
 class RecordsView:
     """Operator-owned records (teams, plans, regions): last writer wins, one owner each."""
 
     TYPES: dict[str, type[Message]] = {KIND_TEAM: cpb.TeamQuota, KIND_PLAN: cpb.TrainingPlan,
-                                       KIND_REGION: cpb.RegionInfo}
+                                       KIND_REGION: cpb.RegionInfo,
+                                       KIND_TEAM_GRANT: cpb.TeamQuota}
 
     def __init__(self, store: Store) -> None:
         self._store = store

@@ -24,6 +24,8 @@ from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling import plan_watch
+from broker.scheduling.live_jobs import LiveJobs
+from broker.scheduling.snapshot import SnapshotMemo
 from broker.scheduling.usage import build_snapshot
 from broker.workdirs.checks import broken_store_note
 from computebroker.v1 import common_pb2 as pb
@@ -54,13 +56,19 @@ class SchedulerLoop:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last_snapshot: placement.Snapshot | None = None  # what the last pass decided on
+        # Live jobs kept from the applier's commits between full reads (live_jobs.py).
+        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE))
+        self._requests = SnapshotMemo()
         ops.applier.set_poke(self.poke)
+        ops.applier.add_listener(self.live.committed)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        self.ops.applier.remove_listener(self.live.committed)
+        self.live.detach()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -76,10 +84,17 @@ class SchedulerLoop:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            t0 = time.monotonic()
             try:
                 self.run_once()
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
+                self.live.forget()  # read the store afresh next time
                 log.exception("scheduler pass failed")
+            # Wake-ups coalesce: submits arriving during a pass (or this pause) make one
+            # next pass. The pause keeps passes to ``scheduler_busy_share`` of the
+            # time (at most one interval): one process, one GIL, the rest is the API's.
+            share = self.ops.config.scheduler_busy_share
+            self._stop.wait(min((time.monotonic() - t0) * (1 / share - 1), interval))
 
     def run_once(self) -> placement.Decisions | None:
         """One pass over ONE read of the live jobs: housekeeping and planned moves return
@@ -88,7 +103,7 @@ class SchedulerLoop:
         ttl = max(3 * ops.config.scheduler_interval_s, 5.0)
         if not self.lease("scheduler", self.holder, ttl):
             return None
-        live = list(self.jobs.iter(phases=LIVE))
+        live = self.live.current()
         live = merged(live, ops.housekeeping(live))
         plans = self.records.plans()
         now = ops.clock()
@@ -96,7 +111,7 @@ class SchedulerLoop:
         snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
                                   teams=self.records.teams().values(), plans=plans,
                                   regions=self.records.regions().values(),
-                                  priority_of=ops.priority_of,
+                                  priority_of=ops.priority_of, memo=self._requests,
                                   make_before_break=ops.config.make_before_break)
         self.last_snapshot = snapshot
         self.passes += 1
@@ -106,7 +121,10 @@ class SchedulerLoop:
             return placement.Decisions()
         with telemetry.schedule_pass(snapshot):
             t0 = time.perf_counter()
-            decisions = placement.schedule(snapshot)
+            # No usable node: the engine could only say "no capacity" per job, and
+            # apply() replaces every such reason by the fleet-wide one, so skip the
+            # O(queue) pass (a broker whose agents are away keeps taking submits).
+            decisions = placement.schedule(snapshot) if snapshot.nodes else placement.Decisions()
             telemetry.placed(time.perf_counter() - t0)
             self.apply(decisions, live, snapshot)
         return decisions

@@ -15,6 +15,7 @@ import placement
 from broker.agents.registry import AgentState
 from broker.jobs import standby
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
+from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -53,7 +54,24 @@ def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan])
     return placement.NodeInfo(**kw)  # type: ignore[arg-type]
 
 
-def job_request(job: pb.Job, priority: int) -> placement.JobRequest:
+def regions_refusing(uri: str, roots_by_region: dict[str, list[str]]) -> frozenset[str]:
+    """Regions whose agent set allowed checkpoint roots (``--checkpoint-root``) that do not
+    cover a job's own ``checkpoint_uri``: the agent would refuse the Launch, so the job is
+    not placed there at all (issue 12)."""
+    if not uri:
+        return frozenset()
+    out = set()
+    for region, roots in roots_by_region.items():
+        try:
+            if not any(under(uri, r) for r in roots if r):
+                out.add(region)
+        except RootError:
+            out.add(region)
+    return frozenset(out)
+
+
+def job_request(job: pb.Job, priority: int,
+                refusing: frozenset[str] = frozenset()) -> placement.JobRequest:
     s = job.spec
     ckpt_interval = 0.0
     if s.trainer.checkpoint_every and s.trainer.step_sleep_s:
@@ -63,7 +81,8 @@ def job_request(job: pb.Job, priority: int) -> placement.JobRequest:
         gpus_per_node=s.resources.gpus_per_node, accelerator=s.resources.accelerator,
         required=placement.TopologyLevel(s.topology.required),
         preferred=placement.TopologyLevel(s.topology.preferred),
-        allowed_regions=frozenset(s.allowed_regions), denied_regions=frozenset(s.denied_regions),
+        allowed_regions=frozenset(s.allowed_regions),
+        denied_regions=frozenset(s.denied_regions) | refusing,
         preferred_regions=tuple(s.preferred_regions), dataset_region=s.dataset_region,
         capacity_types=frozenset(placement.CapacityType(c) for c in s.capacity_types),
         max_price_per_gpu_hour=s.max_price_per_gpu_hour,
@@ -106,6 +125,27 @@ def queue_key(job: pb.Job, priority: int) -> tuple[int, float, str]:
     return (-priority, job.created_time, job.id)
 
 
+class SnapshotMemo:
+    """Placement inputs of unchanged jobs, reused across passes: a job's request or
+    running entry depends only on the job (its ``version`` moves on every write) and
+    its priority (and, for a pending job, the regions whose checkpoint roots refuse it,
+    part of the key since agents can change them). Entries of jobs not seen in a pass are dropped."""
+
+    def __init__(self) -> None:
+        self._old: dict[tuple, object] = {}
+        self._new: dict[tuple, object] = {}
+
+    def get(self, key: tuple, make):  # noqa: ANN001, ANN201
+        hit = self._old.get(key)
+        if hit is None:
+            hit = make()
+        self._new[key] = hit
+        return hit
+
+    def rotate(self) -> None:
+        self._old, self._new = self._new, {}
+
+
 def build(
     *,
     now: float,
@@ -115,26 +155,44 @@ def build(
     plans: Iterable[cpb.TrainingPlan],
     draining: Iterable[str],
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
+    memo: SnapshotMemo | None = None,
     make_before_break: bool = False,
 ) -> placement.Snapshot:
     """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
     for its standby's placement (request id ``<job>~standby``, never preempting), and a
     reserved standby's nodes count as used (broker/jobs/standby.py)."""
     plan_map = {p.id: p for p in plans}
+    agents = list(agents)
     nodes = tuple(
         node_info(a, n, plan_map) for a in agents
         # A region whose checkpoint store failed the agent's probe gets no placements.
         if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
     )
+    roots_by_region: dict[str, list[str]] = {}
+    for a in agents:
+        if a.record.checkpoint_roots:
+            store = a.record.checkpoint_bucket
+            roots_by_region.setdefault(a.region, []).extend(
+                [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
     pending, running = [], []
     by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
                                            for a in agents} if make_before_break else {}
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
-            pending.append((queue_key(job, prio), job_request(job, prio)))
+            refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
+            if memo is None:
+                pending.append((queue_key(job, prio), job_request(job, prio, refusing)))
+            else:
+                pending.append(memo.get(
+                    (job.id, job.version, prio, 0, refusing),
+                    lambda j=job, p=prio, r=refusing: (queue_key(j, p), job_request(j, p, r))))
         elif job.phase in HOLDING and job.placement.nodes:
-            running.append(running_job(job, prio))
+            if memo is None:
+                running.append(running_job(job, prio))
+            else:
+                running.append(memo.get((job.id, job.version, prio, 1),
+                                        lambda j=job, p=prio: running_job(j, p)))
             if make_before_break and standby.wants_placement(job):
                 req = job_request(job, prio)
                 # never on the source's agent: starting an attempt there fences the source
@@ -149,6 +207,8 @@ def build(
             held.placement.CopyFrom(job.standby.placement)
             held.stop_reason = "standby"  # not preemptible: it holds no work yet
             running.append(running_job(held, prio))
+    if memo is not None:
+        memo.rotate()
     pending.sort(key=lambda kv: kv[0])
     return placement.Snapshot(
         now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),

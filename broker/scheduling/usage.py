@@ -44,17 +44,22 @@ class UsageView:
         out.lent_gpus = t.lent if t else 0
         out.pending_jobs = self.team_pending.get(q.team, 0)
         out.running_jobs = self.team_running.get(q.team, 0)
+        for r in t.resources if t else ():
+            out.usage.add(accelerator=r.accelerator, guaranteed_gpus=r.guaranteed,
+                          used_gpus=r.used, borrowed_gpus=r.borrowed, lent_gpus=r.lent,
+                          pending_gpus=r.pending)
         return out
 
 
 def build_snapshot(*, now: float, agents: Iterable[AgentState], jobs: Iterable[pb.Job],
                    teams: Iterable[cpb.TeamQuota], plans: Iterable[cpb.TrainingPlan],
                    regions: Iterable[cpb.RegionInfo], priority_of,  # noqa: ANN001
+                   memo: snap.SnapshotMemo | None = None,
                    make_before_break: bool = False) -> placement.Snapshot:
     """The scheduler's snapshot (one builder for the scheduler and the usage views)."""
     return snap.build(now=now, agents=agents, jobs=jobs, teams=teams, plans=plans,
                       draining=[r.name for r in regions if r.draining], priority_of=priority_of,
-                      make_before_break=make_before_break)
+                      memo=memo, make_before_break=make_before_break)
 
 
 def usage_view(snapshot: placement.Snapshot, jobs: Iterable[pb.Job]) -> UsageView:

@@ -28,12 +28,17 @@ Implementations: ``broker.store.sqlite.SQLiteStore`` (embedded default) and
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import logs_pb2 as lpb
+
+M = TypeVar("M", bound=Message)
 
 
 class StoreError(Exception):
@@ -58,6 +63,41 @@ class StoreUnavailable(StoreError):
     or may not have happened, so only idempotent writes should be blindly repeated."""
 
 
+class CorruptRecord(StoreError):
+    """A stored value that no longer decodes (disk or manual damage, a bug of an older
+    broker). Reads of that one record answer DATA_LOSS; lists skip it (see decode_each)."""
+
+
+# What was skipped, by kind ("job", "event", "record:agent"...): surfaced in the log (one
+# warning per record) and as the metric computebroker.store.corrupt_records (issue 12).
+CORRUPT: Counter[str] = Counter()
+_log = logging.getLogger(__name__)
+
+
+def decode(message_type: type[M], data: bytes, what: str) -> M:
+    """One stored value, or CorruptRecord naming it (never a DecodeError traceback)."""
+    try:
+        return message_type.FromString(data)
+    except Exception as e:  # noqa: BLE001 - DecodeError, or worse bytes
+        CORRUPT[what.split(" ", 1)[0]] += 1
+        _log.warning("store: %s does not decode as %s (%s); skipped", what,
+                     message_type.DESCRIPTOR.name, e)
+        raise CorruptRecord(f"stored {what} is damaged and cannot be read; an operator"
+                            " should restore or delete it") from None
+
+
+def decode_each(message_type: type[M], items: Iterable[tuple[str, bytes]]) -> list[M]:
+    """Decode ``(what, data)`` pairs, skipping (and logging) the ones that do not decode:
+    one bad record must never break a scheduler pass or a list for everyone."""
+    out = []
+    for what, data in items:
+        try:
+            out.append(decode(message_type, data, what))
+        except CorruptRecord:
+            continue
+    return out
+
+
 class Fenced(StoreError):
     """A write carried a leader epoch older than the lease's current one: another
     replica leads now, so this one must not change anything (issue 15 defect 7)."""
@@ -68,6 +108,8 @@ KIND_AGENT = "agent"  # computebroker.v1.Register (+ broker bookkeeping), key = 
 KIND_PLAN = "plan"  # computebroker.v1.TrainingPlan, key = plan id
 KIND_TEAM = "team"  # computebroker.v1.TeamQuota, key = team
 KIND_REGION = "region"  # computebroker.v1.RegionInfo (draining flag etc.), key = region
+# The quota an operator last set for a team: the ceiling its team admins stay within.
+KIND_TEAM_GRANT = "team-grant"  # computebroker.v1.TeamQuota, key = team
 
 
 def job_columns(job: pb.Job) -> tuple[str, str, int, str]:
@@ -115,6 +157,26 @@ class Store(abc.ABC):
         and a job with the same (team, client_request_id) exists: the caller then
         returns that job (idempotent submit) via :meth:`find_job_by_request_id`.
         """
+
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """Group commit: :meth:`create_job` for each (job, events), as few atomic writes
+        as the store allows (SQLite: one transaction, one fsync; Redis: one pipeline).
+
+        Each member stands alone: the result list holds, per item and in order, the
+        stored job or the error that member alone met (``AlreadyExists`` for a
+        duplicate id or request id, even one repeated inside the same batch); the
+        other members are written regardless. A failure of the whole write (Fenced,
+        StoreUnavailable, a failed commit) raises and writes nothing of the batch
+        on SQLite (Redis: the members before it may have been written, each whole)."""
+        out: list[pb.Job | StoreError] = []
+        for job, events in items:
+            try:
+                out.append(self.create_job(job, events))
+            except AlreadyExists as e:
+                out.append(e)
+        return out
 
     @abc.abstractmethod
     def get_job(self, job_id: str) -> pb.Job:

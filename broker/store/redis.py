@@ -50,13 +50,17 @@ from broker.store.base import (
     Fenced,
     NotFound,
     Store,
+    StoreError,
     StoreUnavailable,
     VersionConflict,
+    decode,
+    decode_each,
     job_columns,
     new_job_copy,
     numbered_events,
     versioned_copy,
 )
+from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from computebroker.v1 import common_pb2 as pb
 
@@ -65,6 +69,7 @@ T = TypeVar("T")
 _TOKEN_TTL_S = 600
 _LIST_BATCH = 200
 
+MAX_CONNECTIONS = 64  # per store object; each call holds one only for its round trip
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
@@ -106,8 +111,13 @@ class RedisStore(RedisLogs, Store):
     ) -> None:
         clean_url, url_prefix = _split_url(url)
         self.prefix = prefix or url_prefix
-        self._pool = redis.ConnectionPool.from_url(
+        # A bounded pool that makes a caller wait for a free connection: a thousand
+        # WatchJob threads waking at once would otherwise open a thousand connections
+        # in one burst (connect storms past the listen backlog read as "unavailable").
+        self._pool = redis.BlockingConnectionPool.from_url(
             clean_url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=socket_timeout_s,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=socket_timeout_s,
             health_check_interval=30,
@@ -119,6 +129,7 @@ class RedisStore(RedisLogs, Store):
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
+        self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
         self._retry = retry(
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts) | stop_after_delay(retry_max_delay_s),
@@ -173,11 +184,40 @@ class RedisStore(RedisLogs, Store):
             )
         return stored
 
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """The CREATE script once per member, all in one pipeline (one round trip).
+        Each script is atomic and fenced on its own; a retried pipeline is safe
+        because each member carries its own request token."""
+        stored = [new_job_copy(job) for job, _ in items]
+        argv = [self._job_args(st, events) for st, (_, events) in zip(stored, items, strict=True)]
+
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argv:
+                self._create(args=a, client=pipe)
+            return pipe.execute()
+
+        res = self._call(run) if argv else []
+        out: list[pb.Job | StoreError] = []
+        for st, r in zip(stored, res, strict=True):
+            if r == -9:
+                raise self._fenced()
+            if r == -1:
+                out.append(AlreadyExists(f"job {st.id!r} already exists"))
+            elif r == -2:
+                out.append(AlreadyExists(
+                    f"request id ({st.spec.team!r}, {st.client_request_id!r}) already exists"))
+            else:
+                out.append(st)
+        return out
+
     def get_job(self, job_id: str) -> pb.Job:
         data = self._call(lambda: self._r.hget(self._k("job", job_id), "d"))
         if data is None:
             raise NotFound(f"job {job_id!r} not found")
-        return pb.Job.FromString(data)
+        return decode(pb.Job, data, f"job {job_id}")
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:
@@ -267,7 +307,7 @@ class RedisStore(RedisLogs, Store):
                     continue
                 if region and jregion != region.encode():
                     continue
-                out.append(pb.Job.FromString(data))
+                out.extend(decode_each(pb.Job, [("job (listed)", data)]))
                 if 0 < limit <= len(out):
                     return out
             cursor = ids[-1]
@@ -278,7 +318,10 @@ class RedisStore(RedisLogs, Store):
         raw = self._call(lambda: self._r.lrange(self._k("ev", job_id), start, stop))
         out = []
         for i, data in enumerate(raw):
-            e = pb.JobEvent.FromString(data)
+            got = decode_each(pb.JobEvent, [(f"event {job_id}#{start + i + 1}", data)])
+            if not got:
+                continue
+            e = got[0]
             e.job_id = job_id
             e.seq = start + i + 1
             out.append(e)
@@ -302,15 +345,27 @@ class RedisStore(RedisLogs, Store):
         return int(res)
 
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        self._write_record(kind, key, message.SerializeToString(), delete=False)
+        """Concurrent record writes share one pipeline (one round trip), each still
+        its own fenced script (broker/store/group_commit.py)."""
+        self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
+
+    def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)
+            for a in argvs:
+                self._record(args=a, client=pipe)
+            return pipe.execute()
+
+        return [self._fenced() if r == -9 else None for r in self._call(run)]
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
-        return None if data is None else message_type.FromString(data)
+        return None if data is None else decode(message_type, data, f"record:{kind} {key}")
 
     def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
         items = self._call(lambda: self._r.hgetall(self._k("rec", kind)))
-        return [message_type.FromString(items[k]) for k in sorted(items)]
+        return decode_each(message_type, ((f"record:{kind} {k.decode() if isinstance(k, bytes) else k}",
+                                           items[k]) for k in sorted(items)))
 
     def delete_record(self, kind: str, key: str) -> bool:
         return self._write_record(kind, key, b"", delete=True) > 0

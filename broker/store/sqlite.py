@@ -5,12 +5,13 @@ Why these choices:
   before the call returns, so a broker killed at any instant (SIGKILL, power loss)
   restarts with every acknowledged write and a consistent file. WAL keeps readers
   from blocking behind the writer and makes each commit one sequential append.
-- **One connection guarded by a lock** (not one connection per thread): SQLite allows
-  a single writer at a time anyway, and with synchronous=FULL each write costs an
-  fsync, so parallel connections would only parallelise cheap reads while adding
-  SQLITE_BUSY retries and per-thread connections that leak as gRPC pools churn
-  threads. A ``threading.RLock`` around each operation gives linearisable,
-  thread-safe calls from any number of gRPC worker threads plus the scheduler thread.
+- **One writer connection and one reader connection, each guarded by a lock** (not
+  one connection per thread): SQLite allows a single writer at a time anyway, and
+  with synchronous=FULL each write costs an fsync; per-thread connections would add
+  SQLITE_BUSY retries and leak as gRPC pools churn threads. The separate reader
+  (WAL: it sees every committed write, never waits for the writer) keeps reads from
+  queueing behind a commit's fsync. Writes are few and large: concurrent job
+  creations share one transaction (``create_jobs``, broker/store/group_commit.py).
   Writes still use ``BEGIN IMMEDIATE`` with a busy timeout, so a second *process*
   (e.g. an operator tool) opening the same file is also safe.
 - Jobs are stored as serialized protobuf ``data`` plus the few columns that are
@@ -40,11 +41,14 @@ from broker.store.base import (
     Store,
     StoreError,
     VersionConflict,
+    decode,
+    decode_each,
     job_columns,
     new_job_copy,
     numbered_events,
     versioned_copy,
 )
+from broker.store.group_commit import GroupWriter
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from computebroker.v1 import common_pb2 as pb
 
@@ -106,6 +110,18 @@ class SQLiteStore(SQLiteLogs, Store):
                 self._conn.execute(
                     "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         self._fence: tuple[str, int] | None = None
+        # Job creations and record puts queue here and share transactions (group commit).
+        self._writes: GroupWriter[tuple[str, object], object] = GroupWriter(self._write_group)
+        # Reads get their own connection (a file only; ":memory:" is per connection):
+        # in WAL mode a reader sees every committed write and never waits for the
+        # writer, so GetJob/ListJobs/WatchJob do not queue behind a commit's fsync.
+        self._rlock = self._lock
+        self._rconn = self._conn
+        if path != ":memory:":
+            self._rlock = threading.Lock()
+            self._rconn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
+                                          check_same_thread=False)
+            self._rconn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
 
     # ---- plumbing ------------------------------------------------------------------
     @contextmanager
@@ -135,10 +151,10 @@ class SQLiteStore(SQLiteLogs, Store):
                 raise
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
-        with self._lock:
-            if self._conn is None:
+        with self._rlock:
+            if self._rconn is None:
                 raise StoreError("store is closed")
-            return self._conn.execute(sql, args).fetchall()
+            return self._rconn.execute(sql, args).fetchall()
 
     @staticmethod
     def _insert_events(
@@ -172,20 +188,77 @@ class SQLiteStore(SQLiteLogs, Store):
             ) from e
         return stored
 
+    def create_jobs(
+        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
+    ) -> list[pb.Job | StoreError]:
+        """One BEGIN IMMEDIATE transaction (fenced once, one fsync at COMMIT) with a
+        SAVEPOINT per member, so a member that fails rolls back alone. It joins the
+        store's write group: record writes queued meanwhile share the transaction."""
+        return self._writes.submit(("jobs", list(items)))  # type: ignore[return-value]
+
+    def _write_group(self, group: list[tuple[str, object]]) -> list[object]:
+        """One transaction for a group of writes (job batches and record puts), in
+        queue order; a whole-transaction failure (Fenced, COMMIT) reaches them all."""
+        out: list[object] = []
+        with self._tx() as conn:
+            for kind, item in group:
+                if kind == "jobs":
+                    out.append(self._create_members(conn, item))  # type: ignore[arg-type]
+                else:
+                    conn.execute(
+                        "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
+                        " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
+                        item,  # type: ignore[arg-type]
+                    )
+                    out.append(None)
+        return out
+
+    def _create_members(self, conn: sqlite3.Connection,
+                        items: list[tuple[pb.Job, Sequence[pb.JobEvent]]]) -> list[pb.Job | StoreError]:
+        out: list[pb.Job | StoreError] = []
+        for job, events in items:
+            try:
+                stored = new_job_copy(job)
+            except StoreError as e:
+                out.append(e)
+                continue
+            team, crid, phase, region = job_columns(stored)
+            conn.execute("SAVEPOINT member")
+            try:
+                conn.execute(
+                    "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
+                )
+                self._insert_events(conn, stored.id, events)
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO member")
+                out.append(AlreadyExists(
+                    f"job {stored.id!r} or request id ({team!r}, {crid!r}) already exists"))
+            except (sqlite3.Error, ValueError, TypeError) as e:  # this member only
+                conn.execute("ROLLBACK TO member")
+                out.append(StoreError(f"job {stored.id!r} not written: {e}"))
+            else:
+                out.append(stored)
+            conn.execute("RELEASE member")
+        return out
+
     def get_job(self, job_id: str) -> pb.Job:
         rows = self._read("SELECT data FROM jobs WHERE id = ?", (job_id,))
         if not rows:
             raise NotFound(f"job {job_id!r} not found")
-        return pb.Job.FromString(rows[0][0])
+        return decode(pb.Job, rows[0][0], f"job {job_id}")
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:
             return None
         rows = self._read(
-            "SELECT data FROM jobs WHERE team = ? AND client_request_id = ?",
+            # "!= ''" lets SQLite use the partial unique index (it cannot prove a bound
+            # parameter is non-empty); without it this scanned the team's every job.
+            "SELECT data FROM jobs WHERE team = ? AND client_request_id = ? AND client_request_id != ''",
             (team, client_request_id),
         )
-        return pb.Job.FromString(rows[0][0]) if rows else None
+        return decode(pb.Job, rows[0][0], f"job for request {client_request_id}") if rows else None
 
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
@@ -232,19 +305,20 @@ class SQLiteStore(SQLiteLogs, Store):
         if region:
             where.append("region = ?")
             args.append(region)
-        sql = f"SELECT data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
+        sql = f"SELECT id, data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
         if limit > 0:
             sql += " LIMIT ?"
             args.append(limit)
-        return [pb.Job.FromString(r[0]) for r in self._read(sql, args)]
+        return decode_each(pb.Job, ((f"job {r[0]}", r[1]) for r in self._read(sql, args)))
 
     def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
-        sql = "SELECT data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
+        sql = "SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
         args: list[object] = [job_id, after_seq]
         if limit > 0:
             sql += " LIMIT ?"
             args.append(limit)
-        return [pb.JobEvent.FromString(r[0]) for r in self._read(sql, args)]
+        return decode_each(pb.JobEvent, ((f"event {job_id}#{r[0]}", r[1])
+                                         for r in self._read(sql, args)))
 
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         with self._tx() as conn:
@@ -254,20 +328,18 @@ class SQLiteStore(SQLiteLogs, Store):
 
     # ---- keyed records ---------------------------------------------------------------
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
-                " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data",
-                (kind, key, message.SerializeToString()),
-            )
+        """Concurrent record writes (an audit record per mutating RPC, agent
+        bookkeeping) share one transaction and fsync with each other and with job
+        creations (the store's write group)."""
+        self._writes.submit(("record", (kind, key, message.SerializeToString())))
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         rows = self._read("SELECT data FROM records WHERE kind = ? AND key = ?", (kind, key))
-        return message_type.FromString(rows[0][0]) if rows else None
+        return decode(message_type, rows[0][0], f"record:{kind} {key}") if rows else None
 
     def list_records(self, kind: str, message_type: type[Message]) -> list[Message]:
-        rows = self._read("SELECT data FROM records WHERE kind = ? ORDER BY key", (kind,))
-        return [message_type.FromString(r[0]) for r in rows]
+        rows = self._read("SELECT key, data FROM records WHERE kind = ? ORDER BY key", (kind,))
+        return decode_each(message_type, ((f"record:{kind} {k}", d) for k, d in rows))
 
     def delete_record(self, kind: str, key: str) -> bool:
         with self._tx() as conn:
@@ -298,6 +370,10 @@ class SQLiteStore(SQLiteLogs, Store):
         self._fence = None if epoch is None else (name, epoch)
 
     def close(self) -> None:
+        with self._rlock:
+            if self._rconn is not None and self._rconn is not self._conn:
+                self._rconn.close()
+            self._rconn = None
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

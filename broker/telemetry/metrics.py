@@ -58,6 +58,16 @@ _SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _RATE_BUCKETS = tuple(float(2 ** i) * 1e6 for i in range(0, 14))  # 1 MB/s .. 8 GB/s
 
 
+def _corrupt_callback(_options: Any) -> list[Any]:
+    """Skipped store records (broker/store/base.py CORRUPT): an operator alert, since a
+    damaged record is otherwise only a WARNING line (issue 12)."""
+    from opentelemetry.metrics import Observation
+
+    from broker.store.base import CORRUPT
+
+    return [Observation(n, {"kind": kind}) for kind, n in list(CORRUPT.items())]
+
+
 def _split_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
@@ -93,8 +103,9 @@ class BrokerTelemetry:
         self._inst: dict[str, Any] = {}
 
     # ---- metrics plumbing ----------------------------------------------------------
-    def start_metrics(self, listen: str) -> int:
-        """Serve Prometheus text on ``listen`` ("host:port"; port 0 = free); "" = off."""
+    def start_metrics(self, listen: str, tls: tuple[str, str] | None = None) -> int:
+        """Serve Prometheus text on ``listen`` ("host:port"; port 0 = free); "" = off.
+        ``tls`` = (cert file, key file): HTTPS (the broker's own certificate)."""
         if not listen:
             return 0
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -112,11 +123,14 @@ class BrokerTelemetry:
             metric_readers=readers,
             resource=Resource.create({"service.name": "compute-broker"}))
         self._build_instruments(self._provider.get_meter(TRACER_NAME))
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        certfile, keyfile = tls if tls else (None, None)
+        server, _thread = start_http_server(port, addr=host, registry=registry,
+                                            certfile=certfile, keyfile=keyfile)
         self._http = server
         self.metrics_port = int(server.server_port)
         self.metrics_on = True
-        log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        log.info("metrics on %s://%s:%d/metrics", "https" if tls else "http", host,
+                 self.metrics_port)
         return self.metrics_port
 
     @staticmethod
@@ -167,6 +181,10 @@ class BrokerTelemetry:
         ):
             meter.create_observable_gauge(name, callbacks=[self._gauge_callback(key)],
                                           description=desc)
+
+        meter.create_observable_counter(
+            "computebroker.store.corrupt_records", callbacks=[_corrupt_callback],
+            description="stored records that did not decode or validate and were skipped, by kind")
 
     def _gauge_callback(self, key: str) -> Any:
         from opentelemetry.metrics import Observation

@@ -47,6 +47,7 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
+from region_agents.executors.job_user import JobUser
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 from region_agents.workdir import unpack
@@ -162,6 +163,7 @@ class LocalExecutor(Executor):
         starting_grace_s: float = 30.0,
         progress_interval_s: float = 1.0,
         default_checkpoint_root: str = "",
+        job_user: JobUser | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()  # ranks run elsewhere: no relative paths
         self.ranks_per_node = max(1, int(ranks_per_node))
@@ -171,6 +173,8 @@ class LocalExecutor(Executor):
         self.starting_grace_s = starting_grace_s
         self.progress_interval_s = progress_interval_s
         self.default_checkpoint_root = default_checkpoint_root or str(self.work_dir / "checkpoints")
+        # None: ranks run as the agent's user (policy: region_agents/executors/job_user.py).
+        self.job_user = job_user
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._pending: list[AttemptEvent] = []
         self._lock = threading.RLock()
@@ -237,6 +241,8 @@ class LocalExecutor(Executor):
             # Users' code: a fresh copy of the workdir per attempt, and the ranks' cwd.
             cwd = unpack(spec.workdir_tar, adir / "workdir") if spec.workdir_tar else adir
             command = self.resolve_command(list(spec.spec.command))
+            if self.job_user is not None:  # its own attempt dir and checkpoint dir, nothing else
+                self.job_user.own([adir] + ([Path(ckpt)] if "://" not in ckpt else []))
             base_env = dict(os.environ)
             base_env.update(self.extra_env)
             base_env.update(dict(spec.spec.env))
@@ -265,6 +271,9 @@ class LocalExecutor(Executor):
                 with contextlib.suppress(FileNotFoundError):
                     (adir / GO_NAME).unlink()
                 base_env[GO_ENV] = str(adir / GO_NAME)
+            if self.job_user is not None:
+                base_env.update(HOME=str(adir), USER=self.job_user.name, LOGNAME=self.job_user.name)
+            drop = self.job_user.popen_kwargs() if self.job_user is not None else {}
             hang = self.hang_timeout_s
             with contextlib.suppress(ValueError, TypeError):
                 hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
@@ -309,6 +318,7 @@ class LocalExecutor(Executor):
                                 # another session.) A terminal's Ctrl-C to the agent's group
                                 # does not reach the ranks; one killpg reaches them all.
                                 process_group=0 if rank == 0 else pgid,
+                                **drop,  # type: ignore[arg-type]
                             )
                         finally:
                             out.close()

@@ -135,7 +135,7 @@ def broker():
 @pytest.fixture
 def agent(broker, inventory_file, tmp_path):
     """A real RegionAgent (local executor) connected to `broker`."""
-    a = RegionAgent(AgentConfig(broker_address=broker.address, inventory_path=str(inventory_file),
+    a = RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=broker.address, inventory_path=str(inventory_file),
                                 work_dir=str(tmp_path / "work"), ranks_per_node=1,
                                 hang_timeout_s=120))
     a.start()

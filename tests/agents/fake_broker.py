@@ -50,7 +50,13 @@ class FakeBroker(agent_pb2_grpc.AgentServiceServicer):
     def start(self, port: int = 0) -> int:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         agent_pb2_grpc.add_AgentServiceServicer_to_server(self, server)
-        self.port = server.add_insecure_port(f"127.0.0.1:{port}")
+        from broker.auth.tls import server_credentials
+        from broker.config import BrokerConfig
+        from tests.fixtures.pki import session_pki
+
+        # Mutual TLS like the real broker's agent port (same dev CA), identities unchecked.
+        creds = server_credentials(BrokerConfig(**session_pki().broker_settings()), mutual=True)
+        self.port = server.add_secure_port(f"127.0.0.1:{port}", creds)
         server.start()
         self._server = server
         return self.port

@@ -3,6 +3,7 @@ scripted FakeBroker: it registers, heartbeats, and exits 0 on SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,8 @@ def test_main_registers_and_stops_on_sigterm(inventory_file, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from region_agents.agent import main; sys.exit(main(sys.argv[1:]))",
          "--broker", broker.address, "--inventory", str(inventory_file), "--agent-id", "cli-agent",
-         "--work-dir", str(tmp_path / "w"), "--ranks-per-node", "1", "--env", "A=1"],
+         "--work-dir", str(tmp_path / "w"), "--ranks-per-node", "1", "--env", "A=1",
+         *(["--allow-root-jobs"] if os.geteuid() == 0 else [])],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         reg = wait_for(lambda: broker.of("register"), 60, what="register from the CLI agent")[0]

@@ -182,13 +182,13 @@ def test_spot_notice_and_health_flip_reach_the_broker(broker, agent, fake_traine
 def test_main_rejects_bad_arguments(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("region: r\nnodes:\n  - name: a\n    gpus: 0\n")
-    assert main(["--broker", "127.0.0.1:1", "--inventory", str(bad)]) == 2
+    assert main(["--allow-root-jobs", "--broker", "127.0.0.1:1", "--inventory", str(bad)]) == 2
     assert "'gpus' must be a positive integer" in capsys.readouterr().err
-    assert main(["--broker", "127.0.0.1:1"]) == 2
+    assert main(["--allow-root-jobs", "--broker", "127.0.0.1:1"]) == 2
     assert "needs an inventory file" in capsys.readouterr().err
     good = tmp_path / "good.yaml"
     good.write_text("region: r\nnodes:\n  - name: a\n    gpus: 1\n")
-    assert main(["--broker", "127.0.0.1:1", "--inventory", str(good), "--region", "other"]) == 2
+    assert main(["--allow-root-jobs", "--broker", "127.0.0.1:1", "--inventory", str(good), "--region", "other"]) == 2
     assert "does not match" in capsys.readouterr().err
 
 

@@ -48,9 +48,9 @@ def test_agent_runs_workdir_and_fails_unknown_digest(real_broker: Broker, invent
         ref = c.upload_workdir(str(code))
     fake = FakeBroker(heartbeat_interval_s=0.3)
     fake.start()
-    agent = RegionAgent(AgentConfig(broker_address=fake.address, inventory_path=str(inventory_file),
+    agent = RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=fake.address, inventory_path=str(inventory_file),
                                     work_dir=str(tmp_path / "work"), ranks_per_node=1))
-    agent.workdirs.broker_address = lambda: real_broker.address
+    agent.workdirs.broker_address = lambda: real_broker.agent_address  # mTLS, agent's cert
     agent.start()
     try:
         reg = wait_for(lambda: fake.of("register"), 30, what="register")[0]

@@ -106,7 +106,7 @@ def brokers():
 
 
 def make_agent(address: str, inventory_file: Path, tmp_path: Path, **kw) -> RegionAgent:
-    return RegionAgent(AgentConfig(broker_address=address, inventory_path=str(inventory_file),
+    return RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=address, inventory_path=str(inventory_file),
                                    work_dir=str(tmp_path / "work"), ranks_per_node=1,
                                    hang_timeout_s=120, max_backoff_s=1.0, **kw))
 

@@ -27,7 +27,8 @@ def test_fetch_cache_unpack(broker: Broker, tmp_path: Path) -> None:
     (code / "pkg" / "m.py").write_text("X = 1\n")
     with BrokerClient(broker.address) as c:
         ref = c.upload_workdir(str(code))
-    cache = WorkdirCache(tmp_path / "agent", lambda: broker.address)
+    cache = WorkdirCache(tmp_path / "agent", lambda: broker.agent_address,
+                         broker.pki.agent_credentials("test-region", "test-agent"))
     tar = cache.get(ref.digest)
     assert tar.stat().st_size == ref.size_bytes
     broker.server.blobs.read = None  # a second get must not touch the broker

@@ -1,5 +1,12 @@
 """Test harness: a real broker on 127.0.0.1:0 (SQLite in tmp_path) and a scripted
-fake region agent that speaks the real AgentService stream over a real channel."""
+fake region agent that speaks the real AgentService stream over a real channel.
+
+Everything runs over real TLS with real credentials from the process's dev CA
+(tests/fixtures/pki.py): ``Broker(config).jobs/.capacity/.auth`` act as the bootstrap
+operator; :meth:`Broker.stubs_as` gives stubs for a user/role (a real token made through
+the broker's token store) and :meth:`Broker.agent_channel` an agent's mutual-TLS channel.
+A :class:`FakeAgent` given the broker's ``address`` connects to its mutual-TLS agent port
+with a certificate naming its own region and agent id."""
 
 from __future__ import annotations
 
@@ -13,13 +20,25 @@ from typing import Any
 
 import grpc
 
+from broker.auth.identity import Role
 from broker.config import BrokerConfig
 from broker.server import BrokerServer
+from brokersdk.credentials import ClientCredentials, make_channel
 from computebroker.v1 import agent_pb2 as apb
-from computebroker.v1 import agent_pb2_grpc, capacity_pb2_grpc, jobs_pb2_grpc
+from computebroker.v1 import (
+    agent_pb2_grpc,
+    auth_pb2_grpc,
+    capacity_pb2_grpc,
+    jobs_pb2_grpc,
+    workdir_pb2_grpc,
+)
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
+from tests.fixtures.pki import session_pki
+
+# A broker's main address -> its mutual-TLS agent address (FakeAgent looks it up).
+AGENT_ADDRESSES: dict[str, str] = {}
 
 TERMINAL = {pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED}
 
@@ -46,22 +65,77 @@ def fast_config(tmp_path: Path, **kw: Any) -> BrokerConfig:
         startup_grace_s=1.0, checkpoint_root=str(tmp_path / "ckpt"),
         progress_write_interval_s=0.0, progress_event_every_steps=10, max_workers=32,
         cancel_timeout_s=5.0, stop_timeout_s=2.0, preempt_grace_s=2.0,
+        agent_listen="127.0.0.1:0", **session_pki().broker_settings(),
     )
     base.update(kw)
     return BrokerConfig(**base)
 
 
+@dataclass
+class Stubs:
+    """Client stubs of every user-facing service over one channel."""
+
+    channel: grpc.Channel
+    jobs: jobs_pb2_grpc.JobServiceStub
+    capacity: capacity_pb2_grpc.CapacityServiceStub
+    auth: auth_pb2_grpc.AuthServiceStub
+    workdir: workdir_pb2_grpc.WorkdirServiceStub
+    agent: agent_pb2_grpc.AgentServiceStub
+
+    @classmethod
+    def over(cls, channel: grpc.Channel) -> Stubs:
+        return cls(channel, jobs_pb2_grpc.JobServiceStub(channel),
+                   capacity_pb2_grpc.CapacityServiceStub(channel),
+                   auth_pb2_grpc.AuthServiceStub(channel), workdir_pb2_grpc.WorkdirServiceStub(channel),
+                   agent_pb2_grpc.AgentServiceStub(channel))
+
+
 class Broker:
-    """A running broker plus client stubs."""
+    """A running broker plus client stubs acting as the bootstrap operator."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.server = BrokerServer(config)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
-        self.channel = grpc.insecure_channel(self.address)
+        self.agent_address = f"127.0.0.1:{self.server.agent_port}" if self.server.agent_port else self.address
+        AGENT_ADDRESSES[self.address] = self.agent_address
+        self.pki = session_pki()
+        self._channels: list[grpc.Channel] = []
+        self.channel = self.open_channel(None if config.insecure_dev else self.pki.operator())
         self.jobs = jobs_pb2_grpc.JobServiceStub(self.channel)
         self.capacity = capacity_pb2_grpc.CapacityServiceStub(self.channel)
+        self.auth = auth_pb2_grpc.AuthServiceStub(self.channel)
+
+    # ---- identities ----------------------------------------------------------------
+    def open_channel(self, creds: ClientCredentials | None, *, mtls: bool = False) -> grpc.Channel:
+        """A channel with ``creds`` (None: plaintext, for insecure_dev brokers) to the main
+        port, or with ``mtls`` to the mutual-TLS agent port; closed by :meth:`stop`."""
+        address = self.agent_address if mtls else self.address
+        ch = make_channel(address, creds or ClientCredentials(insecure=True))
+        self._channels.append(ch)
+        return ch
+
+    def token_for(self, user: str, role: Role = Role.MEMBER, team: str = "ml") -> str:
+        """A real bearer token for ``user`` (made in the broker's token store)."""
+        assert self.server.tokens is not None
+        return self.server.tokens.create(user, team, role, "test").secret
+
+    def stubs_as(self, user: str = "alice", role: Role = Role.MEMBER, team: str = "ml", *,
+                 cert: bool = False) -> Stubs:
+        """Stubs acting as ``user`` with ``role`` in ``team``: by token on the main port,
+        or (``cert=True``) by a user certificate on the mutual-TLS port."""
+        if cert:
+            return Stubs.over(self.open_channel(self.pki.cert_credentials(user, role, team), mtls=True))
+        return Stubs.over(self.open_channel(self.pki.token_credentials(self.token_for(user, role, team))))
+
+    def agent_channel(self, region: str, agent_id: str) -> grpc.Channel:
+        """A mutual-TLS channel whose certificate names ``region``/``agent_id``."""
+        return self.open_channel(self.pki.agent_credentials(region, agent_id), mtls=True)
+
+    def anonymous(self) -> Stubs:
+        """TLS, no credential at all."""
+        return Stubs.over(self.open_channel(ClientCredentials(ca=self.pki.ca_file)))
 
     @property
     def ops(self):  # noqa: ANN201
@@ -72,7 +146,9 @@ class Broker:
         return self.server.store
 
     def stop(self) -> None:
-        self.channel.close()
+        for ch in self._channels:
+            ch.close()
+        AGENT_ADDRESSES.pop(self.address, None)
         self.server.stop(0.5)
 
     # conveniences
@@ -119,6 +195,17 @@ def nodes_for(region: str, prefix: str, count: int, gpus: int, **kw: Any) -> lis
             for i in range(count)]
 
 
+def agent_channel(address: str, region: str, agent_id: str,
+                  identity: tuple[str, str] | None = None) -> grpc.Channel:
+    """A mutual-TLS channel to the agent port of the broker at ``address`` (its main
+    address is fine: :data:`AGENT_ADDRESSES` maps it), with a certificate for
+    ``identity`` (default: this region and agent id)."""
+    cert_region, cert_agent = identity or (region, agent_id)
+    pki = session_pki()
+    target = AGENT_ADDRESSES.get(address, address)
+    return make_channel(target, pki.agent_credentials(cert_region, cert_agent))
+
+
 @dataclass
 class FakeAgent:
     """Scripted region agent: registers, heartbeats, records and acks commands.
@@ -132,12 +219,16 @@ class FakeAgent:
     nodes: list[pb.Node]
     bucket: str = ""
     store_error: str = ""  # Register.checkpoint_store_error (the agent's store probe)
+    roots: list[str] = field(default_factory=list)  # Register.checkpoint_roots
     auto_ack: bool = True
     heartbeat: bool = True
     refuse_launch: bool = False
     running: dict[str, int] = field(default_factory=dict)  # job_id -> attempt
     received: list[apb.BrokerMessage] = field(default_factory=list)
     ack: apb.RegisterAck | None = None
+    # (region, agent id) its certificate names; None = its own region and agent id.
+    identity: tuple[str, str] | None = None
+    error: grpc.RpcError | None = None  # how the broker ended the stream, if it did
 
     def __post_init__(self) -> None:
         self._out: queue.Queue[apb.AgentMessage | None] = queue.Queue()
@@ -155,29 +246,34 @@ class FakeAgent:
             yield msg
 
     def connect(self) -> FakeAgent:
+        self._gen = gen = object()  # this stream; an old reader's end is not our error
         self._stop.clear()
         self._out = queue.Queue()
         self.ack = None
-        self.channel = grpc.insecure_channel(self.address)
+        self.error = None
+        self.channel = agent_channel(self.address, self.region, self.agent_id, self.identity)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         running = [apb.RunningAttempt(job_id=j, attempt=a, state=apb.ATTEMPT_STATE_RUNNING)
                    for j, a in self.running.items()]
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
             executor="fake", checkpoint_bucket=self.bucket,
-            checkpoint_store_error=self.store_error)))
+            checkpoint_store_error=self.store_error, checkpoint_roots=self.roots)))
         responses = stub.Connect(self._requests())
-        t = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        t = threading.Thread(target=self._read, args=(responses, gen), daemon=True)
         t.start()
         self._threads = [t]
         if self.heartbeat:
             h = threading.Thread(target=self._beat, daemon=True)
             h.start()
             self._threads.append(h)
-        wait_until(lambda: self.ack is not None, 10, f"RegisterAck for {self.agent_id}")
+        wait_until(lambda: self.ack is not None or self.error is not None, 10,
+                   f"RegisterAck for {self.agent_id}")
+        if self.ack is None and self.error is not None:
+            raise self.error  # refused (e.g. PERMISSION_DENIED for another identity)
         return self
 
-    def _read(self, responses: Iterator[apb.BrokerMessage]) -> None:
+    def _read(self, responses: Iterator[apb.BrokerMessage], gen: object = None) -> None:
         try:
             for msg in responses:
                 kind = msg.WhichOneof("cmd")
@@ -205,8 +301,9 @@ class FakeAgent:
                 if self.auto_ack:
                     self.send(apb.AgentMessage(ack=apb.CommandAck(
                         command_id=msg.command_id, accepted=accepted, message=why)))
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as e:
+            if getattr(self, "_gen", None) is gen:
+                self.error = e
 
     def _beat(self) -> None:
         while not self._stop.wait(0.2):

@@ -4,13 +4,14 @@ validation codes and messages, cancel of a pending job, WatchJob, events."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
 
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
-from tests.broker.harness import Broker, spec, wait_until
+from tests.broker.harness import Broker, fast_config, spec, wait_until
 
 
 def code_of(fn, *args):  # noqa: ANN001, ANN201
@@ -107,10 +108,14 @@ def test_invalid_specs(broker: Broker, override: dict, needle: str) -> None:
     assert "Traceback" not in msg
 
 
-def test_valid_checkpoint_uris_accepted(broker: Broker) -> None:
-    broker.team()
-    for uri in ("", "/abs/ckpt", "file:///abs/ckpt", "s3://my-bucket/prefix/x", "s3://my-bucket"):
-        assert broker.submit(spec("ok", checkpoint_uri=uri)).phase == pb.JOB_PHASE_PENDING
+def test_valid_checkpoint_uris_accepted(tmp_path: Path) -> None:
+    b = Broker(fast_config(tmp_path, checkpoint_allowed_roots=["/abs", "s3://my-bucket"]))
+    try:
+        b.team()
+        for uri in ("", "/abs/ckpt", "file:///abs/ckpt", "s3://my-bucket/prefix/x", "s3://my-bucket"):
+            assert b.submit(spec("ok", checkpoint_uri=uri)).phase == pb.JOB_PHASE_PENDING
+    finally:
+        b.stop()
 
 
 def test_impossible_specs_are_failed_precondition(broker: Broker, make_agent) -> None:  # noqa: ANN001

@@ -45,11 +45,12 @@ def test_every_line_once_across_a_broker_restart(tmp_path: Path, finish_while_do
     sends the rest of its output before the terminal update, so the job is never seen
     SUCCEEDED with lines missing."""
     cfg = fast_config(tmp_path, listen=f"127.0.0.1:{free_port()}", startup_grace_s=30.0,
-                      agent_timeout_s=30.0)
+                      agent_timeout_s=30.0, agent_listen=f"127.0.0.1:{free_port()}")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY.format(bucket=tmp_path / "bucket"))
     b: Broker | None = Broker(cfg)
-    agent = RegionAgent(AgentConfig(broker_address=b.address, inventory_path=str(inventory),
+    agent = RegionAgent(AgentConfig(allow_root_jobs=True, broker_address=b.agent_address, inventory_path=str(inventory),
+                                    **b.pki.agent_tls("test-1", "test-1-a"),
                                     work_dir=str(tmp_path / "work"), ranks_per_node=1,
                                     max_backoff_s=0.5))
     agent.start()

@@ -62,6 +62,11 @@ def test_teams_equal_the_scheduler_view_with_two_accelerators_and_borrowing(brok
         for name, want in view.items():
             got = listed[name]
             assert (got.used_gpus, got.borrowed_gpus, got.lent_gpus) == (want.used, want.borrowed, want.lent)
+            # ... and per accelerator line (the console's queue page)
+            assert sorted((u.accelerator, u.guaranteed_gpus, u.used_gpus, u.borrowed_gpus,
+                           u.lent_gpus, u.pending_gpus) for u in got.usage) == sorted(
+                (r.accelerator, r.guaranteed, r.used, r.borrowed, r.lent, r.pending)
+                for r in want.resources)
             one = broker.capacity.GetTeamQuota(cpb.GetTeamQuotaRequest(team=name))
             assert (one.used_gpus, one.borrowed_gpus, one.lent_gpus) == (want.used, want.borrowed, want.lent)
 
@@ -75,6 +80,15 @@ def test_teams_equal_the_scheduler_view_with_two_accelerators_and_borrowing(brok
         # GetCapacity's borrowed column adds up to the teams' borrowing.
         rows = broker.capacity.GetCapacity(cpb.GetCapacityRequest()).rows
         assert sum(r.borrowed_gpus for r in rows) == sum(t.borrowed for t in view.values())
+        # ... and so do its nodes' (the console's heat map marks borrowed GPUs per node).
+        nodes = broker.capacity.GetCapacity(cpb.GetCapacityRequest(include_nodes=True)).nodes
+        assert sum(n.borrowed_gpus for n in nodes) == sum(t.borrowed for t in view.values())
+        assert all(n.borrowed_gpus <= n.allocated_gpus for n in nodes)
+        # Each launch names the capacity type it runs on (the console's timeline colours).
+        for _, job in jobs:
+            launched = [e for e in broker.events(job.id) if e.type == "launched"]
+            assert [e.details["capacity_type"] for e in launched] == [
+                str(pb.CAPACITY_TYPE_ON_DEMAND)]
     finally:
         for a in agents:
             a.close()

@@ -132,7 +132,7 @@ def test_broken_checkpoint_stores(broker: Broker, make_agent) -> None:  # noqa: 
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "us-east-2: cannot write /ro" in e.details()
     # An explicit checkpoint_uri does not depend on the regions' stores.
-    job = broker.submit(spec(checkpoint_uri="/data/ckpt"))
+    job = broker.submit(spec(checkpoint_uri=f"{broker.config.checkpoint_root}/mine"))
     # ...but the broken region still takes no placement, and the reason says why.
     j = wait_until(lambda: (g := broker.get(job.id)).pending_reason and g, 20, "pending reason")
     assert j.phase == pb.JOB_PHASE_PENDING

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from brokersdk.client import BrokerClient
+from tests.fixtures.pki import session_pki
 
 TEAM = "ml"
 
@@ -25,6 +26,7 @@ def broker_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         listen="127.0.0.1:0",
         store=f"sqlite:///{root / 'broker.sqlite'}",
         checkpoint_root=str(root / "checkpoints"),
+        agent_listen="127.0.0.1:0", **session_pki().broker_settings(),  # TLS + auth
     )
     server = BrokerServer(config)
     port = server.start()

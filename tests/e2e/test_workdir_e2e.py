@@ -56,7 +56,7 @@ def readme_commands() -> dict[str, str]:
     block = block.split("```", 1)[0].replace("\\\n", " ")
     cmds = {}
     for line in block.splitlines():
-        words = line.strip().rstrip("&").split()
+        words = line.split(" #", 1)[0].strip().rstrip("&").split()
         if words[:1] == ["brokerctl"] and len(words) > 1:
             cmds.setdefault(words[1], " ".join(words))
     return cmds
@@ -85,19 +85,27 @@ def start(argv: list[str], home: Path, log: str) -> subprocess.Popen[bytes]:
         fh.close()
 
 
-def test_readme_commands_relative_paths_and_own_code(tmp_path: Path) -> None:
+def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     (home / "examples").mkdir(parents=True)
     shutil.copytree(ROOT / "examples" / "inventories", home / "examples" / "inventories")
     cmds = readme_commands()
     port = free_port()
     addr = f"127.0.0.1:{port}"
+    agent_addr = f"127.0.0.1:{free_port()}"
     serve = cmds["serve"].split()[1:]
     agent = cmds["agent"].split()[1:]
-    # The README's exact commands, with a free port in place of 50051.
+    # The README's exact commands, with free ports in place of 50051 and 50052.
     assert "--work-dir" in agent and not agent[agent.index("--work-dir") + 1].startswith("/")
-    serve = [w.replace("127.0.0.1:50051", addr) for w in serve]
-    agent = [w.replace("127.0.0.1:50051", addr) for w in agent]
+    serve = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr) for w in serve]
+    agent = [w.replace("127.0.0.1:50052", agent_addr) for w in agent]
+    # Its dev CA first; then every client here uses its config (the `admin` context).
+    dev_ca = cmds["dev-ca"].split()[1:]
+    assert subprocess.run(brokerctl(*dev_ca), cwd=home).returncode == 0
+    for var in ("CB_TOKEN", "CB_CA", "CB_CONTEXT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CB_CONFIG", str(home / "var" / "pki" / "config.yaml"))
     procs = [start(brokerctl(*serve), home, "broker.log")]
     try:
         procs.append(start(brokerctl(*agent, "--ranks-per-node", "1"), home, "agent.log"))

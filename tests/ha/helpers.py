@@ -6,13 +6,14 @@ import grpc
 
 from computebroker.v1 import capacity_pb2, capacity_pb2_grpc
 from tests.fixtures.cluster import Cluster, free_port
+from tests.fixtures.pki import session_pki
 
 LEASE_S = 3.0  # short lease so a takeover happens quickly; tests never assert on time
 
 
 def probe(address: str) -> tuple[bool, str]:
     """(True, "") if ``address`` serves the API, else (False, the UNAVAILABLE details)."""
-    with grpc.insecure_channel(address) as channel:
+    with session_pki().channel(address) as channel:  # TLS, as the bootstrap operator
         stub = capacity_pb2_grpc.CapacityServiceStub(channel)
         try:
             stub.ListRegions(capacity_pb2.ListRegionsRequest(), timeout=5)

@@ -18,13 +18,15 @@ import redis
 from broker.config import BrokerConfig
 from broker.server import BrokerServer
 from tests.fixtures.cluster import wait_until
+from tests.fixtures.pki import session_pki
 from tests.fixtures.redis_server import RedisServer
 from tests.ha.helpers import probe
 
 
 def _server(store: str, broker_id: str, lease: float = 3.0) -> BrokerServer:
     return BrokerServer(BrokerConfig(listen="127.0.0.1:0", store=store, broker_id=broker_id,
-                                     leader_lease_s=lease, scheduler_interval_s=0.2))
+                                     leader_lease_s=lease, scheduler_interval_s=0.2,
+                                     agent_listen="127.0.0.1:0", **session_pki().broker_settings()))
 
 
 def test_leader_that_loses_its_lease_steps_down(redis_server: RedisServer) -> None:
@@ -78,7 +80,7 @@ def test_memory_store_always_leads() -> None:
     server.start()
     try:
         assert server.leadership is not None and server.leadership.is_leader
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        with session_pki().channel(f"127.0.0.1:{server.port}") as ch:
             grpc.channel_ready_future(ch).result(timeout=5)
         assert probe(f"127.0.0.1:{server.port}")[0]
     finally:

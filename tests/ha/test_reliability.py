@@ -18,6 +18,7 @@ from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.e2e.test_foundation import events_of, setup_team, spec, wait_regions
 from tests.fixtures.cluster import Cluster, live_attempts, wait_until
+from tests.fixtures.pki import session_pki
 from tests.fixtures.redis_server import start_redis, stop_redis
 from tests.ha.helpers import probe, start_pair
 
@@ -144,7 +145,7 @@ def test_redis_restart_is_unavailable_and_the_terminal_update_arrives(tmp_path: 
         # Redis goes away (saving its data, as a persistent Redis would have it).
         redis.Redis.from_url(server.url).shutdown(save=True)
         server.proc.wait(timeout=30)
-        with grpc.insecure_channel(c.address) as channel:
+        with session_pki().channel(c.address) as channel:
             stub = jobs_pb2_grpc.JobServiceStub(channel)
             with pytest.raises(grpc.RpcError) as info:
                 stub.GetJob(jobs_pb2.GetJobRequest(job_id=job.id), timeout=120)

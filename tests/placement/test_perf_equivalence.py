@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -132,6 +133,31 @@ def _multi_pass(s: Snapshot, passes: int = 3) -> list[Decisions]:
     return out
 
 
+def _steady_state(s: Snapshot, passes: int = 30, seed: int = 11) -> list[Decisions]:
+    """The benchmark's incremental workload (1% of running jobs finish and 25 jobs
+    arrive per pass; admissions run, victims keep running): long enough for many
+    preemption searches, hopeless ones included, to shape later passes."""
+    b = _bench()
+    rng = random.Random(seed)
+    teams = sorted({t.team for t in s.teams}) or ["team-0"]
+    running, pending, nxt, out = list(s.running), list(s.pending[:200]), 10_000_000, []
+    for _ in range(passes):
+        rng.shuffle(running)
+        running = running[max(1, len(running) // 100):]
+        pending += [b.synth_job(nxt + k, rng, teams) for k in range(25)]
+        nxt += 25
+        d = schedule(replace(s, running=tuple(running), pending=tuple(pending)))
+        out.append(d)
+        by_id = {j.id: j for j in pending}
+        for a in d.admissions:
+            j = by_id[a.job_id]
+            running.append(RunningJob(id=j.id, team=j.team, priority=j.priority, allocations=a.assignments,
+                                      started_time=s.now, last_checkpoint_time=s.now))
+        done = {a.job_id for a in d.admissions}
+        pending = [j for j in pending if j.id not in done]
+    return out
+
+
 def scenarios() -> dict[str, list[Decisions]]:
     b = _bench()
     s7 = b.make_snapshot(0.25, 1250, seed=7)
@@ -144,6 +170,8 @@ def scenarios() -> dict[str, list[Decisions]]:
         "seed9_no_quotas_draining": [schedule(replace(s9, teams=(), draining_regions=frozenset({"eu-west-1"})))],
         "seed7_multipass": _multi_pass(s7),
         "seed9_variant_multipass": _multi_pass(_variant(s9)),
+        "seed7_steady_state": _steady_state(s7),
+        "seed9_variant_steady_state": _steady_state(_variant(s9)),
     }
 
 

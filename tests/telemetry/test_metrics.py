@@ -31,8 +31,11 @@ def mbroker(tmp_path: Path) -> Iterator[Broker]:
 
 
 def scrape(broker: Broker) -> str:
-    url = f"http://127.0.0.1:{broker.server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    import ssl
+
+    url = f"https://127.0.0.1:{broker.server.metrics_port}/metrics"  # the broker's TLS cert
+    ctx = ssl.create_default_context(cafile=broker.pki.ca_file)
+    with urllib.request.urlopen(url, timeout=10, context=ctx) as resp:
         assert resp.status == 200
         return resp.read().decode()
 

@@ -109,14 +109,16 @@ class CapacityRow(_message.Message):
     def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., capacity_type: _Optional[_Union[_common_pb2.CapacityType, str]] = ..., pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., block: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., unhealthy_gpus: _Optional[int] = ...) -> None: ...
 
 class NodeUsage(_message.Message):
-    __slots__ = ("node", "allocated_gpus", "job_ids")
+    __slots__ = ("node", "allocated_gpus", "job_ids", "borrowed_gpus")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.Node
     allocated_gpus: int
     job_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    borrowed_gpus: int
+    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., borrowed_gpus: _Optional[int] = ...) -> None: ...
 
 class GetCapacityResponse(_message.Message):
     __slots__ = ("rows", "nodes")
@@ -204,7 +206,7 @@ class QuotaEntry(_message.Message):
     def __init__(self, accelerator: _Optional[str] = ..., guaranteed_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., lend_limit_gpus: _Optional[int] = ..., region_caps: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TeamQuota(_message.Message):
-    __slots__ = ("team", "cohort", "strategy", "quotas", "fair_share_weight", "used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs")
+    __slots__ = ("team", "cohort", "strategy", "quotas", "fair_share_weight", "used_gpus", "borrowed_gpus", "lent_gpus", "pending_jobs", "running_jobs", "usage")
     TEAM_FIELD_NUMBER: _ClassVar[int]
     COHORT_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +217,7 @@ class TeamQuota(_message.Message):
     LENT_GPUS_FIELD_NUMBER: _ClassVar[int]
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     team: str
     cohort: str
     strategy: LendingStrategy
@@ -225,7 +228,24 @@ class TeamQuota(_message.Message):
     lent_gpus: int
     pending_jobs: int
     running_jobs: int
-    def __init__(self, team: _Optional[str] = ..., cohort: _Optional[str] = ..., strategy: _Optional[_Union[LendingStrategy, str]] = ..., quotas: _Optional[_Iterable[_Union[QuotaEntry, _Mapping]]] = ..., fair_share_weight: _Optional[float] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., lent_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ...) -> None: ...
+    usage: _containers.RepeatedCompositeFieldContainer[AcceleratorUsage]
+    def __init__(self, team: _Optional[str] = ..., cohort: _Optional[str] = ..., strategy: _Optional[_Union[LendingStrategy, str]] = ..., quotas: _Optional[_Iterable[_Union[QuotaEntry, _Mapping]]] = ..., fair_share_weight: _Optional[float] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., lent_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., usage: _Optional[_Iterable[_Union[AcceleratorUsage, _Mapping]]] = ...) -> None: ...
+
+class AcceleratorUsage(_message.Message):
+    __slots__ = ("accelerator", "guaranteed_gpus", "used_gpus", "borrowed_gpus", "lent_gpus", "pending_gpus")
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    GUARANTEED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    LENT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_GPUS_FIELD_NUMBER: _ClassVar[int]
+    accelerator: str
+    guaranteed_gpus: int
+    used_gpus: int
+    borrowed_gpus: int
+    lent_gpus: int
+    pending_gpus: int
+    def __init__(self, accelerator: _Optional[str] = ..., guaranteed_gpus: _Optional[int] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., lent_gpus: _Optional[int] = ..., pending_gpus: _Optional[int] = ...) -> None: ...
 
 class SetTeamQuotaRequest(_message.Message):
     __slots__ = ("quota",)

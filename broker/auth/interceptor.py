@@ -1,0 +1,186 @@
+"""Authentication, authorization and audit for every RPC, in one server interceptor.
+
+Why wrap the handler rather than decide in ``intercept_service``: only the servicer
+context carries the verified TLS peer (``auth_context()``), so the decision runs as
+the first step of the wrapped handler. Servicers receive an :class:`AuthedContext`
+(the real context plus ``principal``) and read it with :func:`principal_of`.
+
+Identity comes only from a credential: a bearer token (``authorization: Bearer
+cbt_...``, verified by broker/auth/tokens.py) or a client certificate verified by the
+TLS layer against the broker's CA (broker/auth/identity.py names). No header names a
+user. In insecure dev mode (loopback only) every caller is the one local operator.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from broker.api.errors import to_status
+from broker.auth.audit import AuditLog, target_of
+from broker.auth.identity import INSECURE_DEV_PRINCIPAL, Principal, principal_from_uri
+from broker.auth.policy import (
+    METHODS,
+    PUBLIC_PREFIXES,
+    PermissionDenied,
+    Unauthenticated,
+    authorize,
+)
+from broker.auth.tokens import TokenError, TokenManager
+
+log = logging.getLogger(__name__)
+
+LOGIN_HINT = ("not logged in: set CB_TOKEN (a token from `brokerctl users create`) or use a"
+              " context from `brokerctl dev-ca` (CB_CONFIG)")
+
+
+class AuthedContext:
+    """The servicer context plus the caller's principal; records the status code an
+    aborted call ends with (for the audit record). Everything else is delegated."""
+
+    def __init__(self, context: grpc.ServicerContext, principal: Principal) -> None:
+        self._ctx = context
+        self.principal = principal
+        self.final_code: grpc.StatusCode | None = None
+
+    def abort(self, code: grpc.StatusCode, details: str) -> Any:
+        self.final_code = code
+        return self._ctx.abort(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.final_code = code
+        self._ctx.set_code(code)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def principal_of(context: Any) -> Principal:
+    """The authenticated caller of an RPC (set by :class:`AuthInterceptor`)."""
+    p = getattr(context, "principal", None)
+    if not isinstance(p, Principal):
+        raise Unauthenticated("no authenticated caller (the auth interceptor is not installed)")
+    return p
+
+
+class Authenticator:
+    """Credential -> principal (no policy here)."""
+
+    def __init__(self, tokens: TokenManager | None, insecure_dev: bool) -> None:
+        self.tokens = tokens
+        self.insecure_dev = insecure_dev
+
+    def authenticate(self, context: grpc.ServicerContext) -> Principal:
+        if self.insecure_dev:
+            return INSECURE_DEV_PRINCIPAL
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, rest = value.partition(" ")
+                if scheme.lower() == "bearer":
+                    token = rest.strip()
+        if token:
+            if self.tokens is None:
+                raise Unauthenticated("this broker accepts no tokens")
+            try:
+                return self.tokens.verify(token)
+            except TokenError as e:
+                raise Unauthenticated(f"{e}; ask an operator for a new token") from None
+        auth = context.auth_context() or {}
+        uris = auth.get("peer_uri") or auth.get("x509_subject_alternative_name") or []
+        for raw in uris:
+            p = principal_from_uri(raw.decode(errors="replace"))
+            if p is not None:
+                return p
+        if uris or auth.get("x509_common_name"):
+            raise Unauthenticated("the client certificate names no compute-broker identity"
+                                  " (expected a spiffe://compute-broker/... URI SAN)")
+        raise Unauthenticated(LOGIN_HINT)
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticate, authorize by :data:`broker.auth.policy.METHODS`, audit mutations."""
+
+    def __init__(self, authenticator: Authenticator, audit: AuditLog | None) -> None:
+        self.authn = authenticator
+        self.audit = audit
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        method: str = details.method
+        if handler is None or method.startswith(PUBLIC_PREFIXES):
+            return handler
+        kw = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(handler.stream_stream, method), **kw)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, method), **kw)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(handler.unary_stream, method), **kw)
+        return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method), **kw)
+
+    # ---- the one check ------------------------------------------------------------
+    def _admit(self, method: str, context: grpc.ServicerContext) -> tuple[AuthedContext, bool]:
+        """(wrapped context, audit this call?) or abort UNAUTHENTICATED/PERMISSION_DENIED."""
+        rule = METHODS.get(method)
+        principal: Principal | None = None
+        try:
+            principal = self.authn.authenticate(context)
+            if rule is None:
+                raise PermissionDenied(f"{method} is not an RPC this broker authorizes")
+            authorize(principal, rule.permission)
+        except (Unauthenticated, PermissionDenied) as e:
+            if self.audit is not None and (rule is None or rule.mutation):
+                self.audit.record(principal, method, "", context.peer(), e.code.name, e.message)
+            context.abort(e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - e.g. the store is down: UNAVAILABLE, retry
+            code, message = to_status(e)
+            context.abort(code, message)
+        assert principal is not None and rule is not None
+        return AuthedContext(context, principal), rule.mutation
+
+    def _finish(self, ctx: AuthedContext, method: str, request: Any, failed: bool) -> None:
+        if self.audit is None:
+            return
+        code = ctx.final_code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
+        if code is grpc.StatusCode.UNAVAILABLE:
+            return  # a standby's refusal or a store outage: nothing happened, the caller retries
+        target = target_of(request) or (ctx.principal.name if "AgentService" in method else "")
+        self.audit.record(ctx.principal, method, target, ctx.peer(), code.name)
+
+    def _unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            ctx, audited = self._admit(method, context)
+            if not audited:
+                return behavior(request, ctx)
+            failed = True
+            try:
+                out = behavior(request, ctx)
+                failed = False
+                return out
+            finally:
+                self._finish(ctx, method, request, failed)
+
+        return call
+
+    def _stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Iterator[Any]]:
+        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            ctx, audited = self._admit(method, context)
+            if not audited:
+                yield from behavior(request, ctx)
+                return
+            failed = True
+            try:
+                yield from behavior(request, ctx)
+                failed = False
+            finally:
+                self._finish(ctx, method, request, failed)
+
+        return call

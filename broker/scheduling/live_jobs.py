@@ -1,0 +1,84 @@
+"""The scheduler's live jobs, kept between passes from the applier's commits.
+
+Why: a pass used to read every live job from the store and parse it. Under a
+stream of submits (each one wakes the scheduler) that full read *was* the broker's
+main cost: O(queue) work per submit, holding the store's lock against the very
+submits that caused it. Every job write goes through the one applier
+(broker/jobs/applier.py), which hands each committed job here, so the set can be
+kept by deltas: a pass costs the changes since the last one.
+
+Safety net: a full read every ``resync_s`` (and on the first pass), so a job
+written behind the applier's back (an operator tool on the same SQLite file) is
+seen within that time. Commits may be reported out of order by concurrent writers:
+the higher ``version`` of a job always wins.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from broker.jobs.lifecycle import LIVE
+from computebroker.v1 import common_pb2 as pb
+
+RESYNC_S = 30.0
+
+
+class LiveJobs:
+    def __init__(self, read_all: Callable[[], Iterable[pb.Job]], resync_s: float = RESYNC_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read_all = read_all
+        self.resync_s = resync_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: dict[str, pb.Job] = {}  # commits since the last pass
+        self._live: dict[str, pb.Job] | None = None
+        self._synced_at = 0.0
+        self.full_reads = 0
+        self.attached = True  # False once the applier no longer reports commits here
+
+    def committed(self, job: pb.Job) -> None:
+        """A job write committed (the applier's listener; any thread)."""
+        with self._lock:
+            old = self._pending.get(job.id)
+            if old is None or job.version >= old.version:
+                self._pending[job.id] = job
+
+    def current(self) -> list[pb.Job]:
+        """The live jobs now, ordered by id (as a store read returns them)."""
+        with self._lock:
+            changes, self._pending = self._pending, {}
+        live = self._live
+        if live is None or not self.attached or self._clock() - self._synced_at >= self.resync_s:
+            # Commits reported from here on are applied after the read (the higher
+            # version wins), so none is lost between the read and the next pass.
+            live = {j.id: j for j in self._read_all()}
+            self._synced_at = self._clock()
+            self.full_reads += 1
+        for job in changes.values():
+            old = live.get(job.id)
+            if old is not None and old.version > job.version:
+                continue
+            if job.phase in LIVE:
+                live[job.id] = job
+            else:
+                live.pop(job.id, None)
+        self._live = live
+        return sorted(live.values(), key=_job_id)
+
+    def detach(self) -> None:
+        """No more commits will be reported (the loop stopped): every later
+        ``current()`` reads the store, as a pass did before this cache."""
+        self.attached = False
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop everything: the next pass reads the store again."""
+        with self._lock:
+            self._pending = {}
+        self._live = None
+
+
+def _job_id(job: pb.Job) -> str:
+    return job.id

@@ -1,0 +1,194 @@
+"""Fleet view model: regions -> pools -> UltraServers / layer-3 blocks -> nodes.
+
+Why a pure function of the API's answers (ListRegions, GetCapacity with nodes): the page,
+the live refresh and the tests all read the same plain data, and the heat map's colour
+rules live in one table (:data:`CELL_STYLE`), not in the template.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from brokersdk.enums import capacity_type_name
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+
+class CellState(enum.Enum):
+    """What a node cell says at a glance (the strongest condition wins)."""
+
+    UNHEALTHY = "unhealthy"
+    CORDONED = "cordoned"
+    BORROWED = "borrowed"  # some of its GPUs are held beyond a team's guarantee
+    FULL = "full"
+    PARTIAL = "partial"
+    FREE = "free"
+
+
+# Legend text per state, in the order the legend shows them.
+CELL_STYLE: dict[CellState, str] = {
+    CellState.FREE: "all GPUs free",
+    CellState.PARTIAL: "some GPUs used",
+    CellState.FULL: "all GPUs used",
+    CellState.BORROWED: "GPUs borrowed beyond a guarantee",
+    CellState.CORDONED: "cordoned: no new work",
+    CellState.UNHEALTHY: "unhealthy",
+}
+
+
+@dataclass
+class NodeCell:
+    id: str
+    gpus: int
+    used: int
+    borrowed: int
+    healthy: bool
+    cordoned: bool
+    jobs: list[str]
+    accelerator: str
+    zone: str
+
+    @property
+    def state(self) -> CellState:
+        if not self.healthy:
+            return CellState.UNHEALTHY
+        if self.cordoned:
+            return CellState.CORDONED
+        if self.borrowed:
+            return CellState.BORROWED
+        if self.used >= self.gpus > 0:
+            return CellState.FULL
+        return CellState.PARTIAL if self.used else CellState.FREE
+
+    @property
+    def free(self) -> int:
+        return 0 if not self.healthy or self.cordoned else max(0, self.gpus - self.used)
+
+    @property
+    def fill(self) -> tuple[int, int]:
+        """Percent of the cell drawn as owned-used and as borrowed GPUs."""
+        if self.gpus <= 0:
+            return 0, 0
+        borrowed = round(100 * self.borrowed / self.gpus)
+        return round(100 * self.used / self.gpus) - borrowed, borrowed
+
+    @property
+    def title(self) -> str:
+        jobs = f"; jobs {', '.join(self.jobs)}" if self.jobs else ""
+        return (f"{self.id} ({self.zone}, {self.accelerator}): {self.used}/{self.gpus} GPUs used,"
+                f" {self.borrowed} borrowed, {self.state.value}{jobs}")
+
+
+@dataclass
+class Totals:
+    gpus: int = 0
+    used: int = 0
+    borrowed: int = 0
+    free: int = 0
+    nodes: int = 0
+    unhealthy: int = 0
+    cordoned: int = 0
+
+    def add(self, c: NodeCell) -> None:
+        self.gpus += c.gpus
+        self.used += c.used
+        self.borrowed += c.borrowed
+        self.free += c.free
+        self.nodes += 1
+        self.unhealthy += not c.healthy
+        self.cordoned += c.cordoned
+
+
+@dataclass
+class Block:
+    name: str
+    kind: str  # "UltraServer" | "layer-3 block" | "no topology"
+    nodes: list[NodeCell] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+
+
+@dataclass
+class Pool:
+    capacity_type: str
+    name: str
+    ctype: int = 0  # the wire enum, for ordering
+    blocks: list[Block] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+
+    @property
+    def label(self) -> str:
+        """"spot", or "training-plan · tp-123" when the pool has a name of its own."""
+        same = self.name.replace("_", "-").lower() in ("", self.capacity_type)
+        return self.capacity_type if same else f"{self.capacity_type} · {self.name}"
+
+
+@dataclass
+class RegionView:
+    name: str
+    connected: bool
+    draining: bool
+    drain_reason: str
+    running_jobs: int
+    pools: list[Pool] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+
+    @property
+    def cordoned_nodes(self) -> list[str]:
+        return [c.id for p in self.pools for b in p.blocks for c in b.nodes if c.cordoned]
+
+
+def _natural(text: str) -> list[object]:
+    """"us2" before "us10": numbers in names compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
+
+
+def _short(name: str, region: str) -> str:
+    """A block's name without its region's prefix (the section already says the region)."""
+    return name[len(region) + 1:] if name.startswith(region + "-") and len(name) > len(region) + 1 else name
+
+
+# Pools in the order a person reads them: what is paid for first.
+_POOL_ORDER = {pb.CAPACITY_TYPE_TRAINING_PLAN: 0, pb.CAPACITY_TYPE_RESERVED: 1,
+               pb.CAPACITY_TYPE_ON_DEMAND: 2, pb.CAPACITY_TYPE_SPOT: 3}
+
+
+def build_fleet(regions: Iterable[cpb.RegionInfo],
+                nodes: Iterable[cpb.NodeUsage]) -> list[RegionView]:
+    """The heat map's tree from ListRegions and GetCapacity(include_nodes=True)."""
+    views = {r.name: RegionView(r.name, r.connected, r.draining, r.drain_reason, r.running_jobs)
+             for r in regions}
+    pools: dict[tuple[str, int, str], Pool] = {}
+    blocks: dict[tuple[str, int, str, str], Block] = {}
+    for usage in nodes:
+        n = usage.node
+        region = views.setdefault(n.region, RegionView(n.region, False, False, "", 0))
+        pkey = (n.region, n.capacity_type, n.pool)
+        pool = pools.get(pkey)
+        if pool is None:
+            pool = pools[pkey] = Pool(capacity_type_name(n.capacity_type) or "unknown", n.pool,
+                                         n.capacity_type)
+            region.pools.append(pool)
+        bname, kind = ((n.ultraserver_id, "UltraServer") if n.ultraserver_id else
+                       (n.network_layer_3, "layer-3 block") if n.network_layer_3 else
+                       ("", "no topology"))
+        bkey = (*pkey, bname)
+        block = blocks.get(bkey)
+        if block is None:
+            block = blocks[bkey] = Block(_short(bname, n.region) or "-", kind)
+            pool.blocks.append(block)
+        cell = NodeCell(n.id, n.gpus, usage.allocated_gpus, usage.borrowed_gpus, n.healthy,
+                        n.cordoned, list(usage.job_ids), n.accelerator, n.zone)
+        block.nodes.append(cell)
+        for t in (block.totals, pool.totals, region.totals):
+            t.add(cell)
+    out = sorted(views.values(), key=lambda r: r.name)
+    for r in out:
+        r.pools.sort(key=lambda p: (_POOL_ORDER.get(p.ctype, 9), p.name))
+        for p in r.pools:
+            p.blocks.sort(key=lambda b: _natural(b.name))
+            for b in p.blocks:
+                b.nodes.sort(key=lambda c: _natural(c.id))
+    return out

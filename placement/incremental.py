@@ -1,0 +1,170 @@
+"""Admission cache: the capacity index and running-job bookkeeping kept alive across
+passes and fed by deltas (Kueue's cache feeding its per-cycle snapshot).
+
+Why: a from-scratch pass rebuilds the capacity index (every node), the quota
+ledger's usage and the victim lists (every running job) before it looks at a single
+pending job. When one job arrives or one attempt ends, that rebuild is nearly all
+of the pass. Here the fleet side is built once and then changed by exactly the
+deltas the caller reports (:meth:`AdmissionCache.add_running`,
+:meth:`~AdmissionCache.remove_running`, :meth:`~AdmissionCache.set_nodes`), so a
+pass costs the pending queue plus the change, not the fleet.
+
+Decisions are identical to ``placement.schedule`` on the equivalent snapshot
+(tests/placement/test_incremental.py checks random sequences of submits, finishes
+and node changes against from-scratch passes). What makes that exact:
+
+* A pass mutates the index (admissions, holds for preempting jobs, victim
+  simulations). Every change is journaled; before the next pass each touched
+  node is set back to ``max(0, gpus - used)`` (the from-scratch rule) and the
+  free-GPU buckets it sits in are put back in node order
+  (:meth:`CapacityIndex.restore`): domain counts are sums, so bucket order is the
+  only place history could survive, and best fit takes a bucket's first node.
+* What the cheap path cannot follow rebuilds the index from the kept nodes and
+  running jobs through the same :func:`placement.scheduler.build_fleet`: a node
+  added, removed or changed; the draining regions changing; the clock crossing a
+  training plan's start or end (a node enters or leaves the usable set).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable
+
+from placement.model import Decisions, JobRequest, NodeInfo, RunningJob, Snapshot, TeamQuota
+from placement.scheduler import Fleet, _Pass, build_fleet
+from placement.topology import Slot
+
+
+class AdmissionCache:
+    """Nodes and running jobs, known by delta; :meth:`schedule` runs one pass."""
+
+    def __init__(self, nodes: Iterable[NodeInfo] = (), running: Iterable[RunningJob] = ()) -> None:
+        self._nodes: dict[str, NodeInfo] = {n.id: n for n in nodes}
+        self._running: dict[str, RunningJob] = {}
+        self._used: dict[str, int] = {}  # node id -> GPUs running jobs hold on it
+        self._fleet: Fleet | None = None
+        self._built_at = 0.0
+        self._draining: frozenset[str] = frozenset()
+        self._bounds: list[float] = []  # plan starts and ends: crossing one rebuilds
+        self._dirty: set[str] = set()  # nodes whose ``used`` changed since the last pass
+        self.rebuilds = 0  # full index builds so far (for benchmarks and tests)
+        for r in running:
+            self.add_running(r)
+
+    # ---- deltas ------------------------------------------------------------------------
+
+    def set_nodes(self, nodes: Iterable[NodeInfo]) -> None:
+        """The fleet's nodes now (an agent registered, a node changed or went away).
+        Rare next to job changes, so any difference rebuilds the index."""
+        new = {n.id: n for n in nodes}
+        if new != self._nodes:
+            self._nodes = new
+            self._fleet = None
+
+    def add_running(self, r: RunningJob) -> None:
+        """A job now holds GPUs (admitted, or a new copy of a running job's state)."""
+        if r.id in self._running:
+            self.remove_running(r.id)
+        self._running[r.id] = r
+        fleet = self._fleet
+        for node_id, g in r.allocations:
+            self._used[node_id] = self._used.get(node_id, 0) + g
+            self._dirty.add(node_id)
+        if fleet is not None:
+            fleet.by_team.setdefault(r.team, []).append(r)
+            g = fleet.rgpus[id(r)] = r.gpus
+            k = (r.team, r.accelerator)
+            fleet.running_by_acc[k] = fleet.running_by_acc.get(k, 0) + g
+
+    def remove_running(self, job_id: str) -> RunningJob | None:
+        """A job released its GPUs (finished, failed, stopped)."""
+        r = self._running.pop(job_id, None)
+        if r is None:
+            return None
+        for node_id, g in r.allocations:
+            left = self._used.get(node_id, 0) - g
+            if left:
+                self._used[node_id] = left
+            else:
+                self._used.pop(node_id, None)
+            self._dirty.add(node_id)
+        fleet = self._fleet
+        if fleet is not None:
+            team = fleet.by_team[r.team]
+            del team[next(i for i, x in enumerate(team) if x is r)]  # not __eq__ field by field
+            del fleet.rgpus[id(r)]
+            k = (r.team, r.accelerator)
+            left = fleet.running_by_acc[k] - fleet_gpus(r)
+            if left:
+                fleet.running_by_acc[k] = left
+            else:
+                del fleet.running_by_acc[k]
+        return r
+
+    @property
+    def running(self) -> dict[str, RunningJob]:
+        return self._running
+
+    @property
+    def nodes(self) -> dict[str, NodeInfo]:
+        return self._nodes
+
+    # ---- one pass ------------------------------------------------------------------------
+
+    def schedule(self, now: float, pending: Iterable[JobRequest], teams: Iterable[TeamQuota] = (),
+                 draining_regions: frozenset[str] = frozenset()) -> Decisions:
+        """``placement.schedule`` of the snapshot (now, the kept nodes and running
+        jobs, ``pending``, ``teams``, ``draining_regions``), same decisions."""
+        snap = Snapshot(now=now, nodes=(), running=(), pending=tuple(pending), teams=tuple(teams),
+                        draining_regions=frozenset(draining_regions))
+        fleet = self._ready(now, snap.draining_regions)
+        return _Pass(snap, fleet).run()
+
+    def _ready(self, now: float, draining: frozenset[str]) -> Fleet:
+        fleet = self._fleet
+        if (fleet is None or draining != self._draining
+                or bisect_right(self._bounds, now) != bisect_right(self._bounds, self._built_at)):
+            return self._rebuild(now, draining)
+        self._undo(fleet)
+        return fleet
+
+    def _rebuild(self, now: float, draining: frozenset[str]) -> Fleet:
+        full = Snapshot(now=now, nodes=tuple(self._nodes.values()), running=tuple(self._running.values()),
+                        pending=(), draining_regions=draining)
+        fleet = build_fleet(full)
+        fleet.region_of = {n.id: n.region for n in self._nodes.values()}
+        fleet.index.journal = []
+        fleet.future.journal = []
+        self._fleet, self._built_at, self._draining = fleet, now, draining
+        self._bounds = sorted({t for n in self._nodes.values() for t in (n.plan_start, n.plan_end)
+                               if t is not None})
+        self._dirty.clear()
+        self.rebuilds += 1
+        return fleet
+
+    def _undo(self, fleet: Fleet) -> None:
+        """Back to the from-scratch state: the last pass's changes undone, the
+        running-job deltas since applied, buckets in node order."""
+        index, used = fleet.index, self._used
+        touched: dict[Slot, None] = dict.fromkeys(s for s, _ in index.journal or ())
+        slot_of = index.slot_by_id
+        for node_id in self._dirty:
+            s = slot_of.get(node_id)
+            if s is not None:
+                touched[s] = None
+        free_of = {}
+        for s in touched:
+            f = s.info.gpus - used.get(s.info.id, 0)
+            free_of[s] = f if f > 0 else 0
+        index.restore(touched, free_of)
+        index.journal = []
+        future = fleet.future
+        if future.journal:
+            slots = dict.fromkeys(s for s, _ in future.journal)
+            future.restore(slots, {s: s.info.gpus for s in slots})
+            future.journal = []
+        self._dirty.clear()
+
+
+def fleet_gpus(r: RunningJob) -> int:
+    return sum(g for _, g in r.allocations)
