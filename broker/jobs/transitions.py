@@ -307,7 +307,9 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
         begin_move(tx, now, plan.cause)
         tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
                 message=inp.message, details=details)
-        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s))
+        # make-before-break: the scheduler places the move's standby now, not at its next pass
+        wake = (WakeScheduler(),) if config.make_before_break else ()
+        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s), *wake)
     stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
     lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
     j.requeue_cause = plan.family.value
