@@ -150,6 +150,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return True  # unknown: handle_update only tells the sender to stop it
         if job.placement.agent_id == agent_id and job.attempt == attempt:
             return True
+        if (job.HasField("standby") and job.standby.attempt == attempt
+                and job.standby.placement.agent_id == agent_id):
+            return True  # a make-before-break standby (launched before it is the job's attempt)
         return any(ev.type == "launched" and ev.attempt == attempt
                    and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
 
