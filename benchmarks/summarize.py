@@ -185,6 +185,49 @@ def migration(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def mbb(d: dict[str, Any]) -> list[str]:
+    fl, ph, inside, sb, spot = d["floor"], d["phases_s"], d["inside_phases_s"], d["standby"], d["spot_notice"]
+    bg = d.get("background_durability_copy") or {}
+    params = f"{d['params'] / 1e6:,.0f} M-parameter" if d.get("params") else d["model"]
+    out = [
+        "### Make-before-break migration (`python benchmarks/bench_mbb.py`)",
+        "",
+        f"A {params} job ({d['checkpoint_bytes'] / 1e9:.2f} GB checkpoint, {d['checkpoint_files']} files), "
+        f"ranks {d['ranks']}, moved {d['route']}; {d['mode']} mode ({d['machine']}). "
+        "Downtime = the source's last step ends → the destination resumes training; floor = raw write + "
+        "raw read of the same files, same store" + ("." if fl.get("source") else ", same run."),
+        "",
+        "| measure | seconds |",
+        "|---|---|",
+        f"| **downtime** | **{f(d['downtime_s'], 2)}** |",
+        f"| floor: raw write {f(fl['raw_write_s'], 2)} + raw read {f(fl['raw_read_s'], 2)} | {f(fl['floor_s'], 2)} |",
+        f"| downtime / floor (goal ≤ 1.3) | {d['downtime_vs_floor']:.2f} |",
+    ]
+    if fl.get("source"):
+        out.insert(-5, f"Floor: {fl['source']}")
+        out.insert(-5, "")
+    for k, v in ph.items():
+        out.append(f"| phase: {k.removesuffix('_s').replace('_', ' ')} | {f(v, 2)} |")
+    for k, v in inside.items():
+        out.append(f"| inside: {k.split(' (')[0].removesuffix('_s').replace('_', ' ')} | {f(v, 2)} |")
+    out += [
+        f"| standby: parked waiting for the go | {f(sb.get('parked_waiting_for_go_s'), 2)} |",
+        f"| first step's own compute (not downtime) | {f(d['first_step_compute_s'], 2)} |",
+        f"| background durability copy ({bg.get('method', 'n/a')}, off the critical path) | "
+        f"{f(bg['seconds'], 2) if bg else 'not finished when measured'} |",
+        f"| spot notice: SIGTERM → final checkpoint durable (notice {f(spot['notice_s'], 0)} s) | "
+        f"{f(spot.get('sigterm_to_durable_s'), 2)} |",
+        "",
+        f"Previous break-before-make figure: {d['baseline_break_before_make']}.",
+    ]
+    for key in ("runs",):
+        if d.get(key):
+            out += ["", f"Runs: {d[key]}."]
+    if spot.get("note"):
+        out += ["", f"Spot notice: {spot['note'].rstrip('.')}."]
+    return out
+
+
 def transfer(d: dict[str, Any]) -> list[str]:
     out = [
         "### Checkpoint transfer between regions (`python benchmarks/bench_migration.py`)",
@@ -415,7 +458,7 @@ def render() -> str:
         "",
     ]
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
-                     ("migration", migration),
+                     ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("library", library),
                      ("workdir", workdir), ("auth", auth), ("streams", streams),
                      ("console", console), ("sim", sim)):

@@ -83,6 +83,10 @@ class BrokerConfig(BaseModel):
     # "copy" = the destination agent copies it into its own store first (fast loads, one
     # bulk transfer); "direct" = the trainer reads the other region's store.
     migration_transfer_mode: str = Field("copy", pattern="^(copy|direct)$")
+    # Make-before-break (broker/jobs/standby.py): a drain or migrate stop also reserves and
+    # starts the destination (standby) while the source saves; it goes once the source is
+    # fenced and reads the checkpoint where the source wrote it (trainer/standby.py).
+    make_before_break: bool = False
     # A job on a training plan is moved this long before the plan ends at the least; more
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)

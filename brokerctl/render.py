@@ -435,9 +435,10 @@ def move_state(m: common_pb2.Migration) -> str:
 def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
                      with_job: bool = True) -> Table:
     """One row per move (fits 100 columns): cause (! = emergency), route, world sizes,
-    checkpoint time, transfer (time @ MB/s, or % while copying), total time to the first
-    step after the resume (or the state while in progress) and the broker's own share
-    (ORCH). ``-o json`` / ``brokerctl job`` have every field."""
+    checkpoint time, transfer (time @ MB/s, or % while copying; "mbb" for a make-before-break
+    move, which reads the checkpoint in place), total time to the first step after the
+    resume (or the state while in progress) and the broker's own share (ORCH). ``-o json`` /
+    ``brokerctl job`` have every field, the downtime of a move among them."""
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")
@@ -454,7 +455,7 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
         elif tr.bytes_total:
             xfer = f"{100 * tr.bytes_done // tr.bytes_total}%"
         else:
-            xfer = "-"
+            xfer = "mbb" if m.make_before_break else "-"  # read in place, copied after resuming
         row: list[object] = [m.job_id] if with_job else []
         row += [move_cause(m) + ("!" if m.emergency else ""),
                 f"{m.from_region or '-'}>{m.to_region or '?'}",

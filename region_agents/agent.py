@@ -51,6 +51,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wai
 
 from brokersdk.credentials import make_channel
 from checkpoint_layout.roots import RootError, canonical, check_under
+from checkpoint_layout.standby_go import Go, GoAction
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
@@ -66,7 +67,8 @@ from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_staging
+from region_agents.staging import Staging, plan_staging, under
+from region_agents.staging import s3_client as staging_s3_client
 from region_agents.store_probe import probe, resolve_store
 from region_agents.workdir import WorkdirCache
 
@@ -187,6 +189,9 @@ class RegionAgent:
         # Migration: checkpoint copies in flight before an attempt starts, and agent-clock
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
         self._staging: dict[tuple[str, int], Staging] = {}
+        # make-before-break: a standby's own checkpoint dir, then (source ckpt, that dir) once go'd
+        self._standby_ckpt: dict[tuple[str, int], str] = {}
+        self._durable_copies: dict[tuple[str, int], tuple[str, str]] = {}
         self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
         self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
 
@@ -387,6 +392,8 @@ class RegionAgent:
                 self._on_stop(msg.command_id, msg.stop)
             elif kind == "checkpoint":
                 self._on_checkpoint(msg.command_id, msg.checkpoint)
+            elif kind == "go":
+                self._on_go(msg.command_id, msg.go)
             elif kind == "drain":
                 self.draining = True
                 log.info("broker drains this agent: %s", msg.drain.reason)
@@ -443,6 +450,12 @@ class RegionAgent:
             if not decision.accepted or decision.duplicate:
                 self._ack(command_id, decision.accepted, decision.message)
                 return
+            refusal = self._standby_refusal(launch, decision.kill_attempt)
+            if refusal:
+                self._ack(command_id, False, refusal)
+                self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
+                                          exit_code=-1, message=refusal))
+                return
             if decision.kill_attempt:
                 log.info("%s: attempt %d supersedes %d: killing the old one", launch.job_id,
                          launch.attempt, decision.kill_attempt)
@@ -471,6 +484,8 @@ class RegionAgent:
                                           exit_code=-1, message=problem))
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
+            if launch.standby:
+                self._standby_ckpt[key] = launch.checkpoint_uri
             self._ack(command_id, True)
             if staging is not None:
                 # Copy the checkpoint into this region's store, or resolve a same-region
@@ -481,6 +496,59 @@ class RegionAgent:
                 if staging.copies:
                     log.info("%s attempt %d: copying checkpoint %s -> %s before start",
                              launch.job_id, launch.attempt, staging.src, staging.dst)
+
+    def _standby_refusal(self, launch: agent_pb2.Launch, running: int) -> str:
+        """Why a make-before-break standby cannot start here ("" = it can). Never beside
+        an attempt of the same job on this agent: starting an attempt fences older ones
+        here, and the source must keep its ranks until its final checkpoint."""
+        if not launch.standby:
+            return ""
+        if not self.executor.supports_standby:
+            return (f"standby launch refused: the {type(self.executor).__name__} does not"
+                    " run make-before-break standby attempts")
+        if running:
+            return (f"standby launch refused: attempt {running} of {launch.job_id} still runs on"
+                    " this agent (a standby must be on another agent)")
+        return ""
+
+    def _on_go(self, command_id: str, go: agent_pb2.Go) -> None:
+        """Make-before-break: the source is fenced; release the standby (or abort it).
+        Idempotent: a re-sent Go writes the same go file again."""
+        with self._lock:
+            if self.ledger.running.get(go.job_id) != go.attempt:
+                self._ack(command_id, False, f"{go.job_id} attempt {go.attempt} is not running here")
+                return
+            action = GoAction.ABORT if go.abort else GoAction.GO
+            self.executor.go(go.job_id, go.attempt, Go(action, go.resume_from, go.reason))
+            key = (go.job_id, go.attempt)
+            if action is GoAction.GO and go.resume_from and key in self._standby_ckpt:
+                self._durable_copies[key] = (go.resume_from, self._standby_ckpt.pop(key))
+            log.info("%s attempt %d: go (%s) from %s", go.job_id, go.attempt, go.reason,
+                     go.resume_from or "scratch")
+            self._ack(command_id, True)
+
+    def _durability_copy(self, job_id: str, attempt: int, src: str, dst_dir: str) -> None:
+        """After a make-before-break resume read the checkpoint straight from the source
+        region's store, copy it into the attempt's directory in this region's store in the
+        background (the attempt already trains; this only makes the resume point survive
+        the source region, like the copy-first path's ``<checkpoint_uri>/step-N``)."""
+        bucket = self.inventory.checkpoint_bucket
+        if not src or not dst_dir or (bucket and under(src, bucket)):
+            return
+        name = src.rstrip("/").rpartition("/")[2]
+        dst = f"{dst_dir.rstrip('/')}/{name}"
+
+        def run() -> None:
+            try:
+                from region_agents.transfer import copy_checkpoint
+
+                r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                log.info("%s attempt %d: background durability copy %s -> %s: %.1f MB in %.2fs"
+                         " (%s)", job_id, attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
+            except Exception as e:  # noqa: BLE001 - best effort: the next checkpoint covers it
+                log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
+
+        threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
 
     def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
         """Why this region will not write ``launch.checkpoint_uri``, or None.
@@ -616,6 +684,10 @@ class RegionAgent:
         upd = ev.to_proto()
         upd.message = clip(upd.message, UPDATE_MESSAGE_MAX)
         key = (ev.job_id, ev.attempt)
+        if key in self._durable_copies and (ev.terminal or ev.state == AS.ATTEMPT_STATE_RUNNING):
+            src, dst_dir = self._durable_copies.pop(key)
+            if not ev.terminal:  # it trains now: the copy no longer competes with its load
+                self._durability_copy(ev.job_id, ev.attempt, src, dst_dir)
         if transfer is not None:
             upd.transfer.CopyFrom(transfer)
             upd.transfer.error = clip(upd.transfer.error, ACK_MESSAGE_MAX)

@@ -30,7 +30,7 @@ from broker.auth.identity import CredentialKind, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
-from broker.jobs import backoff
+from broker.jobs import backoff, standby
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
@@ -167,6 +167,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return True  # unknown: handle_update only tells the sender to stop it
         if job.placement.agent_id == agent_id and job.attempt == attempt:
             return True
+        if (job.HasField("standby") and job.standby.attempt == attempt
+                and job.standby.placement.agent_id == agent_id):
+            return True  # a make-before-break standby (launched before it is the job's attempt)
         return any(ev.type == "launched" and ev.attempt == attempt
                    and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
 
@@ -191,9 +194,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             job = self.jobs.find(r.job_id)
             if job is not None and self.ops.is_current(job, agent.agent_id, r.attempt):
                 reported.add(r.job_id)
+            elif job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # a make-before-break standby waiting for its go: keep it
             else:
                 stale.append(r.job_id)
         for job in self.jobs.iter(phases=HOLDING):
+            if standby.waiting(job) and job.standby.placement.agent_id == agent.agent_id and not any(
+                    r.job_id == job.id and r.attempt == job.standby.attempt for r in reg.running):
+                self.ops.standby_missing(job.id, agent.agent_id)
             if job.placement.agent_id != agent.agent_id or job.id in reported:
                 continue
             self.ops.attempt_lost(job.id, agent.agent_id, Trigger.ATTEMPT_MISSING, attempt=job.attempt,
@@ -274,9 +282,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # Drift: attempts the agent runs that the broker does not want -> fence them.
         for r in hb.running:
             job = self.jobs.find(r.job_id)
+            if job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # make-before-break: held before its first step, not stale
             if job is None or not self.ops.is_current(job, agent.agent_id, r.attempt):
                 self.ops.fence(agent.agent_id, r.job_id, r.attempt)
-            elif r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
+                continue
+            self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
+            if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
                 self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
                                                             state=r.state, progress=r.progress))
 

@@ -19,7 +19,7 @@ from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import FailedPrecondition
 from broker.ids import new_job_id
-from broker.jobs import migration, transitions, updates
+from broker.jobs import migration, standby, transitions, updates
 from broker.jobs.applier import Applier
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
@@ -112,6 +112,26 @@ class JobOps:
                                 explanation=explanation)
         out = self._apply(job_id, transitions.admit, inp)
         return out.job if out is not None else None
+
+    def reserve_standby(self, job_id: str, admission: placement.Admission) -> pb.Job | None:
+        """Make-before-break: reserve ``admission`` for the moving job's standby attempt."""
+        agent = self.agents.get(admission.agent_id)
+        if agent is None or not agent.connected:
+            return None
+        inp = standby.ReserveStandby(admission=admission, nodes={n.id: n for n in agent.record.nodes},
+                                     checkpoint_bucket=agent.record.checkpoint_bucket)
+        out = self._apply(job_id, standby.reserve, inp)
+        return out.job if out is not None else None
+
+    def standby_missing(self, job_id: str, agent_id: str) -> None:
+        """A make-before-break standby its agent no longer runs: drop it."""
+        self.applier.apply(job_id, lambda j, now: standby.standby_missing(j, agent_id, now))
+
+    def resend_go(self, job: pb.Job, agent_id: str, attempt: int) -> None:
+        """Re-send a promoted standby's Go (lost to a broker or stream restart)."""
+        go = standby.go_due(job, agent_id, attempt)
+        if go is not None:
+            self.applier.run(go, job)
 
     def set_pending_reason(self, job_id: str, reason: str) -> None:
         self._apply(job_id, transitions.set_pending_reason, reason)
@@ -217,6 +237,10 @@ class JobOps:
             log.warning("update for unknown job %s from %s: stopping it", u.job_id, agent.agent_id)
             if u.state not in updates.ATTEMPT_TERMINAL:
                 self.applier.fence(agent.agent_id, u.job_id, u.attempt)
+            return
+        if standby.is_standby(job, agent.agent_id, u.attempt):  # make-before-break, before its go
+            if u.state in updates.ATTEMPT_TERMINAL:
+                self.applier.apply(u.job_id, lambda j, now: standby.standby_ended(j, agent.agent_id, u, now))
             return
         if not transitions.is_current(job, agent.agent_id, u.attempt):
             if u.state not in updates.ATTEMPT_TERMINAL:

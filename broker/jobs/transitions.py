@@ -211,6 +211,22 @@ def cancel(job: pb.Job, inp: Cancel, now: float, config: BrokerConfig) -> Outcom
     return seal(tx, WakeScheduler())
 
 
+def placement_of(adm: placement.Admission, nodes: dict[str, pb.Node], explanation: str) -> pb.Placement:
+    """The job's Placement record for an admission (also a standby's, broker.jobs.standby)."""
+    pl = pb.Placement(
+        region=adm.region, agent_id=adm.agent_id, capacity_type=int(adm.capacity_type),
+        pool=adm.pool, price_per_gpu_hour=adm.price_per_gpu_hour,
+        explanation=adm.explanation or explanation,
+    )
+    for node_id, gpus in adm.assignments:
+        n = nodes.get(node_id)
+        pl.nodes.add(node_id=node_id, gpus=gpus, zone=n.zone if n else "",
+                     network_layer_3=n.network_layer_3 if n else "",
+                     ultraserver_id=n.ultraserver_id if n else "")
+    pl.world_size = sum(g for _, g in adm.assignments)
+    return pl
+
+
 def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome | None:
     """Place a queued job: ADMITTED (first time) -> LAUNCHING with attempt+1, and the
     Launch for the agent (resuming from the last durable checkpoint)."""
@@ -221,17 +237,7 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
         return None  # it refused this job lately (backoff.py); the snapshot should not offer it
     tx = begin(job, now)
     j = tx.job
-    pl = pb.Placement(
-        region=adm.region, agent_id=adm.agent_id, capacity_type=int(adm.capacity_type),
-        pool=adm.pool, price_per_gpu_hour=adm.price_per_gpu_hour,
-        explanation=adm.explanation or inp.explanation,
-    )
-    for node_id, gpus in adm.assignments:
-        n = inp.nodes.get(node_id)
-        pl.nodes.add(node_id=node_id, gpus=gpus, zone=n.zone if n else "",
-                     network_layer_3=n.network_layer_3 if n else "",
-                     ultraserver_id=n.ultraserver_id if n else "")
-    pl.world_size = sum(g for _, g in adm.assignments)
+    pl = placement_of(adm, inp.nodes, inp.explanation)
     j.placement.CopyFrom(pl)
     where = f"{adm.region}/{adm.agent_id} on {len(adm.assignments)} node(s)"
     if j.phase == PENDING:
@@ -268,6 +274,8 @@ def note_move_completed(tx: Tx, m: pb.Migration) -> None:
                     f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
                     f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
                     f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s"
+                    + (f"; downtime {m.downtime_s:.1f}s" if m.downtime_s else "")
+                    + (" (make-before-break)" if m.make_before_break else "")
                     + (f" ({m.message})" if m.message else ""),
             details=migration.timing_details(m))
 
@@ -303,7 +311,9 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
         begin_move(tx, now, plan.cause)
         tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
                 message=inp.message, details=details)
-        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s))
+        # make-before-break: the scheduler places the move's standby now, not at its next pass
+        wake = (WakeScheduler(),) if config.make_before_break else ()
+        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s), *wake)
     stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
     lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
     j.requeue_cause = plan.family.value

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import migration
+from broker.jobs import migration, standby
 from broker.jobs.causes import Cause, Family, StopKind
+from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
     CANCELLED,
     FAILED,
@@ -165,7 +166,10 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
                           work_lost_s=lost)
         requeue_open(j)
         stopped_to_queue(tx, kind, actor=actor, saved=saved, detail=detail)
-        return seal(tx, WakeScheduler())
+        # make-before-break: the source is fenced now; its standby (if any) goes
+        end = SourceEnd.CHECKPOINTED if saved else SourceEnd.FAILED
+        go = standby.promote(tx, end, actor)
+        return seal(tx, go, WakeScheduler()) if go is not None else seal(tx, WakeScheduler())
     tx.lose_work(Family.FAILURE)
     if u.state == S.ATTEMPT_STATE_STOPPED:
         # Stopped without being asked (agent-side decision): relaunch.
@@ -308,7 +312,9 @@ def first_step_after_move(tx: Tx, u: apb.JobUpdate, force: bool = False) -> None
         return
     if u.HasField("timings"):
         migration.running(j, tx.now, u.timings)
-    m = migration.finish(j, tx.now, u.progress.updated_time if u.HasField("progress") else tx.now)
+    has = u.HasField("progress")
+    m = migration.finish(j, tx.now, u.progress.updated_time if has else tx.now,
+                         resumed_time=u.progress.resumed_time if has else 0.0)
     if m is None:
         return
     note_move_completed(tx, m)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
-from broker.jobs import backoff
+from broker.jobs import backoff, standby
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from broker.scheduling import plan_binding
 from checkpoint_layout.roots import RootError, under
@@ -171,7 +171,11 @@ def build(
     draining: Iterable[str],
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
     memo: SnapshotMemo | None = None,
+    make_before_break: bool = False,
 ) -> placement.Snapshot:
+    """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
+    for its standby's placement (request id ``<job>~standby``, never preempting), and a
+    reserved standby's nodes count as used (broker/jobs/standby.py)."""
     plans = list(plans)
     agents = list(agents)
     plan_map = {p.id: p for p in plans}
@@ -189,6 +193,8 @@ def build(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
     nodes_of = {a.agent_id: [n.id for n in a.record.nodes] for a in agents}
     pending, running = [], []
+    by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
+                                           for a in agents} if make_before_break else {}
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
@@ -207,6 +213,21 @@ def build(
             else:
                 running.append(memo.get((job.id, job.version, prio, 1),
                                         lambda j=job, p=prio: running_job(j, p)))
+            if make_before_break and standby.wants_placement(job):
+                req = job_request(job, prio, avoid_nodes=frozenset(
+                    n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())))
+                # never on the source's agent: starting an attempt there fences the source
+                src = frozenset(a.node_id for a in job.placement.nodes) | by_agent.get(
+                    job.placement.agent_id, frozenset())
+                pending.append((queue_key(job, prio), dataclasses.replace(
+                    req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src)))
+        if standby.waiting(job) and job.standby.placement.nodes:
+            held = pb.Job()
+            held.CopyFrom(job)
+            held.id = standby.request_id(job.id)
+            held.placement.CopyFrom(job.standby.placement)
+            held.stop_reason = "standby"  # not preemptible: it holds no work yet
+            running.append(running_job(held, prio))
     if memo is not None:
         memo.rotate()
     pending.sort(key=lambda kv: kv[0])
