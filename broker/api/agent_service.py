@@ -363,7 +363,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s refused %s of %s#%d: %s", agent.agent_id, cmd.kind, cmd.job_id,
                     cmd.attempt, ack.message)
         if cmd.kind == "launch":
-            # Backoff, avoidance and giving up: broker/jobs/backoff.py (contracts §6 rule 11).
+            # Backoff, avoidance and giving up: broker/jobs/backoff.py (contracts §6 rule 12).
             self.ops.attempt_lost(cmd.job_id, agent.agent_id, Trigger.LAUNCH_REFUSED, attempt=cmd.attempt,
                                   message=f"agent {agent.agent_id} refused the launch: {ack.message}",
                                   reason=ack.message)
