@@ -161,6 +161,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="checkpoints in a local S3 API server (moto, started and stopped by the"
                         " demo; one bucket per region) instead of local directories")
     p.set_defaults(spot_demo=True)
+    p.add_argument("--no-console", action="store_true",
+                   help="do not serve the web console beside the demo")
+    p.add_argument("--hold", action="store_true",
+                   help="keep the broker and console up after the jobs end, until Ctrl-C")
     p.add_argument("--insecure-dev", action="store_true",
                    help="DEV ONLY: run without TLS and authentication (default: TLS with a dev CA)")
 
@@ -233,6 +237,7 @@ class Demo:
     address: str = ""
     agent_address: str = ""  # the broker's mutual-TLS port (agents)
     pki: Any = None  # broker.auth.devca.DevPKI made for this demo (TLS on by default)
+    web: Any = None  # console.demo.DemoConsole: the web console beside the demo
     agents: list[AgentProc] = field(default_factory=list)
     handles: list[JobHandle] = field(default_factory=list)
     submitted_at: dict[str, float] = field(default_factory=dict)
@@ -571,7 +576,27 @@ class Demo:
 
     # -- teardown
 
+    def start_console(self) -> str:
+        """Serve the web console for this demo's broker on a free loopback port; the line
+        to print (URL + the token to sign in with), or "" when it cannot start."""
+        if self.pki is None or getattr(self.args, "no_console", False):
+            return ""
+        try:
+            from console.demo import start
+        except ImportError:  # a build without the console's dependencies
+            return ""
+        self.web = start(self.address, str(self.pki.ca.ca_cert_path))
+        if self.web is None:
+            return ""
+        return (f"[green]✓[/] web console: [bold]{self.web.url}[/] "
+                f"(sign in with the demo operator's token {self.pki.tokens['admin']}; "
+                "it serves while the demo runs)")
+
     def shutdown(self) -> None:
+        if self.web is not None:
+            with contextlib.suppress(Exception):
+                self.web.stop()
+            self.web = None
         if self.agents:
             with self.console.status("stopping agents and trainers..."):
                 for a in self.agents:
@@ -652,7 +677,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
             console.print(render.capacity_table(client.capacity()))
             demo.create_teams(client)
             env = f"CB_CONFIG={demo.pki.client_config} " if demo.pki is not None else ""
-            url_hint = console_hint(demo.address, env)
+            url_hint = demo.start_console() or console_hint(demo.address, env)
             if url_hint:
                 console.print(url_hint)
             if args.spot_demo:
@@ -677,6 +702,12 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
             f"{'[bold green]all jobs succeeded[/]' if ok else '[bold red]not every job succeeded[/]'}"
             f" in {render.duration(time.time() - t0)}; logs and checkpoints under {demo.work}"
         )
+        if getattr(args, "hold", False):
+            where = f" and the console at {demo.web.url}" if demo.web is not None else ""
+            console.print(f"holding the broker on {demo.address}{where}: Ctrl-C ends the demo")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
         return 0 if ok else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: shutting down[/]")
