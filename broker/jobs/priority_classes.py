@@ -41,7 +41,7 @@ class PriorityClasses:
 
     # ---- reads ------------------------------------------------------------------------
     def _load(self) -> dict[str, cpb.PriorityClass]:
-        out = {name: cpb.PriorityClass(name=name, value=value, description="broker config")
+        out = {name: cpb.PriorityClass(name=name, value=value)
                for name, value in self._config.priority_classes.items()}
         for tomb in self._store.list_records(KIND_PRIORITY_CLASS_DELETED, cpb.PriorityClass):
             out.pop(tomb.name, None)  # type: ignore[attr-defined]
