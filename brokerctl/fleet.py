@@ -167,6 +167,9 @@ def desired_priority_class(name: str, f: Any) -> capacity_pb2.PriorityClass:
     value = f.get("value")
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{where}.value must be a whole number (higher runs first), got {value!r}")
+    if not -(2**31) <= value < 2**31:
+        raise UsageError(f"{where}.value {value} is out of range (a 32-bit whole number;"
+                         " the broker's limit is stricter, see docs/contracts.md \"Limits\")")
     return capacity_pb2.PriorityClass(name=name, value=value,
                                       description=str(f.get("description") or ""))
 
