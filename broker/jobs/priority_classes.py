@@ -15,6 +15,7 @@ interval also picks up a change written by the previous leader after a failover.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,11 +23,12 @@ from collections.abc import Callable
 from broker.api.errors import FailedPrecondition, NotFound
 from broker.config import BrokerConfig
 from broker.jobs.lifecycle import LIVE
-from broker.store.base import KIND_PRIORITY_CLASS, KIND_PRIORITY_CLASS_DELETED, Store
+from broker.store.base import KIND_PRIORITY_CLASS, KIND_PRIORITY_CLASS_DELETED, Store, StoreError
 from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 
 REFRESH_S = 5.0
+log = logging.getLogger(__name__)
 
 
 class PriorityClasses:
@@ -56,8 +58,15 @@ class PriorityClasses:
     def _current(self) -> dict[str, cpb.PriorityClass]:
         with self._lock:
             now = self._clock()
-            if self._cached is None or now - self._read_at >= REFRESH_S:
-                self._cached, self._read_at = self._load(), now
+            if self._cached is None:
+                self._cached, self._read_at = self._load(), now  # nothing to fall back on
+            elif now - self._read_at >= REFRESH_S:
+                try:
+                    self._cached = self._load()
+                except StoreError as e:
+                    # A periodic refresh must not fail a scheduler pass: keep the last set.
+                    log.warning("priority classes: refresh failed (%s); keeping the last set", e)
+                self._read_at = now
             return self._cached
 
     def values(self) -> dict[str, int]:

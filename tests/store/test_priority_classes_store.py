@@ -15,7 +15,8 @@ from broker.api.errors import FailedPrecondition, NotFound
 from broker.config import BrokerConfig
 from broker.jobs.priority_classes import PriorityClasses
 from broker.store import Store
-from broker.store.base import Fenced
+from broker.store.base import Fenced, StoreError
+from broker.store.sqlite import SQLiteStore
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -89,3 +90,17 @@ def test_the_cache_refreshes_on_change_and_after_its_interval(store_factory) -> 
     assert reader.value_of("high") == 100  # cached until the interval passes
     now[0] += 60
     assert reader.value_of("high") == 3
+
+
+def test_a_failed_periodic_refresh_keeps_the_last_set(tmp_path) -> None:  # noqa: ANN001
+    """SQLite only: a closed SQLite store refuses reads (StoreError); a closed Redis client
+    just reconnects, so it cannot stand for an unreachable store here."""
+    store = SQLiteStore(str(tmp_path / "b.sqlite"))
+    now = [0.0]
+    classes = PriorityClasses(store, CONFIG, clock=lambda: now[0])
+    classes.set(cpb.PriorityClass(name="kept", value=42))
+    store.close()  # every read now fails
+    with pytest.raises(StoreError):
+        store.list_records("priority-class", cpb.PriorityClass)
+    now[0] += 60
+    assert classes.value_of("kept") == 42
