@@ -65,6 +65,10 @@ class JobOps:
 
     # ---- users ---------------------------------------------------------------------------
     def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
+        with self.priorities.submitting():  # its class cannot be deleted meanwhile
+            return self._submit(spec, client_request_id, actor)
+
+    def _submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
         validation.validate_spec(spec, self.priorities.values())
         store = self._store
         if client_request_id:

@@ -11,14 +11,21 @@ Why a cache: the scheduler asks for a job's priority value for every job of ever
 The set is read from the store at most once per :data:`REFRESH_S` and at once after a
 change made through this object (the only writer in a broker process); the refresh
 interval also picks up a change written by the previous leader after a failover.
+
+Why a shared/exclusive lock: a delete counts the live jobs of the class, then writes the
+tombstone; a submit validated against the old set could otherwise create a job of the
+class in between. Submits hold :meth:`PriorityClasses.submitting` (shared: they run in
+parallel), a delete holds it exclusively, so in the leader (the only process serving
+writes) no job of a deleted class can appear.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from broker.api.errors import FailedPrecondition, NotFound
 from broker.config import BrokerConfig
@@ -31,6 +38,46 @@ REFRESH_S = 5.0
 log = logging.getLogger(__name__)
 
 
+class SharedExclusive:
+    """Many shared holders or one exclusive holder; a waiting exclusive holder goes
+    before new shared ones (a stream of submits cannot starve a delete)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self.waiting_exclusive = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self.waiting_exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self.waiting_exclusive += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self.waiting_exclusive -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
 class PriorityClasses:
     """The live set of priority classes: read cheaply, changed through :meth:`set`/:meth:`delete`."""
 
@@ -40,6 +87,7 @@ class PriorityClasses:
         self._lock = threading.Lock()
         self._cached: dict[str, cpb.PriorityClass] | None = None
         self._read_at = 0.0
+        self.guard = SharedExclusive()  # submits shared, deletes exclusive (module docstring)
 
     # ---- reads ------------------------------------------------------------------------
     def _load(self) -> dict[str, cpb.PriorityClass]:
@@ -82,6 +130,10 @@ class PriorityClasses:
         """Every live class, highest value first (then by name)."""
         return sorted(self._current().values(), key=lambda pc: (-pc.value, pc.name))
 
+    def submitting(self) -> contextlib.AbstractContextManager[None]:
+        """Held by a submit from validating its class until its job is stored."""
+        return self.guard.shared()
+
     def invalidate(self) -> None:
         with self._lock:
             self._cached = None
@@ -97,6 +149,10 @@ class PriorityClasses:
 
     def delete(self, name: str) -> None:
         """Remove a class no live job uses; never the default class."""
+        with self.guard.exclusive():
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
         known = self._current()
         if name not in known:
             raise NotFound(f"priority class {name!r} not found; known: {', '.join(known_names(known))}")

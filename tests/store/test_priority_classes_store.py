@@ -7,6 +7,7 @@ is fenced, a class live jobs use cannot be deleted."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -104,3 +105,29 @@ def test_a_failed_periodic_refresh_keeps_the_last_set(tmp_path) -> None:  # noqa
         store.list_records("priority-class", cpb.PriorityClass)
     now[0] += 60
     assert classes.value_of("kept") == 42
+
+
+def test_a_delete_waits_for_a_submit_in_flight_and_counts_its_job(store: Store) -> None:
+    """A submit validated against the old set holds the class until its job is stored:
+    the delete waiting meanwhile then sees that job and refuses."""
+    classes = PriorityClasses(store, CONFIG)
+    outcome: list[BaseException | None] = []
+
+    def delete() -> None:
+        try:
+            classes.delete("low")
+            outcome.append(None)
+        except FailedPrecondition as e:
+            outcome.append(e)
+
+    with classes.submitting():  # a submit that validated "low" ...
+        t = threading.Thread(target=delete)
+        t.start()
+        deadline = time.monotonic() + 30
+        while classes.guard.waiting_exclusive != 1:  # ... while the delete is waiting
+            assert time.monotonic() < deadline, "delete never started waiting"
+            time.sleep(0.01)
+        store.create_job(_job("in-flight", "low"))  # ... stores its job
+    t.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], FailedPrecondition)
+    assert "used by 1 live job" in str(outcome[0]) and classes.values()["low"] == 1
