@@ -1,4 +1,5 @@
-"""brokerctl's operator commands: capacity, regions, teams, plans, drain, cordon."""
+"""brokerctl's operator commands: capacity, regions, teams, priority classes, plans,
+drain, cordon."""
 
 from __future__ import annotations
 
@@ -69,6 +70,34 @@ def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
     return show_list(args, out, teams,
                      "[dim]no teams (create one: brokerctl teams set TEAM --guaranteed 8)[/]",
                      render.teams_table)
+
+
+def cmd_priority_classes(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """``priority-classes [list|set NAME VALUE [--description D]|delete NAME]``."""
+    sub = getattr(args, "pc_cmd", None) or "list"
+    if sub == "set":
+        before = {pc.name: pc for pc in client.priority_classes()}.get(args.name)
+        pc = client.set_priority_class(args.name, args.value, args.description or "")
+        if args.output == "json":
+            out.print_json(render.to_json(pc))
+            return EXIT_OK
+        if before is None:
+            out.print(f"priority class {pc.name}: created")
+        else:
+            diff = team_merge.field_changes(
+                {"value": before.value, "description": before.description or None},
+                {"value": pc.value, "description": pc.description or None})
+            out.print(Text(f"priority class {pc.name}: " + ("; ".join(
+                f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
+                for k, old, new in diff) or "no change")))
+        out.print(render.priority_classes_table(render.scrub([pc])))
+        return EXIT_OK
+    if sub == "delete":
+        client.delete_priority_class(args.name)
+        out.print(f"priority class {args.name}: deleted")
+        return EXIT_OK
+    return show_list(args, out, client.priority_classes(), "[dim]no priority classes[/]",
+                     render.priority_classes_table)
 
 
 def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

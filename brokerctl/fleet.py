@@ -1,4 +1,5 @@
-"""`brokerctl apply -f fleet.yaml`: teams (with their quotas) and training plans, declared.
+"""`brokerctl apply -f fleet.yaml`: teams (with their quotas), priority classes and training
+plans, declared.
 
 Why declarative: operators keep the fleet's governance in a file under review, like
 ``kubectl apply``. The command computes a plan of changes against the broker's state,
@@ -11,6 +12,9 @@ the call that applies it); rendering and applying walk that list in one place.
 
 File format (docs/contracts.md "Fleet file")::
 
+    priority_classes:
+      urgent: {value: 1000, description: on-call fixes}
+      batch: 10                        # shorthand: the value alone
     teams:
       ml:
         cohort: research
@@ -32,8 +36,9 @@ File format (docs/contracts.md "Fleet file")::
         team: ml
         price: 2.5
 
-A team's listed fields are the whole truth for that team (omitted ones go back to
-their defaults); teams and plans the file does not name are left alone.
+A team's or priority class's listed fields are the whole truth for it (omitted ones go
+back to their defaults: no description); teams, classes and plans the file does not
+name are left alone (deleting a class is `brokerctl priority-classes delete`).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ from computebroker.v1 import capacity_pb2
 
 TEAM_KEYS = {"cohort", "strategy", "weight", "guaranteed", "borrow_limit", "lend_limit",
              "region_caps"}
+SECTIONS = ("priority_classes", "teams", "plans")
+PRIORITY_KEYS = {"value", "description"}
 PLAN_KEYS = {"region", "zone", "instance_type", "accelerator", "count", "gpus_per_instance",
              "start", "end", "duration", "team", "price", "id"}
 
@@ -151,6 +158,52 @@ def desired_team(name: str, f: dict[str, Any]) -> capacity_pb2.TeamQuota:
     return q
 
 
+def desired_priority_class(name: str, f: Any) -> capacity_pb2.PriorityClass:
+    """The class as the file declares it: ``NAME: VALUE`` or ``NAME: {value, description}``."""
+    where = f"priority_classes.{name}"
+    if not isinstance(f, dict):
+        f = {"value": f}
+    _check_keys(f, PRIORITY_KEYS, where)
+    value = f.get("value")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{where}.value must be a whole number (higher runs first), got {value!r}")
+    if not -(2**31) <= value < 2**31:
+        raise UsageError(f"{where}.value {value} is out of range (a 32-bit whole number;"
+                         " the broker's limit is stricter, see docs/contracts.md \"Limits\")")
+    return capacity_pb2.PriorityClass(name=name, value=value,
+                                      description=str(f.get("description") or ""))
+
+
+def describe_priority_class(pc: capacity_pb2.PriorityClass | None) -> dict[str, Any]:
+    return {} if pc is None else {"value": pc.value, "description": pc.description or None}
+
+
+def _priority_sections(section: Any) -> dict[str, Any]:
+    """``{name: value-or-fields}`` from a mapping or a list of mappings with ``name:``."""
+    if section is None:
+        return {}
+    if isinstance(section, dict):
+        return {str(k): v for k, v in section.items()}
+    return _entries(section, "priority_classes")
+
+
+def priority_class_changes(section: Any, client: BrokerClient) -> list[Change]:
+    """Create (``+``) or update (``~``) each declared class; ``=`` when it matches."""
+    declared = _priority_sections(section)
+    if not declared:
+        return []
+    current = {pc.name: pc for pc in client.priority_classes()}
+    out = []
+    for name, f in declared.items():
+        want = desired_priority_class(name, f)
+        have = current.get(name)
+        diff = team_merge.field_changes(describe_priority_class(have), describe_priority_class(want))
+        action = Action.CREATE if have is None else Action.UPDATE if diff else Action.UNCHANGED
+        out.append(Change("priority class", name, action, diff if diff else [],
+                          apply=lambda c, pc=want: c.set_priority_class(pc)))
+    return out
+
+
 def desired_plan(name: str, f: dict[str, Any], now: float) -> tuple[capacity_pb2.TrainingPlan, bool]:
     """The plan the file declares, and whether its times are absolute (comparable)."""
     _check_keys(f, PLAN_KEYS, f"plans.{name}")
@@ -192,15 +245,13 @@ def plan_changes(doc: dict[str, Any], client: BrokerClient, now: float | None = 
     """What applying ``doc`` would do, against the broker's current state."""
     now = time.time() if now is None else now
     if not isinstance(doc, dict):
-        raise UsageError("the fleet file must be a mapping with teams: and/or plans:")
-    unknown = sorted(set(doc) - {"teams", "plans", "priority_classes"})
+        raise UsageError("the fleet file must be a mapping with teams:, priority_classes:"
+                         " and/or plans:")
+    unknown = sorted(set(doc) - set(SECTIONS))
     if unknown:
-        raise UsageError(f"unknown section(s) {', '.join(unknown)}; allowed: teams, plans")
-    if doc.get("priority_classes"):
-        raise UsageError(
-            "priority_classes are broker configuration, not API state: set priority_classes: "
-            "in the broker's config file (brokerctl serve --config) and restart it")
-    changes: list[Change] = []
+        raise UsageError(f"unknown section(s) {', '.join(unknown)}; allowed: {', '.join(SECTIONS)}")
+    # Classes first: a team's jobs may name a class the same file creates.
+    changes: list[Change] = priority_class_changes(doc.get("priority_classes"), client)
     teams = _entries(doc.get("teams"), "teams")
     current_teams = {t.team: t for t in client.teams()} if teams else {}
     for name, f in teams.items():

@@ -50,6 +50,7 @@ from brokerctl.commands_operator import (
     cmd_cordon,
     cmd_drain,
     cmd_plans,
+    cmd_priority_classes,
     cmd_regions,
     cmd_teams,
 )
@@ -223,6 +224,17 @@ def build_parser() -> _Parser:
     ts.add_argument("--region-cap", action="append", metavar="REGION=GPUS")
     s.set_defaults(func=cmd_teams)
 
+    s = add("priority-classes", "job priority classes: list (default), set, delete", output=True)
+    pcsub = s.add_subparsers(dest="pc_cmd", metavar="[list|set|delete]")
+    pcsub.add_parser("list", help="list classes, highest value first")
+    pcs = pcsub.add_parser("set", help="create a class or change its value/description (operators)")
+    pcs.add_argument("name")
+    pcs.add_argument("value", type=int, help="higher is admitted first and may preempt lower")
+    pcs.add_argument("--description", help="what the class is for")
+    pcd = pcsub.add_parser("delete", help="delete a class no live job uses (operators)")
+    pcd.add_argument("name")
+    s.set_defaults(func=cmd_priority_classes)
+
     s = add("plans", "training plans: list (default), create, cancel", output=True)
     psub = s.add_subparsers(dest="plans_cmd", metavar="[list|create|cancel]")
     pl = psub.add_parser("list", help="list plans")
@@ -246,8 +258,10 @@ def build_parser() -> _Parser:
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
 
-    s = add("apply", "declare teams/quotas and training plans in a file: show the diff, apply it")
-    s.add_argument("-f", "--file", required=True, help="fleet YAML (teams:, plans:); - = stdin")
+    s = add("apply", "declare teams/quotas, priority classes and training plans in a file:"
+            " show the diff, apply it")
+    s.add_argument("-f", "--file", required=True,
+                   help="fleet YAML (teams:, priority_classes:, plans:); - = stdin")
     s.add_argument("--dry-run", action="store_true", help="only show the diff")
     s.set_defaults(func=cmd_apply)
 
@@ -264,7 +278,7 @@ def build_parser() -> _Parser:
 
     # `plans create ... -o json` and `teams set ... -o json` read as people type them:
     # the sub-subcommands accept -o too (SUPPRESS: the parent's default stays).
-    for sp in (tsub, psub):
+    for sp in (tsub, psub, pcsub):
         for child in sp.choices.values():
             child.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS)
 

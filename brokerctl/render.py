@@ -674,6 +674,20 @@ def teams_table(teams: Iterable[capacity_pb2.TeamQuota]) -> Table:
     return table
 
 
+def priority_classes_table(classes: Iterable[capacity_pb2.PriorityClass]) -> Table:
+    """Priority classes, highest first (the broker's order); the default class marked."""
+    table = _table(
+        ("NAME", {"flex": True, "max_width": 24}),
+        ("VALUE", {"justify": "right"}),
+        "DEFAULT",
+        ("DESCRIPTION", {"flex": True, "max_width": 48}),
+    )
+    for pc in classes:
+        table.add_row(pc.name, str(pc.value), "yes" if pc.is_default else "",
+                      pc.description or "-")
+    return table
+
+
 def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
     table = _table(
         ("ID", {"overflow": "fold"}),

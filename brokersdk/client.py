@@ -661,6 +661,29 @@ class BrokerClient:
             idempotent=False,
         )
 
+    # -- priority classes (operators set/delete; everyone reads)
+
+    def priority_classes(self) -> list[capacity_pb2.PriorityClass]:
+        """The broker's live priority classes, highest value first (``is_default`` marks
+        the class of jobs that name none)."""
+        resp = self._call(self._capacity.ListPriorityClasses,
+                          capacity_pb2.ListPriorityClassesRequest(), idempotent=True)
+        return list(resp.priority_classes)
+
+    def set_priority_class(self, name: str | capacity_pb2.PriorityClass, value: int = 0,
+                           description: str = "") -> capacity_pb2.PriorityClass:
+        """Create or update a class (a put: safe to retry). Higher values are admitted
+        first and may preempt lower ones."""
+        pc = name if isinstance(name, capacity_pb2.PriorityClass) else capacity_pb2.PriorityClass(
+            name=name, value=int(value), description=description)
+        return self._call(self._capacity.SetPriorityClass,
+                          capacity_pb2.SetPriorityClassRequest(priority_class=pc), idempotent=True)
+
+    def delete_priority_class(self, name: str) -> capacity_pb2.DeletePriorityClassResponse:
+        """Delete a class no live job uses (FAILED_PRECONDITION otherwise)."""
+        return self._call(self._capacity.DeletePriorityClass,
+                          capacity_pb2.DeletePriorityClassRequest(name=name), idempotent=False)
+
     def drain(
         self, region: str, undrain: bool = False, reason: str = ""
     ) -> capacity_pb2.DrainRegionResponse:

@@ -1,4 +1,5 @@
-"""CapacityService: what operators call (regions, capacity, plans, teams, drain, cordon).
+"""CapacityService: what operators call (regions, capacity, plans, teams, priority classes,
+drain, cordon).
 
 Usage numbers come from :func:`broker.scheduling.usage.usage_view` over a snapshot
 built the scheduler's way from the store and the agents' inventories, on each call:
@@ -253,6 +254,26 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         teams = self._teams()
         usage = self._usage()
         return cpb.ListTeamsResponse(teams=[usage.fill(teams[t]) for t in sorted(teams)])
+
+    # ---- priority classes (broker/jobs/priority_classes.py) ----------------------------------
+    @rpc
+    def SetPriorityClass(self, request: cpb.SetPriorityClassRequest, context: grpc.ServicerContext) -> cpb.PriorityClass:
+        pc = _validated_copy(request, "priority_class", validation.validate_priority_class)
+        out = self.ops.priorities.set(pc)
+        self.ops.poke()  # queued jobs of that class may now rank differently
+        return out
+
+    @rpc
+    def ListPriorityClasses(self, request: cpb.ListPriorityClassesRequest, context: grpc.ServicerContext) -> cpb.ListPriorityClassesResponse:
+        return cpb.ListPriorityClassesResponse(priority_classes=self.ops.priorities.list())
+
+    @rpc
+    def DeletePriorityClass(self, request: cpb.DeletePriorityClassRequest, context: grpc.ServicerContext) -> cpb.DeletePriorityClassResponse:
+        if not request.name:
+            raise InvalidArgument("name is empty: say which priority class to delete")
+        self.ops.priorities.delete(request.name)
+        self.ops.poke()
+        return cpb.DeletePriorityClassResponse(name=request.name)
 
     # ---- drain / cordon -----------------------------------------------------------------
     @rpc

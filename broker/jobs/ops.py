@@ -24,6 +24,7 @@ from broker.jobs.applier import Applier
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
+from broker.jobs.priority_classes import PriorityClasses
 from broker.jobs.recovery import Signal, StopPlan, Trigger, policy_for
 from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
@@ -50,6 +51,8 @@ class JobOps:
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}
         self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
+        # The live priority classes (config defaults + API state), cached for the scheduler.
+        self.priorities = PriorityClasses(self._store, self.config)
 
     def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
         return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
@@ -59,12 +62,15 @@ class JobOps:
         self.applier.poke()
 
     def priority_of(self, spec: pb.JobSpec) -> int:
-        cls = spec.priority_class or self.config.default_priority_class
-        return self.config.priority_classes.get(cls, 0)
+        return self.priorities.value_of(spec.priority_class)
 
     # ---- users ---------------------------------------------------------------------------
     def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
-        validation.validate_spec(spec, self.config.priority_classes)
+        with self.priorities.submitting():  # its class cannot be deleted meanwhile
+            return self._submit(spec, client_request_id, actor)
+
+    def _submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
+        validation.validate_spec(spec, self.priorities.values())
         store = self._store
         if client_request_id:
             existing = store.find_job_by_request_id(spec.team, client_request_id)

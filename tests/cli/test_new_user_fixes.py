@@ -146,7 +146,9 @@ def test_apply_rejects_bad_files_with_one_line(capsys, broker_address: str, tmp_
         ("teams: {t1: {guaranteed: -1}}", "whole number"),
         ("teams: {t1: {colour: red}}", "unknown field(s) colour"),
         ("nodes: []", "unknown section(s) nodes"),
-        ("priority_classes: {urgent: 1000}", "broker configuration"),
+        ("priority_classes: {urgent: high}", "priority_classes.urgent.value must be a whole number"),
+        ("priority_classes: {urgent: {value: 1, colour: red}}", "unknown field(s) colour"),
+        ("priority_classes: {urgent: 99999999999}", "priority_classes.urgent.value 99999999999 is out"),
         ("plans: {p: {count: 1}}", "plans.p.region is required"),
         ("teams: [", "not valid YAML"),
     ]:
