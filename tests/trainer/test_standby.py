@@ -87,7 +87,7 @@ def test_failed_final_checkpoint_resumes_from_the_newest_durable_one(
                  "a periodic checkpoint", outs)
         fence.touch()  # the final save can no longer commit (as if the store refused it)
         src.signal(signal.SIGTERM)
-        assert src.wait(180) == [1], src.output()
+        assert src.wait(180) == [79], src.output()  # a save that cannot commit (contracts §1)
         assert "superseded" in src.stderr(0)
         durable = src.progress()
         assert durable is not None
