@@ -63,6 +63,15 @@ class BrokerConfig(BaseModel):
     # (quotas are the point of teams; silently inventing one would bypass governance).
     auto_create_teams: bool = False
     max_restarts: int = Field(3, ge=0)  # auto-resume attempts after reported failures
+    # Launch refusal backoff (broker/jobs/backoff.py; like Kueue's requeuingStrategy
+    # backoffBaseSeconds / backoffMaxSeconds / backoffLimitCount): an agent that refused a
+    # job's Launch is left out for that job for base x 2^(n-1) seconds (n = refusals in a
+    # row), at most the max; other agents may take it at once. After ``launch_refusal_limit``
+    # refusals in a row with no attempt running in between the job FAILS (0 = never: it
+    # stays PENDING with the refusal as its pending reason).
+    launch_backoff_base_s: float = Field(10.0, gt=0)
+    launch_backoff_max_s: float = Field(300.0, gt=0)
+    launch_refusal_limit: int = Field(8, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.
@@ -74,6 +83,10 @@ class BrokerConfig(BaseModel):
     # "copy" = the destination agent copies it into its own store first (fast loads, one
     # bulk transfer); "direct" = the trainer reads the other region's store.
     migration_transfer_mode: str = Field("copy", pattern="^(copy|direct)$")
+    # Make-before-break (broker/jobs/standby.py): a drain or migrate stop also reserves and
+    # starts the destination (standby) while the source saves; it goes once the source is
+    # fenced and reads the checkpoint where the source wrote it (trainer/standby.py).
+    make_before_break: bool = False
     # A job on a training plan is moved this long before the plan ends at the least; more
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)

@@ -50,7 +50,7 @@ from google.protobuf import struct_pb2
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling.loop import SchedulerLoop
-from broker.store.base import Store
+from broker.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,8 @@ class Leadership:
                 return
             try:
                 self._tick()
+            except StoreError as e:  # the store is down: expected under faults, one line
+                log.warning("leadership tick failed: %s: %s", type(e).__name__, e)
             except Exception:  # noqa: BLE001 - the thread must survive
                 log.exception("leadership tick failed")
 

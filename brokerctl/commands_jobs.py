@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +19,7 @@ from brokerctl.common import (
     load_spec_file,
     show_list,
 )
+from brokerctl.live_progress import LiveProgress
 from brokersdk.client import TERMINAL_PHASES, BrokerClient, JobSpec, phase_name
 from brokersdk.taskfile import TaskFileError, from_task_file, is_task_file
 
@@ -135,11 +137,14 @@ def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | Non
 
 
 def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
-    jobs = list(
-        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or "",
-                    limit=args.limit)
-    )
-    return show_list(args, out, jobs, "[dim]no jobs[/]", render.jobs_table)
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be >= 0, got {args.limit}")
+    # The broker lists by id; newest first needs them all, then --limit keeps the newest.
+    jobs = render.newest_first(
+        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or ""),
+        args.limit)
+    return show_list(args, out, jobs, "[dim]no jobs[/]",
+                     lambda js: render.jobs_view(js, width=out.width))
 
 
 def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -154,8 +159,19 @@ def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int
         }
         out.print_json(json.dumps(data))
         return EXIT_OK
-    out.print(render.job_detail(render.scrub(job), render.scrub(list(events))))
+    print_job(out, render.scrub(job), render.scrub(list(events)))
     return EXIT_OK
+
+
+def print_job(out: Console, job: Any, events: list, now: float | None = None) -> None:
+    """``brokerctl job ID``: the story in one line, the detail panels, then the events one
+    line each (progress events left to ``brokerctl events ID --progress``)."""
+    out.print(render.job_detail(job, None, now=now))
+    shown = [e for e in events if e.type != "progress"]
+    out.print(Text(f"events ({len(shown)}, one line each; in full: brokerctl events {job.id})",
+                   style="bold"))
+    for event in shown:
+        out.print(render_logs.event_line(event), no_wrap=True, overflow="ellipsis", crop=True)
 
 
 def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -205,13 +221,37 @@ def cmd_events(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         out.print_json(render.to_json(events))
         return EXIT_OK
     for event in events:
-        out.print(render_logs.event_line(render.scrub(event)), soft_wrap=True)
+        out.print(render_logs.event_line(render.scrub(event)))
     return EXIT_OK
 
 
 def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bool) -> int:
-    for event in client.watch(job_id, include_progress=include_progress):
-        out.print(render_logs.event_line(render.scrub(event)), soft_wrap=True)
+    """Event lines as they happen, plus live progress (step/total, loss, region, world
+    size): a status line on a terminal, a line per ~10% of the steps otherwise (or every
+    progress event with ``--progress``)."""
+    live = LiveProgress(client.get_job(job_id))
+    status = out.status(live.text()) if out.is_terminal else None
+    stop = threading.Event()
+    if status is not None:
+        status.start()
+        threading.Thread(target=_poll_status, args=(client, job_id, live, status, stop),
+                         daemon=True).start()
+    try:
+        for event in map(render.scrub, client.watch(job_id, include_progress=True)):
+            changed = live.update(event)
+            if event.type == "progress":
+                if status is not None:
+                    status.update(live.text())
+                elif include_progress or changed:
+                    out.print(Text(f"  {live.text()}", style="dim"))
+                continue
+            out.print(render_logs.event_line(render.scrub(event)))
+            if status is not None:
+                status.update(live.text())
+    finally:
+        stop.set()
+        if status is not None:
+            status.stop()
     job = client.get_job(job_id)
     final = Text("final: ")
     final.append_text(render.phase_text(job.phase))
@@ -219,6 +259,17 @@ def _watch(client: BrokerClient, job_id: str, out: Console, include_progress: bo
         final.append(f" — {render.escape_controls(job.message)}")
     out.print(final)
     return EXIT_OK if job.phase in TERMINAL_PHASES and phase_name(job.phase) != "failed" else 1
+
+
+def _poll_status(client: BrokerClient, job_id: str, live: LiveProgress, status: Any,
+                 stop: threading.Event, every_s: float = 2.0) -> None:
+    """On a terminal: refresh the status line from GetJob between progress events."""
+    while not stop.wait(every_s):
+        try:
+            live.refresh(client.get_job(job_id))
+        except Exception:  # the event stream reports real trouble; this is cosmetic
+            continue
+        status.update(live.text())
 
 
 def cmd_watch(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

@@ -1,21 +1,29 @@
-"""brokerctl's operator commands: capacity, regions, teams, plans, drain, cordon."""
+"""brokerctl's operator commands: capacity, regions, teams, priority classes, plans,
+drain, cordon."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
-from brokerctl import render
+from brokerctl import render, team_merge
 from brokerctl.common import (
     EXIT_OK,
     UsageError,
     csv_values,
     kv_pairs,
+    parse_end,
     parse_time,
     show_list,
 )
-from brokersdk.client import BrokerClient
+from brokerctl.team_merge import TeamChanges
+from brokersdk.client import BrokerClient, NotFound
+from brokersdk.enums import parse_strategy
+from computebroker.v1 import capacity_pb2
 
 
 def cmd_capacity(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -41,29 +49,19 @@ def cmd_regions(args: argparse.Namespace, client: BrokerClient, out: Console) ->
 
 def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     if getattr(args, "teams_cmd", None) == "set":
-        guaranteed: dict[str, int] = {}
-        for g in csv_values(args.guaranteed) or ["0"]:
-            n, _, accel = g.partition(":")
-            try:
-                guaranteed[accel] = int(n)
-            except ValueError:
-                raise UsageError(f"--guaranteed expects N or N:ACCELERATOR, got {g!r}") from None
-        caps = {k: int(v) for k, v in kv_pairs(args.region_cap, "--region-cap").items()} \
-            if args.region_cap else None
-        quota = client.set_team_quota(
-            args.team,
-            cohort=args.cohort or "",
-            guaranteed=guaranteed,
-            borrow_limit=args.borrow_limit,
-            lend_limit=args.lend_limit,
-            strategy=args.strategy or 0,
-            fair_share_weight=args.weight or 0.0,
-            region_caps=caps,
-        )
+        quota, changes, created = _set_team(args, client)
         if args.output == "json":
             out.print_json(render.to_json(quota))
+            return EXIT_OK
+        if created:
+            out.print(f"team {args.team}: created")
+        elif changes:
+            out.print(Text(f"team {args.team}: " + "; ".join(
+                f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
+                for k, old, new in changes)))
         else:
-            out.print(render.teams_table(render.scrub([quota])))
+            out.print(f"team {args.team}: no change")
+        out.print(render.teams_table(render.scrub([quota])))
         return EXIT_OK
     if getattr(args, "teams_cmd", None) == "get":
         teams = [client.team(args.team)]
@@ -74,15 +72,41 @@ def cmd_teams(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
                      render.teams_table)
 
 
+def cmd_priority_classes(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """``priority-classes [list|set NAME VALUE [--description D]|delete NAME]``."""
+    sub = getattr(args, "pc_cmd", None) or "list"
+    if sub == "set":
+        before = {pc.name: pc for pc in client.priority_classes()}.get(args.name)
+        pc = client.set_priority_class(args.name, args.value, args.description or "")
+        if args.output == "json":
+            out.print_json(render.to_json(pc))
+            return EXIT_OK
+        if before is None:
+            out.print(f"priority class {pc.name}: created")
+        else:
+            diff = team_merge.field_changes(
+                {"value": before.value, "description": before.description or None},
+                {"value": pc.value, "description": pc.description or None})
+            out.print(Text(f"priority class {pc.name}: " + ("; ".join(
+                f"{k} {'-' if old is None else old} → {'-' if new is None else new}"
+                for k, old, new in diff) or "no change")))
+        out.print(render.priority_classes_table(render.scrub([pc])))
+        return EXIT_OK
+    if sub == "delete":
+        client.delete_priority_class(args.name)
+        out.print(f"priority class {args.name}: deleted")
+        return EXIT_OK
+    return show_list(args, out, client.priority_classes(), "[dim]no priority classes[/]",
+                     render.priority_classes_table)
+
+
 def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     sub = getattr(args, "plans_cmd", None) or "list"
     if sub == "create":
         start = parse_time(args.start)
-        if args.end:
-            end = parse_time(args.end, now=start if args.end.startswith("+") else None)
-        else:
-            end = parse_time(args.duration, now=start)
+        end = parse_end(args.end, args.duration, start)
         plan = client.create_plan(
+            id=getattr(args, "plan_id", None) or "",
             name=args.name or "",
             region=args.region,
             zone=args.zone or "",
@@ -122,4 +146,59 @@ def cmd_cordon(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     resp = client.cordon(args.node, uncordon=args.undo)
     state = "cordoned" if resp.cordoned else "schedulable"
     out.print(f"node {resp.node_id or args.node}: [bold]{state}[/]")
+    return EXIT_OK
+
+
+def _set_team(args: argparse.Namespace,
+              client: BrokerClient) -> tuple[capacity_pb2.TeamQuota, list, bool]:
+    """``teams set``: merge semantics (only the flags given change; team_merge.py)."""
+    guaranteed: dict[str, int] | None = None
+    if args.guaranteed:
+        guaranteed = {}
+        for g in csv_values(args.guaranteed):
+            n, _, accel = g.partition(":")
+            try:
+                guaranteed[accel.strip().lower()] = int(n)
+            except ValueError:
+                raise UsageError(f"--guaranteed expects N or N:ACCELERATOR, got {g!r}") from None
+    try:
+        caps = {k: int(v) for k, v in kv_pairs(args.region_cap, "--region-cap").items()} \
+            if args.region_cap else None
+    except ValueError:
+        raise UsageError("--region-cap expects REGION=GPUS with a whole number of GPUs") from None
+    changes = TeamChanges(
+        cohort=args.cohort, guaranteed=guaranteed, borrow_limit=args.borrow_limit,
+        lend_limit=args.lend_limit,
+        strategy=parse_strategy(args.strategy) if args.strategy else None,
+        weight=args.weight, region_caps=caps,
+    )
+    try:
+        current: capacity_pb2.TeamQuota | None = client.team(args.team)
+    except NotFound:
+        current = None
+    desired = team_merge.merge(args.team, current, changes)
+    diff = team_merge.field_changes(team_merge.describe(current), team_merge.describe(desired))
+    return client.set_team_quota(desired), diff, current is None
+
+
+def cmd_apply(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """Declarative teams/quotas/plans (fleet.py): show the diff, then apply it."""
+    import yaml
+
+    from brokerctl import fleet
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        doc = yaml.safe_load(text) or {}
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{args.file} is not valid YAML: {e}") from None
+    changes = fleet.plan_changes(doc, client)
+    fleet.render(changes, out)
+    if args.dry_run:
+        out.print("[dim]dry run: nothing applied[/]")
+        return EXIT_OK
+    done = fleet.apply(changes, client)
+    out.print(f"applied {done} change(s)" if done else "no changes")
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -44,18 +45,43 @@ def kv_pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])", re.I)
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from a duration: ``24h``, ``90m``, ``1d2h``, ``1h30m``, ``45s``, ``2w`` or a
+    bare number of seconds. Why our own parser: people type what ``kubectl``/``sleep``
+    accept, and one clear error beats a ``bad time`` about a field they did not set."""
+    v = value.strip().lstrip("+").replace(" ", "")
+    try:
+        seconds = float(v)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for m in _DURATION.finditer(v):
+            if m.start() != pos:
+                break
+            seconds += float(m.group(1)) * _UNIT_S[m.group(2).lower()]
+            pos = m.end()
+        if pos != len(v) or not v:
+            raise UsageError(
+                f"bad duration {value!r}: use e.g. 24h, 90m, 1d2h, 45s or seconds") from None
+    if seconds <= 0:
+        raise UsageError(f"bad duration {value!r}: must be more than 0")
+    return seconds
+
+
 def parse_time(value: str, now: float | None = None) -> float:
-    """Epoch seconds from "now", "+2h"/"+30m"/"+45s"/"+1d", an epoch number or ISO 8601."""
+    """Epoch seconds from "now", a relative "+2h"/"+1d2h"/"+90m", an epoch number or ISO 8601."""
     now = time.time() if now is None else now
     v = value.strip()
     if v == "now":
         return now
     if v.startswith("+"):
-        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
         try:
-            return now + float(v[1:-1]) * units[v[-1]] if v[-1] in units else now + float(v[1:])
-        except (ValueError, KeyError):
-            raise UsageError(f"bad relative time {value!r} (e.g. +30m, +2h)") from None
+            return now + parse_duration(v)
+        except UsageError:
+            raise UsageError(f"bad relative time {value!r} (e.g. +30m, +2h, +1d2h)") from None
     try:
         return float(v)
     except ValueError:
@@ -64,6 +90,23 @@ def parse_time(value: str, now: float | None = None) -> float:
         return datetime.fromisoformat(v).timestamp()
     except ValueError:
         raise UsageError(f"bad time {value!r}: use now, +2h, epoch seconds or ISO 8601") from None
+
+
+def parse_end(end: str | None, duration: str | None, start: float) -> float:
+    """A plan's end: ``--end`` (a time; ``+X`` counts from the start) or else ``--duration``
+    (``24h``, ``+24h``, ``1d2h``; a time such as an ISO date is accepted too)."""
+    if end:
+        return parse_time(end, now=start if end.strip().startswith("+") else None)
+    d = (duration or "24h").strip()
+    try:
+        return start + parse_duration(d)
+    except UsageError:
+        pass
+    try:
+        return parse_time(d, now=start)
+    except UsageError:
+        raise UsageError(f"bad duration {duration!r}: use e.g. 24h, 90m, 1d2h "
+                         "(or --end with a time)") from None
 
 
 def one_line(text: object, limit: int = 300) -> str:

@@ -11,6 +11,12 @@ the demo talks to, so embedding it keeps start-up fast and its logs out of the
 way; agents stay separate processes because that is how they run in production
 (they dial out to the broker) and so that killing one is realistic.
 
+The story it tells by default (``--no-spot`` skips it): the spot job runs on us-west-2's
+spot nodes; once it has a checkpoint those nodes get a reclaim notice; it checkpoints and
+moves to eu-west-1, the only capacity left in its allowed regions, on half the world
+size, and resumes at the next unseen sample. ``demo_timeline.py`` prints it one line per
+event; ``--s3`` keeps the checkpoints in a local S3 server (``demo_s3.py``).
+
 The live view polls GetJob (one cheap call per job and refresh); the summary counts
 complete checkpoints on disk (directories holding ``manifest.json``,
 docs/contracts.md section 3), so it shows what a user could resume from.
@@ -42,6 +48,8 @@ from rich.table import Table
 from rich.text import Text
 
 from brokerctl import render
+from brokerctl.demo_s3 import LocalS3, S3DemoUnavailable
+from brokerctl.demo_timeline import Timeline
 from brokersdk.client import (
     TERMINAL_PHASES,
     BrokerClient,
@@ -82,6 +90,10 @@ REGIONS: dict[str, dict[str, Any]] = {
             {"name_prefix": "euw1-p4d", "count": 2, "instance_type": "p4d.24xlarge",
              "accelerator": "a100", "gpus": 4, "efa": 4, "capacity_type": "on_demand",
              "price_per_gpu_hour": 3.20, "block": "a"},
+            # One H100 node: where the spot job lands after its notice, on half the ranks.
+            {"name_prefix": "euw1-p5", "count": 1, "instance_type": "p5.48xlarge",
+             "accelerator": "h100", "gpus": 8, "efa": 32, "capacity_type": "on_demand",
+             "price_per_gpu_hour": 4.50, "block": "b"},
         ],
     },
 }
@@ -93,28 +105,38 @@ TEAMS = [
 ]
 
 
+SPOT_JOB = "rl-sweep-spot"
+
+
 def demo_jobs(steps: int, every: int, sleep: float) -> list[JobSpec]:
     """A handful of small jobs that exercise placement: topology, data locality,
-    spot, region preference. All use the tiny model so a laptop runs them."""
+    spot, region preference. All use the tiny model so a laptop runs them; each has
+    its own seed and batch size, so each ends at its own loss.
 
-    def trainer(n: int = steps) -> TrainerSpec:
-        return TrainerSpec(total_steps=n, checkpoint_every=every, global_batch_size=8, seed=7,
-                           model="tiny", step_sleep_s=sleep)
+    The spot job tells the headline story: 2 spot nodes in us-west-2, allowed only in
+    us-west-2 and eu-west-1 (say, data residency), elastic down to one node. When its
+    spot nodes get a reclaim notice it checkpoints, and the only capacity left for it
+    is eu-west-1's single H100 node: another region, half the world size."""
 
-    return [
+    def trainer(seed: int, batch: int, n: int = steps) -> TrainerSpec:
+        return TrainerSpec(total_steps=n, checkpoint_every=every, global_batch_size=batch,
+                           seed=seed, model="tiny", step_sleep_s=sleep)
+
+    return [  # the story's job first: `--jobs 1` runs just the story
+        JobSpec(name=SPOT_JOB, team="research", priority_class="experimentation",
+                nodes=2, gpus_per_node=8, accelerator="h100", spot_ok=True,
+                capacity_types=["spot", "on-demand"], allowed_regions=["us-west-2", "eu-west-1"],
+                min_nodes=1, max_nodes=2, trainer=trainer(37, 8)),
         JobSpec(name="llm-pretrain", team="research", nodes=2, gpus_per_node=8,
-                accelerator="h100", topology_required="layer-3", trainer=trainer()),
+                accelerator="h100", topology_required="layer-3", trainer=trainer(11, 16)),
         JobSpec(name="vision-finetune", team="product", priority_class="fine-tuning",
-                nodes=1, gpus_per_node=4, dataset_uri="s3://datasets-eu/imagenet",
-                dataset_region="eu-west-1", trainer=trainer()),
-        JobSpec(name="rl-sweep-spot", team="research", priority_class="experimentation",
-                nodes=1, gpus_per_node=8, spot_ok=True, max_price_per_gpu_hour=2.0,
-                trainer=trainer()),
+                nodes=1, gpus_per_node=4, accelerator="a100", dataset_uri="s3://datasets-eu/imagenet",
+                dataset_region="eu-west-1", trainer=trainer(23, 8)),
         JobSpec(name="eval-harness", team="product", nodes=1, gpus_per_node=2,
-                preferred_regions=["us-east-2"], trainer=trainer(max(every, steps // 2))),
+                preferred_regions=["us-east-2"], trainer=trainer(41, 4, max(every, steps // 2))),
         JobSpec(name="speech-ft", team="research", priority_class="fine-tuning",
-                nodes=2, gpus_per_node=4, allowed_regions=["eu-west-1", "us-east-2"],
-                trainer=trainer()),
+                nodes=2, gpus_per_node=4, accelerator="h100", allowed_regions=["us-east-2", "eu-west-1"],
+                preferred_regions=["us-east-2"], trainer=trainer(53, 16)),
     ]
 
 
@@ -127,13 +149,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step")
     p.add_argument("--ranks-per-node", type=int, default=2,
                    help="trainer processes per simulated node (keep small on few cores)")
-    p.add_argument("--jobs", type=int, default=5, help="how many of the demo jobs to submit (1-5)")
+    p.add_argument("--jobs", type=int, default=5,
+                   help="how many of the demo jobs to submit (1-5; 1 = only the spot job's story)")
     p.add_argument("--timeout", dest="demo_timeout", type=float, default=900.0,
                    help="give up (exit 1) if jobs are not done after this many seconds")
+    p.add_argument("--no-spot", dest="spot_demo", action="store_false",
+                   help="skip the spot interruption (by default the spot job gets a reclaim notice"
+                        " once it has a checkpoint, and moves to another region)")
+    p.add_argument("--spot-demo", dest="spot_demo", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--s3", action="store_true",
+                   help="checkpoints in a local S3 API server (moto, started and stopped by the"
+                        " demo; one bucket per region) instead of local directories")
+    p.set_defaults(spot_demo=True)
+    p.add_argument("--no-console", action="store_true",
+                   help="do not serve the web console beside the demo")
+    p.add_argument("--hold", action="store_true",
+                   help="keep the broker and console up after the jobs end, until Ctrl-C")
     p.add_argument("--insecure-dev", action="store_true",
                    help="DEV ONLY: run without TLS and authentication (default: TLS with a dev CA)")
-    p.add_argument("--spot-demo", action="store_true",
-                   help="mid-demo, send a spot interruption notice to the spot job's node")
 
 
 # --------------------------------------------------------------------------- processes
@@ -204,13 +237,15 @@ class Demo:
     address: str = ""
     agent_address: str = ""  # the broker's mutual-TLS port (agents)
     pki: Any = None  # broker.auth.devca.DevPKI made for this demo (TLS on by default)
+    web: Any = None  # console.demo.DemoConsole: the web console beside the demo
     agents: list[AgentProc] = field(default_factory=list)
     handles: list[JobHandle] = field(default_factory=list)
     submitted_at: dict[str, float] = field(default_factory=dict)
     finished_at: dict[str, float] = field(default_factory=dict)
     plan_id: str = ""
     spot_notice_sent: bool = False
-    migration_seen: dict[tuple[str, int], str] = field(default_factory=dict)
+    s3: LocalS3 | None = None
+    timeline: Timeline | None = None
 
     def __post_init__(self) -> None:
         self.work = Path(self.args.work_dir).resolve()
@@ -296,7 +331,8 @@ class Demo:
         inv = {
             "region": region,
             "agent_id": f"{region}-agent",
-            "checkpoint_bucket": str(self.work / "regions" / region / "checkpoints"),
+            "checkpoint_bucket": (f"s3://{self.s3.buckets[region]}" if self.s3 is not None
+                                  else str(self.work / "regions" / region / "checkpoints")),
             "node_groups": groups,
         }
         path = self.work / "inventories" / f"{region}.yaml"
@@ -309,6 +345,8 @@ class Demo:
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
         env["CB_DEMO_DIR"] = str(self.work)  # marks trainer processes as the demo's
+        if self.s3 is not None:
+            env.update(self.s3.env)
         for region in REGIONS:
             inv = self.write_inventory(region)
             argv = [
@@ -378,17 +416,14 @@ class Demo:
 
     def submit(self, client: BrokerClient) -> None:
         specs = demo_jobs(self.args.steps, self.args.checkpoint_every, self.args.step_sleep)
-        if self.args.spot_demo:
-            # Pin the spot job to spot capacity so the notice has a target (left to itself
-            # the scheduler may prefer idle prepaid plan nodes, which are cheaper still).
-            for sp in specs:
-                if sp.spot_ok:
-                    sp.capacity_types = ["spot"]
         for spec in specs[: max(1, min(self.args.jobs, len(specs)))]:
             handle = client.submit(spec)
             self.handles.append(handle)
             self.submitted_at[handle.id] = time.time()
-        self.console.print(f"[green]✓[/] submitted {len(self.handles)} jobs")
+        self.console.print(f"[green]✓[/] submitted {len(self.handles)} jobs; the timeline (one "
+                           "line per event):")
+        self.timeline = Timeline(client, self.console, time.time(),
+                                 {h.id: (h.job.spec.name if h.job else h.id) for h in self.handles})
 
     # -- live view
 
@@ -412,7 +447,7 @@ class Demo:
                                             loss="-")
         final: dict[str, common_pb2.Job] = {}
         deadline = time.monotonic() + self.args.demo_timeout
-        spot_at = time.monotonic() + 5.0
+        spot_at = time.monotonic() + 2.0
         with progress:
             while len(final) < len(self.handles):
                 for h in self.handles:
@@ -439,7 +474,9 @@ class Demo:
                         self.finished_at[h.id] = time.time()
                 if self.args.spot_demo and not self.spot_notice_sent and time.monotonic() > spot_at:
                     self.maybe_send_spot_notice(progress)
-                self.show_migrations(client, progress)
+                if self.timeline is not None:
+                    self.timeline.console = progress.console
+                    self.timeline.poll()
                 dead = [a.region for a in self.agents if not a.alive()]
                 if dead:
                     progress.console.print(f"[red]agent(s) exited: {', '.join(dead)}[/]")
@@ -451,6 +488,8 @@ class Demo:
                         f"[red]timed out after {self.args.demo_timeout:.0f}s; stopping[/]")
                     break
                 time.sleep(0.5)
+        if self.timeline is not None:
+            self.timeline.poll()
         for h in self.handles:
             if h.id not in final:
                 with contextlib.suppress(BrokerError):
@@ -473,46 +512,23 @@ class Demo:
                 notice.write_text("20")
             self.spot_notice_sent = True
             progress.console.print(
-                f"[magenta]spot notice[/]: {region} reclaims "
-                f"{', '.join(n.node_id for n in job.placement.nodes)} in 20s "
-                f"(job {job.spec.name} should checkpoint and move)")
+                f"[bold magenta]>> spot interruption[/]: {region} reclaims the "
+                f"{len(job.placement.nodes)} spot node(s) of {job.spec.name} in 20 s",
+                no_wrap=True, overflow="ellipsis", crop=True)
             return
-
-    def show_migrations(self, client: BrokerClient, progress: Progress) -> None:
-        """Print each move's milestones live (checkpointing, queued, copying N%, done
-        with its timing breakdown), once per change."""
-        try:
-            migs = client.migrations(limit=20)
-        except BrokerError:
-            return
-        for m in reversed(migs):
-            key = (m.job_id, m.seq)
-            t = m.transfer
-            if m.state == "transferring" and t.bytes_total:
-                what = f"copying checkpoint {100 * t.bytes_done // t.bytes_total}%"
-            elif m.state == "done":
-                what = (f"[green]done[/] in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s, "
-                        f"queue {m.queue_s:.2f}s, transfer {m.transfer_s:.2f}s"
-                        + (f" ({t.bytes_total / 1e6:.1f} MB, {t.method})" if t.bytes_total else "")
-                        + f", launch {m.launch_s:.1f}s, first step {m.first_step_s:.1f}s;"
-                          f" orchestration {m.orchestration_s:.2f}s")
-            elif m.state == "starting" and t.done:
-                what = (f"checkpoint copied ({t.bytes_total / 1e6:.1f} MB in {t.seconds:.2f}s,"
-                        f" {t.method}); starting on {m.to_world_size} rank(s)")
-            else:
-                what = m.state
-            if self.migration_seen.get(key) == what:
-                continue
-            self.migration_seen[key] = what
-            dest = m.to_region or "?"
-            progress.console.print(
-                f"[magenta]migration[/] {m.job_name or m.job_id} ({m.cause}"
-                f"{', emergency' if m.emergency else ''}) {m.from_region} -> {dest}: {what}")
 
     # -- summary
 
     def checkpoint_dirs(self, job: common_pb2.Job) -> int:
         """Complete checkpoints (dirs with manifest.json) this job left, in any region."""
+        if self.s3 is not None:
+            c = self.s3.client()
+            found_s3: set[str] = set()
+            for bucket in self.s3.buckets.values():
+                pages = c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"jobs/{job.id}/")
+                found_s3 |= {f"{bucket}/{o['Key'].rsplit('/', 1)[0]}" for p in pages
+                             for o in p.get("Contents", []) if o["Key"].endswith("manifest.json")}
+            return len(found_s3)
         roots = {p for p in (self.work / "regions").glob(f"*/checkpoints/jobs/{job.id}")}
         roots |= {p for p in (self.work / "checkpoints").glob(f"**/{job.id}")}
         uri = job.progress.last_checkpoint_uri
@@ -527,11 +543,13 @@ class Demo:
         return len(found)
 
     def summary(self, final: dict[str, common_pb2.Job]) -> Table:
-        table = Table(title="demo summary", box=box.SIMPLE_HEAD, pad_edge=False)
+        table = Table(title="demo summary", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                      padding=(0, 1, 0, 0))
         for name, opts in (
             ("JOB", {"max_width": 16}), ("TEAM", {}), ("PHASE", {}), ("REGION", {}),
             ("NODES", {"justify": "right"}), ("STEPS", {"justify": "right"}),
             ("CKPTS", {"justify": "right"}), ("ATTEMPTS", {"justify": "right"}),
+            ("LOSS", {"justify": "right"}),
             ("WALL", {"justify": "right"}),
         ):
             table.add_column(name, no_wrap=True, min_width=len(name), **opts)
@@ -551,13 +569,34 @@ class Demo:
                 render.steps(job),
                 str(self.checkpoint_dirs(job)),
                 str(job.attempt),
+                f"{job.progress.loss:.4f}" if job.progress.loss else "-",
                 render.duration(end - start),
             )
         return table
 
     # -- teardown
 
+    def start_console(self) -> str:
+        """Serve the web console for this demo's broker on a free loopback port; the line
+        to print (URL + the token to sign in with), or "" when it cannot start."""
+        if self.pki is None or getattr(self.args, "no_console", False):
+            return ""
+        try:
+            from console.demo import start
+        except ImportError:  # a build without the console's dependencies
+            return ""
+        self.web = start(self.address, str(self.pki.ca.ca_cert_path))
+        if self.web is None:
+            return ""
+        return (f"[green]✓[/] web console: [bold]{self.web.url}[/] "
+                f"(sign in with the demo operator's token {self.pki.tokens['admin']}; "
+                "it serves while the demo runs)")
+
     def shutdown(self) -> None:
+        if self.web is not None:
+            with contextlib.suppress(Exception):
+                self.web.stop()
+            self.web = None
         if self.agents:
             with self.console.status("stopping agents and trainers..."):
                 for a in self.agents:
@@ -572,6 +611,33 @@ class Demo:
             self.server = None
 
 
+def console_hint(address: str, env: str = "") -> str:
+    """Where to watch the demo in a browser, when this build has the web console
+    (``brokerctl console``, issue 14 part 1); empty otherwise. A console module may offer
+    ``demo_url(address) -> str`` to start itself for the demo and return its URL."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("brokerctl.console")
+    except ImportError:
+        mod = None
+    if mod is None:
+        from brokerctl.main import build_parser
+
+        sub = next((a for a in build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or "console" not in sub.choices:
+            return ""
+        return f"watch it in a browser: [bold]{env}brokerctl --broker {address} console[/]"
+    demo_url = getattr(mod, "demo_url", None)
+    if callable(demo_url):
+        with contextlib.suppress(Exception):
+            url = demo_url(address)
+            if url:
+                return f"[green]✓[/] web console: [bold]{url}[/]"
+    return f"watch it in a browser: [bold]{env}brokerctl --broker {address} console[/]"
+
+
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     """Run the demo; exit status 0 only if every job SUCCEEDED."""
     console = console or Console()
@@ -584,7 +650,7 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
 
     with contextlib.suppress(ValueError):  # not the main thread (tests): keep defaults
         signal.signal(signal.SIGTERM, on_term)
-    if getattr(args, "spot_demo", False) and not args.step_sleep:
+    if getattr(args, "spot_demo", True) and not args.step_sleep:
         args.step_sleep = 0.2  # slow enough that the move is visible while jobs still run
     try:
         demo.prepare_work_dir()
@@ -598,34 +664,60 @@ def run(args: argparse.Namespace, console: Console | None = None) -> int:
         if demo.pki is not None:
             console.print(f"  [dim]try: CB_CONFIG={demo.pki.client_config} brokerctl --broker"
                           f" {demo.address} jobs[/]")
+        if getattr(args, "s3", False):
+            with console.status("starting a local S3 API server (moto)..."):
+                demo.s3 = LocalS3(list(REGIONS))
+                demo.s3.start()
+            console.print(f"[green]✓[/] S3 API on {demo.s3.endpoint}: buckets "
+                          + ", ".join(f"s3://{b}" for b in demo.s3.buckets.values()))
         with demo.client() as client:
             demo.create_plan(client)
             demo.start_agents()
             demo.wait_for_agents(client)
             console.print(render.capacity_table(client.capacity()))
             demo.create_teams(client)
+            env = f"CB_CONFIG={demo.pki.client_config} " if demo.pki is not None else ""
+            url_hint = demo.start_console() or console_hint(demo.address, env)
+            if url_hint:
+                console.print(url_hint)
             if args.spot_demo:
-                console.print("[magenta]--spot-demo[/]: a spot notice goes to the spot job's node "
-                              "once it has a checkpoint")
+                console.print(f"[magenta]the story[/]: {SPOT_JOB} runs on spot in us-west-2; once "
+                              "it has a checkpoint its nodes get a reclaim notice (--no-spot: skip)")
             demo.submit(client)
             final = demo.watch(client)
             migs = client.migrations()
         console.print(demo.summary(final))
         if migs:
             console.print(render.migrations_table(migs, title="migrations"))
+            for job in final.values():
+                if job.migrations:
+                    console.print(Text(f"{job.spec.name}:", style="bold"))
+                    console.print(Text("  " + render.move_story(job, job.migrations[-1])),
+                                  no_wrap=True, overflow="ellipsis", crop=True)
+        if demo.s3 is not None:
+            console.print(f"S3: {demo.s3.objects()} objects in the region buckets (the server "
+                          "stops with the demo)")
         ok = bool(final) and all(j.phase == common_pb2.JOB_PHASE_SUCCEEDED for j in final.values())
         console.print(
             f"{'[bold green]all jobs succeeded[/]' if ok else '[bold red]not every job succeeded[/]'}"
             f" in {render.duration(time.time() - t0)}; logs and checkpoints under {demo.work}"
         )
+        if getattr(args, "hold", False):
+            where = f" and the console at {demo.web.url}" if demo.web is not None else ""
+            console.print(f"holding the broker on {demo.address}{where}: Ctrl-C ends the demo")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
         return 0 if ok else 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: shutting down[/]")
         return 130
-    except (BrokerError, RuntimeError, OSError) as e:
+    except (BrokerError, RuntimeError, OSError, S3DemoUnavailable) as e:
         console.print(f"[red]error:[/] {e}")
         return 1
     finally:
         demo.shutdown()
+        if demo.s3 is not None:
+            demo.s3.stop()
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, old_term)

@@ -45,10 +45,12 @@ from brokerctl.commands_jobs import (
     cmd_watch,
 )
 from brokerctl.commands_operator import (
+    cmd_apply,
     cmd_capacity,
     cmd_cordon,
     cmd_drain,
     cmd_plans,
+    cmd_priority_classes,
     cmd_regions,
     cmd_teams,
 )
@@ -209,7 +211,7 @@ def build_parser() -> _Parser:
     tsub.add_parser("list", help="list teams")
     tg = tsub.add_parser("get", help="show one team")
     tg.add_argument("team")
-    ts = tsub.add_parser("set", help="create or replace a team's quota")
+    ts = tsub.add_parser("set", help="create a team or change only the given fields")
     ts.add_argument("team")
     ts.add_argument("--cohort")
     ts.add_argument("--guaranteed", "--gpus", dest="guaranteed", action="append",
@@ -222,13 +224,25 @@ def build_parser() -> _Parser:
     ts.add_argument("--region-cap", action="append", metavar="REGION=GPUS")
     s.set_defaults(func=cmd_teams)
 
+    s = add("priority-classes", "job priority classes: list (default), set, delete", output=True)
+    pcsub = s.add_subparsers(dest="pc_cmd", metavar="[list|set|delete]")
+    pcsub.add_parser("list", help="list classes, highest value first")
+    pcs = pcsub.add_parser("set", help="create a class or change its value/description (operators)")
+    pcs.add_argument("name")
+    pcs.add_argument("value", type=int, help="higher is admitted first and may preempt lower")
+    pcs.add_argument("--description", help="what the class is for")
+    pcd = pcsub.add_parser("delete", help="delete a class no live job uses (operators)")
+    pcd.add_argument("name")
+    s.set_defaults(func=cmd_priority_classes)
+
     s = add("plans", "training plans: list (default), create, cancel", output=True)
     psub = s.add_subparsers(dest="plans_cmd", metavar="[list|create|cancel]")
     pl = psub.add_parser("list", help="list plans")
     pl.add_argument("--region")
     pl.add_argument("--all", action="store_true", help="include ended / cancelled plans")
     pc = psub.add_parser("create", help="register a training plan")
-    pc.add_argument("--name")
+    pc.add_argument("--name", help="agents' nodes labelled training_plan: NAME belong to it")
+    pc.add_argument("--id", dest="plan_id", help="plan id (default: generated)")
     pc.add_argument("--region", required=True)
     pc.add_argument("--zone")
     pc.add_argument("--instance-type")
@@ -237,12 +251,19 @@ def build_parser() -> _Parser:
     pc.add_argument("--gpus-per-instance", type=int, default=8)
     pc.add_argument("--start", default="now", help="now, +2h, epoch or ISO 8601")
     pc.add_argument("--end", help="+48h (after start), epoch or ISO 8601")
-    pc.add_argument("--duration", default="+24h", help="if no --end: e.g. +24h")
+    pc.add_argument("--duration", default="24h", help="if no --end: 24h, 90m, 1d2h, ...")
     pc.add_argument("--team")
     pc.add_argument("--price", type=finite_float, help="$ per GPU-hour (prepaid)")
     pcc = psub.add_parser("cancel", help="cancel a plan")
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
+
+    s = add("apply", "declare teams/quotas, priority classes and training plans in a file:"
+            " show the diff, apply it")
+    s.add_argument("-f", "--file", required=True,
+                   help="fleet YAML (teams:, priority_classes:, plans:); - = stdin")
+    s.add_argument("--dry-run", action="store_true", help="only show the diff")
+    s.set_defaults(func=cmd_apply)
 
     s = add("drain", "drain a region (move its jobs out), or --undrain")
     s.add_argument("region")
@@ -254,6 +275,12 @@ def build_parser() -> _Parser:
     s.add_argument("node")
     s.add_argument("--undo", action="store_true")
     s.set_defaults(func=cmd_cordon)
+
+    # `plans create ... -o json` and `teams set ... -o json` read as people type them:
+    # the sub-subcommands accept -o too (SUPPRESS: the parent's default stays).
+    for sp in (tsub, psub, pcsub):
+        for child in sp.choices.values():
+            child.add_argument("-o", "--output", choices=["table", "json"], default=argparse.SUPPRESS)
 
     from brokerctl import commands_auth
 
@@ -286,7 +313,7 @@ def build_parser() -> _Parser:
 
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 
-    s = add("demo", "embedded broker + 3 simulated regions + a few real training jobs")
+    s = add("demo", "embedded broker, 3 simulated regions, real training jobs; a spot job moves region")
     from brokerctl import demo
 
     demo.add_arguments(s)

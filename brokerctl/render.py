@@ -170,29 +170,125 @@ def job_region(job: common_pb2.Job) -> str:
     return job.placement.region or "-"
 
 
-def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None) -> Table:
-    table = _table(
-        ("ID", {"overflow": "fold"}),
-        ("NAME", {"flex": True, "max_width": 24}),
-        ("TEAM", {"flex": True, "max_width": 16}),
-        "PHASE",
-        ("REGION", {"flex": True, "min_width": 9}),
-        ("NODES×GPU", {"justify": "right"}),
-        ("STEP", {"justify": "right"}),
-        ("AGE", {"justify": "right"}),
-    )
+def newest_first(jobs: Iterable[common_pb2.Job], limit: int | None = None) -> list[common_pb2.Job]:
+    """Newest (by creation time, then id) first; ``limit`` keeps the newest N."""
+    out = sorted(jobs, key=lambda j: (j.created_time, j.id), reverse=True)
+    return out[:limit] if limit is not None and limit >= 0 else out
+
+
+def moves(job: common_pb2.Job) -> str:
+    """``restarts/moves``: automatic relaunches after a failure / migrations."""
+    return f"{job.restarts}/{len(job.migrations)}"
+
+
+JOBS_COLUMNS: tuple[tuple[str, int, str], ...] = (
+    # header, max width (0 = natural), justify
+    ("ID", 0, "left"), ("NAME", 14, "left"), ("TEAM", 8, "left"), ("PHASE", 0, "left"),
+    ("REGION", 9, "left"), ("SHAPE", 0, "right"), ("STEP", 0, "right"), ("R/M", 0, "right"),
+    ("AGE", 0, "right"), ("REASON", 0, "left"),
+)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Table:
+    """One row per job, in the order given (``newest_first``). REASON says why a job is
+    still pending (or why it failed) and gets the width the other columns leave, cut
+    with an ellipsis (``job ID`` has it whole): widths are computed here because rich's
+    own shrinking squeezes the name columns to nothing when one cell is long."""
+    jobs = list(jobs)
+    rows = []
     for job in jobs:
-        table.add_row(
-            job.id,
-            job.spec.name or "-",
-            job.spec.team or "-",
-            phase_text(job.phase),
-            job_region(job),
-            shape(job),
-            steps(job),
-            age(job.created_time, now),
-        )
+        reason = job.pending_reason if job.pending_reason else (
+            job.message if phase_name(job.phase) == "failed" else "")
+        rows.append([job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
+                     job_region(job), shape(job), steps(job), moves(job),
+                     age(job.created_time, now), reason or "-"])
+    widths = []
+    for i, (header, cap, _) in enumerate(JOBS_COLUMNS):
+        natural = max([len(header), *(len(r[i]) for r in rows)])
+        widths.append(min(natural, max(cap, len(header))) if cap else natural)
+    overhead = 2 * (len(widths) - 1) + 1
+    over = sum(widths[:-1]) + len("REASON") + overhead - width
+    for i in (1, 2, 4):  # NAME, TEAM, REGION give way (down to their headers) when too wide
+        if over <= 0:
+            break
+        give = min(over, widths[i] - len(JOBS_COLUMNS[i][0]))
+        widths[i] -= give
+        over -= give
+    used = sum(widths[:-1]) + overhead
+    widths[-1] = max(len("REASON"), min(widths[-1], width - used))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
+    for (header, _, justify), w in zip(JOBS_COLUMNS, widths, strict=True):
+        table.add_column(header, width=w, no_wrap=True, overflow="ellipsis", justify=justify)  # type: ignore[arg-type]
+    for r, job in zip(rows, jobs, strict=True):
+        cells: list[object] = [_clip(c, w) for c, w in zip(r, widths, strict=True)]
+        cells[3] = Text(cells[3], style=PHASE_STYLE.get(r[3], ""))
+        cells[9] = Text(cells[9], style="yellow" if job.pending_reason else "dim")
+        table.add_row(*cells)
     return table
+
+
+def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Group:
+    """``brokerctl jobs``: the table, then each pending job's whole reason on a line of
+    its own when the REASON column had to cut it (one line each, never wrapped)."""
+    jobs = list(jobs)
+    parts: list[object] = [jobs_table(jobs, now, width)]
+    cut = [j for j in jobs if j.pending_reason and len(j.pending_reason) > 40]
+    for j in cut:
+        line = Text(f"{j.id} ", style="bold")
+        line.append(_clip(f"pending: {j.pending_reason}", max(10, width - len(j.id) - 1)), style="yellow")
+        parts.append(line)
+    return Group(*parts)
+
+
+_CAUSE_PHRASE = {"spot": "a spot notice", "drain": "a region drain", "plan-end": "its plan's end",
+                 "agent-lost": "its agent was lost", "missing": "its attempt went missing",
+                 "cheaper": "cheaper capacity", "unhealthy": "an unhealthy node",
+                 "refused": "a refused launch"}
+
+
+def _nodes_of(world_size: int, gpus_per_node: int) -> str:
+    if not world_size:
+        return "?"
+    g = gpus_per_node or 1
+    return f"{max(1, world_size // g)}×{g}" if world_size % g == 0 else f"world {world_size}"
+
+
+def move_story(job: common_pb2.Job, m: common_pb2.Migration) -> str:
+    """One move in one line: ``moved after a spot notice at step 19: us-west-2 2×8 →
+    eu-west-1 1×8, resumed at step 19, lost 4 s``."""
+    g = job.spec.resources.gpus_per_node
+    cause = move_cause(m)
+    why = _CAUSE_PHRASE.get(cause, cause.replace("_", " "))
+    src = f"{m.from_region or '?'} {_nodes_of(m.from_world_size, g)}"
+    if move_state(m) != "done":
+        return f"moving after {why} at step {m.checkpoint_step}: {src} → {m.to_region or '?'} ({move_state(m)})"
+    dst = f"{m.to_region or '?'} {_nodes_of(m.to_world_size, g)}"
+    return (f"moved after {why} at step {m.checkpoint_step}: {src} → {dst}, "
+            f"resumed at step {m.checkpoint_step}, lost {m.total_s:.0f} s")
+
+
+def job_story(job: common_pb2.Job) -> str:
+    """The job's story in one line: where it runs or ran, and its moves (the last one
+    told in full, earlier ones counted)."""
+    name = phase_name(job.phase)
+    where = job.placement.region or "-"
+    head = f"{name}"
+    if job.placement.region:
+        head += f" in {where} {shape(job) if not job.placement.world_size else _nodes_of(job.placement.world_size, job.spec.resources.gpus_per_node)}"
+    if job.progress.step or job.progress.total_steps:
+        head += f" at step {steps(job)}"
+    if name == "pending" and job.pending_reason:
+        head += f": {job.pending_reason}"
+    if not job.migrations:
+        return head + ("" if job.restarts == 0 else f"; {job.restarts} restart(s)")
+    # A job that moved opens with its last move (phase and place are in the panel below).
+    earlier = len(job.migrations) - 1
+    return move_story(job, job.migrations[-1]) + (f" (+{earlier} earlier)" if earlier else "")
 
 
 def _kv(rows: Sequence[tuple[str, object]]) -> Table:
@@ -213,7 +309,8 @@ def restart_note(job: common_pb2.Job) -> str:
             " failure (its program reports none; see README \"Bring your own training code\")")
 
 
-def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Group:
+def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None,
+               now: float | None = None) -> Group:
     """Everything about one job: spec summary, placement, progress, goodput, history."""
     spec = job.spec
     rows: list[tuple[str, object]] = [
@@ -224,7 +321,7 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
         ("phase", phase_text(job.phase)),
         ("attempt", f"{job.attempt} (restarts: {job.restarts})"),
         ("resources", f"{shape(job)} {spec.resources.accelerator or 'any accelerator'}"),
-        ("created", f"{when(job.created_time)} ({age(job.created_time)} ago)"),
+        ("created", f"{when(job.created_time)} ({age(job.created_time, now)} ago)"),
     ]
     if spec.topology.required or spec.topology.preferred:
         rows.append(
@@ -252,18 +349,23 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
         rows.append(("checkpoint", Text(note, style="yellow")))
     if job.pending_reason:
         rows.append(("pending", Text(job.pending_reason, style="yellow")))
+    for r in job.refusals:  # agents that refused its Launch (broker/jobs/backoff.py)
+        rows.append(("refused", Text(f"{r.agent_id} ({r.region or '?'}) x{r.count}, last {when(r.time)},"
+                                     f" avoided until {when(r.until)}: {r.message or 'no reason given'}",
+                                     style="yellow")))
     if job.message:
         rows.append(("message", job.message))
     table = _kv(rows)
 
-    parts: list[object] = [Panel(table, title=f"job {job.id}", box=box.ROUNDED, expand=False)]
+    parts: list[object] = [Text(job_story(job), style="bold"),
+                           Panel(table, title=f"job {job.id}", box=box.ROUNDED, expand=False)]
 
     p = job.placement
     if p.region:
         nodes = ", ".join(f"{n.node_id}({n.gpus})" for n in p.nodes) or "-"
         prow = [
             ("region", f"{p.region} (agent {p.agent_id or '-'})"),
-            ("capacity", f"{capacity_type_name(p.capacity_type) or '-'} {p.pool}".strip()),
+            ("capacity", capacity_cell(p.capacity_type, p.pool)),
             ("nodes", nodes),
             ("world size", p.world_size),
             ("price", f"${p.price_per_gpu_hour:.2f}/GPU-h"),
@@ -299,7 +401,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent]) -> Gr
     if job.migrations:
         parts.append(migrations_table(job.migrations, title="migrations", with_job=False))
 
-    parts.append(events_table(events, title="events"))
+    if events is not None:  # `brokerctl job` prints them as lines (render_logs.event_line)
+        parts.append(events_table(events, title="events"))
     return Group(*parts)
 
 
@@ -332,9 +435,10 @@ def move_state(m: common_pb2.Migration) -> str:
 def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
                      with_job: bool = True) -> Table:
     """One row per move (fits 100 columns): cause (! = emergency), route, world sizes,
-    checkpoint time, transfer (time @ MB/s, or % while copying), total time to the first
-    step after the resume (or the state while in progress) and the broker's own share
-    (ORCH). ``-o json`` / ``brokerctl job`` have every field."""
+    checkpoint time, transfer (time @ MB/s, or % while copying; "mbb" for a make-before-break
+    move, which reads the checkpoint in place), total time to the first step after the
+    resume (or the state while in progress) and the broker's own share (ORCH). ``-o json`` /
+    ``brokerctl job`` have every field, the downtime of a move among them."""
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")
@@ -351,7 +455,7 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
         elif tr.bytes_total:
             xfer = f"{100 * tr.bytes_done // tr.bytes_total}%"
         else:
-            xfer = "-"
+            xfer = "mbb" if m.make_before_break else "-"  # read in place, copied after resuming
         row: list[object] = [m.job_id] if with_job else []
         row += [move_cause(m) + ("!" if m.emergency else ""),
                 f"{m.from_region or '-'}>{m.to_region or '?'}",
@@ -409,12 +513,21 @@ def event_row(e: common_pb2.JobEvent) -> list[object]:
     ]
 
 
+def capacity_cell(capacity_type: int, pool: str) -> str:
+    """Capacity type and pool in one cell, the pool only when it says more than the type
+    (``spot``, ``on-demand``, ``plan:tp-1a2b3c``, ``on-demand:p5-reserved``); no space, so
+    a narrow terminal cuts it with an ellipsis instead of wrapping it."""
+    ctype = capacity_type_name(capacity_type) or "-"
+    if not pool or pool.replace("_", "-") == ctype:
+        return ctype
+    return f"plan:{pool}" if ctype == "training-plan" else f"{ctype}:{pool}"
+
+
 def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = False) -> Table:
     cols: list[str | tuple[str, dict]] = [
         ("REGION", {"flex": True, "min_width": 9}),
         ("ZONE", {"flex": True}),
-        ("TYPE", {"flex": True}),
-        ("POOL", {"flex": True, "max_width": 16}),
+        ("CAPACITY", {"flex": True, "max_width": 24}),
         ("ACCEL", {"flex": True}),
     ]
     if by_block:
@@ -430,7 +543,7 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
     table = _table(*cols)
     totals = [0, 0, 0, 0, 0]
     for r in resp.rows:
-        row = [r.region, r.zone or "-", capacity_type_name(r.capacity_type) or "-", r.pool or "-"]
+        row = [r.region, r.zone or "-", capacity_cell(r.capacity_type, r.pool)]
         row.append(r.accelerator or "-")
         if by_block:
             row.append(r.block or "-")
@@ -449,7 +562,7 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
         ):
             totals[i] += v
     if resp.rows:
-        pad = ["", "", "", "", ""] + ([""] if by_block else [])
+        pad = ["", "", "", ""] + ([""] if by_block else [])
         pad[0] = "total"
         table.add_section()
         table.add_row(*pad, *(str(t) for t in totals), "", style="bold")
@@ -558,6 +671,20 @@ def teams_table(teams: Iterable[capacity_pb2.TeamQuota]) -> Table:
             str(q.pending_jobs),
             str(q.running_jobs),
         )
+    return table
+
+
+def priority_classes_table(classes: Iterable[capacity_pb2.PriorityClass]) -> Table:
+    """Priority classes, highest first (the broker's order); the default class marked."""
+    table = _table(
+        ("NAME", {"flex": True, "max_width": 24}),
+        ("VALUE", {"justify": "right"}),
+        "DEFAULT",
+        ("DESCRIPTION", {"flex": True, "max_width": 48}),
+    )
+    for pc in classes:
+        table.add_row(pc.name, str(pc.value), "yes" if pc.is_default else "",
+                      pc.description or "-")
     return table
 
 

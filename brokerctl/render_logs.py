@@ -38,8 +38,25 @@ def dropped(n: int) -> Text:
                 style="yellow")
 
 
+MAX_TOKEN = 44
+
+
+def shorten_tokens(msg: str, max_token: int = MAX_TOKEN) -> str:
+    """Ellipsize the middle of long tokens (checkpoint paths, URIs) so a line wraps only
+    between words at 100 columns, never inside a path: ``/tmp/…/attempt-1/step-000000010``."""
+    out = []
+    for tok in msg.split(" "):
+        if len(tok) > max_token:
+            keep = max_token - 1
+            tok = tok[: keep // 3] + "…" + tok[-(keep - keep // 3):]
+        out.append(tok)
+    return " ".join(out)
+
+
 def event_line(event: common_pb2.JobEvent) -> Text:
-    """One history event: local time, type, phase change, region, step, message."""
+    """One history event: local time, type, phase change, region, step, message.
+    Print it without ``soft_wrap``: rich then wraps between words (long tokens are
+    shortened first), never mid-token."""
     row = event_row(event)
     line = Text()
     line.append(f"{row[1]} ", style="dim")
@@ -57,5 +74,5 @@ def event_line(event: common_pb2.JobEvent) -> Text:
             line.append(f" loss {d['loss']}")
     msg = row[6]
     if msg:
-        line.append(f"  {msg}")
+        line.append(f"  {shorten_tokens(str(msg))}")
     return line

@@ -41,7 +41,12 @@ from brokersdk import tracing as telemetry
 from brokersdk.credentials import ClientCredentials, make_channel, resolve
 from brokersdk.enums import (
     TERMINAL_PHASES,
+    CapacityType,
+    MigrationCause,
+    MigrationState,
+    Phase,
     capacity_type_name,
+    cause_name,
     parse_capacity_type,
     parse_phase,
     parse_plan_state,  # noqa: F401  (re-exported: the old import path)
@@ -84,6 +89,11 @@ from computebroker.v1 import (
 __all__ = [
     "AlreadyExists",
     "BrokerClient",
+    "CapacityType",
+    "MigrationCause",
+    "MigrationState",
+    "Phase",
+    "cause_name",
     "BrokerError",
     "BrokerUnavailable",
     "InvalidJobSpec",
@@ -650,6 +660,29 @@ class BrokerClient:
             capacity_pb2.CancelTrainingPlanRequest(plan_id=plan_id),
             idempotent=False,
         )
+
+    # -- priority classes (operators set/delete; everyone reads)
+
+    def priority_classes(self) -> list[capacity_pb2.PriorityClass]:
+        """The broker's live priority classes, highest value first (``is_default`` marks
+        the class of jobs that name none)."""
+        resp = self._call(self._capacity.ListPriorityClasses,
+                          capacity_pb2.ListPriorityClassesRequest(), idempotent=True)
+        return list(resp.priority_classes)
+
+    def set_priority_class(self, name: str | capacity_pb2.PriorityClass, value: int = 0,
+                           description: str = "") -> capacity_pb2.PriorityClass:
+        """Create or update a class (a put: safe to retry). Higher values are admitted
+        first and may preempt lower ones."""
+        pc = name if isinstance(name, capacity_pb2.PriorityClass) else capacity_pb2.PriorityClass(
+            name=name, value=int(value), description=description)
+        return self._call(self._capacity.SetPriorityClass,
+                          capacity_pb2.SetPriorityClassRequest(priority_class=pc), idempotent=True)
+
+    def delete_priority_class(self, name: str) -> capacity_pb2.DeletePriorityClassResponse:
+        """Delete a class no live job uses (FAILED_PRECONDITION otherwise)."""
+        return self._call(self._capacity.DeletePriorityClass,
+                          capacity_pb2.DeletePriorityClassRequest(name=name), idempotent=False)
 
     def drain(
         self, region: str, undrain: bool = False, reason: str = ""

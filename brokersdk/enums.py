@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import IntEnum
 from typing import Any
 
 import grpc
@@ -62,3 +63,33 @@ parse_topology, topology_name = _enum_parser(
 )
 parse_strategy, strategy_name = _enum_parser("LENDING_STRATEGY_", capacity_pb2.LendingStrategy)
 parse_plan_state, plan_state_name = _enum_parser("PLAN_STATE_", capacity_pb2.PlanState)
+
+
+def _py_enum(name: str, prefix: str, enum: Any) -> type[IntEnum]:
+    """A Python IntEnum twin of a proto enum: equal to the wire integers, but printed as
+    its name (``str(Phase.RUNNING) == "running"``) so SDK users never see bare numbers."""
+    members = {v.name[len(prefix):]: v.number for v in enum.DESCRIPTOR.values}
+    cls = IntEnum(name, members)  # type: ignore[misc]
+
+    def __str__(self: IntEnum) -> str:
+        return "" if self.name == "UNSPECIFIED" else self.name.lower().replace("_", "-")
+
+    cls.__str__ = __str__  # type: ignore[method-assign]
+    cls.__format__ = lambda self, spec: format(str(self), spec)  # type: ignore[method-assign]
+    return cls
+
+
+# Typed names for the integers in Job.phase, Migration.cause_code / state_code and
+# capacity types: Phase(job.phase) prints "succeeded", MigrationCause(m.cause_code)
+# prints "spot-interruption".
+Phase = _py_enum("Phase", "JOB_PHASE_", common_pb2.JobPhase)
+MigrationCause = _py_enum("MigrationCause", "MIGRATION_CAUSE_", common_pb2.MigrationCause)
+MigrationState = _py_enum("MigrationState", "MIGRATION_STATE_", common_pb2.MigrationState)
+CapacityType = _py_enum("CapacityType", "CAPACITY_TYPE_", common_pb2.CapacityType)
+
+
+def cause_name(m: common_pb2.Migration) -> str:
+    """A move's cause as a name: the typed cause when set, else the recorded string."""
+    if m.cause_code:
+        return str(MigrationCause(m.cause_code))
+    return m.cause.replace("_", "-")

@@ -80,11 +80,14 @@ class ConsoleConfig:
     session_idle_s: float = 8 * 3600
 
 
-def create_app(config: ConsoleConfig) -> Starlette:
+def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) -> Starlette:
+    """``settings``: the transport to the broker when the caller has it already (the demo
+    passes its own CA); otherwise resolved from the config context / CB_* variables."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(template_globals())
     sessions = SessionStore(config.session_idle_s)
-    settings = ClientSettings.resolve(config.broker, config.timeout, config.context)
+    if settings is None:
+        settings = ClientSettings.resolve(config.broker, config.timeout, config.context)
 
     def session_of(request: Request) -> Session | None:
         return sessions.get(request.cookies.get(COOKIE))

@@ -22,6 +22,11 @@ terminal JobUpdate is kept until the broker acknowledges it (JobUpdateAck, sent 
 the store commit) and re-sent on every reconnect and every few heartbeats. Attempts
 survive an agent restart: the local executor keeps durable records and re-adopts them.
 
+Self-fence (cross-host fencing): an agent that has not heard a broker answer for
+``self_fence_s`` (3/4 of the broker's ``agent_timeout_s``, told in RegisterAck) kills its
+own attempts, so a partitioned agent's ranks are gone before the broker can declare it
+lost and relaunch its jobs elsewhere (region_agents/fencing.py states the invariant).
+
 Over 400 lines on purpose: :class:`RegionAgent` is one object whose two threads share
 its state (attempts, staging, unacknowledged updates, the live session), and the message
 handlers, the tick and the reconnect logic each read all of it; the pieces with a job of
@@ -32,6 +37,7 @@ logship.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -45,6 +51,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wai
 
 from brokersdk.credentials import make_channel
 from checkpoint_layout.roots import RootError, canonical, check_under
+from checkpoint_layout.standby_go import Go, GoAction
 from computebroker.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
@@ -55,12 +62,13 @@ from region_agents.executors.base import (
     AttemptSpec,
     Executor,
 )
-from region_agents.fencing import AttemptLedger
+from region_agents.fencing import AttemptLedger, BrokerContact, lease_margin, self_fence_after
 from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_staging
+from region_agents.staging import Staging, plan_staging, under
+from region_agents.staging import s3_client as staging_s3_client
 from region_agents.store_probe import probe, resolve_store
 from region_agents.workdir import WorkdirCache
 
@@ -165,9 +173,25 @@ class RegionAgent:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._last_heartbeat = 0.0
+        # Self-fence: when a broker last answered us, and the broker's agent timeout.
+        self.contact = BrokerContact(time.monotonic())
+        self._register_sent = time.monotonic()
+        self._agent_timeout_s = 0.0  # from RegisterAck; 0 = not told yet (broker default)
+        self.self_fences = 0  # how often we killed our attempts for lack of a broker
+        # The same deadline for ranks whose agent is frozen (SIGSTOP) and cannot kill
+        # them: CB_AGENT_LEASE_FILE holds it, each rank's watchdog obeys it.
+        self.lease_file = os.path.join(config.work_dir, "agent-lease")
+        self._lease_written = 0.0
+        if hasattr(executor, "extra_env"):
+            executor.extra_env["CB_AGENT_LEASE_FILE"] = self.lease_file
+        self._resume_contact()
+        self._write_lease(force=True)
         # Migration: checkpoint copies in flight before an attempt starts, and agent-clock
         # timings per attempt (reported in JobUpdate.timings for the broker's breakdown).
         self._staging: dict[tuple[str, int], Staging] = {}
+        # make-before-break: a standby's own checkpoint dir, then (source ckpt, that dir) once go'd
+        self._standby_ckpt: dict[tuple[str, int], str] = {}
+        self._durable_copies: dict[tuple[str, int], tuple[str, str]] = {}
         self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
         self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
 
@@ -303,6 +327,17 @@ class RegionAgent:
             # A session that registered ended: reconnect quickly, with a fresh backoff.
             self._stopping.wait(0.2)
 
+    def _log_broker_error(self, address: str, e: grpc.RpcError, was_registered: bool) -> None:
+        """One warning line per outage (not one per retry, never the RpcError's multi-line
+        repr); the retries stay at debug level until the agent registers again."""
+        text = rpc_error_text(e)
+        if was_registered or not getattr(self, "_broker_down", False):
+            self._broker_down = True
+            state = "stream lost" if was_registered else "unreachable"
+            log.warning("broker %s %s: %s; retrying in the background", address, state, text)
+        else:
+            log.debug("broker %s still unreachable: %s", address, text)
+
     def _run_session(self) -> None:
         """One stream: returns if it had registered (or we stop), else raises _Disconnected."""
         session = Session()
@@ -313,6 +348,8 @@ class RegionAgent:
             with self._lock:
                 if self._stopping.is_set():
                     return
+                self.contact.new_session()
+                self._register_sent = time.monotonic()
                 session.send(self._register_msg())
                 self._session = session
             call = stub.Connect(session.requests())
@@ -322,7 +359,7 @@ class RegionAgent:
                     self._on_broker_message(session, msg)
             except grpc.RpcError as e:
                 if not self._stopping.is_set():
-                    log.warning("broker stream broke: %s", rpc_error_text(e))
+                    self._log_broker_error(address, e, session.registered.is_set())
             if session.leader_silent and not self._stopping.is_set():
                 self._broker_i += 1  # a hung leader: try the next replica
                 if not session.registered.is_set():
@@ -345,7 +382,8 @@ class RegionAgent:
             if kind == "registered":
                 self._on_registered(session, msg.registered)
             elif kind == "heartbeat_ack":
-                pass
+                with self._lock:
+                    self.contact.heartbeat_acked()
             elif kind == "update_ack":
                 self._on_update_ack(msg.update_ack)
             elif kind == "launch":
@@ -354,6 +392,8 @@ class RegionAgent:
                 self._on_stop(msg.command_id, msg.stop)
             elif kind == "checkpoint":
                 self._on_checkpoint(msg.command_id, msg.checkpoint)
+            elif kind == "go":
+                self._on_go(msg.command_id, msg.go)
             elif kind == "drain":
                 self.draining = True
                 log.info("broker drains this agent: %s", msg.drain.reason)
@@ -371,6 +411,10 @@ class RegionAgent:
                 self.heartbeat_interval_s = ack.heartbeat_interval_s
             if ack.agent_id:
                 self.agent_id = ack.agent_id
+            if ack.agent_timeout_s > 0:
+                self._agent_timeout_s = ack.agent_timeout_s
+            self.contact.registered(self._register_sent)
+            self._write_lease(force=True)  # before any Launch on this stream starts ranks
             self.logs.rewind(ack.log_offsets)  # resend from where the broker's copy ends
             # Finished attempts the broker has not acknowledged: report them again, each
             # after the rest of its output (as on the first stream).
@@ -388,6 +432,7 @@ class RegionAgent:
                     if not self._cancel_staging(job_id, current):
                         self.executor.stop(job_id, current, checkpoint_first=False, grace_s=0.0)
             self._last_heartbeat = 0.0  # heartbeat right away (spot notices, health)
+        self._broker_down = False
         log.info("registered as %s (heartbeat %.1fs, %d stale)", self.agent_id,
                  self.heartbeat_interval_s, len(ack.stale_job_ids))
 
@@ -404,6 +449,12 @@ class RegionAgent:
             decision = self.ledger.on_launch(launch.job_id, launch.attempt)
             if not decision.accepted or decision.duplicate:
                 self._ack(command_id, decision.accepted, decision.message)
+                return
+            refusal = self._standby_refusal(launch, decision.kill_attempt)
+            if refusal:
+                self._ack(command_id, False, refusal)
+                self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
+                                          exit_code=-1, message=refusal))
                 return
             if decision.kill_attempt:
                 log.info("%s: attempt %d supersedes %d: killing the old one", launch.job_id,
@@ -433,6 +484,8 @@ class RegionAgent:
                                           exit_code=-1, message=problem))
                 return
             self.ledger.launched(launch.job_id, launch.attempt)
+            if launch.standby:
+                self._standby_ckpt[key] = launch.checkpoint_uri
             self._ack(command_id, True)
             if staging is not None:
                 # Copy the checkpoint into this region's store, or resolve a same-region
@@ -443,6 +496,59 @@ class RegionAgent:
                 if staging.copies:
                     log.info("%s attempt %d: copying checkpoint %s -> %s before start",
                              launch.job_id, launch.attempt, staging.src, staging.dst)
+
+    def _standby_refusal(self, launch: agent_pb2.Launch, running: int) -> str:
+        """Why a make-before-break standby cannot start here ("" = it can). Never beside
+        an attempt of the same job on this agent: starting an attempt fences older ones
+        here, and the source must keep its ranks until its final checkpoint."""
+        if not launch.standby:
+            return ""
+        if not self.executor.supports_standby:
+            return (f"standby launch refused: the {type(self.executor).__name__} does not"
+                    " run make-before-break standby attempts")
+        if running:
+            return (f"standby launch refused: attempt {running} of {launch.job_id} still runs on"
+                    " this agent (a standby must be on another agent)")
+        return ""
+
+    def _on_go(self, command_id: str, go: agent_pb2.Go) -> None:
+        """Make-before-break: the source is fenced; release the standby (or abort it).
+        Idempotent: a re-sent Go writes the same go file again."""
+        with self._lock:
+            if self.ledger.running.get(go.job_id) != go.attempt:
+                self._ack(command_id, False, f"{go.job_id} attempt {go.attempt} is not running here")
+                return
+            action = GoAction.ABORT if go.abort else GoAction.GO
+            self.executor.go(go.job_id, go.attempt, Go(action, go.resume_from, go.reason))
+            key = (go.job_id, go.attempt)
+            if action is GoAction.GO and go.resume_from and key in self._standby_ckpt:
+                self._durable_copies[key] = (go.resume_from, self._standby_ckpt.pop(key))
+            log.info("%s attempt %d: go (%s) from %s", go.job_id, go.attempt, go.reason,
+                     go.resume_from or "scratch")
+            self._ack(command_id, True)
+
+    def _durability_copy(self, job_id: str, attempt: int, src: str, dst_dir: str) -> None:
+        """After a make-before-break resume read the checkpoint straight from the source
+        region's store, copy it into the attempt's directory in this region's store in the
+        background (the attempt already trains; this only makes the resume point survive
+        the source region, like the copy-first path's ``<checkpoint_uri>/step-N``)."""
+        bucket = self.inventory.checkpoint_bucket
+        if not src or not dst_dir or (bucket and under(src, bucket)):
+            return
+        name = src.rstrip("/").rpartition("/")[2]
+        dst = f"{dst_dir.rstrip('/')}/{name}"
+
+        def run() -> None:
+            try:
+                from region_agents.transfer import copy_checkpoint
+
+                r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                log.info("%s attempt %d: background durability copy %s -> %s: %.1f MB in %.2fs"
+                         " (%s)", job_id, attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
+            except Exception as e:  # noqa: BLE001 - best effort: the next checkpoint covers it
+                log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
+
+        threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
 
     def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
         """Why this region will not write ``launch.checkpoint_uri``, or None.
@@ -578,6 +684,10 @@ class RegionAgent:
         upd = ev.to_proto()
         upd.message = clip(upd.message, UPDATE_MESSAGE_MAX)
         key = (ev.job_id, ev.attempt)
+        if key in self._durable_copies and (ev.terminal or ev.state == AS.ATTEMPT_STATE_RUNNING):
+            src, dst_dir = self._durable_copies.pop(key)
+            if not ev.terminal:  # it trains now: the copy no longer competes with its load
+                self._durability_copy(ev.job_id, ev.attempt, src, dst_dir)
         if transfer is not None:
             upd.transfer.CopyFrom(transfer)
             upd.transfer.error = clip(upd.transfer.error, ACK_MESSAGE_MAX)
@@ -620,6 +730,8 @@ class RegionAgent:
                 self._send_heartbeat(now)
             self._resend_unacked()
             self._check_leader_liveness()
+            self._check_self_fence()
+            self._write_lease()
 
     def _resend_unacked(self) -> None:
         """Terminal updates the broker did not acknowledge (e.g. its store was down when
@@ -635,9 +747,13 @@ class RegionAgent:
 
     @property
     def leader_timeout_s(self) -> float:
+        """How long a silent broker is trusted before rotating to the next one. By default
+        at most half the self-fence deadline: the agent must have found the new leader
+        well before it would kill its attempts for lack of one."""
         if self.config.leader_timeout_s:
             return self.config.leader_timeout_s
-        return max(MIN_LEADER_TIMEOUT_S, LEADER_TIMEOUT_HEARTBEATS * self.heartbeat_interval_s)
+        return min(max(MIN_LEADER_TIMEOUT_S, LEADER_TIMEOUT_HEARTBEATS * self.heartbeat_interval_s),
+                   self.self_fence_s / 2)
 
     def _check_leader_liveness(self) -> None:
         """No message from the broker for leader_timeout_s: it hangs (SIGSTOP, a wedged
@@ -651,6 +767,68 @@ class RegionAgent:
                         " the next broker", silent, self.leader_timeout_s)
             s.leader_silent = True
             s.close()
+
+    @property
+    def self_fence_s(self) -> float:
+        return self_fence_after(self._agent_timeout_s, self.config.self_fence_s)
+
+    def _resume_contact(self) -> None:
+        """A restarted agent's last broker contact is its predecessor's (from the lease
+        file), not "now": else re-adopted ranks would get a fresh deadline that outlives
+        the one the broker's agent timeout counts from."""
+        try:
+            with open(self.lease_file) as f:
+                fields = f.read().split()
+            contact_wall = float(fields[1])
+        except (OSError, ValueError, IndexError):
+            return  # no predecessor (or an old file format): start-up counts as contact
+        age = max(0.0, time.time() - contact_wall)
+        self.contact.last = min(self.contact.last, time.monotonic() - age)
+
+    def _write_lease(self, force: bool = False) -> None:
+        """Renew CB_AGENT_LEASE_FILE (about twice a second): the wall-clock time at which
+        this agent would self-fence. Frozen, we stop renewing it, and the ranks' watchdog
+        (trainer/agent_lease.py) stops them at that very deadline."""
+        now = time.time()
+        if not force and now - self._lease_written < 0.5:
+            return
+        silent = self.contact.silent_for(time.monotonic())
+        # A little after our own deadline: a live agent kills (and says so) first; the
+        # ranks' watchdog is the backstop for a frozen one (fencing.LEASE_MARGIN).
+        deadline = now + self.self_fence_s + lease_margin(self._agent_timeout_s) - silent
+        tmp = f"{self.lease_file}.tmp"
+        try:
+            with open(tmp, "w") as f:  # deadline (what ranks obey), then the last contact
+                f.write(f"{deadline:.3f} {now - silent:.3f}\n")
+            os.replace(tmp, self.lease_file)
+            self._lease_written = now
+        except OSError as e:  # a full disk must not stop the agent; ranks keep the old one
+            log.warning("cannot renew the agent lease %s: %s", self.lease_file, e)
+
+    def _check_self_fence(self) -> None:
+        """No broker has answered us for ``self_fence_s``: a partition (or no leader at
+        all). The broker may be about to declare us lost and relaunch our jobs on another
+        agent, so kill our attempts now (SIGKILL: a checkpoint-first stop could outlive
+        the deadline). They are reported STOPPED when a broker is back; if it still wants
+        them it relaunches them from their last checkpoint (contracts §9)."""
+        silent = self.contact.silent_for(time.monotonic())
+        if silent <= self.self_fence_s:
+            return
+        victims = [(r.job_id, r.attempt) for r in self.executor.running()
+                   if r.state not in TERMINAL_STATES]
+        staging = [key for key, st in self._staging.items() if not st.cancelled.is_set()]
+        if not victims and not staging:
+            return
+        self.self_fences += 1
+        log.warning("self-fence: no broker answered for %.1fs (limit %.1fs, the broker declares"
+                    " an agent lost after %.0fs): killing %d attempt(s) before they can be"
+                    " relaunched elsewhere", silent, self.self_fence_s,
+                    self._agent_timeout_s or self.self_fence_s / 0.75, len(victims) + len(staging))
+        for job_id, attempt in staging:
+            self._cancel_staging(job_id, attempt)
+        for job_id, attempt in victims:
+            with contextlib.suppress(KeyError):  # ended meanwhile
+                self.executor.stop(job_id, attempt, False, 0.0)
 
     def _fail_attempts_on(self, node_id: str, reason: str) -> None:
         for r in self.executor.running():
@@ -668,6 +846,7 @@ class RegionAgent:
         hb = agent_pb2.Heartbeat(time=now, node_health=self._pending_health,
                                  spot_notices=notices, running=self._running())
         if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
+            self.contact.heartbeat_sent(time.monotonic())
             session.spot_sent.update(n.node_id for n in notices)
             self._pending_health = []
             self._last_heartbeat = now
@@ -702,6 +881,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-timeout-s", type=float, default=None,
                    help="broker silent this long = hung: reconnect to the next --broker"
                         " (default: 4 heartbeat intervals, at least 6 s)")
+    p.add_argument("--self-fence-s", type=float, default=None,
+                   help="no broker answer this long = partitioned: kill this agent's attempts"
+                        " (default and maximum: 3/4 of the broker's agent timeout)")
     p.add_argument("--run-as-user", default="", metavar="USER",
                    help="local executor: run every job's ranks as this unprivileged user")
     p.add_argument("--allow-root-jobs", action="store_true",
@@ -747,6 +929,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             leader_timeout_s=args.leader_timeout_s,
+            self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,
             allow_root_jobs=args.allow_root_jobs,
             checkpoint_allowed_roots=args.checkpoint_root,

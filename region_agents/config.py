@@ -42,6 +42,8 @@ class AgentConfig:
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
     leader_timeout_s: float | None = None
+    # None = 3/4 of the broker's agent_timeout_s (RegisterAck); may only be shorter.
+    self_fence_s: float | None = None
     # Local executor: the Unix user ranks run as (region_agents/executors/job_user.py).
     # A root agent without one refuses to start unless allow_root_jobs is set.
     run_as_user: str = ""

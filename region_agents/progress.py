@@ -57,6 +57,8 @@ def read_progress(path: str) -> ProgressSnapshot | None:
         last_checkpoint_step=int(num("last_checkpoint_step", int)),
         last_checkpoint_uri=str(data.get("last_checkpoint_uri") or ""),
         updated_time=updated,
+        step_time=num("step_time"),
+        resumed_time=num("resumed_time"),
     )
     return ProgressSnapshot(
         state=str(data.get("state") or "running"), heartbeat=heartbeat, progress=progress, raw=data

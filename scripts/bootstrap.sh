@@ -17,9 +17,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo ">> installing torch==2.13.0 (CPU build)"
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
-extra=""
+extra="[s3demo]"  # moto[server]: `brokerctl demo --s3` runs a local S3 API server
 if [ "${1:-}" = "test" ]; then
-  extra="[test]"
+  extra="[test,s3demo]"
   # Debian packages: redis-server (HA store tests), chromium (console tests: Playwright
   # drives it at /usr/bin/chromium; no browser is ever downloaded by `playwright install`).
   missing=""

@@ -40,8 +40,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
     from trainer.errors import (
+        EXIT_AGENT_LEASE_EXPIRED,
         EXIT_BAD_CONFIG,
         EXIT_RESUME_UNAVAILABLE,
+        EXIT_STORAGE_FAILED,
         CheckpointSaveError,
         ResumeUnavailable,
         TrainerError,
@@ -49,6 +51,9 @@ def main() -> None:
     from trainer.signals import install_flags
 
     flags = install_flags()  # first thing: a SIGTERM during startup is remembered, not fatal
+    from trainer.agent_lease import start_watchdog
+
+    start_watchdog()  # the agent lost its broker: stop before a relaunch elsewhere trains
     rank = os.environ.get("RANK", "0")
     try:
         from trainer.config import load_run_env, parse_spec
@@ -67,12 +72,19 @@ def main() -> None:
     except ResumeUnavailable as exc:  # not a config error: the broker relaunches
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_RESUME_UNAVAILABLE
-    except CheckpointSaveError as exc:  # storage may recover: a crash the broker relaunches
+    except CheckpointSaveError as exc:  # storage may recover: the broker relaunches, no node blamed
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
-        code = 1
-    except Exception:  # noqa: BLE001 - a crash: full traceback for the operator
-        traceback.print_exc()
-        code = 1
+        code = EXIT_STORAGE_FAILED
+    except Exception as exc:  # noqa: BLE001 - a crash: full traceback for the operator
+        from trainer.agent_lease import lease_expired
+
+        if lease_expired():  # a peer rank stopped on the agent's expired lease first
+            print(f"trainer (rank {rank}): stopping, the agent's lease ran out ({type(exc).__name__}"
+                  " from a peer that stopped already)", file=sys.stderr, flush=True)
+            code = EXIT_AGENT_LEASE_EXPIRED
+        else:
+            traceback.print_exc()
+            code = 1
     from trainer.parallel import shutdown_and_exit
 
     shutdown_and_exit(code)

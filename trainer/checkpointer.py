@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from trainer import telemetry
+from trainer import standby, telemetry
 from trainer.checkpoint import CheckpointManager, find_resume_point
 from trainer.storage import step_name
 
@@ -146,7 +146,10 @@ class Checkpointer:
         """
         run, m = self.run, self.manager
         step = 0
-        found = find_resume_point(run.store, run.env.resume_from, run.s3_max_concurrency)
+        resume_from = run.env.resume_from
+        if standby.go_file():
+            resume_from = self._standby()
+        found = find_resume_point(run.store, resume_from, run.s3_max_concurrency)
         if found is not None:
             src, name = found
             t0 = time.perf_counter()
@@ -168,6 +171,30 @@ class Checkpointer:
             dist.barrier()
         run._started(step)
         return step
+
+    def _standby(self) -> str:
+        """Make-before-break (trainer/standby.py): everything a resume can do without the
+        checkpoint is done, then block for the go; returns the checkpoint to load.
+
+        Before the go this attempt has taken no step and cannot save (step 0 is never
+        saved), so it can never write beside the source attempt it replaces."""
+        run = self.run
+        t0 = time.perf_counter()
+        self.manager.prepare_load()
+        run.progress.update(state="standby")
+        run.log(f"standby: ready in {time.perf_counter() - t0:.2f}s after model build; "
+                "waiting for the go (the source's final checkpoint)")
+        t1 = time.perf_counter()
+        try:
+            go = standby.wait_for_go(standby.go_file(), lambda: run.flags.term)
+        except standby.StandbyAborted as exc:
+            run.log(f"standby ended before its go ({exc}): no step taken, nothing saved")
+            from trainer.run import EXIT_TERMINATED
+
+            run._end(EXIT_TERMINATED)
+        run.log(f"standby: go after {time.perf_counter() - t1:.2f}s; resuming from "
+                + (go.resume_from or "the newest complete checkpoint under the own root"))
+        return go.resume_from
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, *, blocking: bool = False, deadline: float | None = None) -> bool:

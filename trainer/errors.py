@@ -18,6 +18,14 @@ EXIT_GRACE_EXCEEDED = 76
 # CB_RESUME_FROM is gone or incomplete (an older attempt that is still running pruned
 # it, or the store has not caught up): not a configuration error, the broker relaunches.
 EXIT_RESUME_UNAVAILABLE = 77
+# The agent's lease (CB_AGENT_LEASE_FILE) ran out: the agent lost its broker, which may
+# relaunch this job elsewhere, so the ranks stop at once (trainer/agent_lease.py).
+EXIT_AGENT_LEASE_EXPIRED = 78
+# A checkpoint save failed after bounded storage retries (CheckpointSaveError): the
+# broker relaunches from the last durable checkpoint, and no node is blamed: the
+# store failed, not the machine (blaming it excluded nodes for good; the fault
+# campaign's S3 503 bursts could leave a job nowhere to run).
+EXIT_STORAGE_FAILED = 79
 
 
 class TrainerError(Exception):

@@ -96,7 +96,7 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
     data = SyntheticTokens(spec.seed, mcfg.vocab_size, mcfg.seq_len)
     sample_log = opts.sample_log if run.is_main else ""
     for step in range(start + 1, spec.total_steps + 1):
-        t_step = time.perf_counter()
+        t_step, started = time.perf_counter(), time.time()
         batch = sampler.next()
         model.train()
         optim.zero_grad(set_to_none=True)
@@ -116,7 +116,8 @@ def train(spec: TrainerSpec, env: RunEnv, flags: SignalFlags) -> int:
             time.sleep(spec.step_sleep_s)
         dt = time.perf_counter() - t_step
         if sample_log:
-            rec = {"step": step, "loss": loss, "world_size": run.world_size, "attempt": env.attempt}
+            rec = {"step": step, "loss": loss, "world_size": run.world_size, "attempt": env.attempt,
+                   "start": started, "time": time.time()}  # wall clock: a move's downtime
             rec.update(_ids_record(batch.ids))
             with open(sample_log, "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -205,7 +205,8 @@ class Run:
     def _started(self, step: int) -> None:
         self.step = step
         samples = self._ckpt.samples_seen if self._ckpt is not None else 0
-        self.progress.update(state="running", step=step, samples_seen=samples)
+        self.progress.update(state="running", step=step, samples_seen=samples,
+                             resumed_time=time.time())  # training (re)starts: a move's downtime ends
         self._t_last = time.perf_counter()
         self._agreed = None
 
@@ -235,6 +236,7 @@ class Run:
             samples_seen=ck.samples_seen if ck is not None else 0,
             loss=self.last_loss,
             tokens_per_s=tokens / max(dt, 1e-9) if tokens else 0.0,
+            step_time=time.time(),
         )
         if self.total_steps and step >= self.total_steps:
             return

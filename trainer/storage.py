@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import io
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -381,6 +383,7 @@ class _S3FileSystem(FileSystemBase, _HashRegistry):
         self.client.delete_object(Bucket=bucket, Key=key)
 
 
+COMPLETE_WAIT_S = 180.0  # how long a lost Complete's object may take to appear (_completed)
 MULTIPART_THRESHOLD = 8 << 20
 PART_SIZE = 16 << 20
 MAX_PARTS = 10_000  # S3's limit per multipart upload
@@ -448,9 +451,7 @@ class S3Uploader:
             for chunk in chunks_of(segments):  # while the parts are in flight
                 hasher.update(chunk)
             parts = [f.result() for f in futs]
-            _retrying(self.client.complete_multipart_upload)(
-                Bucket=bucket, Key=key, UploadId=uid, MultipartUpload={"Parts": parts}
-            )
+            self._complete(bucket, key, uid, parts, size)
         except BaseException:
             for f in futs:
                 f.cancel()
@@ -460,6 +461,42 @@ class S3Uploader:
             raise
         finally:
             self._give_back(pool)
+
+    def _complete(
+        self, bucket: str, key: str, uid: str, parts: list[dict[str, Any]], size: int
+    ) -> None:
+        """CompleteMultipartUpload, robust to a lost answer: when a retry fails because
+        the first call did complete (its response timed out; the upload id is then gone,
+        and S3 answers NoSuchUpload, moto a 500), the object is there with exactly our
+        parts' multipart ETag. Seen under heavy load with a 1.5 GB part list on moto; a
+        real store can lose a response the same way. Any other object is still an error
+        (and the manifest's digests would catch a wrong one at load)."""
+        try:
+            _retrying(self.client.complete_multipart_upload)(
+                Bucket=bucket, Key=key, UploadId=uid, MultipartUpload={"Parts": parts}
+            )
+        except Exception:
+            if not self._completed(bucket, key, parts, size):
+                raise
+
+    def _completed(self, bucket: str, key: str, parts: list[dict[str, Any]], size: int) -> bool:
+        """Is the object our completed upload? The first Complete may still be assembling
+        it (the upload id is gone, the object not there yet: moto builds a 1.5 GB object
+        for a minute under load), so a missing object is looked for again for up to
+        COMPLETE_WAIT_S; an object that is not ours answers at once."""
+        digests = b"".join(bytes.fromhex(p["ETag"].strip('"')) for p in parts)
+        want = f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(parts)}"
+        deadline = time.monotonic() + COMPLETE_WAIT_S
+        while True:
+            try:
+                head = self.client.head_object(Bucket=bucket, Key=key)
+            except Exception:  # noqa: BLE001 - not there (yet), or unreadable
+                head = None
+            if head is not None:
+                return int(head.get("ContentLength", -1)) == size and head.get("ETag", "").strip('"') == want
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
 
     def _part(
         self,

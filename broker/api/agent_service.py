@@ -30,7 +30,8 @@ from broker.auth.identity import CredentialKind, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
-from broker.jobs.lifecycle import HOLDING, LAUNCHING, RUNNING
+from broker.jobs import backoff, standby
+from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.updates import ATTEMPT_TERMINAL
@@ -94,17 +95,26 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         reg = first.register
         self._check_identity(reg, context)
         self._validate_register(reg)
+        before = self.agents.get(reg.agent_id)
+        old_fp = backoff.fingerprint(before.record) if before is not None else None
         agent, session = self.agents.register(reg)
+        if old_fp is not None and old_fp != backoff.fingerprint(reg):
+            self._forget_refusals(reg.agent_id)
         stale = self.reconcile(agent, reg)
         log.info("agent %s registered (%s, %d nodes, running %d, stale %d)", reg.agent_id,
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
         yield apb.BrokerMessage(registered=apb.RegisterAck(
             agent_id=reg.agent_id, heartbeat_interval_s=self.config.heartbeat_interval_s,
+            agent_timeout_s=self.config.agent_timeout_s,
             stale_job_ids=stale,
             log_offsets=self.ops.job_logs.offsets_for(r.job_id for r in reg.running)))
         # Known attempts the agent reported: take their state (it may have progressed).
         for r in reg.running:
-            if r.job_id not in stale:
+            # A finished attempt listed here carries no exit code or message: taking it as
+            # the attempt's end made a FAILED one look like "exit 0" (the fault campaign
+            # saw jobs fail at once). The agent re-sends the full JobUpdate of every
+            # unacknowledged end right after this RegisterAck (contracts §9).
+            if r.job_id not in stale and r.state not in ATTEMPT_TERMINAL:
                 self.ops.handle_update(agent, apb.JobUpdate(
                     job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
         self.ops.poke()
@@ -123,6 +133,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         finally:
             self.agents.disconnect(reg.agent_id, session)
             log.info("agent %s stream ended", reg.agent_id)
+
+    def _forget_refusals(self, agent_id: str) -> None:
+        """The agent came back configured differently (e.g. a new ``--checkpoint-root``):
+        the jobs it refused may try it again now instead of after their backoff."""
+        now = self.ops.clock()
+        for job in self.jobs.iter(phases=QUEUED):
+            if agent_id in backoff.avoided_agents(job, now):
+                self.ops.refusals_forgotten(job.id, agent_id)
 
     def _check_identity(self, reg: apb.Register, context: grpc.ServicerContext) -> None:
         """An agent speaks only for the region and agent id its certificate names
@@ -149,6 +167,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return True  # unknown: handle_update only tells the sender to stop it
         if job.placement.agent_id == agent_id and job.attempt == attempt:
             return True
+        if (job.HasField("standby") and job.standby.attempt == attempt
+                and job.standby.placement.agent_id == agent_id):
+            return True  # a make-before-break standby (launched before it is the job's attempt)
         return any(ev.type == "launched" and ev.attempt == attempt
                    and ev.details.get("agent") == agent_id for ev in self.jobs.events(job_id))
 
@@ -173,9 +194,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             job = self.jobs.find(r.job_id)
             if job is not None and self.ops.is_current(job, agent.agent_id, r.attempt):
                 reported.add(r.job_id)
+            elif job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # a make-before-break standby waiting for its go: keep it
             else:
                 stale.append(r.job_id)
         for job in self.jobs.iter(phases=HOLDING):
+            if standby.waiting(job) and job.standby.placement.agent_id == agent.agent_id and not any(
+                    r.job_id == job.id and r.attempt == job.standby.attempt for r in reg.running):
+                self.ops.standby_missing(job.id, agent.agent_id)
             if job.placement.agent_id != agent.agent_id or job.id in reported:
                 continue
             self.ops.attempt_lost(job.id, agent.agent_id, Trigger.ATTEMPT_MISSING, attempt=job.attempt,
@@ -256,9 +282,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # Drift: attempts the agent runs that the broker does not want -> fence them.
         for r in hb.running:
             job = self.jobs.find(r.job_id)
+            if job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
+                continue  # make-before-break: held before its first step, not stale
             if job is None or not self.ops.is_current(job, agent.agent_id, r.attempt):
                 self.ops.fence(agent.agent_id, r.job_id, r.attempt)
-            elif r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
+                continue
+            self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
+            if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
                 self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
                                                             state=r.state, progress=r.progress))
 
@@ -333,5 +363,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s refused %s of %s#%d: %s", agent.agent_id, cmd.kind, cmd.job_id,
                     cmd.attempt, ack.message)
         if cmd.kind == "launch":
+            # Backoff, avoidance and giving up: broker/jobs/backoff.py (contracts §6 rule 12).
             self.ops.attempt_lost(cmd.job_id, agent.agent_id, Trigger.LAUNCH_REFUSED, attempt=cmd.attempt,
-                                  message=f"agent {agent.agent_id} refused the launch: {ack.message}")
+                                  message=f"agent {agent.agent_id} refused the launch: {ack.message}",
+                                  reason=ack.message)

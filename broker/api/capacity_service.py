@@ -1,4 +1,5 @@
-"""CapacityService: what operators call (regions, capacity, plans, teams, drain, cordon).
+"""CapacityService: what operators call (regions, capacity, plans, teams, priority classes,
+drain, cordon).
 
 Usage numbers come from :func:`broker.scheduling.usage.usage_view` over a snapshot
 built the scheduler's way from the store and the agents' inventories, on each call:
@@ -29,6 +30,7 @@ from broker.jobs.lifecycle import HOLDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
+from broker.scheduling import plan_binding
 from broker.scheduling.snapshot import plan_state
 from broker.scheduling.usage import UsageView, build_snapshot, usage_view
 from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT
@@ -133,17 +135,22 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         usage = self._usage()
         rows: dict[tuple, cpb.CapacityRow] = {}
         nodes_out: list[cpb.NodeUsage] = []
+        # A plan's nodes show as its pool (plan id) of type training-plan (plan_binding.py).
+        bound = plan_binding.bind_agents(self.agents.all(), self.records.plans(), time.time())
         for a in self.agents.all():
             for n in a.record.nodes:
                 region = n.region or a.region
                 if request.region and region != request.region:
                     continue
                 block = (n.ultraserver_id or n.network_layer_3) if request.by_block else ""
-                key = (region, n.zone, n.capacity_type, n.pool, n.accelerator, block)
+                ctype, pool = n.capacity_type, n.pool
+                if n.id in bound:
+                    ctype, pool = pb.CAPACITY_TYPE_TRAINING_PLAN, bound[n.id][0].id
+                key = (region, n.zone, ctype, pool, n.accelerator, block)
                 row = rows.get(key)
                 if row is None:
                     row = rows[key] = cpb.CapacityRow(
-                        region=region, zone=n.zone, capacity_type=n.capacity_type, pool=n.pool,
+                        region=region, zone=n.zone, capacity_type=ctype, pool=pool,
                         accelerator=n.accelerator, block=block,
                         price_per_gpu_hour=n.price_per_gpu_hour)
                 used = min(n.gpus, usage.node_gpus.get(n.id, 0))
@@ -247,6 +254,26 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         teams = self._teams()
         usage = self._usage()
         return cpb.ListTeamsResponse(teams=[usage.fill(teams[t]) for t in sorted(teams)])
+
+    # ---- priority classes (broker/jobs/priority_classes.py) ----------------------------------
+    @rpc
+    def SetPriorityClass(self, request: cpb.SetPriorityClassRequest, context: grpc.ServicerContext) -> cpb.PriorityClass:
+        pc = _validated_copy(request, "priority_class", validation.validate_priority_class)
+        out = self.ops.priorities.set(pc)
+        self.ops.poke()  # queued jobs of that class may now rank differently
+        return out
+
+    @rpc
+    def ListPriorityClasses(self, request: cpb.ListPriorityClassesRequest, context: grpc.ServicerContext) -> cpb.ListPriorityClassesResponse:
+        return cpb.ListPriorityClassesResponse(priority_classes=self.ops.priorities.list())
+
+    @rpc
+    def DeletePriorityClass(self, request: cpb.DeletePriorityClassRequest, context: grpc.ServicerContext) -> cpb.DeletePriorityClassResponse:
+        if not request.name:
+            raise InvalidArgument("name is empty: say which priority class to delete")
+        self.ops.priorities.delete(request.name)
+        self.ops.poke()
+        return cpb.DeletePriorityClassResponse(name=request.name)
 
     # ---- drain / cordon -----------------------------------------------------------------
     @rpc

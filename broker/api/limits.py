@@ -26,6 +26,7 @@ MAX_GPUS_PER_NODE = 1024
 MAX_NODES_PER_AGENT = 10_000
 MAX_GPU_COUNT = 10_000_000  # quotas, plan sizes: any GPU total a request may name
 MAX_PRICE = 1_000_000.0  # $/GPU-hour; far above any real price, far below float trouble
+MAX_PRIORITY = 1_000_000_000  # |PriorityClass.value|
 MAX_STEPS = 2**53  # exact in a float (progress ratios) and in every store
 
 # gRPC message size: the largest request the broker decodes (workdir chunks are 1 MiB).
@@ -122,6 +123,12 @@ LIMITS: dict[str, FieldLimit] = {
     "borrow_limit_gpus": FieldLimit(lo=0, hi=MAX_GPU_COUNT),
     "lend_limit_gpus": FieldLimit(lo=0, hi=MAX_GPU_COUNT),
     "fair_share_weight": FieldLimit(lo=0, hi=1e6),
+    # Priority classes: Kueue's WorkloadPriorityClass range is int32; a billion either way
+    # leaves room to sum or offset without overflow.
+    "PriorityClass.value": FieldLimit(lo=-MAX_PRIORITY, hi=MAX_PRIORITY),
+    "PriorityClass.name": FieldLimit(max_len=63, kind=Kind.IDENTIFIER),
+    "PriorityClass.description": FieldLimit(max_len=1024, kind=Kind.TEXT),
+    "DeletePriorityClassRequest.name": FieldLimit(max_len=63, kind=Kind.IDENTIFIER),
     "TrainerSpec.total_steps": FieldLimit(lo=0, hi=MAX_STEPS),
     "TrainerSpec.checkpoint_every": FieldLimit(lo=0, hi=MAX_STEPS),
     "step_sleep_s": FieldLimit(lo=0, hi=86_400),

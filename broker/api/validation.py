@@ -180,6 +180,16 @@ def validate_checkpoint_uri(uri: str, field: str = "checkpoint_uri",
         raise InvalidArgument(str(e)) from e
 
 
+def validate_priority_class(pc: cpb.PriorityClass) -> None:
+    """A class name is an identifier like a team name; the value is an int32 (the edge
+    limits bound it, broker/api/limits.py); the description is free text."""
+    if not pc.name:
+        raise InvalidArgument("priority_class.name is empty: name the class")
+    if not TEAM_RE.match(pc.name):
+        raise InvalidArgument(f"priority_class.name {pc.name!r}: use 1-63 letters, digits, '.', '_'"
+                              " or '-', starting with a letter or digit")
+
+
 def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
     """Raise InvalidArgument when ``spec`` is malformed."""
     if not spec.name.strip():

@@ -24,7 +24,7 @@ log = logging.getLogger("broker.audit")
 
 # Request fields that name what a mutation acts on, first match wins.
 _TARGET_FIELDS = ("job_id", "token_id", "plan_id", "region", "node", "node_id", "user", "team",
-                  "digest")
+                  "digest", "name")
 
 
 def target_of(request: object) -> str:
@@ -35,7 +35,7 @@ def target_of(request: object) -> str:
         value = getattr(request, name, None)
         if isinstance(value, str) and value:
             return value
-    for sub in ("spec", "quota", "plan"):
+    for sub in ("spec", "quota", "plan", "priority_class"):
         inner = getattr(request, sub, None)
         if isinstance(inner, Message):
             for name in ("team", "name", "region"):

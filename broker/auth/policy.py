@@ -26,6 +26,7 @@ class Permission(enum.Enum):
     CAPACITY_READ = "capacity.read"
     QUOTA_SET = "quota.set"
     PLANS_WRITE = "plans.write"
+    PRIORITIES_WRITE = "priorities.write"  # priority classes: every team's jobs rank by them
     REGIONS_ADMIN = "regions.admin"  # drain, cordon
     USERS_ADMIN = "users.admin"  # tokens
     AUDIT_READ = "audit.read"
@@ -90,6 +91,9 @@ METHODS: dict[str, MethodRule] = {
     _C + "SetTeamQuota": MethodRule(Permission.QUOTA_SET, True),
     _C + "GetTeamQuota": MethodRule(Permission.CAPACITY_READ, False),
     _C + "ListTeams": MethodRule(Permission.CAPACITY_READ, False),
+    _C + "SetPriorityClass": MethodRule(Permission.PRIORITIES_WRITE, True),
+    _C + "ListPriorityClasses": MethodRule(Permission.CAPACITY_READ, False),
+    _C + "DeletePriorityClass": MethodRule(Permission.PRIORITIES_WRITE, True),
     _C + "DrainRegion": MethodRule(Permission.REGIONS_ADMIN, True),
     _C + "CordonNode": MethodRule(Permission.REGIONS_ADMIN, True),
     _W + "HasWorkdir": MethodRule(Permission.WORKDIR_UPLOAD, False),

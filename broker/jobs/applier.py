@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
-from broker.jobs.outcome import Command, Outcome, SendLaunch, SendStop, WakeScheduler
-from broker.store.base import NotFound, Store, VersionConflict
+from broker.jobs.outcome import Command, Outcome, SendGo, SendLaunch, SendStop, WakeScheduler
+from broker.store.base import NotFound, Store, StoreError, VersionConflict
 from broker.store.group_commit import GroupCommit
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
@@ -106,6 +106,9 @@ class Applier:
         for cmd in out.commands:
             try:
                 self.run(cmd, out.job)
+            except StoreError as e:  # store down or fenced: the next pass redoes it
+                log.warning("command %s for %s not run: %s: %s", type(cmd).__name__, out.job.id,
+                            type(e).__name__, e)
             except Exception:  # noqa: BLE001 - a side effect must not undo a commit
                 log.exception("command %s for %s failed", type(cmd).__name__, out.job.id)
 
@@ -121,6 +124,10 @@ class Applier:
                             "relaunch", cmd.launch.job_id, cmd.launch.attempt, cmd.agent_id)
         elif isinstance(cmd, SendStop):
             self._stop(cmd, job)
+        elif isinstance(cmd, SendGo):
+            msg = apb.BrokerMessage(go=apb.Go(job_id=cmd.job_id, attempt=cmd.attempt,
+                                              resume_from=cmd.resume_from, reason=cmd.reason))
+            self.agents.send(cmd.agent_id, msg, "go", cmd.job_id, cmd.attempt)
 
     def _stop(self, cmd: SendStop, job: pb.Job) -> None:
         if cmd.kind is None:

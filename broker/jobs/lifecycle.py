@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.api.errors import IllegalTransition
+from broker.jobs import backoff
 from broker.jobs.causes import Family
 from computebroker.v1 import common_pb2 as pb
 
@@ -105,6 +106,7 @@ class Tx:
         self.job.phase_time = self.now
         if to == RUNNING:
             self.job.attempt_started_time = self.now
+            backoff.reset(self.job)  # an attempt runs: refusals are no longer in a row
             if not self.job.started_time:
                 self.job.started_time = self.now
         if to in TERMINAL:

@@ -109,6 +109,8 @@ def stopped(job: pb.Job, now: float, *, saved: bool, timings: apb.AttemptTimings
     m.checkpoint_step = job.progress.last_checkpoint_step
     m.checkpoint_uri = job.progress.last_checkpoint_uri
     m.work_lost_s += work_lost_s
+    if job.progress.step_time:  # the source's last step (trainer clock): downtime starts
+        m.last_source_step_time = job.progress.step_time
     if not saved and not m.emergency:
         m.emergency = True  # had to be killed without its checkpoint
     if timings is not None:
@@ -175,7 +177,7 @@ def first_step_due(job: pb.Job, progress: pb.Progress) -> bool:
 
 def finish(job: pb.Job, now: float, first_step_time: float, *,
            state: MoveState = MoveState.DONE,
-           message: str = "") -> pb.Migration | None:
+           message: str = "", resumed_time: float = 0.0) -> pb.Migration | None:
     """Close the open move and derive its durations; returns it (None if none was open)."""
     m = open_migration(job)
     if m is None:
@@ -197,6 +199,8 @@ def finish(job: pb.Job, now: float, first_step_time: float, *,
     m.first_step_s = max(0.0, end - m.running_time)
     m.total_s = max(0.0, end - m.started_time)
     m.orchestration_s = orchestration_s(m)
+    if m.last_source_step_time and resumed_time >= m.last_source_step_time:
+        m.downtime_s = resumed_time - m.last_source_step_time  # last step -> training resumed
     return m
 
 
@@ -222,6 +226,11 @@ def timing_details(m: pb.Migration) -> dict[str, str]:
         "first_step_s": f"{m.first_step_s:.2f}", "total_s": f"{m.total_s:.2f}",
         "orchestration_s": f"{m.orchestration_s:.2f}", "emergency": str(m.emergency).lower(),
     }
+    if m.make_before_break:
+        d["make_before_break"] = "true"
+        d["go_s"] = f"{max(0.0, m.go_time - m.checkpointed_time):.2f}"
+    if m.downtime_s:
+        d["downtime_s"] = f"{m.downtime_s:.2f}"
     if m.transfer.bytes_total:
         d.update({"transfer_bytes": str(m.transfer.bytes_total),
                   "transfer_mb_per_s": f"{m.transfer.mb_per_s:.1f}",

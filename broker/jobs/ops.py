@@ -19,10 +19,12 @@ from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import FailedPrecondition
 from broker.ids import new_job_id
-from broker.jobs import migration, transitions, updates
+from broker.jobs import migration, standby, transitions, updates
 from broker.jobs.applier import Applier
-from broker.jobs.lifecycle import HOLDING, LAUNCHING
+from broker.jobs.causes import Cause
+from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
 from broker.jobs.outcome import Outcome
+from broker.jobs.priority_classes import PriorityClasses
 from broker.jobs.recovery import Signal, StopPlan, Trigger, plan_stop
 from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
@@ -49,6 +51,8 @@ class JobOps:
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}
         self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
+        # The live priority classes (config defaults + API state), cached for the scheduler.
+        self.priorities = PriorityClasses(self._store, self.config)
 
     def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
         return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
@@ -58,12 +62,15 @@ class JobOps:
         self.applier.poke()
 
     def priority_of(self, spec: pb.JobSpec) -> int:
-        cls = spec.priority_class or self.config.default_priority_class
-        return self.config.priority_classes.get(cls, 0)
+        return self.priorities.value_of(spec.priority_class)
 
     # ---- users ---------------------------------------------------------------------------
     def submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
-        validation.validate_spec(spec, self.config.priority_classes)
+        with self.priorities.submitting():  # its class cannot be deleted meanwhile
+            return self._submit(spec, client_request_id, actor)
+
+    def _submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
+        validation.validate_spec(spec, self.priorities.values())
         store = self._store
         if client_request_id:
             existing = store.find_job_by_request_id(spec.team, client_request_id)
@@ -112,6 +119,26 @@ class JobOps:
         out = self._apply(job_id, transitions.admit, inp)
         return out.job if out is not None else None
 
+    def reserve_standby(self, job_id: str, admission: placement.Admission) -> pb.Job | None:
+        """Make-before-break: reserve ``admission`` for the moving job's standby attempt."""
+        agent = self.agents.get(admission.agent_id)
+        if agent is None or not agent.connected:
+            return None
+        inp = standby.ReserveStandby(admission=admission, nodes={n.id: n for n in agent.record.nodes},
+                                     checkpoint_bucket=agent.record.checkpoint_bucket)
+        out = self._apply(job_id, standby.reserve, inp)
+        return out.job if out is not None else None
+
+    def standby_missing(self, job_id: str, agent_id: str) -> None:
+        """A make-before-break standby its agent no longer runs: drop it."""
+        self.applier.apply(job_id, lambda j, now: standby.standby_missing(j, agent_id, now))
+
+    def resend_go(self, job: pb.Job, agent_id: str, attempt: int) -> None:
+        """Re-send a promoted standby's Go (lost to a broker or stream restart)."""
+        go = standby.go_due(job, agent_id, attempt)
+        if go is not None:
+            self.applier.run(go, job)
+
     def set_pending_reason(self, job_id: str, reason: str) -> None:
         self._apply(job_id, transitions.set_pending_reason, reason)
 
@@ -141,7 +168,7 @@ class JobOps:
         return out.job if out is not None else None
 
     def attempt_lost(self, job_id: str, agent_id: str, trigger: Trigger, *, message: str,
-                     attempt: int | None = None) -> Outcome | None:
+                     attempt: int | None = None, reason: str = "") -> Outcome | None:
         """The attempt on ``agent_id`` is gone: relaunch elsewhere from the last durable
         checkpoint, or finish a pending cancel."""
 
@@ -150,10 +177,22 @@ class JobOps:
             if plan is None:
                 return None
             inp = transitions.AttemptLost(agent_id=agent_id, plan=plan, message=message,
-                                          attempt=attempt)
+                                          attempt=attempt, reason=reason)
             return transitions.attempt_lost(job, inp, now, self.config)
 
-        return self.applier.apply(job_id, step)
+        out = self.applier.apply(job_id, step)
+        self._count_refusal(out)
+        return out
+
+    def _count_refusal(self, out: Outcome | None) -> None:
+        """A refused (or unstartable) launch was written: count it by region and outcome."""
+        if out is not None and any(e.type == "launch_refused" or (
+                e.reason == Cause.LAUNCH_REFUSED and e.from_phase != e.to_phase) for e in out.events):
+            self.telemetry.launch_refused(out.job.placement.region, gave_up=out.job.phase == FAILED)
+
+    def refusals_forgotten(self, job_id: str, agent_id: str) -> None:
+        """``agent_id`` changed its configuration: it may take ``job_id`` again at once."""
+        self._apply(job_id, transitions.refusals_forgotten, agent_id)
 
     # ---- housekeeping (scheduler pass) -------------------------------------------------------
     def housekeeping(self, live: Iterable[pb.Job]) -> list[pb.Job]:
@@ -205,6 +244,10 @@ class JobOps:
             if u.state not in updates.ATTEMPT_TERMINAL:
                 self.applier.fence(agent.agent_id, u.job_id, u.attempt)
             return
+        if standby.is_standby(job, agent.agent_id, u.attempt):  # make-before-break, before its go
+            if u.state in updates.ATTEMPT_TERMINAL:
+                self.applier.apply(u.job_id, lambda j, now: standby.standby_ended(j, agent.agent_id, u, now))
+            return
         if not transitions.is_current(job, agent.agent_id, u.attempt):
             if u.state not in updates.ATTEMPT_TERMINAL:
                 self.applier.fence(agent.agent_id, u.job_id, u.attempt)
@@ -216,7 +259,9 @@ class JobOps:
         if u.HasField("transfer"):
             self._apply(u.job_id, updates.transfer, inp)
         if u.state in updates.ATTEMPT_TERMINAL:
-            if self._apply(u.job_id, updates.attempt_ended, inp) is not None:
+            ended = self._apply(u.job_id, updates.attempt_ended, inp)
+            self._count_refusal(ended)  # exit -1 before RUNNING: backs off like a refusal
+            if ended is not None:
                 with self._progress_lock:
                     self._progress_marks.pop(u.job_id, None)
         else:

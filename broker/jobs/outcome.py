@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from broker.jobs.causes import MoveState, StopKind
 from broker.jobs.lifecycle import FAILED, SUCCEEDED, TERMINAL, Tx, phase_name
+from broker.jobs.standby import SendGo, settle
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -43,7 +44,7 @@ class WakeScheduler:
 
 
 # Watchers of the job (WatchJob) are woken by the applier whenever events were written.
-Command = SendLaunch | SendStop | WakeScheduler
+Command = SendLaunch | SendStop | WakeScheduler | SendGo
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def seal(tx: Tx, *commands: Command) -> Outcome:
 
         state = {SUCCEEDED: MoveState.DONE, FAILED: MoveState.FAILED}.get(job.phase, MoveState.CANCELLED)
         migration.finish(job, tx.now, 0.0, state=state, message=f"job ended {phase_name(job.phase)}")
+    # a make-before-break standby that lost its reason to exist is dropped and fenced
+    commands = (*commands, *settle(job))  # type: ignore[assignment]
     job.updated_time = tx.now
     end = job.finished_time or tx.now
     job.goodput.wall_s = max(0.0, end - job.created_time)

@@ -34,11 +34,14 @@ if TYPE_CHECKING:
 POLICY_LABEL = "cb.recovery-policy"
 
 # Trainer exit codes (docs/contracts.md section 1).
-EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_CONFIG_ERROR = 2
 EXIT_CHECKPOINTED = 75
 EXIT_GRACE_MISSED = 76
+# Reported by the agent, not the trainer: it could not start the attempt (staging, the
+# checkpoint copy, the workdir fetch or the spawn failed). Backed off like a refused
+# launch (broker/jobs/backoff.py), not counted against max_restarts.
+EXIT_LAUNCH_FAILED = -1
 
 
 class Trigger(enum.Enum):
@@ -90,7 +93,6 @@ class StopPlan:
 class Restart(enum.Enum):
     """What to do when an attempt ends by itself (no stop was asked)."""
 
-    SUCCEED = "succeed"
     RETRY = "retry"  # relaunch elsewhere from the last durable checkpoint
     FAIL_CONFIG = "fail_config"  # exit 2: retrying will not help
     GIVE_UP = "give_up"  # restarts exhausted
@@ -162,9 +164,10 @@ class RecoveryPolicy:
     def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig) -> Restart:
         """An attempt FAILED on its own: exit 2 is a configuration error; anything else
         (1, 76 = the emergency save missed its grace, a signal) is retried until
-        ``max_restarts``, from the last durable checkpoint."""
-        if exit_code == EXIT_OK:
-            return Restart.SUCCEED
+        ``max_restarts``, from the last durable checkpoint. Exit code 0 on a FAILED attempt
+        means "unknown" (e.g. an attempt that ended while its agent was down, its ranks'
+        codes unreadable): a failure like any other, never a success and never final
+        (the fault campaign found such attempts failing their job at once)."""
         if exit_code == EXIT_CONFIG_ERROR:
             return Restart.FAIL_CONFIG
         if job.restarts >= config.max_restarts:

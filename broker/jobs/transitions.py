@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import migration
+from broker.jobs import backoff, migration
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
     CANCELLED,
     CHECKPOINTING,
+    FAILED,
     HOLDING,
     LAUNCHING,
     MIGRATING,
@@ -85,6 +86,7 @@ class AttemptLost:
     plan: StopPlan
     message: str
     attempt: int | None = None
+    reason: str = ""  # a refused launch: the agent's own words (CommandAck.message)
 
 
 @dataclass(frozen=True)
@@ -209,25 +211,33 @@ def cancel(job: pb.Job, inp: Cancel, now: float, config: BrokerConfig) -> Outcom
     return seal(tx, WakeScheduler())
 
 
+def placement_of(adm: placement.Admission, nodes: dict[str, pb.Node], explanation: str) -> pb.Placement:
+    """The job's Placement record for an admission (also a standby's, broker.jobs.standby)."""
+    pl = pb.Placement(
+        region=adm.region, agent_id=adm.agent_id, capacity_type=int(adm.capacity_type),
+        pool=adm.pool, price_per_gpu_hour=adm.price_per_gpu_hour,
+        explanation=adm.explanation or explanation,
+    )
+    for node_id, gpus in adm.assignments:
+        n = nodes.get(node_id)
+        pl.nodes.add(node_id=node_id, gpus=gpus, zone=n.zone if n else "",
+                     network_layer_3=n.network_layer_3 if n else "",
+                     ultraserver_id=n.ultraserver_id if n else "")
+    pl.world_size = sum(g for _, g in adm.assignments)
+    return pl
+
+
 def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome | None:
     """Place a queued job: ADMITTED (first time) -> LAUNCHING with attempt+1, and the
     Launch for the agent (resuming from the last durable checkpoint)."""
     if job.phase not in QUEUED:
         return None
     adm = inp.admission
+    if adm.agent_id in backoff.avoided_agents(job, now):
+        return None  # it refused this job lately (backoff.py); the snapshot should not offer it
     tx = begin(job, now)
     j = tx.job
-    pl = pb.Placement(
-        region=adm.region, agent_id=adm.agent_id, capacity_type=int(adm.capacity_type),
-        pool=adm.pool, price_per_gpu_hour=adm.price_per_gpu_hour,
-        explanation=adm.explanation or inp.explanation,
-    )
-    for node_id, gpus in adm.assignments:
-        n = inp.nodes.get(node_id)
-        pl.nodes.add(node_id=node_id, gpus=gpus, zone=n.zone if n else "",
-                     network_layer_3=n.network_layer_3 if n else "",
-                     ultraserver_id=n.ultraserver_id if n else "")
-    pl.world_size = sum(g for _, g in adm.assignments)
+    pl = placement_of(adm, inp.nodes, inp.explanation)
     j.placement.CopyFrom(pl)
     where = f"{adm.region}/{adm.agent_id} on {len(adm.assignments)} node(s)"
     if j.phase == PENDING:
@@ -264,6 +274,8 @@ def note_move_completed(tx: Tx, m: pb.Migration) -> None:
                     f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
                     f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
                     f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s"
+                    + (f"; downtime {m.downtime_s:.1f}s" if m.downtime_s else "")
+                    + (" (make-before-break)" if m.make_before_break else "")
                     + (f" ({m.message})" if m.message else ""),
             details=migration.timing_details(m))
 
@@ -299,7 +311,9 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
         begin_move(tx, now, plan.cause)
         tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
                 message=inp.message, details=details)
-        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s))
+        # make-before-break: the scheduler places the move's standby now, not at its next pass
+        wake = (WakeScheduler(),) if config.make_before_break else ()
+        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s), *wake)
     stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
     lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
     j.requeue_cause = plan.family.value
@@ -328,17 +342,48 @@ def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig
         return seal(tx, WakeScheduler())
     inflight = StopKind.parse(j.stop_reason)
     family = inflight.family if inflight is not None else Family.FAILURE
+    refused = inp.plan.cause is Cause.LAUNCH_REFUSED
+    decision = backoff.decide(j, inp.agent_id, inp.reason, now, config) if refused else None
+    if decision is not None:
+        _note_refusal(tx, inp, decision)
+        if decision.action is backoff.RefusalAction.GIVE_UP:
+            tx.move(FAILED, "failed", reason=Cause.LAUNCH_REFUSED.value, actor="broker",
+                    message=backoff.give_up_message(j, inp.agent_id, inp.reason),
+                    details={"agent": inp.agent_id, "refusals": str(j.launch_refusals)})
+            return seal(tx, WakeScheduler())
     lost = tx.lose_work(family)
     begin_move(tx, now, inp.plan.cause)
     migration.stopped(j, now, saved=False, work_lost_s=lost)
     requeue_open(j)
     ck = j.progress.last_checkpoint_uri
+    what, avoid = inp.message, ""
+    if decision is not None:
+        if not decision.distinct:  # the launch_refused event already says why
+            what = f"agent {inp.agent_id} refused the launch again, same reason"
+        avoid = (f" (not placed on {inp.agent_id} again for {backoff.seconds(decision.delay_s)};"
+                 f" {j.launch_refusals} refusal(s) in a row)")
     requeue(tx, family, reason=inp.plan.cause.value, actor="broker",
-            message=f"{inp.message}; relaunching attempt {j.attempt + 1} "
+            message=f"{what}{avoid}; relaunching attempt {j.attempt + 1} "
                     + (f"from checkpoint step {j.progress.last_checkpoint_step}"
                        if ck else "from the start (no durable checkpoint yet)"),
             details={"agent": inp.agent_id, "work_lost_s": f"{lost:.1f}", "resume_from": ck})
+    if decision is not None:
+        j.pending_reason = backoff.pending_note(j, now)
     return seal(tx, WakeScheduler())
+
+
+def _note_refusal(tx: Tx, inp: AttemptLost, d: backoff.RefusalDecision) -> None:
+    """Record a refused launch on the job; a distinct one (new agent or new reason) is
+    also a ``launch_refused`` event, a repeat is not (the requeue event says it)."""
+    j = tx.job
+    backoff.record(j, inp.agent_id, j.placement.region, inp.reason, d, tx.now)
+    if d.distinct:
+        tx.note("launch_refused", reason=Cause.LAUNCH_REFUSED.value, actor=f"agent:{inp.agent_id}",
+                message=f"agent {inp.agent_id} ({j.placement.region}) did not start attempt"
+                        f" {j.attempt}: {inp.reason or 'no reason given'}",
+                details={"agent": inp.agent_id, "region": j.placement.region,
+                         "refusals": str(d.refusals), "avoid_s": f"{d.delay_s:.0f}",
+                         "reason": inp.reason})
 
 
 def stop_timed_out(job: pb.Job, inp: StopTimeout, now: float, config: BrokerConfig) -> Outcome | None:
@@ -368,6 +413,22 @@ def stop_due(job: pb.Job, now: float, config: BrokerConfig) -> bool:
     limit = (config.cancel_timeout_s if kind is StopKind.CANCEL
              else config.preempt_grace_s + config.stop_timeout_s)
     return now - job.stop_requested_time > limit
+
+
+def refusals_forgotten(job: pb.Job, agent_id: str, now: float, config: BrokerConfig) -> Outcome | None:
+    """The agent that refused this job re-registered with a new configuration: it may be
+    tried again at once (``backoff.forget``), said in one event."""
+    if job.phase not in QUEUED:
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    if not backoff.forget(j, agent_id, now):
+        return None
+    tx.note("refusal_cleared", reason="agent_reconfigured", actor=f"agent:{agent_id}",
+            message=f"agent {agent_id} re-registered with a new configuration; it may take the"
+                    " job again")
+    j.pending_reason = backoff.pending_note(j, now) or "agent reconfigured: placing again"
+    return seal(tx, WakeScheduler())
 
 
 def set_pending_reason(job: pb.Job, reason: str, now: float, config: BrokerConfig) -> Outcome | None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import migration
+from broker.jobs import migration, standby
 from broker.jobs.causes import Cause, Family, StopKind
+from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
     CANCELLED,
     FAILED,
@@ -26,8 +27,10 @@ from broker.jobs.lifecycle import (
     Tx,
 )
 from broker.jobs.outcome import Outcome, SendStop, WakeScheduler, begin, seal
-from broker.jobs.recovery import Restart, policy_for
+from broker.jobs.recovery import EXIT_LAUNCH_FAILED, Restart, Signal, Trigger, policy_for
 from broker.jobs.transitions import (
+    AttemptLost,
+    attempt_lost,
     is_current,
     note_move_completed,
     requeue,
@@ -133,6 +136,9 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
     u = inp.update
     if not is_current(job, inp.agent_id, u.attempt):
         return superseded_ended(job, inp, now, config)
+    if (job.phase == LAUNCHING and u.state == apb.ATTEMPT_STATE_FAILED
+            and u.exit_code == EXIT_LAUNCH_FAILED and not job.stop_reason):
+        return _could_not_start(job, inp, now, config)
     tx = begin(job, now)
     j = tx.job
     actor = inp.actor
@@ -160,7 +166,10 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
                           work_lost_s=lost)
         requeue_open(j)
         stopped_to_queue(tx, kind, actor=actor, saved=saved, detail=detail)
-        return seal(tx, WakeScheduler())
+        # make-before-break: the source is fenced now; its standby (if any) goes
+        end = SourceEnd.CHECKPOINTED if saved else SourceEnd.FAILED
+        go = standby.promote(tx, end, actor)
+        return seal(tx, go, WakeScheduler()) if go is not None else seal(tx, WakeScheduler())
     tx.lose_work(Family.FAILURE)
     if u.state == S.ATTEMPT_STATE_STOPPED:
         # Stopped without being asked (agent-side decision): relaunch.
@@ -168,6 +177,20 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
                 message=f"attempt {j.attempt} was stopped by the agent; relaunching")
         return seal(tx, WakeScheduler())
     return _failed(tx, u, detail, actor, config)
+
+
+def _could_not_start(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) -> Outcome | None:
+    """The agent accepted the Launch but could not start it (exit -1: staging, checkpoint
+    copy, workdir fetch or spawn failed): a refusal after the fact. Same backoff and
+    avoidance as a refused Launch (broker/jobs/backoff.py), no restart used up."""
+    u = inp.update
+    detail = u.message.strip().splitlines()[-1][:500] if u.message.strip() else "no reason given"
+    plan = policy_for(job, config).plan(Signal(Trigger.LAUNCH_REFUSED), job, config, now)
+    if plan is None:
+        return None
+    return attempt_lost(job, AttemptLost(
+        agent_id=inp.agent_id, plan=plan, attempt=u.attempt, reason=detail,
+        message=f"agent {inp.agent_id} could not start attempt {u.attempt}: {detail}"), now, config)
 
 
 def _durable_in_own_dir(u: apb.JobUpdate) -> bool:
@@ -289,7 +312,9 @@ def first_step_after_move(tx: Tx, u: apb.JobUpdate, force: bool = False) -> None
         return
     if u.HasField("timings"):
         migration.running(j, tx.now, u.timings)
-    m = migration.finish(j, tx.now, u.progress.updated_time if u.HasField("progress") else tx.now)
+    has = u.HasField("progress")
+    m = migration.finish(j, tx.now, u.progress.updated_time if has else tx.now,
+                         resumed_time=u.progress.resumed_time if has else 0.0)
     if m is None:
         return
     note_move_completed(tx, m)

@@ -61,14 +61,16 @@ class JobLogs:
         """Store a chunk of an attempt the job has had; False (and logged) if refused.
 
         Old attempts are accepted: a stopped attempt's last lines may arrive after the
-        job moved on, and they belong to that attempt's history, not to the new one.
+        job moved on, and they belong to that attempt's history, not to the new one. So are
+        a make-before-break standby's (its start-up lines come before its go).
         """
         try:
             job = self.store.get_job(chunk.job_id)
         except store_base.NotFound:
             log.warning("log chunk for unknown job %s from %s: dropped", chunk.job_id, agent_id)
             return False
-        if not 1 <= chunk.attempt <= job.attempt or chunk.rank < 0 or chunk.stream not in STREAMS:
+        newest = max(job.attempt, job.standby.attempt if job.HasField("standby") else 0)
+        if not 1 <= chunk.attempt <= newest or chunk.rank < 0 or chunk.stream not in STREAMS:
             log.warning("log chunk %s#%d rank %d %r from %s does not fit the job: dropped",
                         chunk.job_id, chunk.attempt, chunk.rank, chunk.stream, agent_id)
             return False

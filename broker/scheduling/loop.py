@@ -10,12 +10,14 @@ With several broker replicas only the holder of the "scheduler" lease schedules.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 import placement
+from broker.jobs import backoff, standby
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
@@ -25,6 +27,7 @@ from broker.scheduling import plan_watch
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.snapshot import SnapshotMemo
 from broker.scheduling.usage import build_snapshot
+from broker.store.base import StoreError
 from broker.workdirs.checks import broken_store_note
 from computebroker.v1 import common_pb2 as pb
 
@@ -85,6 +88,8 @@ class SchedulerLoop:
             t0 = time.monotonic()
             try:
                 self.run_once()
+            except StoreError as e:  # store down or this broker fenced: expected, no traceback
+                log.warning("scheduler pass skipped: %s: %s", type(e).__name__, e)
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                 self.live.forget()  # read the store afresh next time
                 log.exception("scheduler pass failed")
@@ -109,7 +114,8 @@ class SchedulerLoop:
         snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
                                   teams=self.records.teams().values(), plans=plans,
                                   regions=self.records.regions().values(),
-                                  priority_of=ops.priority_of, memo=self._requests)
+                                  priority_of=ops.priority_of, memo=self._requests,
+                                  make_before_break=ops.config.make_before_break)
         self.last_snapshot = snapshot
         self.passes += 1
         telemetry = ops.telemetry
@@ -132,14 +138,18 @@ class SchedulerLoop:
         by_id = {j.id: j for j in live}
         admitted = set()
         for adm in decisions.admissions:
+            moving = standby.job_of(adm.job_id)
+            if moving is not None:  # make-before-break: the destination of a move
+                ops.reserve_standby(moving, dataclasses.replace(adm, job_id=moving))
+                continue
             if ops.launch(adm.job_id, adm) is not None:
                 admitted.add(adm.job_id)
                 ops.telemetry.admitted(by_id.get(adm.job_id), adm, snapshot.now)
         for pre in decisions.preemptions:
             victim = by_id.get(pre.job_id)
             beneficiary = by_id.get(pre.for_job_id)
-            if victim is None:
-                continue
+            if victim is None or standby.job_of(pre.for_job_id) is not None:
+                continue  # a standby never preempts: the move still works without it
             who = (f"{pre.for_job_id} (team {beneficiary.spec.team}, priority"
                    f" {beneficiary.spec.priority_class})" if beneficiary else pre.for_job_id)
             stopping = ops.trigger(
@@ -172,5 +182,8 @@ class SchedulerLoop:
             if job.id in reserved:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")
+            refused = backoff.pending_note(job, snapshot.now)  # agents that refused it lately
+            if refused and refused not in reason:
+                reason = f"{refused}; {reason}" if reason else refused
             if reason and reason != job.pending_reason and job.phase == PENDING:
                 ops.set_pending_reason(job.id, reason)

@@ -27,6 +27,7 @@ from broker.jobs import migration
 from broker.jobs.lifecycle import RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
+from broker.scheduling import plan_binding
 from broker.scheduling.snapshot import plan_state
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -35,16 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def plan_of_job(agents: AgentRegistry, job: pb.Job,
-                plans: dict[str, cpb.TrainingPlan]) -> cpb.TrainingPlan | None:
-    """The plan (earliest ending) whose nodes the job's current placement uses, if any."""
-    found: list[cpb.TrainingPlan] = []
-    for a in job.placement.nodes:
-        hit = agents.find_node(a.node_id)
-        if hit is None:
-            continue
-        node = hit[1]
-        if node.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN and node.pool in plans:
-            found.append(plans[node.pool])
+                plans: dict[str, cpb.TrainingPlan],
+                bound: dict[str, tuple[cpb.TrainingPlan, object]] | None = None) -> cpb.TrainingPlan | None:
+    """The plan (earliest ending) whose nodes the job's current placement uses, if any
+    (``bound``: plan_binding.bind's node -> plan; default: computed now)."""
+    if bound is None:
+        import time
+
+        bound = plan_binding.bind_agents(agents.all(), plans.values(), time.time())
+    found = [bound[a.node_id][0] for a in job.placement.nodes if a.node_id in bound]
     return min(found, key=lambda p: p.end_time) if found else None
 
 
@@ -56,11 +56,12 @@ def check(ops: JobOps, live: Iterable[pb.Job], plans: Iterable[cpb.TrainingPlan]
     if not plan_map:
         return []
     cfg, agents = ops.config, ops.agents
+    bound = plan_binding.bind_agents(agents.all(), plan_map.values(), now)
     moved: list[pb.Job] = []
     for job in live:
         if job.phase != RUNNING or job.stop_reason:
             continue
-        plan = plan_of_job(agents, job, plan_map)
+        plan = plan_of_job(agents, job, plan_map, bound)
         if plan is None or plan_state(plan, now) == cpb.PLAN_STATE_SCHEDULED:
             continue
         end = plan.start_time if plan.state == cpb.PLAN_STATE_CANCELLED else plan.end_time
@@ -69,7 +70,7 @@ def check(ops: JobOps, live: Iterable[pb.Job], plans: Iterable[cpb.TrainingPlan]
             continue
         left = end - now
         plan_nodes = tuple(a.node_id for a in job.placement.nodes
-                           if (hit := agents.find_node(a.node_id)) is not None and hit[1].pool == plan.id)
+                           if a.node_id in bound and bound[a.node_id][0].id == plan.id)
         stored = ops.trigger(
             job.id, Signal(Trigger.PLAN_ENDING, nodes=plan_nodes, seconds_left=left), actor="broker",
             message=f"training plan {plan.id} ends in {max(0.0, left):.0f}s (move lead {lead:.0f}s):"

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
+from broker.jobs import backoff, standby
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
+from broker.scheduling import plan_binding
 from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -32,7 +34,10 @@ def plan_state(plan: cpb.TrainingPlan, now: float) -> int:
     return cpb.PLAN_STATE_EXPIRED
 
 
-def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan]) -> placement.NodeInfo:
+def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan],
+              bound: cpb.TrainingPlan | None = None) -> placement.NodeInfo:
+    """``bound``: the plan this node is capacity of (plan_binding.py); without it, the
+    plan whose id is the node's pool."""
     kw: dict[str, object] = dict(
         id=n.id, agent_id=agent.agent_id, region=n.region or agent.region, zone=n.zone,
         gpus=n.gpus, accelerator=n.accelerator, instance_type=n.instance_type,
@@ -42,8 +47,17 @@ def node_info(agent: AgentState, n: pb.Node, plans: dict[str, cpb.TrainingPlan])
         pool=n.pool, price_per_gpu_hour=n.price_per_gpu_hour,
         interruption_risk=n.interruption_risk, healthy=n.healthy, cordoned=n.cordoned,
     )
-    if n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN and n.pool in plans:
-        plan = plans[n.pool]
+    plan = bound if bound is not None else (
+        plans.get(n.pool) if n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN else None)
+    if plan is None and n.capacity_type == pb.CAPACITY_TYPE_TRAINING_PLAN:
+        # Plan capacity that no registered plan covers is not paid for: not usable
+        # (an empty window) until `brokerctl plans create` covers it (plan_binding.py).
+        kw["plan_start"], kw["plan_end"] = 0.0, 0.0
+    if plan is not None:
+        # A plan's nodes are prepaid plan capacity in the plan's pool, whatever the agent
+        # labelled their type or pool (plan_binding.py: by id, name or adoption).
+        kw["capacity_type"] = placement.CapacityType.TRAINING_PLAN
+        kw["pool"] = plan.id
         if plan.state == cpb.PLAN_STATE_CANCELLED:
             kw["plan_start"], kw["plan_end"] = plan.start_time, plan.start_time  # empty window
         else:
@@ -69,8 +83,10 @@ def regions_refusing(uri: str, roots_by_region: dict[str, list[str]]) -> frozens
     return frozenset(out)
 
 
-def job_request(job: pb.Job, priority: int,
-                refusing: frozenset[str] = frozenset()) -> placement.JobRequest:
+def job_request(job: pb.Job, priority: int, refusing: frozenset[str] = frozenset(),
+                avoid_nodes: frozenset[str] = frozenset()) -> placement.JobRequest:
+    """``avoid_nodes``: nodes of agents that refused this job's launch lately
+    (broker/jobs/backoff.py), left out like ``excluded_nodes``."""
     s = job.spec
     ckpt_interval = 0.0
     if s.trainer.checkpoint_every and s.trainer.step_sleep_s:
@@ -87,7 +103,7 @@ def job_request(job: pb.Job, priority: int,
         max_price_per_gpu_hour=s.max_price_per_gpu_hour,
         min_nodes=s.elasticity.min_nodes, max_nodes=s.elasticity.max_nodes,
         submit_time=job.created_time, expected_duration_s=s.expected_duration_s,
-        checkpoint_interval_s=ckpt_interval, excluded_nodes=frozenset(job.excluded_nodes),
+        checkpoint_interval_s=ckpt_interval, excluded_nodes=frozenset(job.excluded_nodes) | avoid_nodes,
     )
 
 
@@ -155,11 +171,17 @@ def build(
     draining: Iterable[str],
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
     memo: SnapshotMemo | None = None,
+    make_before_break: bool = False,
 ) -> placement.Snapshot:
-    plan_map = {p.id: p for p in plans}
+    """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
+    for its standby's placement (request id ``<job>~standby``, never preempting), and a
+    reserved standby's nodes count as used (broker/jobs/standby.py)."""
+    plans = list(plans)
     agents = list(agents)
+    plan_map = {p.id: p for p in plans}
+    bound = plan_binding.bind_agents(agents, plans, now)
     nodes = tuple(
-        node_info(a, n, plan_map) for a in agents
+        node_info(a, n, plan_map, bound[n.id][0] if n.id in bound else None) for a in agents
         # A region whose checkpoint store failed the agent's probe gets no placements.
         if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
     )
@@ -169,23 +191,43 @@ def build(
             store = a.record.checkpoint_bucket
             roots_by_region.setdefault(a.region, []).extend(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
+    nodes_of = {a.agent_id: [n.id for n in a.record.nodes] for a in agents}
     pending, running = [], []
+    by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
+                                           for a in agents} if make_before_break else {}
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
             refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
+            # Agents that refused its launch lately (time-dependent: part of the memo key).
+            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ()))
             if memo is None:
-                pending.append((queue_key(job, prio), job_request(job, prio, refusing)))
+                pending.append((queue_key(job, prio), job_request(job, prio, refusing, avoid)))
             else:
                 pending.append(memo.get(
-                    (job.id, job.version, prio, 0, refusing),
-                    lambda j=job, p=prio, r=refusing: (queue_key(j, p), job_request(j, p, r))))
+                    (job.id, job.version, prio, 0, refusing, avoid),
+                    lambda j=job, p=prio, r=refusing, v=avoid: (queue_key(j, p), job_request(j, p, r, v))))
         elif job.phase in HOLDING and job.placement.nodes:
             if memo is None:
                 running.append(running_job(job, prio))
             else:
                 running.append(memo.get((job.id, job.version, prio, 1),
                                         lambda j=job, p=prio: running_job(j, p)))
+            if make_before_break and standby.wants_placement(job):
+                req = job_request(job, prio, avoid_nodes=frozenset(
+                    n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())))
+                # never on the source's agent: starting an attempt there fences the source
+                src = frozenset(a.node_id for a in job.placement.nodes) | by_agent.get(
+                    job.placement.agent_id, frozenset())
+                pending.append((queue_key(job, prio), dataclasses.replace(
+                    req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src)))
+        if standby.waiting(job) and job.standby.placement.nodes:
+            held = pb.Job()
+            held.CopyFrom(job)
+            held.id = standby.request_id(job.id)
+            held.placement.CopyFrom(job.standby.placement)
+            held.stop_reason = "standby"  # not preemptible: it holds no work yet
+            running.append(running_job(held, prio))
     if memo is not None:
         memo.rotate()
     pending.sort(key=lambda kv: kv[0])

@@ -110,6 +110,11 @@ KIND_TEAM = "team"  # computebroker.v1.TeamQuota, key = team
 KIND_REGION = "region"  # computebroker.v1.RegionInfo (draining flag etc.), key = region
 # The quota an operator last set for a team: the ceiling its team admins stay within.
 KIND_TEAM_GRANT = "team-grant"  # computebroker.v1.TeamQuota, key = team
+# Priority classes set through the API (broker/jobs/priority_classes.py); the config's
+# classes are the defaults for names with no record. A deleted class leaves a tombstone
+# so the config's default for that name does not come back.
+KIND_PRIORITY_CLASS = "priority-class"  # computebroker.v1.PriorityClass, key = name
+KIND_PRIORITY_CLASS_DELETED = "priority-class-deleted"  # computebroker.v1.PriorityClass, key = name
 
 
 def job_columns(job: pb.Job) -> tuple[str, str, int, str]:

@@ -10,6 +10,12 @@ Why an optimistic WATCH/MULTI transaction and not a Lua script like job writes: 
 dedup and accounting rules live in Python (``logs_common``) shared with SQLite, and
 an append is idempotent by construction (offset dedup), so the store's transient-error
 retry may safely repeat it.
+
+Leader fencing (docs/contracts.md §9): like every other store write, an append is
+refused with ``Fenced`` once another broker was granted the lease. The lease's epoch key
+is WATCHed with the log keys and compared inside the transaction, so a grant between
+the check and EXEC aborts the EXEC (redis-py re-runs ``tx``, which then sees the new
+epoch): a frozen old leader cannot add rank output after a standby took over.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class RedisLogs:
     _r: redis.Redis
     _k: Callable[..., str]
     _call: Callable[[Callable[[], Any]], Any]
+    _fence: tuple[str, str]
+    _fenced: Callable[[], Exception]
 
     def append_logs(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
         off_k = self._k("logoff", job_id)
@@ -39,8 +47,13 @@ class RedisLogs:
         list_k = self._k("loglines", job_id, str(chunk.attempt))
         field = lc.stream_key(chunk.attempt, chunk.rank, chunk.stream)
         result: list[int] = []
+        fence_key, epoch = self._fence
+        stale: list[bool] = []
 
         def tx(pipe: redis.client.Pipeline) -> None:
+            if fence_key and (pipe.get(fence_key) or b"0").decode() != epoch:
+                stale[:] = [True]
+                return  # nothing queued: EXEC of an empty MULTI-less tx writes nothing
             raw_end = pipe.hget(off_k, field)
             stored_end = int(raw_end) if raw_end is not None else 0
             fresh = lc.fresh_lines(chunk, stored_end)
@@ -78,7 +91,10 @@ class RedisLogs:
             pipe.hset(meta_k, mapping={"bytes": total, "last_seq": last_seq,
                                        "dropped": dropped + stored_cut + new_cut})
 
-        self._call(lambda: self._r.transaction(tx, off_k, meta_k, list_k))
+        watched = (off_k, meta_k, list_k, *((fence_key,) if fence_key else ()))
+        self._call(lambda: self._r.transaction(tx, *watched))
+        if stale:
+            raise self._fenced()
         return result[0]
 
     def log_offsets(self, job_id: str) -> list[lpb.LogOffset]:

@@ -44,6 +44,7 @@ METRIC_NAMES = {
     "preemptions": "computebroker_preemptions_total",
     "migrations": "computebroker_migrations_total",
     "stops": "computebroker_stops_total",
+    "launch_refusals": "computebroker_launch_refusals_total",
     "migration_duration": "computebroker_migration_seconds",
     "transfer_rate": "computebroker_checkpoint_transfer_rate_bytes_per_second",
     "transfer_bytes": "computebroker_checkpoint_transfer_bytes_total",
@@ -162,6 +163,9 @@ class BrokerTelemetry:
             description="jobs relaunched on new capacity after a move, by cause and regions")
         i["stops"] = meter.create_counter(
             "computebroker.stops", description="Stop commands sent, by reason and region")
+        i["launch_refusals"] = meter.create_counter(
+            "computebroker.launch_refusals",
+            description="Launches an agent refused, by region and outcome (requeued | gave_up)")
         i["migration_duration"] = meter.create_histogram(
             "computebroker.migration", unit="s", explicit_bucket_boundaries_advisory=_SECONDS_BUCKETS,
             description="a finished move: stop requested -> first step after the resume")
@@ -267,6 +271,12 @@ class BrokerTelemetry:
         span = tracer().start_span(why or "stop", context=parent, kind=trace.SpanKind.PRODUCER,
                                    attributes=attrs)
         span.end()
+
+    def launch_refused(self, region: str, *, gave_up: bool) -> None:
+        """An agent refused a Launch (broker/jobs/backoff.py): a steady rate means a region
+        misconfigured for the jobs sent to it."""
+        self._add("launch_refusals", 1, region=region or "unknown",
+                  outcome="gave_up" if gave_up else "requeued")
 
     # ---- scheduler pass (hooks in SchedulerLoop) ------------------------------------
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from checkpoint_layout.standby_go import Go
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.logship import LogSource
 
@@ -33,7 +34,10 @@ EXIT_BAD_CONFIG = 2
 # The resume checkpoint is gone or incomplete (the trainer found it so, or the agent
 # could not resolve it): retryable, and no node is to blame.
 EXIT_RESUME_UNAVAILABLE = 77
-NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE})  # exits that blame no node
+EXIT_AGENT_LEASE_EXPIRED = 78  # the ranks stopped: their agent lost its broker (trainer/agent_lease.py)
+EXIT_STORAGE_FAILED = 79  # a checkpoint save failed after retries: the store, not the node
+NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE, EXIT_AGENT_LEASE_EXPIRED,
+                          EXIT_STORAGE_FAILED})  # exits that blame no node
 
 
 @dataclass
@@ -48,6 +52,7 @@ class AttemptSpec:
     resume_from: str = ""
     env: dict[str, str] = field(default_factory=dict)
     workdir_tar: str = ""  # the job's verified workdir tarball on this host (agent's cache)
+    standby: bool = False  # make-before-break: hold the ranks before their first step (Go)
 
     @classmethod
     def from_launch(cls, launch: agent_pb2.Launch) -> AttemptSpec:
@@ -59,6 +64,7 @@ class AttemptSpec:
             checkpoint_uri=launch.checkpoint_uri,
             resume_from=launch.resume_from,
             env=dict(launch.env),
+            standby=launch.standby,
         )
 
     def node_ids(self) -> list[str]:
@@ -138,6 +144,12 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def launch(self, spec: AttemptSpec) -> None:
         """Start all ranks of an attempt (raise ``ValueError`` for a bad spec)."""
+
+    supports_standby = False  # make-before-break standby attempts (Launch.standby, Go)
+
+    def go(self, job_id: str, attempt: int, go: Go) -> None:
+        """Release (or abort) a standby attempt held before its first step."""
+        raise NotImplementedError(f"{type(self).__name__} does not run standby attempts")
 
     @abc.abstractmethod
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:

@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, write_go
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.executors import attempt_records as records
 from region_agents.executors.base import (
@@ -266,6 +267,10 @@ class LocalExecutor(Executor):
                 }
             )
             base_env.setdefault("CB_GRACE_S", "120")
+            if spec.standby:  # make-before-break: no step before the Go writes this file
+                with contextlib.suppress(FileNotFoundError):
+                    (adir / GO_NAME).unlink()
+                base_env[GO_ENV] = str(adir / GO_NAME)
             if self.job_user is not None:
                 base_env.update(HOME=str(adir), USER=self.job_user.name, LOGNAME=self.job_user.name)
             drop = self.job_user.popen_kwargs() if self.job_user is not None else {}
@@ -373,6 +378,16 @@ class LocalExecutor(Executor):
 
     def get(self, job_id: str, attempt: int) -> _Attempt | None:
         return self._attempts.get((job_id, attempt))
+
+    supports_standby = True
+
+    def go(self, job_id: str, attempt: int, go: Go) -> None:
+        """Write the standby attempt's go file (trainer/standby.py waits for it)."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            write_go(att.dir / GO_NAME, go)
 
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         with self._lock:
@@ -696,4 +711,4 @@ def _launch_of(spec: AttemptSpec) -> agent_pb2.Launch:
     """The Launch an AttemptSpec came from (stored in the attempt record)."""
     return agent_pb2.Launch(job_id=spec.job_id, attempt=spec.attempt, spec=spec.spec,
                             placement=spec.placement, checkpoint_uri=spec.checkpoint_uri,
-                            resume_from=spec.resume_from, env=spec.env)
+                            resume_from=spec.resume_from, env=spec.env, standby=spec.standby)

@@ -62,7 +62,7 @@ FAKE_TRAINER = textwrap.dedent(
             sys.exit(75)
         if rank == fail_rank and state["step"] == fail_at:
             print("boom: simulated crash on purpose", file=sys.stderr, flush=True)
-            sys.exit(3)
+            sys.exit(int(os.environ.get("FAKE_FAIL_CODE", "3")))
         if state["step"] == hang_at:
             while True:
                 time.sleep(1)

@@ -303,3 +303,18 @@ def test_plain_script_without_progress_file_is_assumed_running(quick_ex, tmp_pat
     assert "assumed running" in running[0].message and running[0].progress is None
     go.write_text("")
     assert col.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
+
+
+def test_storage_and_lease_exits_blame_no_node(ex, fake_trainer):
+    """Exit 79 (a checkpoint save failed after storage retries) and 78 (the agent's lease
+    ran out) are not the machine's fault: no failed_nodes, so the broker does not exclude
+    the node for good. The fault campaign's S3 503 bursts used to exclude nodes until a
+    job could run nowhere."""
+    for job, code in (("j-store", 79), ("j-lease", 78)):
+        col = Collector(ex)
+        ex.launch(make_spec(fake_trainer, job=job,
+                            env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05", "FAKE_FAIL_RANK": "0",
+                                 "FAKE_FAIL_AT": "2", "FAKE_FAIL_CODE": str(code)}))
+        end = col.wait_terminal()
+        assert end.state == AS.ATTEMPT_STATE_FAILED and end.exit_code == code, end
+        assert end.failed_nodes == [], end

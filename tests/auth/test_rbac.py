@@ -38,6 +38,9 @@ EXPECTED: dict[str, set[str]] = {
     "CapacityService/CancelTrainingPlan": {OPERATOR},
     "CapacityService/SetTeamQuota": {ADMIN, OPERATOR},
     "CapacityService/DrainRegion": {OPERATOR}, "CapacityService/CordonNode": {OPERATOR},
+    # Priority classes rank every team's jobs: only operators change them; all users read.
+    "CapacityService/SetPriorityClass": {OPERATOR}, "CapacityService/DeletePriorityClass": {OPERATOR},
+    "CapacityService/ListPriorityClasses": USERS,
     "WorkdirService/HasWorkdir": USERS, "WorkdirService/UploadWorkdir": USERS,
     "WorkdirService/FetchWorkdir": {OPERATOR, AGENT},
     "AgentService/Connect": {AGENT},
@@ -102,6 +105,13 @@ def _calls(b: Broker, s: Stubs, job_id: str) -> dict[str, Callable[[], Any]]:
             cpb.DrainRegionRequest(region="nowhere", undrain=True), timeout=t),
         "CapacityService/CordonNode": lambda: s.capacity.CordonNode(
             cpb.CordonNodeRequest(node_id="no-node", uncordon=True), timeout=t),
+        "CapacityService/SetPriorityClass": lambda: s.capacity.SetPriorityClass(
+            cpb.SetPriorityClassRequest(priority_class=cpb.PriorityClass(name="rbac-made", value=5)),
+            timeout=t),
+        "CapacityService/ListPriorityClasses": lambda: s.capacity.ListPriorityClasses(
+            cpb.ListPriorityClassesRequest(), timeout=t),
+        "CapacityService/DeletePriorityClass": lambda: s.capacity.DeletePriorityClass(
+            cpb.DeletePriorityClassRequest(name="no-such-class"), timeout=t),
         "WorkdirService/HasWorkdir": lambda: s.workdir.HasWorkdir(
             wpb.HasWorkdirRequest(digest="sha256:" + "0" * 64), timeout=t),
         "WorkdirService/UploadWorkdir": lambda: s.workdir.UploadWorkdir(iter([]), timeout=t),

@@ -224,6 +224,7 @@ class FakeAgent:
     heartbeat: bool = True
     refuse_launch: bool = False
     running: dict[str, int] = field(default_factory=dict)  # job_id -> attempt
+    states: dict[str, int] = field(default_factory=dict)  # job_id -> state in Register (RUNNING)
     received: list[apb.BrokerMessage] = field(default_factory=list)
     ack: apb.RegisterAck | None = None
     # (region, agent id) its certificate names; None = its own region and agent id.
@@ -253,7 +254,8 @@ class FakeAgent:
         self.error = None
         self.channel = agent_channel(self.address, self.region, self.agent_id, self.identity)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        running = [apb.RunningAttempt(job_id=j, attempt=a, state=apb.ATTEMPT_STATE_RUNNING)
+        running = [apb.RunningAttempt(job_id=j, attempt=a,
+                                      state=self.states.get(j, apb.ATTEMPT_STATE_RUNNING))
                    for j, a in self.running.items()]
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,

@@ -289,3 +289,24 @@ def test_broker_restart_keeps_jobs_and_events(tmp_path: Path) -> None:
         agent2.close()
     finally:
         b2.stop()
+
+
+def test_a_finished_attempt_listed_in_register_is_not_taken_as_its_end(broker: Broker, make_agent) -> None:  # noqa: ANN001
+    """Found by the fault campaign (benchmarks/chaos.py): an attempt that ended while its
+    agent was down is listed in the restarted agent's Register (state FAILED, no exit
+    code). The broker took that as the attempt's end with exit 0, which the restart policy
+    read as "success", so the job went FAILED ("giving up") at once. Now the listing is
+    not an end; the agent's full JobUpdate that follows is, and the job is relaunched."""
+    broker.team()
+    agent = make_agent(nodes=1, gpus=8)
+    job, launch = start_running(broker, agent, spec("ended-while-away", gpus=8))
+    agent.close()
+    agent.states = {job.id: apb.ATTEMPT_STATE_FAILED}
+    agent.connect()
+    agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_FAILED, exit_code=78,
+                 message="rank 0 exited with code 78")
+    relaunch = agent.wait_launch(job.id, attempt=launch.attempt + 1)
+    assert relaunch.attempt == 2
+    got = broker.get(job.id)
+    assert got.phase != pb.JOB_PHASE_FAILED and got.restarts == 1, got
+    assert not any(e.reason == "max_restarts" for e in broker.events(job.id))

@@ -173,7 +173,7 @@ def test_jobs_table_headers_fit_100_columns(capsys, broker_address: str) -> None
     rc, out, _ = run(capsys, "--broker", broker_address, "jobs")
     assert rc == 0
     header = next(line for line in out.splitlines() if "PHASE" in line)
-    for col in ("ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"):
+    for col in ("ID", "NAME", "TEAM", "PHASE", "REGION", "SHAPE", "STEP", "R/M", "AGE", "REASON"):
         assert col in header, header
     assert all(len(line) <= 100 for line in out.splitlines())
 

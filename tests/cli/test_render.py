@@ -37,7 +37,7 @@ def job(i: int) -> pb.Job:
 
 def test_jobs_table() -> None:
     out = text_of(render.jobs_table([job(i) for i in range(3)]))
-    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "NODES×GPU", "STEP", "AGE"])
+    header_ok(out, ["ID", "NAME", "TEAM", "PHASE", "REGION", "SHAPE", "STEP", "R/M", "AGE", "REASON"])
     assert "12345/100000" in out and "16×8" in out
 
 
@@ -48,9 +48,9 @@ def test_capacity_tables() -> None:
                           price_per_gpu_hour=2.5)
     resp = cpb.GetCapacityResponse(rows=[row, row])
     header_ok(text_of(render.capacity_table(resp)),
-              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "TOTAL", "ALLOC", "FREE", "BORROW", "$/GPU-h"])
+              ["REGION", "ZONE", "CAPACITY", "ACCEL", "TOTAL", "ALLOC", "FREE", "BORROW", "$/GPU-h"])
     header_ok(text_of(render.capacity_table(resp, by_block=True)),
-              ["REGION", "ZONE", "TYPE", "POOL", "ACCEL", "BLOCK", "TOTAL", "ALLOC", "FREE", "$/GPU-h"])
+              ["REGION", "ZONE", "CAPACITY", "ACCEL", "BLOCK", "TOTAL", "ALLOC", "FREE", "$/GPU-h"])
     node = cpb.NodeUsage(node=pb.Node(id="use2-p5-000", region="us-east-2", zone="use2-az1",
                                       gpus=8, healthy=True, network_layer_3="nn-l3-a"),
                          allocated_gpus=8, job_ids=["j-1", "j-2"])
@@ -81,8 +81,11 @@ def test_job_detail_and_events() -> None:
     j.goodput.wall_s, j.goodput.productive_s = 100.0, 80.0
     events = [pb.JobEvent(job_id=j.id, seq=1, time=time.time(), to_phase=pb.JOB_PHASE_PENDING,
                           type="submitted", actor="user:alice", message="submitted " * 20)]
+    j.refusals.add(agent_id="r1-a", region="r1", count=3, message="checkpoint location refused",
+                   time=time.time(), until=time.time() + 40)
     out = text_of(render.job_detail(j, events))
     assert "pending" in out and "goodput" in out and "submitted" in out
+    assert "r1-a (r1) x3" in out and "checkpoint location refused" in out
     header_ok(out, ["#", "TIME", "EVENT", "MESSAGE"])
     assert "user:alice" in out  # the actor is stacked into the EVENT cell
 

@@ -100,6 +100,8 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
     assert "--work-dir" in agent and not agent[agent.index("--work-dir") + 1].startswith("/")
     serve = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr) for w in serve]
     agent = [w.replace("127.0.0.1:50052", agent_addr) for w in agent]
+    if os.geteuid() == 0 and "--allow-root-jobs" not in agent:
+        agent += ["--allow-root-jobs"]  # this test host runs as root (README: run-as-user)
     # Its dev CA first; then every client here uses its config (the `admin` context).
     dev_ca = cmds["dev-ca"].split()[1:]
     assert subprocess.run(brokerctl(*dev_ca), cwd=home).returncode == 0

@@ -54,6 +54,9 @@ def test_agent_daemon_killed_and_restarted_never_double_runs(cluster: Cluster) -
     the restarted agent re-adopts attempt 1 from its durable record: one attempt alive at
     any instant, and the job finishes once, on attempt 1."""
     c = cluster
+    # The ranks outlive their agent for 3/4 of the agent timeout (their lease, contracts
+    # §9): generous here, so a restart slowed by a loaded machine still finds them.
+    c.broker_args = ["--set", "agent_timeout_s=60"]
     c.start_broker()
     c.start_agent("us-east-2", nodes=1, gpus=1)
     with c.client() as client:

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.api.errors import FailedPrecondition
+from broker.jobs import backoff, updates
 from broker.jobs import transitions as t
-from broker.jobs import updates
 from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop
 from broker.jobs.recovery import Signal, Trigger, policy_for
@@ -28,8 +28,8 @@ from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from tests.jobs.helpers import AGENT, CFG, admission, spec, submitted, update
 
-ACTIONS = ["admit", "running", "progress", "checkpoint", "succeeded", "failed", "config_error",
-           "stopped", "checkpointed", "lost", "missing", "cancel", "cancel_offline", "timeout",
+ACTIONS = ["admit", "running", "progress", "checkpoint", "succeeded", "failed", "config_error", "launch_failed",
+           "stopped", "checkpointed", "lost", "missing", "refused", "cancel", "cancel_offline", "timeout",
            "stale", "late_succeeded", "late_stopped", *[f"trigger:{tr.name}" for tr in Trigger if tr not in (
                Trigger.AGENT_LOST, Trigger.ATTEMPT_MISSING, Trigger.LAUNCH_REFUSED,
                Trigger.ATTEMPT_FAILED)]]
@@ -43,7 +43,7 @@ def step(job: pb.Job, action: str, now: float, ckpt: int) -> Outcome | None:
         u = update(job, S.ATTEMPT_STATE_RUNNING, step=ckpt + 1, ckpt=ckpt if action == "checkpoint" else 0)
         return updates.progress(job, u, now, CFG)
     ends = {"succeeded": (S.ATTEMPT_STATE_SUCCEEDED, 0), "failed": (S.ATTEMPT_STATE_FAILED, 1),
-            "config_error": (S.ATTEMPT_STATE_FAILED, 2), "stopped": (S.ATTEMPT_STATE_STOPPED, 137),
+            "config_error": (S.ATTEMPT_STATE_FAILED, 2), "launch_failed": (S.ATTEMPT_STATE_FAILED, -1), "stopped": (S.ATTEMPT_STATE_STOPPED, 137),
             "checkpointed": (S.ATTEMPT_STATE_CHECKPOINTED, 75)}
     if action in ends:
         state, code = ends[action]
@@ -60,11 +60,13 @@ def step(job: pb.Job, action: str, now: float, ckpt: int) -> Outcome | None:
         u.progress.last_checkpoint_step = done
         u.progress.last_checkpoint_uri = f"s3://cb/jobs/{job.id}/attempt-{old}/step-{done}"
         return updates.attempt_ended(job, updates.AgentUpdate(agent_id=AGENT, update=u), now, CFG)
-    if action in ("lost", "missing"):
-        trig = Trigger.AGENT_LOST if action == "lost" else Trigger.ATTEMPT_MISSING
+    if action in ("lost", "missing", "refused"):
+        trig = {"lost": Trigger.AGENT_LOST, "missing": Trigger.ATTEMPT_MISSING,
+                "refused": Trigger.LAUNCH_REFUSED}[action]
         plan = policy_for(job, CFG).plan(Signal(trig), job, CFG, now)
         assert plan is not None
-        return t.attempt_lost(job, t.AttemptLost(agent_id=AGENT, plan=plan, message="x"), now, CFG)
+        return t.attempt_lost(job, t.AttemptLost(agent_id=AGENT, plan=plan, message="x",
+                                                 reason="refused"), now, CFG)
     if action.startswith("cancel"):
         return t.cancel(job, t.Cancel(actor="u", reason="", agent_connected=action == "cancel"), now, CFG)
     if action == "timeout":
@@ -103,7 +105,7 @@ def test_any_input_sequence_keeps_the_invariants(seq: list[tuple[str, float, boo
         except FailedPrecondition:
             assert was_terminal and action.startswith("cancel")
             continue
-        if action in ("succeeded", "failed", "config_error", "stopped", "checkpointed"):
+        if action in ("succeeded", "failed", "config_error", "launch_failed", "stopped", "checkpointed"):
             live.discard(job.attempt)  # the agent reported the attempt's end
         if out is None:
             continue
@@ -111,11 +113,12 @@ def test_any_input_sequence_keeps_the_invariants(seq: list[tuple[str, float, boo
         new = out.job
         assert new.attempt >= attempt_before
         assert new.progress.last_checkpoint_step >= job.progress.last_checkpoint_step
-        if action in ("lost", "missing"):
+        if action in ("lost", "missing", "refused"):
             live.discard(attempt_before)
         for cmd in out.commands:
             if isinstance(cmd, SendLaunch):
                 assert not live, f"launch of attempt {cmd.launch.attempt} while {live} still live"
+                assert cmd.agent_id not in backoff.avoided_agents(job, now), "launch onto a refusing agent"
                 live.add(cmd.launch.attempt)
             elif isinstance(cmd, SendStop) and not cmd.checkpoint_first:
                 live.discard(cmd.attempt)  # killed or fenced

@@ -61,7 +61,9 @@ def test_default_policy_per_trigger(trigger: Trigger, kw: dict, want: tuple) -> 
 def test_attempt_failed_is_decided_by_exit_code() -> None:
     p, job = RecoveryPolicy(), running()
     assert p.plan(Signal(Trigger.ATTEMPT_FAILED), job, CFG, NOW) is None  # not a stop: see restart()
-    assert p.restart(0, job, CFG) is Restart.SUCCEED
+    # A FAILED attempt with exit 0 (its code unknown, e.g. it ended while the agent was
+    # down) is a failure to retry, not a success and not final (found by the campaign).
+    assert p.restart(0, job, CFG) is Restart.RETRY
     assert p.restart(2, job, CFG) is Restart.FAIL_CONFIG
     for code in (1, 76, 137):
         assert p.restart(code, job, CFG) is Restart.RETRY

@@ -75,3 +75,30 @@ def test_bound_drops_oldest_lines_and_counts_them(store: Store) -> None:
     lines, dropped = store.read_logs("j-1", 2)
     assert (len(lines), dropped) == (2, 3)
     assert store.read_logs("j-1", 1)[1] == 7  # attempts are bounded separately
+
+
+def test_log_appends_of_a_replaced_leader_are_fenced(store_factory) -> None:
+    """Issue 15 gap: rank-log writes were not epoch-fenced on Redis (a WATCH/MULTI append
+    outside the fenced Lua scripts), so a frozen old leader could still add output after a
+    standby took over. Now an append checks the lease epoch inside its transaction."""
+    import time
+
+    import pytest
+
+    from broker.store.base import Fenced
+
+    old, new = store_factory(), store_factory()
+    e_old = old.acquire_lease_epoch("leader", "old", ttl_s=0.3)
+    old.fence_writes("leader", e_old)
+    assert old.append_logs("j-1", chunk(["a"], 0), BIG) == 2  # while it leads: stored
+    deadline = time.monotonic() + 30
+    while not (e_new := new.acquire_lease_epoch("leader", "new", ttl_s=30)):
+        assert time.monotonic() < deadline, "lease never expired"
+        time.sleep(0.05)
+    new.fence_writes("leader", e_new)
+    with pytest.raises(Fenced):
+        old.append_logs("j-1", chunk(["late"], 2), BIG)
+    assert texts(new) == ["a"]
+    assert {o.end_offset for o in new.log_offsets("j-1")} == {2}
+    assert new.append_logs("j-1", chunk(["b"], 2), BIG) == 4  # the new leader appends
+    assert texts(new) == ["a", "b"]

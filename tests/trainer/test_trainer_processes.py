@@ -306,12 +306,13 @@ def test_unreachable_s3_exits_2(s3_server: Any, tmp_path: Path) -> None:
     _assert_clean_exit_2(run, "unreachable", dead)
 
 
-def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_1(
+def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_79(
     s3_server: Any, tmp_path: Path
 ) -> None:
     """Storage that accepts reads but refuses every write (503) after bounded retries:
     the async save of step 2 fails, the training thread learns it at its next save, and
-    both ranks exit 1 (the broker relaunches) with one line, no traceback, no manifest."""
+    both ranks exit 79 (the broker relaunches, blaming no node) with one line, no
+    traceback, no manifest."""
     from tests.fixtures.faulty_proxy import FaultPlan, FaultyProxy
 
     bucket = s3_server.unique_bucket("refuses-writes")
@@ -327,7 +328,7 @@ def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_1(
         assert proxy.plan.injected > 0 and proxy.plan.passed == 0
     for rank in (0, 1):
         err = run.stderr(rank)
-        assert codes[rank] == 1, f"exit codes {codes}\n{run.output()}\n{err}"
+        assert codes[rank] == 79, f"exit codes {codes}\n{run.output()}\n{err}"
         assert "Traceback" not in err, err
         assert f"checkpoint save of step 2 to s3://{bucket}/ck/{step_name(2)} failed" in err, err
         assert "503" in err or "SlowDown" in err, err

@@ -168,19 +168,21 @@ class CommandAck(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
 
 class RegisterAck(_message.Message):
-    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids", "log_offsets")
+    __slots__ = ("agent_id", "heartbeat_interval_s", "stale_job_ids", "log_offsets", "agent_timeout_s")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     STALE_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     LOG_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     heartbeat_interval_s: float
     stale_job_ids: _containers.RepeatedScalarFieldContainer[str]
     log_offsets: _containers.RepeatedCompositeFieldContainer[_logs_pb2.LogOffset]
-    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ...) -> None: ...
+    agent_timeout_s: float
+    def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ..., agent_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode")
+    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode", "standby")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class Launch(_message.Message):
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_MODE_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     spec: _common_pb2.JobSpec
@@ -204,7 +207,22 @@ class Launch(_message.Message):
     resume_from: str
     env: _containers.ScalarMap[str, str]
     transfer_mode: str
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., transfer_mode: _Optional[str] = ...) -> None: ...
+    standby: bool
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., transfer_mode: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
+
+class Go(_message.Message):
+    __slots__ = ("job_id", "attempt", "resume_from", "abort", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    resume_from: str
+    abort: bool
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., resume_from: _Optional[str] = ..., abort: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("job_id", "attempt", "reason", "checkpoint_first", "grace_s")
@@ -235,7 +253,7 @@ class DrainAgent(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class BrokerMessage(_message.Message):
-    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain", "heartbeat_ack", "update_ack")
+    __slots__ = ("command_id", "registered", "launch", "stop", "checkpoint", "drain", "heartbeat_ack", "update_ack", "go")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +262,7 @@ class BrokerMessage(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     UPDATE_ACK_FIELD_NUMBER: _ClassVar[int]
+    GO_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     registered: RegisterAck
     launch: Launch
@@ -252,7 +271,8 @@ class BrokerMessage(_message.Message):
     drain: DrainAgent
     heartbeat_ack: HeartbeatAck
     update_ack: JobUpdateAck
-    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., update_ack: _Optional[_Union[JobUpdateAck, _Mapping]] = ...) -> None: ...
+    go: Go
+    def __init__(self, command_id: _Optional[str] = ..., registered: _Optional[_Union[RegisterAck, _Mapping]] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointNow, _Mapping]] = ..., drain: _Optional[_Union[DrainAgent, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., update_ack: _Optional[_Union[JobUpdateAck, _Mapping]] = ..., go: _Optional[_Union[Go, _Mapping]] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
     __slots__ = ("time", "broker_id")

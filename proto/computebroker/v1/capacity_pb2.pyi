@@ -304,3 +304,43 @@ class CordonNodeResponse(_message.Message):
     node_id: str
     cordoned: bool
     def __init__(self, node_id: _Optional[str] = ..., cordoned: _Optional[bool] = ...) -> None: ...
+
+class PriorityClass(_message.Message):
+    __slots__ = ("name", "value", "description", "is_default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    IS_DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: int
+    description: str
+    is_default: bool
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ..., description: _Optional[str] = ..., is_default: _Optional[bool] = ...) -> None: ...
+
+class SetPriorityClassRequest(_message.Message):
+    __slots__ = ("priority_class",)
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    priority_class: PriorityClass
+    def __init__(self, priority_class: _Optional[_Union[PriorityClass, _Mapping]] = ...) -> None: ...
+
+class ListPriorityClassesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPriorityClassesResponse(_message.Message):
+    __slots__ = ("priority_classes",)
+    PRIORITY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    priority_classes: _containers.RepeatedCompositeFieldContainer[PriorityClass]
+    def __init__(self, priority_classes: _Optional[_Iterable[_Union[PriorityClass, _Mapping]]] = ...) -> None: ...
+
+class DeletePriorityClassRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeletePriorityClassResponse(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...

@@ -84,6 +84,21 @@ class CapacityServiceStub:
                 request_serializer=computebroker_dot_v1_dot_capacity__pb2.CordonNodeRequest.SerializeToString,
                 response_deserializer=computebroker_dot_v1_dot_capacity__pb2.CordonNodeResponse.FromString,
                 _registered_method=True)
+        self.SetPriorityClass = channel.unary_unary(
+                '/computebroker.v1.CapacityService/SetPriorityClass',
+                request_serializer=computebroker_dot_v1_dot_capacity__pb2.SetPriorityClassRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_capacity__pb2.PriorityClass.FromString,
+                _registered_method=True)
+        self.ListPriorityClasses = channel.unary_unary(
+                '/computebroker.v1.CapacityService/ListPriorityClasses',
+                request_serializer=computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesResponse.FromString,
+                _registered_method=True)
+        self.DeletePriorityClass = channel.unary_unary(
+                '/computebroker.v1.CapacityService/DeletePriorityClass',
+                request_serializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.FromString,
+                _registered_method=True)
 
 
 class CapacityServiceServicer:
@@ -152,6 +167,28 @@ class CapacityServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPriorityClass(self, request, context):
+        """Priority classes (like Kueue's WorkloadPriorityClass): API state seeded from the
+        broker's config `priority_classes`; the stored set wins once it exists.
+        create or update
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPriorityClasses(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeletePriorityClass(self, request, context):
+        """FAILED_PRECONDITION while live (non-terminal) jobs use the class.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapacityServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +241,21 @@ def add_CapacityServiceServicer_to_server(servicer, server):
                     servicer.CordonNode,
                     request_deserializer=computebroker_dot_v1_dot_capacity__pb2.CordonNodeRequest.FromString,
                     response_serializer=computebroker_dot_v1_dot_capacity__pb2.CordonNodeResponse.SerializeToString,
+            ),
+            'SetPriorityClass': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPriorityClass,
+                    request_deserializer=computebroker_dot_v1_dot_capacity__pb2.SetPriorityClassRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_capacity__pb2.PriorityClass.SerializeToString,
+            ),
+            'ListPriorityClasses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPriorityClasses,
+                    request_deserializer=computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesResponse.SerializeToString,
+            ),
+            'DeletePriorityClass': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeletePriorityClass,
+                    request_deserializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +528,87 @@ class CapacityService:
             '/computebroker.v1.CapacityService/CordonNode',
             computebroker_dot_v1_dot_capacity__pb2.CordonNodeRequest.SerializeToString,
             computebroker_dot_v1_dot_capacity__pb2.CordonNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPriorityClass(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.CapacityService/SetPriorityClass',
+            computebroker_dot_v1_dot_capacity__pb2.SetPriorityClassRequest.SerializeToString,
+            computebroker_dot_v1_dot_capacity__pb2.PriorityClass.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPriorityClasses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.CapacityService/ListPriorityClasses',
+            computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesRequest.SerializeToString,
+            computebroker_dot_v1_dot_capacity__pb2.ListPriorityClassesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeletePriorityClass(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.CapacityService/DeletePriorityClass',
+            computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.SerializeToString,
+            computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.FromString,
             options,
             channel_credentials,
             insecure,

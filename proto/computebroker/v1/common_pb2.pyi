@@ -309,7 +309,7 @@ class Placement(_message.Message):
     def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time")
+    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SEEN_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +318,8 @@ class Progress(_message.Message):
     LAST_CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TIME_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     samples_seen: int
@@ -326,7 +328,9 @@ class Progress(_message.Message):
     last_checkpoint_step: int
     last_checkpoint_uri: str
     updated_time: float
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ...) -> None: ...
+    step_time: float
+    resumed_time: float
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s")
@@ -345,7 +349,7 @@ class Goodput(_message.Message):
     def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent")
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +376,9 @@ class Job(_message.Message):
     RELAUNCHES_FIELD_NUMBER: _ClassVar[int]
     MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
     TRACE_PARENT_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     phase: JobPhase
@@ -398,7 +405,44 @@ class Job(_message.Message):
     relaunches: int
     migrations: _containers.RepeatedCompositeFieldContainer[Migration]
     trace_parent: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ...) -> None: ...
+    standby: Standby
+    launch_refusals: int
+    refusals: _containers.RepeatedCompositeFieldContainer[LaunchRefusal]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ...) -> None: ...
+
+class LaunchRefusal(_message.Message):
+    __slots__ = ("agent_id", "region", "message", "count", "time", "until")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    region: str
+    message: str
+    count: int
+    time: float
+    until: float
+    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., message: _Optional[str] = ..., count: _Optional[int] = ..., time: _Optional[float] = ..., until: _Optional[float] = ...) -> None: ...
+
+class Standby(_message.Message):
+    __slots__ = ("attempt", "source_attempt", "placement", "checkpoint_uri", "launched_time", "go_time", "resume_from")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    GO_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    source_attempt: int
+    placement: Placement
+    checkpoint_uri: str
+    launched_time: float
+    go_time: float
+    resume_from: str
+    def __init__(self, attempt: _Optional[int] = ..., source_attempt: _Optional[int] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., resume_from: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "seq", "time", "from_phase", "to_phase", "type", "reason", "actor", "region", "attempt", "message", "details")
@@ -464,7 +508,7 @@ class TransferStats(_message.Message):
     def __init__(self, src_uri: _Optional[str] = ..., dst_uri: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., seconds: _Optional[float] = ..., mb_per_s: _Optional[float] = ..., method: _Optional[str] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code")
+    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -503,6 +547,11 @@ class Migration(_message.Message):
     FINISHED_TIME_FIELD_NUMBER: _ClassVar[int]
     CAUSE_CODE_FIELD_NUMBER: _ClassVar[int]
     STATE_CODE_FIELD_NUMBER: _ClassVar[int]
+    MAKE_BEFORE_BREAK_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_LAUNCHED_TIME_FIELD_NUMBER: _ClassVar[int]
+    GO_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_SOURCE_STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     seq: int
@@ -541,4 +590,9 @@ class Migration(_message.Message):
     finished_time: float
     cause_code: MigrationCause
     state_code: MigrationState
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ...) -> None: ...
+    make_before_break: bool
+    standby_launched_time: float
+    go_time: float
+    last_source_step_time: float
+    downtime_s: float
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ...) -> None: ...

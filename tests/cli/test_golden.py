@@ -1,0 +1,214 @@
+"""CLI output at 100 columns, compared with golden files (tests/cli/golden/*.txt).
+
+The outputs are what `brokerctl jobs`, `job ID`, `capacity`, `teams` and `migrations`
+print (the same code paths the commands use), for a fixed fleet: a job that moved
+after a spot notice from us-west-2 2×8 to eu-west-1 1×8, a pending job with its reason,
+a succeeded one. Times are fixed (TZ=UTC, a fixed "now") so the text is stable.
+
+Regenerate after an intended change: ``UPDATE_GOLDEN=1 pytest tests/cli/test_golden.py``,
+then review the diff of tests/cli/golden/ like any code change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from brokerctl import render
+from brokerctl.commands_jobs import print_job
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+
+GOLDEN = Path(__file__).parent / "golden"
+NOW = 1795500000.0  # 2026-11-24 04:40:00 UTC
+T0 = NOW - 300
+
+
+@pytest.fixture(autouse=True)
+def _utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def printed(fn: Callable[[Console], None]) -> str:
+    with open(os.devnull, "w") as sink:
+        console = Console(width=100, record=True, color_system=None, file=sink)
+        fn(console)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def check(name: str, text: str) -> None:
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    path = GOLDEN / f"{name}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), (
+        f"{name} output changed (UPDATE_GOLDEN=1 to accept):\n{text}")
+
+
+def moved_job() -> pb.Job:
+    m = pb.Migration(
+        job_id="j-660fe22477cd0590d", job_name="rl-sweep-spot", seq=1, cause="spot_interruption",
+        cause_code=pb.MIGRATION_CAUSE_SPOT_INTERRUPTION, state="done",
+        state_code=pb.MIGRATION_STATE_DONE, emergency=True, from_region="us-west-2",
+        from_world_size=16, to_region="eu-west-1", to_world_size=8, checkpoint_step=19,
+        checkpoint_s=0.8, transfer_s=0.01, launch_s=3.2, first_step_s=0.7, total_s=4.2,
+        orchestration_s=0.23,
+        transfer=pb.TransferStats(bytes_total=360_000, bytes_done=360_000, seconds=0.01,
+                                  mb_per_s=36.0, done=True, method="copy"))
+    return pb.Job(
+        id="j-660fe22477cd0590d", phase=pb.JOB_PHASE_SUCCEEDED, attempt=2, created_time=T0,
+        spec=pb.JobSpec(name="rl-sweep-spot", team="research", priority_class="experimentation",
+                        resources=pb.Resources(nodes=2, gpus_per_node=8, accelerator="h100"),
+                        allowed_regions=["us-west-2", "eu-west-1"],
+                        trainer=pb.TrainerSpec(total_steps=30, checkpoint_every=10)),
+        placement=pb.Placement(region="eu-west-1", agent_id="eu-west-1-agent",
+                               nodes=[pb.NodeAssignment(node_id="euw1-p5-000", gpus=8)],
+                               capacity_type=pb.CAPACITY_TYPE_ON_DEMAND, pool="on_demand",
+                               world_size=8, price_per_gpu_hour=4.5),
+        progress=pb.Progress(step=30, total_steps=30, loss=4.0853, last_checkpoint_step=30,
+                             last_checkpoint_uri="s3://cb-demo-eu-west-1/jobs/j-660fe22477cd0590d/"
+                                                 "attempt-2/step-000000030"),
+        goodput=pb.Goodput(productive_s=60, queued_s=1, lost_preemption_s=4.2, wall_s=66),
+        migrations=[m],
+    )
+
+
+def jobs() -> list[pb.Job]:
+    pending = pb.Job(
+        id="j-660fe22477cd0591a", phase=pb.JOB_PHASE_PENDING, created_time=T0 + 120,
+        spec=pb.JobSpec(name="big-pretrain", team="research",
+                        resources=pb.Resources(nodes=8, gpus_per_node=8, accelerator="h100"),
+                        trainer=pb.TrainerSpec(total_steps=1000)),
+        pending_reason="no usable capacity matches 8 node(s), accelerator h100, 8 GPU(s) per node")
+    done = pb.Job(
+        id="j-660fe22477cd0589f", phase=pb.JOB_PHASE_SUCCEEDED, created_time=T0 - 60, attempt=1,
+        spec=pb.JobSpec(name="eval-harness", team="product",
+                        resources=pb.Resources(nodes=1, gpus_per_node=2),
+                        trainer=pb.TrainerSpec(total_steps=15)),
+        placement=pb.Placement(region="us-east-2", world_size=2),
+        progress=pb.Progress(step=15, total_steps=15))
+    return [done, moved_job(), pending]
+
+
+def events() -> list[pb.JobEvent]:
+    def ev(seq: int, dt: float, type_: str, msg: str, **kw: object) -> pb.JobEvent:
+        return pb.JobEvent(job_id="j-660fe22477cd0590d", seq=seq, time=T0 + dt, type=type_,
+                           message=msg, **kw)
+
+    return [
+        ev(1, 0, "submitted", "submitted by user: 2 node(s) x 8 GPU(s), priority experimentation",
+           to_phase=pb.JOB_PHASE_PENDING),
+        ev(2, 1, "admitted", "admitted to us-west-2/us-west-2-agent on 2 node(s): 2x8 GPUs in one "
+           "block (usw2-spot-000,usw2-spot-001); spot at $1.60/GPU-h", region="us-west-2",
+           from_phase=pb.JOB_PHASE_PENDING, to_phase=pb.JOB_PHASE_ADMITTED),
+        ev(3, 2, "progress", "step 5/30", region="us-west-2", attempt=1),
+        ev(4, 20, "checkpoint", "checkpoint at step 19 is durable: s3://cb-demo-us-west-2/jobs/"
+           "j-660fe22477cd0590d/attempt-1/step-000000019", region="us-west-2", attempt=1),
+        ev(5, 21, "migrating_out", "spot interruption notice for usw2-spot-000, usw2-spot-001: "
+           "emergency checkpoint, then moving", region="us-west-2", attempt=1,
+           reason="spot_interruption"),
+        ev(6, 26, "migration_completed", "moved us-west-2 -> eu-west-1 (world size 16 -> 8) in "
+           "4.2s: checkpoint 0.8s, queue 0.00s, transfer 0.0s, launch 3.2s, first step 0.7s",
+           region="eu-west-1", attempt=2),
+        ev(7, 66, "succeeded", "attempt 2 finished all steps", region="eu-west-1", attempt=2,
+           from_phase=pb.JOB_PHASE_RUNNING, to_phase=pb.JOB_PHASE_SUCCEEDED),
+    ]
+
+
+def test_jobs_golden() -> None:
+    text = printed(lambda c: c.print(render.jobs_view(render.newest_first(jobs()), NOW)))
+    assert [line.split()[0] for line in text.splitlines()[2:5]] == [
+        "j-660fe22477cd0591a", "j-660fe22477cd0590d", "j-660fe22477cd0589f"]  # newest first
+    assert "pending: no usable capacity matches 8 node(s)" in text
+    check("jobs", text)
+
+
+def test_job_golden() -> None:
+    text = printed(lambda c: print_job(c, moved_job(), events(), now=NOW))
+    assert text.splitlines()[0] == ("moved after a spot notice at step 19: us-west-2 2×8 → eu-west-1"
+                                    " 1×8, resumed at step 19, lost 4 s")
+    check("job", text)
+
+
+def test_capacity_golden() -> None:
+    rows = [
+        cpb.CapacityRow(region="eu-west-1", zone="euw1-az1", capacity_type=pb.CAPACITY_TYPE_ON_DEMAND,
+                        pool="on_demand", accelerator="h100", total_gpus=8, allocated_gpus=8,
+                        price_per_gpu_hour=4.5),
+        cpb.CapacityRow(region="us-west-2", zone="usw2-az2", capacity_type=pb.CAPACITY_TYPE_SPOT,
+                        pool="spot", accelerator="h100", total_gpus=16, free_gpus=16,
+                        price_per_gpu_hour=1.6),
+        cpb.CapacityRow(region="us-west-2", zone="usw2-az2",
+                        capacity_type=pb.CAPACITY_TYPE_TRAINING_PLAN, pool="tp-7982426f24e7",
+                        accelerator="h100", total_gpus=16, allocated_gpus=16, borrowed_gpus=8,
+                        unhealthy_gpus=0, price_per_gpu_hour=2.5),
+    ]
+    text = printed(lambda c: c.print(render.capacity_table(cpb.GetCapacityResponse(rows=rows))))
+    header = text.splitlines()[0]
+    assert header.split() == ["REGION", "ZONE", "CAPACITY", "ACCEL", "TOTAL", "ALLOC", "FREE",
+                              "BORROW", "BAD", "$/GPU-h"]  # no duplicate type/pool columns
+    check("capacity", text)
+
+
+def test_teams_golden() -> None:
+    teams = [
+        cpb.TeamQuota(team="research", cohort="ml", strategy=cpb.LENDING_STRATEGY_LEND_AND_BORROW,
+                      quotas=[cpb.QuotaEntry(accelerator="h100", guaranteed_gpus=24,
+                                             borrow_limit_gpus=16)],
+                      used_gpus=32, borrowed_gpus=8, running_jobs=2, pending_jobs=1),
+        cpb.TeamQuota(team="product", cohort="ml", strategy=cpb.LENDING_STRATEGY_LEND,
+                      quotas=[cpb.QuotaEntry(guaranteed_gpus=16, lend_limit_gpus=8)],
+                      used_gpus=2, lent_gpus=8, running_jobs=1),
+    ]
+    check("teams", printed(lambda c: c.print(render.teams_table(teams))))
+
+
+def test_migrations_golden() -> None:
+    check("migrations", printed(lambda c: c.print(render.migrations_table(moved_job().migrations))))
+
+
+def test_event_lines_wrap_only_between_words_at_100_columns() -> None:
+    from brokerctl import render_logs
+
+    for e in events():
+        text = printed(lambda c, e=e: c.print(render_logs.event_line(e)))
+        whole = render_logs.event_line(e).plain.split()
+        for line in text.splitlines():
+            for token in line.split():
+                assert token in whole, (token, text)  # no token was cut in two
+
+
+def test_live_progress_keeps_the_total_and_world_size_across_a_resume() -> None:
+    from brokerctl.live_progress import LiveProgress
+
+    live = LiveProgress(moved_job().__class__(spec=moved_job().spec, attempt=1))
+    live.update(pb.JobEvent(type="launched", attempt=1, region="us-west-2",
+                            details={"world_size": "16"}))
+    assert live.update(pb.JobEvent(type="progress", attempt=1, region="us-west-2",
+                                   details={"step": "19", "total_steps": "30", "loss": "4.1"}))
+    assert live.text() == "step 19/30 · loss 4.1000 · us-west-2 · world 16 · attempt 1"
+    live.update(pb.JobEvent(type="launched", attempt=2, region="eu-west-1",
+                            details={"world_size": "8", "resume_from": "s3://b/step-19"}))
+    # The first progress of the resumed attempt may omit the total: it stays 30.
+    assert live.update(pb.JobEvent(type="progress", attempt=2, region="eu-west-1",
+                                   details={"step": "20", "loss": "4.0900"}))
+    assert live.text() == "step 20/30 · loss 4.0900 · eu-west-1 · world 8 · attempt 2"
+
+
+def test_live_progress_refreshes_from_the_job_between_progress_events() -> None:
+    from brokerctl.live_progress import LiveProgress
+
+    live = LiveProgress(pb.Job(spec=moved_job().spec, attempt=1))
+    live.refresh(moved_job())
+    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · world 8 · attempt 2"
