@@ -63,6 +63,11 @@ LAUNCH = "launch"  # lost-time bucket of a first start-up (no cause)
 TOPOLOGY = "topology_slowdown"
 
 
+# With nothing running and nothing finishing for this long after the last submit, the
+# queued jobs can never run (only periodic ticks and fleet processes remain): stop, say so.
+STALL_HORIZON_S = 30 * 86400.0
+
+
 class SimError(RuntimeError):
     """A conservation invariant broke: a bug, never an expected outcome."""
 
@@ -289,6 +294,8 @@ class Simulation:
                     SAMPLE: self._sample, TICK: self._tick, RECLAIM_ON: self._reclaim_on}
         total = len(self.trace)
         heap, pop = self.heap, heapq.heappop
+        last_sub = max((tj.submit_s for tj in self.trace), default=0.0) + T0
+        mark, mark_t = (self.finished, len(self.holding)), self.now
         while heap and self.finished < total:
             if until is not None and heap[0][0] > until:
                 self.now = until
@@ -297,6 +304,17 @@ class Simulation:
             self.now = t
             self.events += 1
             handlers[kind](payload)
+            if self.events % 4096 == 0:  # a queue that can never run would tick forever
+                state = (self.finished, len(self.holding))
+                if state != mark:
+                    mark, mark_t = state, t
+                elif not self.holding and t > last_sub and t - mark_t > STALL_HORIZON_S:
+                    stuck = sorted(self.queued)[:5]
+                    raise SimError(
+                        f"{len(self.queued)} job(s) can never run (nothing ran for "
+                        f"{STALL_HORIZON_S / 86400:.0f} simulated days after the last submit), "
+                        f"e.g. {', '.join(stuck)}: a job larger than any region or its team's "
+                        "static quota? Check the scenario's quotas and the trace's sizes")
             if self.progress is not None and self.finished - self._done_mark >= 500:
                 self._done_mark = self.finished
                 self.progress(self.finished / max(1, total))
