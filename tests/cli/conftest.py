@@ -52,3 +52,12 @@ def dead_address() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"127.0.0.1:{port}"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``brokerctl ARGV`` in-process: (exit status, stdout, stderr)."""
+    from brokerctl.main import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -12,17 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from brokerctl.main import main
-from tests.cli.conftest import TEAM
+from tests.cli.conftest import TEAM, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_ID = re.compile(r"submitted job (\S+)")
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+run = run_cli  # the one in-process brokerctl runner (tests/cli/conftest.py)
 
 
 @pytest.fixture(autouse=True)

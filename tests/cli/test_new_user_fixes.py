@@ -13,16 +13,11 @@ from pathlib import Path
 import pytest
 
 from brokerctl.common import UsageError, parse_duration, parse_end, parse_time
-from brokerctl.main import main
 from brokersdk import CapacityType, MigrationCause, Phase, cause_name
 from computebroker.v1 import common_pb2 as pb
-from tests.cli.conftest import TEAM
+from tests.cli.conftest import TEAM, run_cli
 
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+run = run_cli  # the one in-process brokerctl runner (tests/cli/conftest.py)
 
 
 @pytest.fixture(autouse=True)

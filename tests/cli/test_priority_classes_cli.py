@@ -9,14 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from brokerctl.main import main
 from brokersdk.client import BrokerClient
+from tests.cli.conftest import run_cli
 
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+run = run_cli  # the one in-process brokerctl runner (tests/cli/conftest.py)
 
 
 @pytest.fixture(autouse=True)
