@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from broker.api.errors import to_status
-from broker.auth.audit import AuditLog, target_of
+from broker.auth.audit import AuditLog, PendingAudit, target_of
 from broker.auth.identity import INSECURE_DEV_PRINCIPAL, Principal, principal_from_uri
 from broker.auth.policy import (
     METHODS,
@@ -101,6 +101,11 @@ class Authenticator:
         raise Unauthenticated(LOGIN_HINT)
 
 
+def _target(ctx: AuthedContext, method: str, request: Any) -> str:
+    """What an audited call acts on (an agent's own calls: the agent)."""
+    return target_of(request) or (ctx.principal.name if "AgentService" in method else "")
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     """Authenticate, authorize by :data:`broker.auth.policy.METHODS`, audit mutations."""
 
@@ -152,8 +157,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         code = ctx.final_code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
         if code is grpc.StatusCode.UNAVAILABLE:
             return  # a standby's refusal or a store outage: nothing happened, the caller retries
-        target = target_of(request) or (ctx.principal.name if "AgentService" in method else "")
-        self.audit.record(ctx.principal, method, target, ctx.peer(), code.name)
+        self.audit.record(ctx.principal, method, _target(ctx, method, request), ctx.peer(), code.name)
 
     def _unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
@@ -161,12 +165,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
             if not audited:
                 return behavior(request, ctx)
             failed = True
+            # A job creation commits this record with the job (audit.PendingAudit).
+            pending = PendingAudit(ctx.principal, method, _target(ctx, method, request), ctx.peer())
+            token = AuditLog.begin(pending)
             try:
                 out = behavior(request, ctx)
                 failed = False
                 return out
             finally:
-                self._finish(ctx, method, request, failed)
+                AuditLog.end(token)
+                if not pending.written:
+                    self._finish(ctx, method, request, failed)
 
         return call
 

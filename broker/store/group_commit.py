@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from broker.store.base import Store
+from broker.store.base import CreateItem, Rider, Store
 from computebroker.v1 import common_pb2 as pb
 
 MAX_GROUP = 256  # members per write: bounds one transaction's time (and its latency)
@@ -111,13 +111,15 @@ class GroupWriter(Generic[T, R]):
         return m.result  # type: ignore[return-value]
 
 
-class GroupCommit(GroupWriter[tuple[pb.Job, Sequence[pb.JobEvent]], pb.Job]):
+class GroupCommit(GroupWriter[CreateItem, pb.Job]):
     """``create(job, events)``: ``store.create_job`` semantics, writes grouped
-    through ``store.create_jobs``."""
+    through ``store.create_jobs``; ``riders`` are keyed records committed with the
+    job (and only if it is written), e.g. the SubmitJob's audit record."""
 
     def __init__(self, store: Store, max_group: int = MAX_GROUP) -> None:
         super().__init__(store.create_jobs, max_group)
         self.store = store
 
-    def create(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        return self.submit((job, events))
+    def create(self, job: pb.Job, events: Sequence[pb.JobEvent] = (),
+               riders: Sequence[Rider] = ()) -> pb.Job:
+        return self.submit((job, events, riders) if riders else (job, events))

@@ -47,6 +47,7 @@ from tenacity import (
 from broker.store import redis_scripts as scripts
 from broker.store.base import (
     AlreadyExists,
+    CreateItem,
     Fenced,
     NotFound,
     Store,
@@ -58,6 +59,7 @@ from broker.store.base import (
     job_columns,
     new_job_copy,
     numbered_events,
+    riders_of,
     versioned_copy,
 )
 from broker.store.group_commit import GroupWriter
@@ -184,14 +186,13 @@ class RedisStore(RedisLogs, Store):
             )
         return stored
 
-    def create_jobs(
-        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
-    ) -> list[pb.Job | StoreError]:
+    def create_jobs(self, items: Sequence[CreateItem]) -> list[pb.Job | StoreError]:
         """The CREATE script once per member, all in one pipeline (one round trip).
         Each script is atomic and fenced on its own; a retried pipeline is safe
-        because each member carries its own request token."""
-        stored = [new_job_copy(job) for job, _ in items]
-        argv = [self._job_args(st, events) for st, (_, events) in zip(stored, items, strict=True)]
+        because each member carries its own request token. The riders of the members
+        written follow in a second pipeline (each record its own fenced script)."""
+        stored = [new_job_copy(item[0]) for item in items]
+        argv = [self._job_args(st, item[1]) for st, item in zip(stored, items, strict=True)]
 
         def run() -> list[object]:
             pipe = self._r.pipeline(transaction=False)
@@ -211,6 +212,12 @@ class RedisStore(RedisLogs, Store):
                     f"request id ({st.spec.team!r}, {st.client_request_id!r}) already exists"))
             else:
                 out.append(st)
+        riders = [[*self._base_args(), kind, key, message.SerializeToString(), "0"]
+                  for item, r in zip(items, out, strict=True) if isinstance(r, pb.Job)
+                  for kind, key, message in riders_of(item)]
+        for err in self._put_records(riders) if riders else ():
+            if err is not None:
+                raise err
         return out
 
     def get_job(self, job_id: str) -> pb.Job:
