@@ -249,6 +249,10 @@ def validate_priority_class(pc: cpb.PriorityClass) -> None:
                               " or '-', starting with a letter or digit")
 
 
+_LEVELS = frozenset(pb.TopologyLevel.values())
+_CAPACITY_TYPES = frozenset(pb.CapacityType.values()) - {pb.CAPACITY_TYPE_UNSPECIFIED}
+
+
 def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
     """Raise InvalidArgument when ``spec`` is malformed."""
     if not spec.name.strip():
@@ -280,7 +284,7 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
         raise InvalidArgument(
             f"spec.resources.gpus_per_node {r.gpus_per_node} exceeds the limit of {MAX_GPUS_PER_NODE}"
         )
-    levels = set(pb.TopologyLevel.values())
+    levels = _LEVELS
     for fname in ("required", "preferred"):
         level = getattr(spec.topology, fname)
         if level not in levels:
@@ -311,7 +315,7 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
                 f" [{e.min_nodes}, {e.max_nodes}]"
             )
     validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri")
-    ctypes = set(pb.CapacityType.values()) - {pb.CAPACITY_TYPE_UNSPECIFIED}
+    ctypes = _CAPACITY_TYPES
     for ct in spec.capacity_types:
         if ct not in ctypes:
             raise InvalidArgument(

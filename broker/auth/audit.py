@@ -55,9 +55,15 @@ def _build(principal: Principal | None, method: str, target: str, peer: str, res
         method=method, target=target[:200], peer=peer, result=result, message=message[:300])
 
 
-def _log_line(rec: apb.AuditRecord) -> None:
-    log.info("audit %s %s %s target=%s peer=%s -> %s", rec.actor, rec.role, rec.method, rec.target,
-             rec.peer, rec.result)
+def _log_line(rec: apb.AuditRecord, level: int | None = None) -> None:
+    """The record as a log line: INFO for a refusal or failure, DEBUG for an allowed
+    call (the store holds every record; a line per submit at thousands a second is
+    noise, and its formatting cost the API a few percent of its CPU)."""
+    if level is None:
+        level = logging.DEBUG if rec.result == "OK" else logging.INFO
+    if log.isEnabledFor(level):
+        log.log(level, "audit %s %s %s target=%s peer=%s -> %s", rec.actor, rec.role, rec.method,
+                rec.target, rec.peer, rec.result)
 
 
 class PendingAudit:
@@ -113,6 +119,7 @@ class AuditLog:
         try:
             self.store.put_record(KIND_AUDIT, rec.id, rec)
         except StoreError as e:  # never fail the RPC after it happened; the log line stays
+            _log_line(rec, logging.WARNING)
             log.warning("audit record not stored: %s", e)
 
     @staticmethod

@@ -112,12 +112,23 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, authenticator: Authenticator, audit: AuditLog | None) -> None:
         self.authn = authenticator
         self.audit = audit
+        # method -> (inner handler, our wrapper): built once, not per call (the inner
+        # handler changes only when the standby gate swaps it, then we rebuild).
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
         method: str = details.method
         if handler is None or method.startswith(PUBLIC_PREFIXES):
             return handler
+        hit = self._wrapped.get(method)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> Any:
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
         if handler.request_streaming and handler.response_streaming:
