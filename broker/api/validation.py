@@ -126,6 +126,22 @@ def _scalar_ok(fd: FieldDescriptor, value: object, limit: FieldLimit | None) -> 
     return False
 
 
+def _strings_ok(values: list[str], limit: FieldLimit | None) -> bool:
+    """:func:`_scalar_ok` for many strings of one field at once (a map's keys or
+    values, a repeated string): one length scan and one regex over their
+    concatenation instead of a Python call per string (a 2 KB spec has ~70)."""
+    if not values:
+        return True
+    lim = limit or DEFAULT_STRING
+    max_len = lim.max_len if lim.max_len is not None else DEFAULT_STRING.max_len
+    if max_len is not None and max(map(len, values)) > max_len:
+        return False
+    if (lim.kind or DEFAULT_STRING.kind) is not Kind.IDENTIFIER:
+        return True
+    joined = "".join(values)
+    return joined.isascii() and _ASCII_CONTROL.search(joined) is None
+
+
 def _check_scalar(path: str, fd: FieldDescriptor, value: object, limit: FieldLimit | None) -> None:
     if fd.type == FieldDescriptor.TYPE_STRING:
         check_text(path, value, limit or DEFAULT_STRING)  # type: ignore[arg-type]
@@ -181,6 +197,10 @@ def check_message(msg: Message, prefix: str = "") -> None:
             if len(value) > cap:
                 raise InvalidArgument(f"{path} has {len(value)} entries; at most {cap}")
             assert kfd is not None and vfd is not None
+            if kfd.type == vfd.type == FieldDescriptor.TYPE_STRING:
+                keys = list(value)
+                if _strings_ok(keys, klim) and _strings_ok([value[k] for k in keys], vlim):
+                    continue  # all fine; else the loop below names the first bad entry
             for k, v in value.items():
                 if not _scalar_ok(kfd, k, klim):
                     _check_scalar(f"{path} key", kfd, k, klim)
@@ -190,6 +210,8 @@ def check_message(msg: Message, prefix: str = "") -> None:
             cap = limit.max_items if limit and limit.max_items is not None else DEFAULT_ITEMS
             if len(value) > cap:
                 raise InvalidArgument(f"{path} has {len(value)} entries; at most {cap}")
+            if fd.type == FieldDescriptor.TYPE_STRING and _strings_ok(list(value), limit):
+                continue
             for i, item in enumerate(value):
                 if not _scalar_ok(fd, item, limit):
                     _check_scalar(f"{path}[{i}]", fd, item, limit)
