@@ -203,6 +203,10 @@ class BrokerServer:
             self._idle.close()
         if self.ops is not None:
             self.ops.telemetry.close()
+            gc = self.ops.applier.creates
+            if gc.groups:  # how many submits shared each store write (group commit)
+                log.info("group commit: %d job creations in %d store writes (%.1f per write)",
+                         gc.members, gc.groups, gc.members / gc.groups)
         if self._owns_store and self._store is not None:
             self._store.close()
         self._stopped.set()

@@ -25,6 +25,7 @@ Why these choices:
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -87,6 +88,8 @@ CREATE TABLE IF NOT EXISTS leases (
     epoch INTEGER NOT NULL DEFAULT 0
 );
 """
+
+log = logging.getLogger(__name__)
 
 _PUT_RECORD = ("INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
                " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data")
@@ -373,6 +376,10 @@ class SQLiteStore(SQLiteLogs, Store):
         self._fence = None if epoch is None else (name, epoch)
 
     def close(self) -> None:
+        w = self._writes
+        if w.groups:  # how well group commit amortized the fsyncs (a batch of jobs is one write)
+            log.info("sqlite store %s: %d writes in %d transactions (%.1f per commit)",
+                     self.path, w.members, w.groups, w.members / w.groups)
         with self._rlock:
             if self._rconn is not None and self._rconn is not self._conn:
                 self._rconn.close()
