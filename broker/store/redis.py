@@ -91,6 +91,13 @@ def _split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(rest))), prefix
 
 
+def _rider_args(riders: Sequence[tuple[str, str, Message]]) -> list[object]:
+    """The CREATE script's optional tail: n, then kind, key, data of each rider."""
+    if not riders:
+        return []
+    return [len(riders), *(x for kind, key, m in riders for x in (kind, key, m.SerializeToString()))]
+
+
 def _event_bytes(ev: pb.JobEvent) -> bytes:
     e = pb.JobEvent()
     e.CopyFrom(ev)
@@ -188,11 +195,12 @@ class RedisStore(RedisLogs, Store):
 
     def create_jobs(self, items: Sequence[CreateItem]) -> list[pb.Job | StoreError]:
         """The CREATE script once per member, all in one pipeline (one round trip).
-        Each script is atomic and fenced on its own; a retried pipeline is safe
-        because each member carries its own request token. The riders of the members
-        written follow in a second pipeline (each record its own fenced script)."""
+        Each script is atomic and fenced on its own (a member's riders are written by
+        its script, only with its job); a retried pipeline is safe because each member
+        carries its own request token."""
         stored = [new_job_copy(item[0]) for item in items]
-        argv = [self._job_args(st, item[1]) for st, item in zip(stored, items, strict=True)]
+        argv = [self._job_args(st, item[1]) + _rider_args(riders_of(item))
+                for st, item in zip(stored, items, strict=True)]
 
         def run() -> list[object]:
             pipe = self._r.pipeline(transaction=False)
@@ -212,12 +220,6 @@ class RedisStore(RedisLogs, Store):
                     f"request id ({st.spec.team!r}, {st.client_request_id!r}) already exists"))
             else:
                 out.append(st)
-        riders = [[*self._base_args(), kind, key, message.SerializeToString(), "0"]
-                  for item, r in zip(items, out, strict=True) if isinstance(r, pb.Job)
-                  for kind, key, message in riders_of(item)]
-        for err in self._put_records(riders) if riders else ():
-            if err is not None:
-                raise err
         return out
 
     def get_job(self, job_id: str) -> pb.Job:
