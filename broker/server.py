@@ -7,6 +7,17 @@ pool is ``max_streams + max_workers`` and the edge (broker/api/edge.py) admits a
 keep ``max_workers`` threads, however many idle streams are open. Why not grpc.aio: the
 servicers, store and scheduler are synchronous and thread-safe; an event loop would put
 every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
+
+Where a SubmitJob's CPU goes (issue 16, py-spy and per-thread /proc times under
+benchmarks/bench_api.py at 16 clients, SQLite): about half in the RPC worker thread
+(the servicer, validation, the group-committed store write that carries the job, its
+event and its audit record in one transaction, and the response), a quarter in gRPC's
+polling thread (receive, decode + the limits check, hand-off to the pool) and about a
+fifth in scheduler passes (paced to ``scheduler_busy_share`` of the time while submits
+keep waking it; each pass is O(queue)). A no-op RPC costs about a fifth of a submit. The
+remaining per-call overhead of this model (thread hand-offs, GIL switches: roughly a
+third of the worker threads' time is system time) is what a grpc.aio hot path would
+remove; see the README's Benchmarks section for the measured figures.
 """
 
 from __future__ import annotations
