@@ -28,6 +28,7 @@ The broker runs ``--insecure-dev`` (loopback, plaintext, no tokens): what TLS an
 token authentication add per call is measured by ``benchmarks/bench_auth.py``.
 
     .venv/bin/python benchmarks/bench_api.py [--seconds 3] [--jobs 100000] [--watchers 1000]
+        [--stores sqlite,redis] [--broker-set KEY=VALUE ...] [--out PATH]
 
 Writes benchmarks/results/api.json.
 """
@@ -145,7 +146,7 @@ def populate(url: str, n: int, progress: Callable[[str], None]) -> list[str]:
 
 
 class Broker:
-    def __init__(self, store_url: str, workdir: str) -> None:
+    def __init__(self, store_url: str, workdir: str, settings: list[str] | None = None) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1",
@@ -156,7 +157,8 @@ class Broker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
-             "--set", "auto_create_teams=true", "--insecure-dev"],
+             "--set", "auto_create_teams=true", "--insecure-dev",
+             *(x for kv in settings or () for x in ("--set", kv))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
 
     def stop(self) -> None:
@@ -390,7 +392,7 @@ def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None]) -> 
             t0 = time.monotonic()
             ids = populate(url, args.jobs, say)
             populate_s = time.monotonic() - t0
-            broker = Broker(url, tmp)
+            broker = Broker(url, tmp, args.broker_set)
             global BROKER_PID
             BROKER_PID = broker.proc.pid
             load_start = os.getloadavg()
@@ -423,12 +425,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-rounds", type=int, default=3)
     ap.add_argument("--stores", default="sqlite,redis")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting for this run (e.g. scheduler_busy_share=0.05); recorded")
     args = ap.parse_args(argv)
 
     def say(msg: str) -> None:
         print(msg, flush=True)
 
-    result: dict = {"machine": platform.platform(), "cpus": os.cpu_count(), "seconds": args.seconds}
+    result: dict = {"machine": platform.platform(), "cpus": os.cpu_count(), "seconds": args.seconds,
+                    "broker_settings": args.broker_set}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for kind in args.stores.split(","):
