@@ -152,11 +152,14 @@ class Broker:
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
         self.log = open(Path(workdir) / "broker.log", "wb")  # noqa: SIM115 - closed in stop()
-        # max_workers: every WatchJob stream holds a server thread (broker/server.py);
-        # the fan-out needs more than the default 256.
+        # Every WatchJob stream holds a server thread and a slot of the stream budget
+        # (broker/server.py, broker/api/streams.py): the fan-out's 1,000 watchers are one
+        # identity (insecure dev), above the default caps (512 streams, 128 per identity),
+        # which would refuse 872 of them RESOURCE_EXHAUSTED.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
+             "--set", "max_streams=1200", "--set", "max_streams_per_identity=1200",
              "--set", "auto_create_teams=true", "--insecure-dev",
              *(x for kv in settings or () for x in ("--set", kv))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
