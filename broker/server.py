@@ -8,16 +8,20 @@ keep ``max_workers`` threads, however many idle streams are open. Why not grpc.a
 servicers, store and scheduler are synchronous and thread-safe; an event loop would put
 every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
 
-Where a SubmitJob's CPU goes (issue 16, py-spy and per-thread /proc times under
-benchmarks/bench_api.py at 16 clients, SQLite): about half in the RPC worker thread
-(the servicer, validation, the group-committed store write that carries the job, its
-event and its audit record in one transaction, and the response), a quarter in gRPC's
-polling thread (receive, decode + the limits check, hand-off to the pool) and about a
-fifth in scheduler passes (paced to ``scheduler_busy_share`` of the time while submits
-keep waking it; each pass is O(queue)). A no-op RPC costs about a fifth of a submit. The
-remaining per-call overhead of this model (thread hand-offs, GIL switches: roughly a
-third of the worker threads' time is system time) is what a grpc.aio hot path would
-remove; see the README's Benchmarks section for the measured figures.
+Where a SubmitJob's CPU goes (issue 16; py-spy and per-thread /proc times with
+benchmarks/bench_api.py's load at 16 clients, SQLite; ~0.9-1.1 ms of broker CPU per
+submit against ~0.12 ms for a health check): about 55% in the RPC worker threads (the
+servicer and its validation, the group-committed write that carries the job, its event
+and its audit record in one transaction, the response; a third of this is system time:
+futex wake-ups of thread hand-offs and GIL switches, WAL writes, fdatasync), about 20% in
+gRPC's polling thread (receive, decode + the limits check, hand-off to the pool), 15-20%
+in scheduler passes (paced to ``scheduler_busy_share`` of the time while submits keep
+waking it; each pass is O(queue) in Python, and holds the GIL about as often as the
+polling thread) and ~6% in gRPC's C event engine. Submits per store write at 16 clients
+are ~3: the store is not the bottleneck, the one GIL is (p50 latency is 16 clients
+queueing for it). What is left: a grpc.aio hot path (no pool hand-off, no per-call
+thread wake-ups; needs async twins of the three interceptors, since their sync form
+relies on ``abort`` raising) and passes that cost in proportion to the change.
 """
 
 from __future__ import annotations
