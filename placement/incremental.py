@@ -30,6 +30,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 
+from placement.gc_pause import gc_paused
 from placement.model import Decisions, JobRequest, NodeInfo, RunningJob, Snapshot, TeamQuota
 from placement.scheduler import Fleet, _Pass, build_fleet
 from placement.topology import Slot
@@ -117,8 +118,9 @@ class AdmissionCache:
         jobs, ``pending``, ``teams``, ``draining_regions``), same decisions."""
         snap = Snapshot(now=now, nodes=(), running=(), pending=tuple(pending), teams=tuple(teams),
                         draining_regions=frozenset(draining_regions))
-        fleet = self._ready(now, snap.draining_regions)
-        return _Pass(snap, fleet).run()
+        with gc_paused():
+            fleet = self._ready(now, snap.draining_regions)
+            return _Pass(snap, fleet).run()
 
     def _ready(self, now: float, draining: frozenset[str]) -> Fleet:
         fleet = self._fleet

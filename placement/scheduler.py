@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from placement.firstfit import accepts, allowed_types
+from placement.gc_pause import gc_paused
 from placement.model import (
     Admission,
     CapacityType,
@@ -120,7 +121,8 @@ _LEVEL = {int(lvl): level_of(lvl) for lvl in TopologyLevel}
 
 def schedule(snapshot: Snapshot) -> Decisions:
     """Decide admissions, preemptions, reservations and pending reasons. Pure."""
-    return _Pass(snapshot).run()
+    with gc_paused():
+        return _Pass(snapshot).run()
 
 
 def _tier_text(part: Partition) -> str:
@@ -243,6 +245,8 @@ class _Pass:
         self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
         self.alloc_slots: dict[int, list[tuple[Slot, int]]] = {}
         self.reason_cache: dict[tuple, str] = {}
+        # job shape -> (index version, future version, reason): see _try
+        self.no_room: dict[tuple, tuple[int, int, str]] = {}
 
     # ---- driver -----------------------------------------------------------------------
 
@@ -415,9 +419,22 @@ class _Pass:
         else:
             room = led.room(job.team, key)
             n_quota = nodes if room == math.inf else min(nodes, int(room) // g)
-        if n_quota < lo and self.searches >= MAX_PREEMPTION_SEARCHES:
+        spent = self.searches >= MAX_PREEMPTION_SEARCHES
+        if n_quota < lo and spent:
             self._quota_pending(job, key)  # fast path: nothing more to try this pass
             return
+        # Once the searches are spent, a job that found no capacity leaves the pass
+        # exactly as it found it, so the next job of the same shape (everything the
+        # rest of this method reads of a job, bar its id, team and priority, which
+        # only the spent search would read) at the same index versions gets the same
+        # reason: at fleet scale thousands of queued jobs are that one case.
+        memo = None
+        if spent and not job.excluded_nodes and job.team not in self.caps:
+            memo = (_elig_sig(job), safe_point_s(job), nodes, mn, n_quota, job.required, job.preferred)
+            hit = self.no_room.get(memo)
+            if hit is not None and hit[0] == self.index.version and hit[1] == self.future.version:
+                self.decisions.pending_reasons[job.id] = hit[2]
+                return
         elig = self._eligible(job)
         if not elig:
             self._pending(job, self._no_capacity_reason(job))
@@ -448,7 +465,10 @@ class _Pass:
             return
         if job.nodes >= 2 and self._reserve(job, req):
             return
-        self._pending(job, self._capacity_reason(job, elig, req))
+        msg = self._capacity_reason(job, elig, req)
+        self._pending(job, msg)
+        if memo is not None:
+            self.no_room[memo] = (self.index.version, self.future.version, msg)
 
     # ---- eligibility and ranking ----------------------------------------------------
 
@@ -794,8 +814,18 @@ class _Pass:
         free GPUs: necessary for any placement, so the search skips the shorter
         prefixes without simulating them (same answer: ``_place`` fails there)."""
         parts = [p for _, p in elig if g <= p.maxg]
-        if any(p.root.cnt[g] >= n for p in parts):
-            return 0  # (conservative: a sub-domain may still be short; the search decides)
+        if n == 1:
+            max_level = AGENT_LEVEL  # one node: best fit over the partition, any level
+        # A domain that holds the gang already: no bound (quota may still need victims).
+        # Only domains the gang may use count (``find``: levels up to ``max_level``, the
+        # partition itself only at the cluster level): a partition with n free nodes
+        # scattered over blocks is no reason to simulate every short prefix.
+        if max_level >= AGENT_LEVEL:
+            if any(p.root.cnt[g] >= n for p in parts):
+                return 0
+        elif any(d.cnt[g] >= n for p in parts for lvl, ds in p.levels.items() if lvl <= max_level
+                 for d in ds):
+            return 0
         ok = {id(p) for p in parts}
         gained: dict[int, int] = {}
         acc: dict[Slot, int] = {}
