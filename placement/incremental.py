@@ -122,10 +122,16 @@ class AdmissionCache:
             fleet = self._ready(now, snap.draining_regions)
             return _Pass(snap, fleet).run()
 
+    def fleet_ready(self, now: float, draining: frozenset[str] = frozenset()) -> bool:
+        """True when a pass at ``now`` reuses the kept index; False when it will rebuild
+        it (first pass, a node change, the draining regions or the clock crossing a
+        training plan's start or end)."""
+        return not (self._fleet is None or frozenset(draining) != self._draining
+                    or bisect_right(self._bounds, now) != bisect_right(self._bounds, self._built_at))
+
     def _ready(self, now: float, draining: frozenset[str]) -> Fleet:
         fleet = self._fleet
-        if (fleet is None or draining != self._draining
-                or bisect_right(self._bounds, now) != bisect_right(self._bounds, self._built_at)):
+        if fleet is None or not self.fleet_ready(now, draining):
             return self._rebuild(now, draining)
         self._undo(fleet)
         return fleet
