@@ -659,31 +659,31 @@ class _Pass:
                 self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
                 return False
         cands: list[tuple[tuple, RunningJob, str]] = []
+        claimed = self.claimed
         if reclaim and cohort:
             for other in led.cohorts.get(cohort, ()):
                 if other == job.team or led.borrowed(other, key) <= 0:
                     continue
-                for ck, r in self._victims_of(other, key):
-                    if r.id not in self.claimed:
-                        cands.append((ck, r, REASON_RECLAIM))
+                cands.extend([(ck, r, REASON_RECLAIM) for ck, r in self._victims_of(other, key)
+                              if r.id not in claimed])
             cands.sort(key=lambda c: c[0])
-        for ck, r in self._victims_of(job.team, key):
-            if r.priority < job.priority and r.id not in self.claimed:
-                cands.append((ck, r, REASON_PRIORITY))
+        prio = job.priority
+        cands.extend([(ck, r, REASON_PRIORITY) for ck, r in self._victims_of(job.team, key)
+                      if r.priority < prio and r.id not in claimed])
         # Upper bound before any simulation: the gang must fit in ONE partition, so
         # some partition needs n nodes with >= g GPUs once every candidate is gone.
         parts = {id(p) for _, p in elig}
-        slot_of = self.index.slot_by_id
+        alloc_slots = self._alloc_slots
         freed: dict[Slot, int] = {}
         useful = []
+        keep_all = need_quota > 0
         for c in cands:
             hit = False
-            for node_id, gg in c[1].allocations:
-                sl = slot_of.get(node_id)
-                if sl is not None and id(sl.part) in parts:
+            for sl, gg in alloc_slots(c[1]):  # the victim's usable nodes, as slot_of gives them
+                if id(sl.part) in parts:
                     freed[sl] = freed.get(sl, 0) + gg
                     hit = True
-            if hit or need_quota > 0:
+            if hit or keep_all:
                 useful.append(c)
         cands = useful
         gained: dict[int, int] = defaultdict(int)
@@ -698,7 +698,7 @@ class _Pass:
         self.searches += 1
         # Prefixes too short to place even on paper are not simulated (a job's
         # excluded nodes are, as _place reorders them: keep that history exact).
-        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req)
+        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req, freed)
         if k_min > len(cands):  # no prefix can work: the search's only trace is bucket order
             self._as_if_searched(cands)
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
@@ -808,7 +808,7 @@ class _Pass:
         return True
 
     def _fewest_victims(self, cands: list, elig: list[tuple[tuple, Partition]], n: int, g: int,
-                        max_level: int) -> int:
+                        max_level: int, freed: dict[Slot, int]) -> int:
         """Fewest leading victims after which some eligible domain the gang may use
         (level <= ``max_level``, the job's required one) has ``n`` nodes with ``g``
         free GPUs: necessary for any placement, so the search skips the shorter
@@ -826,21 +826,41 @@ class _Pass:
         elif any(d.cnt[g] >= n for p in parts for lvl, ds in p.levels.items() if lvl <= max_level
                  for d in ds):
             return 0
-        ok = {id(p) for p in parts}
+        # The domains each topology chain may use (one list per chain, not per node).
+        usable: dict[int, list[Domain]] = {}
         gained: dict[int, int] = {}
+        # Every candidate gone first (``freed``: what all of them release on the
+        # eligible partitions): the counts only grow along the prefix, so when even
+        # that holds the gang nowhere, no prefix does, without the ordered walk.
+        reach = False
+        for sl, gg in freed.items():
+            if sl.free < g <= sl.free + gg:
+                ds = usable.get(id(sl.doms))
+                if ds is None:
+                    ds = usable[id(sl.doms)] = [d for d in sl.doms if d.level <= max_level]
+                for d in ds:
+                    got = gained[id(d)] = gained.get(id(d), 0) + 1
+                    if d.cnt[g] + got >= n:
+                        reach = True
+                if reach:
+                    break
+        if not reach:
+            return len(cands) + 1
+        ok = {id(p) for p in parts}
+        gained = {}
         acc: dict[Slot, int] = {}
-        slot_of = self.index.slot_by_id
+        alloc_slots = self._alloc_slots
         for k, c in enumerate(cands, start=1):
-            for node_id, gg in c[1].allocations:
-                sl = slot_of.get(node_id)
-                if sl is None or id(sl.part) not in ok:
+            for sl, gg in alloc_slots(c[1]):
+                if id(sl.part) not in ok:
                     continue
-                before = acc.get(sl, 0)
-                acc[sl] = before + gg
-                if sl.free + before < g <= sl.free + before + gg:
-                    for d in sl.doms:
-                        if d.level > max_level:
-                            continue
+                f = sl.free + acc.get(sl, 0)
+                acc[sl] = f - sl.free + gg
+                if f < g <= f + gg:
+                    ds = usable.get(id(sl.doms))
+                    if ds is None:
+                        ds = usable[id(sl.doms)] = [d for d in sl.doms if d.level <= max_level]
+                    for d in ds:
                         got = gained[id(d)] = gained.get(id(d), 0) + 1
                         if d.cnt[g] + got >= n:
                             return k
