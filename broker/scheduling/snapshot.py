@@ -20,6 +20,7 @@ from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
+_NONE: frozenset[str] = frozenset()
 _NODE_FIELDS = {f.name for f in dataclasses.fields(placement.NodeInfo)}
 _RUN_FIELDS = {f.name for f in dataclasses.fields(placement.RunningJob)}
 
@@ -238,9 +239,11 @@ def build(
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
-            refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
+            uri = job.spec.checkpoint_uri
+            refusing = regions_refusing(uri, roots_by_region) if uri and roots_by_region else _NONE
             # Agents that refused its launch lately (time-dependent: part of the memo key).
-            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ()))
+            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
+                              ) if job.refusals else _NONE
             if memo is None:
                 pending.append((queue_key(job, prio), job_request(job, prio, refusing, avoid)))
             else:
