@@ -70,7 +70,7 @@ import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from placement.firstfit import accepts, allowed_types
 from placement.gc_pause import gc_paused
@@ -112,6 +112,7 @@ Placed = tuple[Partition, int, Domain | None, list[Slot]]
 _by_id = attrgetter("id")
 _by_submit_id = attrgetter("submit_time", "id")
 _by_priority = attrgetter("priority")
+_first = itemgetter(0)
 # What the static eligibility filters and the ranking read of a job (one C-level call).
 _elig_sig = attrgetter("accelerator", "allowed_regions", "denied_regions", "capacity_types",
                        "max_price_per_gpu_hour", "gpus_per_node", "dataset_region", "preferred_regions")
@@ -245,6 +246,8 @@ class _Pass:
         self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
         self.alloc_slots: dict[int, list[tuple[Slot, int]]] = {}
         self.reason_cache: dict[tuple, str] = {}
+        self.reclaim_lists: dict[tuple, list[tuple[tuple, RunningJob, str]]] = {}
+        self.useful_cache: dict[tuple, tuple[list, dict[Slot, int]]] = {}
         # job shape -> (index version, future version, reason): see _try
         self.no_room: dict[tuple, tuple[int, int, str]] = {}
 
@@ -661,30 +664,31 @@ class _Pass:
         cands: list[tuple[tuple, RunningJob, str]] = []
         claimed = self.claimed
         if reclaim and cohort:
-            for other in led.cohorts.get(cohort, ()):
-                if other == job.team or led.borrowed(other, key) <= 0:
-                    continue
-                cands.extend([(ck, r, REASON_RECLAIM) for ck, r in self._victims_of(other, key)
-                              if r.id not in claimed])
-            cands.sort(key=lambda c: c[0])
+            lenders = tuple(other for other in led.cohorts.get(cohort, ())
+                            if other != job.team and led.borrowed(other, key) > 0)
+            # The borrowers' victims in one order (a pass asks for the same merge for
+            # every reclaiming job of a team: sort once; claimed ones filtered after).
+            rk = (key, lenders)
+            merged = self.reclaim_lists.get(rk)
+            if merged is None:
+                merged = [(ck, r, REASON_RECLAIM) for other in lenders for ck, r in self._victims_of(other, key)]
+                merged.sort(key=_first)
+                self.reclaim_lists[rk] = merged
+            cands.extend([c for c in merged if c[1].id not in claimed] if claimed else merged)
         prio = job.priority
-        cands.extend([(ck, r, REASON_PRIORITY) for ck, r in self._victims_of(job.team, key)
-                      if r.priority < prio and r.id not in claimed])
+        own_cands = [(ck, r, REASON_PRIORITY) for ck, r in self._victims_of(job.team, key)
+                     if r.priority < prio and r.id not in claimed]
         # Upper bound before any simulation: the gang must fit in ONE partition, so
         # some partition needs n nodes with >= g GPUs once every candidate is gone.
-        parts = {id(p) for _, p in elig}
-        alloc_slots = self._alloc_slots
-        freed: dict[Slot, int] = {}
-        useful = []
         keep_all = need_quota > 0
-        for c in cands:
-            hit = False
-            for sl, gg in alloc_slots(c[1]):  # the victim's usable nodes, as slot_of gives them
-                if id(sl.part) in parts:
-                    freed[sl] = freed.get(sl, 0) + gg
-                    hit = True
-            if hit or keep_all:
-                useful.append(c)
+        if cands:  # the borrowers' part, shared by the pass's reclaims with this shape
+            uk = (rk, id(elig), len(claimed), keep_all)
+            hit = self.useful_cache.get(uk)
+            if hit is None:
+                hit = self.useful_cache[uk] = self._useful(cands, elig, keep_all, [], {})
+            useful, freed = self._useful(own_cands, elig, keep_all, list(hit[0]), dict(hit[1]))
+        else:
+            useful, freed = self._useful(own_cands, elig, keep_all, [], {})
         cands = useful
         gained: dict[int, int] = defaultdict(int)
         for sl, gg in freed.items():
@@ -806,6 +810,23 @@ class _Pass:
             f"{' and '.join(kinds)}); then {n}x{g} GPUs in {where}",
         )
         return True
+
+    def _useful(self, cands: list, elig: list[tuple[tuple, Partition]], keep_all: bool, useful: list,
+                freed: dict[Slot, int]) -> tuple[list, dict[Slot, int]]:
+        """The candidates that free something on an eligible partition (all of them when
+        quota must be freed too), appended to ``useful``, and what they free per node,
+        added to ``freed``."""
+        parts = {id(p) for _, p in elig}
+        alloc_slots = self._alloc_slots
+        for c in cands:
+            hit = False
+            for sl, gg in alloc_slots(c[1]):  # the victim's usable nodes, as slot_of gives them
+                if id(sl.part) in parts:
+                    freed[sl] = freed.get(sl, 0) + gg
+                    hit = True
+            if hit or keep_all:
+                useful.append(c)
+        return useful, freed
 
     def _fewest_victims(self, cands: list, elig: list[tuple[tuple, Partition]], n: int, g: int,
                         max_level: int, freed: dict[Slot, int]) -> int:
