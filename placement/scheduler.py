@@ -914,13 +914,20 @@ class _Pass:
         ck = (team, key)
         out = self.victim_lists.get(ck)
         if out is None:
-            led = self.ledger
-            out = sorted(
-                ((0 if r.stopping else 1, r.priority, self._lost(r), -self.rgpus[id(r)], r.id), r)
-                for r in self.by_team.get(team, ())
+            led_key, rg, now = self.ledger.key, self.rgpus, self.now
+            out = []
+            for r in self.by_team.get(team, ()):
                 # a job already stopping counts as soon-free, whatever its preemptible flag
-                if (r.preemptible or r.stopping) and led.key(r.team, r.accelerator) == key
-            )
+                if not (r.preemptible or r.stopping) or led_key(r.team, r.accelerator) != key:
+                    continue
+                gpus = rg[id(r)]
+                if r.stopping:
+                    out.append(((0, r.priority, 0.0, -gpus, r.id), r))
+                else:  # _lost(r), inlined: every running job of the team, every pass
+                    since = r.last_checkpoint_time or r.started_time
+                    lost = max(0.0, now - since) * gpus + r.restart_cost_s * gpus
+                    out.append(((1, r.priority, lost, -gpus, r.id), r))
+            out.sort(key=_first)
             self.victim_lists[ck] = out
         return out
 
