@@ -817,10 +817,13 @@ class _Pass:
         quota must be freed too), appended to ``useful``, and what they free per node,
         added to ``freed``."""
         parts = {id(p) for _, p in elig}
-        alloc_slots = self._alloc_slots
+        known = self.alloc_slots
         for c in cands:
             hit = False
-            for sl, gg in alloc_slots(c[1]):  # the victim's usable nodes, as slot_of gives them
+            slots = known.get(id(c[1]))
+            if slots is None:
+                slots = self._alloc_slots(c[1])
+            for sl, gg in slots:  # the victim's usable nodes, as slot_of gives them
                 if id(sl.part) in parts:
                     freed[sl] = freed.get(sl, 0) + gg
                     hit = True
@@ -870,9 +873,12 @@ class _Pass:
         ok = {id(p) for p in parts}
         gained = {}
         acc: dict[Slot, int] = {}
-        alloc_slots = self._alloc_slots
+        known = self.alloc_slots
         for k, c in enumerate(cands, start=1):
-            for sl, gg in alloc_slots(c[1]):
+            slots = known.get(id(c[1]))
+            if slots is None:
+                slots = self._alloc_slots(c[1])
+            for sl, gg in slots:
                 if id(sl.part) not in ok:
                     continue
                 f = sl.free + acc.get(sl, 0)
