@@ -51,7 +51,8 @@ def placement(d: dict[str, Any]) -> list[str]:
                    f" jobs/s ({f(inc['speedup_vs_from_scratch'], 2)}x with the cache) |")
     live = d.get("live_scheduler")
     if live:
-        out.append(f"| live scheduler: one submit, then a pass (snapshot from the broker's records + decision),"
+        out.append(f"| live scheduler: one submit and one finished attempt, then a pass (snapshot from the"
+                   f" broker's records + decision),"
                    f" CPU p50 | {f(live['cpu_p50_ms'])} ms on the memos and admission cache;"
                    f" {f(live['from_scratch_cpu_p50_ms'])} ms from scratch"
                    f" ({f(live['speedup_vs_from_scratch'], 2)}x) |")
