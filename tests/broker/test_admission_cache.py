@@ -21,6 +21,7 @@ import pytest
 
 import placement
 from broker.agents.registry import AgentSession, AgentState
+from broker.jobs import standby
 from broker.jobs.lifecycle import CHECKPOINTING, PENDING, RUNNING, SUCCEEDED
 from broker.scheduling import snapshot as snap
 from broker.scheduling.admission import LiveAdmission
@@ -84,7 +85,9 @@ def _bump(job: pb.Job) -> None:
     job.version += 1
 
 
-def _run_sequence(seed: int, steps: int = 30) -> tuple[int, int, LiveAdmission, snap.NodeMemo]:
+def _run_sequence(seed: int, steps: int = 30, mbb: bool = False) -> tuple[dict[str, int], LiveAdmission,
+                                                                          snap.NodeMemo]:
+    """Counts of what happened (admitted, preempted, standbys reserved), the cache, the node memo."""
     rng = random.Random(seed)
     agents = _fleet()
     plans = [cpb.TrainingPlan(id="tp1", name="tp1", region="us-west-2", start_time=PLAN_START,
@@ -92,14 +95,15 @@ def _run_sequence(seed: int, steps: int = 30) -> tuple[int, int, LiveAdmission, 
     teams = {"ml": _quota("ml", 64), "cv": _quota("cv", 48), "nlp": _quota("nlp", 32)}
     jobs: dict[str, pb.Job] = {}
     memo, node_memo, live = snap.SnapshotMemo(), snap.NodeMemo(), LiveAdmission()
-    now, nxt, admitted, preempted = T0, 0, 0, 0
+    now, nxt = T0, 0
+    counts = {"admitted": 0, "preempted": 0, "standbys": 0}
     for step in range(steps):
         for _ in range(rng.randint(1, 8)):  # submits
             j = _job(nxt, rng, now)
             jobs[j.id] = j
             nxt += 1
         kw = dict(now=now, agents=agents, jobs=list(jobs.values()), teams=list(teams.values()), plans=plans,
-                  draining=[], priority_of=lambda s: PRIORITY[s.priority_class])
+                  draining=[], priority_of=lambda s: PRIORITY[s.priority_class], make_before_break=mbb)
         cached = snap.build(**kw, memo=memo, node_memo=node_memo)
         scratch = snap.build(**kw)
         assert cached == scratch, f"seed {seed} step {step}: the memoised snapshot differs"
@@ -108,20 +112,38 @@ def _run_sequence(seed: int, steps: int = 30) -> tuple[int, int, LiveAdmission, 
         assert as_json(got) == as_json(want), f"seed {seed} step {step}: cached decisions differ"
         # Apply as the broker does: admissions run, victims stop and go back to the queue.
         for a in got.admissions:
+            moving = standby.job_of(a.job_id)
+            if moving is not None:  # make-before-break: the destination is reserved
+                j = jobs[moving]
+                j.standby.attempt = 2
+                j.standby.placement.CopyFrom(pb.Placement(agent_id=a.agent_id, region=a.region, nodes=[
+                    pb.NodeAssignment(node_id=n, gpus=g) for n, g in a.assignments]))
+                _bump(j)
+                counts["standbys"] += 1
+                continue
             j = jobs[a.job_id]
             j.phase = RUNNING
             j.placement.CopyFrom(pb.Placement(agent_id=a.agent_id, region=a.region, nodes=[
                 pb.NodeAssignment(node_id=n, gpus=g) for n, g in a.assignments]))
             j.attempt_started_time = now
             _bump(j)
-            admitted += 1
+            counts["admitted"] += 1
         for p in got.preemptions:
             j = jobs[p.job_id]
             j.phase, j.stop_reason = CHECKPOINTING, "preempt"
             _bump(j)
-            preempted += 1
+            counts["preempted"] += 1
+        for j in list(jobs.values()):
+            if j.HasField("standby") and rng.random() < 0.5:  # the source saved: the standby goes
+                j.phase, j.stop_reason = RUNNING, ""
+                j.placement.CopyFrom(j.standby.placement)
+                j.ClearField("standby")
+                _bump(j)
+            elif mbb and j.phase == RUNNING and rng.random() < 0.05:  # a move starts (drain, migrate)
+                j.phase, j.stop_reason = CHECKPOINTING, rng.choice(["drain", "migrate"])
+                _bump(j)
         for j in list(jobs.values()):  # last pass's victims have checkpointed
-            if j.phase == CHECKPOINTING and j.version > 2 and rng.random() < 0.7:
+            if j.phase == CHECKPOINTING and not j.HasField("standby") and j.version > 2 and rng.random() < 0.7:
                 j.phase, j.stop_reason = PENDING, ""
                 j.ClearField("placement")
                 _bump(j)
@@ -146,13 +168,14 @@ def _run_sequence(seed: int, steps: int = 30) -> tuple[int, int, LiveAdmission, 
             j.spec.priority_class = rng.choice(list(PRIORITY))
             _bump(j)
         now += 600
-    return admitted, preempted, live, node_memo
+    return counts, live, node_memo
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_live_admission_cache_decides_like_a_from_scratch_pass(seed: int) -> None:
-    admitted, _, live, node_memo = _run_sequence(seed)
-    assert admitted > 0
+@pytest.mark.parametrize("seed,mbb", [(1, False), (2, False), (3, True), (4, True)])
+def test_live_admission_cache_decides_like_a_from_scratch_pass(seed: int, mbb: bool) -> None:
+    """Make-before-break adds standby requests and reserved standbys holding GPUs."""
+    counts, live, node_memo = _run_sequence(seed, mbb=mbb)
+    assert counts["admitted"] > 0
     st = live.stats
     assert not st.from_scratch, st.from_scratch  # the cache decided every pass itself
     assert 1 <= st.index_rebuilds < st.passes  # rebuilt on fleet changes, kept otherwise
@@ -160,8 +183,9 @@ def test_live_admission_cache_decides_like_a_from_scratch_pass(seed: int) -> Non
     assert node_memo.builds < st.passes  # an unchanged fleet is not converted again
 
 
-def test_sequences_preempt_and_cross_the_plan_start() -> None:
-    assert sum(_run_sequence(seed)[1] for seed in (1, 2, 3, 4)) > 0
+def test_sequences_preempt_reserve_standbys_and_cross_the_plan_start() -> None:
+    assert sum(_run_sequence(seed)[0]["preempted"] for seed in (1, 2, 3, 4)) > 0
+    assert sum(_run_sequence(seed, mbb=True)[0]["standbys"] for seed in (3, 4)) > 0
     assert T0 < PLAN_START < T0 + 30 * 600
 
 
