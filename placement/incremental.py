@@ -166,6 +166,7 @@ class AdmissionCache:
             free_of[s] = f if f > 0 else 0
         index.restore(touched, free_of)
         index.journal = []
+        index.forget_found()  # a per-pass cache, as in a from-scratch pass: memory stays bounded
         future = fleet.future
         if future.journal:
             slots = dict.fromkeys(s for s, _ in future.journal)

@@ -391,6 +391,11 @@ class CapacityIndex:
         self._found[fk] = (part.version, r)
         return None if r is None else (r[0], r[1], list(r[2]))
 
+    def forget_found(self) -> None:
+        """Drop ``find``'s cached answers (they stay correct, but a kept-alive index
+        would otherwise keep one per gang shape and partition forever)."""
+        self._found.clear()
+
     def _find(self, part: Partition, n: int, g: int, max_level: int) -> tuple[int, Domain | None, list[Slot]] | None:
         """``find`` for a gang (n >= 2), computed: the domain scan and the pick."""
         for lvl in (1, 2, 3, 4, 5):
