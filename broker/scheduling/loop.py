@@ -27,7 +27,7 @@ from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import plan_watch
+from broker.scheduling import exclusions, plan_watch
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.snapshot import NodeMemo, SnapshotMemo
@@ -127,6 +127,15 @@ class SchedulerLoop:
                                   priority_of=ops.priority_of, memo=self._requests,
                                   make_before_break=ops.config.make_before_break,
                                   node_memo=self._nodes)
+        forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, {j.id: j for j in live}))
+        if forgiven:  # rare: rebuild so this pass already places them
+            live = merged(live, forgiven)
+            snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
+                                      teams=self.records.teams().values(), plans=plans,
+                                      regions=self.records.regions().values(),
+                                      priority_of=ops.priority_of, memo=self._requests,
+                                      make_before_break=ops.config.make_before_break,
+                                      node_memo=self._nodes)
         self.last_snapshot = snapshot
         self.passes += 1
         telemetry = ops.telemetry
