@@ -127,7 +127,10 @@ class SchedulerLoop:
                                   priority_of=ops.priority_of, memo=self._requests,
                                   make_before_break=ops.config.make_before_break,
                                   node_memo=self._nodes)
-        forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, {j.id: j for j in live}))
+        # Only jobs with exclusions can be forgiven: the map holds those alone (most passes
+        # have none, and to_forgive then returns at once instead of walking the queue).
+        excluding = {j.id: j for j in live if j.excluded_nodes}
+        forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, excluding)) if excluding else []
         if forgiven:  # rare: rebuild so this pass already places them
             live = merged(live, forgiven)
             snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
@@ -155,7 +158,8 @@ class SchedulerLoop:
     def apply(self, decisions: placement.Decisions, live: list[pb.Job],
               snapshot: placement.Snapshot) -> None:
         ops = self.ops
-        by_id = {j.id: j for j in live}
+        # by id: only for the (few) admissions and preemptions, not built per pass
+        by_id = {j.id: j for j in live} if decisions.admissions or decisions.preemptions else {}
         admitted = set()
         for adm in decisions.admissions:
             moving = standby.job_of(adm.job_id)
@@ -202,7 +206,8 @@ class SchedulerLoop:
             if job.id in reserved:
                 r = reserved[job.id]
                 reason = reason or (r.explanation or f"reserved on plan {r.pool} from {r.start_time:.0f}")
-            refused = backoff.pending_note(job, snapshot.now)  # agents that refused it lately
+            # agents that refused it lately
+            refused = backoff.pending_note(job, snapshot.now) if job.refusals else ""
             if refused and refused not in reason:
                 reason = f"{refused}; {reason}" if reason else refused
             if reason and reason != job.pending_reason and job.phase == PENDING:

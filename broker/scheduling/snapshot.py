@@ -218,7 +218,9 @@ def build(
     """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
     for its standby's placement (request id ``<job>~standby``, never preempting), and a
     reserved standby's nodes count as used (broker/jobs/standby.py).
-    ``memo`` / ``node_memo``: reuse the conversions of unchanged jobs / an unchanged fleet."""
+    ``memo`` / ``node_memo``: reuse the conversions of unchanged jobs / an unchanged fleet.
+    ``priority_of(spec)`` must depend on ``spec.priority_class`` alone: it is asked once
+    per class per build (every caller maps the class name to its value)."""
     plans = list(plans)
     agents = list(agents)
     if node_memo is None:
@@ -236,20 +238,28 @@ def build(
             roots_by_region.setdefault(a.region, []).extend(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
     pending, running = [], []
+    # Per job, the body below is the pass's O(queue) part: kept to dict lookups for an
+    # unchanged job (the memo inlined, no closure per job) and one priority lookup per
+    # class, not per job (``priority_of`` reads the spec's class alone).
+    old, new = (memo._old, memo._new) if memo is not None else ({}, {})
+    prio_of_class: dict[str, int] = {}
     for job in jobs:
-        prio = priority_of(job.spec)
+        spec = job.spec
+        prio = prio_of_class.get(spec.priority_class)
+        if prio is None:
+            prio = prio_of_class[spec.priority_class] = priority_of(spec)
         if job.phase in QUEUED:
-            uri = job.spec.checkpoint_uri
+            uri = spec.checkpoint_uri
             refusing = regions_refusing(uri, roots_by_region) if uri and roots_by_region else _NONE
             # Agents that refused its launch lately (time-dependent: part of the memo key).
             avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
                               ) if job.refusals else _NONE
-            if memo is None:
-                pending.append((queue_key(job, prio), job_request(job, prio, refusing, avoid)))
-            else:
-                pending.append(memo.get(
-                    (job.id, job.version, prio, 0, refusing, avoid),
-                    lambda j=job, p=prio, r=refusing, v=avoid: (queue_key(j, p), job_request(j, p, r, v))))
+            key = (job.id, job.version, prio, 0, refusing, avoid)
+            hit = old.get(key)
+            if hit is None:
+                hit = (queue_key(job, prio), job_request(job, prio, refusing, avoid))
+            new[key] = hit
+            pending.append(hit)
         elif job.phase in HOLDING and job.placement.nodes:
             if memo is None:
                 running.append(running_job(job, prio))
