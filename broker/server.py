@@ -14,14 +14,26 @@ submit against ~0.12 ms for a health check): about 55% in the RPC worker threads
 servicer and its validation, the group-committed write that carries the job, its event
 and its audit record in one transaction, the response; a third of this is system time:
 futex wake-ups of thread hand-offs and GIL switches, WAL writes, fdatasync), about 20% in
-gRPC's polling thread (receive, decode + the limits check, hand-off to the pool), 15-20%
-in scheduler passes (paced to ``scheduler_busy_share`` of the time while submits keep
-waking it; each pass is O(queue) in Python, and holds the GIL about as often as the
-polling thread) and ~6% in gRPC's C event engine. Submits per store write at 16 clients
-are ~3: the store is not the bottleneck, the one GIL is (p50 latency is 16 clients
-queueing for it). What is left: a grpc.aio hot path (no pool hand-off, no per-call
-thread wake-ups; needs async twins of the three interceptors, since their sync form
-relies on ``abort`` raising) and passes that cost in proportion to the change.
+gRPC's polling thread (receive, decode + the limits check (~30 us), hand-off to the
+pool), the scheduler's share (below) and ~6% in gRPC's C event engine. Submits per store
+write at 16 clients are ~3: the store is not the bottleneck, the one GIL is (p50 latency
+is 16 clients queueing for it).
+
+Scheduler passes during a storm: each submit wakes the loop and passes pace themselves
+to ``scheduler_busy_share`` of the time, so in a storm they take that share whatever a
+pass costs (the pause is proportional to the pass). Making passes cheaper (they are
+~13 ms of CPU at 5,000 pending, still O(queue)) shortens admission delays; what the API
+gets back is set by the share (0.25 -> 0.1 cut a submit's broker CPU by ~20%).
+
+Why not grpc.aio for the hot path (measured, not assumed): a prototype served SubmitJob
+on a grpc.aio server in the same process as this one, same servicer and audit rider,
+no interceptors (so favoured), clients in another process, 16 clients, alternating 4 s
+runs (dev runs, load 5-6): servicer via an executor of 16 threads 671 and 455/s against
+877 and 700/s here (0.65-0.77x); 4 threads 562 and 596/s against 695 and 737/s (0.81x);
+called directly on the event loop 378 and 363/s against 693 and 673/s (0.55x: the loop
+serializes the blocking store write, so group commit has nobody to group with). The
+servicers, the store and the group commit are synchronous, so an event loop only adds a
+hop; the sync server stays.
 """
 
 from __future__ import annotations
