@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, write_go
+from checkpoint_layout.stop_deadline import (
+    STOP_DEADLINE_ENV,
+    STOP_DEADLINE_NAME,
+    StopDeadline,
+    write_stop_deadline,
+)
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.executors import attempt_records as records
 from region_agents.executors.base import (
@@ -227,8 +233,9 @@ class LocalExecutor(Executor):
             with contextlib.suppress(FileNotFoundError):
                 (adir / records.FENCE_NAME).unlink()
             progress_path = adir / "progress.json"
-            with contextlib.suppress(FileNotFoundError):
-                progress_path.unlink()
+            for stale in (progress_path, adir / STOP_DEADLINE_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
             ckpt = file_path(spec.checkpoint_uri or spec.spec.checkpoint_uri) or os.path.join(
                 self.default_checkpoint_root, spec.job_id
             )
@@ -263,6 +270,9 @@ class LocalExecutor(Executor):
                     "CB_PROGRESS_FILE": str(progress_path),
                     "CB_WORK_DIR": str(adir),
                     "CB_FENCE_FILE": str(adir / records.FENCE_NAME),
+                    # the Stop's grace, written right before its SIGTERM (CB_GRACE_S is
+                    # fixed now; a stop's deadline is known only when it comes)
+                    STOP_DEADLINE_ENV: str(adir / STOP_DEADLINE_NAME),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
@@ -399,6 +409,12 @@ class LocalExecutor(Executor):
                     return  # already stopping; the first deadline stands
                 att.stop_mode = "checkpoint"
                 att.kill_deadline = time.time() + max(0.0, grace_s)
+                try:  # before the SIGTERM: the trainer reads it when it acts on the signal
+                    write_stop_deadline(att.dir / STOP_DEADLINE_NAME,
+                                        StopDeadline(att.kill_deadline, max(0.0, grace_s)))
+                except OSError as e:  # the trainer falls back to CB_GRACE_S
+                    log.warning("%s attempt %d: cannot write the stop deadline: %s",
+                                job_id, attempt, e)
                 self._signal_live(att, signal.SIGTERM)
                 self._set_state(att, AS.ATTEMPT_STATE_CHECKPOINTING)
             else:
@@ -590,6 +606,9 @@ class LocalExecutor(Executor):
             atts = list(self._attempts.values())
             for a in atts:
                 if grace_s > 0:
+                    with contextlib.suppress(OSError):  # the trainer's save deadline
+                        write_stop_deadline(a.dir / STOP_DEADLINE_NAME,
+                                            StopDeadline(time.time() + grace_s, grace_s))
                     self._signal_live(a, signal.SIGTERM)
                 else:
                     self._signal_live(a, signal.SIGKILL)
