@@ -486,6 +486,8 @@ class RegionAgent:
             self.ledger.launched(launch.job_id, launch.attempt)
             if launch.standby:
                 self._standby_ckpt[key] = launch.checkpoint_uri
+                if launch.precopy_from:  # a planned move: copy the last checkpoint over now
+                    self._precopy(launch)
             self._ack(command_id, True)
             if staging is not None:
                 # Copy the checkpoint into this region's store, or resolve a same-region
@@ -549,6 +551,43 @@ class RegionAgent:
                 log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
 
         threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
+
+    def _precopy(self, launch: agent_pb2.Launch) -> None:
+        """Make-before-break pre-copy (docs/contracts.md section 5a): copy the source's last
+        periodic checkpoint into this standby's directory in this region's store while the
+        source still trains (the broker holds its Stop until we report), then report it:
+        JobUpdate{STARTING, transfer{done or error}}. Off the agent's lock, in a thread:
+        the standby's ranks start meanwhile."""
+        src, ckpt = launch.precopy_from, launch.checkpoint_uri
+        job_id, attempt = launch.job_id, launch.attempt
+        name = src.rstrip("/").rpartition("/")[2]
+        dst = f"{ckpt.rstrip('/')}/{name}"
+        bucket = self.inventory.checkpoint_bucket
+
+        def run() -> None:
+            stats = common_pb2.TransferStats(src_uri=src, dst_uri=dst, start_time=time.time())
+            if under(src, bucket) or not under(ckpt, bucket):
+                stats.method, stats.done, stats.dst_uri = "same-store", True, src  # nothing to copy
+            else:
+                try:
+                    from region_agents.transfer import copy_checkpoint
+
+                    r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                    stats.bytes_total = stats.bytes_done = r.bytes
+                    stats.seconds, stats.method, stats.done = r.seconds, r.method, True
+                    stats.mb_per_s = r.bytes / 1e6 / r.seconds if r.seconds > 0 else 0.0
+                    log.info("%s attempt %d: pre-copied %s -> %s: %.1f MB in %.2fs (%s)", job_id,
+                             attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
+                except Exception as e:  # noqa: BLE001 - reported; the move goes on without it
+                    stats.error = clip(f"{type(e).__name__}: {e}", ACK_MESSAGE_MAX)
+                    log.warning("%s attempt %d: pre-copy of %s failed: %s", job_id, attempt, src, e)
+            stats.end_time = time.time()
+            with self._lock:
+                if self.ledger.running.get(job_id) == attempt:  # still this agent's attempt
+                    self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STARTING),
+                                 transfer=stats)
+
+        threading.Thread(target=run, name=f"precopy-{job_id}-{attempt}", daemon=True).start()
 
     def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
         """Why this region will not write ``launch.checkpoint_uri``, or None.
