@@ -80,6 +80,7 @@ RECENT_TERMINAL_S = 120.0  # how long a finished attempt is re-reported on re-re
 LEADER_TIMEOUT_HEARTBEATS = 4.0  # silent broker for this many heartbeat intervals = hung
 MIN_LEADER_TIMEOUT_S = 6.0
 MIN_RESEND_S = 5.0  # unacked terminal updates are re-sent at most this often
+PARK_WAIT_S = 900.0  # a pre-copy report waits at most this long for its standby to park
 # gRPC keepalive on the agent's channel: a peer that stops answering HTTP/2 pings (host
 # gone, link cut) fails the stream even when no message is due. The broker's server
 # options permit pings every 5 s (broker/server.py).
@@ -557,7 +558,9 @@ class RegionAgent:
         periodic checkpoint into this standby's directory in this region's store while the
         source still trains (the broker holds its Stop until we report), then report it:
         JobUpdate{STARTING, transfer{done or error}}. Off the agent's lock, in a thread:
-        the standby's ranks start meanwhile."""
+        the standby's ranks start meanwhile. The report waits until the standby is also
+        parked (or gone), so its start-up (imports, model, optimizer state: CPU-heavy)
+        never competes with the source's final save, the critical path."""
         src, ckpt = launch.precopy_from, launch.checkpoint_uri
         job_id, attempt = launch.job_id, launch.attempt
         name = src.rstrip("/").rpartition("/")[2]
@@ -582,6 +585,10 @@ class RegionAgent:
                     stats.error = clip(f"{type(e).__name__}: {e}", ACK_MESSAGE_MAX)
                     log.warning("%s attempt %d: pre-copy of %s failed: %s", job_id, attempt, src, e)
             stats.end_time = time.time()
+            limit = time.monotonic() + PARK_WAIT_S
+            while self.executor.parked(job_id, attempt) is False and time.monotonic() < limit:
+                if self._stopping.wait(0.1):
+                    return
             with self._lock:
                 if self.ledger.running.get(job_id) == attempt:  # still this agent's attempt
                     self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STARTING),

@@ -399,6 +399,15 @@ class LocalExecutor(Executor):
                 raise KeyError(f"{job_id} attempt {attempt} is not running here")
             write_go(att.dir / GO_NAME, go)
 
+    def parked(self, job_id: str, attempt: int) -> bool | None:
+        """The standby's own word in its progress file (read fresh: the ticker may lag)."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None or all(r.poll() is not None for r in att.ranks):
+                return None
+            snap = read_progress(str(att.progress_path))
+            return snap is not None and snap.state == "standby"
+
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         with self._lock:
             att = self._attempts.get((job_id, attempt))
