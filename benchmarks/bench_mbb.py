@@ -464,6 +464,7 @@ def move_figures(root: Path, recs: list[dict[str, Any]], m: Any, bg: dict[str, A
     durable = re.search(r"checkpoint durable in ([0-9.]+)s \(([0-9.]+)s after SIGTERM, grace ([0-9.]+)s"
                         r" from ([^)]+)\)", src_out)
     load = re.search(r"resumed from \S+ \(.*\) in ([0-9.]+)s", dst_out)
+    located = re.search(r"resume: located in ([0-9.]+)s, loaded and agreed in ([0-9.]+)s", dst_out)
     ready = re.search(r"standby: ready in ([0-9.]+)s", dst_out)
     parked = re.search(r"standby: go after ([0-9.]+)s", dst_out)
     t_durable = m.stop_signal_time + float(durable.group(2)) if durable else None
@@ -483,6 +484,10 @@ def move_figures(root: Path, recs: list[dict[str, Any]], m: Any, bg: dict[str, A
         "inside_phases_s": {
             "final_save_s (trainer: save call -> durable)": float(durable.group(1)) if durable else None,
             "load_s (trainer: straight from the source bucket)": float(load.group(1)) if load else None,
+            "resume_locate_s (trainer: list the source's checkpoints)":
+                float(located.group(1)) if located else None,
+            "resume_after_go_s (trainer: locate + load + agree)":
+                round(float(located.group(1)) + float(located.group(2)), 3) if located else None,
         },
         "standby": {
             "launched_after_move_decided_s": round(m.standby_launched_time - m.started_time, 3),
