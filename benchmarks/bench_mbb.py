@@ -310,7 +310,8 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
     log = root / "steps.jsonl"
     c = Cluster(root=root, extra_env=env)
     c.broker_args = ["--heartbeat-interval", "1", "--set", "make_before_break=true",
-                     "--set", "progress_write_interval_s=0.5", "--set", "preempt_grace_s=600"]
+                     "--set", "progress_write_interval_s=0.5", "--set", "preempt_grace_s=600",
+                     "--set", "precopy_wait_s=300"]
     result: dict[str, Any] = {}
     floor_files: tuple[str, dict[str, int]] | None = None
 
@@ -534,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cluster mode: periodic checkpoint every N steps (the pre-copy's source)")
     ap.add_argument("--step-sleep-s", type=float, default=0.0,
                     help="dev runs with a small model: make its steps this much longer")
-    ap.add_argument("--bg-wait-s", type=float, default=600,
+    ap.add_argument("--bg-wait-s", type=float, default=300,
                     help="cluster mode: how long to wait for a background durability copy")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mbb.json"))
     args = ap.parse_args(argv)

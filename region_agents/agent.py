@@ -67,7 +67,7 @@ from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_staging, under
+from region_agents.staging import Staging, copy_tuning, plan_staging, under
 from region_agents.staging import s3_client as staging_s3_client
 from region_agents.store_probe import probe, resolve_store
 from region_agents.workdir import WorkdirCache
@@ -545,7 +545,7 @@ class RegionAgent:
             try:
                 from region_agents.transfer import copy_checkpoint
 
-                r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                r = copy_checkpoint(src, dst, s3_client=staging_s3_client(), **copy_tuning(src, dst))
                 log.info("%s attempt %d: background durability copy %s -> %s: %.1f MB in %.2fs"
                          " (%s)", job_id, attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
             except Exception as e:  # noqa: BLE001 - best effort: the next checkpoint covers it
@@ -575,7 +575,7 @@ class RegionAgent:
                 try:
                     from region_agents.transfer import copy_checkpoint
 
-                    r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                    r = copy_checkpoint(src, dst, s3_client=staging_s3_client(), **copy_tuning(src, dst))
                     stats.bytes_total = stats.bytes_done = r.bytes
                     stats.seconds, stats.method, stats.done = r.seconds, r.method, True
                     stats.mb_per_s = r.bytes / 1e6 / r.seconds if r.seconds > 0 else 0.0
