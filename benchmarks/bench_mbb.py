@@ -1,30 +1,33 @@
 """Make-before-break migration downtime vs the physical floor (issue 16 part 1).
 
-Real processes: the trainer ranks of the source attempt (`python -m trainer`, gloo) in
-"region A", a destination attempt started in standby (trainer/standby.py) in "region B",
-and moto's S3 HTTP server with one bucket per region. The sequence is the one the
-region agents run for a make-before-break move (docs/contracts.md "Make-before-break"):
+Cluster mode (the default, the product path): a real broker (`make_before_break=true`),
+three region agents (local executor), real trainer ranks (`python -m trainer`, gloo) and
+moto's S3 HTTP server with one bucket per region. One job is moved twice:
 
-1. the move is decided: the source is asked to stop (SIGTERM: its final checkpoint)
-   and, at the same moment, the destination ranks are started in standby (interpreter,
-   torch, process group, model build, FSDP wrap, optimizer state, load plan);
-2. the source's ranks exit 75 (final checkpoint durable = the fence);
-3. the handoff decider (broker/jobs/handoff.py) names the checkpoint, the go is written;
-4. the destination loads straight from region A's bucket (one streamed GET per file,
-   all files at once) and steps; the copy into region B's bucket for durability runs in
-   the background once the destination trains (off the critical path, timed).
+1. a PLANNED move: us-east-2 is drained once the job's periodic checkpoint is durable.
+   The broker holds the source's Stop (broker/jobs/precopy.py) while the destination's
+   agent pre-copies that checkpoint into its region and its standby starts and parks;
+   then the source gets its Stop, saves its final checkpoint and exits (the fence), the
+   standby gets its Go and loads straight from us-east-2's bucket;
+2. an EMERGENCY move: a 2-minute spot notice on the destination's nodes, once its own
+   periodic checkpoint is durable. No hold: the next standby starts while the source
+   saves. Reported: is the final checkpoint durable before the notice's deadline, by how
+   much (the trainer takes its grace from the Stop: CB_STOP_DEADLINE_FILE).
 
-DOWNTIME = end of the source's last step -> start of the destination's first step (from
-the per-step records; the first step's own compute is training, reported separately).
-FLOOR = raw write + raw read of the very same bytes (the final checkpoint's files) in the
-same run, to the same store, with the same concurrency (one stream per file, all files
-at once; S3 parts of 16 MiB, 8 in flight per file, like the trainer's writer), bytes
-read into a reused buffer (no placement): the least any save + load of them can take.
-Also the spot-notice case: stop request -> final checkpoint durable, against the
-2-minute notice.
+DOWNTIME = end of the source's last step -> start of the destination's first step (the
+per-step records), split into consecutive phases that add up to it (last step -> final
+checkpoint durable -> source exit -> Go -> training resumed). FLOOR = raw write + raw
+read of the very same bytes (the planned move's final checkpoint files) in the same run,
+to the same store, with the same concurrency (one stream per file, all files at once;
+S3 parts of 16 MiB, 8 in flight per file, like the trainer's writer), bytes read and
+dropped (no placement): the least any save + load of them can take. It is measured after
+the moves, with the broker, agents and trainers stopped and moto still up, so nothing
+competes with it. The background durability copies are waited for (bounded, never fatal).
 
     .venv/bin/python benchmarks/bench_mbb.py --model 200m      (writes benchmarks/results/mbb.json)
-    .venv/bin/python benchmarks/bench_mbb.py --model small --src-ranks 2 --dst-ranks 1 --out /tmp/x.json
+    .venv/bin/python benchmarks/bench_mbb.py --model tiny --every 10 --step-sleep-s 0.5 --out /tmp/x.json
+
+Direct mode (`--mode direct`): the handoff driven from this script, no broker.
 """
 
 from __future__ import annotations
@@ -531,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src-ranks", type=int, default=1)
     ap.add_argument("--dst-ranks", type=int, default=1)
     ap.add_argument("--storage-threads", type=int, default=2)
-    ap.add_argument("--every", type=int, default=12,
+    ap.add_argument("--every", type=int, default=16,
                     help="cluster mode: periodic checkpoint every N steps (the pre-copy's source)")
     ap.add_argument("--step-sleep-s", type=float, default=0.0,
                     help="dev runs with a small model: make its steps this much longer")
