@@ -94,6 +94,11 @@ def release(tx: Tx, *, why: str, actor: str, grace_s: float | None = None) -> Se
     grace = max(MIN_GRACE_S, grace)
     m.stop_sent_time = tx.now
     j.stop_requested_time = tx.now
+    # the source trained during the hold: productive time, not the move's (goodput); the
+    # CHECKPOINTING phase is charged from the Stop on
+    if j.phase_time:
+        j.goodput.productive_s += max(0.0, tx.now - j.phase_time)
+        j.phase_time = tx.now
     tx.note("stop_sent", reason="precopy", actor=actor,
             message=f"attempt {j.attempt} is asked to stop and save its final checkpoint: {why}",
             details={"grace_s": f"{grace:.1f}", "held_s": f"{tx.now - m.started_time:.1f}"})

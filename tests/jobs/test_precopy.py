@@ -55,6 +55,9 @@ def test_a_drain_holds_the_stop_and_the_standby_precopies_the_last_checkpoint() 
     assert m.precopy_done_time == 150.0 == m.stop_sent_time == done.stop_requested_time
     assert m.precopy_uri.endswith("/attempt-2/step-000000004") and m.precopy.done
     assert precopy.held(done) is None
+    # the source trained while the Stop was held: productive, not lost to the move
+    assert done.goodput.productive_s - out.job.goodput.productive_s == 150.0 - 130.0
+    assert done.goodput.lost_migration_s == out.job.goodput.lost_migration_s
     assert precopy.reported(done, precopy_done(done), 151.0, MBB) is None  # once
     assert [e.type for e in res.events].index("precopied") < [e.type for e in res.events].index("stop_sent")
 
