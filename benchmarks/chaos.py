@@ -28,6 +28,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,36 @@ sys.path.insert(0, str(ROOT / "proto"))
 from tests.fixtures.chaos.campaign import Campaign, Options, available_kinds, render  # noqa: E402
 from tests.fixtures.chaos.faults import FaultKind  # noqa: E402
 from tests.fixtures.netns import available  # noqa: E402
+
+
+class LoadSampler:
+    """The machine's 1-minute load average every 15 s during the run: recovery times stretch
+    with load, so the report says how busy the 2 cores were instead of guessing."""
+
+    def __init__(self, every_s: float = 15.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def start(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict[str, float]:
+        s = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(sum(s) / len(s), 2), "max": round(max(s), 2), "samples": len(s)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                    step_sleep_s=args.step_sleep, finish_timeout_s=max(900.0, 30.0 * args.jobs),
                    say=lambda s: print(s, flush=True))
     t = time.monotonic()
-    report = Campaign(opts).run()
+    load = LoadSampler().start()
+    try:
+        report = Campaign(opts).run()
+    finally:
+        load.stop()
     report["elapsed_s"] = round(time.monotonic() - t, 1)
+    report["faults_scheduled"] = opts.faults
+    report["load_avg_1m"] = load.summary()
     report["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     report["work_dir"] = str(root)
     print(render(report))
