@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
 import sys
 import time
@@ -311,6 +312,117 @@ def warm_pass(snap: Snapshot, repeats: int, cpu: list[float]) -> list[float]:
     return out
 
 
+PRIORITY_CLASS = {p: f"p{p}" for p in PRIORITIES}
+
+
+def live_world(snap: Snapshot):  # noqa: ANN201 - (agents, jobs, teams, plans, priority_of)
+    """The synthetic snapshot as the live broker holds it: agent inventory records
+    (protos) behind ``AgentState``s, training plans, team quotas and job records.
+    Imported here, not at the top: the rest of this benchmark needs only ``placement``."""
+    from broker.agents.registry import AgentSession, AgentState
+    from computebroker.v1 import agent_pb2 as apb
+    from computebroker.v1 import capacity_pb2 as cpb
+    from computebroker.v1 import common_pb2 as pb
+
+    recs: dict[str, apb.Register] = {}
+    plans: dict[str, cpb.TrainingPlan] = {}
+    for n in snap.nodes:
+        rec = recs.setdefault(n.agent_id, apb.Register(agent_id=n.agent_id, region=n.region))
+        rec.nodes.add(id=n.id, region=n.region, zone=n.zone, gpus=n.gpus, accelerator=n.accelerator,
+                      instance_type=n.instance_type, network_layer_1=n.layer1, network_layer_2=n.layer2,
+                      network_layer_3=n.layer3, ultraserver_id=n.ultraserver, capacity_type=int(n.capacity_type),
+                      pool=n.pool, price_per_gpu_hour=n.price_per_gpu_hour, interruption_risk=n.interruption_risk,
+                      healthy=n.healthy)
+        if n.capacity_type == CapacityType.TRAINING_PLAN and n.pool not in plans:
+            plans[n.pool] = cpb.TrainingPlan(id=n.pool, name=n.pool, region=n.region, start_time=n.plan_start,
+                                             end_time=n.plan_end, instance_count=1_000_000)
+    agents = [AgentState(a, rec, last_seen=NOW, session=AgentSession(a)) for a, rec in sorted(recs.items())]
+    jobs: list = []
+    for r in snap.running:
+        job = pb.Job(id=r.id, phase=pb.JOB_PHASE_RUNNING, version=1, created_time=r.started_time,
+                     attempt_started_time=r.started_time, last_checkpoint_time=r.last_checkpoint_time)
+        job.spec.team, job.spec.priority_class = r.team, PRIORITY_CLASS[r.priority]
+        job.spec.resources.nodes, job.spec.resources.gpus_per_node = len(r.allocations), r.allocations[0][1]
+        job.placement.agent_id = job.placement.region = ""
+        for node_id, g in r.allocations:
+            job.placement.nodes.add(node_id=node_id, gpus=g)
+        jobs.append(job)
+    jobs += [live_job(j) for j in snap.pending]
+    teams = [cpb.TeamQuota(team=t.team, cohort=t.cohort, quotas=[cpb.QuotaEntry(accelerator=a, guaranteed_gpus=g)
+                                                                 for a, g in t.guaranteed]) for t in snap.teams]
+    by_name = {v: k for k, v in PRIORITY_CLASS.items()}
+    return agents, jobs, teams, list(plans.values()), lambda spec: by_name[spec.priority_class]
+
+
+def live_job(j: JobRequest):  # noqa: ANN201 - pb.Job
+    """A pending job record with the spec the snapshot builder turns back into ``j``."""
+    from computebroker.v1 import common_pb2 as pb
+
+    job = pb.Job(id=j.id, phase=pb.JOB_PHASE_PENDING, version=1, created_time=j.submit_time)
+    s = job.spec
+    s.team, s.priority_class = j.team, PRIORITY_CLASS[j.priority]
+    s.resources.nodes, s.resources.gpus_per_node, s.resources.accelerator = j.nodes, j.gpus_per_node, j.accelerator
+    s.topology.required, s.topology.preferred = int(j.required), int(j.preferred)
+    s.dataset_region, s.expected_duration_s = j.dataset_region, j.expected_duration_s
+    s.capacity_types.extend(int(c) for c in sorted(j.capacity_types))
+    s.elasticity.min_nodes, s.elasticity.max_nodes = j.min_nodes, j.max_nodes
+    s.trainer.checkpoint_every, s.trainer.step_sleep_s = 1, j.checkpoint_interval_s
+    return job
+
+
+def live_scheduler(snap: Snapshot, submits: int, cached: bool, digests: list | None = None) -> dict:
+    """The live scheduler's cost of one pass after one submit and one finished attempt:
+    the snapshot built from
+    the broker's records (``broker/scheduling/snapshot.py``) and the decision, the way
+    ``SchedulerLoop.run_once`` does it. ``cached``: its memos (jobs, fleet) and the
+    admission cache (``broker/scheduling/admission.py``), as the loop runs; else every
+    pass converts everything and calls ``placement.schedule`` (the in-run baseline).
+    Each pass's admissions then run (their records change), so the cache sees deltas."""
+    from broker.scheduling import snapshot as bsnap
+    from broker.scheduling.admission import LiveAdmission
+    from computebroker.v1 import common_pb2 as pb
+
+    agents, jobs, teams, plans, priority_of = live_world(snap)
+    live = {j.id: j for j in jobs}
+    memo, node_memo, adm = (bsnap.SnapshotMemo(), bsnap.NodeMemo(), LiveAdmission()) if cached else (None,) * 3
+    rng = random.Random(5)
+    team_names = sorted({t.team for t in snap.teams})
+    first = None
+    cpu: list[float] = []
+    for i in range(submits + 1):
+        if i:  # one job submitted and one attempt finished since the last pass
+            j = live_job(synth_job(20_000_000 + i, rng, team_names))
+            live[j.id] = j
+            done = rng.choice(sorted(k for k, v in live.items() if v.phase == pb.JOB_PHASE_RUNNING))
+            del live[done]  # terminal: the live set drops it (live_jobs.py)
+        c0 = time.process_time()
+        s = bsnap.build(now=snap.now, agents=agents, jobs=list(live.values()), teams=teams, plans=plans,
+                        draining=[], priority_of=priority_of, memo=memo, node_memo=node_memo)
+        d = adm.decide(s) if adm is not None else schedule(s)
+        dt = time.process_time() - c0
+        if i:
+            cpu.append(dt)
+        else:
+            first = dt
+        if digests is not None:
+            digests.append([(a.job_id, a.assignments) for a in d.admissions]
+                           + [(p.job_id, p.for_job_id) for p in d.preemptions])
+        for a in d.admissions:  # the admitted jobs run: new records, as the applier writes
+            job = pb.Job()
+            job.CopyFrom(live[a.job_id])
+            job.phase, job.version = pb.JOB_PHASE_RUNNING, job.version + 1
+            job.placement.agent_id, job.placement.region = a.agent_id, a.region
+            for node_id, g in a.assignments:
+                job.placement.nodes.add(node_id=node_id, gpus=g)
+            live[a.job_id] = job
+    out = {"submits": submits, "first_pass_ms": round(first * 1000, 1),
+           "cpu_p50_ms": round(pct(cpu, 50) * 1000, 2), "cpu_p99_ms": round(pct(cpu, 99) * 1000, 2)}
+    if adm is not None:
+        out["index_rebuilds"] = adm.stats.index_rebuilds
+        out["fleet_conversions"] = node_memo.builds
+    return out
+
+
 def quality(snap: Snapshot, decisions) -> dict:
     nodes = {n.id: n for n in snap.nodes}
     jobs = {j.id: j for j in snap.pending}
@@ -369,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--no-growth", action="store_true")
+    ap.add_argument("--submits", type=int, default=20,
+                    help="live-scheduler passes, one submit and one finished attempt before each")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     from rich.console import Console
@@ -404,6 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     inc["from_scratch_admissions_per_s"] = inc_scratch["admissions_per_s"]
     inc["from_scratch_mean_pass_ms"] = inc_scratch["mean_pass_ms"]
     inc["speedup_vs_from_scratch"] = round(inc_scratch["engine_s"] / inc["engine_s"], 2) if inc["engine_s"] else 0.0
+    con.print(f"live scheduler: {args.submits} times one submit and one finished attempt, then a pass"
+              " (snapshot + decision),"
+              " from scratch then on the memos and admission cache")
+    d_scratch, d_cache = [], []
+    live_scratch = live_scheduler(snap, args.submits, cached=False, digests=d_scratch)
+    live = live_scheduler(snap, args.submits, cached=True, digests=d_cache)
+    if d_cache != d_scratch:
+        raise SystemExit("the live scheduler's cached passes decided differently from scratch")
+    live["from_scratch_cpu_p50_ms"] = live_scratch["cpu_p50_ms"]
+    live["from_scratch_first_pass_ms"] = live_scratch["first_pass_ms"]
+    live["speedup_vs_from_scratch"] = round(live_scratch["cpu_p50_ms"] / live["cpu_p50_ms"], 2)
     growth = []
     if not args.no_growth:
         for scale in (0.25, 0.5, 1.0, 2.0, 4.0, 5.0):
@@ -442,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         t.add_row(k, str(v))
     for k, v in inc.items():
         t.add_row(f"incremental {k}", str(v))
+    for k, v in live.items():
+        t.add_row(f"live scheduler {k}", str(v))
     con.print(t)
     if growth:
         g = Table(title="growth (p50: from scratch; warm: admission cache, one job changed)")
@@ -460,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     con.print(qt)
     result = {"input": {"trace": args.trace, "nodes": len(snap.nodes), "gpus": total_gpus,
                         "running": len(snap.running), "pending": len(snap.pending), "teams": len(snap.teams)},
-              "full_pass": full, "incremental": inc, "growth": growth, "quality": q}
+              "full_pass": full, "incremental": inc, "live_scheduler": live, "growth": growth, "quality": q,
+              "load_average": [round(x, 2) for x in os.getloadavg()]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(out.read_text()) if out.exists() else {}

@@ -30,11 +30,13 @@ def f(x: Any, digits: int = 1) -> str:
 
 def placement(d: dict[str, Any]) -> list[str]:
     fp, inp, q = d["full_pass"], d["input"], d["quality"]
+    load = d.get("load_average")
     out = [
         "### Placement (`python benchmarks/bench_placement.py`)",
         "",
         f"Synthetic cluster: {inp['gpus']:,} GPUs on {inp['nodes']:,} nodes, {inp['pending']:,} pending and "
-        f"{inp['running']:,} running jobs, {inp['teams']} teams, quotas on.",
+        f"{inp['running']:,} running jobs, {inp['teams']} teams, quotas on."
+        + (f" Load average at the end of the run: {' / '.join(f(x, 2) for x in load)} (1/5/15 min)." if load else ""),
         "",
         "| measure | value |",
         "|---|---|",
@@ -47,6 +49,13 @@ def placement(d: dict[str, Any]) -> list[str]:
     if "from_scratch_admissions_per_s" in inc:
         out.append(f"| same passes from scratch (in-run baseline) | {f(inc['from_scratch_admissions_per_s'], 0)}"
                    f" jobs/s ({f(inc['speedup_vs_from_scratch'], 2)}x with the cache) |")
+    live = d.get("live_scheduler")
+    if live:
+        out.append(f"| live scheduler: one submit and one finished attempt, then a pass (snapshot from the"
+                   f" broker's records + decision),"
+                   f" CPU p50 | {f(live['cpu_p50_ms'])} ms on the memos and admission cache;"
+                   f" {f(live['from_scratch_cpu_p50_ms'])} ms from scratch"
+                   f" ({f(live['speedup_vs_from_scratch'], 2)}x) |")
     out += [
         f"| peak memory (tracemalloc) | {f(fp['peak_mem_mb'])} MB |",
         "",

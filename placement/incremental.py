@@ -30,6 +30,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 
+from placement.gc_pause import gc_paused
 from placement.model import Decisions, JobRequest, NodeInfo, RunningJob, Snapshot, TeamQuota
 from placement.scheduler import Fleet, _Pass, build_fleet
 from placement.topology import Slot
@@ -117,13 +118,20 @@ class AdmissionCache:
         jobs, ``pending``, ``teams``, ``draining_regions``), same decisions."""
         snap = Snapshot(now=now, nodes=(), running=(), pending=tuple(pending), teams=tuple(teams),
                         draining_regions=frozenset(draining_regions))
-        fleet = self._ready(now, snap.draining_regions)
-        return _Pass(snap, fleet).run()
+        with gc_paused():
+            fleet = self._ready(now, snap.draining_regions)
+            return _Pass(snap, fleet).run()
+
+    def fleet_ready(self, now: float, draining: frozenset[str] = frozenset()) -> bool:
+        """True when a pass at ``now`` reuses the kept index; False when it will rebuild
+        it (first pass, a node change, the draining regions or the clock crossing a
+        training plan's start or end)."""
+        return not (self._fleet is None or frozenset(draining) != self._draining
+                    or bisect_right(self._bounds, now) != bisect_right(self._bounds, self._built_at))
 
     def _ready(self, now: float, draining: frozenset[str]) -> Fleet:
         fleet = self._fleet
-        if (fleet is None or draining != self._draining
-                or bisect_right(self._bounds, now) != bisect_right(self._bounds, self._built_at)):
+        if fleet is None or not self.fleet_ready(now, draining):
             return self._rebuild(now, draining)
         self._undo(fleet)
         return fleet
@@ -158,6 +166,7 @@ class AdmissionCache:
             free_of[s] = f if f > 0 else 0
         index.restore(touched, free_of)
         index.journal = []
+        index.forget_found()  # a per-pass cache, as in a from-scratch pass: memory stays bounded
         future = fleet.future
         if future.journal:
             slots = dict.fromkeys(s for s, _ in future.journal)

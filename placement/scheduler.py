@@ -70,9 +70,10 @@ import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from placement.firstfit import accepts, allowed_types
+from placement.gc_pause import gc_paused
 from placement.model import (
     Admission,
     CapacityType,
@@ -111,6 +112,7 @@ Placed = tuple[Partition, int, Domain | None, list[Slot]]
 _by_id = attrgetter("id")
 _by_submit_id = attrgetter("submit_time", "id")
 _by_priority = attrgetter("priority")
+_first = itemgetter(0)
 # What the static eligibility filters and the ranking read of a job (one C-level call).
 _elig_sig = attrgetter("accelerator", "allowed_regions", "denied_regions", "capacity_types",
                        "max_price_per_gpu_hour", "gpus_per_node", "dataset_region", "preferred_regions")
@@ -120,7 +122,8 @@ _LEVEL = {int(lvl): level_of(lvl) for lvl in TopologyLevel}
 
 def schedule(snapshot: Snapshot) -> Decisions:
     """Decide admissions, preemptions, reservations and pending reasons. Pure."""
-    return _Pass(snapshot).run()
+    with gc_paused():
+        return _Pass(snapshot).run()
 
 
 def _tier_text(part: Partition) -> str:
@@ -243,6 +246,10 @@ class _Pass:
         self.victim_lists: dict[tuple, list[tuple[tuple, RunningJob]]] = {}
         self.alloc_slots: dict[int, list[tuple[Slot, int]]] = {}
         self.reason_cache: dict[tuple, str] = {}
+        self.reclaim_lists: dict[tuple, list[tuple[tuple, RunningJob, str]]] = {}
+        self.useful_cache: dict[tuple, tuple[list, dict[Slot, int]]] = {}
+        # job shape -> (index version, future version, reason): see _try
+        self.no_room: dict[tuple, tuple[int, int, str]] = {}
 
     # ---- driver -----------------------------------------------------------------------
 
@@ -415,9 +422,22 @@ class _Pass:
         else:
             room = led.room(job.team, key)
             n_quota = nodes if room == math.inf else min(nodes, int(room) // g)
-        if n_quota < lo and self.searches >= MAX_PREEMPTION_SEARCHES:
+        spent = self.searches >= MAX_PREEMPTION_SEARCHES
+        if n_quota < lo and spent:
             self._quota_pending(job, key)  # fast path: nothing more to try this pass
             return
+        # Once the searches are spent, a job that found no capacity leaves the pass
+        # exactly as it found it, so the next job of the same shape (everything the
+        # rest of this method reads of a job, bar its id, team and priority, which
+        # only the spent search would read) at the same index versions gets the same
+        # reason: at fleet scale thousands of queued jobs are that one case.
+        memo = None
+        if spent and not job.excluded_nodes and job.team not in self.caps:
+            memo = (_elig_sig(job), safe_point_s(job), nodes, mn, n_quota, job.required, job.preferred)
+            hit = self.no_room.get(memo)
+            if hit is not None and hit[0] == self.index.version and hit[1] == self.future.version:
+                self.decisions.pending_reasons[job.id] = hit[2]
+                return
         elig = self._eligible(job)
         if not elig:
             self._pending(job, self._no_capacity_reason(job))
@@ -448,7 +468,10 @@ class _Pass:
             return
         if job.nodes >= 2 and self._reserve(job, req):
             return
-        self._pending(job, self._capacity_reason(job, elig, req))
+        msg = self._capacity_reason(job, elig, req)
+        self._pending(job, msg)
+        if memo is not None:
+            self.no_room[memo] = (self.index.version, self.future.version, msg)
 
     # ---- eligibility and ranking ----------------------------------------------------
 
@@ -639,32 +662,33 @@ class _Pass:
                 self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
                 return False
         cands: list[tuple[tuple, RunningJob, str]] = []
+        claimed = self.claimed
         if reclaim and cohort:
-            for other in led.cohorts.get(cohort, ()):
-                if other == job.team or led.borrowed(other, key) <= 0:
-                    continue
-                for ck, r in self._victims_of(other, key):
-                    if r.id not in self.claimed:
-                        cands.append((ck, r, REASON_RECLAIM))
-            cands.sort(key=lambda c: c[0])
-        for ck, r in self._victims_of(job.team, key):
-            if r.priority < job.priority and r.id not in self.claimed:
-                cands.append((ck, r, REASON_PRIORITY))
+            lenders = tuple(other for other in led.cohorts.get(cohort, ())
+                            if other != job.team and led.borrowed(other, key) > 0)
+            # The borrowers' victims in one order (a pass asks for the same merge for
+            # every reclaiming job of a team: sort once; claimed ones filtered after).
+            rk = (key, lenders)
+            merged = self.reclaim_lists.get(rk)
+            if merged is None:
+                merged = [(ck, r, REASON_RECLAIM) for other in lenders for ck, r in self._victims_of(other, key)]
+                merged.sort(key=_first)
+                self.reclaim_lists[rk] = merged
+            cands.extend([c for c in merged if c[1].id not in claimed] if claimed else merged)
+        prio = job.priority
+        own_cands = [(ck, r, REASON_PRIORITY) for ck, r in self._victims_of(job.team, key)
+                     if r.priority < prio and r.id not in claimed]
         # Upper bound before any simulation: the gang must fit in ONE partition, so
         # some partition needs n nodes with >= g GPUs once every candidate is gone.
-        parts = {id(p) for _, p in elig}
-        slot_of = self.index.slot_by_id
-        freed: dict[Slot, int] = {}
-        useful = []
-        for c in cands:
-            hit = False
-            for node_id, gg in c[1].allocations:
-                sl = slot_of.get(node_id)
-                if sl is not None and id(sl.part) in parts:
-                    freed[sl] = freed.get(sl, 0) + gg
-                    hit = True
-            if hit or need_quota > 0:
-                useful.append(c)
+        keep_all = need_quota > 0
+        if cands:  # the borrowers' part, shared by the pass's reclaims with this shape
+            uk = (rk, id(elig), len(claimed), keep_all)
+            hit = self.useful_cache.get(uk)
+            if hit is None:
+                hit = self.useful_cache[uk] = self._useful(cands, elig, keep_all, [], {})
+            useful, freed = self._useful(own_cands, elig, keep_all, list(hit[0]), dict(hit[1]))
+        else:
+            useful, freed = self._useful(own_cands, elig, keep_all, [], {})
         cands = useful
         gained: dict[int, int] = defaultdict(int)
         for sl, gg in freed.items():
@@ -678,7 +702,7 @@ class _Pass:
         self.searches += 1
         # Prefixes too short to place even on paper are not simulated (a job's
         # excluded nodes are, as _place reorders them: keep that history exact).
-        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req)
+        k_min = 0 if job.excluded_nodes else self._fewest_victims(cands, elig, n, g, req, freed)
         if k_min > len(cands):  # no prefix can work: the search's only trace is bucket order
             self._as_if_searched(cands)
             self.preempt_fail[memo] = min(n, self.preempt_fail.get(memo, 1 << 30))
@@ -787,30 +811,83 @@ class _Pass:
         )
         return True
 
+    def _useful(self, cands: list, elig: list[tuple[tuple, Partition]], keep_all: bool, useful: list,
+                freed: dict[Slot, int]) -> tuple[list, dict[Slot, int]]:
+        """The candidates that free something on an eligible partition (all of them when
+        quota must be freed too), appended to ``useful``, and what they free per node,
+        added to ``freed``."""
+        parts = {id(p) for _, p in elig}
+        known = self.alloc_slots
+        for c in cands:
+            hit = False
+            slots = known.get(id(c[1]))
+            if slots is None:
+                slots = self._alloc_slots(c[1])
+            for sl, gg in slots:  # the victim's usable nodes, as slot_of gives them
+                if id(sl.part) in parts:
+                    freed[sl] = freed.get(sl, 0) + gg
+                    hit = True
+            if hit or keep_all:
+                useful.append(c)
+        return useful, freed
+
     def _fewest_victims(self, cands: list, elig: list[tuple[tuple, Partition]], n: int, g: int,
-                        max_level: int) -> int:
+                        max_level: int, freed: dict[Slot, int]) -> int:
         """Fewest leading victims after which some eligible domain the gang may use
         (level <= ``max_level``, the job's required one) has ``n`` nodes with ``g``
         free GPUs: necessary for any placement, so the search skips the shorter
         prefixes without simulating them (same answer: ``_place`` fails there)."""
         parts = [p for _, p in elig if g <= p.maxg]
-        if any(p.root.cnt[g] >= n for p in parts):
-            return 0  # (conservative: a sub-domain may still be short; the search decides)
-        ok = {id(p) for p in parts}
+        if n == 1:
+            max_level = AGENT_LEVEL  # one node: best fit over the partition, any level
+        # A domain that holds the gang already: no bound (quota may still need victims).
+        # Only domains the gang may use count (``find``: levels up to ``max_level``, the
+        # partition itself only at the cluster level): a partition with n free nodes
+        # scattered over blocks is no reason to simulate every short prefix.
+        if max_level >= AGENT_LEVEL:
+            if any(p.root.cnt[g] >= n for p in parts):
+                return 0
+        elif any(d.cnt[g] >= n for p in parts for lvl, ds in p.levels.items() if lvl <= max_level
+                 for d in ds):
+            return 0
+        # The domains each topology chain may use (one list per chain, not per node).
+        usable: dict[int, list[Domain]] = {}
         gained: dict[int, int] = {}
+        # Every candidate gone first (``freed``: what all of them release on the
+        # eligible partitions): the counts only grow along the prefix, so when even
+        # that holds the gang nowhere, no prefix does, without the ordered walk.
+        reach = False
+        for sl, gg in freed.items():
+            if sl.free < g <= sl.free + gg:
+                ds = usable.get(id(sl.doms))
+                if ds is None:
+                    ds = usable[id(sl.doms)] = [d for d in sl.doms if d.level <= max_level]
+                for d in ds:
+                    got = gained[id(d)] = gained.get(id(d), 0) + 1
+                    if d.cnt[g] + got >= n:
+                        reach = True
+                if reach:
+                    break
+        if not reach:
+            return len(cands) + 1
+        ok = {id(p) for p in parts}
+        gained = {}
         acc: dict[Slot, int] = {}
-        slot_of = self.index.slot_by_id
+        known = self.alloc_slots
         for k, c in enumerate(cands, start=1):
-            for node_id, gg in c[1].allocations:
-                sl = slot_of.get(node_id)
-                if sl is None or id(sl.part) not in ok:
+            slots = known.get(id(c[1]))
+            if slots is None:
+                slots = self._alloc_slots(c[1])
+            for sl, gg in slots:
+                if id(sl.part) not in ok:
                     continue
-                before = acc.get(sl, 0)
-                acc[sl] = before + gg
-                if sl.free + before < g <= sl.free + before + gg:
-                    for d in sl.doms:
-                        if d.level > max_level:
-                            continue
+                f = sl.free + acc.get(sl, 0)
+                acc[sl] = f - sl.free + gg
+                if f < g <= f + gg:
+                    ds = usable.get(id(sl.doms))
+                    if ds is None:
+                        ds = usable[id(sl.doms)] = [d for d in sl.doms if d.level <= max_level]
+                    for d in ds:
                         got = gained[id(d)] = gained.get(id(d), 0) + 1
                         if d.cnt[g] + got >= n:
                             return k
@@ -843,13 +920,20 @@ class _Pass:
         ck = (team, key)
         out = self.victim_lists.get(ck)
         if out is None:
-            led = self.ledger
-            out = sorted(
-                ((0 if r.stopping else 1, r.priority, self._lost(r), -self.rgpus[id(r)], r.id), r)
-                for r in self.by_team.get(team, ())
+            led_key, rg, now = self.ledger.key, self.rgpus, self.now
+            out = []
+            for r in self.by_team.get(team, ()):
                 # a job already stopping counts as soon-free, whatever its preemptible flag
-                if (r.preemptible or r.stopping) and led.key(r.team, r.accelerator) == key
-            )
+                if not (r.preemptible or r.stopping) or led_key(r.team, r.accelerator) != key:
+                    continue
+                gpus = rg[id(r)]
+                if r.stopping:
+                    out.append(((0, r.priority, 0.0, -gpus, r.id), r))
+                else:  # _lost(r), inlined: every running job of the team, every pass
+                    since = r.last_checkpoint_time or r.started_time
+                    lost = max(0.0, now - since) * gpus + r.restart_cost_s * gpus
+                    out.append(((1, r.priority, lost, -gpus, r.id), r))
+            out.sort(key=_first)
             self.victim_lists[ck] = out
         return out
 

@@ -89,7 +89,7 @@ class Partition:
     __slots__ = (
         "key", "agent_id", "region", "accelerator", "capacity_type", "pool", "price",
         "risk", "plan_start", "plan_end", "future", "maxg", "levels", "root", "slots",
-        "buckets", "us_max_nodes", "order", "total",
+        "buckets", "us_max_nodes", "order", "total", "version",
     )
 
     def __init__(self, key: tuple, first: NodeInfo, maxg: int, future: bool, order: int) -> None:
@@ -115,6 +115,7 @@ class Partition:
         self.us_max_nodes = 0
         self.order = order
         self.total = 0
+        self.version = 0  # bumped on every change of one of its nodes (CapacityIndex.find caches on it)
 
     @property
     def label(self) -> str:
@@ -144,6 +145,10 @@ class CapacityIndex:
         # Undo journal (placement/incremental.py): while a list, every change records
         # (slot, free before) so a kept-alive index can be put back after a pass.
         self.journal: list[tuple[Slot, int]] | None = None
+        # (partition, n, g, max_level) -> (partition version, find's answer): a victim
+        # search asks every eligible partition again after each simulated release, and
+        # most of them did not change.
+        self._found: dict[tuple, tuple] = {}
         for order, key in enumerate(sorted(grouped)):
             group = grouped[key]
             topo = [_topo_key(info) for info, _ in group]  # C-level getter, no per-node lambda
@@ -244,6 +249,7 @@ class CapacityIndex:
         if self.journal is not None:
             self.journal.append((slot, a))
         part = slot.part
+        part.version += 1
         part.buckets[slot.klass][a].pop(slot, None)
         delta = b - a
         if b < a:
@@ -302,7 +308,9 @@ class CapacityIndex:
             self.version += 1
             if journal is not None:
                 journal.append((slot, a))
-            buckets = slot.part.buckets
+            part = slot.part
+            part.version += 1
+            buckets = part.buckets
             buckets[slot.klass][a].pop(slot, None)
             doms = slot.doms
             entry = by_chain.get(id(doms))
@@ -374,6 +382,22 @@ class CapacityIndex:
         if n == 1:
             slot = self.best_single(part, g)
             return (NODE_LEVEL, None, [slot]) if slot is not None else None
+        fk = (id(part), n, g, max_level)
+        hit = self._found.get(fk)
+        if hit is not None and hit[0] == part.version:
+            r = hit[1]
+            return None if r is None else (r[0], r[1], list(r[2]))
+        r = self._find(part, n, g, max_level)
+        self._found[fk] = (part.version, r)
+        return None if r is None else (r[0], r[1], list(r[2]))
+
+    def forget_found(self) -> None:
+        """Drop ``find``'s cached answers (they stay correct, but a kept-alive index
+        would otherwise keep one per gang shape and partition forever)."""
+        self._found.clear()
+
+    def _find(self, part: Partition, n: int, g: int, max_level: int) -> tuple[int, Domain | None, list[Slot]] | None:
+        """``find`` for a gang (n >= 2), computed: the domain scan and the pick."""
         for lvl in (1, 2, 3, 4, 5):
             if lvl > max_level:
                 return None

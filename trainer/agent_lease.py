@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from trainer.errors import EXIT_AGENT_LEASE_EXPIRED
+from trainer.errors import EXIT_AGENT_LEASE_EXPIRED, record_exit
 
 POLL_S = 0.5
 
@@ -58,6 +58,7 @@ def _watch(path: str, rank: str) -> None:
             print(f"trainer (rank {rank}): the agent's lease ran out {time.time() - deadline:.1f}s"
                   " ago (it lost its broker, which may relaunch this job elsewhere): stopping"
                   " without a checkpoint", file=sys.stderr, flush=True)
+            record_exit(EXIT_AGENT_LEASE_EXPIRED)
             os._exit(EXIT_AGENT_LEASE_EXPIRED)
         time.sleep(POLL_S)
 

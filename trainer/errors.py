@@ -8,6 +8,9 @@ and catching it once in `__main__` keeps that promise in one place.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
 EXIT_CHECKPOINTED = 75
@@ -26,6 +29,27 @@ EXIT_AGENT_LEASE_EXPIRED = 78
 # store failed, not the machine (blaming it excluded nodes for good; the fault
 # campaign's S3 503 bursts could leave a job nowhere to run).
 EXIT_STORAGE_FAILED = 79
+
+
+
+
+def record_exit(code: int) -> None:
+    """Write this rank's exit code to ``CB_EXIT_FILE`` just before it exits.
+
+    Why: an agent restarted while the ranks ran re-adopts them, but they are no longer
+    its children, so their exit status is lost to it. In the 200-job fault campaign a
+    re-adopted attempt finished every step, rank 1 exited 0 a moment before rank 0 wrote
+    "done", and the agent took rank 1's unknown status for a crash: it killed rank 0,
+    blamed the node and relaunched. The file is the rank's own word (docs/contracts.md
+    section 1); a rank killed by a signal writes nothing and stays "unknown"."""
+    path = os.environ.get("CB_EXIT_FILE", "")
+    if not path:
+        return
+    with contextlib.suppress(OSError):  # exiting anyway: never fail on the way out
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{int(code)}\n")
+        os.replace(tmp, path)
 
 
 class TrainerError(Exception):

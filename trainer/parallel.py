@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.config import RunEnv, TrainerOptions
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, record_exit
 
 
 @dataclasses.dataclass
@@ -205,4 +205,5 @@ def shutdown_and_exit(code: int) -> NoReturn:
         pass
     sys.stdout.flush()
     sys.stderr.flush()
+    record_exit(code)
     os._exit(code)

@@ -194,6 +194,16 @@ class JobOps:
         """``agent_id`` changed its configuration: it may take ``job_id`` again at once."""
         self._apply(job_id, transitions.refusals_forgotten, agent_id)
 
+    def forgive_exclusions(self, forgive: dict[str, tuple[str, ...]]) -> list[pb.Job]:
+        """Let pending jobs try nodes they avoided (broker/scheduling/exclusions.py)."""
+        out = []
+        for job_id, nodes in forgive.items():
+            done = self._apply(job_id, transitions.exclusions_forgiven, nodes)
+            if done is not None:
+                log.info("job %s: trying %s again (no other capacity)", job_id, ", ".join(nodes))
+                out.append(done.job)
+        return out
+
     # ---- housekeeping (scheduler pass) -------------------------------------------------------
     def housekeeping(self, live: Iterable[pb.Job]) -> list[pb.Job]:
         """Lost agents, unanswered stops and cancels, jobs on unknown agents. Returns the

@@ -448,6 +448,25 @@ def refusals_forgotten(job: pb.Job, agent_id: str, now: float, config: BrokerCon
     return seal(tx, WakeScheduler())
 
 
+def exclusions_forgiven(job: pb.Job, nodes: tuple[str, ...], now: float,
+                        config: BrokerConfig) -> Outcome | None:
+    """Nodes avoided after a failure are all that could ever hold this job
+    (broker/scheduling/exclusions.py): they may be tried again, said in one event."""
+    if job.phase != PENDING:
+        return None
+    keep = [n for n in job.excluded_nodes if n not in nodes]
+    if len(keep) == len(job.excluded_nodes):
+        return None
+    tx = begin(job, now)
+    j = tx.job
+    del j.excluded_nodes[:]
+    j.excluded_nodes.extend(keep)
+    tx.note("exclusions_forgiven", reason="no_other_capacity", actor="scheduler",
+            message=f"trying {', '.join(nodes)} again: avoided after a failure, but no other"
+                    " connected capacity could ever hold this job")
+    return seal(tx, WakeScheduler())
+
+
 def set_pending_reason(job: pb.Job, reason: str, now: float, config: BrokerConfig) -> Outcome | None:
     """Why a PENDING job still waits (no event: it changes every pass)."""
     if job.phase != PENDING or job.pending_reason == reason:

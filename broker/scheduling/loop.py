@@ -1,5 +1,9 @@
 """The scheduler loop: snapshot -> ``placement.schedule`` (pure) -> apply.
 
+The pass runs on the admission cache (``admission.py``): the same decisions as
+``placement.schedule`` on the snapshot, with the capacity index and running-job
+bookkeeping kept alive and fed by the differences from the previous snapshot.
+
 Runs every ``scheduler_interval_s`` and whenever poked (a submit, a finished or
 requeued attempt, an agent (re)connecting), so queue latency is not bounded by the
 interval. One pass also runs housekeeping (lost agents, stop/cancel timeouts) and
@@ -23,9 +27,10 @@ from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import plan_watch
+from broker.scheduling import exclusions, plan_watch
+from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
-from broker.scheduling.snapshot import SnapshotMemo
+from broker.scheduling.snapshot import NodeMemo, SnapshotMemo
 from broker.scheduling.usage import build_snapshot
 from broker.store.base import StoreError
 from broker.workdirs.checks import broken_store_note
@@ -60,6 +65,11 @@ class SchedulerLoop:
         # Live jobs kept from the applier's commits between full reads (live_jobs.py).
         self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE))
         self._requests = SnapshotMemo()
+        self._nodes = NodeMemo()
+        # The placement pass runs on a kept-alive capacity index and running-job
+        # bookkeeping fed by the differences between snapshots (admission.py):
+        # same decisions as placement.schedule, at the cost of the change.
+        self.admission = LiveAdmission()
         ops.applier.set_poke(self.poke)
         ops.applier.add_listener(self.live.committed)
 
@@ -115,7 +125,17 @@ class SchedulerLoop:
                                   teams=self.records.teams().values(), plans=plans,
                                   regions=self.records.regions().values(),
                                   priority_of=ops.priority_of, memo=self._requests,
-                                  make_before_break=ops.config.make_before_break)
+                                  make_before_break=ops.config.make_before_break,
+                                  node_memo=self._nodes)
+        forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, {j.id: j for j in live}))
+        if forgiven:  # rare: rebuild so this pass already places them
+            live = merged(live, forgiven)
+            snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
+                                      teams=self.records.teams().values(), plans=plans,
+                                      regions=self.records.regions().values(),
+                                      priority_of=ops.priority_of, memo=self._requests,
+                                      make_before_break=ops.config.make_before_break,
+                                      node_memo=self._nodes)
         self.last_snapshot = snapshot
         self.passes += 1
         telemetry = ops.telemetry
@@ -127,7 +147,7 @@ class SchedulerLoop:
             # No usable node: the engine could only say "no capacity" per job, and
             # apply() replaces every such reason by the fleet-wide one, so skip the
             # O(queue) pass (a broker whose agents are away keeps taking submits).
-            decisions = placement.schedule(snapshot) if snapshot.nodes else placement.Decisions()
+            decisions = self.admission.decide(snapshot) if snapshot.nodes else placement.Decisions()
             telemetry.placed(time.perf_counter() - t0)
             self.apply(decisions, live, snapshot)
         return decisions

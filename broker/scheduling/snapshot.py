@@ -20,6 +20,7 @@ from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
+_NONE: frozenset[str] = frozenset()
 _NODE_FIELDS = {f.name for f in dataclasses.fields(placement.NodeInfo)}
 _RUN_FIELDS = {f.name for f in dataclasses.fields(placement.RunningJob)}
 
@@ -161,6 +162,46 @@ class SnapshotMemo:
         self._old, self._new = self._new, {}
 
 
+class NodeMemo:
+    """The node side of a snapshot (a ``NodeInfo`` per usable node, node ids per agent),
+    reused while nothing it is computed from changed, so that an unchanged fleet is the
+    *same* tuple pass after pass (``admission.py`` then skips it with one identity
+    test) and its thousands of nodes are not converted again for every submit.
+
+    The key is everything the node side reads: each agent's inventory record as bytes
+    (the registry edits node health and cordons in place, so identity proves nothing),
+    whether it is connected, the plans as bytes and each plan's state at ``now``
+    (binding and windows change when a plan starts, ends or is cancelled). Serializing
+    the records is C work, a small fraction of converting the nodes."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value: tuple | None = None
+        self.builds = 0
+
+    def get(self, key: tuple, make):  # noqa: ANN001, ANN201
+        if self._value is None or key != self._key:
+            self._value, self._key = make(), key
+            self.builds += 1
+        return self._value
+
+
+def _node_side(agents: list[AgentState], plans: list[cpb.TrainingPlan], now: float,
+               make_before_break: bool) -> tuple:
+    """(usable nodes, node ids per agent, node id set per agent when moves make before break)."""
+    plan_map = {p.id: p for p in plans}
+    bound = plan_binding.bind_agents(agents, plans, now)
+    nodes = tuple(
+        node_info(a, n, plan_map, bound[n.id][0] if n.id in bound else None) for a in agents
+        # A region whose checkpoint store failed the agent's probe gets no placements.
+        if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
+    )
+    nodes_of = {a.agent_id: [n.id for n in a.record.nodes] for a in agents}
+    by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
+                                           for a in agents} if make_before_break else {}
+    return nodes, nodes_of, by_agent
+
+
 def build(
     *,
     now: float,
@@ -172,35 +213,37 @@ def build(
     priority_of,  # noqa: ANN001 - Callable[[pb.JobSpec], int]
     memo: SnapshotMemo | None = None,
     make_before_break: bool = False,
+    node_memo: NodeMemo | None = None,
 ) -> placement.Snapshot:
     """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
     for its standby's placement (request id ``<job>~standby``, never preempting), and a
-    reserved standby's nodes count as used (broker/jobs/standby.py)."""
+    reserved standby's nodes count as used (broker/jobs/standby.py).
+    ``memo`` / ``node_memo``: reuse the conversions of unchanged jobs / an unchanged fleet."""
     plans = list(plans)
     agents = list(agents)
-    plan_map = {p.id: p for p in plans}
-    bound = plan_binding.bind_agents(agents, plans, now)
-    nodes = tuple(
-        node_info(a, n, plan_map, bound[n.id][0] if n.id in bound else None) for a in agents
-        # A region whose checkpoint store failed the agent's probe gets no placements.
-        if a.connected and not a.record.checkpoint_store_error for n in a.record.nodes
-    )
+    if node_memo is None:
+        nodes, nodes_of, by_agent = _node_side(agents, plans, now, make_before_break)
+    else:
+        key = (tuple((a.agent_id, a.connected, a.record.SerializeToString(deterministic=True)) for a in agents),
+               tuple(p.SerializeToString(deterministic=True) for p in plans),
+               tuple(plan_state(p, now) for p in plans), make_before_break)
+        nodes, nodes_of, by_agent = node_memo.get(
+            key, lambda: _node_side(agents, plans, now, make_before_break))
     roots_by_region: dict[str, list[str]] = {}
     for a in agents:
         if a.record.checkpoint_roots:
             store = a.record.checkpoint_bucket
             roots_by_region.setdefault(a.region, []).extend(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
-    nodes_of = {a.agent_id: [n.id for n in a.record.nodes] for a in agents}
     pending, running = [], []
-    by_agent: dict[str, frozenset[str]] = {a.agent_id: frozenset(n.id for n in a.record.nodes)
-                                           for a in agents} if make_before_break else {}
     for job in jobs:
         prio = priority_of(job.spec)
         if job.phase in QUEUED:
-            refusing = regions_refusing(job.spec.checkpoint_uri, roots_by_region)
+            uri = job.spec.checkpoint_uri
+            refusing = regions_refusing(uri, roots_by_region) if uri and roots_by_region else _NONE
             # Agents that refused its launch lately (time-dependent: part of the memo key).
-            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ()))
+            avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
+                              ) if job.refusals else _NONE
             if memo is None:
                 pending.append((queue_key(job, prio), job_request(job, prio, refusing, avoid)))
             else:

@@ -55,11 +55,12 @@ def build_snapshot(*, now: float, agents: Iterable[AgentState], jobs: Iterable[p
                    teams: Iterable[cpb.TeamQuota], plans: Iterable[cpb.TrainingPlan],
                    regions: Iterable[cpb.RegionInfo], priority_of,  # noqa: ANN001
                    memo: snap.SnapshotMemo | None = None,
-                   make_before_break: bool = False) -> placement.Snapshot:
+                   make_before_break: bool = False,
+                   node_memo: snap.NodeMemo | None = None) -> placement.Snapshot:
     """The scheduler's snapshot (one builder for the scheduler and the usage views)."""
     return snap.build(now=now, agents=agents, jobs=jobs, teams=teams, plans=plans,
                       draining=[r.name for r in regions if r.draining], priority_of=priority_of,
-                      memo=memo, make_before_break=make_before_break)
+                      memo=memo, make_before_break=make_before_break, node_memo=node_memo)
 
 
 def usage_view(snapshot: placement.Snapshot, jobs: Iterable[pb.Job]) -> UsageView:

@@ -105,15 +105,22 @@ class _Rank:
     pid: int = 0
     start_ticks: int = 0
 
+    @property
+    def exit_path(self) -> Path:
+        """``CB_EXIT_FILE``: where the trainer writes its exit code as it exits."""
+        return self.stderr_path.with_suffix(".exit")
+
     def poll(self) -> int | None:
-        """Exit code, or None while running. An adopted rank's exit code is unknowable
-        (it is not our child): ``ADOPTED_EXITED`` stands for it."""
+        """Exit code, or None while running. An adopted rank is not our child, so its
+        status is lost to us: the code it wrote to ``CB_EXIT_FILE`` stands for it
+        (trainer.errors.record_exit), else ``ADOPTED_EXITED`` (unknown)."""
         if self.returncode is None:
             if self.proc is not None:
                 self.returncode = self.proc.poll()
             elif not records.same_process_alive(self.pid, self.start_ticks):
-                self.returncode = ADOPTED_EXITED
+                self.returncode = _written_exit_code(self.exit_path)
         return self.returncode
+
 
     def signal(self, sig: int) -> None:
         if self.poll() is not None:
@@ -126,6 +133,14 @@ class _Rank:
 
 
 ADOPTED_EXITED = -1000  # exit code of a re-adopted rank that has exited (see _Rank.poll)
+
+
+def _written_exit_code(path: Path) -> int:
+    """What a re-adopted rank wrote to ``CB_EXIT_FILE``, or ``ADOPTED_EXITED`` (unknown)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return ADOPTED_EXITED
 
 
 @dataclass
@@ -305,6 +320,7 @@ class LocalExecutor(Executor):
                         env.update(
                             {
                                 "RANK": str(rank),
+                                "CB_EXIT_FILE": str(adir / f"rank-{rank}.exit"),
                                 "LOCAL_RANK": str(local),
                                 "LOCAL_WORLD_SIZE": str(local_world),
                                 "GROUP_RANK": str(node_rank),

@@ -15,7 +15,8 @@ from tests.agents.fake_broker import FakeBroker
 # the progress file atomically each step, SIGTERM -> "checkpoint" + exit 75, SIGUSR1 ->
 # checkpoint and continue, exit 0 at the end. Knobs (env): FAKE_STEPS, FAKE_STEP_S,
 # FAKE_FAIL_RANK + FAKE_FAIL_AT (exit 3 with a message on stderr), FAKE_IGNORE_TERM
-# (ignore SIGTERM: forces a SIGKILL after grace), FAKE_HANG_AT (stop writing progress).
+# (ignore SIGTERM: forces a SIGKILL after grace), FAKE_HANG_AT (stop writing progress),
+# FAKE_RANK0_END_DELAY (rank 0 ends last), FAKE_WRITE_EXIT (write CB_EXIT_FILE at exit).
 FAKE_TRAINER = textwrap.dedent(
     r'''
     import json, os, signal, sys, time
@@ -73,7 +74,13 @@ FAKE_TRAINER = textwrap.dedent(
             state["ckpt"] = state["step"]
         write("running")
     state["ckpt"] = steps
+    if rank == 0 and os.environ.get("FAKE_RANK0_END_DELAY"):  # a final save rank 0 ends last
+        write("checkpointing")
+        time.sleep(float(os.environ["FAKE_RANK0_END_DELAY"]))
     write("done")
+    if os.environ.get("FAKE_WRITE_EXIT") and os.environ.get("CB_EXIT_FILE"):
+        with open(os.environ["CB_EXIT_FILE"], "w") as f:  # as trainer.errors.record_exit
+            f.write("0\n")
     sys.exit(0)
     '''
 )

@@ -204,3 +204,46 @@ def test_restarted_agent_reports_survivors_and_kills_the_ones_the_broker_calls_s
         assert not broker.wait_ack(cid).accepted
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("written", [True, False], ids=["exit-file", "no-exit-file"])
+def test_readopted_attempt_whose_rank0_ends_last_is_judged_by_the_ranks_own_exit_codes(
+        tmp_path, fake_trainer, written):
+    """Found by the 200-job fault campaign: after an agent restart, rank 1 of a finished
+    attempt exited 0 while rank 0 was still in its final save ("checkpointing"). Not our
+    child, its status was unknown and taken for a crash: rank 0 was killed, its node blamed
+    and the job relaunched. With CB_EXIT_FILE (trainer.errors.record_exit) the ranks' own
+    codes count; without it (a script that never writes it) the old, cautious reading stays."""
+    work = tmp_path / "work"
+    first = executor(work)
+    env = {"FAKE_STEPS": "40", "FAKE_STEP_S": "0.05", "FAKE_RANK0_END_DELAY": "3"}
+    if written:
+        env["FAKE_WRITE_EXIT"] = "1"
+    first.launch(make_spec(fake_trainer, env=env))
+    wait_for(lambda: len(rank_pids(work, "j-1", 1)) == 4, 30, what="4 ranks recorded")
+    second = executor(work)  # the agent restarted: the ranks are re-adopted
+    assert second.recover() == []
+    end = Collector(second).wait_terminal()
+    adir = work / "jobs" / "j-1" / "attempt-1"
+    if written:
+        assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end.message
+        assert sorted(p.name for p in adir.glob("rank-*.exit")) == [f"rank-{r}.exit" for r in range(4)]
+    else:
+        assert end.state == AS.ATTEMPT_STATE_FAILED
+        assert not list(adir.glob("rank-*.exit"))
+    first.poll()  # reap the zombies of the abandoned executor
+    second.shutdown(0)
+
+
+def test_trainer_writes_its_exit_code_for_a_restarted_agent(tmp_path):
+    """trainer.parallel.shutdown_and_exit (every library exit path) leaves CB_EXIT_FILE."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "rank-0.exit"
+    code = subprocess.run(
+        [sys.executable, "-c", "from trainer.parallel import shutdown_and_exit; shutdown_and_exit(75)"],
+        env={**os.environ, "CB_EXIT_FILE": str(path)}, timeout=120).returncode
+    assert code == 75
+    assert path.read_text().strip() == "75"

@@ -133,14 +133,14 @@ def _multi_pass(s: Snapshot, passes: int = 3) -> list[Decisions]:
     return out
 
 
-def _steady_state(s: Snapshot, passes: int = 30, seed: int = 11) -> list[Decisions]:
+def _steady_state(s: Snapshot, passes: int = 30, seed: int = 11, queue: int = 200) -> list[Decisions]:
     """The benchmark's incremental workload (1% of running jobs finish and 25 jobs
     arrive per pass; admissions run, victims keep running): long enough for many
     preemption searches, hopeless ones included, to shape later passes."""
     b = _bench()
     rng = random.Random(seed)
     teams = sorted({t.team for t in s.teams}) or ["team-0"]
-    running, pending, nxt, out = list(s.running), list(s.pending[:200]), 10_000_000, []
+    running, pending, nxt, out = list(s.running), list(s.pending[:queue]), 10_000_000, []
     for _ in range(passes):
         rng.shuffle(running)
         running = running[max(1, len(running) // 100):]
@@ -163,6 +163,8 @@ def scenarios() -> dict[str, list[Decisions]]:
     s7 = b.make_snapshot(0.25, 1250, seed=7)
     s8 = b.make_snapshot(0.25, 1250, seed=8)
     s9 = b.make_snapshot(0.25, 1250, seed=9)
+    crowded7 = b.make_snapshot(0.25, 5000, seed=7)
+    crowded8 = b.make_snapshot(0.25, 5000, seed=8)
     return {
         "seed7_quotas": [schedule(s7)],
         "seed8_quotas": [schedule(s8)],
@@ -172,6 +174,13 @@ def scenarios() -> dict[str, list[Decisions]]:
         "seed9_variant_multipass": _multi_pass(_variant(s9)),
         "seed7_steady_state": _steady_state(s7),
         "seed9_variant_steady_state": _steady_state(_variant(s9)),
+        # Crowded: four times the queue on the same cluster, so thousands of jobs find
+        # no capacity after the preemption searches are spent (the engine's no-room
+        # memo) and victim searches meet full blocks (the fewest-victims bound).
+        # Recorded with the engine before that work (issue 16 section 3).
+        "seed7_crowded": [schedule(crowded7)],
+        "seed8_crowded_variant": [schedule(_variant(crowded8))],
+        "seed7_crowded_steady_state": _steady_state(crowded7, passes=8, queue=3000),
     }
 
 
