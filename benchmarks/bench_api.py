@@ -28,6 +28,7 @@ The broker runs ``--insecure-dev`` (loopback, plaintext, no tokens): what TLS an
 token authentication add per call is measured by ``benchmarks/bench_auth.py``.
 
     .venv/bin/python benchmarks/bench_api.py [--seconds 3] [--jobs 100000] [--watchers 1000]
+        [--stores sqlite,redis] [--broker-set KEY=VALUE ...] [--out PATH]
 
 Writes benchmarks/results/api.json.
 """
@@ -42,6 +43,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -66,6 +68,7 @@ from computebroker.v1 import jobs_pb2_grpc  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results" / "api.json"
 TEAMS = [f"team-{i:02d}" for i in range(20)]
 CONCURRENCY = (1, 16, 64)
+GOAL_RATE, GOAL_P99_MS, GOAL_RATIO = 1500.0, 50.0, 0.5  # SubmitJob at 16 clients (issue 16)
 
 
 def spec(i: int, rng: random.Random) -> pb.JobSpec:
@@ -143,18 +146,22 @@ def populate(url: str, n: int, progress: Callable[[str], None]) -> list[str]:
 
 
 class Broker:
-    def __init__(self, store_url: str, workdir: str) -> None:
+    def __init__(self, store_url: str, workdir: str, settings: list[str] | None = None) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
         self.log = open(Path(workdir) / "broker.log", "wb")  # noqa: SIM115 - closed in stop()
-        # max_workers: every WatchJob stream holds a server thread (broker/server.py);
-        # the fan-out needs more than the default 256.
+        # Every WatchJob stream holds a server thread and a slot of the stream budget
+        # (broker/server.py, broker/api/streams.py): the fan-out's 1,000 watchers are one
+        # identity (insecure dev), above the default caps (512 streams, 128 per identity),
+        # which would refuse 872 of them RESOURCE_EXHAUSTED.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
-             "--set", "auto_create_teams=true", "--insecure-dev"],
+             "--set", "max_streams=1200", "--set", "max_streams_per_identity=1200",
+             "--set", "auto_create_teams=true", "--insecure-dev",
+             *(x for kv in settings or () for x in ("--set", kv))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
 
     def stop(self) -> None:
@@ -179,13 +186,28 @@ def summary(lat: list[float], seconds: float, errors: int = 0) -> dict:
             "p50_ms": round(pct(lat, 50) * 1000, 2), "p99_ms": round(pct(lat, 99) * 1000, 2)}
 
 
+BROKER_PID = 0  # the broker process measured (its CPU time per request goes with each figure)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def sustained(channels: list[grpc.aio.Channel], clients: int, seconds: float,
                     call: Callable[[jobs_pb2_grpc.JobServiceStub, int, random.Random], Awaitable[object]],
                     ) -> dict:
-    """``clients`` coroutines calling back to back for ``seconds``; latency of each call."""
+    """``clients`` coroutines calling back to back for ``seconds``; latency of each call,
+    and the CPU time the broker and this client process spent per answered call (on a
+    shared machine the rate moves with the load, CPU per call much less)."""
     lat: list[float] = []
     errors = 0
     stop = time.monotonic() + seconds
+    b0, c0 = cpu_seconds(BROKER_PID), time.process_time()
 
     async def client(c: int) -> None:
         nonlocal errors
@@ -203,7 +225,11 @@ async def sustained(channels: list[grpc.aio.Channel], clients: int, seconds: flo
 
     t0 = time.monotonic()
     await asyncio.gather(*(client(c) for c in range(clients)))
-    return summary(lat, time.monotonic() - t0, errors)
+    out = summary(lat, time.monotonic() - t0, errors)
+    n = max(1, len(lat) + errors)
+    out["broker_cpu_ms_per_call"] = round((cpu_seconds(BROKER_PID) - b0) * 1000 / n, 3)
+    out["client_cpu_ms_per_call"] = round((time.process_time() - c0) * 1000 / n, 3)
+    return out
 
 
 def noop_call():
@@ -346,6 +372,10 @@ async def run_one(address: str, ids: list[str], args: argparse.Namespace, say: C
         for k in ("get_c16", "list_c16"):
             ceiling = out["noop_c16"]["rate_per_s"]
             out[k]["ratio_vs_noop"] = round(out[k]["rate_per_s"] / ceiling, 3) if ceiling else 0.0
+        s16 = out["submit_c16"]
+        out["goal_c16"] = {  # issue 16's goal at 16 clients
+            "rate_ge_1500": s16["rate_per_s"] >= GOAL_RATE, "p99_le_50ms": s16["p99_ms"] <= GOAL_P99_MS,
+            "ratio_ge_0.5": s16["ratio_vs_noop"] >= GOAL_RATIO}
         return out
     finally:
         for ch in channels:
@@ -365,11 +395,22 @@ def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None]) -> 
             t0 = time.monotonic()
             ids = populate(url, args.jobs, say)
             populate_s = time.monotonic() - t0
-            broker = Broker(url, tmp)
+            broker = Broker(url, tmp, args.broker_set)
+            global BROKER_PID
+            BROKER_PID = broker.proc.pid
+            load_start = os.getloadavg()
             try:
                 out = asyncio.run(run_one(broker.address, ids, args, say))
             finally:
                 broker.stop()
+            out["load_avg_1m"] = {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}
+            text = (Path(tmp) / "broker.log").read_text(errors="replace")
+            m = re.search(r"group commit: \d+ job creations in \d+ store writes \((\d+\.\d+) per write\)", text)
+            if m:  # submits per store write (one SQLite transaction and fsync, or one Redis pipeline)
+                out["jobs_per_store_write"] = float(m.group(1))
+            m = re.search(r"\((\d+\.\d+) per commit\)", text)
+            if m:  # SQLite: writes (a job batch, a record) per transaction, the whole run
+                out["writes_per_commit"] = float(m.group(1))
             out["stored_jobs"] = args.jobs
             out["populate_jobs_per_s"] = round(args.jobs / populate_s, 1)
             return out
@@ -387,12 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-rounds", type=int, default=3)
     ap.add_argument("--stores", default="sqlite,redis")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a broker setting for this run (e.g. scheduler_busy_share=0.05); recorded")
     args = ap.parse_args(argv)
 
     def say(msg: str) -> None:
         print(msg, flush=True)
 
-    result: dict = {"machine": platform.platform(), "cpus": os.cpu_count(), "seconds": args.seconds}
+    result: dict = {"machine": platform.platform(), "cpus": os.cpu_count(), "seconds": args.seconds,
+                    "broker_settings": args.broker_set}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for kind in args.stores.split(","):
@@ -400,13 +444,21 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=2) + "\n")  # each store's figures as soon as measured
     for kind in args.stores.split(","):
         r = result[kind]
-        say(f"\n{kind} ({r['stored_jobs']} stored jobs; no-op = {r['noop_rpc']})")
-        say(f"  {'measurement':<22}{'rate/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'vs no-op':>10}")
+        say(f"\n{kind} ({r['stored_jobs']} stored jobs; no-op = {r['noop_rpc']};"
+            f" load average {r['load_avg_1m']['start']} -> {r['load_avg_1m']['end']})")
+        say(f"  {'measurement':<22}{'rate/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'vs no-op':>10}"
+            f"{'broker CPU':>12}{'client CPU':>12}")
         for k in [f"noop_c{c}" for c in CONCURRENCY] + [f"submit_c{c}" for c in CONCURRENCY] + ["get_c16",
                                                                                                 "list_c16"]:
             v = r[k]
             say(f"  {k:<22}{v['rate_per_s']:>10}{v['p50_ms']:>10}{v['p99_ms']:>10}"
-                f"{v.get('ratio_vs_noop', ''):>10}")
+                f"{v.get('ratio_vs_noop', ''):>10}{v['broker_cpu_ms_per_call']:>9} ms"
+                f"{v['client_cpu_ms_per_call']:>9} ms")
+        g = r["goal_c16"]
+        say(f"  goal at 16 clients: >= {GOAL_RATE:.0f}/s {'met' if g['rate_ge_1500'] else 'NOT met'},"
+            f" p99 <= {GOAL_P99_MS:.0f} ms {'met' if g['p99_le_50ms'] else 'NOT met'},"
+            f" >= {GOAL_RATIO} of no-op {'met' if g['ratio_ge_0.5'] else 'NOT met'}"
+            + (f"; {r['jobs_per_store_write']} submits per store write" if "jobs_per_store_write" in r else ""))
         w = r["watch"]
         say(f"  watch fan-out {w['watchers']} watchers x {w['rounds']}: p50 {w['p50_ms']} ms, p99 {w['p99_ms']}"
             f" ms, {w['deliveries_per_s']} deliveries/s, missing {w['missing']}")

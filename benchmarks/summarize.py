@@ -95,19 +95,35 @@ def api(d: dict[str, Any]) -> list[str]:
         r = d.get(kind)
         if r is None:
             continue
-        out += ["", f"{kind.capitalize()} store ({r['stored_jobs']:,} stored jobs; no-op RPC: {r['noop_rpc']}):", "",
-                "| measurement | rate/s | p50 | p99 | vs no-op |", "|---|---|---|---|---|"]
+        cpu = "broker_cpu_ms_per_call" in r["noop_c16"]
+        load = r.get("load_avg_1m")
+        head = (f"{kind.capitalize()} store ({r['stored_jobs']:,} stored jobs; no-op RPC: {r['noop_rpc']}"
+                + (f"; load average {load['start']} at the start, {load['end']} at the end" if load else "")
+                + (f"; {r['jobs_per_store_write']} submits per store write (whole run)"
+                   if "jobs_per_store_write" in r else "")
+                + "):")
+        out += ["", head, "",
+                "| measurement | rate/s | p50 | p99 | vs no-op |" + (" broker CPU / call |" if cpu else ""),
+                "|---|---|---|---|---|" + ("---|" if cpu else "")]
         rows = [(f"no-op, {c} clients", f"noop_c{c}") for c in (1, 16, 64)]
         rows += [(f"SubmitJob, {c} clients", f"submit_c{c}") for c in (1, 16, 64)]
         rows += [("GetJob, 16 clients", "get_c16"), ("ListJobs page of 100, 16 clients", "list_c16")]
         for label, k in rows:
             v = r[k]
             ratio = f"{v['ratio_vs_noop']:.2f}" if "ratio_vs_noop" in v else ""
-            out.append(f"| {label} | {f(v['rate_per_s'], 0)} | {f(v['p50_ms'])} ms | {f(v['p99_ms'])} ms | {ratio} |")
+            out.append(f"| {label} | {f(v['rate_per_s'], 0)} | {f(v['p50_ms'])} ms | {f(v['p99_ms'])} ms | {ratio} |"
+                       + (f" {f(v['broker_cpu_ms_per_call'], 2)} ms |" if cpu else ""))
         w = r["watch"]
         out.append(f"| WatchJob fan-out: {w['watchers']:,} watchers x {w['rounds']}, cancel to terminal event "
                    f"| {f(w['deliveries_per_s'], 0)} deliveries/s | {f(w['p50_ms'])} ms | {f(w['p99_ms'])} ms "
-                   f"| {w['missing']} missing |")
+                   f"| {w['missing']} missing |" + (" |" if cpu else ""))
+        g = r.get("goal_c16")
+        if g is not None:
+            s16 = r["submit_c16"]
+            out += ["", f"Goal at 16 clients (issue 16): {f(s16['rate_per_s'], 0)}/s of >= 1,500 "
+                    f"({'met' if g['rate_ge_1500'] else 'not met'}); p99 {f(s16['p99_ms'])} ms of <= 50 "
+                    f"({'met' if g['p99_le_50ms'] else 'not met'}); {s16['ratio_vs_noop']:.2f} of the no-op "
+                    f"rate, goal >= 0.5 ({'met' if g['ratio_ge_0.5'] else 'not met'})."]
     return out
 
 

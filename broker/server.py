@@ -7,6 +7,21 @@ pool is ``max_streams + max_workers`` and the edge (broker/api/edge.py) admits a
 keep ``max_workers`` threads, however many idle streams are open. Why not grpc.aio: the
 servicers, store and scheduler are synchronous and thread-safe; an event loop would put
 every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
+
+Where a SubmitJob's CPU goes (issue 16; py-spy and per-thread /proc times with
+benchmarks/bench_api.py's load at 16 clients, SQLite; ~0.9-1.1 ms of broker CPU per
+submit against ~0.12 ms for a health check): about 55% in the RPC worker threads (the
+servicer and its validation, the group-committed write that carries the job, its event
+and its audit record in one transaction, the response; a third of this is system time:
+futex wake-ups of thread hand-offs and GIL switches, WAL writes, fdatasync), about 20% in
+gRPC's polling thread (receive, decode + the limits check, hand-off to the pool), 15-20%
+in scheduler passes (paced to ``scheduler_busy_share`` of the time while submits keep
+waking it; each pass is O(queue) in Python, and holds the GIL about as often as the
+polling thread) and ~6% in gRPC's C event engine. Submits per store write at 16 clients
+are ~3: the store is not the bottleneck, the one GIL is (p50 latency is 16 clients
+queueing for it). What is left: a grpc.aio hot path (no pool hand-off, no per-call
+thread wake-ups; needs async twins of the three interceptors, since their sync form
+relies on ``abort`` raising) and passes that cost in proportion to the change.
 """
 
 from __future__ import annotations
@@ -203,6 +218,10 @@ class BrokerServer:
             self._idle.close()
         if self.ops is not None:
             self.ops.telemetry.close()
+            gc = self.ops.applier.creates
+            if gc.groups:  # how many submits shared each store write (group commit)
+                log.info("group commit: %d job creations in %d store writes (%.1f per write)",
+                         gc.members, gc.groups, gc.members / gc.groups)
         if self._owns_store and self._store is not None:
             self._store.close()
         self._stopped.set()

@@ -124,12 +124,22 @@ class EdgeGate(grpc.ServerInterceptor):
     def __init__(self, budget: StreamBudget, idle: IdleWatch) -> None:
         self.budget = budget
         self.idle = idle
+        # method -> (inner handler, our wrapper): built once per method, not per call
+        # (rebuilt when the inner handler changes, e.g. the standby gate's refusal).
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
-        method = details.method.rsplit("/", 1)[-1]
+        hit = self._wrapped.get(details.method)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = self._wrap(handler, details.method.rsplit("/", 1)[-1])
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> Any:
         deser = handler.request_deserializer
         kw = {"request_deserializer": safe_deserializer(deser, method) if deser else None,
               "response_serializer": handler.response_serializer}

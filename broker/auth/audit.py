@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from contextvars import ContextVar
 
 from google.protobuf.message import Message
 
 from broker.auth.identity import Principal
-from broker.store.base import Store, StoreError
+from broker.store.base import Rider, Store, StoreError
 from computebroker.v1 import auth_pb2 as apb
 
 KIND_AUDIT = "audit"
@@ -45,24 +46,90 @@ def target_of(request: object) -> str:
     return ""
 
 
+def _build(principal: Principal | None, method: str, target: str, peer: str, result: str,
+           message: str = "") -> apb.AuditRecord:
+    return apb.AuditRecord(
+        id=f"{time.time_ns():020d}-{secrets.token_hex(3)}", time=time.time(),
+        actor=principal.actor if principal else "anonymous",
+        role=principal.role.value if principal else "", team=principal.team if principal else "",
+        method=method, target=target[:200], peer=peer, result=result, message=message[:300])
+
+
+def _log_line(rec: apb.AuditRecord, level: int | None = None) -> None:
+    """The record as a log line: INFO for a refusal or failure, DEBUG for an allowed
+    call (the store holds every record; a line per submit at thousands a second is
+    noise, and its formatting cost the API a few percent of its CPU)."""
+    if level is None:
+        level = logging.DEBUG if rec.result == "OK" else logging.INFO
+    if log.isEnabledFor(level):
+        log.log(level, "audit %s %s %s target=%s peer=%s -> %s", rec.actor, rec.role, rec.method,
+                rec.target, rec.peer, rec.result)
+
+
+class PendingAudit:
+    """The audit record of the mutating RPC running in this context, not yet written.
+
+    Why: a SubmitJob's job creation commits in a group (one transaction and fsync for
+    every submit queued meanwhile); writing the audit record afterwards cost every
+    submit a second commit to wait for. Instead the job write takes the record along
+    (:meth:`rider`: result OK, committed in the same transaction and only if the job
+    is written, broker/jobs/applier.py); once that commit succeeded
+    (:meth:`committed`) the interceptor writes nothing more. Any other ending (a
+    refusal, a duplicate request id answered with the existing job, a failed write)
+    leaves it unwritten and the interceptor records the call's real result, as for
+    every other RPC. The record describes the mutation: it says OK once the job is
+    durable, whatever happens to the answer after that."""
+
+    __slots__ = ("principal", "method", "target", "peer", "_rec", "written")
+
+    def __init__(self, principal: Principal, method: str, target: str, peer: str) -> None:
+        self.principal, self.method, self.target, self.peer = principal, method, target, peer
+        self._rec: apb.AuditRecord | None = None
+        self.written = False
+
+    def rider(self) -> Rider:
+        """The record (result OK) to commit together with the mutation's write."""
+        self._rec = _build(self.principal, self.method, self.target, self.peer, "OK")
+        return (KIND_AUDIT, self._rec.id, self._rec)
+
+    def committed(self) -> None:
+        """The write that carried :meth:`rider` is durable: the record is stored."""
+        if self._rec is not None and not self.written:
+            self.written = True
+            _log_line(self._rec)
+
+
+_PENDING: ContextVar[PendingAudit | None] = ContextVar("cb_pending_audit", default=None)
+
+
+def pending_audit() -> PendingAudit | None:
+    """The running RPC's audit record while it may still ride along a job write."""
+    p = _PENDING.get()
+    return p if p is not None and not p.written else None
+
+
 class AuditLog:
     def __init__(self, store: Store) -> None:
         self.store = store
 
     def record(self, principal: Principal | None, method: str, target: str, peer: str,
                result: str, message: str = "") -> None:
-        now = time.time()
-        rec = apb.AuditRecord(
-            id=f"{time.time_ns():020d}-{secrets.token_hex(3)}", time=now,
-            actor=principal.actor if principal else "anonymous",
-            role=principal.role.value if principal else "", team=principal.team if principal else "",
-            method=method, target=target[:200], peer=peer, result=result, message=message[:300])
-        log.info("audit %s %s %s target=%s peer=%s -> %s", rec.actor, rec.role, method, rec.target,
-                 peer, result)
+        rec = _build(principal, method, target, peer, result, message)
+        _log_line(rec)
         try:
             self.store.put_record(KIND_AUDIT, rec.id, rec)
         except StoreError as e:  # never fail the RPC after it happened; the log line stays
+            _log_line(rec, logging.WARNING)
             log.warning("audit record not stored: %s", e)
+
+    @staticmethod
+    def begin(pending: PendingAudit) -> object:
+        """Make ``pending`` this context's audit record (the token for :meth:`end`)."""
+        return _PENDING.set(pending)
+
+    @staticmethod
+    def end(token: object) -> None:
+        _PENDING.reset(token)  # type: ignore[arg-type]
 
     def query(self, actor: str = "", since: float = 0.0, limit: int = 100) -> list[apb.AuditRecord]:
         recs: list[apb.AuditRecord] = self.store.list_records(KIND_AUDIT, apb.AuditRecord)  # type: ignore[assignment]

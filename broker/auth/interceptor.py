@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from broker.api.errors import to_status
-from broker.auth.audit import AuditLog, target_of
+from broker.auth.audit import AuditLog, PendingAudit, target_of
 from broker.auth.identity import INSECURE_DEV_PRINCIPAL, Principal, principal_from_uri
 from broker.auth.policy import (
     METHODS,
@@ -101,18 +101,34 @@ class Authenticator:
         raise Unauthenticated(LOGIN_HINT)
 
 
+def _target(ctx: AuthedContext, method: str, request: Any) -> str:
+    """What an audited call acts on (an agent's own calls: the agent)."""
+    return target_of(request) or (ctx.principal.name if "AgentService" in method else "")
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     """Authenticate, authorize by :data:`broker.auth.policy.METHODS`, audit mutations."""
 
     def __init__(self, authenticator: Authenticator, audit: AuditLog | None) -> None:
         self.authn = authenticator
         self.audit = audit
+        # method -> (inner handler, our wrapper): built once, not per call (the inner
+        # handler changes only when the standby gate swaps it, then we rebuild).
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
         method: str = details.method
         if handler is None or method.startswith(PUBLIC_PREFIXES):
             return handler
+        hit = self._wrapped.get(method)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> Any:
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
         if handler.request_streaming and handler.response_streaming:
@@ -152,8 +168,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         code = ctx.final_code or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
         if code is grpc.StatusCode.UNAVAILABLE:
             return  # a standby's refusal or a store outage: nothing happened, the caller retries
-        target = target_of(request) or (ctx.principal.name if "AgentService" in method else "")
-        self.audit.record(ctx.principal, method, target, ctx.peer(), code.name)
+        self.audit.record(ctx.principal, method, _target(ctx, method, request), ctx.peer(), code.name)
 
     def _unary(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         def call(request: Any, context: grpc.ServicerContext) -> Any:
@@ -161,12 +176,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
             if not audited:
                 return behavior(request, ctx)
             failed = True
+            # A job creation commits this record with the job (audit.PendingAudit).
+            pending = PendingAudit(ctx.principal, method, _target(ctx, method, request), ctx.peer())
+            token = AuditLog.begin(pending)
             try:
                 out = behavior(request, ctx)
                 failed = False
                 return out
             finally:
-                self._finish(ctx, method, request, failed)
+                AuditLog.end(token)
+                if not pending.written:
+                    self._finish(ctx, method, request, failed)
 
         return call
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
+from broker.auth.audit import pending_audit
 from broker.jobs.outcome import Command, Outcome, SendGo, SendLaunch, SendStop, WakeScheduler
 from broker.store.base import NotFound, Store, StoreError, VersionConflict
 from broker.store.group_commit import GroupCommit
@@ -92,8 +93,13 @@ class Applier:
         raise RuntimeError(f"job {job_id}: gave up after {self.max_retries} write conflicts")
 
     def create(self, out: Outcome) -> Outcome:
-        """Insert a new job (submit); raises the store's AlreadyExists on a duplicate."""
-        stored = self.creates.create(out.job, out.events)
+        """Insert a new job (submit); raises the store's AlreadyExists on a duplicate.
+        The calling RPC's audit record, if any, is committed in the same write (one
+        commit to wait for, not two: broker/auth/audit.py ``PendingAudit``)."""
+        pending = pending_audit()
+        stored = self.creates.create(out.job, out.events, (pending.rider(),) if pending else ())
+        if pending is not None:
+            pending.committed()
         done = Outcome(job=stored, events=out.events, commands=out.commands)
         self._committed(done)
         return done

@@ -110,7 +110,12 @@ def reset(job: pb.Job) -> None:
 
 def avoided_agents(job: pb.Job, now: float) -> frozenset[str]:
     """Agents the scheduler must not place ``job`` on now."""
+    if not job.refusals:  # nearly every job, every pass: no generator, one shared set
+        return _NONE
     return frozenset(r.agent_id for r in job.refusals if r.until > now)
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def seconds(d: float) -> str:
@@ -127,6 +132,8 @@ def _clock(t: float) -> str:
 def pending_note(job: pb.Job, now: float) -> str:
     """The pending reason while any refusal keeps an agent out ("" = none): stable
     between scheduler passes (absolute retry times), so it is written once."""
+    if not job.refusals:
+        return ""
     active = sorted((r for r in job.refusals if r.until > now), key=lambda r: r.until)
     if not active:
         return ""

@@ -53,6 +53,9 @@ class JobOps:
         self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
         # The live priority classes (config defaults + API state), cached for the scheduler.
         self.priorities = PriorityClasses(self._store, self.config)
+        # Teams whose record exists: team records are never deleted, so a team seen once
+        # needs no store read on its next submit (one read fewer per SubmitJob).
+        self._known_teams: set[str] = set()
 
     def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
         return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
@@ -76,13 +79,15 @@ class JobOps:
             existing = store.find_job_by_request_id(spec.team, client_request_id)
             if existing is not None:
                 return existing, False
-        if store.get_record(KIND_TEAM, spec.team, cpb.TeamQuota) is None:
-            if not self.config.auto_create_teams:
-                raise FailedPrecondition(
-                    f"team {spec.team!r} does not exist; an operator creates it with"
-                    f" `brokerctl teams set {spec.team} --gpus N` (SetTeamQuota)"
-                )
-            store.put_record(KIND_TEAM, spec.team, cpb.TeamQuota(team=spec.team))
+        if spec.team not in self._known_teams:
+            if store.get_record(KIND_TEAM, spec.team, cpb.TeamQuota) is None:
+                if not self.config.auto_create_teams:
+                    raise FailedPrecondition(
+                        f"team {spec.team!r} does not exist; an operator creates it with"
+                        f" `brokerctl teams set {spec.team} --gpus N` (SetTeamQuota)"
+                    )
+                store.put_record(KIND_TEAM, spec.team, cpb.TeamQuota(team=spec.team))
+            self._known_teams.add(spec.team)
         validation.check_feasible(spec, [list(a.record.nodes) for a in self.agents.all()])
         out = transitions.submit(
             transitions.Submit(job_id=new_job_id(), spec=spec, client_request_id=client_request_id,

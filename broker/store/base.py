@@ -137,6 +137,17 @@ def new_job_copy(job: pb.Job) -> pb.Job:
     return versioned_copy(job, 1)
 
 
+# A keyed record written together with a job creation: (kind, key, message).
+Rider = tuple[str, str, Message]
+# One member of ``Store.create_jobs``: (job, events) or (job, events, riders).
+CreateItem = tuple[pb.Job, Sequence[pb.JobEvent]] | tuple[pb.Job, Sequence[pb.JobEvent], Sequence[Rider]]
+
+
+def riders_of(item: CreateItem) -> Sequence[Rider]:
+    """The keyed records that ride along a ``create_jobs`` member (none for a pair)."""
+    return item[2] if len(item) > 2 else ()  # type: ignore[misc]
+
+
 def numbered_events(job_id: str, first_seq: int,
                     events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
     """Copies of ``events`` as stored: this job's id and seq first_seq, first_seq+1, ..."""
@@ -163,9 +174,7 @@ class Store(abc.ABC):
         returns that job (idempotent submit) via :meth:`find_job_by_request_id`.
         """
 
-    def create_jobs(
-        self, items: Sequence[tuple[pb.Job, Sequence[pb.JobEvent]]]
-    ) -> list[pb.Job | StoreError]:
+    def create_jobs(self, items: Sequence[CreateItem]) -> list[pb.Job | StoreError]:
         """Group commit: :meth:`create_job` for each (job, events), as few atomic writes
         as the store allows (SQLite: one transaction, one fsync; Redis: one pipeline).
 
@@ -174,13 +183,22 @@ class Store(abc.ABC):
         duplicate id or request id, even one repeated inside the same batch); the
         other members are written regardless. A failure of the whole write (Fenced,
         StoreUnavailable, a failed commit) raises and writes nothing of the batch
-        on SQLite (Redis: the members before it may have been written, each whole)."""
+        on SQLite (Redis: the members before it may have been written, each whole).
+
+        A member may carry *riders* (``(job, events, [(kind, key, message), ...])``):
+        keyed records written only if its job is, and durable before this returns
+        (SQLite: inside the member's savepoint; Redis: a second pipeline). Why: a
+        SubmitJob's audit record then shares its job's commit instead of waiting
+        for a commit of its own (broker/auth/audit.py)."""
         out: list[pb.Job | StoreError] = []
-        for job, events in items:
+        for item in items:
             try:
-                out.append(self.create_job(job, events))
+                out.append(self.create_job(item[0], item[1]))
             except AlreadyExists as e:
                 out.append(e)
+                continue
+            for kind, key, message in riders_of(item):
+                self.put_record(kind, key, message)
         return out
 
     @abc.abstractmethod

@@ -33,7 +33,8 @@ end
 """
 
 # ARGV: prefix, token, token_ttl, fence_key, fence_epoch, id, team, crid, phase, region, data,
-#       n_events, events...
+#       n_events, events..., [n_riders, (kind, key, data) x n_riders]
+# Riders are keyed records written only when the job is (a SubmitJob's audit record).
 # Returns: 1 created | -1 id exists | -2 request id exists | -9 fenced
 CREATE = LUA_COMMON + r"""
 local tok, id, team, crid, phase, region, data = ARGV[2], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -51,6 +52,11 @@ redis.call('ZADD', ikey('team', team), 0, id)
 redis.call('ZADD', ikey('phase', phase), 0, id)
 if region ~= '' then redis.call('ZADD', ikey('region', region), 0, id) end
 push_events(id, 13, tonumber(ARGV[12]))
+local rb = 13 + tonumber(ARGV[12])
+for i = 0, tonumber(ARGV[rb] or '0') - 1 do
+  local at = rb + 1 + 3 * i
+  redis.call('HSET', p .. ':rec:' .. ARGV[at], ARGV[at + 1], ARGV[at + 2])
+end
 return done(tok, 1)
 """
 

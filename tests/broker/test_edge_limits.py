@@ -16,7 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from broker.api.errors import InvalidArgument
 from broker.api.limits import INT32_MAX
+from broker.api.validation import check_message
 from broker.store.base import CORRUPT, KIND_AGENT, CorruptRecord
 from brokerctl.main import main as brokerctl_main
 from brokerctl.render import escape_controls
@@ -187,6 +189,28 @@ def test_control_characters_refused_in_identifiers(broker: Broker, no_tracebacks
     e = refused(broker.jobs.GetJob, jpb.GetJobRequest(job_id=f"j-{ESC}[31m"))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert job_ids(broker) == []
+
+
+@pytest.mark.parametrize(("kw", "names"), [
+    (dict(allowed_regions=["us-east-2", "eu\x07"]), "spec.allowed_regions[1]"),
+    (dict(labels={"ok": "v", f"k{ESC}": "v"}), "spec.labels key"),
+    (dict(labels={"ok": "v", "k": "é\u200b"}), "spec.labels['k']"),
+    (dict(labels={"ok": "v", "k": "x" * 1025}), "spec.labels['k']"),
+    (dict(env={"A": "fine\ttext\u202e", "B": "y" * (32 * 1024 + 1)}), "spec.env['B']"),
+    (dict(command=["python", "-c", "x" * (32 * 1024 + 1)]), "spec.command[2]"),
+])
+def test_bulk_string_checks_name_the_first_bad_entry(kw, names) -> None:  # noqa: ANN001
+    """Maps and repeated strings are checked in bulk; a refusal still names the entry."""
+    with pytest.raises(InvalidArgument) as e:
+        check_message(jpb.SubmitJobRequest(spec=spec(**{"name": "j", **kw})))
+    assert names in e.value.message, e.value.message
+
+
+def test_bulk_string_checks_pass_good_text() -> None:
+    """Free text may hold any character (env values, argv); identifiers printable Unicode."""
+    check_message(jpb.SubmitJobRequest(spec=spec(
+        "j", env={"A": "tab\there\u202e", "B": "ü" * 100}, labels={"k": "ünï", "ké": "v"},
+        command=["bash", "-c", "echo\x1b[1m hi"], allowed_regions=["us-east-2"])))
 
 
 def test_brokerctl_job_escapes_control_characters(broker: Broker, make_agent,  # noqa: ANN001

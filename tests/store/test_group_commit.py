@@ -134,3 +134,49 @@ def test_concurrent_record_puts_and_creates_all_land(store: Store):
     names = {r.name for r in store.list_records(KIND_TEAM, pb.JobSpec)}
     assert names == {f"v{t}-{k}" for t in range(12) for k in range(5)}
     assert len(store.list_jobs(limit=0)) == 60
+
+
+def test_riders_are_written_with_their_member_only(store: Store):
+    """A member's riders (a SubmitJob's audit record) are committed with its job, and
+    roll back with it when that member fails alone."""
+    store.create_job(make_job("j-old", team="a", crid="r-old"))
+    results = store.create_jobs([
+        (make_job("j-1", team="a", crid="r-1"), [ev("submitted")], [(KIND_TEAM, "k-1", pb.JobSpec(name="one"))]),
+        (make_job("j-2", team="a", crid="r-old"), [ev("submitted")],  # request id taken: fails alone
+         [(KIND_TEAM, "k-2", pb.JobSpec(name="two"))]),
+        (make_job("j-3", team="a"), [ev("submitted")]),  # no riders
+        (make_job("j-4", team="a"), [], [(KIND_TEAM, "k-4a", pb.JobSpec(name="4a")),
+                                         (KIND_TEAM, "k-4b", pb.JobSpec(name="4b"))]),
+    ])
+    assert [type(r) for r in results] == [pb.Job, AlreadyExists, pb.Job, pb.Job]
+    assert {r.name for r in store.list_records(KIND_TEAM, pb.JobSpec)} == {"one", "4a", "4b"}
+    assert store.get_record(KIND_TEAM, "k-2", pb.JobSpec) is None
+
+
+def test_riders_through_the_group_committer(store: Store):
+    """``GroupCommit.create(..., riders)``: grouped members each keep their own riders."""
+    ref: list[GroupCommit] = []
+    gate = _Gate(store, ref, 7)
+    gc = GroupCommit(gate)  # type: ignore[arg-type]
+    ref.append(gc)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            gc.create(make_job(f"j-{t}", team="a", crid="dup" if t in (3, 5) else f"r-{t}"),
+                      [ev("submitted")], [(KIND_TEAM, f"k-{t}", pb.JobSpec(name=f"n{t}"))])
+        except StoreError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads)
+    assert len(errors) == 1 and isinstance(errors[0], AlreadyExists)  # one of the two "dup"s
+    jobs = {j.id for j in store.list_jobs(limit=0)}
+    assert len(jobs) == 7
+    names = {r.name for r in store.list_records(KIND_TEAM, pb.JobSpec)}
+    assert names == {f"n{j.removeprefix('j-')}" for j in jobs}  # exactly the written members'
+    assert max(gate.sizes) >= 7
