@@ -325,9 +325,13 @@ def test_stop_grace_reaches_the_ranks_through_the_deadline_file(ex, tmp_path):
     """CB_GRACE_S is fixed at launch; the Stop's own grace (a 10-minute drain here) is
     written to CB_STOP_DEADLINE_FILE before the SIGTERM, and every rank reads it there."""
     dump = tmp_path / "deadline-"
-    script = ("import json, os, signal, sys, time\n"
+    ready = tmp_path / "ready-"
+    script = ("import json, os, pathlib, signal, sys, time\n"
               "got = []\n"
               "signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+              f"pathlib.Path({str(ready)!r} + os.environ['RANK']).touch()\n"
+              # RUNNING (rank 0's progress file) only once every rank can take the SIGTERM
+              f"while not all(pathlib.Path({str(ready)!r} + r).exists() for r in '01'): time.sleep(0.02)\n"
               "open(os.environ['CB_PROGRESS_FILE'], 'w').write('{\"state\": \"running\"}')\n"
               "while not got: time.sleep(0.02)\n"
               "d = json.load(open(os.environ['CB_STOP_DEADLINE_FILE']))\n"
