@@ -211,6 +211,69 @@ def migration(d: dict[str, Any]) -> list[str]:
 
 
 def mbb(d: dict[str, Any]) -> list[str]:
+    """Two moves of one job (planned with pre-copy, spot notice) against one same-run floor."""
+    if "moves" not in d:
+        return mbb_single(d)
+    fl, pl, sp = d["floor"], d["moves"]["planned"], d["moves"]["spot"]
+    spot = sp["spot_notice"]
+    la = d["load_average"]
+    params = f"{d['params'] / 1e6:,.0f} M-parameter" if d.get("params") else d["model"]
+    names = [k.removesuffix("_s").replace("_", " ") for k in pl["phases_s"]]
+
+    def row(label: str, a: Any, b: Any, digits: int = 2) -> str:
+        return f"| {label} | {f(a, digits) if a is not None else 'n/a'} | {f(b, digits) if b is not None else 'n/a'} |"
+
+    def bg(mv: dict[str, Any]) -> str:
+        b = mv.get("background_durability_copy")
+        return f"{b['seconds']:.2f} ({b['method']})" if b else "not finished when measured"
+
+    pc = pl.get("precopy") or {}
+    out = [
+        "### Make-before-break migration (`python benchmarks/bench_mbb.py`)",
+        "",
+        f"A {params} job ({d['checkpoint_bytes'] / 1e9:.2f} GB checkpoint, {d['checkpoint_files']} files), "
+        f"ranks {d['ranks']}, moved twice in one run by the broker and its agents: a planned move "
+        f"({pl['route']}) and a 2-minute spot notice ({sp['route']}). {d['machine']}; load average "
+        f"{la['start_1_5_15'][0]:.2f} at the start, {la['end_1_5_15'][0]:.2f} at the end (1 min). "
+        "Downtime = the source's last step ends → the destination starts its first step; floor = raw "
+        "write + raw read of the same files, same store (moto on loopback), same run, one stream per "
+        "file like the ranks, measured after the moves with nothing else running.",
+        "",
+        "| measure (seconds) | planned move | spot notice |",
+        "|---|---|---|",
+        row("**downtime**", pl["downtime_s"], sp["downtime_s"]),
+        f"| floor: raw write {f(fl['raw_write_s'], 2)} + raw read {f(fl['raw_read_s'], 2)} "
+        f"| {f(fl['floor_s'], 2)} | {f(fl['floor_s'], 2)} |",
+        row("downtime / floor (goal ≤ 1.3)", pl["downtime_vs_floor"], sp["downtime_vs_floor"]),
+    ]
+    for key, name in zip(pl["phases_s"], names, strict=True):
+        out.append(row(f"phase: {name}", pl["phases_s"][key], sp["phases_s"].get(key)))
+    for key in pl["inside_phases_s"]:
+        out.append(row(f"inside: {key.split(' (')[0].removesuffix('_s').replace('_', ' ')}",
+                       pl["inside_phases_s"][key], sp["inside_phases_s"].get(key)))
+    out += [
+        row("standby: parked waiting for the go", pl["standby"].get("parked_waiting_for_go_s"),
+            sp["standby"].get("parked_waiting_for_go_s")),
+        row("first step's own compute (not downtime)", pl["first_step_compute_s"], sp["first_step_compute_s"]),
+        f"| background durability copy (off the critical path) | {bg(pl)} | {bg(sp)} |",
+        "",
+        (f"Pre-copy (planned move): {pc.get('mb', 0):,.0f} MB of {pc.get('from', '').rpartition('/')[2]} "
+         f"copied into {pl['route'].split(' -> ')[1].split(' ')[0]} in {f(pc.get('seconds'), 2)} s "
+         f"({pc.get('method')}) while the source trained; its Stop went "
+         f"{f(pc.get('stop_held_s (move decided -> Stop sent)'), 1)} s after the move was decided "
+         "(pre-copy done and the standby parked)." if pc else "Pre-copy: none (no periodic checkpoint)."),
+        "",
+        f"Spot notice: final checkpoint durable {f(spot.get('notice_to_durable_s'), 1)} s after the "
+        f"notice, **{f(spot.get('margin_s (deadline - durable)'), 1)} s before the 2-minute deadline** "
+        f"(met: {'yes' if spot.get('met') else 'NO'}); the trainer used the stop's own grace "
+        f"({sp.get('trainer_grace')}).",
+    ]
+    if d.get("note"):
+        out += ["", d["note"]]
+    return out
+
+
+def mbb_single(d: dict[str, Any]) -> list[str]:
     fl, ph, inside, sb, spot = d["floor"], d["phases_s"], d["inside_phases_s"], d["standby"], d["spot_notice"]
     bg = d.get("background_durability_copy") or {}
     params = f"{d['params'] / 1e6:,.0f} M-parameter" if d.get("params") else d["model"]

@@ -92,6 +92,11 @@ class BrokerConfig(BaseModel):
     # starts the destination (standby) while the source saves; it goes once the source is
     # fenced and reads the checkpoint where the source wrote it (trainer/standby.py).
     make_before_break: bool = False
+    # Pre-copy (broker/jobs/precopy.py; with make_before_break): a planned move (drain,
+    # plan end, better capacity, defragmentation) of a job with a durable checkpoint holds
+    # the source's Stop while the destination copies that checkpoint into its region, at
+    # most this long; 0 = no pre-copy (the Stop goes at once). Spot notices never wait.
+    precopy_wait_s: float = Field(600.0, ge=0)
     # A job on a training plan is moved this long before the plan ends at the least; more
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)

@@ -67,7 +67,7 @@ from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, plan_staging, under
+from region_agents.staging import Staging, copy_tuning, plan_staging, under
 from region_agents.staging import s3_client as staging_s3_client
 from region_agents.store_probe import probe, resolve_store
 from region_agents.workdir import WorkdirCache
@@ -80,6 +80,7 @@ RECENT_TERMINAL_S = 120.0  # how long a finished attempt is re-reported on re-re
 LEADER_TIMEOUT_HEARTBEATS = 4.0  # silent broker for this many heartbeat intervals = hung
 MIN_LEADER_TIMEOUT_S = 6.0
 MIN_RESEND_S = 5.0  # unacked terminal updates are re-sent at most this often
+PARK_WAIT_S = 900.0  # a pre-copy report waits at most this long for its standby to park
 # gRPC keepalive on the agent's channel: a peer that stops answering HTTP/2 pings (host
 # gone, link cut) fails the stream even when no message is due. The broker's server
 # options permit pings every 5 s (broker/server.py).
@@ -486,6 +487,8 @@ class RegionAgent:
             self.ledger.launched(launch.job_id, launch.attempt)
             if launch.standby:
                 self._standby_ckpt[key] = launch.checkpoint_uri
+                if launch.precopy_from:  # a planned move: copy the last checkpoint over now
+                    self._precopy(launch)
             self._ack(command_id, True)
             if staging is not None:
                 # Copy the checkpoint into this region's store, or resolve a same-region
@@ -542,13 +545,56 @@ class RegionAgent:
             try:
                 from region_agents.transfer import copy_checkpoint
 
-                r = copy_checkpoint(src, dst, s3_client=staging_s3_client())
+                r = copy_checkpoint(src, dst, s3_client=staging_s3_client(), **copy_tuning(src, dst))
                 log.info("%s attempt %d: background durability copy %s -> %s: %.1f MB in %.2fs"
                          " (%s)", job_id, attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
             except Exception as e:  # noqa: BLE001 - best effort: the next checkpoint covers it
                 log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
 
         threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
+
+    def _precopy(self, launch: agent_pb2.Launch) -> None:
+        """Make-before-break pre-copy (docs/contracts.md section 5a): copy the source's last
+        periodic checkpoint into this standby's directory in this region's store while the
+        source still trains (the broker holds its Stop until we report), then report it:
+        JobUpdate{STARTING, transfer{done or error}}. Off the agent's lock, in a thread:
+        the standby's ranks start meanwhile. The report waits until the standby is also
+        parked (or gone), so its start-up (imports, model, optimizer state: CPU-heavy)
+        never competes with the source's final save, the critical path."""
+        src, ckpt = launch.precopy_from, launch.checkpoint_uri
+        job_id, attempt = launch.job_id, launch.attempt
+        name = src.rstrip("/").rpartition("/")[2]
+        dst = f"{ckpt.rstrip('/')}/{name}"
+        bucket = self.inventory.checkpoint_bucket
+
+        def run() -> None:
+            stats = common_pb2.TransferStats(src_uri=src, dst_uri=dst, start_time=time.time())
+            if under(src, bucket) or not under(ckpt, bucket):
+                stats.method, stats.done, stats.dst_uri = "same-store", True, src  # nothing to copy
+            else:
+                try:
+                    from region_agents.transfer import copy_checkpoint
+
+                    r = copy_checkpoint(src, dst, s3_client=staging_s3_client(), **copy_tuning(src, dst))
+                    stats.bytes_total = stats.bytes_done = r.bytes
+                    stats.seconds, stats.method, stats.done = r.seconds, r.method, True
+                    stats.mb_per_s = r.bytes / 1e6 / r.seconds if r.seconds > 0 else 0.0
+                    log.info("%s attempt %d: pre-copied %s -> %s: %.1f MB in %.2fs (%s)", job_id,
+                             attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
+                except Exception as e:  # noqa: BLE001 - reported; the move goes on without it
+                    stats.error = clip(f"{type(e).__name__}: {e}", ACK_MESSAGE_MAX)
+                    log.warning("%s attempt %d: pre-copy of %s failed: %s", job_id, attempt, src, e)
+            stats.end_time = time.time()
+            limit = time.monotonic() + PARK_WAIT_S
+            while self.executor.parked(job_id, attempt) is False and time.monotonic() < limit:
+                if self._stopping.wait(0.1):
+                    return
+            with self._lock:
+                if self.ledger.running.get(job_id) == attempt:  # still this agent's attempt
+                    self._report(AttemptEvent(job_id, attempt, AS.ATTEMPT_STATE_STARTING),
+                                 transfer=stats)
+
+        threading.Thread(target=run, name=f"precopy-{job_id}-{attempt}", daemon=True).start()
 
     def _check_checkpoint_root(self, launch: agent_pb2.Launch) -> str | None:
         """Why this region will not write ``launch.checkpoint_uri``, or None.

@@ -114,13 +114,14 @@ def warm() -> None:
 SERVER_COPY_PART = 5 * 1024**3  # S3's CopyObject limit and its largest part
 
 
-def _copy_tuning(src: str, dst: str) -> dict[str, int]:
+def copy_tuning(src: str, dst: str) -> dict[str, int]:
     """Server-side copies (S3 -> S3 on one endpoint): one CopyObject per file up to 5 GiB,
     5 GiB UploadPartCopy parts above. Why: no bytes pass through the agent either way,
     so small parts only add requests; and S3-compatible stores that serve each part copy
     by reading the whole source object (moto does) turn 16 MiB parts into O(size^2)
     work. Files still move in parallel (``workers``). Other routes keep the mover's
-    defaults (parallel ranged parts through this host)."""
+    defaults (parallel ranged parts through this host). The agent's make-before-break
+    pre-copy and background durability copy use it too."""
     if src.startswith("s3://") and dst.startswith("s3://"):
         return {"multipart_threshold": SERVER_COPY_PART, "part_size": SERVER_COPY_PART}
     return {}
@@ -200,7 +201,7 @@ class Staging:
             try:
                 return copy_checkpoint(src, self.dst, progress=self._progress,
                                        s3_client=_client_for(src, self.dst),
-                                       **_copy_tuning(src, self.dst))
+                                       **copy_tuning(src, self.dst))
             except TransferError as exc:
                 if attempt == 3:
                     raise

@@ -520,8 +520,11 @@ def find_resume_point(
     if resume_from:
         parent, name = split_checkpoint_uri(resume_from)
         src = open_store(parent, max_concurrency)
-        src.check_reachable()
-        steps = src.list_steps()
+        try:  # the listing is the reachability check on the happy path (a move's downtime)
+            steps = src.list_steps()
+        except Exception:
+            src.check_reachable()  # a clear TrainerError (exit 2) for a wrong endpoint/bucket
+            raise
         if not steps.get(parse_step(name), False):
             state = "incomplete (no manifest)" if parse_step(name) in steps else "gone"
             raise ResumeUnavailable(

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from checkpoint_layout.stop_deadline import read_stop_deadline
 from trainer.checkpoint import GraceExceeded
 from trainer.config import RunEnv, load_run_env
 from trainer.errors import (
@@ -78,6 +79,22 @@ def grace_deadline(term_time: float, grace_s: float) -> float:
     """When the emergency save must be done: CB_GRACE_S after SIGTERM, minus a margin
     (10%, at most 5 s) so the process has exited before the agent's SIGKILL."""
     return term_time + grace_s - min(5.0, 0.1 * grace_s)
+
+
+def stop_deadline(term_time: float, grace_s: float) -> tuple[float, float, str]:
+    """(deadline on the monotonic clock, the grace it stands for, where it came from)
+    of the emergency save after a SIGTERM at ``term_time``.
+
+    The stop's own deadline (CB_STOP_DEADLINE_FILE, written by the agent right before
+    its SIGTERM: checkpoint_layout/stop_deadline.py) wins over CB_GRACE_S, which was
+    fixed at launch: a drain may allow 10 minutes, a spot notice less than two. The same
+    margin (10% of that grace, at most 5 s) keeps the exit ahead of the agent's SIGKILL."""
+    sd = read_stop_deadline()
+    if sd is None:
+        return grace_deadline(term_time, grace_s), grace_s, "CB_GRACE_S"
+    grace = sd.grace_s if sd.grace_s > 0 else max(0.0, sd.deadline - time.time())
+    left = sd.deadline - time.time()
+    return time.monotonic() + left - min(5.0, 0.1 * grace), grace, "the stop"
 
 
 class Run:
@@ -259,14 +276,15 @@ class Run:
             self._end(EXIT_TERMINATED)
         t0 = time.perf_counter()
         term = self.flags.term_time
-        deadline = grace_deadline(term, self.env.grace_s) if term else None
+        deadline, grace, source = (stop_deadline(term, self.env.grace_s) if term
+                                   else (None, self.env.grace_s, "CB_GRACE_S"))
         try:
             ck.save(step, blocking=True, deadline=deadline)
         except GraceExceeded as exc:
             last = ck.last_durable_step
             print(
                 f"trainer error (rank {self.rank}): emergency checkpoint of step {step} could "
-                f"not complete within CB_GRACE_S={self.env.grace_s:g}s after SIGTERM ({exc}); "
+                f"not complete within {_grace_text(grace, source)} after SIGTERM ({exc}); "
                 f"exiting {EXIT_GRACE_EXCEEDED} without it. Latest complete checkpoint: "
                 + (f"step {last}" if last >= 0 else "none"),
                 file=sys.stderr,
@@ -278,7 +296,7 @@ class Run:
         waited = time.monotonic() - term if term else 0.0
         self.log(
             f"stopped at step {step}; checkpoint durable in {time.perf_counter() - t0:.2f}s "
-            f"({waited:.1f}s after SIGTERM, grace {self.env.grace_s:.0f}s); exit 75"
+            f"({waited:.1f}s after SIGTERM, grace {grace:.0f}s from {source}); exit 75"
         )
         self.progress.update(state="checkpointing")
         self._end(EXIT_CHECKPOINTED)
@@ -315,6 +333,11 @@ class Run:
     def _excepthook(self, tp: type[BaseException], exc: BaseException, tb: Any) -> None:
         self.progress.stop()
         _report_and_exit(tp, exc, tb)
+
+
+def _grace_text(grace: float, source: str) -> str:
+    """``CB_GRACE_S=120s`` or ``the stop's grace of 110s`` (stderr lines people read)."""
+    return f"CB_GRACE_S={grace:g}s" if source == "CB_GRACE_S" else f"the stop's grace of {grace:g}s"
 
 
 def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> NoReturn:

@@ -19,7 +19,7 @@ from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import FailedPrecondition
 from broker.ids import new_job_id
-from broker.jobs import migration, standby, transitions, updates
+from broker.jobs import migration, precopy, standby, transitions, updates
 from broker.jobs.applier import Applier
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
@@ -246,6 +246,8 @@ class JobOps:
             elif transitions.stop_due(job, now, self.config):
                 keep(self._apply(job.id, transitions.stop_timed_out,
                                  transitions.StopTimeout(attempt=job.attempt)))
+            elif precopy.expired(job, now):  # a pre-copy hold ran out: the Stop goes now
+                keep(self._apply(job.id, precopy.release_expired, None))
         return changed
 
     # ---- agent updates --------------------------------------------------------------------
@@ -262,6 +264,8 @@ class JobOps:
         if standby.is_standby(job, agent.agent_id, u.attempt):  # make-before-break, before its go
             if u.state in updates.ATTEMPT_TERMINAL:
                 self.applier.apply(u.job_id, lambda j, now: standby.standby_ended(j, agent.agent_id, u, now))
+            elif u.HasField("transfer"):  # its pre-copy ended: the held Stop goes
+                self._apply(u.job_id, precopy.reported, u)
             return
         if not transitions.is_current(job, agent.agent_id, u.attempt):
             if u.state not in updates.ATTEMPT_TERMINAL:

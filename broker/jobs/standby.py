@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import handoff, migration
+from broker.jobs import handoff, migration, precopy
 from broker.jobs.causes import StopKind
 from broker.jobs.lifecycle import CHECKPOINTING, LAUNCHING, MIGRATING, Tx
 from computebroker.v1 import agent_pb2 as apb
@@ -117,7 +117,8 @@ def reserve(job: pb.Job, inp: ReserveStandby, now: float, config: BrokerConfig) 
                     f" while attempt {j.attempt} saves its final checkpoint",
             details={"agent": pl.agent_id, "world_size": str(pl.world_size), "checkpoint_uri": ckpt})
     launch = apb.Launch(job_id=j.id, attempt=j.attempt + 1, spec=j.spec, placement=pl,
-                        checkpoint_uri=ckpt, resume_from="", transfer_mode="direct", standby=True)
+                        checkpoint_uri=ckpt, resume_from="", transfer_mode="direct", standby=True,
+                        precopy_from=precopy.precopy_from(j))
     return seal(tx, SendLaunch(agent_id=pl.agent_id, launch=launch))
 
 
@@ -133,24 +134,25 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
                        durable_uri=durable)
     if h.action is not handoff.GoAction.GO:
         return None
+    resume_from = precopy.local_resume(j, h.resume_from)  # the pre-copied one: read locally
     m = migration.open_migration(j)
     j.attempt = sb.attempt
     j.relaunches += 1
     j.placement.CopyFrom(sb.placement)
     sb.go_time = tx.now
-    sb.resume_from = h.resume_from
-    migration.launched(j, tx.now, h.resume_from)
+    sb.resume_from = resume_from
+    migration.launched(j, tx.now, resume_from)
     if m is not None:
         m.go_time = tx.now
     j.stop_reason = ""
     j.stop_requested_time = 0.0
     tx.move(LAUNCHING, "launched", reason="make_before_break", actor=actor,
             message=f"attempt {j.attempt} (standby on {sb.placement.region}) goes: {h.reason}"
-                    + (f", resuming from {h.resume_from}" if h.resume_from else ""),
-            details={"checkpoint_uri": sb.checkpoint_uri, "resume_from": h.resume_from,
+                    + (f", resuming from {resume_from}" if resume_from else ""),
+            details={"checkpoint_uri": sb.checkpoint_uri, "resume_from": resume_from,
                      "agent": sb.placement.agent_id, "world_size": str(sb.placement.world_size)})
     return SendGo(agent_id=sb.placement.agent_id, job_id=j.id, attempt=j.attempt,
-                  resume_from=h.resume_from, reason=h.reason)
+                  resume_from=resume_from, reason=h.reason)
 
 
 def standby_missing(job: pb.Job, agent_id: str, now: float) -> Outcome | None:
@@ -174,7 +176,9 @@ def standby_ended(job: pb.Job, agent_id: str, u: apb.JobUpdate, now: float) -> O
     tx.note("standby_failed", reason="standby_failed", actor=f"agent:{agent_id}",
             message=f"standby attempt {u.attempt} ended before its go (exit {u.exit_code}):"
                     f" {u.message.strip()[-300:]}; the move goes on without it")
-    return seal(tx, WakeScheduler())
+    # a Stop held for this standby's pre-copy goes now (nothing will copy any more)
+    stop = precopy.release(tx, why="the standby ended before its pre-copy did", actor="broker")
+    return seal(tx, *((stop,) if stop is not None else ()), WakeScheduler())
 
 
 def settle(job: pb.Job) -> tuple[object, ...]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import backoff, migration
+from broker.jobs import backoff, migration, precopy
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
@@ -166,9 +166,13 @@ def is_current(job: pb.Job, agent_id: str, attempt: int) -> bool:
     return job.attempt == attempt and job.placement.agent_id == agent_id and job.phase in HOLDING
 
 
-def _stop_of(job: pb.Job, kind: StopKind | None, checkpoint_first: bool, grace_s: float) -> SendStop:
+def stop_of(job: pb.Job, kind: StopKind | None, checkpoint_first: bool, grace_s: float) -> SendStop:
+    """The Stop for ``job``'s current attempt on its agent."""
     return SendStop(agent_id=job.placement.agent_id, job_id=job.id, attempt=job.attempt,
                     kind=kind, checkpoint_first=checkpoint_first, grace_s=grace_s)
+
+
+_stop_of = stop_of
 
 
 # ---- transitions -------------------------------------------------------------------------
@@ -298,6 +302,8 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
     already stopping, or not holding GPUs, is left alone.
     """
     plan = inp.plan
+    if precopy.held(job) is not None:  # a planned move's Stop waits for its pre-copy: now
+        return precopy.urgent(job, plan, now)
     if job.phase not in HOLDING or job.stop_reason or job.phase == CHECKPOINTING:
         return None
     tx = begin(job, now)
@@ -306,14 +312,25 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
     j.excluded_nodes.extend(add)
     details = dict(inp.details)
     if j.phase == RUNNING and plan.checkpoint_first:
+        hold = precopy.wanted(j, plan, config)
         j.stop_reason = plan.kind.value
-        j.stop_requested_time = now
         begin_move(tx, now, plan.cause)
+        if hold:  # pre-copy first: the Stop waits (broker/jobs/precopy.py), training goes on
+            precopy.hold(j, plan, now, config)
+            details["precopy_from"] = j.progress.last_checkpoint_uri
+        else:
+            j.stop_requested_time = now
+            m = migration.open_migration(j)
+            if m is not None:
+                m.stop_sent_time = now
         tx.move(CHECKPOINTING, plan.kind.event, reason=plan.cause.value, actor=inp.actor,
-                message=inp.message, details=details)
+                message=inp.message + (" (the stop waits until the destination region holds the"
+                                       " last periodic checkpoint)" if hold else ""),
+                details=details)
         # make-before-break: the scheduler places the move's standby now, not at its next pass
         wake = (WakeScheduler(),) if config.make_before_break else ()
-        return seal(tx, _stop_of(j, plan.kind, True, plan.grace_s), *wake)
+        stop = () if hold else (_stop_of(j, plan.kind, True, plan.grace_s),)
+        return seal(tx, *stop, *wake)
     stop = _stop_of(job, plan.kind, False, 0.0)  # the old attempt, before the requeue
     lost = tx.lose_work(plan.family) if j.phase == RUNNING else 0.0
     j.requeue_cause = plan.family.value

@@ -151,6 +151,11 @@ class Executor(abc.ABC):
         """Release (or abort) a standby attempt held before its first step."""
         raise NotImplementedError(f"{type(self).__name__} does not run standby attempts")
 
+    def parked(self, job_id: str, attempt: int) -> bool | None:
+        """Is this standby attempt started and parked before its first step (progress
+        state ``standby``)? None when it no longer runs here (or cannot be known)."""
+        return None
+
     @abc.abstractmethod
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         """checkpoint_first: SIGTERM (trainer checkpoints, exits 75), SIGKILL after

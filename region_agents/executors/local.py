@@ -34,6 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, write_go
+from checkpoint_layout.stop_deadline import (
+    STOP_DEADLINE_ENV,
+    STOP_DEADLINE_NAME,
+    StopDeadline,
+    write_stop_deadline,
+)
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.executors import attempt_records as records
 from region_agents.executors.base import (
@@ -242,8 +248,9 @@ class LocalExecutor(Executor):
             with contextlib.suppress(FileNotFoundError):
                 (adir / records.FENCE_NAME).unlink()
             progress_path = adir / "progress.json"
-            with contextlib.suppress(FileNotFoundError):
-                progress_path.unlink()
+            for stale in (progress_path, adir / STOP_DEADLINE_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
             ckpt = file_path(spec.checkpoint_uri or spec.spec.checkpoint_uri) or os.path.join(
                 self.default_checkpoint_root, spec.job_id
             )
@@ -278,6 +285,9 @@ class LocalExecutor(Executor):
                     "CB_PROGRESS_FILE": str(progress_path),
                     "CB_WORK_DIR": str(adir),
                     "CB_FENCE_FILE": str(adir / records.FENCE_NAME),
+                    # the Stop's grace, written right before its SIGTERM (CB_GRACE_S is
+                    # fixed now; a stop's deadline is known only when it comes)
+                    STOP_DEADLINE_ENV: str(adir / STOP_DEADLINE_NAME),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
@@ -405,6 +415,15 @@ class LocalExecutor(Executor):
                 raise KeyError(f"{job_id} attempt {attempt} is not running here")
             write_go(att.dir / GO_NAME, go)
 
+    def parked(self, job_id: str, attempt: int) -> bool | None:
+        """The standby's own word in its progress file (read fresh: the ticker may lag)."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None or all(r.poll() is not None for r in att.ranks):
+                return None
+            snap = read_progress(str(att.progress_path))
+            return snap is not None and snap.state == "standby"
+
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         with self._lock:
             att = self._attempts.get((job_id, attempt))
@@ -415,6 +434,12 @@ class LocalExecutor(Executor):
                     return  # already stopping; the first deadline stands
                 att.stop_mode = "checkpoint"
                 att.kill_deadline = time.time() + max(0.0, grace_s)
+                try:  # before the SIGTERM: the trainer reads it when it acts on the signal
+                    write_stop_deadline(att.dir / STOP_DEADLINE_NAME,
+                                        StopDeadline(att.kill_deadline, max(0.0, grace_s)))
+                except OSError as e:  # the trainer falls back to CB_GRACE_S
+                    log.warning("%s attempt %d: cannot write the stop deadline: %s",
+                                job_id, attempt, e)
                 self._signal_live(att, signal.SIGTERM)
                 self._set_state(att, AS.ATTEMPT_STATE_CHECKPOINTING)
             else:
@@ -606,6 +631,9 @@ class LocalExecutor(Executor):
             atts = list(self._attempts.values())
             for a in atts:
                 if grace_s > 0:
+                    with contextlib.suppress(OSError):  # the trainer's save deadline
+                        write_stop_deadline(a.dir / STOP_DEADLINE_NAME,
+                                            StopDeadline(time.time() + grace_s, grace_s))
                     self._signal_live(a, signal.SIGTERM)
                 else:
                     self._signal_live(a, signal.SIGKILL)

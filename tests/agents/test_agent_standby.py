@@ -58,3 +58,45 @@ def test_standby_beside_a_running_attempt_of_the_job_is_refused(broker, agent, f
                   what="two more heartbeats")
     assert any(r.job_id == "j-2" and r.attempt == 1 for r in hb.running)
     assert all(u.state not in (4, 5, 6, 7) for u in broker.updates("j-2", 1))
+
+
+def test_standby_precopies_the_named_checkpoint_into_its_region_and_reports_it(
+        broker, agent, tmp_path: Path) -> None:
+    """Launch{standby, precopy_from}: while the ranks start, the agent copies the source's
+    last periodic checkpoint into <checkpoint_uri>/step-N of its own store (manifest last)
+    and, once the standby is parked too, reports JobUpdate{STARTING, transfer{done}}: the
+    broker's cue to stop the source."""
+    from tests.agents.test_transfer import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "other-region" / "jobs" / "j-pc" / "attempt-1", 4,
+                          checksums="xxh3_128")
+    wait_for(lambda: agent.connected, 30, what="connected")
+    park = tmp_path / "park-now"
+    parker = ("import os, pathlib, time\n"  # parks (progress `standby`) when the test says so
+              f"while not pathlib.Path({str(park)!r}).exists(): time.sleep(0.02)\n"
+              "pathlib.Path(os.environ['CB_PROGRESS_FILE']).write_text('{\"state\": \"standby\"}')\n"
+              + WAITER)
+    msg = launch_msg([sys.executable, "-c", parker], job="j-pc", attempt=2)
+    msg.standby = True
+    msg.checkpoint_uri = str(tmp_path / "ckpt" / "jobs" / "j-pc" / "attempt-2")
+    msg.precopy_from = str(src)
+    assert broker.wait_ack(broker.send(launch=msg)).accepted
+
+    def reported() -> agent_pb2.JobUpdate | None:
+        return next((u for u in broker.updates("j-pc", 2) if u.HasField("transfer")), None)
+
+    copy = Path(msg.checkpoint_uri) / src.name
+    wait_for(lambda: (copy / "manifest.json").exists(), 60, what="the pre-copy")
+    # not reported while the standby still starts: its start-up must not meet the final save
+    assert reported() is None
+    park.touch()
+    u = wait_for(reported, 60, what="the pre-copy's report")
+    assert u.state == AS.ATTEMPT_STATE_STARTING and u.transfer.done and not u.transfer.error
+    assert u.transfer.src_uri == str(src) and u.transfer.dst_uri == str(copy)
+    assert u.transfer.bytes_done == u.transfer.bytes_total > 0
+    assert (copy / "manifest.json").read_bytes() == (src / "manifest.json").read_bytes()
+    for f in src.iterdir():
+        assert (copy / f.name).read_bytes() == f.read_bytes()
+    # still parked: the copy released nothing
+    assert not (tmp_path / "work" / "jobs" / "j-pc" / "attempt-2" / "got.json").exists()
+    assert broker.wait_ack(broker.send(go=agent_pb2.Go(job_id="j-pc", attempt=2, abort=True))).accepted

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,33 @@ def test_storage_and_lease_exits_blame_no_node(ex, fake_trainer):
         end = col.wait_terminal()
         assert end.state == AS.ATTEMPT_STATE_FAILED and end.exit_code == code, end
         assert end.failed_nodes == [], end
+
+
+def test_stop_grace_reaches_the_ranks_through_the_deadline_file(ex, tmp_path):
+    """CB_GRACE_S is fixed at launch; the Stop's own grace (a 10-minute drain here) is
+    written to CB_STOP_DEADLINE_FILE before the SIGTERM, and every rank reads it there."""
+    dump = tmp_path / "deadline-"
+    ready = tmp_path / "ready-"
+    script = ("import json, os, pathlib, signal, sys, time\n"
+              "got = []\n"
+              "signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+              f"pathlib.Path({str(ready)!r} + os.environ['RANK']).touch()\n"
+              # RUNNING (rank 0's progress file) only once every rank can take the SIGTERM
+              f"while not all(pathlib.Path({str(ready)!r} + r).exists() for r in '01'): time.sleep(0.02)\n"
+              "open(os.environ['CB_PROGRESS_FILE'], 'w').write('{\"state\": \"running\"}')\n"
+              "while not got: time.sleep(0.02)\n"
+              "d = json.load(open(os.environ['CB_STOP_DEADLINE_FILE']))\n"
+              f"json.dump(d, open({str(dump)!r} + os.environ['RANK'], 'w'))\n"
+              "sys.exit(75)\n")
+    col = Collector(ex)
+    ex.launch(make_spec([sys.executable, "-c", script], nodes=2, gpus=1))
+    col.wait_state(AS.ATTEMPT_STATE_RUNNING)
+    before = time.time()
+    ex.stop("j-1", 1, checkpoint_first=True, grace_s=600)
+    after = time.time()
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_CHECKPOINTED and end.exit_code == 75, end.message
+    for rank in (0, 1):
+        d = json.loads(Path(f"{dump}{rank}").read_text())
+        assert d["grace_s"] == 600
+        assert before + 600 <= d["deadline"] <= after + 600  # the agent's own SIGKILL time

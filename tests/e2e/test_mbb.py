@@ -7,6 +7,9 @@ drain: the source's final checkpoint is then held mid-save, deterministically, w
 the destination's standby is reserved, started and parked. Only then is the gate
 opened. Asserted on the job record, its Migration record and the per-step sample log
 (one line per step, in the order the steps happened), never on how long anything took:
+* the drain is a planned move of a job with a periodic checkpoint: the source's Stop is
+  held until the destination's agent has pre-copied that checkpoint into its region
+  (broker/jobs/precopy.py), then sent;
 * the standby exists and is parked (no step, not the job's attempt) while the source saves;
 * every source step precedes every destination step (fenced first);
 * the destination resumed at exactly the next unseen sample on another world size,
@@ -68,7 +71,10 @@ def test_drain_make_before_break_standby_goes_after_the_source_is_fenced(
                     state = json.loads((standby_dir / "progress.json").read_text()).get("state")
                 except (FileNotFoundError, json.JSONDecodeError):
                     state = None
-                return j.HasField("standby") and state == "standby" and j
+                # ... and its agent has pre-copied the last periodic checkpoint (that needs
+                # no write of the source's, so it never waits for the gate)
+                return (j.HasField("standby") and state == "standby"
+                        and j.migrations[-1].precopy_done_time > 0 and j)
 
             try:
                 held = wait_until(parked, timeout=240,
@@ -77,7 +83,12 @@ def test_drain_make_before_break_standby_goes_after_the_source_is_fenced(
                 assert held.phase == pb.JOB_PHASE_CHECKPOINTING and held.attempt == 1
                 assert held.standby.attempt == 2 and held.standby.placement.region == "eu-west-1"
                 assert {r["attempt"] for r in read_log(log)} == {1}  # it took no step
-                assert s3_server.list_keys(buckets["eu-west-1"], f"jobs/{h.id}/") == []  # nor saved
+                # nor saved: the only keys in its region are the pre-copied checkpoint's
+                pre = held.migrations[-1].precopy_from.rstrip("/").rpartition("/")[2]
+                assert pre.startswith("step-")
+                keys = s3_server.list_keys(buckets["eu-west-1"], f"jobs/{h.id}/")
+                assert all(k.startswith(f"jobs/{h.id}/attempt-2/{pre}/") for k in keys), keys
+                assert f"jobs/{h.id}/attempt-2/{pre}/manifest.json" in keys  # complete
             finally:
                 proxy.plan.gate.set()
             job = h.wait(timeout=300)
@@ -98,6 +109,16 @@ def test_drain_make_before_break_standby_goes_after_the_source_is_fenced(
     assert m.downtime_s < m.first_step_time - m.last_source_step_time + 1e-6
     # ... and the agents' view of the source: SIGTERM, then exit, before the go
     assert 0 < m.stop_signal_time <= m.exit_time <= m.go_time
+    # pre-copy: the last periodic checkpoint reached eu-west-1 before the source's Stop
+    assert m.precopy_from.startswith(f"s3://{buckets['us-east-2']}/jobs/{job.id}/attempt-1/step-")
+    assert m.precopy.done and not m.precopy.error and m.precopy.bytes_done > 0
+    pre = m.precopy_from.rstrip("/").rpartition("/")[2]
+    assert m.precopy_uri == f"s3://{buckets['eu-west-1']}/jobs/{job.id}/attempt-2/{pre}"
+    assert m.started_time <= m.precopy_done_time <= m.stop_sent_time <= m.checkpointed_time
+    assert m.precopy_done_time <= m.stop_signal_time  # the source's SIGTERM came after it
+    last_launch = len(types) - 1 - types[::-1].index("launched")  # the go
+    assert types.index("precopied") < types.index("stop_sent") < last_launch
+    assert pre < m.resume_from.rstrip("/").rpartition("/")[2]  # the final one is newer
     # read straight from the source region's bucket: no copy on the critical path
     assert m.resume_from.startswith(f"s3://{buckets['us-east-2']}/jobs/{job.id}/attempt-1/")
     assert not m.transfer.bytes_total

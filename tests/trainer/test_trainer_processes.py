@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from checkpoint_layout.stop_deadline import StopDeadline, write_stop_deadline
 from tests.trainer.launch import free_port, launch, read_log, tiny_spec
 from trainer.storage import step_name
 
@@ -393,5 +394,51 @@ def test_sigterm_save_past_grace_exits_76_keeps_previous_checkpoint(tmp_path: Pa
     assert "Traceback" not in err, err
     assert "could not complete within CB_GRACE_S=1s" in err, err
     assert "Latest complete checkpoint: step 3" in err, err
+    complete = sorted(p.name for p in ckpt_root.iterdir() if (p / "manifest.json").exists())
+    assert complete == [step_name(3)]
+
+
+def _stop_at_step_3(run: Any, ckpt_root: Path, deadline_file: Path, grace_s: float) -> list[int]:
+    """Wait for step 3's checkpoint, publish the stop's deadline as the agent does
+    (checkpoint_layout/stop_deadline.py), SIGTERM, return the exit codes."""
+    limit = time.monotonic() + 180
+    while not ((run.progress() or {}).get("last_checkpoint_step") or 0) >= 3:
+        if any(p.poll() is not None for p in run.procs) or time.monotonic() > limit:
+            run.kill()
+            raise AssertionError(f"no checkpoint at step 3\n{run.output()}\n{run.stderr()}")
+        time.sleep(0.05)
+    write_stop_deadline(deadline_file, StopDeadline(time.time() + grace_s, grace_s))
+    run.signal(signal.SIGTERM)
+    return run.wait(180)
+
+
+def test_the_stops_long_grace_overrides_a_short_cb_grace_s(tmp_path: Path) -> None:
+    """A drain's long grace is honoured although CB_GRACE_S (fixed at launch) is 1 s: with
+    CB_GRACE_S alone this run exits 76 (the test above); with the stop's 600 s the step
+    finishes, the emergency checkpoint is saved, exit 75."""
+    ckpt_root, dl = tmp_path / "ckpt", tmp_path / "stop-deadline.json"
+    spec = tiny_spec(total_steps=100, checkpoint_every=3, step_sleep_s=2.0)
+    run = launch(tmp_path / "run", 1, spec, str(ckpt_root), grace_s=1.0,
+                 env={"CB_STOP_DEADLINE_FILE": str(dl)})
+    codes = _stop_at_step_3(run, ckpt_root, dl, 600.0)
+    assert codes == [75], f"exit codes {codes}\n{run.output()}\n{run.stderr(0)}"
+    assert "grace 600s from the stop" in run.output(0)
+    complete = sorted(p.name for p in ckpt_root.iterdir() if (p / "manifest.json").exists())
+    assert len(complete) >= 2 and complete[0] == step_name(3)  # the emergency one is newer
+
+
+def test_the_stops_short_deadline_overrides_a_long_cb_grace_s(tmp_path: Path) -> None:
+    """A stop whose deadline is 1 s away is respected although CB_GRACE_S is 600 s: the
+    step in progress outlasts it, so no checkpoint is attempted past it (exit 76, the
+    previous complete checkpoint stays the latest), instead of a save the agent's SIGKILL
+    would cut."""
+    ckpt_root, dl = tmp_path / "ckpt", tmp_path / "stop-deadline.json"
+    spec = tiny_spec(total_steps=100, checkpoint_every=3, step_sleep_s=2.0)
+    run = launch(tmp_path / "run", 1, spec, str(ckpt_root), grace_s=600.0,
+                 env={"CB_STOP_DEADLINE_FILE": str(dl)})
+    codes = _stop_at_step_3(run, ckpt_root, dl, 1.0)
+    err = run.stderr(0)
+    assert codes == [76], f"exit codes {codes}\n{run.output()}\n{err}"
+    assert "could not complete within the stop's grace of 1s" in err, err
     complete = sorted(p.name for p in ckpt_root.iterdir() if (p / "manifest.json").exists())
     assert complete == [step_name(3)]

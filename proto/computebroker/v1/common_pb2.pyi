@@ -508,7 +508,7 @@ class TransferStats(_message.Message):
     def __init__(self, src_uri: _Optional[str] = ..., dst_uri: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., seconds: _Optional[float] = ..., mb_per_s: _Optional[float] = ..., method: _Optional[str] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s")
+    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s", "stop_held_until", "held_stop_grace_s", "precopy_from", "precopy_uri", "precopy_done_time", "precopy", "stop_sent_time")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -552,6 +552,13 @@ class Migration(_message.Message):
     GO_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_SOURCE_STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_HELD_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    HELD_STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_FROM_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_URI_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_DONE_TIME_FIELD_NUMBER: _ClassVar[int]
+    PRECOPY_FIELD_NUMBER: _ClassVar[int]
+    STOP_SENT_TIME_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     seq: int
@@ -595,4 +602,11 @@ class Migration(_message.Message):
     go_time: float
     last_source_step_time: float
     downtime_s: float
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ...) -> None: ...
+    stop_held_until: float
+    held_stop_grace_s: float
+    precopy_from: str
+    precopy_uri: str
+    precopy_done_time: float
+    precopy: TransferStats
+    stop_sent_time: float
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ..., stop_held_until: _Optional[float] = ..., held_stop_grace_s: _Optional[float] = ..., precopy_from: _Optional[str] = ..., precopy_uri: _Optional[str] = ..., precopy_done_time: _Optional[float] = ..., precopy: _Optional[_Union[TransferStats, _Mapping]] = ..., stop_sent_time: _Optional[float] = ...) -> None: ...
