@@ -47,9 +47,11 @@ class BrokerConfig(BaseModel):
     # this share (the GIL is shared with the API threads). Wake-ups coalesce meanwhile.
     # Why 0.1: in a storm the passes take this share whatever one costs (the pause is
     # proportional to the pass), so the share, not the pass's cost, is what the API
-    # loses; 0.25 -> 0.1 cut a submit's broker CPU by ~20% (benchmarks/bench_api.py)
-    # for an admission delay of ~10 passes in a storm (~0.15-0.25 s at 5,000 pending, at
-    # most pass + scheduler_interval_s). A lone event still gets its pass at once.
+    # loses. 0.25 -> 0.1 (with cheaper passes), in locked interleaved bench_api pairs:
+    # SubmitJob p99 at 16 clients 48-59 -> 40-44 ms, 1 client +10-15%; the 16-client
+    # rate did not move. The cost: an admission delay of ~10 passes in a storm
+    # (~0.15-0.25 s at 5,000 pending; at most pass + scheduler_interval_s). A lone
+    # event still gets its pass at once.
     scheduler_busy_share: float = Field(0.1, gt=0, le=1)
     # Rank output kept per job attempt (stdout+stderr of all ranks); the oldest lines
     # beyond it are dropped and counted (docs/contracts.md "Rank logs").
