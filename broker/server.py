@@ -32,12 +32,12 @@ hand-offs in gRPC's sync server and our interceptors + servicer + group commit.
 Why not grpc.aio for the hot path (measured, not assumed): a prototype served SubmitJob
 on a grpc.aio server in the same process as this one, same servicer and audit rider,
 no interceptors (so favoured), clients in another process, 16 clients, alternating 4 s
-runs (dev runs, load 5-6): servicer via an executor of 16 threads 671 and 455/s against
-877 and 700/s here (0.65-0.77x); 4 threads 562 and 596/s against 695 and 737/s (0.81x);
-called directly on the event loop 378 and 363/s against 693 and 673/s (0.55x: the loop
-serializes the blocking store write, so group commit has nobody to group with). The
-servicers, the store and the group commit are synchronous, so an event loop only adds a
-hop; the sync server stays.
+runs under the bench lock (load 3.5-5): servicer via an executor of 16 threads 879 and
+814/s against 994 and 993/s here (0.82-0.88x); 4 threads 603 and 723/s against 1,001
+and 910/s (0.60-0.79x); called directly on the event loop 625 and 675/s against 972 and
+944/s (0.64-0.71x: the loop serializes the blocking store write, so group commit has
+almost nobody to group with, 1.8 jobs per write). The servicers, the store and the group
+commit are synchronous, so an event loop only adds a hop; the sync server stays.
 """
 
 from __future__ import annotations
