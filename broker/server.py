@@ -21,13 +21,14 @@ is 16 clients queueing for it).
 
 Scheduler passes during a storm: each submit wakes the loop and passes pace themselves
 to ``scheduler_busy_share`` of the time, so in a storm they take that share whatever a
-pass costs (the pause is proportional to the pass). Making passes cheaper (they are
-~13 ms of CPU at 5,000 pending, still O(queue)) shortens admission delays; what the API
-gets back is set by the share. 0.25 -> 0.1 (locked interleaved pairs against the code
-before): p99 at 16 clients 48-59 -> 40-44 ms, 1 client +10-15%, but the 16-client rate
-and the broker CPU per submit (~0.85-1.0 ms) did not move: at these queue sizes the
-passes were not what bounds the rate. What is left is per-call Python and thread
-hand-offs in gRPC's sync server and our interceptors + servicer + group commit.
+pass costs (the pause is proportional to the pass). Making passes cheaper (now 12-13 ms
+of CPU at 5,000 pending and no agent, 18-22 ms before; still O(queue)) shortens
+admission delays; what the API gets back is set by the share. 0.25 -> 0.1 (locked
+interleaved pairs against the code before): p99 at 16 clients 48-59 -> 40-44 ms, 1
+client +10-15%, but the 16-client rate and the broker CPU per submit (~0.85-1.0 ms) did
+not move: at these queue sizes the passes were not what bounds the rate. What is left is
+per-call Python and thread hand-offs in gRPC's sync server and our interceptors +
+servicer + group commit.
 
 Why not grpc.aio for the hot path (measured, not assumed): a prototype served SubmitJob
 on a grpc.aio server in the same process as this one, same servicer and audit rider,
