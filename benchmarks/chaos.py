@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +40,16 @@ sys.path.insert(0, str(ROOT / "proto"))
 from tests.fixtures.chaos.campaign import Campaign, Options, available_kinds, render  # noqa: E402
 from tests.fixtures.chaos.faults import FaultKind  # noqa: E402
 from tests.fixtures.netns import available  # noqa: E402
+
+
+def _commit() -> str:
+    """The code this report is about (a long run outlives many commits on main)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 class LoadSampler:
@@ -106,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         load.stop()
     report["elapsed_s"] = round(time.monotonic() - t, 1)
     report["faults_scheduled"] = opts.faults
+    report["commit"] = _commit()
     report["load_avg_1m"] = load.summary()
     report["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     report["work_dir"] = str(root)

@@ -447,7 +447,8 @@ def chaos(d: dict[str, Any]) -> list[str]:
                   f"Goal of issue 15: 200 jobs, every fault kind, nothing lost, doubled, wrong or stuck. "
                   f"This run: {d['jobs']} jobs, {len(d['by_kind'])} kinds, {faults}; {d['attempts_total']} "
                   f"attempts in all (at most {d['attempts_max']} for one job); {busy} on the 2 cores "
-                  "(recovery times stretch with load)."]
+                  "(recovery times stretch with load)" + (f"; code at commit `{d['commit']}`." if d.get("commit")
+                                                           else ".")]
 
 
 def sim(d: dict[str, Any]) -> list[str]:
