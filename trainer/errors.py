@@ -29,6 +29,11 @@ EXIT_AGENT_LEASE_EXPIRED = 78
 # store failed, not the machine (blaming it excluded nodes for good; the fault
 # campaign's S3 503 bursts could leave a job nowhere to run).
 EXIT_STORAGE_FAILED = 79
+# The rendezvous port (MASTER_PORT) was taken by another process between the agent
+# choosing it and rank 0 listening on it: nobody's fault here, the broker relaunches
+# (with a new port) and no node is blamed. Seen once in the fault campaign, as a raw
+# torch traceback, before the agent chose ports outside the kernel's ephemeral range.
+EXIT_RENDEZVOUS_PORT_TAKEN = 80
 
 
 

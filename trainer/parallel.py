@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from trainer.config import RunEnv, TrainerOptions
-from trainer.errors import TrainerError, record_exit
+from trainer.errors import EXIT_RENDEZVOUS_PORT_TAKEN, TrainerError, record_exit
 
 
 @dataclasses.dataclass
@@ -75,13 +75,23 @@ def init_process_group(
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(var):
             raise TrainerError(f"{var} is not set (needed with WORLD_SIZE={world_size})")
-    dist.init_process_group(
-        backend=backend,
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        import sys
+
+        print(f"trainer error (rank {rank}): the rendezvous port {os.environ.get('MASTER_PORT')} is"
+              " already taken by another process; exiting so the attempt is relaunched with"
+              f" another port (exit {EXIT_RENDEZVOUS_PORT_TAKEN})", file=sys.stderr, flush=True)
+        shutdown_and_exit(EXIT_RENDEZVOUS_PORT_TAKEN)
     return device, backend
 
 

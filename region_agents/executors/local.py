@@ -23,6 +23,7 @@ import contextlib
 import glob
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -71,9 +72,49 @@ STDERR_TAIL_LINES = 20
 ASSUMED_RUNNING = "no progress file after {s:g} s: assumed running (no progress contract)"
 
 
+_PORTS_LOW = 20000  # rendezvous ports come from [_PORTS_LOW, the ephemeral range's start)
+_HANDED: dict[int, float] = {}  # port -> when handed out (not again for _HANDED_S)
+_HANDED_S = 120.0
+_HANDED_LOCK = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (rendezvous for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port free right now on 127.0.0.1, for an attempt's MASTER_PORT.
+
+    Why not port 0: the kernel hands port 0 binds out of the ephemeral range, which is
+    also where every outgoing connection (boto3 to S3, gRPC to the broker) takes its
+    local port, so the port could be taken between this check and rank 0's listen; the
+    fault campaign once saw exactly that (EADDRINUSE, a failed attempt). A random free
+    port below the ephemeral range is never an outgoing connection's, and a port handed
+    out lately is not handed out again while its attempt may still be starting."""
+    high = _ephemeral_low()
+    rng = random.SystemRandom()
+    if high - _PORTS_LOW >= 1000:
+        now = time.monotonic()
+        with _HANDED_LOCK:
+            for p, t in list(_HANDED.items()):
+                if now - t > _HANDED_S:
+                    del _HANDED[p]
+            for _ in range(64):
+                port = rng.randrange(_PORTS_LOW, high)
+                if port in _HANDED:
+                    continue
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    try:
+                        s.bind(("127.0.0.1", port))
+                    except OSError:
+                        continue
+                _HANDED[port] = now
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below: the kernel's
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -100,11 +100,12 @@ def launch(
     job_id: str = "j-test",
     grace_s: float = 60,
     argv: list[str] | None = None,
+    master_port: int = 0,
 ) -> Run:
     """`argv` (default `-m trainer`): what each rank runs after the interpreter, e.g. an
     example script using the library; CB_TRAINER_CONFIG is then simply ignored."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = master_port or free_port()
     progress = workdir / "progress.json"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("CB_", "AWS_"))}
     base.update(env or {})
