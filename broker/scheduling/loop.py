@@ -121,24 +121,22 @@ class SchedulerLoop:
         plans = self.records.plans()
         now = ops.clock()
         live = merged(live, plan_watch.check(ops, live, plans, now))
-        snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
+        def snapshot_of(jobs: list[pb.Job]) -> placement.Snapshot:
+            return build_snapshot(now=now, agents=ops.agents.all(), jobs=jobs,
                                   teams=self.records.teams().values(), plans=plans,
                                   regions=self.records.regions().values(),
                                   priority_of=ops.priority_of, memo=self._requests,
                                   make_before_break=ops.config.make_before_break,
                                   node_memo=self._nodes)
+
+        snapshot = snapshot_of(live)
         # Only jobs with exclusions can be forgiven: the map holds those alone (most passes
         # have none, and to_forgive then returns at once instead of walking the queue).
         excluding = {j.id: j for j in live if j.excluded_nodes}
         forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, excluding)) if excluding else []
         if forgiven:  # rare: rebuild so this pass already places them
             live = merged(live, forgiven)
-            snapshot = build_snapshot(now=now, agents=ops.agents.all(), jobs=live,
-                                      teams=self.records.teams().values(), plans=plans,
-                                      regions=self.records.regions().values(),
-                                      priority_of=ops.priority_of, memo=self._requests,
-                                      make_before_break=ops.config.make_before_break,
-                                      node_memo=self._nodes)
+            snapshot = snapshot_of(live)
         self.last_snapshot = snapshot
         self.passes += 1
         telemetry = ops.telemetry
