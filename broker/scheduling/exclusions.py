@@ -15,7 +15,8 @@ that failed. Eligibility is the engine's own static test (``placement.firstfit.
 node_fits_job``), per cluster (a gang never spans two agents). Topology requirements
 below the cluster are not modelled here, so a job blocked only inside one cluster's
 block keeps its exclusions (it waits, as before); nodes left out for other reasons (an
-agent that refused the launch lately, broker/jobs/backoff.py) are never forgiven here.
+agent that refused the launch lately, broker/jobs/backoff.py; a training plan's nodes,
+excluded as the plan ends) are never forgiven here.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def to_forgive(snapshot: placement.Snapshot, jobs: Mapping[str, pb.Job]) -> dict
 
 def _forgive_one(req: placement.JobRequest, excluded: tuple[str, ...], nodes: list[placement.NodeInfo],
                  draining: frozenset[str]) -> tuple[str, ...]:
-    own = set(excluded)
+    # A training plan's nodes are excluded on purpose when the plan is about to end
+    # (scheduling/plan_watch.py): forgiving them would only bring the job back to them.
+    plan = {n.id for n in nodes if n.capacity_type == placement.CapacityType.TRAINING_PLAN}
+    own = set(excluded) - plan
+    excluded = tuple(i for i in excluded if i in own)
     other = req.excluded_nodes - own  # left out for other reasons: never forgiven here
     open_req = dataclasses.replace(req, excluded_nodes=frozenset(other))
     need = max(1, req.min_nodes or req.nodes)

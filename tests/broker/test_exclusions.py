@@ -68,6 +68,13 @@ def test_nodes_left_out_for_other_reasons_are_not_forgiven() -> None:
     assert to_forgive(_snapshot(nodes, req), {"j": _job("j", ["a-n0"])}) == {}
 
 
+def test_training_plan_nodes_left_as_a_plan_ends_are_not_forgiven() -> None:
+    plan = [placement.NodeInfo(id=f"p-n{i}", agent_id="p", region="r-p", zone="z", gpus=1,
+                               capacity_type=CapacityType.TRAINING_PLAN) for i in range(2)]
+    excluded = ["p-n0", "p-n1"]  # plan_watch moved the job off an ending plan
+    assert to_forgive(_snapshot(plan, _req("j", excluded)), {"j": _job("j", excluded)}) == {}
+
+
 def test_broker_relaunches_on_a_forgiven_node_and_says_why(tmp_path: Path) -> None:
     """Two on-demand clusters of 2 nodes and a spot one: a 2-node on-demand job fails once
     in each, blamed on one node each time; it runs again (attempt 3) instead of waiting."""
