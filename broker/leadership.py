@@ -42,6 +42,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -256,31 +257,45 @@ class Leadership:
                 a.session.close()  # the agent reconnects, to the new leader
 
 
-class StandbyGate(grpc.ServerInterceptor):
-    """Answers every API call with UNAVAILABLE while this replica is not the leader."""
+class StandbyGate:
+    """Answers every API call with UNAVAILABLE while this replica is not the leader.
+    A pipeline layer (broker/api/pipeline.py): the wrapper is built once per method and
+    reads ``is_leader`` on each call, so a promotion or a demotion takes effect at once."""
 
     def __init__(self, leadership: Leadership) -> None:
         self.leadership = leadership
 
-    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        handler = continuation(handler_call_details)
-        if (handler is None or self.leadership.is_leader
-                or not handler_call_details.method.startswith(GATED_PREFIX)):
+    def wrap(self, handler: Any, method: str) -> Any:
+        if handler is None or not method.startswith(GATED_PREFIX):
             return handler
         leadership = self.leadership
 
-        def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        def refuse(context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAVAILABLE, leadership.standby_message())
+
+        def unary(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                if not leadership.is_leader:
+                    refuse(context)
+                return behavior(request, context)
+            return call
+
+        def streaming(behavior: Callable[[Any, Any], Iterator[Any]]) -> Callable[[Any, Any], Iterator[Any]]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                if not leadership.is_leader:
+                    refuse(context)
+                yield from behavior(request, context)
+            return call
 
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
         if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse, **kw)
+            return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kw)
         if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(refuse, **kw)
+            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kw)
         if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(refuse, **kw)
-        return grpc.unary_unary_rpc_method_handler(refuse, **kw)
+            return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kw)
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
 
 
 def advertised_address(listen: str, port: int, advertise: str = "") -> str:

@@ -59,6 +59,7 @@ from broker.api.capacity_service import CapacityService
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService
+from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
 from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.audit import AuditLog
@@ -149,11 +150,8 @@ class BrokerServer:
         auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
         self._idle = IdleWatch(self.config.stream_idle_timeout_s)
         threads = self.config.max_streams + self.config.max_workers
-        server = grpc.server(
+        grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-            # Who first (an unauthenticated caller takes no stream slot), then the edge
-            # (decode, limits, stream budget), then the standby gate.
-            interceptors=[auth, EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)],
             options=[
                 # Keepalive: a dead client's connection (and its streams' slots) is found
                 # within ~30 s; idle connections (no RPC) are closed after 10 min.
@@ -165,6 +163,11 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ],
         )
+        # Every service registers through the call pipeline (broker/api/pipeline.py):
+        # who first (an unauthenticated caller takes no stream slot), then the edge
+        # (decode, limits, stream budget), then the standby gate.
+        server = LayeredServer(grpc_server, [auth, EdgeGate(self.streams, self._idle),
+                                             StandbyGate(self.leadership)])
         blobs = open_blob_store(self.config.workdir_store or default_store_url(self.config.store))
         self.blobs = blobs
 
@@ -190,9 +193,9 @@ class BrokerServer:
             server)
         auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
         self.health = add_probes(server, reflection=self.config.reflection)
-        port = self._bind(server)
-        server.start()
-        self._server = server
+        port = self._bind(grpc_server)
+        grpc_server.start()
+        self._server = grpc_server
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)

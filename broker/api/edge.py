@@ -1,6 +1,7 @@
 """The edge: every request message of every RPC passes here before a servicer sees it.
 
-One server interceptor (:class:`EdgeGate`) that, for every method:
+One layer of the call pipeline (:class:`EdgeGate`, broker/api/pipeline.py) that, for
+every method:
 
 * decodes requests itself: bytes that are not a valid message become INVALID_ARGUMENT
   with a one-line message (gRPC's default is INTERNAL plus a logged traceback);
@@ -11,8 +12,8 @@ One server interceptor (:class:`EdgeGate`) that, for every method:
   (RESOURCE_EXHAUSTED beyond it), and cancels a request stream that stays silent for
   ``idle_timeout_s`` (a half-open agent stream must not hold its slot forever).
 
-Why an interceptor and not code in each servicer: a new RPC or a new field is covered
-without anyone remembering to add a check.
+Why a layer around every method and not code in each servicer: a new RPC or a new
+field is covered without anyone remembering to add a check.
 """
 
 from __future__ import annotations
@@ -118,26 +119,18 @@ def _abort(context: grpc.ServicerContext, exc: BrokerError) -> None:
     context.abort(exc.code, exc.message)
 
 
-class EdgeGate(grpc.ServerInterceptor):
+class EdgeGate:
     """See the module docstring. ``budget``: the stream caps; ``idle``: the idle watch."""
 
     def __init__(self, budget: StreamBudget, idle: IdleWatch) -> None:
         self.budget = budget
         self.idle = idle
-        # method -> (inner handler, our wrapper): built once per method, not per call
-        # (rebuilt when the inner handler changes, e.g. the standby gate's refusal).
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = continuation(details)
+    def wrap(self, handler: Any, method: str) -> Any:
+        """``method``'s handler behind the edge (decode, limits, stream budget)."""
         if handler is None:
             return None
-        hit = self._wrapped.get(details.method)
-        if hit is not None and hit[0] is handler:
-            return hit[1]
-        wrapped = self._wrap(handler, details.method.rsplit("/", 1)[-1])
-        self._wrapped[details.method] = (handler, wrapped)
-        return wrapped
+        return self._wrap(handler, method.rsplit("/", 1)[-1])
 
     def _wrap(self, handler: Any, method: str) -> Any:
         deser = handler.request_deserializer

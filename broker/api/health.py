@@ -13,6 +13,7 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from broker.api.pipeline import LayeredServer
 from computebroker.v1 import agent_pb2, capacity_pb2, jobs_pb2, workdir_pb2
 
 SERVICES = [m.DESCRIPTOR.services_by_name[n].full_name for m, n in (
@@ -20,7 +21,7 @@ SERVICES = [m.DESCRIPTOR.services_by_name[n].full_name for m, n in (
     (agent_pb2, "AgentService"), (workdir_pb2, "WorkdirService"))]
 
 
-def add_probes(server: grpc.Server, *, reflection: bool = False) -> health.HealthServicer:
+def add_probes(server: grpc.Server | LayeredServer, *, reflection: bool = False) -> health.HealthServicer:
     """Register health (every service SERVING) and, if asked, reflection on ``server``."""
     servicer = health.HealthServicer()
     for name in ["", *SERVICES]:

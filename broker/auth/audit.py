@@ -13,7 +13,9 @@ import logging
 import secrets
 import time
 from contextvars import ContextVar
+from typing import Any
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from broker.auth.identity import Principal
@@ -32,18 +34,42 @@ def target_of(request: object) -> str:
     """What a request acts on, for the audit record (job id, team, region, ...)."""
     if not isinstance(request, Message):
         return ""
-    for name in _TARGET_FIELDS:
-        value = getattr(request, name, None)
-        if isinstance(value, str) and value:
+    direct, nested = _target_plan(request.DESCRIPTOR)
+    for name in direct:
+        value = getattr(request, name)
+        if value:
             return value
-    for sub in ("spec", "quota", "plan", "priority_class"):
-        inner = getattr(request, sub, None)
-        if isinstance(inner, Message):
-            for name in ("team", "name", "region"):
-                value = getattr(inner, name, None)
-                if isinstance(value, str) and value:
+    for sub, names in nested:
+        if request.HasField(sub):
+            inner = getattr(request, sub)
+            for name in names:
+                value = getattr(inner, name)
+                if value:
                     return f"{sub}:{value}"
     return ""
+
+
+# Per request type: its string fields among _TARGET_FIELDS, and its message fields
+# ("spec", ...) with their own "team"/"name"/"region". Why: probing absent fields with
+# getattr(..., None) raises and catches an AttributeError each, ~10% of the GIL time of a
+# small RPC under 16 concurrent callers.
+_PLANS: dict[Any, tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]] = {}
+
+
+def _target_plan(desc: Any) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    plan = _PLANS.get(desc)
+    if plan is None:
+        def strings(d: Any, names: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(n for n in names if n in d.fields_by_name
+                         and d.fields_by_name[n].type == FieldDescriptor.TYPE_STRING
+                         and not d.fields_by_name[n].is_repeated)
+        nested = []
+        for sub in ("spec", "quota", "plan", "priority_class"):
+            fd = desc.fields_by_name.get(sub)
+            if fd is not None and fd.message_type is not None and not fd.is_repeated:
+                nested.append((sub, strings(fd.message_type, ("team", "name", "region"))))
+        plan = _PLANS[desc] = (strings(desc, _TARGET_FIELDS), tuple(nested))
+    return plan
 
 
 def _build(principal: Principal | None, method: str, target: str, peer: str, result: str,

@@ -1,8 +1,9 @@
-"""Authentication, authorization and audit for every RPC, in one server interceptor.
+"""Authentication, authorization and audit for every RPC: the outermost layer of the
+call pipeline (broker/api/pipeline.py), composed around each method once.
 
-Why wrap the handler rather than decide in ``intercept_service``: only the servicer
-context carries the verified TLS peer (``auth_context()``), so the decision runs as
-the first step of the wrapped handler. Servicers receive an :class:`AuthedContext`
+Why wrap the handler rather than decide before it: only the servicer context carries
+the verified TLS peer (``auth_context()``), so the decision runs as the first step of
+the wrapped handler. Servicers receive an :class:`AuthedContext`
 (the real context plus ``principal``) and read it with :func:`principal_of`.
 
 Identity comes only from a credential: a bearer token (``authorization: Bearer
@@ -45,6 +46,14 @@ class AuthedContext:
         self._ctx = context
         self.principal = principal
         self.final_code: grpc.StatusCode | None = None
+        self._peer: str | None = None
+
+    def peer(self) -> str:
+        """The caller's address, asked of gRPC once (the audit record and its log line
+        both name it; each ask is a call into gRPC's core)."""
+        if self._peer is None:
+            self._peer = self._ctx.peer()
+        return self._peer
 
     def abort(self, code: grpc.StatusCode, details: str) -> Any:
         self.final_code = code
@@ -106,27 +115,20 @@ def _target(ctx: AuthedContext, method: str, request: Any) -> str:
     return target_of(request) or (ctx.principal.name if "AgentService" in method else "")
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Authenticate, authorize by :data:`broker.auth.policy.METHODS`, audit mutations."""
+class AuthInterceptor:
+    """Authenticate, authorize by :data:`broker.auth.policy.METHODS`, audit mutations.
+    A pipeline :class:`~broker.api.pipeline.Layer` (the name is from when it was a gRPC
+    interceptor)."""
 
     def __init__(self, authenticator: Authenticator, audit: AuditLog | None) -> None:
         self.authn = authenticator
         self.audit = audit
-        # method -> (inner handler, our wrapper): built once, not per call (the inner
-        # handler changes only when the standby gate swaps it, then we rebuild).
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = continuation(details)
-        method: str = details.method
+    def wrap(self, handler: Any, method: str) -> Any:
+        """``method``'s handler behind authentication; public probes are left as is."""
         if handler is None or method.startswith(PUBLIC_PREFIXES):
             return handler
-        hit = self._wrapped.get(method)
-        if hit is not None and hit[0] is handler:
-            return hit[1]
-        wrapped = self._wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrap(handler, method)
 
     def _wrap(self, handler: Any, method: str) -> Any:
         kw = {"request_deserializer": handler.request_deserializer,
