@@ -21,7 +21,7 @@ we do not generate, gets the same layers, outermost first as listed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 
@@ -42,27 +42,6 @@ class _Methods(grpc.GenericRpcHandler):
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self._handlers.get(handler_call_details.method)
-
-
-class _Lazy(grpc.GenericRpcHandler):
-    """A generic handler we cannot see into: its answers are wrapped on first use per
-    method (and again if it ever answers with a different handler)."""
-
-    def __init__(self, inner: grpc.GenericRpcHandler, wrap: Any) -> None:
-        self._inner = inner
-        self._wrap = wrap
-        self._done: dict[str, tuple[Any, Any]] = {}
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = self._inner.service(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        hit = self._done.get(method)
-        if hit is None or hit[0] is not handler:
-            hit = (handler, self._wrap(handler, method))
-            self._done[method] = hit
-        return hit[1]
 
 
 class LayeredServer:
@@ -87,8 +66,10 @@ class LayeredServer:
             if isinstance(table, dict):
                 wrapped = {m: self._wrapped(m, hd) for m, hd in table.items()}
                 out.append(_Methods(wrapped))
-            else:
-                out.append(_Lazy(h, self.wrap))
+            else:  # every generated add_*_to_server passes grpc's dictionary handler
+                raise TypeError(f"{type(h).__name__} is not a method table the call pipeline"
+                                " can wrap; register services through their generated"
+                                " add_*Servicer_to_server functions")
         self.server.add_generic_rpc_handlers(tuple(out))
 
     def add_registered_method_handlers(self, service_name: str,

@@ -105,3 +105,14 @@ def test_standby_gate_reads_leadership_on_every_call(served) -> None:
         health_pb2.HealthCheckResponse.SERVING
     leader.is_leader = True  # promoted: served again at once
     assert stub.GetJob(jpb.GetJobRequest(job_id="j-2")).id == "j-2"
+
+
+def test_a_handler_the_pipeline_cannot_see_into_is_refused_at_registration() -> None:
+    class Opaque(grpc.GenericRpcHandler):
+        def service(self, handler_call_details: Any) -> Any:
+            return None
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    with pytest.raises(TypeError, match="generated add_"):
+        LayeredServer(server, []).add_generic_rpc_handlers((Opaque(),))
+    server.stop(0)
