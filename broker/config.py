@@ -116,6 +116,14 @@ class BrokerConfig(BaseModel):
     # gRPC threads for unary RPCs (reads, submits). Streams have their own budget on top
     # (max_streams), so idle WatchJob/Connect streams can never take these (issue 12).
     max_workers: int = Field(64, ge=8)
+    # API worker processes (broker/api/workers.py, docs/architecture.md "API worker
+    # processes"): 0 = this process serves the public port itself. N > 0 = N processes
+    # serve ``listen`` together (SO_REUSEPORT): gRPC, TLS, authentication, validation and
+    # job creation then use more than one core; this process keeps the lease, the
+    # scheduler, agent streams and watchers. Agents then connect on ``agent_listen`` only
+    # (plaintext loopback under insecure_dev). Needs a store processes share: a SQLite
+    # file or Redis.
+    api_workers: int = Field(0, ge=0, le=32)
     # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
     # Watch): at most this many open at once, and per identity (user header or peer host);
     # beyond: RESOURCE_EXHAUSTED. Each open stream holds one server thread.
@@ -188,6 +196,20 @@ class BrokerConfig(BaseModel):
             return ""
         return ("TLS is required: set tls_cert, tls_key and tls_ca (`brokerctl dev-ca DIR` makes"
                 " them), or insecure_dev: true (--insecure-dev) for a loopback-only dev broker")
+
+    def workers_problem(self) -> str:
+        """Why ``api_workers`` cannot be used with this config ("" = fine)."""
+        if not self.api_workers:
+            return ""
+        if self.store.rstrip("/").endswith(":memory:"):
+            return ("api_workers needs a store other processes can open (sqlite:///PATH or"
+                    " redis://...); sqlite:///:memory: lives in one process")
+        if not self.agent_listen:
+            return ("api_workers needs agent_listen: agents' streams stay in the core process,"
+                    " so agents connect there, not to the workers' public port")
+        if self.insecure_dev and not _loopback(self.agent_listen):
+            return f"insecure_dev binds loopback only; agent_listen {self.agent_listen!r} is not loopback"
+        return ""
 
     @property
     def grace_s(self) -> float:

@@ -127,6 +127,12 @@ class Leadership:
     def is_leader(self) -> bool:
         return self._leader and time.monotonic() < self._valid_until
 
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this replica leads under; 0 when not leading or unfenced
+        (file lock, :memory:). API workers fence their own writes with it."""
+        return self._epoch if self.is_leader and self._epoch > 0 else 0
+
     def leader_info(self) -> dict[str, Any]:
         """The store's leader record ({} if none or unreadable)."""
         try:

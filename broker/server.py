@@ -58,6 +58,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -67,11 +68,13 @@ from broker.api.agent_service import AgentService
 from broker.api.auth_service import AuthService
 from broker.api.capacity_service import CapacityService
 from broker.api.edge import EdgeGate, IdleWatch
+from broker.api.forwarding import ForwardedAuthenticator
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService
 from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
 from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
+from broker.api.workers import LinkService, WorkerLink, WorkerPool, reserve_port, split_host_port
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
@@ -94,6 +97,7 @@ from computebroker.v1 import (
     capacity_pb2_grpc,
     jobs_pb2_grpc,
     workdir_pb2_grpc,
+    worker_link_pb2_grpc,
 )
 from computebroker.v1 import common_pb2 as pb
 
@@ -118,6 +122,12 @@ class BrokerServer:
         self.streams = StreamBudget(config.max_streams, config.max_streams_per_identity)
         self._idle: IdleWatch | None = None
         self.health: object | None = None  # grpc_health.v1 servicer, once started
+        # API worker processes (config.api_workers > 0; broker/api/workers.py)
+        self._pool: WorkerPool | None = None
+        self._link: WorkerLink | None = None
+        self._link_service: LinkService | None = None
+        self._link_server: grpc.Server | None = None
+        self._reserved: socket.socket | None = None
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -134,6 +144,9 @@ class BrokerServer:
 
     def start(self) -> int:
         problem = self.config.tls_problem()
+        if problem:
+            raise RuntimeError(problem)
+        problem = self.config.workers_problem()
         if problem:
             raise RuntimeError(problem)
         if self.config.insecure_dev:
@@ -190,36 +203,107 @@ class BrokerServer:
                     config.checkpoint_allowed_roots, config.checkpoint_root, records))
             check_submit(spec, blobs, records)
 
-        jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobService(ops, jobs, self.config, submit_check), server)
-        workdir_pb2_grpc.add_WorkdirServiceServicer_to_server(
-            WorkdirService(blobs, self.config.workdir_max_bytes), server)
-        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(
-            CapacityService(ops, jobs, records, agents, self.config), server)
         leadership = self.leadership
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentService(ops, jobs, agents, self.config, leading=lambda: leadership.is_leader,
-                         broker_id=self.holder),
-            server)
-        auth_pb2_grpc.add_AuthServiceServicer_to_server(AuthService(tokens, audit), server)
+        servicers = (
+            (jobs_pb2_grpc.add_JobServiceServicer_to_server, JobService(ops, jobs, config, submit_check)),
+            (workdir_pb2_grpc.add_WorkdirServiceServicer_to_server,
+             WorkdirService(blobs, config.workdir_max_bytes)),
+            (capacity_pb2_grpc.add_CapacityServiceServicer_to_server,
+             CapacityService(ops, jobs, records, agents, config)),
+            (agent_pb2_grpc.add_AgentServiceServicer_to_server,
+             AgentService(ops, jobs, agents, config, leading=lambda: leadership.is_leader,
+                          broker_id=self.holder)),
+            (auth_pb2_grpc.add_AuthServiceServicer_to_server, AuthService(tokens, audit)),
+        )
+        for add, servicer in servicers:
+            add(servicer, server)
         self.health = add_probes(server, reflection=self.config.reflection)
-        port = self._bind(grpc_server)
-        grpc_server.start()
+        if config.api_workers:
+            port = self._start_workers(servicers, threads)
+            self._bind(grpc_server)  # the agent port only: workers serve the public one
+            grpc_server.start()
+        else:
+            port = self._bind(grpc_server)
+            grpc_server.start()
         self._server = grpc_server
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
+        if self._pool is not None:
+            self._pool.start()
+            self._wait_workers()
         log.info("broker %s listening on %s (port %d, %s; agents/mTLS port %d), store %s, %s",
                  self.holder, self.config.listen, port,
                  "INSECURE" if self.config.insecure_dev else "TLS", self.agent_port, self.config.store,
                  "leader" if self.leadership.is_leader else "standby")
         return port
 
+    def _start_workers(self, servicers: tuple, threads: int) -> int:
+        """API worker processes (broker/api/workers.py): reserve the public port, serve
+        the private link they forward to, and prepare the pool (started once the lease
+        was tried, so the workers' first word from the core is its real role)."""
+        cfg = self.config
+        self._reserved, port = reserve_port(cfg.listen)
+        host, _ = split_host_port(cfg.listen)
+        link = self._link = WorkerLink()
+        ops = self.ops
+        assert ops is not None and self.leadership is not None
+        self._link_service = LinkService(link.key, self.leadership, ops.applier.created_elsewhere)
+        link_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="link"),
+            options=[("grpc.max_receive_message_length", cfg.max_message_bytes)])
+        # Forwarded calls: the principal the worker vouches for (it authenticated, authorized
+        # and audits the call), then the same edge and standby gate as on the public port.
+        layered = LayeredServer(link_server, [
+            AuthInterceptor(ForwardedAuthenticator(link.key), None),
+            EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)])
+        for add, servicer in servicers:
+            if not isinstance(servicer, AgentService):  # agents never come through a worker
+                add(servicer, layered)
+        worker_link_pb2_grpc.add_WorkerLinkServicer_to_server(self._link_service, link_server)
+        if link_server.add_insecure_port(link.address) == 0:
+            raise RuntimeError(f"could not bind the worker link {link.address}")
+        link_server.start()
+        self._link_server = link_server
+        public = cfg.model_copy(update={"listen": f"[{host}]:{port}" if ":" in host else f"{host}:{port}"})
+
+        def worker_gone(slot: int, rc: int) -> None:
+            # Its last creations may not have been reported: the next pass reads the store.
+            sched = self.scheduler
+            if sched is not None:
+                sched.live.forget()
+                sched.poke()
+
+        self._pool = WorkerPool(public, link.path, link.key, worker_gone)
+        return port
+
+    def _wait_workers(self) -> None:
+        """Until every worker serves (or 60 s): start() returning means the port answers."""
+        assert self._pool is not None and self._link_service is not None
+        n = self.config.api_workers
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._link_service.wait_ready(n, 1.0):
+                log.info("%d api workers serving port %d", n, self.port)
+                return
+            log.info("waiting for api workers: %d of %d serving",
+                     len(self._link_service.ready), n)
+        raise RuntimeError(f"api workers did not start within 60 s ({len(self._link_service.ready)}"
+                           f" of {n} serving); see their log lines above")
+
     def _bind(self, server: grpc.Server) -> int:
         """TLS on ``listen``; mutual TLS on ``agent_listen`` (broker/auth/tls.py says why
-        two ports). Insecure dev mode: one plain loopback port for everyone."""
+        two ports). Insecure dev mode: one plain loopback port for everyone, or with API
+        workers, a plain loopback ``agent_listen`` for the agents."""
         cfg = self.config
+        if cfg.api_workers:  # the workers bind ``listen``; this process the agents' port
+            self.agent_port = (server.add_insecure_port(cfg.agent_listen) if cfg.insecure_dev else
+                               server.add_secure_port(cfg.agent_listen,
+                                                      server_credentials(cfg, mutual=True)))
+            if self.agent_port == 0:
+                raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
+            return self.agent_port
         if cfg.insecure_dev:
             port = server.add_insecure_port(cfg.listen)
         else:
@@ -236,6 +320,16 @@ class BrokerServer:
     def stop(self, grace: float = 2.0) -> None:
         if self._stopped.is_set():
             return
+        if self._link_service is not None:
+            self._link_service.stopping.set()  # workers hear the link close and stop
+        if self._pool is not None:
+            self._pool.stop()
+        if self._link_server is not None:
+            self._link_server.stop(grace).wait(grace + 5)
+        if self._link is not None:
+            self._link.close()
+        if self._reserved is not None:
+            self._reserved.close()
         if self.leadership is not None:
             self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
         if self.ops is not None:

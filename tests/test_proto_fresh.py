@@ -39,7 +39,7 @@ def test_generated_stubs_are_fresh(tmp_path: Path) -> None:
 
 def test_every_proto_has_stubs() -> None:
     protos = sorted(p.stem for p in GENERATED.glob("*.proto"))
-    assert protos == ["agent", "auth", "capacity", "common", "jobs", "logs", "workdir"]
+    assert protos == ["agent", "auth", "capacity", "common", "jobs", "logs", "workdir", "worker_link"]
     for stem in protos:
         assert (GENERATED / f"{stem}_pb2.py").exists()
         assert (GENERATED / f"{stem}_pb2.pyi").exists()

@@ -162,7 +162,9 @@ class AuthInterceptor:
             code, message = to_status(e)
             context.abort(code, message)
         assert principal is not None and rule is not None
-        return AuthedContext(context, principal), rule.mutation
+        # No audit log (a core serving calls its API workers forwarded, which audited
+        # them): nothing to record, and no record to ride along a write.
+        return AuthedContext(context, principal), rule.mutation and self.audit is not None
 
     def _finish(self, ctx: AuthedContext, method: str, request: Any, failed: bool) -> None:
         if self.audit is None:

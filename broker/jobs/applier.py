@@ -104,6 +104,19 @@ class Applier:
         self._committed(done)
         return done
 
+    def created_elsewhere(self, jobs: list[pb.Job]) -> None:
+        """Jobs an API worker process created in the store (broker/api/workers.py): told
+        to the listeners and watchers as this process's own creations are, then one
+        wake-up of the scheduler for the batch. Creations are the only job writes made
+        outside this applier: a new id conflicts with no one, and every later write of
+        the job is made here."""
+        for job in jobs:
+            for fn in list(self._listeners):
+                fn(job)
+            self.hub.notify(job.id)
+        if jobs:
+            self._poke()
+
     def _committed(self, out: Outcome) -> None:
         for fn in list(self._listeners):
             fn(out.job)

@@ -53,6 +53,7 @@ from broker.store.base import (
 )
 from broker.store.group_commit import GroupWriter
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
+from broker.store.write_turn import WriteTurn
 from computebroker.v1 import common_pb2 as pb
 
 _SCHEMA = """
@@ -118,6 +119,8 @@ class SQLiteStore(SQLiteLogs, Store):
                 self._conn.execute(
                     "ALTER TABLE leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         self._fence: tuple[str, int] | None = None
+        # Processes sharing the file take turns per write transaction (write_turn.py).
+        self._turn = WriteTurn(path) if path != ":memory:" else None
         # Job creations and record puts queue here and share transactions (group commit).
         self._writes: GroupWriter[tuple[str, object], object] = GroupWriter(self._write_group)
         # Reads get their own connection (a file only; ":memory:" is per connection):
@@ -141,7 +144,15 @@ class SQLiteStore(SQLiteLogs, Store):
             conn = self._conn
             if conn is None:
                 raise StoreError("store is closed")
-            conn.execute("BEGIN IMMEDIATE")
+            turn = self._turn
+            if turn is not None:
+                turn.acquire()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                if turn is not None:
+                    turn.release()
+                raise
             try:
                 if fenced and self._fence is not None:
                     name, epoch = self._fence
@@ -157,6 +168,9 @@ class SQLiteStore(SQLiteLogs, Store):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+            finally:
+                if turn is not None:
+                    turn.release()
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
         with self._rlock:
@@ -388,3 +402,5 @@ class SQLiteStore(SQLiteLogs, Store):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._turn is not None:
+                self._turn.close()
