@@ -146,8 +146,11 @@ def populate(url: str, n: int, progress: Callable[[str], None]) -> list[str]:
 
 
 class Broker:
-    def __init__(self, store_url: str, workdir: str, settings: list[str] | None = None) -> None:
+    def __init__(self, store_url: str, workdir: str, settings: list[str] | None = None,
+                 api_workers: int = 0) -> None:
         self.port = free_port()
+        workers = (["--set", f"api_workers={api_workers}", "--set",
+                    f"agent_listen=127.0.0.1:{free_port()}"] if api_workers else [])
         self.address = f"127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'proto'}")
@@ -160,7 +163,7 @@ class Broker:
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
              "--set", "max_streams=1200", "--set", "max_streams_per_identity=1200",
-             "--set", "auto_create_teams=true", "--insecure-dev",
+             "--set", "auto_create_teams=true", "--insecure-dev", *workers,
              *(x for kv in settings or () for x in ("--set", kv))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
 
@@ -189,13 +192,29 @@ def summary(lat: list[float], seconds: float, errors: int = 0) -> dict:
 BROKER_PID = 0  # the broker process measured (its CPU time per request goes with each figure)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads), from /proc."""
+def _own_cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """``pid``'s live child processes (its API workers), from /proc."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) and of its live
+    children (the API workers, ``api_workers`` > 0), from /proc."""
+    return _own_cpu(pid) + sum(_own_cpu(c) for c in children(pid))
 
 
 async def sustained(channels: list[grpc.aio.Channel], clients: int, seconds: float,
@@ -316,7 +335,11 @@ async def watch_fanout(channels: list[grpc.aio.Channel], watchers: int, rounds: 
 
 
 async def run_one(address: str, ids: list[str], args: argparse.Namespace, say: Callable[[str], None]) -> dict:
-    channels = [grpc.aio.insecure_channel(address) for _ in range(16)]
+    # One connection per client (gRPC would otherwise share one subchannel among channels
+    # to the same target): 16 clients are 16 connections, as 16 users' machines are, and
+    # with API workers the kernel spreads connections, not calls, over the processes.
+    channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(16)]
     try:
         for ch in channels:
             await asyncio.wait_for(ch.channel_ready(), timeout=60)
@@ -382,7 +405,7 @@ async def run_one(address: str, ids: list[str], args: argparse.Namespace, say: C
             await ch.close()
 
 
-def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None]) -> dict:
+def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None], api_workers: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         redis_proc = None
         if kind == "sqlite":
@@ -395,7 +418,7 @@ def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None]) -> 
             t0 = time.monotonic()
             ids = populate(url, args.jobs, say)
             populate_s = time.monotonic() - t0
-            broker = Broker(url, tmp, args.broker_set)
+            broker = Broker(url, tmp, args.broker_set, api_workers)
             global BROKER_PID
             BROKER_PID = broker.proc.pid
             load_start = os.getloadavg()
@@ -412,12 +435,18 @@ def measure(kind: str, args: argparse.Namespace, say: Callable[[str], None]) -> 
             if m:  # SQLite: writes (a job batch, a record) per transaction, the whole run
                 out["writes_per_commit"] = float(m.group(1))
             out["stored_jobs"] = args.jobs
+            out["api_workers"] = api_workers
             out["populate_jobs_per_s"] = round(args.jobs / populate_s, 1)
             return out
         finally:
             if redis_proc is not None:
                 redis_proc.terminate()
                 redis_proc.wait(10)
+
+
+def run_key(store: str, api_workers: int) -> str:
+    """Where a run's figures sit in the JSON: the store's name for one process."""
+    return store if not api_workers else f"{store}_workers{api_workers}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watchers", type=int, default=1000)
     ap.add_argument("--watch-rounds", type=int, default=3)
     ap.add_argument("--stores", default="sqlite,redis")
+    ap.add_argument("--api-workers", default="0,2", metavar="N[,N...]",
+                    help="broker api_workers settings to measure, each store with each (0 = one process)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--broker-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a broker setting for this run (e.g. scheduler_busy_share=0.05); recorded")
@@ -439,11 +470,14 @@ def main(argv: list[str] | None = None) -> int:
                     "broker_settings": args.broker_set}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for kind in args.stores.split(","):
-        result[kind] = measure(kind, args, say)
-        out.write_text(json.dumps(result, indent=2) + "\n")  # each store's figures as soon as measured
-    for kind in args.stores.split(","):
-        r = result[kind]
+    runs = [(kind, int(n)) for kind in args.stores.split(",") for n in args.api_workers.split(",")]
+    for kind, n in runs:
+        say(f"== {kind}, api_workers={n}")
+        result[run_key(kind, n)] = measure(kind, args, say, n)
+        out.write_text(json.dumps(result, indent=2) + "\n")  # each run's figures as soon as measured
+    for kind, n in runs:
+        r = result[run_key(kind, n)]
+        kind = f"{kind}, api_workers={n}"
         say(f"\n{kind} ({r['stored_jobs']} stored jobs; no-op = {r['noop_rpc']};"
             f" load average {r['load_avg_1m']['start']} -> {r['load_avg_1m']['end']})")
         say(f"  {'measurement':<22}{'rate/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'vs no-op':>10}"

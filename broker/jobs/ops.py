@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from broker.agents.registry import AgentState
 from broker.api import validation
-from broker.api.errors import FailedPrecondition
+from broker.api.errors import BrokerError, FailedPrecondition
 from broker.ids import new_job_id
 from broker.jobs import migration, precopy, standby, transitions, updates
 from broker.jobs.applier import Applier
@@ -73,22 +73,21 @@ class JobOps:
             return self._submit(spec, client_request_id, actor)
 
     def _submit(self, spec: pb.JobSpec, client_request_id: str, actor: str) -> tuple[pb.Job, bool]:
-        validation.validate_spec(spec, self.priorities.values())
+        """Validate, then create. A repeated ``client_request_id`` answers the job the
+        first request made: found by the create itself (the store refuses a second job
+        with the id, AlreadyExists), not by a read before it, so a new submit (nearly
+        all of them) costs no extra store read. A repeat whose spec fails validation now
+        (its priority class deleted, its region gone) still answers the first job: the
+        request-id lookup runs on that error path before the refusal is raised."""
         store = self._store
-        if client_request_id:
-            existing = store.find_job_by_request_id(spec.team, client_request_id)
+        try:
+            self._admissible(spec)
+        except BrokerError:
+            existing = (store.find_job_by_request_id(spec.team, client_request_id)
+                        if client_request_id else None)
             if existing is not None:
                 return existing, False
-        if spec.team not in self._known_teams:
-            if store.get_record(KIND_TEAM, spec.team, cpb.TeamQuota) is None:
-                if not self.config.auto_create_teams:
-                    raise FailedPrecondition(
-                        f"team {spec.team!r} does not exist; an operator creates it with"
-                        f" `brokerctl teams set {spec.team} --gpus N` (SetTeamQuota)"
-                    )
-                store.put_record(KIND_TEAM, spec.team, cpb.TeamQuota(team=spec.team))
-            self._known_teams.add(spec.team)
-        validation.check_feasible(spec, [list(a.record.nodes) for a in self.agents.all()])
+            raise
         out = transitions.submit(
             transitions.Submit(job_id=new_job_id(), spec=spec, client_request_id=client_request_id,
                                actor=actor, regions_known=self.agents.any_registered()),
@@ -101,6 +100,20 @@ class JobOps:
             if existing is None:
                 raise
             return existing, False
+
+    def _admissible(self, spec: pb.JobSpec) -> None:
+        """The spec's checks against the live classes, teams and regions; raises."""
+        validation.validate_spec(spec, self.priorities.values())
+        if spec.team not in self._known_teams:
+            if self._store.get_record(KIND_TEAM, spec.team, cpb.TeamQuota) is None:
+                if not self.config.auto_create_teams:
+                    raise FailedPrecondition(
+                        f"team {spec.team!r} does not exist; an operator creates it with"
+                        f" `brokerctl teams set {spec.team} --gpus N` (SetTeamQuota)"
+                    )
+                self._store.put_record(KIND_TEAM, spec.team, cpb.TeamQuota(team=spec.team))
+            self._known_teams.add(spec.team)
+        validation.check_feasible(spec, [list(a.record.nodes) for a in self.agents.all()])
 
     def cancel(self, job_id: str, reason: str, actor: str) -> pb.Job:
         def step(job: pb.Job, now: float) -> Outcome | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from tests.broker.harness import Broker, fast_config, spec, wait_until
@@ -44,6 +45,25 @@ def test_idempotent_submit(broker: Broker) -> None:
     assert r1.job.id == r2.job.id
     r3 = broker.jobs.SubmitJob(jpb.SubmitJobRequest(spec=spec("a"), client_request_id="req-2"))
     assert r3.created and r3.job.id != r1.job.id
+
+
+def test_a_repeat_answers_the_first_job_even_when_its_spec_no_longer_validates(broker: Broker) -> None:
+    """Idempotency does not hang on today's validation: the first request made a job of
+    priority class "burst"; the class is deleted; a retry of that request (a lost
+    answer) gets the first job, not "unknown priority class"."""
+    broker.team()
+    broker.capacity.SetPriorityClass(cpb.SetPriorityClassRequest(
+        priority_class=cpb.PriorityClass(name="burst", value=5)))
+    s = spec("a")
+    s.priority_class = "burst"
+    first = broker.jobs.SubmitJob(jpb.SubmitJobRequest(spec=s, client_request_id="req-b"))
+    broker.jobs.CancelJob(jpb.CancelJobRequest(job_id=first.job.id))
+    broker.capacity.DeletePriorityClass(cpb.DeletePriorityClassRequest(name="burst"))
+    again = broker.jobs.SubmitJob(jpb.SubmitJobRequest(spec=s, client_request_id="req-b"))
+    assert not again.created and again.job.id == first.job.id
+    with pytest.raises(grpc.RpcError) as e:  # a new request with that spec is refused
+        broker.jobs.SubmitJob(jpb.SubmitJobRequest(spec=s, client_request_id="req-c"))
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "burst" in (e.value.details() or "")
 
 
 def test_list_filters_and_pagination(broker: Broker) -> None:
