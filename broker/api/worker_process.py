@@ -66,8 +66,11 @@ LOCAL_JOB_METHODS = ("SubmitJob", "GetJob", "ListJobs", "GetJobEvents")
 REPORT_RETRY_S = 10.0  # how long a batch of creation reports is retried before it is dropped
 # A report waits this long for company: each JobsCreated call costs the core's one GIL
 # about 0.15 ms whatever it carries (at one job per call that was 0.2 ms of the core per
-# submit), and a few ms of delay before the scheduler hears of a job are nothing.
-REPORT_LINGER_S = 0.005
+# submit). Only under a stream of submits (the previous report went out less than
+# REPORT_BUSY_S ago): a lone submit is reported at once, so a quiet broker admits it
+# without the delay; in a storm the scheduler paces its passes far slower anyway.
+REPORT_LINGER_S = 0.02
+REPORT_BUSY_S = 0.1
 
 
 class CoreFollower:
@@ -125,16 +128,18 @@ class CreationReports:
             self._cond.notify()
 
     def run(self) -> None:
+        last = 0.0  # monotonic time of the previous report
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closed)
-            if not self._closed:
+            if not self._closed and time.monotonic() - last < REPORT_BUSY_S:
                 time.sleep(REPORT_LINGER_S)
             with self._cond:
                 batch, self._queue = self._queue, []
                 if not batch and self._closed:
                     return
-            give_up = time.monotonic() + REPORT_RETRY_S
+            last = time.monotonic()
+            give_up = last + REPORT_RETRY_S
             while True:
                 try:
                     self.stub.JobsCreated(wpb.JobsCreatedRequest(worker=self.slot, jobs=batch),
