@@ -22,13 +22,19 @@ What it measures, per store (SQLite file, then a local redis-server):
 Each figure is p50/p99 latency and rate; the ratio of SubmitJob's rate to the
 no-op rate at the same concurrency is the figure to compare across machines (the
 benchmark machine is shared: absolute rates move with the load, the ratio much
-less). Clients are grpc.aio coroutines in this process, one channel per client up
-to 16: they share the machine's cores with the broker, as on a 2-core box they must.
+less). Clients are grpc.aio coroutines in this process, one channel (and connection)
+per client up to 16: they share the machine's cores with the broker, as on a 2-core
+box they must.
+
+Each store is measured once per ``--api-workers`` value (default ``0,2``): 0 is one
+broker process; N runs the broker with ``api_workers=N`` (docs/architecture.md "API
+worker processes"), the JSON key then being ``<store>_workers<N>``. "Broker CPU" is
+the CPU time of the broker process and its worker processes together.
 The broker runs ``--insecure-dev`` (loopback, plaintext, no tokens): what TLS and
 token authentication add per call is measured by ``benchmarks/bench_auth.py``.
 
     .venv/bin/python benchmarks/bench_api.py [--seconds 3] [--jobs 100000] [--watchers 1000]
-        [--stores sqlite,redis] [--broker-set KEY=VALUE ...] [--out PATH]
+        [--stores sqlite,redis] [--api-workers 0,2] [--broker-set KEY=VALUE ...] [--out PATH]
 
 Writes benchmarks/results/api.json.
 """

@@ -87,17 +87,22 @@ def api(d: dict[str, Any]) -> list[str]:
     out = [
         "### Broker API (`python benchmarks/bench_api.py`)",
         "",
-        "A real broker process (`brokerctl serve`) and grpc.aio clients on the same 2 cores; "
-        "~2 KB specs; GetJob/ListJobs over 100k stored jobs. \"vs no-op\" is the rate against "
-        "the same server's cheapest RPC at the same concurrency in the same run.",
+        "A real broker (`brokerctl serve`; with `api_workers`, its worker processes too) and "
+        "grpc.aio clients (one connection each) on the same 2 cores; ~2 KB specs; GetJob/ListJobs "
+        "over 100k stored jobs. \"vs no-op\" is the rate against the same server's cheapest RPC "
+        "at the same concurrency in the same run; \"broker CPU / call\" counts every broker process.",
     ]
-    for kind in ("sqlite", "redis"):
-        r = d.get(kind)
-        if r is None:
-            continue
+    runs = [k for k in d if isinstance(d[k], dict) and "submit_c16" in d[k]]
+    runs.sort(key=lambda k: (k.split("_")[0] != "sqlite", d[k].get("api_workers", 0)))
+    for key in runs:
+        r = d[key]
+        kind = key.split("_")[0]
+        n = r.get("api_workers", 0)
+        procs = (f", {n} API worker processes (`--set api_workers={n}`)" if n
+                 else ", one broker process")
         cpu = "broker_cpu_ms_per_call" in r["noop_c16"]
         load = r.get("load_avg_1m")
-        head = (f"{kind.capitalize()} store ({r['stored_jobs']:,} stored jobs; no-op RPC: {r['noop_rpc']}"
+        head = (f"{kind.capitalize()} store{procs} ({r['stored_jobs']:,} stored jobs; no-op RPC: {r['noop_rpc']}"
                 + (f"; load average {load['start']} at the start, {load['end']} at the end" if load else "")
                 + (f"; {r['jobs_per_store_write']} submits per store write (whole run)"
                    if "jobs_per_store_write" in r else "")

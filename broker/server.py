@@ -38,7 +38,10 @@ fields); ``JobOps.submit`` called from 16 threads in-process, no gRPC, 0.26 ms
 parts sum to ~0.7 ms of the ~1.0 measured: the rest is their interaction on one GIL
 (hand-offs between gRPC's poller, the workers and the group commit's leader). The
 process tops out at about one core, so ~1,000 submits/s is where one process stands;
-1,500 needs either the per-call Python halved or more than one serving process.
+1,500 needs either the per-call Python halved or more than one serving process: the
+latter is ``api_workers`` (broker/api/workers.py; docs/architecture.md "API worker
+processes"), where this process keeps the lease, the scheduler and agent streams and
+N worker processes serve the public port.
 
 Why not grpc.aio for the hot path (measured, not assumed): a prototype served SubmitJob
 on a grpc.aio server in the same process as this one, same servicer and audit rider,

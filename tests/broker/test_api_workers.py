@@ -294,3 +294,57 @@ def test_update_of_a_worker_job_goes_through_the_core_applier(wbroker: Broker,
 
 def test_config_default_is_one_process(tmp_path: Path) -> None:
     assert BrokerConfig(store=f"sqlite:///{tmp_path}/x.sqlite").api_workers == 0
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_workers_die_with_a_killed_core(tmp_path: Path) -> None:
+    """SIGKILL of the `brokerctl serve` process leaves no worker holding the port."""
+    import socket
+    import subprocess
+    import sys
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    port = free()
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'proto'}")
+    core = subprocess.Popen(
+        [sys.executable, "-m", "brokerctl", "serve", "--listen", f"127.0.0.1:{port}",
+         "--agent-listen", f"127.0.0.1:{free()}", "--store", f"sqlite:///{tmp_path}/b.sqlite",
+         "--checkpoint-root", str(tmp_path / "ckpt"), "--insecure-dev", "--set", "api_workers=2"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def workers() -> list[int]:
+            out: list[int] = []
+            for task in Path(f"/proc/{core.pid}/task").glob("*"):
+                try:
+                    out += [int(c) for c in (task / "children").read_text().split()]
+                except OSError:
+                    pass
+            return out
+
+        pids = wait_until(lambda: len(workers()) == 2 and workers(), 60, "two api workers")
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        jobs_pb2_grpc.JobServiceStub(channel).ListJobs(jpb.ListJobsRequest(), timeout=30,
+                                                       wait_for_ready=True)
+        channel.close()
+        core.kill()
+        core.wait(10)
+        wait_until(lambda: not any(_alive(p) for p in pids), 15, "the workers to exit")
+        with socket.socket() as s:  # nobody serves the port any more
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        if core.poll() is None:
+            core.kill()
+            core.wait()
