@@ -252,7 +252,8 @@ class BrokerServer:
         link = self._link = WorkerLink()
         ops = self.ops
         assert ops is not None and self.leadership is not None
-        self._link_service = LinkService(link.key, self.leadership, ops.applier.created_elsewhere)
+        self._link_service = LinkService(link.key, self.leadership, ops.applier.created_elsewhere,
+                                         ops.applier.hub)
         link_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="link"),
             options=[("grpc.max_receive_message_length", cfg.max_message_bytes)])

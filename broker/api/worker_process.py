@@ -62,7 +62,7 @@ from computebroker.v1 import worker_link_pb2_grpc as wgrpc
 log = logging.getLogger("broker.api.worker")
 
 # JobService methods a worker serves itself; every other one goes to the core.
-LOCAL_JOB_METHODS = ("SubmitJob", "GetJob", "ListJobs", "GetJobEvents")
+LOCAL_JOB_METHODS = ("SubmitJob", "GetJob", "ListJobs", "GetJobEvents", "WatchJob")
 REPORT_RETRY_S = 10.0  # how long a batch of creation reports is retried before it is dropped
 # A report waits this long for company: each JobsCreated call costs the core's one GIL
 # about 0.15 ms whatever it carries (at one job per call that was 0.2 ms of the core per
@@ -76,8 +76,9 @@ REPORT_BUSY_S = 0.1
 class CoreFollower:
     """The core's role as the worker last heard it (the StandbyGate's ``leadership``)."""
 
-    def __init__(self, stub: wgrpc.WorkerLinkStub, key: str, slot: int, store: Store) -> None:
-        self.stub, self.key, self.slot, self.store = stub, key, slot, store
+    def __init__(self, stub: wgrpc.WorkerLinkStub, key: str, slot: int, store: Store,
+                 hub: EventHub) -> None:
+        self.stub, self.key, self.slot, self.store, self.hub = stub, key, slot, store, hub
         self.state = wpb.CoreState(leading=False, standby_message="the broker core is starting")
         self.first = threading.Event()
         self.gone = threading.Event()
@@ -97,6 +98,8 @@ class CoreFollower:
                                           metadata=link_metadata(self.key)):
                 if state.leading and state.fence_epoch > 0:
                     self.store.fence_writes(LEASE_NAME, state.fence_epoch)
+                for job_id in state.changed_jobs:  # wake this worker's watchers of those jobs
+                    self.hub.notify(job_id)
                 self.state = state
                 self.first.set()
         except grpc.RpcError as e:
@@ -198,10 +201,11 @@ class ApiWorker:
         cfg = self.config
         store = open_store(cfg.store)
         self.store = store
-        self.core = CoreFollower(self.link, self.key, self.slot, store)
+        hub = self.hub = EventHub()
+        self.core = CoreFollower(self.link, self.key, self.slot, store, hub)
         threading.Thread(target=self._follow, name="follow", daemon=True).start()
         agents = AgentRegistry(store)
-        applier = Applier(store, EventHub(), agents, BrokerTelemetry(), cfg)
+        applier = Applier(store, hub, agents, BrokerTelemetry(), cfg)
         self.reports = CreationReports(self.link, self.key, self.slot)
         applier.add_listener(self.reports.add)
         threading.Thread(target=self.reports.run, name="reports", daemon=True).start()
@@ -284,6 +288,7 @@ class ApiWorker:
                 log.warning("worker %d: agent view refresh failed: %s", self.slot, e)
 
     def stop(self, grace: float = 2.0) -> None:
+        self.hub.close()  # every watcher's stream ends now
         if self.server is not None:
             self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
             self.server.stop(grace).wait(grace + 5)

@@ -47,6 +47,7 @@ import grpc
 
 from broker.api.forwarding import has_link_key
 from broker.config import BrokerConfig
+from broker.jobs.hub import EventHub
 from broker.leadership import Leadership
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import worker_link_pb2 as wpb
@@ -54,7 +55,7 @@ from computebroker.v1 import worker_link_pb2_grpc as wgrpc
 
 log = logging.getLogger(__name__)
 
-FOLLOW_POLL_S = 0.2  # how soon workers hear of a role change
+FOLLOW_POLL_S = 0.2  # how soon workers hear of a role change (job changes: at once)
 RESTART_FIRST_S, RESTART_MAX_S = 1.0, 30.0
 
 
@@ -79,13 +80,37 @@ def reserve_port(listen: str) -> tuple[socket.socket, int]:
     return sock, int(sock.getsockname()[1])
 
 
+class _Mailbox:
+    """Job ids the core wrote since a worker's last message (a set: a job written ten
+    times meanwhile is one wake-up)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ids: set[str] = set()
+
+    def add(self, job_id: str) -> None:
+        with self._cond:
+            first = not self._ids
+            self._ids.add(job_id)
+            if first:
+                self._cond.notify()
+
+    def take(self, timeout: float) -> list[str]:
+        with self._cond:
+            if not self._ids and timeout > 0:
+                self._cond.wait(timeout)
+            ids, self._ids = self._ids, set()
+        return sorted(ids)
+
+
 class LinkService(wgrpc.WorkerLinkServicer):
     """The core's end of the link: role updates out, creations in."""
 
     def __init__(self, key: str, leadership: Leadership,
-                 on_created: Callable[[list[pb.Job]], None]) -> None:
+                 on_created: Callable[[list[pb.Job]], None], hub: EventHub) -> None:
         self.key = key
         self.leadership = leadership
+        self.hub = hub
         self.on_created = on_created
         self.stopping = threading.Event()
         self._cond = threading.Condition()
@@ -110,6 +135,8 @@ class LinkService(wgrpc.WorkerLinkServicer):
 
     def Follow(self, request: wpb.FollowRequest, context: grpc.ServicerContext) -> Iterator[wpb.CoreState]:
         self._check(context)
+        box = _Mailbox()
+        self.hub.tap(box.add)
         with self._cond:
             self.following[request.worker] = request.pid
             self._cond.notify_all()
@@ -122,13 +149,20 @@ class LinkService(wgrpc.WorkerLinkServicer):
                 moved = last is None or last.leading != lead.is_leader or (
                     lead.is_leader and last.fence_epoch != lead.epoch)
                 if moved or (not lead.is_leader and time.monotonic() - told > 2.0):
-                    state = self._state()
                     told = time.monotonic()
+                    state = self._state()
                     if state != last:
-                        yield state
                         last = state
-                self.stopping.wait(FOLLOW_POLL_S)
+                        moved = True
+                changed = box.take(0.0 if moved else FOLLOW_POLL_S)
+                if moved or changed:
+                    assert last is not None
+                    out = wpb.CoreState()
+                    out.CopyFrom(last)
+                    out.changed_jobs.extend(changed)
+                    yield out
         finally:
+            self.hub.untap(box.add)
             with self._cond:
                 if self.following.get(request.worker) == request.pid:
                     del self.following[request.worker]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 
 class EventHub:
@@ -25,6 +26,16 @@ class EventHub:
         self._counters: dict[str, int] = defaultdict(int)
         self._conds: dict[str, tuple[threading.Condition, list[int]]] = {}  # job -> (cond, [waiters])
         self._closed = False
+        # Told every notified job id (the API workers' link, broker/api/workers.py: the
+        # watchers a worker serves wake on the core's writes too).
+        self._taps: list[Callable[[str], None]] = []
+
+    def tap(self, fn: Callable[[str], None]) -> None:
+        self._taps.append(fn)
+
+    def untap(self, fn: Callable[[str], None]) -> None:
+        if fn in self._taps:
+            self._taps.remove(fn)
 
     def notify(self, job_id: str) -> None:
         with self._lock:
@@ -32,6 +43,8 @@ class EventHub:
             entry = self._conds.get(job_id)
             if entry is not None:
                 entry[0].notify_all()
+        for fn in self._taps:
+            fn(job_id)
 
     def counter(self, job_id: str) -> int:
         with self._lock:

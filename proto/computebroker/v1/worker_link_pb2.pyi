@@ -20,14 +20,16 @@ class ReadyResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CoreState(_message.Message):
-    __slots__ = ("leading", "standby_message", "fence_epoch")
+    __slots__ = ("leading", "standby_message", "fence_epoch", "changed_jobs")
     LEADING_FIELD_NUMBER: _ClassVar[int]
     STANDBY_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FENCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_JOBS_FIELD_NUMBER: _ClassVar[int]
     leading: bool
     standby_message: str
     fence_epoch: int
-    def __init__(self, leading: _Optional[bool] = ..., standby_message: _Optional[str] = ..., fence_epoch: _Optional[int] = ...) -> None: ...
+    changed_jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, leading: _Optional[bool] = ..., standby_message: _Optional[str] = ..., fence_epoch: _Optional[int] = ..., changed_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobsCreatedRequest(_message.Message):
     __slots__ = ("worker", "jobs")

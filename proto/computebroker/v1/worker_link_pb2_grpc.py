@@ -55,8 +55,9 @@ class WorkerLinkServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Follow(self, request, context):
-        """The core's role, sent at once and again on every change. The stream ending means
-        the core is gone or stopping: the worker stops serving.
+        """The core's role, sent at once and again on every change, and the ids of the jobs
+        the core has written since (their WatchJob streams in the worker wake up). The
+        stream ending means the core is gone or stopping: the worker stops serving.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
