@@ -37,14 +37,17 @@ class EventHub:
         if fn in self._taps:
             self._taps.remove(fn)
 
-    def notify(self, job_id: str) -> None:
+    def notify(self, job_id: str, *, tap: bool = True) -> None:
+        """Wake ``job_id``'s watchers; ``tap=False``: not the taps (a worker's own
+        creation, which that worker has already told its watchers)."""
         with self._lock:
             self._counters[job_id] += 1
             entry = self._conds.get(job_id)
             if entry is not None:
                 entry[0].notify_all()
-        for fn in self._taps:
-            fn(job_id)
+        if tap:
+            for fn in self._taps:
+                fn(job_id)
 
     def counter(self, job_id: str) -> int:
         with self._lock:
