@@ -10,15 +10,28 @@ import uuid
 
 _lock = threading.Lock()
 _last = 0
+_stream = 0  # which process of one broker makes the ids (0: the core; API workers 1..)
+
+
+def set_stream(stream: int) -> None:
+    """Give this process its own id stream (an API worker: its slot + 1). Why: one
+    process never repeats an id (the microsecond counter only moves up), but two
+    processes creating jobs in the same microsecond would share one random byte's
+    chances (a duplicate id refuses a new submit); distinct streams never collide."""
+    global _stream
+    if not 0 <= stream <= 255:
+        raise ValueError(f"id stream {stream} is outside 0..255")
+    _stream = stream
 
 
 def new_job_id() -> str:
-    """``j-<13 hex digits of microseconds><4 random hex>``: sortable, unique."""
+    """``j-<13 hex digits of microseconds><2 hex: the process's stream><2 random hex>``:
+    sortable, unique across the processes of one broker (:func:`set_stream`)."""
     global _last
     with _lock:
         now = max(int(time.time() * 1_000_000), _last + 1)
         _last = now
-    return f"j-{now:013x}{os.urandom(2).hex()}"
+    return f"j-{now:013x}{_stream:02x}{os.urandom(1).hex()}"
 
 
 def new_command_id() -> str:

@@ -33,6 +33,7 @@ from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
 from broker.auth.tokens import TokenManager, load_static_tokens
 from broker.config import BrokerConfig
+from broker.ids import set_stream
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
 from broker.jobs.ops import JobOps
@@ -325,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     slot = int(args[0])
     _die_with_parent(int(os.environ["CB_CORE_PID"]))
+    set_stream(slot + 1)  # job ids of this process never collide with a sibling's
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s worker{slot} %(name)s: %(message)s")

@@ -347,3 +347,22 @@ def test_workers_die_with_a_killed_core(tmp_path: Path) -> None:
         if core.poll() is None:
             core.kill()
             core.wait()
+
+
+def test_job_ids_of_two_processes_never_collide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers creating a job in the same microsecond get different ids: each
+    process has its own id stream (broker/ids.py), not just a random byte's luck."""
+    from broker import ids
+
+    monkeypatch.setattr(ids.time, "time", lambda: 1_800_000_000.123456)
+    made = []
+    for stream in (1, 2):
+        monkeypatch.setattr(ids, "_last", 0)  # a fresh process
+        ids.set_stream(stream)
+        made.append(ids.new_job_id())
+    ids.set_stream(0)
+    a, b = made
+    assert a != b and len(a) == len(b) == 19 and a[:15] == b[:15]  # same microsecond
+    assert (a[15:17], b[15:17]) == ("01", "02")
+    with pytest.raises(ValueError):
+        ids.set_stream(256)
