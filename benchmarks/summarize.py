@@ -129,6 +129,15 @@ def api(d: dict[str, Any]) -> list[str]:
                     f"({'met' if g['rate_ge_1500'] else 'not met'}); p99 {f(s16['p99_ms'])} ms of <= 50 "
                     f"({'met' if g['p99_le_50ms'] else 'not met'}); {s16['ratio_vs_noop']:.2f} of the no-op "
                     f"rate, goal >= 0.5 ({'met' if g['ratio_ge_0.5'] else 'not met'})."]
+        base = d.get(kind) if n else None
+        if base is not None and base is not r:
+            one = base["submit_c16"]["rate_per_s"]
+            out += ["", f"Against one broker process in the same benchmark run: SubmitJob at 16 clients "
+                    f"{f(r['submit_c16']['rate_per_s'] / one, 2)}x, at 64 clients "
+                    f"{f(r['submit_c64']['rate_per_s'] / base['submit_c64']['rate_per_s'], 2)}x; "
+                    f"broker CPU per submit {f(r['submit_c16']['broker_cpu_ms_per_call'], 2)} against "
+                    f"{f(base['submit_c16']['broker_cpu_ms_per_call'], 2)} ms; WatchJob fan-out p99 "
+                    f"{f(r['watch']['p99_ms'])} against {f(base['watch']['p99_ms'])} ms."]
     return out
 
 
