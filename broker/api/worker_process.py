@@ -64,7 +64,6 @@ log = logging.getLogger("broker.api.worker")
 
 # JobService methods a worker serves itself; every other one goes to the core.
 LOCAL_JOB_METHODS = ("SubmitJob", "GetJob", "ListJobs", "GetJobEvents", "WatchJob")
-REPORT_RETRY_S = 10.0  # how long a batch of creation reports is retried before it is dropped
 # A report waits this long for company: each JobsCreated call costs the core's one GIL
 # about 0.15 ms whatever it carries (at one job per call that was 0.2 ms of the core per
 # submit). Only under a stream of submits (the previous report went out less than
@@ -78,19 +77,27 @@ class CoreFollower:
     """The core's role as the worker last heard it (the StandbyGate's ``leadership``)."""
 
     def __init__(self, stub: wgrpc.WorkerLinkStub, key: str, slot: int, store: Store,
-                 hub: EventHub) -> None:
+                 hub: EventHub, lease_s: float) -> None:
         self.stub, self.key, self.slot, self.store, self.hub = stub, key, slot, store, hub
+        self.lease_s = lease_s
         self.state = wpb.CoreState(leading=False, standby_message="the broker core is starting")
+        self.heard = 0.0  # monotonic time of the core's last message
         self.first = threading.Event()
         self.gone = threading.Event()
 
     @property
     def is_leader(self) -> bool:
-        return self.state.leading and not self.gone.is_set()
+        """As the core said, while it keeps saying it (heartbeats every second): a core
+        silent for a lease may be frozen past its lease, and a standby may lead now."""
+        return (self.state.leading and not self.gone.is_set()
+                and time.monotonic() - self.heard < self.lease_s)
 
     def standby_message(self) -> str:
         if self.gone.is_set():
             return "this broker is stopping; retry (another replica or its restart answers)"
+        if self.state.leading:
+            return (f"this broker's core has not answered its API workers for"
+                    f" {time.monotonic() - self.heard:.0f} s; retry (another replica may lead)")
         return self.state.standby_message
 
     def run(self) -> None:
@@ -101,6 +108,7 @@ class CoreFollower:
                     self.store.fence_writes(LEASE_NAME, state.fence_epoch)
                 for job_id in state.changed_jobs:  # wake this worker's watchers of those jobs
                     self.hub.notify(job_id)
+                self.heard = time.monotonic()
                 self.state = state
                 self.first.set()
         except grpc.RpcError as e:
@@ -143,7 +151,7 @@ class CreationReports:
                 if not batch and self._closed:
                     return
             last = time.monotonic()
-            give_up = last + REPORT_RETRY_S
+            pause = 0.2
             while True:
                 try:
                     self.stub.JobsCreated(wpb.JobsCreatedRequest(worker=self.slot, jobs=batch),
@@ -152,12 +160,16 @@ class CreationReports:
                     self.calls += 1
                     break
                 except grpc.RpcError as e:
-                    if time.monotonic() > give_up or self._closed:
-                        # The core is gone: its successor reads every live job at start.
+                    if self._closed:
+                        # Stopping (the core is gone or stopping): a core starting up
+                        # reads every live job from the store on its first pass.
                         log.warning("worker %d: %d creation report(s) not delivered: %s",
                                     self.slot, len(batch), e.code())
                         break
-                    time.sleep(0.2)
+                    # A frozen or busy core: keep the batch until it answers (the
+                    # jobs are stored; only the scheduler's hearing of them waits).
+                    time.sleep(pause)
+                    pause = min(pause * 2, 2.0)
 
 
 class WorkerJobOps(JobOps):
@@ -203,7 +215,7 @@ class ApiWorker:
         store = open_store(cfg.store)
         self.store = store
         hub = self.hub = EventHub()
-        self.core = CoreFollower(self.link, self.key, self.slot, store, hub)
+        self.core = CoreFollower(self.link, self.key, self.slot, store, hub, cfg.leader_lease_s)
         threading.Thread(target=self._follow, name="follow", daemon=True).start()
         agents = AgentRegistry(store)
         applier = Applier(store, hub, agents, BrokerTelemetry(), cfg)

@@ -56,6 +56,9 @@ from computebroker.v1 import worker_link_pb2_grpc as wgrpc
 log = logging.getLogger(__name__)
 
 FOLLOW_POLL_S = 0.2  # how soon workers hear of a role change (job changes: at once)
+# The core speaks at least this often; a worker that has not heard it for a lease stops
+# answering as the leader's (a frozen core may have lost its lease meanwhile).
+FOLLOW_HEARTBEAT_S = 1.0
 RESTART_FIRST_S, RESTART_MAX_S = 1.0, 30.0
 MAILBOX_LINGER_S, MAILBOX_BUSY_S = 0.005, 0.05  # job-change batching toward a worker
 
@@ -153,7 +156,7 @@ class LinkService(wgrpc.WorkerLinkServicer):
             self._cond.notify_all()
         try:
             last: wpb.CoreState | None = None
-            told = 0.0
+            told = sent = 0.0
             while not self.stopping.is_set() and context.is_active():
                 lead = self.leadership
                 # The standby message reads the store: at most every 2 s unless the role moved.
@@ -166,12 +169,13 @@ class LinkService(wgrpc.WorkerLinkServicer):
                         last = state
                         moved = True
                 changed = box.take(0.0 if moved else FOLLOW_POLL_S)
-                if moved or changed:
+                if moved or changed or time.monotonic() - sent >= FOLLOW_HEARTBEAT_S:
                     assert last is not None
                     out = wpb.CoreState()
                     out.CopyFrom(last)
                     out.changed_jobs.extend(changed)
                     yield out
+                    sent = time.monotonic()
         finally:
             self.hub.untap(box.add)
             with self._cond:

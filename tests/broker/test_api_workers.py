@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -306,34 +308,43 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(tmp_path: Path, port: int, *settings: str) -> subprocess.Popen[bytes]:
+    """`brokerctl serve` with two API workers, plaintext loopback, in a process of its own."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'proto'}")
+    return subprocess.Popen(
+        [sys.executable, "-m", "brokerctl", "serve", "--listen", f"127.0.0.1:{port}",
+         "--agent-listen", f"127.0.0.1:{_free_port()}", "--store", f"sqlite:///{tmp_path}/b.sqlite",
+         "--checkpoint-root", str(tmp_path / "ckpt"), "--insecure-dev", "--set", "api_workers=2",
+         *(a for kv in settings for a in ("--set", kv))],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def test_workers_die_with_a_killed_core(tmp_path: Path) -> None:
     """SIGKILL of the `brokerctl serve` process leaves no worker holding the port."""
     import socket
-    import subprocess
-    import sys
 
-    def free() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    port = free()
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'proto'}")
-    core = subprocess.Popen(
-        [sys.executable, "-m", "brokerctl", "serve", "--listen", f"127.0.0.1:{port}",
-         "--agent-listen", f"127.0.0.1:{free()}", "--store", f"sqlite:///{tmp_path}/b.sqlite",
-         "--checkpoint-root", str(tmp_path / "ckpt"), "--insecure-dev", "--set", "api_workers=2"],
-        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = _free_port()
+    core = _serve(tmp_path, port)
     try:
-        def workers() -> list[int]:
-            out: list[int] = []
-            for task in Path(f"/proc/{core.pid}/task").glob("*"):
-                with contextlib.suppress(OSError):
-                    out += [int(c) for c in (task / "children").read_text().split()]
-            return out
-
-        pids = wait_until(lambda: len(workers()) == 2 and workers(), 60, "two api workers")
+        pids = wait_until(lambda: len(_children(core.pid)) == 2 and _children(core.pid), 60,
+                          "two api workers")
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         jobs_pb2_grpc.JobServiceStub(channel).ListJobs(jpb.ListJobsRequest(), timeout=30,
                                                        wait_for_ready=True)
@@ -347,6 +358,39 @@ def test_workers_die_with_a_killed_core(tmp_path: Path) -> None:
         if core.poll() is None:
             core.kill()
             core.wait()
+
+
+def test_workers_of_a_frozen_core_stop_answering_as_the_leader(tmp_path: Path) -> None:
+    """A core frozen (SIGSTOP) past its lease may have lost it to a standby: its workers,
+    hearing no heartbeat for a lease, refuse UNAVAILABLE (clients move to another
+    replica) instead of answering for a leader that may not be one; once the core is
+    continued they serve again."""
+    port = _free_port()
+    core = _serve(tmp_path, port, "leader_lease_s=2")
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    jobs = jobs_pb2_grpc.JobServiceStub(channel)
+    try:
+        jobs.ListJobs(jpb.ListJobsRequest(), timeout=30, wait_for_ready=True)
+        os.kill(core.pid, signal.SIGSTOP)
+
+        def refused() -> str:
+            try:
+                jobs.ListJobs(jpb.ListJobsRequest(), timeout=5)
+            except grpc.RpcError as e:
+                return e.details() or "" if e.code() is grpc.StatusCode.UNAVAILABLE else ""
+            return ""
+
+        message = wait_until(refused, 20, "workers refusing for a frozen core")
+        assert "has not answered its API workers" in message
+        os.kill(core.pid, signal.SIGCONT)
+        wait_until(lambda: jobs.ListJobs(jpb.ListJobsRequest(), timeout=5) is not None, 20,
+                   "workers serving again after SIGCONT")
+    finally:
+        channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(core.pid, signal.SIGCONT)
+        core.kill()
+        core.wait()
 
 
 def test_job_ids_of_two_processes_never_collide(monkeypatch: pytest.MonkeyPatch) -> None:
