@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-netns", action="store_true", help="no network namespaces: no partitions")
     p.add_argument("--kinds", default="", help="comma-separated fault kinds (default: all possible): "
                    + ",".join(k.value for k in FaultKind))
+    p.add_argument("--api-workers", type=int, default=0,
+                   help="each broker's API worker processes (--set api_workers=N; 0: one process)")
     p.add_argument("--step-sleep", type=float, default=0.3, help="seconds per training step")
     p.add_argument("--work-dir", default="", help="keep the run's files here (default: a temp dir)")
     p.add_argument("--out", default="", help="JSON path (default benchmarks/results/chaos_<store>_seed<seed>.json)")
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(root=root, seed=args.seed, jobs=args.jobs, faults=args.faults or args.jobs,
                    store=args.store, netns=netns, regions=args.regions,
                    nodes_per_region=args.nodes_per_region, kinds=kinds,
-                   step_sleep_s=args.step_sleep, finish_timeout_s=max(900.0, 30.0 * args.jobs),
+                   step_sleep_s=args.step_sleep, api_workers=args.api_workers,
+                   finish_timeout_s=max(900.0, 30.0 * args.jobs),
                    say=lambda s: print(s, flush=True))
     t = time.monotonic()
     load = LoadSampler().start()
@@ -118,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     report["elapsed_s"] = round(time.monotonic() - t, 1)
     report["faults_scheduled"] = opts.faults
     report["commit"] = _commit()
+    report["api_workers"] = args.api_workers
     report["load_avg_1m"] = load.summary()
     report["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     report["work_dir"] = str(root)
     print(render(report))
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"chaos_{args.store}_seed{args.seed}.json")
+    suffix = f"_workers{args.api_workers}" if args.api_workers else ""
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"chaos_{args.store}_seed{args.seed}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -434,10 +434,12 @@ def chaos(d: dict[str, Any]) -> list[str]:
     recovered, and whether anything was lost, doubled, wrong or stuck."""
     out = [
         f"### Fault campaign, {d['store']} (`python benchmarks/chaos.py --jobs {d['jobs']} "
-        f"--faults {d.get('faults_scheduled', len(d['faults']))} --seed {d['seed']}{' --store sqlite' if d['store'] == 'sqlite' else ''}`)",
+        f"--faults {d.get('faults_scheduled', len(d['faults']))} --seed {d['seed']}{' --store sqlite' if d['store'] == 'sqlite' else ''}"
+        f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}`)",
         "",
         f"{d['jobs']} mixed jobs (1-2 nodes, two teams, three priorities, spot, elastic; a checkpoint "
         "every 4 steps) on 3 regions, two broker replicas with leader election "
+        f"{'(each with ' + str(d['api_workers']) + ' API worker processes) ' if d.get('api_workers') else ''}"
         f"{'over Redis; brokers, agents and Redis' if d['store'] == 'redis' else 'on one SQLite file; brokers and agents'}"
         " as hosts in network namespaces, S3 (moto) behind a fault proxy; faults one after the "
         f"other (seed {d['seed']}). Recovery: from injection until a leader answers, every agent is "
