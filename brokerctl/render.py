@@ -400,10 +400,39 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
 
     if job.migrations:
         parts.append(migrations_table(job.migrations, title="migrations", with_job=False))
+        notes = [line for i, m in enumerate(job.migrations, 1) for line in move_notes(i, m, now)]
+        if notes:
+            parts.append(Text("\n".join(notes)))
 
     if events is not None:  # `brokerctl job` prints them as lines (render_logs.event_line)
         parts.append(events_table(events, title="events"))
     return Group(*parts)
+
+
+def move_notes(n: int, m: common_pb2.Migration, now: float | None = None) -> list[str]:
+    """A make-before-break move's own figures, under the migrations table (one short line
+    each, <= 100 columns): the downtime and the pre-copy with its held Stop."""
+    out: list[str] = []
+    if m.make_before_break:
+        down = f"downtime {_secs(m.downtime_s)}" if m.downtime_s else "downtime not yet known"
+        out.append(f"move {n}: make-before-break, {down} (source's last step -> training resumed)")
+    if m.precopy_from:
+        pc = m.precopy
+        if pc.error:
+            what = f"failed: {pc.error[:60]}"
+        elif m.precopy_done_time or pc.done:
+            what = (f"{pc.bytes_total / 1e6:,.0f} MB in {_secs(pc.seconds)}"
+                    + (f" ({pc.method})" if pc.method else ""))
+        else:
+            what = "copying"
+        out.append(f"move {n}: pre-copy of the last periodic checkpoint {what}")
+        if m.stop_held_until and not m.stop_sent_time:
+            left = m.stop_held_until - (time.time() if now is None else now)
+            out.append(f"move {n}: source's Stop held for the pre-copy, {max(0.0, left):.0f} s at most")
+        elif m.stop_sent_time and m.started_time and m.stop_sent_time > m.started_time:
+            out.append(f"move {n}: source's Stop held {_secs(m.stop_sent_time - m.started_time)}"
+                       " for the pre-copy")
+    return out
 
 
 def _secs(v: float) -> str:
@@ -438,7 +467,7 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
     checkpoint time, transfer (time @ MB/s, or % while copying; "mbb" for a make-before-break
     move, which reads the checkpoint in place), total time to the first step after the
     resume (or the state while in progress) and the broker's own share (ORCH). ``-o json`` /
-    ``brokerctl job`` have every field, the downtime of a move among them."""
+    ``brokerctl job`` (its notes under the table: downtime, pre-copy) tell the rest."""
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")

@@ -112,3 +112,29 @@ def test_steps_of_own_code_count_only_what_the_program_reports() -> None:
     assert render.steps(plain) == "7/60"
     builtin = pb.Job(spec=pb.JobSpec(trainer=pb.TrainerSpec(total_steps=40)))
     assert render.steps(builtin) == "0/40"
+
+
+def test_job_detail_shows_make_before_break_downtime_and_pre_copy() -> None:
+    """`brokerctl job` tells a make-before-break move's downtime and its pre-copy (the
+    migrations table has no room for them at 100 columns)."""
+    j = job(7)
+    now = time.time()
+    done = j.migrations.add(job_id=j.id, from_region="us-east-2", to_region="eu-west-1",
+                            from_world_size=8, to_world_size=8, make_before_break=True,
+                            downtime_s=25.88, started_time=now - 300, stop_sent_time=now - 240,
+                            precopy_from="s3://a/step-10", precopy_done_time=now - 241)
+    done.precopy.CopyFrom(pb.TransferStats(bytes_total=3_050_000_000, seconds=12.5,
+                                           method="server-side-copy", done=True))
+    held = j.migrations.add(job_id=j.id, make_before_break=True, started_time=now - 5,
+                            stop_held_until=now + 595, precopy_from="s3://b/step-20")
+    out = text_of(render.job_detail(j, None, now=now))
+    assert "move 1: make-before-break, downtime 25.9s" in out
+    assert "move 1: pre-copy of the last periodic checkpoint 3,050 MB in 12.5s (server-side-copy)" in out
+    assert "move 1: source's Stop held 60.0s for the pre-copy" in out
+    assert "move 2: make-before-break, downtime not yet known" in out
+    assert "move 2: pre-copy of the last periodic checkpoint copying" in out
+    assert "move 2: source's Stop held for the pre-copy, 595 s at most" in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+    held.precopy.error = "AccessDenied"
+    assert "move 2: pre-copy of the last periodic checkpoint failed: AccessDenied" in "\n".join(
+        render.move_notes(2, held, now))
