@@ -67,7 +67,7 @@ from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
-from region_agents.staging import Staging, copy_tuning, plan_staging, under
+from region_agents.staging import Staging, copy_tuning, drop_if_superseded, plan_staging, under
 from region_agents.staging import s3_client as staging_s3_client
 from region_agents.store_probe import probe, resolve_store
 from region_agents.workdir import WorkdirCache
@@ -550,6 +550,13 @@ class RegionAgent:
                          " (%s)", job_id, attempt, src, dst, r.bytes / 1e6, r.seconds, r.method)
             except Exception as e:  # noqa: BLE001 - best effort: the next checkpoint covers it
                 log.warning("%s attempt %d: background durability copy failed: %s", job_id, attempt, e)
+            try:  # the trainer may have committed (and pruned) past it meanwhile
+                if drop_if_superseded(dst_dir, name):
+                    log.info("%s attempt %d: durability copy %s removed: a newer checkpoint is"
+                             " complete in %s", job_id, attempt, name, dst_dir)
+            except Exception as e:  # noqa: BLE001 - a leftover old step: pruned later anyway
+                log.warning("%s attempt %d: could not check the durability copy %s against newer"
+                            " checkpoints: %s", job_id, attempt, name, e)
 
         threading.Thread(target=run, name=f"durable-{job_id}-{attempt}", daemon=True).start()
 

@@ -114,6 +114,35 @@ def warm() -> None:
 SERVER_COPY_PART = 5 * 1024**3  # S3's CopyObject limit and its largest part
 
 
+def drop_if_superseded(dst_dir: str, name: str, client: Any = None) -> bool:
+    """After a background durability copy of ``name`` into ``dst_dir`` (the attempt's own
+    checkpoint directory): delete the copy if a newer complete checkpoint is already there.
+
+    Why: the attempt trains while the copy runs, and its trainer prunes that directory
+    after each commit; a step directory still being copied (no manifest yet, older than
+    the commit) is what pruning deletes as abandoned, so files vanish mid-copy and the
+    copier's final manifest can then name files that are gone. Once a newer checkpoint
+    is complete the copy has no purpose left (a resume takes the newest complete one), so
+    it is removed, manifest first (never "complete" while half deleted). If none is
+    newer, nothing was pruned: pruning only removes what is older than a commit."""
+    from checkpoint_layout import list_steps
+    from checkpoint_layout.manifest import MANIFEST
+    from region_agents.checkpoint_dirs import place
+
+    step = parse_step(name)
+    if step is None:
+        return False
+    if client is None and dst_dir.startswith("s3://"):
+        client = s3_client()
+    steps = list_steps(dst_dir, s3_client=client)
+    if not any(ok and s > step for s, ok in steps.items()):
+        return False
+    d = place(f"{dst_dir.rstrip('/')}/{name}", client)
+    d.delete([MANIFEST])
+    d.cleanup()
+    return True
+
+
 def copy_tuning(src: str, dst: str) -> dict[str, int]:
     """Server-side copies (S3 -> S3 on one endpoint): one CopyObject per file up to 5 GiB,
     5 GiB UploadPartCopy parts above. Why: no bytes pass through the agent either way,
