@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -89,6 +88,7 @@ from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView, RecordsView
 from broker.leadership import Leadership, StandbyGate, advertised_address
 from broker.scheduling.loop import SchedulerLoop
+from broker.stop_signals import StopSignals
 from broker.store import Store, open_store
 from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
@@ -365,15 +365,8 @@ def serve(config: BrokerConfig) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     setup_tracing("compute-broker")  # CB_TRACE_FILE / OTEL_EXPORTER_OTLP_ENDPOINT, else off
     server = BrokerServer(config)
+    stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
     server.start()
-    done = threading.Event()
-
-    def _signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        done.set()
-
-    signal.signal(signal.SIGINT, _signal)
-    signal.signal(signal.SIGTERM, _signal)
-    while not done.wait(1.0):
-        pass
+    signum = stops.wait()
+    log.info("signal %d: stopping", signum)
     server.stop()

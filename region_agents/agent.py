@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -49,6 +48,7 @@ from collections.abc import Callable
 import grpc
 from tenacity import Retrying, retry_if_exception_type, stop_when_event_set, wait_exponential
 
+from broker.stop_signals import StopSignals
 from brokersdk.credentials import make_channel
 from checkpoint_layout.roots import RootError, canonical, check_under
 from checkpoint_layout.standby_go import Go, GoAction
@@ -227,17 +227,9 @@ class RegionAgent:
 
     def run_forever(self) -> None:
         """Run until SIGINT/SIGTERM (the daemon's main)."""
-        done = threading.Event()
-
-        def handler(signum: int, _frame: object) -> None:
-            log.info("signal %d: shutting down", signum)
-            done.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handler)
+        stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
         self.start()
-        while not done.wait(0.5):
-            pass
+        log.info("signal %d: shutting down", stops.wait())
         self.stop()
 
     def inject_spot_notice(self, node_id: str, seconds: float = 120.0) -> None:

@@ -39,6 +39,7 @@ from broker.jobs.hub import EventHub
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView
 from broker.leadership import LEASE_NAME, StandbyGate
+from broker.stop_signals import StopSignals
 from broker.store import open_store
 from broker.store.base import Store
 from broker.telemetry import BrokerTelemetry, setup_tracing
@@ -345,13 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_tracing(f"compute-broker-worker-{slot}")
     config = BrokerConfig.model_validate_json(os.environ["CB_WORKER_CONFIG"])
     worker = ApiWorker(config, slot, os.environ["CB_LINK_SOCKET"], os.environ["CB_LINK_KEY"])
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+    stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
     worker.start()
-    while not done.wait(0.5):
-        if worker.stopped.is_set():
-            break
+    stops.wait(until=worker.stopped.is_set)
     worker.stop()
     return 0
 
