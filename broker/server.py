@@ -107,6 +107,20 @@ from computebroker.v1 import common_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+def server_options(config: BrokerConfig) -> list[tuple[str, int]]:
+    """The public servers' gRPC options (this process's, and each API worker's)."""
+    return [
+        # Keepalive: a dead client's connection (and its streams' slots) is found
+        # within ~30 s; idle connections (no RPC) are closed after 10 min.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_connection_idle_ms", 600_000),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+    ]
+
+
 class BrokerServer:
     """``start()`` binds and returns the port; ``stop()``; ``wait()`` until stopped."""
 
@@ -178,17 +192,7 @@ class BrokerServer:
         threads = self.config.max_streams + self.config.max_workers
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-            options=[
-                # Keepalive: a dead client's connection (and its streams' slots) is found
-                # within ~30 s; idle connections (no RPC) are closed after 10 min.
-                ("grpc.keepalive_time_ms", 20_000),
-                ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_connection_idle_ms", 600_000),
-                ("grpc.max_receive_message_length", self.config.max_message_bytes),
-            ],
-        )
+            options=server_options(self.config))
         # Every service registers through the call pipeline (broker/api/pipeline.py):
         # who first (an unauthenticated caller takes no stream slot), then the edge
         # (decode, limits, stream budget), then the standby gate.

@@ -39,6 +39,7 @@ from broker.jobs.hub import EventHub
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView
 from broker.leadership import LEASE_NAME, StandbyGate
+from broker.server import server_options
 from broker.stop_signals import StopSignals
 from broker.store import open_store
 from broker.store.base import Store
@@ -233,12 +234,7 @@ class ApiWorker:
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_streams + cfg.max_workers,
                                        thread_name_prefix="rpc"),
-            options=[("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
-                     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                     ("grpc.keepalive_permit_without_calls", 1),
-                     ("grpc.max_connection_idle_ms", 600_000),
-                     ("grpc.max_receive_message_length", cfg.max_message_bytes),
-                     ("grpc.so_reuseport", 1)])
+            options=[*server_options(cfg), ("grpc.so_reuseport", 1)])
         server = LayeredServer(grpc_server, [
             auth, EdgeGate(StreamBudget(cfg.max_streams, cfg.max_streams_per_identity), idle),
             StandbyGate(self.core)])  # type: ignore[arg-type]
