@@ -1,11 +1,11 @@
 """Calls an API worker forwards to the core process, and who made them.
 
 Why forward at all (docs/architecture.md "API worker processes"): a worker serves the
-hot calls itself (SubmitJob, job reads, workdir transfers, probes), but everything
-that acts on state living in the core's memory (cancels and other transitions whose
-commands reach agent streams, capacity and quota changes the scheduler caches,
-watchers woken by the core's writes, tokens whose cache must drop at once) runs in
-the one core process, as it does without workers. So the worker authenticates,
+hot calls itself (SubmitJob, job reads, WatchJob, workdir transfers, probes), but
+everything that acts on state living in the core's memory (cancels and other
+transitions whose commands reach agent streams, capacity and quota changes the
+scheduler caches, log follows fed by agent streams, tokens whose cache must drop at
+once) runs in the one core process, as it does without workers. So the worker authenticates,
 authorizes (the same policy table) and audits the call, then sends it on over the
 private link with the caller's principal attached; the core trusts that principal
 only with the link key (:class:`ForwardedAuthenticator`) and audits nothing again.

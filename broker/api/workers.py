@@ -6,7 +6,7 @@ gRPC, TLS, authentication, validation and the store write. With ``api_workers`` 
 N processes bind the public port together (SO_REUSEPORT: the kernel spreads incoming
 connections over them) and each does that work on its own core. What lives in one
 process's memory stays in this one, the *core*: the leader lease, the scheduler, agent
-streams, the WatchJob hub, the token cache. A worker:
+streams, the token cache. A worker:
 
 * serves SubmitJob itself: validation, the team and request-id checks, and the job's
   creation in the shared store (group-committed with its audit record, as here), then
@@ -14,14 +14,15 @@ streams, the WatchJob hub, the token cache. A worker:
   hear of it as of its own writes. A creation is the one job write made outside the
   core's applier: a new id conflicts with nobody, and every later write of the job is
   made by the core;
-* serves reads (GetJob, ListJobs, GetJobEvents) from the store, workdir transfers and
-  probes;
+* serves reads (GetJob, ListJobs, GetJobEvents) from the store, WatchJob (woken by the
+  ids of the jobs the core writes, sent down ``Follow``), workdir transfers and probes;
 * forwards every other call to the core (broker/api/forwarding.py).
 
 The link is a gRPC server on a Unix socket in a private directory (mode 0700), and every
-call on it carries a per-run random key. Workers follow the core's role (``Follow``): a
-standby core's workers refuse calls UNAVAILABLE naming the leader, and with Redis they
-fence their writes with the core's lease epoch. A worker that exits is started again
+call on it carries a per-run random key. Workers follow the core's role (``Follow``, a
+heartbeat every second): a standby core's workers refuse calls UNAVAILABLE naming the
+leader, so do the workers of a core silent for a lease, and with Redis they fence their
+writes with the core's lease epoch. A worker that exits is started again
 (1 s, doubling to 30 s between tries), and the scheduler then re-reads the live jobs,
 so a creation whose report died with the worker is scheduled all the same. Workers die
 with the core (PR_SET_PDEATHSIG) and stop when its link closes.
