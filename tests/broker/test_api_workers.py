@@ -410,3 +410,28 @@ def test_job_ids_of_two_processes_never_collide(monkeypatch: pytest.MonkeyPatch)
     assert (a[15:17], b[15:17]) == ("01", "02")
     with pytest.raises(ValueError):
         ids.set_stream(256)
+
+
+def test_one_request_id_sent_through_every_worker_at_once_makes_one_job(wbroker: Broker) -> None:
+    """The same request id arriving on many connections at once (a client retrying
+    over a new connection while the first try is in flight) lands on both workers; each
+    worker's create races the other's in the store, and exactly one job comes out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wbroker.team()
+    channels = [wbroker.open_channel(wbroker.pki.operator()) for _ in range(12)]
+    for round_ in range(5):
+        crid = f"dup-{round_}"
+        start = threading.Barrier(len(channels))
+
+        def submit(ch: grpc.Channel, crid: str = crid, start: threading.Barrier = start) -> jpb.SubmitJobResponse:
+            start.wait()
+            return jobs_pb2_grpc.JobServiceStub(ch).SubmitJob(
+                jpb.SubmitJobRequest(spec=spec("dup"), client_request_id=crid), timeout=30)
+
+        with ThreadPoolExecutor(len(channels)) as pool:
+            answers = list(pool.map(submit, channels))
+        assert sum(a.created for a in answers) == 1
+        assert len({a.job.id for a in answers}) == 1
+    jobs = wbroker.jobs.ListJobs(jpb.ListJobsRequest(team="ml")).jobs
+    assert len(jobs) == 5
