@@ -120,7 +120,7 @@ class BrokerConfig(BaseModel):
     # processes"): 0 = this process serves the public port itself. N > 0 = N processes
     # serve ``listen`` together (SO_REUSEPORT): gRPC, TLS, authentication, validation and
     # job creation then use more than one core; this process keeps the lease, the
-    # scheduler, agent streams and watchers. Agents then connect on ``agent_listen`` only
+    # scheduler and agent streams. Agents then connect on ``agent_listen`` only
     # (plaintext loopback under insecure_dev). Needs a store processes share: a SQLite
     # file or Redis.
     api_workers: int = Field(0, ge=0, le=32)

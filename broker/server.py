@@ -72,10 +72,9 @@ from broker.api.capacity_service import CapacityService
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.forwarding import ForwardedAuthenticator
 from broker.api.health import add_probes
-from broker.api.jobs_service import JobService
+from broker.api.jobs_service import JobService, submit_checks
 from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
-from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.api.workers import LinkService, WorkerLink, WorkerPool, reserve_port, split_host_port
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
@@ -92,7 +91,6 @@ from broker.stop_signals import StopSignals
 from broker.store import Store, open_store
 from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
-from broker.workdirs.checks import check_submit
 from broker.workdirs.service import WorkdirService
 from computebroker.v1 import (
     agent_pb2_grpc,
@@ -102,7 +100,6 @@ from computebroker.v1 import (
     workdir_pb2_grpc,
     worker_link_pb2_grpc,
 )
-from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -203,12 +200,7 @@ class BrokerServer:
 
         config = self.config
 
-        def submit_check(spec: pb.JobSpec) -> None:  # users' code: broker/workdirs/checks.py
-            records = [a.record for a in agents.all()]
-            if spec.checkpoint_uri:  # only under roots an operator allowed (issue 12)
-                validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
-                    config.checkpoint_allowed_roots, config.checkpoint_root, records))
-            check_submit(spec, blobs, records)
+        submit_check = submit_checks(config, agents, blobs)
 
         leadership = self.leadership
         servicers = (
@@ -239,7 +231,11 @@ class BrokerServer:
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
         if self._pool is not None:
             self._pool.start()
-            self._wait_workers()
+            try:
+                self._wait_workers()
+            except RuntimeError:
+                self.stop(0)  # no half-started broker: workers, link and lease go too
+                raise
         log.info("broker %s listening on %s (port %d, %s; agents/mTLS port %d), store %s, %s",
                  self.holder, self.config.listen, port,
                  "INSECURE" if self.config.insecure_dev else "TLS", self.agent_port, self.config.store,

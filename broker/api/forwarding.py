@@ -78,8 +78,7 @@ class Forwarder:
     """Builds servicer methods that send a call on to the core and relay its answer
     (status and message included), for unary and server-streaming methods."""
 
-    def __init__(self, channel: grpc.Channel, key: str) -> None:
-        self.channel = channel
+    def __init__(self, key: str) -> None:
         self.key = key
 
     def _metadata(self, context: Any) -> list[tuple[str, str]]:

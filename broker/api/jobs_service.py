@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import grpc
 
+from broker.agents.registry import AgentRegistry
 from broker.api.errors import InvalidArgument, rpc
+from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.identity import Principal, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import Permission, PermissionDenied, authorize, sees_secrets
@@ -17,6 +19,8 @@ from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView
 from broker.logs.service import LogQuery
+from broker.workdirs.blobstore import BlobStore
+from broker.workdirs.checks import check_submit
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -56,6 +60,20 @@ def decode_token(token: str) -> str:
     if not value.startswith("j-"):
         raise InvalidArgument(f"page_token {token!r} is not a token this server issued")
     return value
+
+
+def submit_checks(config: BrokerConfig, agents: AgentRegistry,
+                  blobs: BlobStore) -> Callable[[pb.JobSpec], None]:
+    """SubmitJob's checks beyond the spec itself (the core's and each API worker's): a
+    job-chosen checkpoint URI only under roots an operator allowed (issue 12), then the
+    users'-code checks (broker/workdirs/checks.py: command, workdir, checkpoint stores)."""
+    def check(spec: pb.JobSpec) -> None:
+        records = [a.record for a in agents.all()]
+        if spec.checkpoint_uri:
+            validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
+                config.checkpoint_allowed_roots, config.checkpoint_root, records))
+        check_submit(spec, blobs, records)
+    return check
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):

@@ -24,10 +24,9 @@ from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.errors import BrokerError
 from broker.api.forwarding import Forwarder, link_metadata
 from broker.api.health import add_probes
-from broker.api.jobs_service import JobService
+from broker.api.jobs_service import JobService, submit_checks
 from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
-from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
@@ -45,7 +44,6 @@ from broker.store import open_store
 from broker.store.base import Store
 from broker.telemetry import BrokerTelemetry, setup_tracing
 from broker.workdirs.blobstore import default_store_url, open_blob_store
-from broker.workdirs.checks import check_submit
 from broker.workdirs.service import WorkdirService
 from computebroker.v1 import (
     agent_pb2,
@@ -240,12 +238,7 @@ class ApiWorker:
             StandbyGate(self.core)])  # type: ignore[arg-type]
         blobs = open_blob_store(cfg.workdir_store or default_store_url(cfg.store))
 
-        def submit_check(spec: pb.JobSpec) -> None:  # as the core's (broker/server.py)
-            records = [a.record for a in agents.all()]
-            if spec.checkpoint_uri:
-                validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
-                    cfg.checkpoint_allowed_roots, cfg.checkpoint_root, records))
-            check_submit(spec, blobs, records)
+        submit_check = submit_checks(cfg, agents, blobs)  # the core's checks
 
         def checked(spec: pb.JobSpec) -> None:
             try:
@@ -255,7 +248,7 @@ class ApiWorker:
                     raise
                 submit_check(spec)
 
-        fwd = Forwarder(self.channel, self.key)
+        fwd = Forwarder(self.key)
         job_service = JobService(ops, jobs, cfg, checked)
         jobs_desc = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
         fwd.servicer(jobs_desc, jobs_pb2_grpc.JobServiceStub(self.channel),

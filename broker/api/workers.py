@@ -261,12 +261,12 @@ class WorkerPool:
             if self._stop.is_set():
                 return
             self.restarts += 1
+            if time.monotonic() - started > 60:
+                pause = RESTART_FIRST_S  # it had been running fine: no penalty
             log.warning("api worker %d (pid %d) exited with %s; starting it again in %.0f s",
                         slot, proc.pid, rc, pause)
             with contextlib.suppress(Exception):
                 self.on_exit(slot, rc)
-            if time.monotonic() - started > 60:
-                pause = RESTART_FIRST_S  # it had been running fine: no penalty
             if self._stop.wait(pause):
                 return
             pause = min(pause * 2, RESTART_MAX_S)
