@@ -28,14 +28,17 @@ class EventHub:
         self._closed = False
         # Told every notified job id (the API workers' link, broker/api/workers.py: the
         # watchers a worker serves wake on the core's writes too).
-        self._taps: list[Callable[[str], None]] = []
+        # A tuple replaced on change: notify() reads it without a lock while a worker's
+        # stream starts or ends, and never skips a tap that stays.
+        self._taps: tuple[Callable[[str], None], ...] = ()
 
     def tap(self, fn: Callable[[str], None]) -> None:
-        self._taps.append(fn)
+        with self._lock:
+            self._taps = (*self._taps, fn)
 
     def untap(self, fn: Callable[[str], None]) -> None:
-        if fn in self._taps:
-            self._taps.remove(fn)
+        with self._lock:
+            self._taps = tuple(t for t in self._taps if t is not fn)
 
     def notify(self, job_id: str, *, tap: bool = True) -> None:
         """Wake ``job_id``'s watchers; ``tap=False``: not the taps (a worker's own
