@@ -38,7 +38,7 @@ class EventHub:
 
     def untap(self, fn: Callable[[str], None]) -> None:
         with self._lock:
-            self._taps = tuple(t for t in self._taps if t is not fn)
+            self._taps = tuple(t for t in self._taps if t != fn)  # bound methods: equal, not identical
 
     def notify(self, job_id: str, *, tap: bool = True) -> None:
         """Wake ``job_id``'s watchers; ``tap=False``: not the taps (a worker's own

@@ -435,3 +435,22 @@ def test_one_request_id_sent_through_every_worker_at_once_makes_one_job(wbroker:
         assert len({a.job.id for a in answers}) == 1
     jobs = wbroker.jobs.ListJobs(jpb.ListJobsRequest(team="ml")).jobs
     assert len(jobs) == 5
+
+
+def test_a_workers_tap_is_removed_when_its_stream_ends() -> None:
+    """Each Follow stream taps the hub with its mailbox's bound method and untaps with a
+    new bound-method object of the same mailbox: only that tap goes, the others stay."""
+    from broker.api.workers import _Mailbox
+    from broker.jobs.hub import EventHub
+
+    hub, first, second = EventHub(), _Mailbox(), _Mailbox()
+    hub.tap(first.add)
+    hub.tap(second.add)
+    hub.untap(first.add)
+    hub.notify("j-1")
+    assert second.take(0) == ["j-1"] and first.take(0) == []
+    hub.notify("j-2", tap=False)  # a worker's own creation is not echoed
+    assert second.take(0) == []
+    hub.untap(second.add)
+    hub.notify("j-3")
+    assert second.take(0) == []
