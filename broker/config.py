@@ -103,8 +103,19 @@ class BrokerConfig(BaseModel):
     # when its own history (last checkpoint + last transfer time) x margin says so.
     plan_move_floor_s: float = Field(120.0, ge=0)
     plan_move_margin: float = Field(1.5, ge=1.0)
+    # Proactive moves (broker/scheduling/proactive_watch.py): running jobs whose recovery
+    # policy is "better-capacity" or "defragment" move, unforced, when the gain beats the
+    # move cost. Looked for at most every proactive_interval_s (0 = never); a job is left
+    # alone in its first proactive_min_dwell_s on its capacity (no back-and-forth); at most
+    # proactive_max_moves such moves are in flight fleet-wide; defragmentation moves only
+    # jobs of at most proactive_movable_gpus GPUs.
+    proactive_interval_s: float = Field(30.0, ge=0)
+    proactive_min_dwell_s: float = Field(600.0, ge=0)
+    proactive_max_moves: int = Field(4, ge=1, le=1000)
+    proactive_movable_gpus: int = Field(8, ge=1)
     # Recovery policy (broker/jobs/recovery.py POLICIES) for jobs without a
-    # cb.recovery-policy label: "move-anywhere" (default) or "stay-in-place".
+    # cb.recovery-policy label: "move-anywhere" (default), "stay-in-place",
+    # "better-capacity", "defragment", ...
     recovery_policy: Annotated[str, AfterValidator(_known_policy)] = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
     # (broker/telemetry/metrics.py; README "Observability").

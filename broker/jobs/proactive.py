@@ -30,6 +30,10 @@ from broker.jobs.recovery import Signal, Trigger
 from placement.firstfit import allowed_types
 
 Seconds = Callable[[placement.RunningJob], float]
+# May this running job be moved by this rule (the job's own consent: its recovery policy)?
+MayMove = Callable[[placement.RunningJob], bool]
+# Could this running job run on this node (its accelerator, regions, capacity types)?
+Fits = Callable[[placement.RunningJob, placement.NodeInfo], bool]
 
 
 @dataclass(frozen=True)
@@ -68,12 +72,15 @@ def _domain(n: placement.NodeInfo, level: placement.TopologyLevel) -> str:
     return ""
 
 
-def _fits_elsewhere(jobs: list[placement.RunningJob], free: dict[str, int], outside: list[str]) -> bool:
-    """Greedy: every moved job's per-node shares fit on distinct nodes outside the block."""
+def _fits_elsewhere(jobs: list[placement.RunningJob], free: dict[str, int], outside: list[str],
+                    info: dict[str, placement.NodeInfo], fits: Fits | None) -> bool:
+    """Greedy: every moved job's per-node shares fit on distinct nodes outside the block
+    (nodes the job could run on, when ``fits`` says which)."""
     room = {n: free[n] for n in outside}
     for r in sorted(jobs, key=lambda r: -r.gpus):
         for _, g in r.allocations:
-            best = max((n for n in room if room[n] >= g), key=lambda n: room[n], default=None)
+            best = max((n for n in room if room[n] >= g and (fits is None or fits(r, info[n]))),
+                       key=lambda n: room[n], default=None)
             if best is None:
                 return False
             room[best] -= g
@@ -82,9 +89,13 @@ def _fits_elsewhere(jobs: list[placement.RunningJob], free: dict[str, int], outs
 
 def defragment(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Seconds,
                remaining_s: Seconds, movable_gpus: int, min_gang_nodes: int = 2,
-               busy: frozenset[str] = frozenset()) -> list[Proposal]:
+               busy: frozenset[str] = frozenset(), may_move: MayMove | None = None,
+               fits: Fits | None = None) -> list[Proposal]:
     """Moves that free one block for the first waiting gang that fits nowhere (see module doc).
-    ``busy``: jobs already being moved (a block is freed one move at a time)."""
+    ``busy``: jobs already being moved (a block is freed one move at a time). ``may_move``
+    and ``fits`` (None = every job, every node: the simulator's jobs have no other
+    constraints) are the live broker's: only jobs whose policy consents move, and only
+    where each could run."""
     if busy:
         return []
     admitted = {a.job_id for a in dec.admissions}
@@ -99,6 +110,7 @@ def defragment(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Se
     if level not in (placement.TopologyLevel.ULTRASERVER, placement.TopologyLevel.LAYER_3):
         return []
     free = free_after(snap, dec)
+    info = {n.id: n for n in snap.nodes}
     types = allowed_types(gang)
     eligible = [n for n in snap.nodes if n.id in free and n.capacity_type in types
                 and (not gang.accelerator or n.accelerator == gang.accelerator)
@@ -127,7 +139,8 @@ def defragment(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Se
                 continue
             jobs = on_node[n.id]
             ok = all(r.preemptible and not r.stopping and r.gpus <= movable_gpus
-                     and r.priority <= gang.priority and len(r.allocations) == 1 for r in jobs)
+                     and r.priority <= gang.priority and len(r.allocations) == 1
+                     and (may_move is None or may_move(r)) for r in jobs)
             if ok:
                 options.append((sum(r.gpus * move_s(r) for r in jobs), n.id, tuple(jobs)))
         if len(options) < gang.nodes:
@@ -141,7 +154,7 @@ def defragment(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Se
         gain = gang.gpus * max(remaining_s(r) for r in moved.values())
         block_ids = {n.id for n in nodes}
         outside = [n for n in free if n not in block_ids]
-        if gain <= cost or not _fits_elsewhere(list(moved.values()), free, outside):
+        if gain <= cost or not _fits_elsewhere(list(moved.values()), free, outside, info, fits):
             continue
         if best is None or gain - cost > best[0]:
             best = (gain - cost, sorted(moved.values(), key=lambda r: r.id), tuple(sorted(block_ids)))
@@ -158,8 +171,10 @@ def defragment(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Se
 
 def better_capacity(snap: placement.Snapshot, dec: placement.Decisions, *, move_s: Seconds,
                     remaining_s: Seconds, max_moves: int = 4,
-                    busy: frozenset[str] = frozenset()) -> list[Proposal]:
-    """Moves of on-demand jobs onto free prepaid (plan) capacity (see module doc)."""
+                    busy: frozenset[str] = frozenset(), may_move: MayMove | None = None,
+                    fits: Fits | None = None) -> list[Proposal]:
+    """Moves of on-demand jobs onto free prepaid (plan) capacity (see module doc);
+    ``may_move`` and ``fits`` as in :func:`defragment`."""
     free = free_after(snap, dec)
     info = {n.id: n for n in snap.nodes}
     plan_free = {n: f for n, f in free.items()
@@ -170,6 +185,8 @@ def better_capacity(snap: placement.Snapshot, dec: placement.Decisions, *, move_
     cands = []
     for r in snap.running:
         if r.stopping or not r.preemptible or r.id in busy or not r.allocations:
+            continue
+        if may_move is not None and not may_move(r):
             continue
         here = info.get(r.allocations[0][0])
         if here is None or here.capacity_type != placement.CapacityType.ON_DEMAND:
@@ -187,6 +204,8 @@ def better_capacity(snap: placement.Snapshot, dec: placement.Decisions, *, move_
         need = sorted((g for _, g in r.allocations), reverse=True)
         by_agent: dict[str, list[str]] = defaultdict(list)
         for n in sorted(plan_free):
+            if fits is not None and not fits(r, info[n]):
+                continue
             end = info[n].plan_end
             if end is not None and end - snap.now < rem + move_s(r):
                 continue  # the plan ends before the job would: no saving

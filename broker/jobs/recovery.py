@@ -109,6 +109,9 @@ class RecoveryPolicy:
     name: str = "move-anywhere"
     loss_triggers: frozenset[Trigger] = field(
         default=frozenset({Trigger.AGENT_LOST, Trigger.ATTEMPT_MISSING, Trigger.LAUNCH_REFUSED}))
+    # Moves nobody forces that a job with this policy consents to (the live broker's
+    # broker/scheduling/proactive_watch.py and the simulator look for these only).
+    proactive: frozenset[Trigger] = frozenset()
 
     def plan(self, sig: Signal, job: pb.Job, config: BrokerConfig, now: float) -> StopPlan | None:
         """The stop for ``sig`` on ``job``'s running attempt, or None (leave it alone)."""
@@ -235,6 +238,7 @@ class Defragment(RecoveryPolicy):
     (:func:`broker.jobs.proactive.defragment` decides; Trigger.DEFRAGMENT stops them)."""
 
     name: str = "defragment"
+    proactive: frozenset[Trigger] = frozenset({Trigger.DEFRAGMENT})
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ class BetterCapacity(RecoveryPolicy):
     (:func:`broker.jobs.proactive.better_capacity` decides; Trigger.BETTER_CAPACITY)."""
 
     name: str = "better-capacity"
+    proactive: frozenset[Trigger] = frozenset({Trigger.BETTER_CAPACITY})
 
 
 POLICIES: dict[str, RecoveryPolicy] = {

@@ -27,14 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import placement
 from broker.jobs import handoff, migration, precopy
-from broker.jobs.causes import StopKind
+from broker.jobs.causes import Cause, StopKind
 from broker.jobs.lifecycle import CHECKPOINTING, LAUNCHING, MIGRATING, Tx
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
 if TYPE_CHECKING:
-    import placement
     from broker.config import BrokerConfig
     from broker.jobs.outcome import Outcome
 
@@ -80,6 +80,22 @@ def wants_placement(job: pb.Job) -> bool:
     """A job moving out (drain/migrate stop in flight) with no standby yet."""
     return (job.phase == CHECKPOINTING and StopKind.parse(job.stop_reason) in MOVE_KINDS
             and not job.HasField("standby"))
+
+
+# A move made *for* a kind of capacity takes only that kind for its standby: a move to
+# free prepaid capacity (broker/jobs/proactive.py better_capacity) that landed on other
+# on-demand nodes would pay the move for no saving. No standby found = the move goes on
+# break-before-make, and the scheduler's own preference (plans first) places it.
+DESTINATION_TYPES: dict[str, frozenset[placement.CapacityType]] = {
+    Cause.BETTER_CAPACITY.value: frozenset({placement.CapacityType.TRAINING_PLAN}),
+}
+
+
+def destination_types(job: pb.Job) -> frozenset[placement.CapacityType]:
+    """The capacity types the standby of ``job``'s open move is limited to (empty = any
+    its spec allows)."""
+    m = migration.open_migration(job)
+    return DESTINATION_TYPES.get(m.cause, frozenset()) if m is not None else frozenset()
 
 
 def wanted(job: pb.Job, config: BrokerConfig) -> bool:

@@ -8,7 +8,8 @@ Runs every ``scheduler_interval_s`` and whenever poked (a submit, a finished or
 requeued attempt, an agent (re)connecting), so queue latency is not bounded by the
 interval. One pass also runs housekeeping (lost agents, stop/cancel timeouts) and
 planned moves (plan ends); both return the jobs they rewrote into the same pass, so
-the live jobs are read once per pass.
+the live jobs are read once per pass. After placement it looks for proactive moves
+(better capacity, defragmentation: ``proactive_watch.py``).
 With several broker replicas only the holder of the "scheduler" lease schedules.
 """
 
@@ -30,6 +31,7 @@ from broker.jobs.views import JobsView, RecordsView
 from broker.scheduling import exclusions, plan_watch
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
+from broker.scheduling.proactive_watch import ProactiveWatch
 from broker.scheduling.snapshot import NodeMemo, SnapshotMemo
 from broker.scheduling.usage import build_snapshot
 from broker.store.base import StoreError
@@ -70,6 +72,8 @@ class SchedulerLoop:
         # bookkeeping fed by the differences between snapshots (admission.py):
         # same decisions as placement.schedule, at the cost of the change.
         self.admission = LiveAdmission()
+        # Unforced moves (better capacity, defragmentation) for jobs whose policy asks.
+        self.proactive = ProactiveWatch(ops)
         ops.applier.set_poke(self.poke)
         ops.applier.add_listener(self.live.committed)
 
@@ -151,6 +155,8 @@ class SchedulerLoop:
             decisions = self.admission.decide(snapshot) if snapshot.nodes else placement.Decisions()
             telemetry.placed(time.perf_counter() - t0)
             self.apply(decisions, live, snapshot)
+        if snapshot.nodes:
+            self.proactive.check(live, snapshot, decisions)
         return decisions
 
     def apply(self, decisions: placement.Decisions, live: list[pb.Job],

@@ -273,7 +273,8 @@ def build(
                 src = frozenset(a.node_id for a in job.placement.nodes) | by_agent.get(
                     job.placement.agent_id, frozenset())
                 pending.append((queue_key(job, prio), dataclasses.replace(
-                    req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src)))
+                    req, id=standby.request_id(job.id), excluded_nodes=req.excluded_nodes | src,
+                    capacity_types=standby.destination_types(job) or req.capacity_types)))
         if standby.waiting(job) and job.standby.placement.nodes:
             held = pb.Job()
             held.CopyFrom(job)
