@@ -914,6 +914,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=("local", "kubernetes"), default="local")
     p.add_argument("--namespace", default="default", help="Kubernetes namespace (kubernetes executor)")
     p.add_argument("--image", default="", help="default trainer image (kubernetes executor)")
+    p.add_argument("--service-account", default="",
+                   help="trainer pods' service account, allowed to get pods: their preStop hook "
+                        "reads the Stop's deadline from its own pod (kubernetes executor)")
     p.add_argument("--heartbeat-interval-s", type=float, default=None,
                    help="override the broker's heartbeat interval")
     p.add_argument("--hang-timeout-s", type=float, default=600.0,
@@ -973,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             extra_env=env,
             namespace=args.namespace,
             image=args.image,
+            service_account=args.service_account,
             leader_timeout_s=args.leader_timeout_s,
             self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,

@@ -41,6 +41,9 @@ class AgentConfig:
     shutdown_grace_s: float = 0.0  # on .stop(): >0 = SIGTERM (checkpoint) first
     namespace: str = "default"  # kubernetes executor
     image: str = ""  # kubernetes executor: default trainer image
+    # kubernetes executor: the trainer pods' service account ("" = the namespace's
+    # default); its preStop hook reads its own pod (checkpoint_layout/pod_deadline.py)
+    service_account: str = ""
     leader_timeout_s: float | None = None
     # None = 3/4 of the broker's agent_timeout_s (RegisterAck); may only be shorter.
     self_fence_s: float | None = None
@@ -102,7 +105,8 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
     if config.executor == "kubernetes":
         from region_agents.executors.kubernetes import KubernetesExecutor
 
-        ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image)
+        ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image,
+                                service_account=config.service_account)
         ex.adopt_existing()
         inv = Inventory(
             region=config.region,

@@ -11,20 +11,31 @@ network layer-3 label when the gang shares one), each running ``torchrun`` with
 Manifests are built with the ``kubernetes`` client's own models so the API
 server's schema is honoured by construction. What is thin on purpose (see the
 agent's report): progress is not read from pods (no shared progress file), hang
-detection is not done here, and a checkpoint-first stop deletes the Job with a
-grace period (pods get SIGTERM, then SIGKILL) and reports CHECKPOINTED only when
+detection is not done here, and a checkpoint-first stop reports CHECKPOINTED only when
 a pod was seen exiting 75.
+
+A Stop's grace reaches the pods and their trainers: the Job is deleted with
+``propagationPolicy: Orphan`` (its controller neither replaces the pods nor lets the
+garbage collector delete them with their launch-time grace), then the attempt's pods are
+deleted with the Stop's own grace, so the kubelet's SIGKILL comes at the Stop's deadline
+(a drain's ten minutes, a spot notice's two). The container's ``preStop`` hook
+(``python -m checkpoint_layout.pod_deadline``) reads that deadline from its own pod's
+``deletionTimestamp`` and writes it to ``CB_STOP_DEADLINE_FILE`` before the SIGTERM, as
+the local agent does; its service account (``--service-account``) needs ``get`` on pods.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
 
+from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV
+from checkpoint_layout.stop_deadline import STOP_DEADLINE_ENV
 from computebroker.v1 import common_pb2
 from region_agents import labels as L
 from region_agents.executors.base import (
@@ -48,6 +59,8 @@ MANAGER = "computebroker-agent"
 ANNOTATION_JOB = "computebroker.io/job-id"  # the exact id (label values may be sanitized)
 MASTER_PORT = 29500
 PROGRESS_FILE = "/var/run/computebroker/progress.json"
+STOP_DEADLINE_FILE = "/var/run/computebroker/stop-deadline.json"  # written by the preStop hook
+PRESTOP = ["python", "-m", "checkpoint_layout.pod_deadline"]
 DEFAULT_IMAGE = "computebroker/trainer:latest"
 VANISH_TIMEOUT_S = 60.0
 
@@ -69,8 +82,11 @@ def build_manifests(
     image: str = "",
     nodes: dict[str, common_pb2.Node] | None = None,
     grace_s: int = 120,
+    service_account: str = "",
 ) -> tuple[k8s.V1Job, k8s.V1Service]:
-    """The Job and headless Service for one attempt (pure: no API calls)."""
+    """The Job and headless Service for one attempt (pure: no API calls).
+    ``service_account``: the pods' (the preStop hook reads its own pod); "" = the
+    namespace's default."""
     name = resource_name(spec.job_id, spec.attempt)
     nodes = nodes or {}
     placed = list(spec.placement.nodes)
@@ -92,8 +108,13 @@ def build_manifests(
         "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
         "CB_PROGRESS_FILE": PROGRESS_FILE,
         "CB_GRACE_S": str(grace_s),
+        STOP_DEADLINE_ENV: STOP_DEADLINE_FILE,
     })
     env_vars = [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())]
+    # The pod's own name and namespace, for the preStop hook's GET of its pod.
+    for var, path in ((POD_NAME_ENV, "metadata.name"), (POD_NAMESPACE_ENV, "metadata.namespace")):
+        env_vars.append(k8s.V1EnvVar(name=var, value_from=k8s.V1EnvVarSource(
+            field_ref=k8s.V1ObjectFieldSelector(field_path=path))))
     # The node rank is the pod's completion index (set by the Job controller).
     env_vars.append(k8s.V1EnvVar(name="NODE_RANK", value_from=k8s.V1EnvVarSource(
         field_ref=k8s.V1ObjectFieldSelector(
@@ -117,6 +138,8 @@ def build_manifests(
         env=env_vars,
         ports=[k8s.V1ContainerPort(container_port=MASTER_PORT, name="rendezvous")],
         resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
+        lifecycle=k8s.V1Lifecycle(pre_stop=k8s.V1LifecycleHandler(
+            _exec=k8s.V1ExecAction(command=list(PRESTOP)))),
         volume_mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
                        k8s.V1VolumeMount(name="progress", mount_path="/var/run/computebroker")],
     )
@@ -124,6 +147,7 @@ def build_manifests(
         containers=[container],
         restart_policy="Never",
         subdomain=name,
+        service_account_name=service_account or None,
         termination_grace_period_seconds=grace_s,
         affinity=_affinity(placed, labels),
         tolerations=[k8s.V1Toleration(key=L.RESOURCE_GPU, operator="Exists", effect="NoSchedule")],
@@ -198,6 +222,7 @@ class _K8sAttempt:
     state: int = AS.ATTEMPT_STATE_STARTING
     stop_mode: str = ""
     stop_time: float = 0.0
+    stop_grace_s: int = 0  # the pods' deletion grace: they may save for this long
     failure: tuple[int, str, list[str]] | None = None
     exit_codes: dict[str, int] = field(default_factory=dict)  # pod name -> exit code
 
@@ -208,7 +233,7 @@ class KubernetesExecutor(Executor):
     name = "kubernetes"
 
     def __init__(self, namespace: str = "default", region: str = "", image: str = "",
-                 api_client: k8s.ApiClient | None = None) -> None:
+                 api_client: k8s.ApiClient | None = None, service_account: str = "") -> None:
         if api_client is None:
             from kubernetes import config as kconfig
 
@@ -220,6 +245,7 @@ class KubernetesExecutor(Executor):
         self.namespace = namespace
         self.region = region
         self.image = image
+        self.service_account = service_account
         self.core = k8s.CoreV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
         self._nodes: dict[str, common_pb2.Node] = {}
@@ -256,7 +282,7 @@ class KubernetesExecutor(Executor):
 
     def launch(self, spec: AttemptSpec) -> None:
         job, service = build_manifests(spec, namespace=self.namespace, image=self.image,
-                                       nodes=self._nodes)
+                                       nodes=self._nodes, service_account=self.service_account)
         try:
             self.core.create_namespaced_service(self.namespace, service)
             self.batch.create_namespaced_job(self.namespace, job)
@@ -275,13 +301,41 @@ class KubernetesExecutor(Executor):
                 if e.status != 404:
                     log.warning("delete %s: %s %s", att.name, e.status, e.reason)
 
+    def _stop_pods(self, att: _K8sAttempt, grace_s: int) -> None:
+        """Delete the attempt with ``grace_s`` for its pods (see the module doc): the Job
+        orphaned first, so neither its controller nor the garbage collector touches the
+        pods, then the pods with this grace (their deletionTimestamp is the deadline the
+        preStop hook hands the trainer), then the Service."""
+        orphan = k8s.V1DeleteOptions(propagation_policy="Orphan")
+        try:
+            self.batch.delete_namespaced_job(att.name, self.namespace, body=orphan)
+        except k8s.ApiException as e:
+            if e.status != 404:
+                log.warning("delete job %s: %s %s", att.name, e.status, e.reason)
+        try:
+            self.core.delete_collection_namespaced_pod(
+                self.namespace, label_selector=self._selector(att),
+                body=k8s.V1DeleteOptions(grace_period_seconds=grace_s))
+        except k8s.ApiException as e:
+            log.warning("delete pods of %s: %s %s", att.name, e.status, e.reason)
+        try:
+            self.core.delete_namespaced_service(att.name, self.namespace)
+        except k8s.ApiException as e:
+            if e.status != 404:
+                log.warning("delete service %s: %s %s", att.name, e.status, e.reason)
+
+    @staticmethod
+    def _selector(att: _K8sAttempt) -> str:
+        return f"{LABEL_JOB}={_label_value(att.spec.job_id)},{LABEL_ATTEMPT}={att.spec.attempt}"
+
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         att = self._attempts.get((job_id, attempt))
         if att is None:
             raise KeyError(f"{job_id} attempt {attempt} is not running here")
         att.stop_mode = "checkpoint" if checkpoint_first else "kill"
         att.stop_time = time.time()
-        self._delete(att, int(grace_s) if checkpoint_first else 0)
+        att.stop_grace_s = max(0, math.ceil(grace_s)) if checkpoint_first else 0
+        self._stop_pods(att, att.stop_grace_s)
         if checkpoint_first:
             self._set(att, AS.ATTEMPT_STATE_CHECKPOINTING)
 
@@ -310,9 +364,8 @@ class KubernetesExecutor(Executor):
         return out
 
     def _poll_one(self, att: _K8sAttempt) -> None:
-        selector = f"{LABEL_JOB}={_label_value(att.spec.job_id)},{LABEL_ATTEMPT}={att.spec.attempt}"
         try:
-            pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+            pods = self.core.list_namespaced_pod(self.namespace, label_selector=self._selector(att)).items
         except k8s.ApiException as e:
             log.warning("list pods of %s: %s %s", att.name, e.status, e.reason)
             return
@@ -337,7 +390,9 @@ class KubernetesExecutor(Executor):
             code, msg, nodes = att.failure
             self._set(att, AS.ATTEMPT_STATE_FAILED, exit_code=code, message=msg, failed_nodes=nodes)
         elif att.stop_mode:
-            gone = not pods or time.time() - att.stop_time > VANISH_TIMEOUT_S
+            # Pods may still be saving for their whole grace; after that (and a margin
+            # for the kubelet) an attempt whose pods never vanish counts as stopped.
+            gone = not pods or time.time() - att.stop_time > att.stop_grace_s + VANISH_TIMEOUT_S
             if gone:
                 ok = att.stop_mode == "checkpoint" and codes and all(
                     c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes) and EXIT_CHECKPOINTED in codes

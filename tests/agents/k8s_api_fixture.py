@@ -1,6 +1,8 @@
 """FIXTURE, NOT A REAL API SERVER: a tiny http.server on 127.0.0.1 that answers the
 few Kubernetes API endpoints the KubernetesExecutor calls (list nodes, create/list/
-delete jobs, create/delete services, list pods), keeping objects as plain JSON dicts.
+delete jobs, create/delete services, list/get/delete pods), keeping objects as plain
+JSON dicts. A graceful pod delete stamps ``deletionTimestamp`` as the API server does;
+the pod goes once a test terminated it and calls :meth:`reap` (the kubelet's part).
 
 Why: no cluster (kind/minikube) is available here. The executor still goes through
 the real ``kubernetes`` client (real HTTP, real (de)serialization of its models);
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -32,6 +35,7 @@ class FakeKubeAPI:
         self.pods: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
         self.deleted: list[tuple[str, dict]] = []  # (path, body) of DELETE calls
+        self.pod_gets: list[tuple[str, str, str]] = []  # (namespace, pod, Authorization)
         self._lock = threading.Lock()
         api = self
 
@@ -88,10 +92,22 @@ class FakeKubeAPI:
                 return h._send(200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {},
                                      "items": self.nodes})
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", path)
-            if m and method == "GET":
+            if m and method in ("GET", "DELETE"):
                 sel = q.get("labelSelector", "")
                 items = [p for p in self.pods.values() if _match(p["metadata"].get("labels", {}), sel)]
+                if method == "DELETE":  # graceful: stamped, removed once terminated (reap)
+                    grace = int((body or {}).get("gracePeriodSeconds", 30))
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + grace))
+                    for p in items:
+                        p["metadata"].setdefault("deletionTimestamp", stamp)
+                        p["metadata"].setdefault("deletionGracePeriodSeconds", grace)
                 return h._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", path)
+            if m and method == "GET":
+                self.pod_gets.append((m.group(1), m.group(2), h.headers.get("Authorization", "")))
+                pod = self.pods.get(m.group(2))
+                return h._send(200, pod) if pod else h._send(404, {
+                    "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound"})
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/services(?:/([^/]+))?", path)
             if m:
                 return self._crud(h, method, body, self.services, m.group(2), "Service")
@@ -105,7 +121,7 @@ class FakeKubeAPI:
                 # Side effects first: the client may look as soon as it has the response.
                 if method == "POST" and body["metadata"]["name"] not in self.jobs:
                     self._make_pods(body)
-                elif method == "DELETE":
+                elif method == "DELETE" and (body or {}).get("propagationPolicy") != "Orphan":
                     for name in [n for n, p in self.pods.items()
                                  if p["metadata"]["labels"].get("job-name") == m.group(2)]:
                         del self.pods[name]
@@ -171,3 +187,10 @@ class FakeKubeAPI:
             pod["status"] = self._status(phase, {"terminated": {
                 "exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                 "message": message}})
+
+    def reap(self) -> None:
+        """The kubelet's last step: pods being deleted whose containers ended go away."""
+        with self._lock:
+            for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")
+                         and p["status"].get("phase") in ("Succeeded", "Failed")]:
+                del self.pods[name]

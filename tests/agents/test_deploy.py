@@ -32,16 +32,26 @@ def test_agent_rbac_covers_executor_calls():
                    for r in rules)
 
     # region_agents/executors/kubernetes.py: list_node, create/list/delete jobs,
-    # create/delete services, list pods.
+    # create/delete services, list pods, delete an attempt's pods (a collection).
     assert allowed("", "nodes", "list")
     for verb in ("create", "list", "delete"):
         assert allowed("batch", "jobs", verb)
     for verb in ("create", "delete"):
         assert allowed("", "services", verb)
-    assert allowed("", "pods", "list")
+    assert allowed("", "pods", "list") and allowed("", "pods", "deletecollection")
     agent = next(d for d in docs("agent.yaml") if d["kind"] == "Deployment")
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "agent" and "--executor=kubernetes" in args
+    # The trainer pods' account may read its pod (checkpoint_layout/pod_deadline.py), and
+    # the agent names it.
+    sa = next(a.split("=", 1)[1] for a in args if a.startswith("--service-account="))
+    binding = next(d for d in docs("agent.yaml") if d["kind"] == "RoleBinding"
+                   and any(s["name"] == sa for s in d["subjects"]))
+    role = next(d for d in docs("agent.yaml") if d["kind"] == "Role"
+                and d["metadata"]["name"] == binding["roleRef"]["name"])
+    assert any("" in r["apiGroups"] and "pods" in r["resources"] and "get" in r["verbs"]
+               for r in role["rules"])
+    assert ("ServiceAccount", sa) in {(d["kind"], d["metadata"]["name"]) for d in docs("agent.yaml")}
     assert any(a.startswith("--broker=") for a in args) and any(a.startswith("--region=") for a in args)
 
 

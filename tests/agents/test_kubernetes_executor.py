@@ -5,6 +5,7 @@ real API server: a tiny http.server answering the handful of endpoints we call."
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from kubernetes import client as k8s
@@ -89,6 +90,14 @@ def test_manifests_round_trip_and_content():
     assert exprs["topology.k8s.aws/ultraserver-id"] == ["us-1"]
     assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
         "topologyKey"] == "kubernetes.io/hostname"
+    # The Stop's deadline: the preStop hook reads its own pod and writes the file.
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "checkpoint_layout.pod_deadline"]
+    assert env["CB_STOP_DEADLINE_FILE"] == "/var/run/computebroker/stop-deadline.json"
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
+    assert refs["CB_POD_NAME"] == "metadata.name" and refs["CB_POD_NAMESPACE"] == "metadata.namespace"
+    assert "serviceAccountName" not in pod  # none given: the namespace's default
+    job2, _ = build_manifests(attempt(), service_account="trainer")
+    assert job2.spec.template.spec.service_account_name == "trainer"
     svc_data = api.sanitize_for_serialization(svc)
     assert svc_data["spec"]["clusterIP"] == "None"
     assert svc_data["spec"]["selector"] == {"computebroker.io/job-id": "Job_ABC.1",
@@ -156,19 +165,84 @@ def test_pod_failure_fails_gang_and_blames_node(kube, executor):
     assert name not in kube.jobs and not kube.pods
 
 
-def test_stop_deletes_job_in_background(kube, executor):
+def test_stop_gives_the_pods_the_stops_own_grace(kube, executor):
+    """A drain's 600 s reach the pods (not their launch-time 120 s): the Job is orphaned so
+    neither its controller nor the garbage collector deletes the pods with their default
+    grace; the pods are deleted with the Stop's grace; the attempt stays CHECKPOINTING
+    while they save, past the old 60 s vanish timeout, and ends CHECKPOINTED."""
     spec = attempt()
     executor.launch(spec)
     name = resource_name(spec.job_id, spec.attempt)
+    kube.set_running(name)
     executor.poll()
-    executor.stop(spec.job_id, spec.attempt, checkpoint_first=True, grace_s=30)
+    t0 = time.time()
+    executor.stop(spec.job_id, spec.attempt, checkpoint_first=True, grace_s=599.2)
     path, body = next(d for d in kube.deleted if "/jobs/" in d[0])
-    assert path.endswith(f"/jobs/{name}")
-    assert body["propagationPolicy"] == "Background" and body["gracePeriodSeconds"] == 30
-    states = [e.state for e in executor.poll()]
-    assert states == [AS.ATTEMPT_STATE_CHECKPOINTING, AS.ATTEMPT_STATE_STOPPED]
+    assert path.endswith(f"/jobs/{name}") and body["propagationPolicy"] == "Orphan"
+    path, body = next(d for d in kube.deleted if d[0].endswith("/pods"))
+    assert body["gracePeriodSeconds"] == 600  # rounded up: never less than the Stop allows
+    assert name not in kube.jobs and name not in kube.services
+    pods = [p for p in kube.pods.values() if p["metadata"]["labels"]["job-name"] == name]
+    assert len(pods) == 2 and all(p["metadata"]["deletionGracePeriodSeconds"] == 600 for p in pods)
+    assert [e.state for e in executor.poll()] == [AS.ATTEMPT_STATE_CHECKPOINTING]
+    executor._attempts[(spec.job_id, spec.attempt)].stop_time = t0 - 90  # saving for 90 s
+    assert executor.poll() == []  # still inside its 600 s: not given up
+    for i in range(2):
+        kube.terminate(name, i, 75)
+    assert executor.poll() == []  # exited, not yet removed by the kubelet
+    kube.reap()
+    ends = executor.poll()
+    assert [(e.state, e.exit_code) for e in ends] == [(AS.ATTEMPT_STATE_CHECKPOINTED, 75)]
     with pytest.raises(KeyError):
         executor.stop(spec.job_id, spec.attempt, checkpoint_first=False, grace_s=0)
+
+
+def test_a_kill_stop_deletes_the_pods_at_once(kube, executor):
+    spec = attempt()
+    executor.launch(spec)
+    executor.poll()
+    executor.stop(spec.job_id, spec.attempt, checkpoint_first=False, grace_s=30)
+    _, body = next(d for d in kube.deleted if d[0].endswith("/pods"))
+    assert body["gracePeriodSeconds"] == 0
+
+
+def test_the_prestop_hook_hands_the_pods_deadline_to_the_trainer(kube, executor, tmp_path):
+    """checkpoint_layout/pod_deadline.py against the fixture: before the delete the pod
+    shows no deadline (nothing written); after it, the file holds the pod's
+    deletionTimestamp, which the trainer reads on SIGTERM (read_stop_deadline)."""
+    from checkpoint_layout.pod_deadline import publish
+    from checkpoint_layout.stop_deadline import read_stop_deadline
+
+    spec = attempt()
+    executor.launch(spec)
+    name = resource_name(spec.job_id, spec.attempt)
+    pod = f"{name}-0-abcde"
+    out = tmp_path / "stop-deadline.json"
+    args = dict(namespace="ml", name=pod, token="tok", ca_file=None, out=str(out))
+    assert publish(kube.host, **args) is None and not out.exists()
+    t0 = time.time()
+    executor.stop(spec.job_id, spec.attempt, checkpoint_first=True, grace_s=300)
+    sd = publish(kube.host, **args)
+    assert sd is not None and sd.grace_s == 300 and t0 + 298 <= sd.deadline <= time.time() + 301
+    assert read_stop_deadline(out) == sd
+    assert kube.pod_gets[-1] == ("ml", pod, "Bearer tok")
+    with pytest.raises(RuntimeError, match="could not read pod"):
+        publish(kube.host, **{**args, "name": "no-such-pod"})
+
+
+def test_the_prestop_hook_never_fails_the_termination(tmp_path):
+    """Outside a cluster (or without permission) the hook says why and exits 0: the
+    kubelet goes on to its SIGTERM and the trainer uses CB_GRACE_S."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(CB_STOP_DEADLINE_FILE=str(tmp_path / "sd.json"), CB_POD_NAME="p", CB_POD_NAMESPACE="ml")
+    r = subprocess.run([sys.executable, "-m", "checkpoint_layout.pod_deadline"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "CB_GRACE_S applies" in r.stderr
+    assert not (tmp_path / "sd.json").exists()
 
 
 def test_adopt_existing_jobs_after_restart(kube, executor):
