@@ -63,3 +63,21 @@ def test_dashboard_is_valid_json():
 def test_dockerfile_says_it_is_not_built_here():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
     assert "NOT BUILDABLE" in text and "ENTRYPOINT" in text
+
+
+def test_dockerfile_copies_every_installed_package():
+    """`pip install .` in the image installs what pyproject.toml finds: a package not
+    copied is silently missing (the image once lacked checkpoint_layout, which the agent
+    and the trainer's preStop hook import)."""
+    import fnmatch
+    import tomllib
+
+    root = DEPLOY.parent
+    find = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    tops = {p.name for where in find["where"] for p in (root / where).iterdir()
+            if p.is_dir() and (p / "__init__.py").exists()
+            and any(fnmatch.fnmatch(p.name, pat) for pat in find["include"])}
+    text = (DEPLOY / "docker" / "Dockerfile").read_text()
+    copied = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ")}
+    assert "computebroker" in tops and "proto" in copied  # the stubs live under proto/
+    assert tops - {"computebroker"} <= copied, sorted(tops - {"computebroker"} - copied)
