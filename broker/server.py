@@ -252,8 +252,18 @@ class BrokerServer:
         link = self._link = WorkerLink()
         ops = self.ops
         assert ops is not None and self.leadership is not None
+        def reread(slot: int, rc: int = 0) -> None:
+            # A worker gone or frozen may have committed jobs it never reported: the next
+            # pass reads the store.
+            sched = self.scheduler
+            if sched is not None:
+                sched.live.forget()
+                sched.poke()
+
         self._link_service = LinkService(link.key, self.leadership, ops.applier.created_elsewhere,
-                                         ops.applier.hub)
+                                         ops.applier.hub, on_silent=reread)
+        threading.Thread(target=self._link_service.watch_silence, name="worker-silence",
+                         daemon=True).start()
         link_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="link"),
             options=[("grpc.max_receive_message_length", cfg.max_message_bytes)])
@@ -272,14 +282,7 @@ class BrokerServer:
         self._link_server = link_server
         public = cfg.model_copy(update={"listen": f"[{host}]:{port}" if ":" in host else f"{host}:{port}"})
 
-        def worker_gone(slot: int, rc: int) -> None:
-            # Its last creations may not have been reported: the next pass reads the store.
-            sched = self.scheduler
-            if sched is not None:
-                sched.live.forget()
-                sched.poke()
-
-        self._pool = WorkerPool(public, link.path, link.key, worker_gone)
+        self._pool = WorkerPool(public, link.path, link.key, reread)
         return port
 
     def _wait_workers(self) -> None:

@@ -27,6 +27,7 @@ from broker.api.health import add_probes
 from broker.api.jobs_service import JobService, submit_checks
 from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
+from broker.api.workers import WORKER_BEAT_S
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
@@ -143,13 +144,18 @@ class CreationReports:
         last = 0.0  # monotonic time of the previous report
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
-            if not self._closed and time.monotonic() - last < REPORT_BUSY_S:
+                self._cond.wait_for(lambda: self._queue or self._closed,
+                                    timeout=max(0.0, last + WORKER_BEAT_S - time.monotonic()))
+            if self._queue and not self._closed and time.monotonic() - last < REPORT_BUSY_S:
                 time.sleep(REPORT_LINGER_S)
             with self._cond:
                 batch, self._queue = self._queue, []
                 if not batch and self._closed:
                     return
+            if not batch and time.monotonic() - last < WORKER_BEAT_S:
+                continue
+            # An empty batch is the beat: the core takes a worker silent for a few
+            # seconds as frozen and reads the store (workers.WORKER_SILENT_S).
             last = time.monotonic()
             pause = 0.2
             while True:
@@ -160,6 +166,8 @@ class CreationReports:
                     self.calls += 1
                     break
                 except grpc.RpcError as e:
+                    if not batch:
+                        break  # a beat: the next one follows
                     if self._closed:
                         # Stopping (the core is gone or stopping): a core starting up
                         # reads every live job from the store on its first pass.

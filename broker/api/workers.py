@@ -61,6 +61,12 @@ FOLLOW_POLL_S = 0.2  # how soon workers hear of a role change (job changes: at o
 # answering as the leader's (a frozen core may have lost its lease meanwhile).
 FOLLOW_HEARTBEAT_S = 1.0
 RESTART_FIRST_S, RESTART_MAX_S = 1.0, 30.0
+# A worker reports at least every WORKER_BEAT_S (an empty JobsCreated when it created
+# nothing). One silent for WORKER_SILENT_S while its process lives may be frozen between
+# a job's commit and its report: the core's next pass then reads every live job from the
+# store instead of waiting for its periodic full read (worker_process.CreationReports).
+WORKER_BEAT_S = 1.0
+WORKER_SILENT_S = 3.0
 MAILBOX_LINGER_S, MAILBOX_BUSY_S = 0.005, 0.05  # job-change batching toward a worker
 
 
@@ -122,15 +128,35 @@ class LinkService(wgrpc.WorkerLinkServicer):
     """The core's end of the link: role updates out, creations in."""
 
     def __init__(self, key: str, leadership: Leadership,
-                 on_created: Callable[[list[pb.Job]], None], hub: EventHub) -> None:
+                 on_created: Callable[[list[pb.Job]], None], hub: EventHub,
+                 on_silent: Callable[[int], None] = lambda slot: None) -> None:
         self.key = key
         self.leadership = leadership
         self.hub = hub
         self.on_created = on_created
+        self.on_silent = on_silent  # (slot) a following worker stopped reporting
         self.stopping = threading.Event()
         self._cond = threading.Condition()
         self.following: dict[int, int] = {}  # slot -> pid of the worker following now
         self.ready: dict[int, int] = {}  # slot -> pid of the worker that said it serves
+        self.heard: dict[int, float] = {}  # slot -> monotonic time of its last report
+        self.silent: set[int] = set()  # slots already reported silent (once per silence)
+
+    def watch_silence(self) -> None:
+        """Until stopping: call ``on_silent(slot)`` once when a following worker has not
+        reported for WORKER_SILENT_S (a frozen process: its pipe stays open)."""
+        while not self.stopping.wait(WORKER_BEAT_S):
+            now = time.monotonic()
+            with self._cond:
+                quiet = [s for s in self.following if s not in self.silent
+                         and now - self.heard.get(s, now) > WORKER_SILENT_S]
+                self.silent.update(quiet)
+            for slot in quiet:
+                log.warning("api worker %d has not reported for %.0f s (frozen?): the next"
+                            " scheduler pass reads every live job from the store", slot,
+                            now - self.heard.get(slot, now))
+                with contextlib.suppress(Exception):
+                    self.on_silent(slot)
 
     def wait_ready(self, slots: int, timeout: float) -> bool:
         """Until ``slots`` workers serve (they say so once their port is served and they
@@ -154,6 +180,8 @@ class LinkService(wgrpc.WorkerLinkServicer):
         self.hub.tap(box.add)
         with self._cond:
             self.following[request.worker] = request.pid
+            self.heard[request.worker] = time.monotonic()
+            self.silent.discard(request.worker)
             self._cond.notify_all()
         try:
             last: wpb.CoreState | None = None
@@ -195,7 +223,13 @@ class LinkService(wgrpc.WorkerLinkServicer):
     def JobsCreated(self, request: wpb.JobsCreatedRequest,
                     context: grpc.ServicerContext) -> wpb.JobsCreatedResponse:
         self._check(context)
-        self.on_created(list(request.jobs))
+        with self._cond:
+            self.heard[request.worker] = time.monotonic()
+            if request.worker in self.silent:
+                self.silent.discard(request.worker)
+                log.info("api worker %d reports again", request.worker)
+        if request.jobs:  # empty: the worker's beat (it created nothing meanwhile)
+            self.on_created(list(request.jobs))
         return wpb.JobsCreatedResponse()
 
 

@@ -180,6 +180,37 @@ def test_creations_a_dead_worker_never_reported_are_scheduled(wbroker: Broker,
     assert agent.wait_launch(job.id, timeout=15).job_id == job.id
 
 
+def test_creations_a_frozen_worker_never_reported_are_scheduled(wbroker: Broker,
+                                                               wagent: Callable[..., FakeAgent]) -> None:
+    """A worker frozen (SIGSTOP) between a job's commit and its report keeps its link
+    open, so the core cannot see it die. Its beat stops instead: after a few silent
+    seconds the core re-reads the live jobs, and the job is scheduled long before the
+    30 s periodic full read; continued, the worker reports again and serves."""
+    wbroker.team(gpus=1000)
+    agent = wagent(nodes=2, gpus=8)
+    pool, link = wbroker.server._pool, wbroker.server._link_service
+    assert pool is not None and link is not None
+    frozen = pool.pids()[1]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        job = wbroker.ops.applier.creates.store.create_job(_pending_job(wbroker, "unreported"))
+        assert agent.wait_launch(job.id, timeout=15).job_id == job.id
+        assert 1 in link.silent
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    wait_until(lambda: 1 not in link.silent, 10, "the continued worker reports again")
+    assert pool.pids()[1] == frozen  # not restarted: only re-read around
+
+
+def test_an_idle_worker_beats_and_is_not_taken_for_frozen(wbroker: Broker) -> None:
+    link = wbroker.server._link_service
+    assert link is not None
+    first = dict(link.heard)
+    wait_until(lambda: all(link.heard.get(s, 0) > first.get(s, 0) for s in (0, 1)), 10,
+               "both idle workers' beats")
+    assert not link.silent
+
+
 def _pending_job(b: Broker, name: str) -> pb.Job:
     from broker.ids import new_job_id
     from broker.jobs import transitions
