@@ -73,7 +73,9 @@ class WorkerLinkServicer:
 
     def JobsCreated(self, request, context):
         """Jobs a worker has created (committed in the store), for the core's scheduler and
-        watchers. Batched: one call carries every creation queued meanwhile.
+        watchers. Batched: one call carries every creation queued meanwhile. An empty call
+        is the worker's beat (at least every second): a worker silent for a few seconds
+        may be frozen with creations unreported, and the core re-reads the store.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
