@@ -58,6 +58,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     ):
         if getattr(args, flag):
             overrides[field] = csv_values(getattr(args, flag))
+    if args.capacity_type:
+        # The flag names the exact set: a spec file's `spot_ok: true` would otherwise add
+        # spot to it behind the user's back (list spot, or add --spot, to allow it).
+        overrides["spot_ok"] = False
     if args.spot:
         overrides["spot_ok"] = True
     if args.env:

@@ -128,7 +128,8 @@ def build_parser() -> _Parser:
     s.add_argument("--prefer-region", action="append", metavar="R[,R]")
     s.add_argument("--spot", "--spot-ok", action="store_true", help="spot capacity is acceptable")
     s.add_argument("--capacity-type", action="append", metavar="T[,T]",
-                   help="on-demand | spot | training-plan | reserved")
+                   help="on-demand | spot | training-plan | reserved: the exact set (a spec "
+                        "file's spot_ok no longer adds spot; --spot does)")
     s.add_argument("--max-price", type=finite_float, metavar="USD", help="max $ per GPU-hour")
     s.add_argument("--min-nodes", type=int, help="elastic: fewest nodes to resume on")
     s.add_argument("--max-nodes", type=int, help="elastic: most nodes to resume on")

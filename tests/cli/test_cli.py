@@ -98,6 +98,25 @@ def test_submit_from_spec_file_with_override(capsys, broker_address: str) -> Non
     run(capsys, "--broker", broker_address, "cancel", job_id)
 
 
+@pytest.mark.parametrize(("flags", "types"), [
+    ([], {"CAPACITY_TYPE_ON_DEMAND", "CAPACITY_TYPE_SPOT", "CAPACITY_TYPE_TRAINING_PLAN",
+          "CAPACITY_TYPE_RESERVED"}),  # the file's spot_ok: any type, spot included
+    (["--capacity-type", "on-demand,training-plan"],
+     {"CAPACITY_TYPE_ON_DEMAND", "CAPACITY_TYPE_TRAINING_PLAN"}),  # the flag's exact set
+    (["--capacity-type", "on-demand", "--spot"], {"CAPACITY_TYPE_ON_DEMAND", "CAPACITY_TYPE_SPOT"}),
+])
+def test_capacity_type_flag_is_the_exact_set_over_a_files_spot_ok(
+        capsys, broker_address: str, flags: list[str], types: set[str]) -> None:
+    spec = ROOT / "examples" / "spec.yaml"  # says spot_ok: true
+    rc, out, err = run(capsys, "--broker", broker_address, "submit", "-f", str(spec),
+                       "--team", TEAM, *flags)
+    assert rc == 0, err
+    job_id = JOB_ID.search(out).group(1)  # type: ignore[union-attr]
+    rc, out, _ = run(capsys, "--broker", broker_address, "job", job_id, "-o", "json")
+    assert set(json.loads(out)["job"]["spec"]["capacity_types"]) == types
+    run(capsys, "--broker", broker_address, "cancel", job_id)
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
