@@ -198,16 +198,24 @@ def better_capacity(snap: placement.Snapshot, dec: placement.Decisions, *, move_
         if saving > cost:
             cands.append((-(saving - cost), r.id, r, rem, saving, cost))
     cands.sort(key=lambda c: (c[0], c[1]))
+    plan_nodes = sorted(plan_free)
     for _, _, r, rem, saving, cost in cands:
         if len(out) >= max_moves:
             break
         need = sorted((g for _, g in r.allocations), reverse=True)
+        # Cheap refusals first (same decisions: such capacity could take no share), so a
+        # fleet whose free plan capacity is scattered costs comparisons, not ``fits`` calls.
+        if max(plan_free.values()) < need[0] or sum(plan_free.values()) < r.gpus:
+            continue
+        smallest, until = need[-1], rem + move_s(r)
         by_agent: dict[str, list[str]] = defaultdict(list)
-        for n in sorted(plan_free):
+        for n in plan_nodes:
+            if plan_free[n] < smallest:
+                continue
             if fits is not None and not fits(r, info[n]):
                 continue
             end = info[n].plan_end
-            if end is not None and end - snap.now < rem + move_s(r):
+            if end is not None and end - snap.now < until:
                 continue  # the plan ends before the job would: no saving
             by_agent[info[n].agent_id].append(n)
         placed = None

@@ -55,3 +55,87 @@ def test_better_capacity_moves_to_free_plan_capacity_only_when_it_pays():
     assert props[0].gain == 8 * 4.0 and props[0].cost == 8 * 4.0 * 60 / 3600
     # the job ends in 30 s: a 60 s move costs more than it saves
     assert better_capacity(snap, dec, move_s=lambda r: 60.0, remaining_s=lambda r: 30.0) == []
+
+
+def _better_capacity_reference(snap, dec, *, move_s, remaining_s, max_moves=4, fits=None):  # noqa: ANN001, ANN202
+    """The rule as first written, without the cheap refusals better_capacity now makes
+    before ``fits``: the oracle for the randomized test below."""
+    from collections import defaultdict
+
+    from broker.jobs.proactive import free_after
+    free = free_after(snap, dec)
+    info = {n.id: n for n in snap.nodes}
+    plan_free = {n: f for n, f in free.items() if f > 0 and info[n].capacity_type == CapacityType.TRAINING_PLAN}
+    cands = []
+    for r in snap.running:
+        here = info.get(r.allocations[0][0])
+        if here is None or here.capacity_type != CapacityType.ON_DEMAND:
+            continue
+        rem, price = remaining_s(r), here.price_per_gpu_hour
+        saving, cost = price * r.gpus * rem / 3600.0, price * r.gpus * move_s(r) / 3600.0
+        if saving > cost:
+            cands.append((-(saving - cost), r.id, r, rem))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    out = []
+    for _, _, r, rem in cands:
+        if len(out) >= max_moves:
+            break
+        need = sorted((g for _, g in r.allocations), reverse=True)
+        by_agent = defaultdict(list)
+        for n in sorted(plan_free):
+            if fits is not None and not fits(r, info[n]):
+                continue
+            end = info[n].plan_end
+            if end is not None and end - snap.now < rem + move_s(r):
+                continue
+            by_agent[info[n].agent_id].append(n)
+        for agent in sorted(by_agent):
+            room = {n: plan_free[n] for n in by_agent[agent]}
+            take = []
+            for g in need:
+                n = max((n for n in room if room[n] >= g), key=lambda n: (room[n], n), default=None)
+                if n is None:
+                    break
+                room[n] -= g
+                take.append((n, g))
+            if len(take) == len(need):
+                for n, g in take:
+                    plan_free[n] -= g
+                out.append(r.id)
+                break
+    return out
+
+
+def test_better_capacity_refusals_change_no_decision():
+    """Randomized: scattered free plan capacity, multi-node jobs, plans that end, a fit
+    rule; the proposals equal the oracle's, in order."""
+    import random
+
+    rng = random.Random(16)
+    for trial in range(300):
+        nodes = [NodeInfo(f"od{i}", f"a{i % 2}", "r", "z", 8, price_per_gpu_hour=rng.choice((2.0, 4.0)))
+                 for i in range(12)]
+        nodes += [NodeInfo(f"p{i}", f"a{rng.randrange(3)}", "r", "z", 8,
+                           capacity_type=CapacityType.TRAINING_PLAN, plan_start=0.0,
+                           plan_end=rng.choice((1e9, 100.0 + rng.uniform(0, 8000))))
+                  for i in range(rng.randrange(1, 10))]
+        running, used = [], {n.id: 0 for n in nodes}
+        for j in range(rng.randrange(1, 14)):
+            pool = [n for n in nodes if 8 - used[n.id] > 0]
+            k = rng.choice((1, 1, 2, 3))
+            share = rng.choice((1, 2, 4, 8))
+            picks = [n for n in rng.sample(pool, min(k, len(pool))) if 8 - used[n.id] >= share]
+            if not picks:
+                continue
+            for n in picks:
+                used[n.id] += share
+            running.append(RunningJob(f"j{j}", "t", 70, tuple((n.id, share) for n in picks)))
+        snap = Snapshot(now=100.0, nodes=tuple(nodes), running=tuple(running), pending=())
+        dec = placement.Decisions()
+        rem = {r.id: rng.uniform(0, 9000) for r in running}
+        barred = {(r.id, n.id) for r in running for n in nodes if rng.random() < 0.2}
+        kw = dict(move_s=lambda r: 60.0, remaining_s=lambda r, rem=rem: rem[r.id],
+                  max_moves=rng.randrange(1, 5),
+                  fits=lambda r, n, barred=barred: (r.id, n.id) not in barred)
+        got = [p.job_id for p in better_capacity(snap, dec, **kw)]
+        assert got == _better_capacity_reference(snap, dec, **kw), trial
