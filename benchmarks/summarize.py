@@ -565,6 +565,26 @@ def streams(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def proactive_rules(d: dict[str, Any]) -> list[str]:
+    out = [
+        "### Proactive moves (`python benchmarks/bench_proactive.py`)",
+        "",
+        "The rules the scheduler runs after a pass (at most every `proactive_interval_s`) on"
+        " bench_placement's fleet, every running on-demand job consenting, each `fits` the live"
+        " filter; ratio = rule time / the same snapshot's full placement pass, same process."
+        f" Load average at the end: {f(d['machine']['load_avg_1m'], 2)}.",
+        "",
+        "| fleet | full pass p50 | case | rule p50 / p99 | vs pass | moves | on-demand jobs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for scale, run in d["runs"].items():
+        for case, c in run["cases"].items():
+            out.append(f"| {run['gpus']:,} GPUs ({scale}) | {f(run['full_pass_ms_p50'])} ms | {case} |"
+                       f" {f(c['p50_ms'])} / {f(c['p99_ms'])} ms | {f(c['ratio_vs_full_pass'], 2)}x |"
+                       f" {c['moves']} | {c['on_demand_running']:,} |")
+    return out
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -575,7 +595,7 @@ def render() -> str:
         "",
     ]
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
-                     ("migration", migration), ("mbb", mbb),
+                     ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("library", library),
                      ("workdir", workdir), ("auth", auth), ("streams", streams),
                      ("console", console), ("sim", sim)):
