@@ -137,6 +137,11 @@ class JobOps:
         out = self._apply(job_id, transitions.admit, inp)
         return out.job if out is not None else None
 
+    def release_unplaced(self, job_id: str) -> pb.Job | None:
+        """A held proactive move whose standby the scheduler could not place: Stop now."""
+        out = self._apply(job_id, precopy.release_unplaced, None)
+        return out.job if out is not None else None
+
     def reserve_standby(self, job_id: str, admission: placement.Admission) -> pb.Job | None:
         """Make-before-break: reserve ``admission`` for the moving job's standby attempt."""
         agent = self.agents.get(admission.agent_id)

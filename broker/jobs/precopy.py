@@ -17,7 +17,8 @@ restart keeps it; the Stop is released by whichever comes first:
 * the hold runs out (``precopy_wait_s``; for a plan end at most half the time left):
   ``release_expired`` from the broker's housekeeping;
 * the standby dies or is refused (``standby.standby_ended``): ``release``;
-* another stop request comes (e.g. a spot notice during the hold): ``urgent``.
+* another stop request comes (e.g. a spot notice during the hold): ``urgent``;
+* a proactive move's standby found no place in the next scheduler pass: ``release_unplaced``.
 Nothing here does I/O; the functions edit a transaction like the rest of broker/jobs.
 """
 
@@ -148,6 +149,33 @@ def release_expired(job: pb.Job, _inp: object, now: float, config: BrokerConfig)
         return None
     tx = begin(job, now)
     stop = release(tx, why="the pre-copy did not end in time; stopping anyway", actor="broker")
+    return seal(tx, stop) if stop is not None else None
+
+
+# Moves nobody forced (broker/scheduling/proactive_watch.py) were decided on capacity free
+# *now*: when the scheduler's next pass finds no place for their standby, none is coming
+# (a plan in the source's own cluster, where a standby would fence the source, is the
+# usual case), so the Stop goes at once and the move is made break-before-make, instead
+# of holding it for ``precopy_wait_s``. A drain or a plan end keeps waiting: capacity
+# elsewhere may free up, and the job trains meanwhile.
+RELEASE_UNPLACED = frozenset({Cause.BETTER_CAPACITY, Cause.DEFRAGMENT})
+
+
+def unplaced_releasable(job: pb.Job) -> bool:
+    """A held Stop of a move in RELEASE_UNPLACED whose standby is not placed yet."""
+    m = held(job)
+    return m is not None and m.cause in {c.value for c in RELEASE_UNPLACED} and not job.HasField("standby")
+
+
+def release_unplaced(job: pb.Job, _inp: object, now: float, config: BrokerConfig) -> Outcome | None:
+    """The scheduler found no place for this move's standby: send the held Stop now."""
+    from broker.jobs.outcome import begin, seal
+
+    if not unplaced_releasable(job):
+        return None
+    tx = begin(job, now)
+    stop = release(tx, why="no destination can start before the stop (moving break-before-make)",
+                   actor="scheduler")
     return seal(tx, stop) if stop is not None else None
 
 

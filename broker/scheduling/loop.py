@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterable
 
 import placement
-from broker.jobs import backoff, standby
+from broker.jobs import backoff, precopy, standby
 from broker.jobs.causes import Cause
-from broker.jobs.lifecycle import LIVE, PENDING, QUEUED
+from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
@@ -190,6 +190,14 @@ class SchedulerLoop:
             )
             if stopping is not None:
                 ops.telemetry.preempted(victim, pre.reason)
+        # A proactive move held for its pre-copy whose standby this pass could not place
+        # (it was in the snapshot: the move was decided by an earlier pass) goes now.
+        placed_standby = {standby.job_of(a.job_id) for a in decisions.admissions}
+        for job in live:  # the phase test first: this runs over every live job, every pass
+            if job.phase == CHECKPOINTING and job.id not in placed_standby and \
+                    precopy.unplaced_releasable(job) and any(
+                        r.id == standby.request_id(job.id) for r in snapshot.pending):
+                ops.release_unplaced(job.id)
         reasons = dict(decisions.pending_reasons)
         if not snapshot.nodes:
             default = ("no regions registered yet" if not ops.agents.any_registered()

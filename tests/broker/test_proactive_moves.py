@@ -210,3 +210,42 @@ def test_defragment_moves_a_small_job_out_of_the_block_a_gang_needs(tmp_path) ->
         assert {n.node_id[0] for n in gl.placement.nodes} == {block}
     finally:
         b.stop()
+
+
+def test_a_move_within_one_cluster_is_not_held_for_a_standby_that_cannot_start(tmp_path) -> None:  # noqa: ANN001
+    """Make-before-break with pre-copy: the plan's nodes are in the job's own cluster, where
+    a standby would fence the source, so no standby can start. The scheduler's next pass
+    finds no place for it and the Stop goes at once (not after precopy_wait_s = 600 s);
+    the job moves break-before-make onto the plan's node of the same agent."""
+    b = Broker(_config(tmp_path, make_before_break=True, precopy_wait_s=600.0))
+    try:
+        b.team()
+        now = time.time()
+        od = nodes_for("us-east-1", "od", 1, 8)
+        od[0].price_per_gpu_hour = 4.0
+        plan = nodes_for("us-east-1", "plan", 1, 8, capacity_type=pb.CAPACITY_TYPE_TRAINING_PLAN,
+                         pool="tp-1")
+        a = FakeAgent(b.address, "us-east-1-a", "us-east-1", od, bucket="s3://cb-us-east-1").connect()
+        job = _running(b, a, _spec("same-cluster", expected_duration_s=36_000.0, labels=BETTER))
+        ck = f"s3://cb-us-east-1/jobs/{job.id}/attempt-1/step-000000010"
+        _report(a, job.id, 1, apb.ATTEMPT_STATE_RUNNING, 10, ck)  # durable: pre-copy wanted
+        wait_until(lambda: b.get(job.id).progress.last_checkpoint_uri == ck, 10, "the checkpoint")
+        b.store.put_record("plan", "tp-1", cpb.TrainingPlan(
+            id="tp-1", region="us-east-1", instance_type="p5.48xlarge", instance_count=1,
+            gpus_per_instance=8, start_time=now - 60, end_time=now + 86400))
+        a.close()  # the cluster's plan node group comes up
+        a.nodes = [*od, *plan]
+        a.running[job.id] = 1
+        a.connect()
+        stop = a.wait_stop(job.id, apb.STOP_REASON_MIGRATE, timeout=15)
+        assert stop.checkpoint_first
+        ev = [e.type for e in b.events(job.id)]
+        assert "stop_sent" in ev and "standby_launched" not in ev
+        sent = next(e for e in b.events(job.id) if e.type == "stop_sent")
+        assert "no destination can start" in sent.message and float(sent.details["held_s"]) < 15
+        _report(a, job.id, 1, apb.ATTEMPT_STATE_CHECKPOINTED, 12,
+                f"s3://cb-us-east-1/jobs/{job.id}/attempt-1/step-000000012")
+        launch = a.wait_launch(job.id, attempt=2)
+        assert [n.node_id for n in launch.placement.nodes] == ["plan-n0"] and not launch.standby
+    finally:
+        b.stop()
