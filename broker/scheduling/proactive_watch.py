@@ -52,7 +52,9 @@ def expected_remaining_s(job: pb.Job, now: float) -> float:
         done += max(0.0, now - job.phase_time)
     p = job.progress
     total = job.spec.trainer.total_steps or p.total_steps
-    if total and 0 < p.step < total and done > 0:
+    if total and p.step >= total:
+        return 0.0  # finishing
+    if total and p.step > 0 and done > 0:
         return (total - p.step) * done / p.step
     if job.spec.expected_duration_s:
         return max(0.0, job.spec.expected_duration_s - done)
@@ -133,11 +135,13 @@ class ProactiveWatch:
         defrag = consent[Trigger.DEFRAGMENT]
         if defrag and len(props) < budget:
             taken = {p.job_id for p in props}
-            props += proactive.defragment(
+            block = proactive.defragment(
                 snap, dec, move_s=move_s, remaining_s=remaining_s,
                 movable_gpus=cfg.proactive_movable_gpus,
                 busy=frozenset(j for j, c in moving.items() if c == Cause.DEFRAGMENT.value),
                 may_move=lambda r: r.id in defrag and r.id not in taken, fits=fits)
+            if len(props) + len(block) <= budget:  # a block is freed whole or not at all
+                props += block
         written = []
         for p in props[:budget]:
             stored = self.ops.trigger(

@@ -151,6 +151,8 @@ def test_expected_remaining_from_steps_then_duration() -> None:
     assert expected_remaining_s(j, 0.0) == 1600.0
     j.phase, j.phase_time = pb.JOB_PHASE_RUNNING, 100.0  # 100 s more running since
     assert expected_remaining_s(j, 200.0) == 80 * 500.0 / 20
+    j.progress.step = 100  # the last step: nothing left to save on
+    assert expected_remaining_s(j, 200.0) == 0.0
 
 
 def test_policies_name_the_moves_they_consent_to() -> None:
@@ -247,5 +249,35 @@ def test_a_move_within_one_cluster_is_not_held_for_a_standby_that_cannot_start(t
                 f"s3://cb-us-east-1/jobs/{job.id}/attempt-1/step-000000012")
         launch = a.wait_launch(job.id, attempt=2)
         assert [n.node_id for n in launch.placement.nodes] == ["plan-n0"] and not launch.standby
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("max_moves", [1, 2])
+def test_a_block_is_freed_whole_or_not_at_all(tmp_path, max_moves: int) -> None:  # noqa: ANN001
+    """Freeing a block for the gang takes two moves (two 4-GPU jobs share a node). With
+    room for one move in flight none is made: half a block helps nobody."""
+    b = Broker(_config(tmp_path, proactive_max_moves=max_moves))
+    try:
+        b.team()
+        a_nodes, b_nodes = nodes_for("us-east-1", "a", 2, 8), nodes_for("us-east-1", "b", 2, 8)
+        agent = FakeAgent(b.address, "us-east-1-a", "us-east-1", [a_nodes[0], b_nodes[0]],
+                          bucket="s3://cb-us-east-1").connect()
+        small = [_running(b, agent, spec(f"small-{i}", gpus=4, trainer=pb.TrainerSpec(),
+                                         command=["python", "train.py"], expected_duration_s=36_000.0,
+                                         labels={POLICY_LABEL: "defragment"})) for i in range(4)]
+        assert sorted(j.placement.nodes[0].node_id for j in small) == ["a-n0", "a-n0", "b-n0", "b-n0"]
+        agent.close()
+        agent.nodes = [*a_nodes, *b_nodes]
+        agent.connect()
+        b.submit(spec("gang", nodes=2, gpus=8, topology=pb.TopologyConstraint(
+            required=pb.TOPOLOGY_LEVEL_LAYER_3)))
+        if max_moves == 1:
+            time.sleep(1.0)  # five checks' worth
+            assert not [j for j in small if b.get(j.id).migrations]
+        else:
+            moved = wait_until(lambda: len(m := [j for j in small if b.get(j.id).migrations]) == 2 and m,
+                               10, "two defragment moves")
+            assert {j.placement.nodes[0].node_id for j in moved} in ({"a-n0"}, {"b-n0"})
     finally:
         b.stop()
