@@ -16,9 +16,12 @@ a pod was seen exiting 75.
 
 A Stop's grace reaches the pods and their trainers: the Job is deleted with
 ``propagationPolicy: Orphan`` (its controller neither replaces the pods nor lets the
-garbage collector delete them with their launch-time grace), then the attempt's pods are
-deleted with the Stop's own grace, so the kubelet's SIGKILL comes at the Stop's deadline
-(a drain's ten minutes, a spot notice's two). The container's ``preStop`` hook
+garbage collector delete them with their launch-time grace; the Job controller still
+clears its ``batch.kubernetes.io/job-tracking`` finalizer from orphaned pods, since
+Kubernetes 1.23: kubernetes/kubernetes#108752), then the attempt's pods are deleted with
+the Stop's own grace (a first graceful delete may lengthen the pod's
+terminationGracePeriodSeconds; a later one only shortens it), so the kubelet's SIGKILL
+comes at the Stop's deadline (a drain's ten minutes, a spot notice's two). The container's ``preStop`` hook
 (``python -m checkpoint_layout.pod_deadline``) reads that deadline from its own pod's
 ``deletionTimestamp`` and writes it to ``CB_STOP_DEADLINE_FILE`` before the SIGTERM, as
 the local agent does; its service account (``--service-account``) needs ``get`` on pods.
