@@ -159,6 +159,13 @@ class SchedulerLoop:
             self.proactive.check(live, snapshot, decisions)
         return decisions
 
+    def _release_unplaced(self, job: pb.Job, snapshot: placement.Snapshot) -> None:
+        """A proactive move held for its pre-copy whose standby this pass could not place
+        (it was in the snapshot: the move was decided by an earlier pass) stops now."""
+        if precopy.unplaced_releasable(job) and any(
+                r.id == standby.request_id(job.id) for r in snapshot.pending):
+            self.ops.release_unplaced(job.id)
+
     def apply(self, decisions: placement.Decisions, live: list[pb.Job],
               snapshot: placement.Snapshot) -> None:
         ops = self.ops
@@ -190,14 +197,7 @@ class SchedulerLoop:
             )
             if stopping is not None:
                 ops.telemetry.preempted(victim, pre.reason)
-        # A proactive move held for its pre-copy whose standby this pass could not place
-        # (it was in the snapshot: the move was decided by an earlier pass) goes now.
         placed_standby = {standby.job_of(a.job_id) for a in decisions.admissions}
-        for job in live:  # the phase test first: this runs over every live job, every pass
-            if job.phase == CHECKPOINTING and job.id not in placed_standby and \
-                    precopy.unplaced_releasable(job) and any(
-                        r.id == standby.request_id(job.id) for r in snapshot.pending):
-                ops.release_unplaced(job.id)
         reasons = dict(decisions.pending_reasons)
         if not snapshot.nodes:
             default = ("no regions registered yet" if not ops.agents.any_registered()
@@ -209,8 +209,10 @@ class SchedulerLoop:
         if store_note and not snapshot.nodes:
             default = store_note
         reserved = {r.job_id: r for r in getattr(decisions, "reservations", [])}
-        for job in live:
+        for job in live:  # one walk over the live jobs per pass: keep its cheap tests first
             if job.phase not in QUEUED or job.id in admitted:
+                if job.phase == CHECKPOINTING and job.id not in placed_standby:
+                    self._release_unplaced(job, snapshot)
                 continue
             reason = default or reasons.get(job.id, "")
             if store_note and store_note not in reason:
