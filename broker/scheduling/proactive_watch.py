@@ -20,7 +20,7 @@ Estimates (both from the job record, nothing asked of the trainer):
 Limits: a check runs at most every ``proactive_interval_s``; a job is left alone in its
 first ``proactive_min_dwell_s`` on its capacity (a move must pay off before the next);
 at most ``proactive_max_moves`` proactive moves are in flight; defragmentation frees one
-block at a time.
+block at a time, and whole: a proposal the in-flight limit would cut is not made.
 """
 
 from __future__ import annotations
