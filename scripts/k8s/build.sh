@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests start -- kube-apiserver,
-# kube-controller-manager, kube-scheduler (and kubectl) at one pinned release, etcd, and
+# kube-controller-manager, kube-scheduler (and kubectl) at one pinned release, the etcd
+# that release pins, and
 # KWOK -- from the Go module proxy into a cache keyed by version. Idempotent: a second run
 # with the binaries present does nothing. Only the kubelet is simulated, by our own
 # process-backed node fixture (tests/fixtures/k8s/) and by KWOK for scale.
@@ -13,7 +14,6 @@
 # staging module with its published v0.x release, then `go build` the commands from it.
 set -euo pipefail
 K8S_VERSION=${CB_K8S_VERSION:-1.37.2}
-ETCD_VERSION=${CB_ETCD_VERSION:-3.6.16}
 KWOK_VERSION=${CB_KWOK_VERSION:-0.7.0}
 STAGING="v0.${K8S_VERSION#1.}"
 
@@ -30,7 +30,7 @@ if [ -n "${CB_K8S_CACHE:-}" ]; then CACHE=$CB_K8S_CACHE
 elif [ "$(id -u)" = 0 ]; then CACHE=/var/cache/compute-broker
 else CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/compute-broker
 fi
-OUT="$CACHE/k8s-v$K8S_VERSION-etcd$ETCD_VERSION-kwok$KWOK_VERSION"
+OUT="$CACHE/k8s-v$K8S_VERSION-kwok$KWOK_VERSION"
 BIN="$OUT/bin"
 want="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok"
 have=1
@@ -73,6 +73,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "go.etcd.io/etcd/server/v3"
 )
 GO
   (cd "$mod" && go mod tidy -e >&2)
@@ -90,9 +91,13 @@ for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   fi
 done
 if [ ! -x "$BIN/etcd" ]; then
-  step "building etcd v$ETCD_VERSION"
-  GOBIN="$OUT/src/etcd" go install -trimpath -ldflags "-s -w" "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >&2
-  mv "$OUT/src/etcd/v3" "$BIN/etcd" 2>/dev/null || mv "$OUT/src/etcd/server" "$BIN/etcd"
+  # etcd at the version this Kubernetes release itself requires (its go.mod pins the
+  # etcd client and server modules): built in the same module, so the pair is the one
+  # the release was tested with. (`go install go.etcd.io/etcd/server/v3@vX` is refused:
+  # etcd's own go.mod has replace directives.)
+  step "building etcd $(cd "$mod" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
+  mv "$BIN/etcd.tmp" "$BIN/etcd"
 fi
 if [ ! -x "$BIN/kwok" ]; then
   step "building kwok v$KWOK_VERSION"
