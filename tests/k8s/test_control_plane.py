@@ -4,6 +4,7 @@ every Kubernetes test after it means nothing."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -90,7 +91,8 @@ def test_node_fixture_runs_a_pod_with_env_volumes_and_status(cluster_a, kubelet,
     term = pod.status.container_statuses[0].state.terminated
     assert term.exit_code == 0
     out = next(kubelet.root.glob(f"pods/{ns}_p_*/volumes/w/out.txt")).read_text()
-    assert out == "p sekret 3 65534"
+    # the pod's runAsUser as root; a normal user's own uid (user namespace: see kubelet.py)
+    assert out == f"p sekret 3 {65534 if os.geteuid() == 0 else os.getuid()}"
     assert "hello from p" in kubelet.logs(ns, "p")
 
 
