@@ -296,12 +296,14 @@ class RedisStore(RedisLogs, Store):
     ) -> list[pb.Job]:
         # Walk the most selective index in id order; check the other filters on the
         # stored columns (also guards against a job moving between index and read).
-        if team:
+        # A phase filter names live phases in practice (pending, running): their sets
+        # hold only live jobs, while a team's or region's set holds its whole history.
+        if phases:
+            keys = [self._k("phase", str(int(p))) for p in set(phases)]
+        elif team:
             keys = [self._k("team", team)]
         elif region:
             keys = [self._k("region", region)]
-        elif phases:
-            keys = [self._k("phase", str(int(p))) for p in set(phases)]
         else:
             keys = [self._k("jobs")]
         want_phases = {str(int(p)).encode() for p in phases}

@@ -56,6 +56,50 @@ from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from broker.store.write_turn import WriteTurn
 from computebroker.v1 import common_pb2 as pb
 
+# Which index a filtered ListJobs walks, as data. A phase filter names the live phases
+# (pending, running) in practice: walking (team, phase, id) reads only those rows, however
+# much finished history the team has. Left to itself SQLite's planner prefers (team, id),
+# which needs no sort for ORDER BY id but reads every job the team ever had; INDEXED BY
+# makes the choice explicit (and an index that cannot serve the query is an error, not a
+# silent full scan). tests/store/test_list_index.py reads the query plans.
+_LIST_INDEX: dict[tuple[bool, bool, bool], str] = {
+    # (team, phases, region) -> index
+    (True, True, False): "jobs_team_phase",
+    (True, True, True): "jobs_team_phase",
+    (False, True, True): "jobs_region_phase",
+    (False, True, False): "jobs_phase",
+    (True, False, False): "jobs_team",
+    (True, False, True): "jobs_team",
+}
+
+
+def _list_index(team: bool, phases: bool, region: bool) -> str:
+    return _LIST_INDEX.get((team, phases, region), "")
+
+
+def list_jobs_sql(*, team: str = "", phases: Sequence[int] = (), region: str = "",
+                  after_id: str = "", limit: int = 100) -> tuple[str, list[object]]:
+    """The SELECT a filtered ListJobs runs (one place, so a test can read its plan)."""
+    where = ["id > ?"]
+    args: list[object] = [after_id]
+    if team:
+        where.append("team = ?")
+        args.append(team)
+    if phases:
+        where.append(f"phase IN ({','.join('?' * len(phases))})")
+        args.extend(int(p) for p in phases)
+    if region:
+        where.append("region = ?")
+        args.append(region)
+    index = _list_index(bool(team), bool(phases), bool(region))
+    hint = f" INDEXED BY {index}" if index else ""
+    sql = f"SELECT id, data FROM jobs{hint} WHERE {' AND '.join(where)} ORDER BY id"
+    if limit > 0:
+        sql += " LIMIT ?"
+        args.append(limit)
+    return sql, args
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -70,6 +114,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_request_id
     ON jobs (team, client_request_id) WHERE client_request_id != '';
 CREATE INDEX IF NOT EXISTS jobs_team ON jobs (team, id);
 CREATE INDEX IF NOT EXISTS jobs_phase ON jobs (phase, id);
+CREATE INDEX IF NOT EXISTS jobs_team_phase ON jobs (team, phase, id);
+CREATE INDEX IF NOT EXISTS jobs_region_phase ON jobs (region, phase, id);
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -314,21 +360,8 @@ class SQLiteStore(SQLiteLogs, Store):
         after_id: str = "",
         limit: int = 100,
     ) -> list[pb.Job]:
-        where = ["id > ?"]
-        args: list[object] = [after_id]
-        if team:
-            where.append("team = ?")
-            args.append(team)
-        if phases:
-            where.append(f"phase IN ({','.join('?' * len(phases))})")
-            args.extend(int(p) for p in phases)
-        if region:
-            where.append("region = ?")
-            args.append(region)
-        sql = f"SELECT id, data FROM jobs WHERE {' AND '.join(where)} ORDER BY id"
-        if limit > 0:
-            sql += " LIMIT ?"
-            args.append(limit)
+        sql, args = list_jobs_sql(team=team, phases=phases, region=region,
+                                  after_id=after_id, limit=limit)
         return decode_each(pb.Job, ((f"job {r[0]}", r[1]) for r in self._read(sql, args)))
 
     def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
