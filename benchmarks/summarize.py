@@ -553,7 +553,7 @@ def streams(d: dict[str, Any]) -> list[str]:
         f"({d['idle_streams'] * 9 // 10:,} agent streams that never register, "
         f"{d['idle_streams'] // 10:,} watches) against the same broker with none, over TLS with "
         "real credentials; every call "
-        f"answered. {d['machine']}.",
+        "answered.",
         "",
         "| measure | no streams | idle streams | ratio |",
         "|---|---|---|---|",

@@ -307,10 +307,28 @@ def benchmarks_page(current: str) -> str:
     return current[: current.index(begin)] + summarize.render() + current[current.index(end) + len(end):]
 
 
+# --------------------------------------------------------------------------- home
+
+
+def home_page() -> str:
+    """The site's home page is the README, with its links into docs/ made site-relative.
+
+    One text for both, so the front page of the repository and of the site never differ."""
+    text = (ROOT / "README.md").read_text()
+    text = text.replace("](docs/", "](")
+    text = text.replace(
+        "Full documentation: [`docs/`](index.md), a\n[MkDocs](https://www.mkdocs.org/) site"
+        " (`mkdocs serve` to browse it locally).",
+        "This site is the full documentation (MkDocs: `mkdocs serve` in the repository serves"
+        " it\nlocally; the same pages are Markdown files under `docs/`).")
+    return "<!-- Generated from README.md by `python scripts/gen_docs.py`: edit README.md. -->\n\n" + text
+
+
 # --------------------------------------------------------------------------- main
 
 
 PAGES: dict[str, Callable[[str], str]] = {
+    "index.md": lambda _: home_page(),
     "reference/cli.md": lambda _: cli_page(),
     "reference/settings.md": lambda _: settings_page(),
     "reference/job-spec.md": lambda _: spec_page(),
