@@ -1,6 +1,6 @@
-"""A new user's path, end to end, with real processes and the README's own commands.
+"""A new user's path, end to end, with real processes and the docs' own commands.
 
-From a fresh directory (the user's "home"), run the README's `brokerctl serve` and
+From a fresh directory (the user's "home"), run the by-hand walkthrough's `brokerctl serve` and
 `brokerctl agent ... --work-dir var/agents/us-east-2` (relative paths, and the example
 inventory's relative checkpoint bucket), then:
 
@@ -103,7 +103,7 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
     serve = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr) for w in serve]
     agent = [w.replace("127.0.0.1:50052", agent_addr) for w in agent]
     if os.geteuid() == 0 and "--allow-root-jobs" not in agent:
-        agent += ["--allow-root-jobs"]  # this test host runs as root (README: run-as-user)
+        agent += ["--allow-root-jobs"]  # this test host runs as root (docs: Job user)
     # Its dev CA first; then every client here uses its config (the `admin` context).
     dev_ca = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr)
               for w in cmds["dev-ca"].split()[1:]]
@@ -169,7 +169,7 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
             brokerctl("--broker", addr, "job", h.id), cwd=home, capture_output=True,
             text=True, timeout=60).stdout
 
-        # 3. "Bring your own training code": the README's submit line, word for word, from
+        # 3. "Bring your own training code": the docs' submit line, word for word, from
         #    a project holding the library example as train.py (a bare `python`: the
         #    agent's interpreter, the one with torch and the library).
         project = home / "my-project"
@@ -181,7 +181,7 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
         assert res.returncode == 0, f"{line}\n{res.stdout}{res.stderr}"
         job_id = re.search(r"submitted job (\S+)", res.stdout).group(1)
         job = wait_until(lambda: (j := client.get_job(job_id)).phase in TERMINAL and j, 300,
-                         what=f"the README's BYO job to finish\n{logs()}")
+                         what=f"the docs' BYO job to finish\n{logs()}")
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message + logs()
         assert job.progress.step == 200 and job.progress.last_checkpoint_step == 200
         shown = subprocess.run(brokerctl("--broker", addr, "logs", job_id), cwd=home,
