@@ -60,3 +60,73 @@ def test_readme_quickstart_scripts_exist() -> None:
         assert subprocess.run(["bash", "-n", str(ROOT / s)], check=False).returncode == 0, s
     for flag in set(re.findall(r"`brokerctl demo (--[a-z0-9-]+)`", readme)) - {"--help"}:
         assert build_parser().parse_args(["demo", flag]).cmd == "demo", flag
+
+
+def _options(argv: list[str]) -> tuple[str, set[str]] | None:
+    """(the command named, the flags it and brokerctl's global level accept), following
+    nested subcommands (`teams set`, `plans create`); None if the command does not exist."""
+    import argparse
+
+    def subs(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next((dict(a.choices) for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+    parser = build_parser()
+    flags = {o for a in parser._actions for o in a.option_strings}
+    words = [w for w in argv if not w.startswith("-")]
+    if not words or re.fullmatch(r"[A-Z_]+|\.\.\.", words[0]):
+        return "brokerctl", flags  # no command, or a placeholder for any (`brokerctl COMMAND`)
+    if words[0] == "agent":
+        from region_agents.agent import build_parser as agent_parser
+
+        return "agent", flags | {o for a in agent_parser()._actions for o in a.option_strings}
+    node, name = parser, []
+    for w in words:
+        choices = subs(node)
+        if w not in choices:
+            break
+        node, name = choices[w], [*name, w]
+    if not name:
+        return None
+    return " ".join(name), flags | {o for a in node._actions for o in a.option_strings}
+
+
+def inline_commands() -> list[tuple[str, list[str]]]:
+    """`brokerctl ...` spans in the prose of README and docs pages (not code blocks).
+
+    Prose names commands partially (`brokerctl logs ID -f`, `submit --workdir DIR -- CMD`),
+    so these are checked for what can drift: the command exists and every --flag it shows
+    is one that command takes."""
+    import shlex
+
+    from tests.docs.doc_text import FENCE, pages, rel
+
+    out = []
+    for page in pages():
+        if page.name == "cli.md":
+            continue  # generated from the parser itself
+        prose = FENCE.sub("", page.read_text())
+        for span in re.findall(r"`(brokerctl [^`]+)`", " ".join(prose.split())):
+            try:
+                words = shlex.split(span)[1:]
+            except ValueError:
+                continue
+            if "--" in words:
+                words = words[: words.index("--")]  # the user's own command follows
+            out.append((rel(page), words))
+    return out
+
+
+def test_prose_commands_name_real_commands_and_flags() -> None:
+    bad = []
+    checked = inline_commands()
+    assert len(checked) > 30, checked
+    for where, words in checked:
+        found = _options(words)
+        if found is None:
+            bad.append(f"{where}: `brokerctl {' '.join(words)}`: no such command")
+            continue
+        unknown = [w.split("=", 1)[0] for w in words if w.startswith("--")
+                   and w.split("=", 1)[0] not in found[1]]
+        if unknown:
+            bad.append(f"{where}: `brokerctl {' '.join(words)}`: {found[0]} has no {unknown}")
+    assert not bad, "\n".join(bad)
