@@ -40,8 +40,11 @@ WIDTH = 100  # usage lines are wrapped at this width, whatever the terminal
 
 
 def cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text safe inside a Markdown table cell: pipes escaped, except inside code spans
+    (Python-Markdown's tables never split a row inside backticks, and keep a backslash
+    there as a literal character)."""
+    parts = " ".join(str(text).split()).split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def show_default(value: Any) -> str:
@@ -192,7 +195,7 @@ def pydantic_rows(model: Any) -> list[str]:
         annotation, note = notes.get(name, ("", ""))
         default = field.default_factory() if field.default_factory is not None else field.default
         rule = _constraints(field)
-        rows.append(f"| `{name}` | `{cell(annotation)}` | {cell(show_default(default))} |"
+        rows.append(f"| `{name}` | {cell('`' + annotation + '`')} | {cell(show_default(default))} |"
                     f" {cell(note + (f' ({rule})' if rule else ''))} |")
     return rows
 
@@ -208,7 +211,7 @@ def dataclass_rows(cls: Any) -> list[str]:
             default = show_default(field.default_factory())
         else:
             default = "required"
-        rows.append(f"| `{field.name}` | `{cell(annotation)}` | {cell(default)} | {cell(note)} |")
+        rows.append(f"| `{field.name}` | {cell('`' + annotation + '`')} | {cell(default)} | {cell(note)} |")
     return rows
 
 
@@ -287,6 +290,93 @@ def spec_page() -> str:
     return HEADER.format(source="`brokersdk/spec.py`") + "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- SDK
+
+
+def _first_paragraph(obj: Any) -> str:
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n", 1)[0].split())
+
+
+def _signature(fn: Any) -> str:
+    """A signature as written in the source (annotations are strings under
+    ``from __future__ import annotations``; shown without their quotes)."""
+    sig = inspect.signature(fn)
+    parts, star = [], False
+    for p in sig.parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        prefix = "**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else ""
+        star = star or p.kind is p.VAR_POSITIONAL
+        text = prefix + p.name
+        if p.annotation is not p.empty:
+            text += f": {p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)}"
+        if p.default is not p.empty:
+            text += f" = {p.default!r}"
+        parts.append(text)
+    ret = sig.return_annotation
+    ret_text = "" if ret is sig.empty else f" -> {ret if isinstance(ret, str) else inspect.formatannotation(ret)}"
+    return f"({', '.join(parts)}){ret_text}"
+
+
+def _methods(cls: type) -> list[str]:
+    rows = []
+    for name, fn in inspect.getmembers(cls, inspect.isfunction):
+        if name.startswith("_") and name != "__init__":
+            continue
+        rows.append(f"| {cell('`' + name + _signature(fn) + '`')} |"
+                    f" {cell(_first_paragraph(fn) if name != '__init__' else 'see the class above')} |")
+    for name, prop in inspect.getmembers(cls, lambda m: isinstance(m, property)):
+        if not name.startswith("_"):
+            rows.append(f"| `{name}` (property) | {cell(_first_paragraph(prop))} |")
+    return rows
+
+
+def sdk_page() -> str:
+    import brokersdk
+    from brokersdk import BrokerClient, BrokerError, JobHandle
+
+    errors = [getattr(brokersdk, n) for n in brokersdk.__all__
+              if isinstance(getattr(brokersdk, n), type) and issubclass(getattr(brokersdk, n), BrokerError)]
+    lines = [
+        "# SDK reference: `brokersdk`",
+        "",
+        "The public calls of the Python SDK, with their signatures and the first paragraph of"
+        " their docstrings (the code has the rest). A guided tour with an example:"
+        " [Python SDK](../user/sdk.md); the job spec's fields: [Job spec](job-spec.md).",
+        "",
+        "## `BrokerClient`",
+        "",
+        _doc(BrokerClient),
+        "",
+        "| call | what |",
+        "|---|---|",
+        *_methods(BrokerClient),
+        "",
+        "## `JobHandle`",
+        "",
+        _doc(JobHandle),
+        "",
+        "| call | what |",
+        "|---|---|",
+        *_methods(JobHandle),
+        "",
+        "## Errors",
+        "",
+        "Every call raises a `BrokerError` subclass, with `.code` (the gRPC status), `.message`"
+        " and `.hint`:",
+        "",
+        "| error | base | when |",
+        "|---|---|---|",
+        *[f"| `{e.__name__}` | `{e.__mro__[1].__name__}` | {cell(_first_paragraph(e))} |" for e in errors],
+        "",
+    ]
+    return HEADER.format(source="`brokersdk/`") + "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- benchmarks
 
 
@@ -332,6 +422,7 @@ PAGES: dict[str, Callable[[str], str]] = {
     "reference/cli.md": lambda _: cli_page(),
     "reference/settings.md": lambda _: settings_page(),
     "reference/job-spec.md": lambda _: spec_page(),
+    "reference/sdk.md": lambda _: sdk_page(),
     "benchmarks.md": benchmarks_page,
 }
 
