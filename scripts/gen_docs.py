@@ -40,11 +40,12 @@ WIDTH = 100  # usage lines are wrapped at this width, whatever the terminal
 
 
 def cell(text: str) -> str:
-    """Text safe inside a Markdown table cell: pipes escaped, except inside code spans
-    (Python-Markdown's tables never split a row inside backticks, and keep a backslash
-    there as a literal character)."""
+    """Text safe inside a Markdown table cell, for MkDocs and GitHub alike: pipes escaped;
+    a code span with a pipe is cut around it (Python-Markdown would show a backslash
+    escaped inside a code span, GitHub would split the row at an unescaped one)."""
     parts = " ".join(str(text).split()).split("`")
-    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+    return "`".join(p.replace("|", "`\\|`") if i % 2 else p.replace("|", "\\|")
+                    for i, p in enumerate(parts))
 
 
 def show_default(value: Any) -> str:
