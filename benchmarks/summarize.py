@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Print the README's benchmark section (markdown) from benchmarks/results/*.json.
+"""Print the docs' benchmark figures (markdown) from benchmarks/results/*.json.
 
-Why: the README quotes measured figures; generating its tables from the committed
+Why: the docs quote measured figures; generating their tables from the committed
 JSON keeps the two from disagreeing. Usage:
-    python benchmarks/summarize.py            # print markdown
-    python benchmarks/summarize.py --readme   # rewrite README.md between the markers
+    python benchmarks/summarize.py          # print markdown
+    python benchmarks/summarize.py --docs   # rewrite docs/benchmarks.md between the markers
+(`python scripts/gen_docs.py` does the same along with the other generated pages.)
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def api(d: dict[str, Any]) -> list[str]:
         g = r.get("goal_c16")
         if g is not None:
             s16 = r["submit_c16"]
-            out += ["", f"Goal at 16 clients (issue 16): {f(s16['rate_per_s'], 0)}/s of >= 1,500 "
+            out += ["", f"Goal at 16 clients: {f(s16['rate_per_s'], 0)}/s of >= 1,500 "
                     f"({'met' if g['rate_ge_1500'] else 'not met'}); p99 {f(s16['p99_ms'])} ms of <= 50 "
                     f"({'met' if g['p99_le_50ms'] else 'not met'}); {s16['ratio_vs_noop']:.2f} of the no-op "
                     f"rate, goal >= 0.5 ({'met' if g['ratio_ge_0.5'] else 'not met'})."]
@@ -460,7 +461,7 @@ def chaos(d: dict[str, Any]) -> list[str]:
     faults = (f"{applied} of {scheduled} scheduled faults were applied; the rest were due after every "
               "job had ended" if scheduled > applied else f"{applied} faults")
     return out + ["", f"`{d['summary']}`", "",
-                  f"Goal of issue 15: 200 jobs, every fault kind, nothing lost, doubled, wrong or stuck. "
+                  f"Goal of the fault campaign: 200 jobs, every fault kind, nothing lost, doubled, wrong or stuck. "
                   f"This run: {d['jobs']} jobs, {len(d['by_kind'])} kinds, {faults}; {d['attempts_total']} "
                   f"attempts in all (at most {d['attempts_max']} for one job); {busy} on the 2 cores "
                   "(recovery times stretch with load)" + (f"; code at commit `{d['commit']}`." if d.get("commit")
@@ -552,7 +553,7 @@ def streams(d: dict[str, Any]) -> list[str]:
         f"({d['idle_streams'] * 9 // 10:,} agent streams that never register, "
         f"{d['idle_streams'] // 10:,} watches) against the same broker with none, over TLS with "
         "real credentials; every call "
-        f"answered. {d['machine']}.",
+        "answered.",
         "",
         "| measure | no streams | idle streams | ratio |",
         "|---|---|---|---|",
@@ -589,7 +590,7 @@ def render() -> str:
     lines = [
         BEGIN,
         "Figures below are generated from `benchmarks/results/*.json` by "
-        "`python benchmarks/summarize.py --readme`; each benchmark prints them and writes its JSON. "
+        "`python benchmarks/summarize.py --docs`; each benchmark prints them and writes its JSON. "
         "All were measured on this project's 2-core, no-GPU machine, often shared with other work, "
         "so treat small differences as noise.",
         "",
@@ -610,15 +611,15 @@ def render() -> str:
 
 def main(argv: list[str]) -> int:
     text = render()
-    if "--readme" in argv:
-        readme = ROOT / "README.md"
+    if "--docs" in argv:
+        readme = ROOT / "docs" / "benchmarks.md"
         s = readme.read_text()
         if BEGIN in s and END in s:
             s = s[: s.index(BEGIN)] + text + s[s.index(END) + len(END):]
         elif "<!-- BENCHMARKS -->" in s:
             s = s.replace("<!-- BENCHMARKS -->", text)
         else:
-            raise SystemExit("README.md has no benchmark markers")
+            raise SystemExit("docs/benchmarks.md has no benchmark markers")
         readme.write_text(s)
     else:
         print(text)

@@ -118,14 +118,14 @@ class BrokerConfig(BaseModel):
     # "better-capacity", "defragment", ...
     recovery_policy: Annotated[str, AfterValidator(_known_policy)] = "move-anywhere"
     # Prometheus text endpoint ("host:port", port 0 = a free one); "" = no metrics
-    # (broker/telemetry/metrics.py; README "Observability").
+    # (broker/telemetry/metrics.py; docs/operator/observability.md).
     metrics_listen: str = Field("", pattern=r"^(|.+:\d+)$")
     # Users' code (broker/workdirs/): where uploaded workdir tarballs live, content-addressed:
     # a directory or s3://bucket/prefix; "" = workdirs/ next to the SQLite file.
     workdir_store: str = ""
     workdir_max_bytes: int = Field(100 * 1024 * 1024, gt=0)  # larger uploads are refused
     # gRPC threads for unary RPCs (reads, submits). Streams have their own budget on top
-    # (max_streams), so idle WatchJob/Connect streams can never take these (issue 12).
+    # (max_streams), so idle WatchJob/Connect streams can never take these.
     max_workers: int = Field(64, ge=8)
     # API worker processes (broker/api/workers.py, docs/architecture.md "API worker
     # processes"): 0 = this process serves the public port itself. N > 0 = N processes
@@ -151,7 +151,7 @@ class BrokerConfig(BaseModel):
     # besides checkpoint_root and each region's advertised store and roots.
     checkpoint_allowed_roots: list[str] = Field(default_factory=list)
     max_page_size: int = 1000
-    # Security (broker/auth/, README "Security"): TLS on every port, PEM files. ``tls_ca``
+    # Security (broker/auth/, docs/operator/security.md): TLS on every port, PEM files. ``tls_ca``
     # verifies client certificates (agents, certificate users) on ``agent_listen``, the
     # mutual-TLS port; ``listen`` is server-authenticated TLS where users send tokens.
     tls_cert: str = ""

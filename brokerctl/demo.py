@@ -359,7 +359,7 @@ class Demo:
                 "--work-dir", str(self.work / "agents" / region),
                 "--ranks-per-node", str(self.args.ranks_per_node),
                 # A root demo runs its toy jobs as root on purpose (private work dir under
-                # /tmp); a real agent runs them as --run-as-user (README "Job user").
+                # /tmp); a real agent runs them as --run-as-user (docs/operator/limits.md, "Job user").
                 *(["--allow-root-jobs"] if os.geteuid() == 0 else []),
             ]
             proc = AgentProc(region, argv, self.work / "logs" / f"agent-{region}.log")

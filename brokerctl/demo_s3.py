@@ -6,7 +6,7 @@ uploads, server-side copies between region buckets), with nothing to sign up for
 It runs in the demo's process (a thread) and stops with it. Needs the ``s3demo``
 extra (``pip install -e '.[s3demo]'``; ``scripts/demo.sh`` installs it).
 
-What a user sets for a real S3 (README "Checkpoints in S3"): ``AWS_ENDPOINT_URL`` only
+What a user sets for a real S3 (docs/operator/fleet.md, "Checkpoints in S3"): ``AWS_ENDPOINT_URL`` only
 for a non-AWS endpoint, the usual AWS credentials, and one bucket per region as the
 agent's ``checkpoint_bucket: s3://BUCKET[/prefix]``.
 """

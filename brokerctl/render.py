@@ -306,7 +306,7 @@ def restart_note(job: common_pb2.Job) -> str:
     if not job.spec.command or job.progress.last_checkpoint_uri:
         return ""
     return ("no checkpoint: this job restarts from the beginning after a move, preemption or"
-            " failure (its program reports none; see README \"Bring your own training code\")")
+            " failure (its program reports none; see docs/user/bring-your-own-code.md)")
 
 
 def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None,

@@ -55,7 +55,7 @@ class AgentConfig:
     # besides the inventory's checkpoint store; advertised to the broker (Register) and
     # checked again at each Launch. Empty and no store: no restriction (a warning).
     checkpoint_allowed_roots: list[str] = field(default_factory=list)
-    # Mutual TLS (README "Security"): this agent's certificate names its region and agent
+    # Mutual TLS (docs/operator/security.md): this agent's certificate names its region and agent
     # id; the broker's agent port (agent_listen) requires it. Defaults: CB_AGENT_CERT,
     # CB_AGENT_KEY, CB_CA. ``insecure``: plaintext, only for a broker run --insecure-dev.
     tls_cert: str = ""

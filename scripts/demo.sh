@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's first command: installs Compute Broker and runs `brokerctl demo`
+# The README's demo command: installs Compute Broker and runs `brokerctl demo`
 # (embedded broker with SQLite state, three simulated regions as real agent
 # processes, real trainer processes, local checkpoint directories).
 #   bash scripts/demo.sh [brokerctl demo flags]

@@ -1,6 +1,6 @@
 """Metrics of one simulated policy run, from the jobs' records and the samples.
 
-Definitions (README "Fleet simulator" repeats them):
+Definitions (docs/simulator.md repeats them):
 - utilisation: GPUs held / GPUs present, averaged over hourly samples until the last job ends;
 - goodput: useful GPU-time (GPUs x the trace duration) / GPU-time held (admission to release);
 - JCT: finish - submit; queue wait: the job's ``goodput.queued_s`` (the broker's own bucket);

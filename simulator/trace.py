@@ -1,4 +1,9 @@
-"""Read a job trace CSV (columns of /work/shared/traces/philly_dev.csv).
+"""Read a job trace CSV (the columns of the development trace, ``../shared/traces/philly_dev.csv``).
+
+That trace sits next to the repository (``../shared/traces/`` from its root), not in it:
+51,659 jobs, the first 54 days of Microsoft's Philly GPU-cluster trace (Jeon et al.,
+USENIX ATC 2019, CC-BY-4.0) as pre-processed for the Pollux and Sia simulators, converted
+to the columns below. Any CSV with the same columns works.
 
 Only ``job_id, submit_time_s, duration_s, num_gpus, user_or_team`` are used;
 ``gpu_type`` and ``status`` may be empty. Rows with bad numbers are refused with their

@@ -14,7 +14,7 @@
 Public names (lazily imported, so `python -m trainer` can install its signal handlers
 before torch loads): `init`, `Run`, `RunExit`, `ResumableSampler`, `StepBatch`,
 `Checkpointer`, `Stateful`, `Parallelism`, `TrainerError`, `CheckpointSaveError`, and
-the exit codes. See README "Bring your own training code" and docs/contracts.md.
+the exit codes. See docs/user/bring-your-own-code.md and docs/contracts.md.
 
 Internals, one job each: config (spec + env), model (built-in LM), data (deterministic
 world-size-independent order), sampler (that order for any dataset), parallel (process

@@ -38,7 +38,7 @@ def actor_of(context: grpc.ServicerContext) -> str:
 
 def visible(job: pb.Job, principal: Principal) -> pb.Job:
     """The job as ``principal`` may see it: env values only for the owning team
-    (operators see the keys, values redacted: docs/contracts.md "Visibility")."""
+    (operators see the keys, values redacted: docs/architecture.md, "Authentication and authorization")."""
     if not job.spec.env or sees_secrets(principal, job.spec.team):
         return job
     out = pb.Job()

@@ -1,7 +1,7 @@
 """A plain PyTorch training loop made portable with the `trainer` library.
 
-The 8 lines marked `# cb` are all the library adds (README "Bring your own training
-code" shows the diff). With them the script, unchanged, can be stopped at any step
+The 8 lines marked `# cb` are all the library adds (docs/user/bring-your-own-code.md
+shows the diff). With them the script, unchanged, can be stopped at any step
 (SIGTERM: emergency checkpoint, exit 75), resumed on another world size at exactly
 the next unseen sample, and report progress to the broker; without the broker it
 checkpoints into ./checkpoints and resumes from there.

@@ -14,7 +14,7 @@ The policy, applied once when the agent's configuration is built (:func:`job_use
 * no ``run_as_user`` and the agent is not root: the ranks run as the agent's user.
 
 The job user must be able to traverse to the agent's work dir and read the Python it
-runs (the venv, the trainer); README "Running jobs as an unprivileged user".
+runs (the venv, the trainer); docs/operator/limits.md, "Job user".
 """
 
 from __future__ import annotations

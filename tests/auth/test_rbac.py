@@ -25,7 +25,7 @@ DENIED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
 MEMBER, ADMIN, OPERATOR, AGENT, NOBODY = "member", "team-admin", "operator", "agent", "anonymous"
 USERS = {MEMBER, ADMIN, OPERATOR}
 
-# RPC -> roles allowed (intent, README "Security" roles table).
+# RPC -> roles allowed (intent, docs/operator/security.md roles table).
 EXPECTED: dict[str, set[str]] = {
     "JobService/SubmitJob": USERS, "JobService/GetJob": USERS, "JobService/ListJobs": USERS,
     "JobService/CancelJob": USERS, "JobService/WatchJob": USERS,

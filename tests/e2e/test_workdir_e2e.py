@@ -1,6 +1,6 @@
-"""A new user's path, end to end, with real processes and the README's own commands.
+"""A new user's path, end to end, with real processes and the docs' own commands.
 
-From a fresh directory (the user's "home"), run the README's `brokerctl serve` and
+From a fresh directory (the user's "home"), run the by-hand walkthrough's `brokerctl serve` and
 `brokerctl agent ... --work-dir var/agents/us-east-2` (relative paths, and the example
 inventory's relative checkpoint bucket), then:
 
@@ -50,10 +50,13 @@ print("hello from rank", os.environ["RANK"])
 
 
 def readme_commands() -> dict[str, str]:
-    """The README's serve / agent commands (joined across `\\` continuations)."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("### Run a broker and agents yourself", 1)[1].split("```bash", 1)[1]
-    block = block.split("```", 1)[0].replace("\\\n", " ")
+    """The by-hand walkthrough's dev-ca / serve / agent commands (examples/walkthrough.sh,
+    shown verbatim by docs/operator/by-hand.md; joined across `\\` continuations), with
+    its port variables at their defaults and its examples/ paths relative to a checkout."""
+    block = (ROOT / "examples" / "walkthrough.sh").read_text().replace("\\\n", " ")
+    block = (block.replace("$AGENT_PORT", "50052").replace("$PORT", "50051")
+             .replace('"$EXAMPLES/', "examples/").replace('.yaml"', ".yaml")
+             .replace('"${as_root[@]}"', ""))
     cmds = {}
     for line in block.splitlines():
         words = line.split(" #", 1)[0].strip().rstrip("&").split()
@@ -63,11 +66,10 @@ def readme_commands() -> dict[str, str]:
 
 
 def readme_byo_submit() -> str:
-    """The submit line of the README's "Bring your own training code" section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Bring your own training code", 1)[1].split("\n## ", 1)[0]
+    """The submit line of the docs' "Bring your own training code" page."""
+    section = (ROOT / "docs" / "user" / "bring-your-own-code.md").read_text()
     found = re.search(r"`(brokerctl submit [^`]*-- python train\.py)`", section.replace("\n", " "))
-    assert found, "no `brokerctl submit ... -- python train.py` in the README's BYO section"
+    assert found, "no `brokerctl submit ... -- python train.py` on the docs' BYO page"
     return found.group(1)
 
 
@@ -96,14 +98,15 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
     agent_addr = f"127.0.0.1:{free_port()}"
     serve = cmds["serve"].split()[1:]
     agent = cmds["agent"].split()[1:]
-    # The README's exact commands, with free ports in place of 50051 and 50052.
+    # The walkthrough's exact commands, with free ports in place of 50051 and 50052.
     assert "--work-dir" in agent and not agent[agent.index("--work-dir") + 1].startswith("/")
     serve = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr) for w in serve]
     agent = [w.replace("127.0.0.1:50052", agent_addr) for w in agent]
     if os.geteuid() == 0 and "--allow-root-jobs" not in agent:
-        agent += ["--allow-root-jobs"]  # this test host runs as root (README: run-as-user)
+        agent += ["--allow-root-jobs"]  # this test host runs as root (docs: Job user)
     # Its dev CA first; then every client here uses its config (the `admin` context).
-    dev_ca = cmds["dev-ca"].split()[1:]
+    dev_ca = [w.replace("127.0.0.1:50051", addr).replace("127.0.0.1:50052", agent_addr)
+              for w in cmds["dev-ca"].split()[1:]]
     assert subprocess.run(brokerctl(*dev_ca), cwd=home).returncode == 0
     for var in ("CB_TOKEN", "CB_CA", "CB_CONTEXT"):
         monkeypatch.delenv(var, raising=False)
@@ -166,7 +169,7 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
             brokerctl("--broker", addr, "job", h.id), cwd=home, capture_output=True,
             text=True, timeout=60).stdout
 
-        # 3. "Bring your own training code": the README's submit line, word for word, from
+        # 3. "Bring your own training code": the docs' submit line, word for word, from
         #    a project holding the library example as train.py (a bare `python`: the
         #    agent's interpreter, the one with torch and the library).
         project = home / "my-project"
@@ -178,7 +181,7 @@ def test_readme_commands_relative_paths_and_own_code(tmp_path: Path,
         assert res.returncode == 0, f"{line}\n{res.stdout}{res.stderr}"
         job_id = re.search(r"submitted job (\S+)", res.stdout).group(1)
         job = wait_until(lambda: (j := client.get_job(job_id)).phase in TERMINAL and j, 300,
-                         what=f"the README's BYO job to finish\n{logs()}")
+                         what=f"the docs' BYO job to finish\n{logs()}")
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, job.message + logs()
         assert job.progress.step == 200 and job.progress.last_checkpoint_step == 200
         shown = subprocess.run(brokerctl("--broker", addr, "logs", job_id), cwd=home,
