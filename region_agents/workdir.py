@@ -3,28 +3,36 @@
 Why per digest and per attempt: the tarball is fetched once per agent and verified
 against its sha256 name (a cache hit costs nothing; a migrated job re-fetches the same
 bytes in its new region), while each attempt unpacks its own fresh copy, so files a
-previous attempt wrote or changed never leak into the next one. Extraction uses
-tarfile's "data" filter: no absolute paths, no ``..``, no links out of the directory,
-no device files, whatever a tar holds.
+previous attempt wrote or changed never leak into the next one. Extraction is our own
+(region_agents/safe_untar.py, fd-relative, never following a link; it does not depend
+on the Python release's tarfile filter) and, when jobs have their own Unix user, runs
+as that user: no absolute paths, no ``..``, no links out of the directory, no hard
+links or device files, whatever a tar holds.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import hashlib
 import logging
 import os
+import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING
 
 import grpc
 
 from brokersdk.credentials import ClientCredentials, make_channel
 from computebroker.v1 import workdir_pb2, workdir_pb2_grpc
+from region_agents import safe_untar
+
+if TYPE_CHECKING:
+    from region_agents.executors.job_user import JobUser
 
 log = logging.getLogger(__name__)
 
@@ -98,55 +106,57 @@ class WorkdirCache:
             raise
 
 
-def unpack(tar_path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
-    """Extract a workdir tarball into ``dest`` (created; must not hold old files).
+def unpack(tar_path: str | os.PathLike[str], dest: str | os.PathLike[str],
+           user: JobUser | None = None, python: str = sys.executable) -> Path:
+    """Extract a workdir tarball into ``dest`` (made; its parent must be the agent's).
 
-    Every member passes tarfile's ``data_filter`` first (it refuses absolute paths,
-    ``..``, links out of ``dest`` and special files). Regular files are then copied out
-    of the tar by the kernel (``os.copy_file_range``, like ``shutil.copytree`` does), which
-    is about twice as fast as tarfile's own read/write loop; links and directories go
-    through tarfile with the same filter."""
+    With ``user`` (the job's Unix identity), ``dest`` is made, handed to that user by
+    its fd, and the extraction runs in a child process that has dropped to that user
+    (``python -I region_agents/safe_untar.py``, the tar and ``dest`` passed as open
+    fds): the kernel, not our checks alone, then keeps every write inside what the job
+    user may write. Without ``user`` (a non-root agent, or jobs allowed to run as root)
+    it runs in this process. Either way the routine is region_agents/safe_untar.py: no
+    link is ever followed, and links out, ``..``, absolute and over-long names, hard
+    links and device files are refused (WorkdirFetchError names the member)."""
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
-    root = str(out.resolve())
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with tarfile.open(tar_path, "r:") as tar, open(tar_path, "rb") as raw:
-            for member in tar.getmembers():
-                safe = tarfile.data_filter(member, root)
-                if not safe.isreg():
-                    tar.extract(safe, root, filter="data")
-                    continue
-                target = os.path.join(root, safe.name)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "wb") as f:
-                    _copy_range(raw, f, member.offset_data, member.size)
-                os.chmod(target, safe.mode if safe.mode is not None else 0o644)
-    except (tarfile.TarError, OSError) as e:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(out, 0o700)
+        dest_fd = os.open(out, _DIR_FLAGS)
+    except OSError as e:
+        raise WorkdirFetchError(f"cannot unpack workdir into {out}: {e}") from None
+    try:
+        tar_fd = os.open(tar_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if user is None:
+                safe_untar.extract_fd(tar_fd, dest_fd)
+            else:
+                _extract_as(user, python, tar_fd, dest_fd)
+        finally:
+            os.close(tar_fd)
+    except (safe_untar.UnsafeMember, tarfile.TarError, OSError) as e:
         raise WorkdirFetchError(f"cannot unpack workdir {tar_path}: {e}") from None
+    finally:
+        os.close(dest_fd)
     return out
 
 
-def _copy_range(src: BinaryIO, dst: BinaryIO, offset: int, size: int) -> None:
-    """Copy ``size`` bytes at ``offset`` of ``src`` into ``dst`` (in the kernel when it can)."""
-    done = 0
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+UNPACK_TIMEOUT_S = 600.0
+
+
+def _extract_as(user: JobUser, python: str, tar_fd: int, dest_fd: int) -> None:
+    """Run safe_untar in a child that is ``user`` (no supplementary groups)."""
+    os.fchown(dest_fd, user.uid, user.gid)  # by fd: the directory just made, nothing else
     try:
-        while done < size:
-            n = os.copy_file_range(src.fileno(), dst.fileno(), size - done, offset + done)
-            if n == 0:
-                raise OSError(f"tar ended {size - done} bytes early")
-            done += n
-        return
-    except OSError as e:
-        if done or getattr(e, "errno", None) not in _NO_COPY_RANGE:
-            raise
-    src.seek(offset)
-    left = size
-    while left:
-        b = src.read(min(left, 1024 * 1024))
-        if not b:
-            raise OSError(f"tar ended {left} bytes early")
-        dst.write(b)
-        left -= len(b)
-
-
-_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
+        res = subprocess.run(
+            [python, "-I", safe_untar.__file__, str(tar_fd), str(dest_fd)],
+            pass_fds=(tar_fd, dest_fd), capture_output=True, timeout=UNPACK_TIMEOUT_S,
+            cwd="/", env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+            **user.popen_kwargs())  # type: ignore[call-overload]
+    except subprocess.TimeoutExpired:
+        raise safe_untar.UnsafeMember(f"unpacking took over {UNPACK_TIMEOUT_S:g} s") from None
+    if res.returncode != 0:
+        why = res.stderr.decode(errors="replace").strip()[-500:]
+        raise safe_untar.UnsafeMember(why or f"unpacker exited with {res.returncode}")
