@@ -14,7 +14,8 @@ import enum
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from checkpoint_layout.nofollow import replace_file
 
 GO_ENV = "CB_STANDBY_GO_FILE"
 GO_NAME = "go.json"  # in the attempt directory (local executor)
@@ -46,7 +47,4 @@ class Go:
 
 def write_go(path: str | os.PathLike[str], go: Go) -> None:
     """Atomically publish the go (tmp file + rename: a rank never reads half a file)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(go.to_json())
-    os.replace(tmp, p)
+    replace_file(path, go.to_json())  # the job owns the dir: never through a link

@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from checkpoint_layout.nofollow import replace_file
+
 STOP_DEADLINE_ENV = "CB_STOP_DEADLINE_FILE"
 STOP_DEADLINE_NAME = "stop-deadline.json"  # in the attempt directory (local executor)
 
@@ -39,10 +41,7 @@ class StopDeadline:
 
 def write_stop_deadline(path: str | os.PathLike[str], sd: StopDeadline) -> None:
     """Atomically publish the deadline (a rank never reads half a file)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(sd.to_json())
-    os.replace(tmp, p)
+    replace_file(path, sd.to_json())  # the job owns the dir: never through a link
 
 
 def read_stop_deadline(path: str | os.PathLike[str] | None = None) -> StopDeadline | None:

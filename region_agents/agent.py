@@ -462,6 +462,7 @@ class RegionAgent:
             staging = None
             if problem is None:
                 try:
+                    self.executor.prepare(AttemptSpec.from_launch(launch))  # before any copy
                     staging = plan_staging(launch, self.inventory.checkpoint_bucket)
                     fetch = self._workdir_fetch(launch)
                     if fetch is not None:  # users' code first, then any checkpoint step
@@ -934,6 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
                         " (default and maximum: 3/4 of the broker's agent timeout)")
     p.add_argument("--run-as-user", default="", metavar="USER",
                    help="local executor: run every job's ranks as this unprivileged user")
+    p.add_argument("--job-uid-range", default="", metavar="FIRST-LAST",
+                   help="local executor: each team's ranks run as its own uid from this range"
+                        " (e.g. 61000-61999; no passwd entries needed), not one shared user")
     p.add_argument("--allow-root-jobs", action="store_true",
                    help="a root agent without --run-as-user runs jobs as root (else it refuses)")
     p.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR|s3://B/P",
@@ -980,6 +984,7 @@ def main(argv: list[str] | None = None) -> int:
             leader_timeout_s=args.leader_timeout_s,
             self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,
+            job_uid_range=args.job_uid_range,
             allow_root_jobs=args.allow_root_jobs,
             checkpoint_allowed_roots=args.checkpoint_root,
             tls_cert=args.cert,

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from brokersdk.credentials import ClientCredentials
 from checkpoint_layout.roots import canonical
 from region_agents.executors.base import Executor
-from region_agents.executors.job_user import check_can_run, job_user_for
+from region_agents.executors.job_user import (
+    IdentityPool,
+    JobUser,
+    JobUserError,
+    check_can_run,
+    job_user_for,
+    parse_uid_range,
+)
 from region_agents.inventory import Inventory, load_inventory
 
 
@@ -50,6 +57,9 @@ class AgentConfig:
     # Local executor: the Unix user ranks run as (region_agents/executors/job_user.py).
     # A root agent without one refuses to start unless allow_root_jobs is set.
     run_as_user: str = ""
+    # Local executor: one uid per team from this range (FIRST-LAST), like systemd's
+    # DynamicUser; takes the place of run_as_user (job_user.IdentityPool).
+    job_uid_range: str = ""
     allow_root_jobs: bool = False
     # Where jobs may choose to write checkpoints in this region (dirs or s3://bucket/prefix),
     # besides the inventory's checkpoint store; advertised to the broker (Register) and
@@ -81,7 +91,12 @@ class AgentConfig:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be > 0")
-        if self.executor == "local":  # raises JobUserError (a ValueError) when unsafe
+        if self.executor == "local" and self.job_uid_range:
+            parse_uid_range(self.job_uid_range)  # JobUserError (a ValueError) if malformed
+            if os.geteuid() != 0:
+                raise JobUserError("job_uid_range needs a root agent (it starts ranks as"
+                                   " other uids)")
+        elif self.executor == "local":  # raises JobUserError (a ValueError) when unsafe
             job_user_for(self.run_as_user, self.allow_root_jobs)
         for root in self.checkpoint_allowed_roots:
             canonical(root)  # RootError (a ValueError): '..', relative, unknown scheme
@@ -120,10 +135,17 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
     from region_agents.executors.local import LocalExecutor
 
     inv = load_inventory(config.inventory_path)
-    job_user = job_user_for(config.run_as_user, config.allow_root_jobs)
-    if job_user is not None:
+    identities = None
+    if config.job_uid_range:
+        first, last = parse_uid_range(config.job_uid_range)
+        identities = IdentityPool(first, last, os.path.join(config.work_dir, "identities.json"))
+        job_user = None
+        probe: JobUser | None = JobUser("probe", first, first)
+    else:
+        job_user = probe = job_user_for(config.run_as_user, config.allow_root_jobs)
+    if probe is not None:
         os.makedirs(config.work_dir, exist_ok=True)
-        check_can_run(job_user, config.python, config.work_dir)
+        check_can_run(probe, config.python, config.work_dir)
     root = inv.checkpoint_bucket if inv.checkpoint_bucket and "://" not in inv.checkpoint_bucket else ""
     ex = LocalExecutor(
         config.work_dir,
@@ -133,5 +155,7 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
         hang_timeout_s=config.hang_timeout_s,
         default_checkpoint_root=os.path.join(root, "jobs") if root else "",
         job_user=job_user,
+        identities=identities,
+        checkpoint_roots=[*config.checkpoint_allowed_roots, *([root] if root else [])],
     )
     return ex, inv

@@ -8,9 +8,9 @@ half-written file just means "nothing new"; it is never an error.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
+from checkpoint_layout.nofollow import read_small
 from computebroker.v1 import common_pb2
 
 
@@ -31,12 +31,14 @@ class ProgressSnapshot:
 
 def read_progress(path: str) -> ProgressSnapshot | None:
     """Parse the progress file, or None if absent / unreadable / not a JSON object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        mtime = os.path.getmtime(path)
-    except (OSError, ValueError):
+    got = read_small(path)  # the job's file: no link, FIFO or device is opened
+    if got is None:
         return None
+    try:
+        data = json.loads(got[0].decode("utf-8"))
+    except ValueError:
+        return None
+    mtime = got[1]
     if not isinstance(data, dict):
         return None
 

@@ -4,8 +4,10 @@ Why: the ranks of an attempt outlive the agent daemon (they lead their own proce
 group). An agent that kept its attempts only in memory came back after a crash with
 ``running 0``; the broker then failed the attempt over and launched the next one while
 the old process group trained on: two attempts of one job writing at once. So each
-attempt leaves a small JSON record in its directory (``<work_dir>/jobs/<job>/attempt-<n>/
-attempt.json``), written before the ranks start and again once they run:
+attempt leaves a small JSON record beside its directory (``<work_dir>/jobs/<job>/
+attempt-<n>.json``: in the agent's own ``jobs/<job>``, not in the attempt directory the
+job owns, where a job could forge the pids a restarted root agent kills), written before
+the ranks start and again once they run:
 
 * the job, attempt and Launch (to rebuild the attempt and report it in Register),
 * the process group id and each rank's pid **with its start time** from
@@ -37,7 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-RECORD_NAME = "attempt.json"
+from checkpoint_layout.nofollow import touch
+
+RECORD_SUFFIX = ".json"
 FENCE_NAME = "superseded"
 
 
@@ -99,7 +103,7 @@ class AttemptRecord:
 
     @property
     def path(self) -> Path:
-        return Path(self.dir) / RECORD_NAME
+        return record_path(self.dir)
 
     def save(self) -> None:
         """Atomic replace + fsync: a crash leaves the old or the new record, never half."""
@@ -124,10 +128,16 @@ class AttemptRecord:
         return [r.pid for r in self.ranks if same_process_alive(r.pid, r.start_ticks)]
 
 
+def record_path(attempt_dir: str | Path) -> Path:
+    """``jobs/<job>/attempt-<n>.json``: next to the attempt directory, in the agent's dir."""
+    d = Path(attempt_dir)
+    return d.with_name(d.name + RECORD_SUFFIX)
+
+
 def scan(work_dir: Path, job_id: str = "*") -> list[AttemptRecord]:
     """Every attempt record under ``work_dir`` (of one job if given), oldest attempt
     first per job."""
-    out = [rec for p in sorted(work_dir.glob(f"jobs/{job_id}/attempt-*/{RECORD_NAME}"))
+    out = [rec for p in sorted(work_dir.glob(f"jobs/{job_id}/attempt-*{RECORD_SUFFIX}"))
            if (rec := AttemptRecord.load(p)) is not None]
     return sorted(out, key=lambda r: (r.job_id, r.attempt))
 
@@ -157,7 +167,7 @@ def orphan_pids(dirs: Iterable[str]) -> dict[str, list[int]]:
 def write_fence(attempt_dir: str | Path) -> None:
     """Mark an attempt superseded (the trainer refuses to commit checkpoints after)."""
     with contextlib.suppress(OSError):
-        Path(attempt_dir, FENCE_NAME).touch()
+        touch(Path(attempt_dir, FENCE_NAME))  # the job owns the dir: never through a link
 
 
 def kill_and_wait(rec: AttemptRecord, extra_pids: Iterable[int] = (), timeout_s: float = 30.0,

@@ -146,6 +146,11 @@ class Executor(abc.ABC):
     def launch(self, spec: AttemptSpec) -> None:
         """Start all ranks of an attempt (raise ``ValueError`` for a bad spec)."""
 
+    def prepare(self, spec: AttemptSpec) -> None:
+        """Before anything is staged for the attempt: make its local directories for the
+        identity its ranks run as (local executor). ``ValueError`` refuses the launch."""
+        return None
+
     supports_standby = False  # make-before-break standby attempts (Launch.standby, Go)
 
     def go(self, job_id: str, attempt: int, go: Go) -> None:

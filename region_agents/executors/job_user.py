@@ -13,17 +13,40 @@ The policy, applied once when the agent's configuration is built (:func:`job_use
   to run as root (a single-user laptop, this repository's tests and demo).
 * no ``run_as_user`` and the agent is not root: the ranks run as the agent's user.
 
+Per-team identities (``job_uid_range``, like systemd's DynamicUser): instead of one
+``run_as_user`` shared by every team, each team gets its own uid (and a group of the
+same number) from the configured range the first time one of its jobs runs here, kept
+in ``<work_dir>/identities.json`` so a team keeps its uid (and its files) across
+restarts. No two teams' ranks share a uid, so the kernel keeps them apart: another
+team's ``/proc/<pid>/environ``, signals, 0700 attempt and checkpoint directories. The
+uids need no ``/etc/passwd`` entry (uids taken by one are skipped).
+
+``/proc`` of other jobs: when ``unshare`` and ``setpriv`` (util-linux) are there and a
+probe works, each rank starts in a private mount namespace with its own ``/proc``
+mounted ``hidepid=invisible``, then drops to its identity (``setpriv --clear-groups
+--no-new-privs``): it sees only its own identity's processes. Otherwise ranks drop with
+``Popen(user=...)`` and the operator should mount the host's ``/proc`` with
+``hidepid=invisible`` (docs/security.md).
+
 The job user must be able to traverse to the agent's work dir and read the Python it
 runs (the venv, the trainer); docs/operator/limits.md, "Job user".
 """
 
 from __future__ import annotations
 
+import contextlib
+import grp
+import json
 import os
 import pwd
-from collections.abc import Iterable
+import re
+import shutil
+import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from checkpoint_layout.nofollow import read_small, replace_file
 
 
 class JobUserError(ValueError):
@@ -36,20 +59,110 @@ class JobUser:
     uid: int
     gid: int
 
-    def own(self, paths: Iterable[Path]) -> None:
-        """Give ``paths`` (recursively) to this user, so its ranks can write there."""
-        for top in paths:
-            if not top.exists():
-                continue
-            os.chown(top, self.uid, self.gid)
-            if top.is_dir():
-                for root, dirs, files in os.walk(top):
-                    for name in dirs + files:
-                        os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
-
     def popen_kwargs(self) -> dict[str, object]:
         """subprocess.Popen arguments that drop to this user (setgid, setgroups, setuid)."""
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+    def isolated_argv(self, argv: list[str], tools: ProcTools) -> list[str]:
+        """``argv`` started as root in a private mount namespace with its own
+        ``hidepid=invisible`` /proc, then dropped to this user (no groups, no new
+        privileges): the rank sees and can signal only its own identity's processes.
+        Every exec keeps the pid, so the rank's pid is the Popen's."""
+        script = ('mount -t proc -o hidepid=invisible,nosuid,nodev proc /proc && exec "$0"'
+                  ' --reuid="$1" --regid="$2" --clear-groups --no-new-privs -- "${@:3}"')
+        return [tools.unshare, "--mount", "--propagation", "private", "--", tools.bash, "-c",
+                script, tools.setpriv, str(self.uid), str(self.gid), *argv]
+
+
+@dataclass(frozen=True)
+class ProcTools:
+    """Where unshare, setpriv and bash are (absolute: found once, as root)."""
+
+    unshare: str
+    setpriv: str
+    bash: str
+
+
+def proc_tools() -> ProcTools | None:
+    """The tools for a private hidepid /proc per rank, if they are here and a probe works
+    (root, util-linux, a kernel with per-mount procfs options), else None."""
+    if os.geteuid() != 0:
+        return None
+    found = [shutil.which(t) for t in ("unshare", "setpriv", "bash")]
+    if not all(found):
+        return None
+    tools = ProcTools(*found)  # type: ignore[arg-type]
+    probe = JobUser("probe", 65534, 65534).isolated_argv(
+        ["/bin/sh", "-c", "test ! -e /proc/1/environ"], tools)
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return tools if ok else None
+
+
+UID_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """``"61000-61999"`` -> (61000, 61999); JobUserError if malformed or unsafe."""
+    m = UID_RANGE.match(text.strip())
+    if not m:
+        raise JobUserError(f"job_uid_range {text!r} is not FIRST-LAST (e.g. 61000-61999)")
+    first, last = int(m.group(1)), int(m.group(2))
+    if first < 1000 or last < first or last >= 2**31 - 1 or last == 65534:
+        raise JobUserError(f"job_uid_range {text!r}: give 1000 <= FIRST <= LAST < 2^31,"
+                           " a range no system or login user has")
+    return first, last
+
+
+class IdentityPool:
+    """One Unix identity per team, allocated from a uid range (see the module doc)."""
+
+    def __init__(self, first: int, last: int, state_path: str | os.PathLike[str]) -> None:
+        self.first, self.last = first, last
+        self.state_path = Path(state_path)
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, int]:
+        got = read_small(self.state_path)
+        if got is None:
+            return {}
+        with contextlib.suppress(ValueError):
+            data = json.loads(got[0])
+            if isinstance(data, dict):
+                return {str(k): int(v) for k, v in data.items()}
+        raise JobUserError(f"{self.state_path} is not a JSON object of team -> uid: fix or"
+                           " remove it (teams would lose their files' ownership)")
+
+    @staticmethod
+    def _taken(uid: int) -> bool:
+        for lookup in (pwd.getpwuid, grp.getgrgid):
+            try:
+                lookup(uid)
+                return True
+            except KeyError:
+                pass
+        return False
+
+    def for_team(self, team: str) -> JobUser:
+        """The team's identity, allocated on first use. JobUserError when the range is
+        used up."""
+        key = team or "(no team)"
+        with self._lock:
+            table = self._load()
+            uid = table.get(key)
+            if uid is None:
+                used = set(table.values())
+                uid = next((u for u in range(self.first, self.last + 1)
+                            if u not in used and not self._taken(u)), None)
+                if uid is None:
+                    raise JobUserError(f"job_uid_range {self.first}-{self.last} is used up"
+                                       f" ({len(table)} teams): widen it")
+                table[key] = uid
+                self.state_path.parent.mkdir(parents=True, exist_ok=True)
+                replace_file(self.state_path, json.dumps(table, sort_keys=True), mode=0o600)
+            return JobUser(f"cbjob{uid}", uid, uid)
 
 
 def check_can_run(user: JobUser, python: str, work_dir: str) -> None:

@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -33,7 +34,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from checkpoint_layout.nofollow import read_small
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, write_go
 from checkpoint_layout.stop_deadline import (
     STOP_DEADLINE_ENV,
@@ -54,7 +57,8 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
-from region_agents.executors.job_user import JobUser
+from region_agents.executors.job_dirs import check_readable_dir, make_job_dir, open_job_dir
+from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 from region_agents.workdir import unpack
@@ -178,10 +182,22 @@ ADOPTED_EXITED = -1000  # exit code of a re-adopted rank that has exited (see _R
 
 def _written_exit_code(path: Path) -> int:
     """What a re-adopted rank wrote to ``CB_EXIT_FILE``, or ``ADOPTED_EXITED`` (unknown)."""
+    got = read_small(path, 64)  # the job's file: no link or FIFO is opened
     try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        return int(got[0].split()[0]) if got is not None else ADOPTED_EXITED
+    except (ValueError, IndexError):
         return ADOPTED_EXITED
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """A rank's stdout/stderr file in the job-owned attempt dir, opened by the (root)
+    agent for appending: never through a planted link, never a FIFO or device."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return os.fdopen(fd, "ab")
 
 
 @dataclass
@@ -226,6 +242,9 @@ class LocalExecutor(Executor):
         progress_interval_s: float = 1.0,
         default_checkpoint_root: str = "",
         job_user: JobUser | None = None,
+        identities: IdentityPool | None = None,
+        checkpoint_roots: list[str] | None = None,
+        hide_proc: bool = True,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()  # ranks run elsewhere: no relative paths
         self.ranks_per_node = max(1, int(ranks_per_node))
@@ -237,6 +256,16 @@ class LocalExecutor(Executor):
         self.default_checkpoint_root = default_checkpoint_root or str(self.work_dir / "checkpoints")
         # None: ranks run as the agent's user (policy: region_agents/executors/job_user.py).
         self.job_user = job_user
+        # Per-team identities from a uid range (takes precedence over job_user).
+        self.identities = identities
+        # Trusted roots a job's checkpoint path is walked from (region_agents/executors/job_dirs.py).
+        self.checkpoint_roots = [*(checkpoint_roots or []), self.default_checkpoint_root]
+        # A private hidepid /proc per rank when ranks run as another identity and the
+        # host allows it (job_user.proc_tools); None: ranks drop with Popen(user=...).
+        self.proc_tools = proc_tools() if hide_proc and (job_user or identities) else None
+        if (job_user or identities) and hide_proc and self.proc_tools is None:
+            log.warning("ranks cannot get a private hidepid /proc here (no unshare/setpriv, or"
+                        " the probe failed): mount the host's /proc with hidepid=invisible")
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._pending: list[AttemptEvent] = []
         self._lock = threading.RLock()
@@ -267,6 +296,43 @@ class LocalExecutor(Executor):
         rest = [p for p in path.split(os.pathsep) if p and p != bindir]
         return os.pathsep.join([bindir, *rest])
 
+    def user_for(self, spec: AttemptSpec) -> JobUser | None:
+        """The identity ``spec``'s ranks run as: its team's (``job_uid_range``), the one
+        ``run_as_user``, or None (the agent's own user)."""
+        if self.identities is not None:
+            return self.identities.for_team(spec.spec.team)
+        return self.job_user
+
+    def checkpoint_dir(self, spec: AttemptSpec) -> str:
+        """The attempt's checkpoint location (an absolute path or a URI)."""
+        ckpt = file_path(spec.checkpoint_uri or spec.spec.checkpoint_uri) or os.path.join(
+            self.default_checkpoint_root, spec.job_id)
+        return ckpt if "://" in ckpt else os.path.abspath(ckpt)
+
+    def prepare(self, spec: AttemptSpec) -> None:
+        """Make (or check) the attempt's local checkpoint directory for its identity before
+        anything is copied into it; JobDirError (a ValueError) names what is refused."""
+        ckpt = self.checkpoint_dir(spec)
+        if "://" not in ckpt:
+            make_job_dir(ckpt, self.checkpoint_roots, self.user_for(spec))
+
+    def _attempt_dir(self, spec: AttemptSpec, user: JobUser | None) -> Path:
+        """``jobs/<job>/attempt-<n>``: ``jobs`` and ``jobs/<job>`` are the agent's (0711:
+        crossable, not listable, so no job learns other job ids), the attempt directory
+        is the job identity's own (0700), made by fd and never through a link."""
+        jobs = self.work_dir / "jobs" / spec.job_id
+        fd = open_job_dir(str(jobs), [str(self.work_dir)], None)
+        try:
+            if user is not None:
+                os.fchmod(fd, 0o711)
+                with contextlib.suppress(OSError):
+                    os.chmod(self.work_dir / "jobs", 0o711, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        adir = jobs / f"attempt-{spec.attempt}"
+        os.close(open_job_dir(str(adir), [str(jobs)], user))
+        return adir
+
     def layout(self, spec: AttemptSpec) -> list[tuple[str, int]]:
         """(node_id, ranks on it) per placed node."""
         nodes = list(spec.placement.nodes)
@@ -282,30 +348,27 @@ class LocalExecutor(Executor):
                 raise ValueError(f"attempt must be >= 1, got {spec.attempt}")
             layout = self.layout(spec)
             world = sum(n for _, n in layout)
-            adir = self.work_dir / "jobs" / spec.job_id / f"attempt-{spec.attempt}"
+            user = self.user_for(spec)
             # No attempt may take a step while an older one of the job can still write.
             self._fence_older(spec.job_id, spec.attempt)
-            adir.mkdir(parents=True, exist_ok=True)
+            adir = self._attempt_dir(spec, user)
             with contextlib.suppress(FileNotFoundError):
                 (adir / records.FENCE_NAME).unlink()
             progress_path = adir / "progress.json"
             for stale in (progress_path, adir / STOP_DEADLINE_NAME):
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
-            ckpt = file_path(spec.checkpoint_uri or spec.spec.checkpoint_uri) or os.path.join(
-                self.default_checkpoint_root, spec.job_id
-            )
-            if "://" not in ckpt:
-                ckpt = os.path.abspath(ckpt)  # resolved here, not in each rank's cwd
-                Path(ckpt).mkdir(parents=True, exist_ok=True)
+            ckpt = self.checkpoint_dir(spec)  # resolved here, not in each rank's cwd
+            self.prepare(spec)  # its own identity's, by fd; what the agent copied in, too
             resume = file_path(spec.resume_from)
             if resume and "://" not in resume:
                 resume = os.path.abspath(resume)
-            # Users' code: a fresh copy of the workdir per attempt, and the ranks' cwd.
-            cwd = unpack(spec.workdir_tar, adir / "workdir") if spec.workdir_tar else adir
+                check_readable_dir(resume, self.checkpoint_roots, user)
+            # Users' code: a fresh copy of the workdir per attempt (unpacked as the job's
+            # identity), and the ranks' cwd.
+            cwd = (unpack(spec.workdir_tar, adir / "workdir", user, self.python)
+                   if spec.workdir_tar else adir)
             command = self.resolve_command(list(spec.spec.command))
-            if self.job_user is not None:  # its own attempt dir and checkpoint dir, nothing else
-                self.job_user.own([adir] + ([Path(ckpt)] if "://" not in ckpt else []))
             base_env = dict(os.environ)
             base_env.update(self.extra_env)
             base_env.update(dict(spec.spec.env))
@@ -337,9 +400,11 @@ class LocalExecutor(Executor):
                 with contextlib.suppress(FileNotFoundError):
                     (adir / GO_NAME).unlink()
                 base_env[GO_ENV] = str(adir / GO_NAME)
-            if self.job_user is not None:
-                base_env.update(HOME=str(adir), USER=self.job_user.name, LOGNAME=self.job_user.name)
-            drop = self.job_user.popen_kwargs() if self.job_user is not None else {}
+            if user is not None:
+                base_env.update(HOME=str(adir), USER=user.name, LOGNAME=user.name)
+            drop = user.popen_kwargs() if user is not None and self.proc_tools is None else {}
+            argv = (user.isolated_argv(command, self.proc_tools)
+                    if user is not None and self.proc_tools is not None else command)
             hang = self.hang_timeout_s
             with contextlib.suppress(ValueError, TypeError):
                 hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
@@ -369,12 +434,13 @@ class LocalExecutor(Executor):
                                 "CB_NODE_ID": node_id,
                             }
                         )
-                        out = open(adir / f"rank-{rank}.stdout", "ab")  # noqa: SIM115
+                        # The job owns adir and its rank 0 already runs: no link followed.
+                        out = _open_log(adir / f"rank-{rank}.stdout")
                         err_path = adir / f"rank-{rank}.stderr"
-                        err = open(err_path, "ab")  # noqa: SIM115
+                        err = _open_log(err_path)
                         try:
                             proc = subprocess.Popen(
-                                command,
+                                argv,
                                 env=env,
                                 cwd=cwd,
                                 stdin=subprocess.DEVNULL,
@@ -784,7 +850,7 @@ class LocalExecutor(Executor):
 
     def acknowledged(self, job_id: str, attempt: int) -> None:
         """The broker committed this attempt's terminal update: never re-send it."""
-        path = self.work_dir / "jobs" / job_id / f"attempt-{attempt}" / records.RECORD_NAME
+        path = records.record_path(self.work_dir / "jobs" / job_id / f"attempt-{attempt}")
         rec = records.AttemptRecord.load(path)
         if rec is not None and rec.final is not None and not rec.acked:
             rec.acked = True

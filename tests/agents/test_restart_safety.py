@@ -26,7 +26,7 @@ def executor(work: Path) -> LocalExecutor:
 
 
 def rank_pids(work: Path, job: str, attempt: int) -> list[int]:
-    rec = records.AttemptRecord.load(work / "jobs" / job / f"attempt-{attempt}" / "attempt.json")
+    rec = records.AttemptRecord.load(work / "jobs" / job / f"attempt-{attempt}.json")
     assert rec is not None, "no durable record for the attempt"
     return rec.live_pids()
 
@@ -150,8 +150,7 @@ def test_terminal_update_is_resent_until_acknowledged(brokers, inventory_file, t
         broker.ack_updates = True
         wait_for(lambda: not agent._unacked, 60, what="ack received")
         n = terminals()
-        rec = records.AttemptRecord.load(tmp_path / "work" / "jobs" / "j-1" / "attempt-1"
-                                         / "attempt.json")
+        rec = records.AttemptRecord.load(tmp_path / "work" / "jobs" / "j-1" / "attempt-1.json")
         assert rec is not None and rec.acked
         wait_for(lambda: len(broker.of("heartbeat")) >= 40, 60, what="time passes")
         assert terminals() == n, "re-sent after the ack"
