@@ -376,6 +376,9 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
             raise InvalidArgument(f"spec.env key {key!r} is not a valid environment variable name")
         if key.startswith("CB_"):
             raise InvalidArgument(f"spec.env key {key!r}: CB_* variables are set by the broker")
+        if "\x00" in spec.env[key]:  # execve cannot pass it: every launch would fail
+            raise InvalidArgument(f"spec.env[{key!r}] contains a NUL character, which no"
+                                  " process environment can hold")
 
 
 def check_feasible(spec: pb.JobSpec, clusters: Iterable[list[pb.Node]]) -> None:
