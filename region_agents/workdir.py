@@ -71,6 +71,9 @@ class WorkdirCache:
             if final.exists():
                 return final
             self.root.mkdir(parents=True, exist_ok=True)
+            # The agent's alone: unpacking reads the tar by fd, so no job needs to list
+            # or read which code other teams run here.
+            os.chmod(self.root.parent, 0o700, follow_symlinks=False)
             self._fetch(digest, final)
             return final
 

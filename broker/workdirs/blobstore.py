@@ -67,6 +67,7 @@ class LocalBlobStore:
         self.root = Path(root).resolve()
         self.url = str(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # users' code: no other local user lists or reads it
 
     def _path(self, digest: str) -> Path:
         check_digest(digest)

@@ -313,8 +313,14 @@ class LocalExecutor(Executor):
         """Make (or check) the attempt's local checkpoint directory for its identity before
         anything is copied into it; JobDirError (a ValueError) names what is refused."""
         ckpt = self.checkpoint_dir(spec)
-        if "://" not in ckpt:
-            make_job_dir(ckpt, self.checkpoint_roots, self.user_for(spec))
+        if "://" in ckpt:
+            return
+        user = self.user_for(spec)
+        root = Path(self.default_checkpoint_root)
+        if user is not None and root in Path(ckpt).parents:  # the agent's own root: no
+            root.mkdir(parents=True, exist_ok=True)          # job lists the others' ids
+            os.chmod(root, 0o711, follow_symlinks=False)
+        make_job_dir(ckpt, self.checkpoint_roots, user)
 
     def _attempt_dir(self, spec: AttemptSpec, user: JobUser | None) -> Path:
         """``jobs/<job>/attempt-<n>``: ``jobs`` and ``jobs/<job>`` are the agent's (0711:
