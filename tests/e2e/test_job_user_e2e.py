@@ -58,3 +58,29 @@ def test_trainer_runs_as_the_job_user(open_cluster: Cluster, job_user: str) -> N
     assert all(p.stat().st_uid == uid for p in ckpts)
     adir = next((c.root / "agents" / "us-east-2" / "jobs").glob(f"{job.id}/attempt-1"))
     assert adir.stat().st_uid == uid and os.stat(adir / "progress.json").st_uid == uid
+
+
+def test_trainer_runs_as_its_teams_own_uid(open_cluster: Cluster, job_user: str) -> None:  # noqa: F811
+    """``--job-uid-range``: the team's ranks run as a uid allocated from the range (no
+    passwd entry), in a private hidepid /proc; the checkpoints and the attempt directory
+    are that uid's, 0700, and the agent's table names it."""
+    import json
+    import stat
+
+    c = open_cluster
+    c.start_broker()
+    c.start_agent("us-east-2", "--job-uid-range", "61800-61899", nodes=1, gpus=1)
+    with c.client() as client:
+        setup_team(client)
+        wait_regions(c, client, 1)
+        job = client.submit(spec("as-team", steps=6, every=3)).wait(timeout=300)
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{c.logs()}"
+    agent_dir = c.root / "agents" / "us-east-2"
+    table = json.loads((agent_dir / "identities.json").read_text())
+    uid = table[job.spec.team]
+    assert 61800 <= uid <= 61899
+    ckpts = complete_checkpoints(c.root / "regions" / "us-east-2")
+    assert ckpts and all(p.stat().st_uid == uid for p in ckpts), c.logs()
+    adir = agent_dir / "jobs" / job.id / "attempt-1"
+    st = adir.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)
