@@ -63,22 +63,23 @@ def decode_token(token: str) -> str:
 
 
 def submit_checks(config: BrokerConfig, agents: AgentRegistry,
-                  blobs: BlobStore) -> Callable[[pb.JobSpec], None]:
+                  blobs: BlobStore) -> Callable[[pb.JobSpec, Principal | None], None]:
     """SubmitJob's checks beyond the spec itself (the core's and each API worker's): a
     job-chosen checkpoint URI only under roots an operator allowed (issue 12), then the
     users'-code checks (broker/workdirs/checks.py: command, workdir, checkpoint stores)."""
-    def check(spec: pb.JobSpec) -> None:
+    def check(spec: pb.JobSpec, who: Principal | None = None) -> None:
         records = [a.record for a in agents.all()]
         if spec.checkpoint_uri:
             validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
                 config.checkpoint_allowed_roots, config.checkpoint_root, records))
-        check_submit(spec, blobs, records)
+        check_submit(spec, blobs, records, who)
     return check
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, ops: JobOps, jobs: JobsView, config: BrokerConfig,
-                 submit_check: Callable[[pb.JobSpec], None] | None = None) -> None:
+                 submit_check: Callable[[pb.JobSpec, Principal | None], None] | None = None,
+                 ) -> None:
         self.ops = ops
         self.jobs = jobs
         self.config = config
@@ -94,7 +95,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         who = principal_of(context)
         authorize(who, Permission.JOBS_SUBMIT, request.spec.team)
         if self.submit_check is not None:
-            self.submit_check(request.spec)
+            self.submit_check(request.spec, who)
         # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
         with self.ops.telemetry.job_span(context.invocation_metadata()):
             job, created = self.ops.submit(request.spec, request.client_request_id, who.actor)

@@ -29,6 +29,7 @@ from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget
 from broker.api.workers import WORKER_BEAT_S
 from broker.auth.audit import AuditLog
+from broker.auth.identity import Principal
 from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.tls import server_credentials
 from broker.auth.tokens import TokenManager, load_static_tokens
@@ -248,13 +249,13 @@ class ApiWorker:
 
         submit_check = submit_checks(cfg, agents, blobs)  # the core's checks
 
-        def checked(spec: pb.JobSpec) -> None:
+        def checked(spec: pb.JobSpec, who: Principal | None = None) -> None:
             try:
-                submit_check(spec)
+                submit_check(spec, who)
             except BrokerError:
                 if not ops.refresh():
                     raise
-                submit_check(spec)
+                submit_check(spec, who)
 
         fwd = Forwarder(self.key)
         job_service = JobService(ops, jobs, cfg, checked)

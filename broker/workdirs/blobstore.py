@@ -51,6 +51,31 @@ class BlobStore(Protocol):
     def read(self, digest: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         """The blob's bytes in chunks; KeyError when it is not stored."""
 
+    def grant(self, digest: str, team: str) -> None:
+        """Record that ``team`` uploaded (proved it holds) the bytes of ``digest``."""
+
+    def granted(self, digest: str, team: str) -> bool:
+        """Did ``team`` upload ``digest``? (blobs are shared, their use is not)"""
+
+
+def team_key(team: str) -> str:
+    """A file/object name for a team (any characters the broker allows in team names)."""
+    return hashlib.sha256(team.encode()).hexdigest()[:32]
+
+
+def verify_stream(digest: str, size: int, chunks: Iterable[bytes]) -> int:
+    """Consume ``chunks`` and check they are ``size`` bytes hashing to ``digest`` (an
+    upload of bytes already stored: nothing is written, the claim is still checked)."""
+    h = hashlib.sha256()
+    n = 0
+    for c in chunks:
+        n += len(c)
+        if n > size:
+            raise BlobError(f"upload of {digest} is longer than the announced {size} bytes")
+        h.update(c)
+    _verify(digest, size, n, h)
+    return n
+
 
 def _verify(digest: str, size: int, got_size: int, h: Any) -> None:
     if got_size != size:
@@ -104,6 +129,18 @@ class LocalBlobStore:
                 os.unlink(tmp)
             raise
         return n
+
+    def _grant_path(self, digest: str, team: str) -> Path:
+        check_digest(digest)
+        return self.root / "teams" / team_key(team) / digest.removeprefix("sha256:")
+
+    def grant(self, digest: str, team: str) -> None:
+        p = self._grant_path(digest, team)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.touch()
+
+    def granted(self, digest: str, team: str) -> bool:
+        return self._grant_path(digest, team).exists()
 
     def read(self, digest: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         path = self._path(digest)
@@ -184,6 +221,25 @@ class S3BlobStore:
         finally:
             self.s3.delete_object(Bucket=self.bucket, Key=tmp_key)
         return n
+
+    def _grant_key(self, digest: str, team: str) -> str:
+        check_digest(digest)
+        name = f"teams/{team_key(team)}/{digest.removeprefix('sha256:')}"
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def grant(self, digest: str, team: str) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self._grant_key(digest, team), Body=b"")
+
+    def granted(self, digest: str, team: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=self._grant_key(digest, team))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise BlobError(f"cannot reach workdir store {self.url}: {e}") from None
+        return True
 
     def read(self, digest: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         from botocore.exceptions import ClientError

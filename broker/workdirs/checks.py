@@ -13,7 +13,9 @@ import re
 from collections.abc import Iterable
 
 from broker.api.errors import FailedPrecondition, InvalidArgument
+from broker.auth.identity import Principal
 from broker.workdirs.blobstore import DIGEST_RE, BlobStore
+from broker.workdirs.service import may_use
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -52,11 +54,17 @@ def check_run(argv: Iterable[str]) -> None:
                 " commands may hold newlines and tabs only")
 
 
-def check_workdir(ref: pb.WorkdirRef, blobs: BlobStore) -> None:
+def check_workdir(ref: pb.WorkdirRef, blobs: BlobStore, who: Principal | None = None,
+                  team: str = "") -> None:
+    """The workdir is stored and ``who`` (submitting for ``team``) may run it: its team
+    uploaded it. Another team's digest reads exactly like one never uploaded, so a
+    refusal tells nothing about what other teams run."""
     if not DIGEST_RE.match(ref.digest):
         raise InvalidArgument(
             f"spec.workdir.digest {ref.digest!r} is not of the form sha256:<64 lowercase hex>")
     size = blobs.size(ref.digest)
+    if size is not None and not may_use(blobs, ref.digest, who, team):
+        size = None
     if size is None:
         raise FailedPrecondition(
             f"workdir {ref.digest} was never uploaded to this broker; upload it first"
@@ -88,7 +96,8 @@ def broken_store_note(agents: Iterable[apb.Register]) -> str:
                      f" ({r.checkpoint_store_error})" for r in broken[:3])
 
 
-def check_submit(spec: pb.JobSpec, blobs: BlobStore, agents: Iterable[apb.Register]) -> None:
+def check_submit(spec: pb.JobSpec, blobs: BlobStore, agents: Iterable[apb.Register],
+                 who: Principal | None = None) -> None:
     """All of the above, in the order a person would fix them."""
     if spec.command:
         check_run(spec.command)
@@ -99,5 +108,5 @@ def check_submit(spec: pb.JobSpec, blobs: BlobStore, agents: Iterable[apb.Regist
                 f"spec.trainer.model {spec.trainer.model!r} is not a model preset of the built-in"
                 f" trainer; known: {', '.join(known)} (or give a run command for your own code)")
     if spec.HasField("workdir"):
-        check_workdir(spec.workdir, blobs)
+        check_workdir(spec.workdir, blobs, who, spec.team)
     check_checkpoint_stores(spec, agents)

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import grpc
 
 from broker.api.errors import InvalidArgument, NotFound, ResourceExhausted, rpc
-from broker.workdirs.blobstore import DIGEST_RE, BlobError, BlobStore
+from broker.auth.identity import Principal, Role
+from broker.auth.interceptor import principal_of
+from broker.workdirs.blobstore import DIGEST_RE, BlobError, BlobStore, verify_stream
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import workdir_pb2 as wpb
 from computebroker.v1 import workdir_pb2_grpc
@@ -28,6 +30,15 @@ def check_digest_arg(digest: str, field: str = "digest") -> None:
         raise InvalidArgument(f"{field} {digest!r} is not of the form sha256:<64 lowercase hex>")
 
 
+def may_use(blobs: BlobStore, digest: str, who: Principal | None, team: str = "") -> bool:
+    """May ``who`` (submitting for ``team``; default its own) run workdir ``digest``?
+    Operators may; everyone else only what their team uploaded. Why: the digest is
+    not a secret (it is in job specs, logs, the console), the code behind it is."""
+    if who is None or who.role is Role.OPERATOR:
+        return True
+    return blobs.granted(digest, team or who.team)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -40,8 +51,12 @@ class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
     @rpc
     def HasWorkdir(self, request: wpb.HasWorkdirRequest,
                    context: grpc.ServicerContext) -> wpb.HasWorkdirResponse:
+        """Stored *for the caller's team*: another team's copy of the same bytes is not
+        announced (the client then uploads, proving it holds them)."""
         check_digest_arg(request.digest)
         size = self.blobs.size(request.digest)
+        if size is not None and not may_use(self.blobs, request.digest, principal_of(context)):
+            size = None
         return wpb.HasWorkdirResponse(exists=size is not None, size_bytes=size or 0,
                                       max_bytes=self.max_bytes)
 
@@ -49,7 +64,7 @@ class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
                       context: grpc.ServicerContext) -> pb.WorkdirRef:
         # Client streaming: the `rpc` decorator takes one request, so map errors here.
         try:
-            return self._upload(request_iterator)
+            return self._upload(request_iterator, principal_of(context))
         except InvalidArgument as e:
             context.abort(e.code, e.message)
         except ResourceExhausted as e:
@@ -58,7 +73,7 @@ class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         raise AssertionError("unreachable")  # context.abort raises
 
-    def _upload(self, chunks: Iterator[wpb.WorkdirChunk]) -> pb.WorkdirRef:
+    def _upload(self, chunks: Iterator[wpb.WorkdirChunk], who: Principal) -> pb.WorkdirRef:
         first = next(chunks, None)
         if first is None:
             raise InvalidArgument("empty upload: the first chunk must name digest and size_bytes")
@@ -70,10 +85,6 @@ class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
             raise ResourceExhausted(
                 f"workdir is {_mib(size)}; this broker accepts at most {_mib(self.max_bytes)}"
                 " (add large files to .brokerignore and read data from a dataset URI)")
-        if self.blobs.size(digest) is not None:  # someone uploaded it meanwhile
-            for _ in chunks:
-                pass
-            return pb.WorkdirRef(digest=digest, size_bytes=size)
 
         def data() -> Iterator[bytes]:
             if first.data:
@@ -82,8 +93,15 @@ class WorkdirService(workdir_pb2_grpc.WorkdirServiceServicer):
                 if c.data:
                     yield c.data
 
-        n = self.blobs.put(digest, size, data())
-        log.info("stored workdir %s (%d bytes)", digest, n)
+        if self.blobs.size(digest) is not None:
+            # Stored already (another team's, or a race): the bytes are still hashed, so
+            # a team gets the use of a digest only by holding its content.
+            n = verify_stream(digest, size, data())
+        else:
+            n = self.blobs.put(digest, size, data())
+            log.info("stored workdir %s (%d bytes)", digest, n)
+        if who.team:
+            self.blobs.grant(digest, who.team)
         return pb.WorkdirRef(digest=digest, size_bytes=n)
 
     @rpc
