@@ -131,6 +131,13 @@ def _tarinfo(rel: str, path: Path) -> tarfile.TarInfo:
         ti.type = tarfile.SYMTYPE
         ti.linkname = os.readlink(path)
         ti.mode = 0o777
+        if ti.linkname.startswith("/") or ".." in ti.linkname.split("/"):
+            # The agent keeps only links pointing down into the tree (an upward or
+            # absolute one could lead a job out of it): say so here, not at launch.
+            raise WorkdirError(
+                f"{rel} -> {ti.linkname}: a workdir may hold only symlinks that point down"
+                " into it (no absolute target, no '..'); copy the file in, or add the link"
+                f" to {IGNORE_FILE}")
     else:
         ti.size = st.st_size
         ti.mode = 0o755 if st.st_mode & 0o111 else 0o644

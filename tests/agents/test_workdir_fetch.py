@@ -68,3 +68,17 @@ def test_unpack_keeps_modes_and_inner_links(tmp_path: Path) -> None:
     assert (out / "bin" / "run.sh").stat().st_mode & 0o777 == 0o755
     assert (out / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
     assert (out / "link").is_symlink() and (out / "link").read_text() == "#!/bin/sh\necho hi\n"
+
+
+def test_pack_refuses_links_the_agent_would_refuse(tmp_path: Path) -> None:
+    """An upward or absolute link is refused when packing, naming it, instead of
+    failing every launch on the agent (region_agents/safe_untar.py keeps only links
+    pointing down into the tree)."""
+    from brokersdk.workdir import WorkdirError, pack
+
+    for target in ("../outside.txt", "/etc/hostname", "sub/../../x"):
+        src = tmp_path / f"src-{len(target)}"
+        (src / "sub").mkdir(parents=True)
+        (src / "sub" / "link").symlink_to(target)
+        with pytest.raises(WorkdirError, match=r"sub/link -> .*point down"):
+            pack(src)
