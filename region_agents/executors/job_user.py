@@ -40,8 +40,10 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,15 +65,48 @@ class JobUser:
         """subprocess.Popen arguments that drop to this user (setgid, setgroups, setuid)."""
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
-    def isolated_argv(self, argv: list[str], tools: ProcTools) -> list[str]:
-        """``argv`` started as root in a private mount namespace with its own
-        ``hidepid=invisible`` /proc, then dropped to this user (no groups, no new
+    def isolated(self, argv: list[str], env: dict[str, str], tools: ProcTools,
+                 python: str) -> tuple[list[str], dict[str, str], int]:
+        """(argv, env, fd) for a Popen that starts ``argv`` in a private mount namespace
+        with its own ``hidepid=invisible`` /proc, dropped to this user (no groups, no new
         privileges): the rank sees and can signal only its own identity's processes.
-        Every exec keeps the pid, so the rank's pid is the Popen's."""
-        script = ('mount -t proc -o hidepid=invisible,nosuid,nodev proc /proc && exec "$0"'
-                  ' --reuid="$1" --regid="$2" --clear-groups --no-new-privs -- "${@:3}"')
-        return [tools.unshare, "--mount", "--propagation", "private", "--", tools.bash, "-c",
-                script, tools.setpriv, str(self.uid), str(self.gid), *argv]
+
+        Why the fd: ``unshare``, ``bash``, ``mount`` and ``setpriv`` run as root before the
+        drop, so they must not see the job's environment (``LD_PRELOAD``, ``BASH_ENV``,
+        ``GLIBC_TUNABLES``, exported bash functions, ``PATH`` would each run the job's
+        code as root). They get a fixed minimal environment; the job's goes through a
+        memfd that a tiny ``python -I -S`` reads *after* the drop before it execs the
+        rank. Every exec keeps the pid, so the rank's pid is the Popen's. The caller
+        passes ``fd`` (``pass_fds``) and closes it after the Popen."""
+        fd = os.memfd_create("cb-rank-env", os.MFD_CLOEXEC)
+        data = b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape") for k, v in env.items())
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        script = (f"{shlex.quote(tools.mount)} -t proc -o hidepid=invisible,nosuid,nodev proc"
+                  ' /proc && exec "$0" --reuid="$1" --regid="$2" --clear-groups --no-new-privs'
+                  ' -- "${@:3}"')
+        full = [tools.unshare, "--mount", "--propagation", "private", "--", tools.bash,
+                "--noprofile", "--norc", "-c", script, tools.setpriv, str(self.uid),
+                str(self.gid), python, "-I", "-S", "-c", EXEC_WITH_ENV, str(fd), *argv]
+        return full, dict(ROOT_ENV), fd
+
+
+# Run as the job's user (after setpriv): read the job's environment from the fd, exec.
+EXEC_WITH_ENV = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1]); chunks = []\n"
+    "while (b := os.read(fd, 1 << 20)): chunks.append(b)\n"
+    "os.close(fd)\n"
+    "env = dict(x.decode('utf-8', 'surrogateescape').split('=', 1)"
+    " for x in b''.join(chunks).split(b'\\0') if b'=' in x)\n"
+    "try:\n"
+    "    os.execvpe(sys.argv[2], sys.argv[2:], env)\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'cannot start {sys.argv[2]!r}: {e.strerror}\\n'); sys.exit(127)\n"
+)
+ROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 @dataclass(frozen=True)
@@ -81,23 +116,28 @@ class ProcTools:
     unshare: str
     setpriv: str
     bash: str
+    mount: str
 
 
-def proc_tools() -> ProcTools | None:
+def proc_tools(python: str = "") -> ProcTools | None:
     """The tools for a private hidepid /proc per rank, if they are here and a probe works
     (root, util-linux, a kernel with per-mount procfs options), else None."""
     if os.geteuid() != 0:
         return None
-    found = [shutil.which(t) for t in ("unshare", "setpriv", "bash")]
+    found = [shutil.which(t, path=ROOT_ENV["PATH"]) for t in ("unshare", "setpriv", "bash", "mount")]
     if not all(found):
         return None
     tools = ProcTools(*found)  # type: ignore[arg-type]
-    probe = JobUser("probe", 65534, 65534).isolated_argv(
-        ["/bin/sh", "-c", "test ! -e /proc/1/environ"], tools)
+    argv, env, fd = JobUser("probe", 65534, 65534).isolated(
+        ["/bin/sh", "-c", 'test ! -e /proc/1/environ && test "$CB_PROBE" = 1'], {
+            "CB_PROBE": "1", "PATH": ROOT_ENV["PATH"]}, tools, python or sys.executable)
     try:
-        ok = subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+        ok = subprocess.run(argv, env=env, pass_fds=(fd,), capture_output=True,
+                            timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
         ok = False
+    finally:
+        os.close(fd)
     return tools if ok else None
 
 

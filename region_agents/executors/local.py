@@ -262,7 +262,7 @@ class LocalExecutor(Executor):
         self.checkpoint_roots = [*(checkpoint_roots or []), self.default_checkpoint_root]
         # A private hidepid /proc per rank when ranks run as another identity and the
         # host allows it (job_user.proc_tools); None: ranks drop with Popen(user=...).
-        self.proc_tools = proc_tools() if hide_proc and (job_user or identities) else None
+        self.proc_tools = proc_tools(python) if hide_proc and (job_user or identities) else None
         if (job_user or identities) and hide_proc and self.proc_tools is None:
             log.warning("ranks cannot get a private hidepid /proc here (no unshare/setpriv, or"
                         " the probe failed): mount the host's /proc with hidepid=invisible")
@@ -409,8 +409,7 @@ class LocalExecutor(Executor):
             if user is not None:
                 base_env.update(HOME=str(adir), USER=user.name, LOGNAME=user.name)
             drop = user.popen_kwargs() if user is not None and self.proc_tools is None else {}
-            argv = (user.isolated_argv(command, self.proc_tools)
-                    if user is not None and self.proc_tools is not None else command)
+            isolate = user if self.proc_tools is not None else None
             hang = self.hang_timeout_s
             with contextlib.suppress(ValueError, TypeError):
                 hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
@@ -444,10 +443,15 @@ class LocalExecutor(Executor):
                         out = _open_log(adir / f"rank-{rank}.stdout")
                         err_path = adir / f"rank-{rank}.stderr"
                         err = _open_log(err_path)
+                        argv, env_fd = command, -1
+                        if isolate is not None:  # root's steps see none of the job's env
+                            argv, env, env_fd = isolate.isolated(command, env, self.proc_tools,
+                                                                 self.python)
                         try:
                             proc = subprocess.Popen(
                                 argv,
                                 env=env,
+                                pass_fds=(env_fd,) if env_fd >= 0 else (),
                                 cwd=cwd,
                                 stdin=subprocess.DEVNULL,
                                 stdout=out,
@@ -462,6 +466,8 @@ class LocalExecutor(Executor):
                         finally:
                             out.close()
                             err.close()
+                            if env_fd >= 0:
+                                os.close(env_fd)
                         if rank == 0:
                             pgid = proc.pid
                         ticks = records.proc_start_ticks(proc.pid) or 0

@@ -265,3 +265,30 @@ def test_agent_writes_in_a_job_dir_follow_no_planted_link(job_user: str,
     wait_for(lambda: any(e.terminal and e.attempt == 1 for e in c.pump()), 30, what="stopped")
     assert victim.read_text() == "untouched\n" and victim.stat().st_uid == 0
     ex.shutdown()
+
+
+def test_the_jobs_environment_never_reaches_a_root_process(root: None,
+                                                            shared_dir: Path) -> None:
+    """Ranks start as root (namespace, /proc mount) before dropping: a job's BASH_ENV
+    (or LD_PRELOAD, PATH, exported functions) must not be seen by those root steps, yet
+    the rank must get every variable it was given."""
+    evil = shared_dir / "evil.sh"
+    evil.write_text(f'echo pwned > "{shared_dir}/marker-$(id -u)"\n')
+    evil.chmod(0o755)
+    pool = IdentityPool(*UIDS, shared_dir / "identities.json")
+    ex = LocalExecutor(shared_dir / "agent", ranks_per_node=1, python=sys.executable,
+                       identities=pool)
+    assert ex.proc_tools is not None, "this host cannot give ranks a private /proc"
+    spec = make_spec(["python3", "-c", "import os; open(os.environ['CB_WORK_DIR'] + '/env',"
+                      " 'w').write(os.environ['HF_TOKEN'] + ' ' + os.environ['PATH'])"],
+                     job="e-1", nodes=1, gpus=1,
+                     env={"BASH_ENV": str(evil), "ENV": str(evil), "HF_TOKEN": "tok=en\tx",
+                          "BASH_FUNC_mount%%": "() { /bin/sh " + str(evil) + "; }"})
+    spec.spec.team = "alice"
+    final = _run(ex, spec)
+    adir = shared_dir / "agent" / "jobs" / "e-1" / "attempt-1"
+    assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, (adir / "rank-0.stderr").read_text()
+    token, path = (adir / "env").read_text().split(" ", 1)
+    assert token == "tok=en\tx" and path.startswith(os.path.dirname(sys.executable))
+    assert not (shared_dir / "marker-0").exists(), "root sourced the job's BASH_ENV"
+    ex.shutdown()
