@@ -81,7 +81,7 @@ from checkpoint_layout import latest_complete_checkpoint as _latest_complete
 from checkpoint_layout import manifest as manifest_format
 from checkpoint_layout.retry import chain as _chain
 from checkpoint_layout.retry import error_code as _error_code
-from region_agents.checkpoint_dirs import LocalDir, S3Dir, fsync_file, place
+from region_agents.checkpoint_dirs import LocalDir, S3Dir, place
 
 __all__ = [
     "IncompleteCheckpoint",
@@ -293,14 +293,15 @@ class _Copier:
                 subscribers=[_subscriber(self.prog, name, size)],
             ).result()
         elif isinstance(src, S3Dir) and isinstance(dst, LocalDir):
-            dst.file(name).parent.mkdir(parents=True, exist_ok=True)
-            self.down.download(
-                src.bucket,
-                src.key(name),
-                str(dst.file(name)),
-                subscribers=[_subscriber(self.prog, name, size)],
-            ).result()
-            fsync_file(dst.file(name))  # durable before the manifest can say "complete"
+            with dst.open_write(name) as fo:  # through no link the job could have planted
+                self.down.download(
+                    src.bucket,
+                    src.key(name),
+                    fo,
+                    subscribers=[_subscriber(self.prog, name, size)],
+                ).result()
+                fo.flush()
+                os.fsync(fo.fileno())  # durable before the manifest can say "complete"
             if want is not None:
                 _check_digest(name, hash_file(dst.file(name), want[0]), want)
         else:
@@ -321,10 +322,8 @@ class _Copier:
 
     def _local_copy(self, name: str, size: int, want: tuple[str, str] | None) -> None:
         assert isinstance(self.src, LocalDir) and isinstance(self.dst, LocalDir)
-        out = self.dst.file(name)
-        out.parent.mkdir(parents=True, exist_ok=True)
         h = new_hasher(want[0]) if want else None
-        with open(self.src.file(name), "rb") as fi, open(out, "wb") as fo:
+        with open(self.src.file(name), "rb") as fi, self.dst.open_write(name) as fo:
             while chunk := fi.read(_COPY_CHUNK):
                 fo.write(chunk)  # hash exactly what is written to the destination
                 if h is not None:

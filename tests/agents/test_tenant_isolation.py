@@ -292,3 +292,41 @@ def test_the_jobs_environment_never_reaches_a_root_process(root: None,
     assert token == "tok=en\tx" and path.startswith(os.path.dirname(sys.executable))
     assert not (shared_dir / "marker-0").exists(), "root sourced the job's BASH_ENV"
     ex.shutdown()
+
+
+@pytest.mark.parametrize("where", ["step", "file", "parent"])
+def test_checkpoint_copy_into_a_job_dir_follows_no_planted_link(root: None, shared_dir: Path,
+                                                                where: str) -> None:
+    """A move copies a checkpoint (as root) into ``<checkpoint_uri>/step-N``, a directory
+    the job's identity owns. A job that planted ``step-N -> /victim`` (or a link in
+    place of one of the files, or of the checkpoint dir itself) must not make root
+    write there. Before: ``mkdir(parents)`` and ``open(path, "wb")`` followed them."""
+    from checkpoint_layout.retry import RetryPolicy
+    from region_agents.transfer import TransferFailed, copy_checkpoint
+    from tests.agents.test_transfer import make_checkpoint
+
+    src = make_checkpoint(shared_dir / "src", 10)
+    victim = shared_dir / "victim"
+    victim.mkdir(mode=0o700)
+    (victim / "keep").write_text("root's\n")
+    job_dir = shared_dir / "dst-root" / "job"
+    job_dir.mkdir(parents=True)
+    dst = job_dir / "ckpt"
+    if where == "parent":
+        dst.symlink_to(victim)
+    else:
+        dst.mkdir()
+        if where == "step":
+            (dst / src.name).symlink_to(victim)
+        else:
+            (dst / src.name).mkdir()
+            first = sorted(p.name for p in src.iterdir() if p.is_file())[0]
+            (dst / src.name / first).symlink_to(victim / "keep")
+    for d, dirs, files in os.walk(job_dir):  # the job's: it planted all of these
+        for n in [d, *(os.path.join(d, x) for x in dirs + files)]:
+            os.chown(n, 65534, 65534, follow_symlinks=False)
+    with pytest.raises((TransferFailed, OSError), match="symlink|not followed|Too many levels"):
+        copy_checkpoint(str(src), f"{dst}/{src.name}", retry=RetryPolicy(
+            attempts=1, wait_initial_s=0.01, wait_max_s=0.01, botocore_attempts=1))
+    assert sorted(p.name for p in victim.iterdir()) == ["keep"]
+    assert (victim / "keep").read_text() == "root's\n"
