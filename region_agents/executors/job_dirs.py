@@ -10,8 +10,9 @@ with ``checkpoint_uri=<its dir>/evil`` was handed the root-only directory. The r
 * every path is walked one component at a time from a **trusted root** (the operator's
   resolved checkpoint roots, the work dir; ``/`` when none contains the path), each
   component opened relative to its parent's fd with ``O_NOFOLLOW | O_DIRECTORY``: a
-  symlink anywhere below the root refuses the launch (:class:`JobDirError`, which names
-  it) instead of being followed. Give the resolved path;
+  symlink refuses the launch (:class:`JobDirError`, which names it) instead of being
+  followed, unless root owns it in a directory only root can write (an operator's
+  ``/var/run -> /run``; checkpoint_dirs.open_dir_nofollow). Give the resolved path;
 * with a job identity: every existing component below a trusted root must already
   belong to that identity (a directory of another team's, or one the agent made for
   someone else, is refused: "checkpoints by ownership, not by string"); above it (the
@@ -34,6 +35,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from region_agents.checkpoint_dirs import open_dir_nofollow
 from region_agents.executors.job_user import JobUser
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -88,11 +90,14 @@ def open_job_dir(path: str, roots: Iterable[str], user: JobUser | None, *,
             try:
                 nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:  # an operator's link (root's, where only root writes) is crossed
+                    nxt = open_dir_nofollow(walked)
+                except OSError:
                     raise JobDirError(f"{walked} is a symlink or not a directory: the agent"
                                       " follows no link in a job's directory; give the"
                                       " resolved path") from None
-                raise
             os.close(fd)
             fd = nxt
             if user is None:

@@ -330,3 +330,21 @@ def test_checkpoint_copy_into_a_job_dir_follows_no_planted_link(root: None, shar
             attempts=1, wait_initial_s=0.01, wait_max_s=0.01, botocore_attempts=1))
     assert sorted(p.name for p in victim.iterdir()) == ["keep"]
     assert (victim / "keep").read_text() == "root's\n"
+
+
+def test_an_operators_link_is_crossed_a_jobs_is_not(job_user: str, shared_dir: Path) -> None:
+    """``/data -> /mnt/data`` (root's link in root's directory) is the operator's and is
+    crossed; the same link owned by the job's user is refused."""
+    from region_agents.executors.job_dirs import make_job_dir
+
+    user = job_user_for(job_user, allow_root_jobs=False)
+    real = shared_dir / "mnt-data"
+    real.mkdir()
+    (shared_dir / "data").symlink_to(real)
+    make_job_dir(str(shared_dir / "data" / "j-1"), [], user)
+    assert (real / "j-1").stat().st_uid == user.uid
+    (shared_dir / "jobs-link").symlink_to(real)
+    os.chown(shared_dir / "jobs-link", user.uid, user.gid, follow_symlinks=False)
+    with pytest.raises(JobDirError, match="symlink"):
+        make_job_dir(str(shared_dir / "jobs-link" / "j-2"), [], user)
+    assert not (real / "j-2").exists()
