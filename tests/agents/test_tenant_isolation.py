@@ -348,3 +348,25 @@ def test_an_operators_link_is_crossed_a_jobs_is_not(job_user: str, shared_dir: P
     with pytest.raises(JobDirError, match="symlink"):
         make_job_dir(str(shared_dir / "jobs-link" / "j-2"), [], user)
     assert not (real / "j-2").exists()
+
+
+def test_the_cve_tar_unpacked_as_the_job_user_lands_nothing(job_user: str,
+                                                             shared_dir: Path) -> None:
+    """The issue's tarball through the real as-the-job's-user path: refused with the
+    member named, and nothing outside the target (the child is the job user: even a
+    bug in the checks could write only where that user may)."""
+    from region_agents.workdir import WorkdirFetchError, unpack
+    from tests.agents.test_safe_untar import cve_2025_4517_tar
+
+    user = job_user_for(job_user, allow_root_jobs=False)
+    cve_2025_4517_tar(shared_dir / "evil.tar")
+    (shared_dir / "evil.tar").chmod(0o600)
+    adir = shared_dir / "attempt"
+    adir.mkdir()
+    os.chown(adir, user.uid, user.gid)
+    before = sorted(str(p) for p in shared_dir.rglob("*"))
+    with pytest.raises(WorkdirFetchError, match="over 1024 bytes"):
+        unpack(shared_dir / "evil.tar", adir / "workdir", user, sys.executable)
+    after = sorted(str(p) for p in shared_dir.rglob("*") if adir / "workdir" not in p.parents)
+    assert after == sorted([*before, str(adir / "workdir")])
+    assert (adir / "workdir").stat().st_uid == user.uid
