@@ -93,6 +93,9 @@ class AgentConfig:
             raise ValueError("heartbeat_interval_s must be > 0")
         if self.executor == "local" and self.job_uid_range:
             parse_uid_range(self.job_uid_range)  # JobUserError (a ValueError) if malformed
+            if self.run_as_user:
+                raise JobUserError("give run_as_user (one user for every job) or"
+                                   " job_uid_range (a uid per team), not both")
             if os.geteuid() != 0:
                 raise JobUserError("job_uid_range needs a root agent (it starts ranks as"
                                    " other uids)")

@@ -370,3 +370,21 @@ def test_the_cve_tar_unpacked_as_the_job_user_lands_nothing(job_user: str,
     after = sorted(str(p) for p in shared_dir.rglob("*") if adir / "workdir" not in p.parents)
     assert after == sorted([*before, str(adir / "workdir")])
     assert (adir / "workdir").stat().st_uid == user.uid
+
+
+def test_agent_config_for_per_team_identities(root: None, tmp_path: Path) -> None:
+    from region_agents.config import AgentConfig
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("region: r\nnodes: []\n")
+
+    def cfg(**kw: object) -> AgentConfig:
+        return AgentConfig(broker_address="127.0.0.1:1", inventory_path=str(inv),
+                           insecure=True, **kw)  # type: ignore[arg-type]
+
+    assert cfg(job_uid_range="61000-61999").job_uid_range == "61000-61999"
+    for bad, why in [("61000", "FIRST-LAST"), ("500-900", "1000 <="), ("62000-61000", "1000 <=")]:
+        with pytest.raises(JobUserError, match=why):
+            cfg(job_uid_range=bad)
+    with pytest.raises(JobUserError, match="not both"):
+        cfg(job_uid_range="61000-61999", run_as_user="cbjob")
