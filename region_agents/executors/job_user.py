@@ -26,7 +26,7 @@ probe works, each rank starts in a private mount namespace with its own ``/proc`
 mounted ``hidepid=invisible``, then drops to its identity (``setpriv --clear-groups
 --no-new-privs``): it sees only its own identity's processes. Otherwise ranks drop with
 ``Popen(user=...)`` and the operator should mount the host's ``/proc`` with
-``hidepid=invisible`` (docs/security.md).
+``hidepid=invisible`` (docs/operator/agent-host.md).
 
 The job user must be able to traverse to the agent's work dir and read the Python it
 runs (the venv, the trainer); docs/operator/limits.md, "Job user".
