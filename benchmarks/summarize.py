@@ -399,6 +399,33 @@ def workdir(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def unpack(d: dict[str, Any]) -> list[str]:
+    m = d["median_s"]
+    out = [
+        "### Workdir unpack as the job's uid (`sudo python benchmarks/bench_unpack.py`)",
+        "",
+        f"A {d['bytes'] / 1e6:.0f} MB workdir of {d['files']} files unpacked into an attempt"
+        " directory by our fd-relative extractor (no link followed, no reliance on tarfile's"
+        " filter), in the agent's process and in a child dropped to the job's uid (what a"
+        " root agent with job identities does), against a plain `shutil.copytree` of the"
+        f" unpacked tree in the same run. Median of {d['runs']} alternating runs;"
+        f" {d['machine']}; load average {d['load_avg_1m']['start']} at the start,"
+        f" {d['load_avg_1m']['end']} at the end.",
+        "",
+        "| how | seconds |",
+        "|---|---|",
+        f"| extractor, in the agent's process | {f(m['in_process'], 2)} |",
+    ]
+    if "as_job_user" in m:
+        out.append(f"| extractor, in a child as the job's uid | {f(m['as_job_user'], 2)} |")
+    out += [f"| baseline: `copytree` of the unpacked tree | {f(m['copytree'], 2)} |"]
+    if d.get("as_job_user_over_in_process") is not None:
+        out += ["", "Ratio as the job's uid / in process:"
+                f" {f(d['as_job_user_over_in_process'], 2)}; extractor / `copytree`:"
+                f" {f(d['in_process_over_copytree'], 2)}."]
+    return out
+
+
 def library(d: dict[str, Any]) -> list[str]:
     out = [
         "### Training library overhead (`python benchmarks/bench_library.py`)",
@@ -598,7 +625,7 @@ def render() -> str:
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("library", library),
-                     ("workdir", workdir), ("auth", auth), ("streams", streams),
+                     ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
                      ("console", console), ("sim", sim)):
         d = load(name)
         if d is not None:
