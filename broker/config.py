@@ -136,10 +136,25 @@ class BrokerConfig(BaseModel):
     # file or Redis.
     api_workers: int = Field(0, ge=0, le=32)
     # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
-    # Watch): at most this many open at once, and per identity (user header or peer host);
-    # beyond: RESOURCE_EXHAUSTED. Each open stream holds one server thread.
+    # Watch; broker/api/streams.py): each open one holds a server thread, so each kind of
+    # caller draws from a pool of its own and nobody can fill another's: users' streams
+    # (max_streams), agents' (max_agent_streams) and streams opened with no credential at
+    # all, the public health Watch (max_public_streams). Within them: per identity
+    # (a user or an agent), per team, per peer address (users and anonymous callers;
+    # counted before any credential is looked at), unauthenticated streams per peer
+    # address, and connections holding streams per peer address. Beyond any cap:
+    # RESOURCE_EXHAUSTED naming it.
     max_streams: int = Field(512, ge=1, le=10_000)
+    max_agent_streams: int = Field(256, ge=1, le=10_000)
+    max_public_streams: int = Field(32, ge=1, le=10_000)
     max_streams_per_identity: int = Field(128, ge=1)
+    max_streams_per_team: int = Field(256, ge=1)
+    max_streams_per_peer: int = Field(256, ge=1)
+    max_public_streams_per_peer: int = Field(8, ge=1)
+    max_connections_per_peer: int = Field(64, ge=1)
+    # HTTP/2 streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
+    # a transport limit applied before any credential or thread; a client over it waits.
+    max_streams_per_connection: int = Field(1024, ge=16)
     # A request stream (agent Connect, upload) silent this long is cancelled; agents
     # heartbeat every heartbeat_interval_s, so this only fires for half-open/dead peers.
     stream_idle_timeout_s: float = Field(60.0, gt=0)

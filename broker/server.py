@@ -2,8 +2,8 @@
 
 Concurrency model (issue 12): a synchronous gRPC server, one thread per running RPC.
 Every WatchJob, log follow and agent stream holds its thread for its whole life, so the
-pool is ``max_streams + max_workers`` and the edge (broker/api/edge.py) admits at most
-``max_streams`` streams (and ``max_streams_per_identity`` per caller): unary RPCs always
+pool is every stream pool plus ``max_workers`` and the edge (broker/api/edge.py) admits
+streams only within their pools and caps (broker/api/streams.py): unary RPCs always
 keep ``max_workers`` threads, however many idle streams are open. Why not grpc.aio: the
 servicers, store and scheduler are synchronous and thread-safe; an event loop would put
 every store call behind an executor hop for no gain at this scale (benchmarks/bench_streams.py).
@@ -74,7 +74,7 @@ from broker.api.forwarding import ForwardedAuthenticator
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService, submit_checks
 from broker.api.pipeline import LayeredServer
-from broker.api.streams import StreamBudget
+from broker.api.streams import StreamBudget, StreamLimits
 from broker.api.workers import LinkService, WorkerLink, WorkerPool, reserve_port, split_host_port
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
@@ -115,6 +115,7 @@ def server_options(config: BrokerConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_connection_idle_ms", 600_000),
         ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_concurrent_streams", config.max_streams_per_connection),
     ]
 
 
@@ -133,7 +134,7 @@ class BrokerServer:
         self.agent_port = 0  # the mutual-TLS port (agents, certificate users); 0 = none
         self.metrics_port = 0  # bound port of the Prometheus endpoint (0 = off)
         self.blobs: object | None = None  # workdir blob store (broker/workdirs/), once started
-        self.streams = StreamBudget(config.max_streams, config.max_streams_per_identity)
+        self.streams = StreamBudget(StreamLimits.from_config(config))
         self._idle: IdleWatch | None = None
         self.health: object | None = None  # grpc_health.v1 servicer, once started
         # API worker processes (config.api_workers > 0; broker/api/workers.py)
@@ -186,7 +187,7 @@ class BrokerServer:
         self.tokens, self.audit = tokens, audit
         auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
         self._idle = IdleWatch(self.config.stream_idle_timeout_s)
-        threads = self.config.max_streams + self.config.max_workers
+        threads = self.streams.limits.threads() + self.config.max_workers
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
             options=server_options(self.config))
@@ -271,7 +272,7 @@ class BrokerServer:
         # and audits the call), then the same edge and standby gate as on the public port.
         layered = LayeredServer(link_server, [
             AuthInterceptor(ForwardedAuthenticator(link.key), None),
-            EdgeGate(self.streams, self._idle), StandbyGate(self.leadership)])
+            EdgeGate(self.streams, self._idle, peer_known=False), StandbyGate(self.leadership)])
         for add, servicer in servicers:
             if not isinstance(servicer, AgentService):  # agents never come through a worker
                 add(servicer, layered)

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from broker.api.errors import BrokerError, InvalidArgument
-from broker.api.streams import StreamBudget, stream_owner
+from broker.api.streams import StreamBudget, stream_claim
 from broker.api.validation import check_message
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,14 @@ def _abort(context: grpc.ServicerContext, exc: BrokerError) -> None:
 
 
 class EdgeGate:
-    """See the module docstring. ``budget``: the stream caps; ``idle``: the idle watch."""
+    """See the module docstring. ``budget``: the stream caps; ``idle``: the idle watch;
+    ``peer_known``: False on the API workers' private link, whose peer is a worker (the
+    worker applied the per-address caps to the real caller)."""
 
-    def __init__(self, budget: StreamBudget, idle: IdleWatch) -> None:
+    def __init__(self, budget: StreamBudget, idle: IdleWatch, *, peer_known: bool = True) -> None:
         self.budget = budget
         self.idle = idle
+        self.peer_known = peer_known
 
     def wrap(self, handler: Any, method: str) -> Any:
         """``method``'s handler behind the edge (decode, limits, stream budget)."""
@@ -136,13 +139,13 @@ class EdgeGate:
         deser = handler.request_deserializer
         kw = {"request_deserializer": safe_deserializer(deser, method) if deser else None,
               "response_serializer": handler.response_serializer}
-        budget, idle = self.budget, self.idle
+        budget, idle, peer_known = self.budget, self.idle, self.peer_known
 
         def admit(context: grpc.ServicerContext) -> Callable[[], None]:
             """Take a stream slot (or abort); the release runs once, whichever ends first."""
-            owner = stream_owner(context)
+            claim = stream_claim(context, peer_known=peer_known)
             try:
-                budget.acquire(owner, method)
+                budget.acquire(claim, method)
             except BrokerError as e:
                 _abort(context, e)
             done = threading.Event()
@@ -150,7 +153,7 @@ class EdgeGate:
             def release() -> None:
                 if not done.is_set():
                     done.set()
-                    budget.release(owner)
+                    budget.release(claim)
 
             context.add_callback(release)
             return release

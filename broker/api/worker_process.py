@@ -26,7 +26,7 @@ from broker.api.forwarding import Forwarder, link_metadata
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService, submit_checks
 from broker.api.pipeline import LayeredServer
-from broker.api.streams import StreamBudget
+from broker.api.streams import StreamBudget, StreamLimits
 from broker.api.workers import WORKER_BEAT_S
 from broker.auth.audit import AuditLog
 from broker.auth.identity import Principal
@@ -238,12 +238,13 @@ class ApiWorker:
         tokens = TokenManager(store, load_static_tokens(cfg.static_tokens_file))
         auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev), AuditLog(store))
         idle = IdleWatch(cfg.stream_idle_timeout_s)
+        budget = StreamBudget(StreamLimits.from_config(cfg))
         grpc_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.max_streams + cfg.max_workers,
+            futures.ThreadPoolExecutor(max_workers=budget.limits.threads() + cfg.max_workers,
                                        thread_name_prefix="rpc"),
             options=[*server_options(cfg), ("grpc.so_reuseport", 1)])
         server = LayeredServer(grpc_server, [
-            auth, EdgeGate(StreamBudget(cfg.max_streams, cfg.max_streams_per_identity), idle),
+            auth, EdgeGate(budget, idle),
             StandbyGate(self.core)])  # type: ignore[arg-type]
         blobs = open_blob_store(cfg.workdir_store or default_store_url(cfg.store))
 

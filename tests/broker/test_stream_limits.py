@@ -60,8 +60,8 @@ def watch(b: Broker, job_id: str, user: str) -> grpc.Call:
 
 @pytest.fixture
 def crowded(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(fast_config(tmp_path, max_streams=1000, max_streams_per_identity=900,
-                           max_workers=16, stream_idle_timeout_s=300))
+    b = Broker(fast_config(tmp_path, max_streams=100, max_agent_streams=900,
+                           max_streams_per_identity=900, max_workers=16, stream_idle_timeout_s=300))
     yield b
     b.stop()
 
@@ -81,11 +81,11 @@ def test_1000_idle_streams_do_not_starve_reads(crowded: Broker) -> None:
             watches.append(w)
         wait_until(lambda: b.server.streams.open == 1000, 60, "1000 streams open")
         reads_answer(b, job.id)
-        # Beyond the total cap: a clear RESOURCE_EXHAUSTED, not a hang.
+        # Beyond the users' pool: a clear RESOURCE_EXHAUSTED, not a hang.
         with pytest.raises(grpc.RpcError) as e:
             next(watch(b, job.id, "late"))
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "at most 1000 open streams" in e.value.details()
+        assert "at most 100 open user streams" in e.value.details()
         reads_answer(b, job.id)
         health = health_pb2_grpc.HealthStub(b.channel)
         assert health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S).status == \
@@ -118,7 +118,7 @@ def test_per_identity_cap_and_release(tmp_path: Path) -> None:
             assert next(w).type == "submitted"
         with pytest.raises(grpc.RpcError) as e:
             next(watch(b, job.id, "carol"))
-        assert "at most 5 open streams" in e.value.details()
+        assert "at most 5 open user streams" in e.value.details()
         reads_answer(b, job.id)
         mine[0].cancel()
         wait_until(lambda: b.server.streams.open == 4, 30, "alice's slot released")
