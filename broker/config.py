@@ -181,6 +181,15 @@ class BrokerConfig(BaseModel):
     # the file and restart to revoke one.
     static_tokens_file: str = ""
     default_page_size: int = 100
+    # Users' tokens (broker/auth/tokens.py): lifetime when `brokerctl users create` gives
+    # no --ttl, and the longest one it may ask for. Static bootstrap tokens never expire.
+    token_default_ttl_s: float = Field(90 * 86_400.0, gt=0)
+    token_max_ttl_s: float = Field(366 * 86_400.0, gt=0)
+    # Agents' certificates that are no longer trusted (broker/auth/revocation.py): a PEM
+    # CRL signed by tls_ca and/or a text file of serials or SHA-256 fingerprints, one a
+    # line. Re-read when the file changes (checked every few seconds): no restart.
+    tls_crl: str = ""
+    cert_deny_list: str = ""
 
     @field_validator("priority_classes")
     @classmethod

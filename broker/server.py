@@ -78,8 +78,9 @@ from broker.api.streams import StreamBudget, StreamLimits
 from broker.api.workers import LinkService, WorkerLink, WorkerPool, reserve_port, split_host_port
 from broker.auth.audit import AuditLog
 from broker.auth.interceptor import Authenticator, AuthInterceptor
+from broker.auth.revocation import CertRevocations
 from broker.auth.tls import server_credentials
-from broker.auth.tokens import TokenManager, load_static_tokens
+from broker.auth.tokens import TokenManager
 from broker.config import BrokerConfig
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
@@ -182,10 +183,12 @@ class BrokerServer:
             None if self.config.insecure_dev else (self.config.tls_cert, self.config.tls_key))
         # Leader lease is taken only after binding (the advertised address needs the port).
         self.leadership = Leadership(ops, store, self.holder, "", self.config.leader_lease_s)
-        tokens = TokenManager(store, load_static_tokens(self.config.static_tokens_file))
+        tokens = TokenManager.for_config(store, self.config)
         audit = AuditLog(store)
         self.tokens, self.audit = tokens, audit
-        auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev), audit)
+        revocations = CertRevocations(self.config.tls_crl, self.config.cert_deny_list,
+                                      self.config.tls_ca)
+        auth = AuthInterceptor(Authenticator(tokens, self.config.insecure_dev, revocations), audit)
         self._idle = IdleWatch(self.config.stream_idle_timeout_s)
         threads = self.streams.limits.threads() + self.config.max_workers
         grpc_server = grpc.server(

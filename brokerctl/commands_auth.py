@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from brokerctl import render
-from brokerctl.common import EXIT_OK, UsageError, parse_time, show_list
+from brokerctl.common import EXIT_OK, UsageError, parse_duration, parse_time, show_list
 from brokersdk.client import BrokerClient
 
 
@@ -42,6 +42,9 @@ def add_parsers(add: object) -> None:
     uc.add_argument("user")
     uc.add_argument("--team", default="")
     uc.add_argument("--role", default="member", help="member | team-admin | operator")
+    uc.add_argument("--ttl", default="", metavar="DURATION",
+                    help="lifetime, e.g. 12h, 30d (default: the broker's, 90 days unless"
+                         " its operator changed it)")
     ur = us.add_parser("revoke", help="revoke a token (by id)")
     ur.add_argument("token_id")
     ut = us.add_parser("rotate", help="new secret for a token (the old one stops working)")
@@ -105,13 +108,14 @@ def cmd_whoami(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
 def cmd_users(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     sub = getattr(args, "users_cmd", None) or "list"
     if sub in ("create", "rotate"):
-        issued = (client.create_token(args.user, args.team, args.role) if sub == "create"
-                  else client.rotate_token(args.token_id))
+        issued = (client.create_token(args.user, args.team, args.role, _ttl(args.ttl))
+                  if sub == "create" else client.rotate_token(args.token_id))
         if args.output == "json":
             out.print_json(render.to_json(issued))
             return EXIT_OK
         t = issued.token
-        out.print(f"token {t.id} for {t.user} ({t.role}{', team ' + t.team if t.team else ''})")
+        out.print(f"token {t.id} for {t.user} ({t.role}{', team ' + t.team if t.team else ''})"
+                  + (f", expires {when(t.expires_time)}" if t.expires_time else ", never expires"))
         out.print("[bold]secret (shown once):[/]")
         out.print(issued.secret, soft_wrap=True, highlight=False)
         out.print("[dim]use it: export CB_TOKEN=<secret>[/]")
@@ -122,6 +126,23 @@ def cmd_users(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
         return EXIT_OK
     return show_list(args, out, client.list_tokens(args.user, args.all), "[dim]no tokens[/]",
                      render.tokens_table)
+
+
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _ttl(text: str) -> float:
+    """``--ttl`` in seconds (0 = the broker's default)."""
+    if not text:
+        return 0.0
+    try:
+        seconds = parse_duration(text.removeprefix("+"))
+    except UsageError:
+        raise UsageError(f"--ttl {text!r}: give a duration such as 12h, 30d or 1d12h") from None
+    if seconds <= 0:
+        raise UsageError(f"--ttl {text!r}: a token's lifetime must be positive")
+    return seconds
 
 
 def cmd_audit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

@@ -744,13 +744,17 @@ def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
 
 def tokens_table(tokens: Iterable[object]) -> Table:
     table = _table("ID", ("USER", {"flex": True}), "ROLE", ("TEAM", {"flex": True}), "CREATED",
-                   "ROTATED", "STATE")
+                   "EXPIRES", "STATE")
+    now = time.time()
     for t in tokens:
+        expires = t.expires_time  # type: ignore[attr-defined]
+        state = ("revoked" if t.revoked else  # type: ignore[attr-defined]
+                 "expired" if expires and expires <= now else
+                 "rotated" if t.rotated_time else "active")  # type: ignore[attr-defined]
         table.add_row(t.id, t.user, t.role, t.team or "-",  # type: ignore[attr-defined]
                       time.strftime("%m-%d %H:%M", time.localtime(t.created_time)),  # type: ignore[attr-defined]
-                      time.strftime("%m-%d %H:%M", time.localtime(t.rotated_time))  # type: ignore[attr-defined]
-                      if t.rotated_time else "-",  # type: ignore[attr-defined]
-                      "revoked" if t.revoked else "active")  # type: ignore[attr-defined]
+                      time.strftime("%Y-%m-%d", time.localtime(expires)) if expires else "never",
+                      state)
     return table
 
 

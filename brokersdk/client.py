@@ -705,9 +705,11 @@ class BrokerClient:
     def whoami(self) -> auth_pb2.Principal:
         return self._call(self._auth.WhoAmI, auth_pb2.WhoAmIRequest(), idempotent=True)
 
-    def create_token(self, user: str, team: str = "", role: str = "member") -> auth_pb2.IssuedToken:
+    def create_token(self, user: str, team: str = "", role: str = "member",
+                     ttl_s: float = 0.0) -> auth_pb2.IssuedToken:
+        """A token for ``user``; ``ttl_s`` 0 = the broker's default lifetime."""
         return self._call(self._auth.CreateToken,
-                          auth_pb2.CreateTokenRequest(user=user, team=team, role=role),
+                          auth_pb2.CreateTokenRequest(user=user, team=team, role=role, ttl_s=ttl_s),
                           idempotent=False)
 
     def list_tokens(self, user: str = "", include_revoked: bool = False) -> list[auth_pb2.ApiToken]:

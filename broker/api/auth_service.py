@@ -30,7 +30,8 @@ class AuthService(auth_pb2_grpc.AuthServiceServicer):
     def CreateToken(self, request: apb.CreateTokenRequest, context: grpc.ServicerContext) -> apb.IssuedToken:
         try:
             role = Role.parse(request.role or "member")
-            return self.tokens.create(request.user, request.team, role, principal_of(context).actor)
+            return self.tokens.create(request.user, request.team, role, principal_of(context).actor,
+                                      ttl_s=request.ttl_s)
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
 

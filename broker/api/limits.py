@@ -133,6 +133,7 @@ LIMITS: dict[str, FieldLimit] = {
     "TrainerSpec.checkpoint_every": FieldLimit(lo=0, hi=MAX_STEPS),
     "step_sleep_s": FieldLimit(lo=0, hi=86_400),
     "expected_duration_s": FieldLimit(lo=0, hi=1e9),
+    "ttl_s": FieldLimit(lo=0, hi=10 * 366 * 86_400),  # token lifetimes; the broker's max is lower
     # Measurements an agent reports, never used in sums or comparisons: a training run
     # whose loss diverged to NaN must still have its updates applied.
     "Progress.loss": FieldLimit(finite=False),

@@ -31,8 +31,9 @@ from broker.api.workers import WORKER_BEAT_S
 from broker.auth.audit import AuditLog
 from broker.auth.identity import Principal
 from broker.auth.interceptor import Authenticator, AuthInterceptor
+from broker.auth.revocation import CertRevocations
 from broker.auth.tls import server_credentials
-from broker.auth.tokens import TokenManager, load_static_tokens
+from broker.auth.tokens import TokenManager
 from broker.config import BrokerConfig
 from broker.ids import set_stream
 from broker.jobs.applier import Applier
@@ -235,8 +236,9 @@ class ApiWorker:
         self.ops = ops
         threading.Thread(target=self._refresh_loop, name="refresh", daemon=True).start()
         jobs = JobsView(store, applier.hub)
-        tokens = TokenManager(store, load_static_tokens(cfg.static_tokens_file))
-        auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev), AuditLog(store))
+        tokens = TokenManager.for_config(store, cfg)
+        auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev, CertRevocations(
+            cfg.tls_crl, cfg.cert_deny_list, cfg.tls_ca)), AuditLog(store))
         idle = IdleWatch(cfg.stream_idle_timeout_s)
         budget = StreamBudget(StreamLimits.from_config(cfg))
         grpc_server = grpc.server(

@@ -94,6 +94,17 @@ class DevCA:
         return Credential(_write(stem.with_suffix(".pem"), cert.public_bytes(serialization.Encoding.PEM)),
                           _write(stem.with_suffix(".key"), _key_pem(key), private=True))
 
+    def write_crl(self, path: Path, serials: list[int]) -> Path:
+        """A PEM CRL signed by this CA revoking ``serials`` (the broker's ``tls_crl``)."""
+        now = datetime.datetime.now(datetime.UTC)
+        b = (x509.CertificateRevocationListBuilder().issuer_name(self._ca.subject)
+             .last_update(now - datetime.timedelta(minutes=5)).next_update(now + _VALID))
+        for serial in serials:
+            b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(serial)
+                                          .revocation_date(now).build())
+        crl = b.sign(self._ca_key, hashes.SHA256())  # type: ignore[arg-type]
+        return _write(Path(path), crl.public_bytes(serialization.Encoding.PEM))
+
     def broker(self, hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")) -> Credential:
         sans: list[x509.GeneralName] = []
         for h in hosts:

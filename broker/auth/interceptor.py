@@ -22,7 +22,12 @@ import grpc
 
 from broker.api.errors import to_status
 from broker.auth.audit import AuditLog, PendingAudit, target_of
-from broker.auth.identity import INSECURE_DEV_PRINCIPAL, Principal, principal_from_uri
+from broker.auth.identity import (
+    INSECURE_DEV_PRINCIPAL,
+    CredentialKind,
+    Principal,
+    principal_from_uri,
+)
 from broker.auth.policy import (
     METHODS,
     PUBLIC_PREFIXES,
@@ -30,6 +35,7 @@ from broker.auth.policy import (
     Unauthenticated,
     authorize,
 )
+from broker.auth.revocation import CertRevocations
 from broker.auth.tokens import TokenError, TokenManager
 
 log = logging.getLogger(__name__)
@@ -78,9 +84,19 @@ def principal_of(context: Any) -> Principal:
 class Authenticator:
     """Credential -> principal (no policy here)."""
 
-    def __init__(self, tokens: TokenManager | None, insecure_dev: bool) -> None:
+    def __init__(self, tokens: TokenManager | None, insecure_dev: bool,
+                 revocations: CertRevocations | None = None) -> None:
         self.tokens = tokens
         self.insecure_dev = insecure_dev
+        self.revocations = revocations
+
+    def cert_refusal(self, context: grpc.ServicerContext) -> str:
+        """Why the caller's verified client certificate is no longer trusted ("" = it is,
+        or there is none)."""
+        if self.revocations is None or not self.revocations.enabled:
+            return ""
+        pems = (context.auth_context() or {}).get("x509_pem_cert") or []
+        return self.revocations.refusal(pems[0]) if pems else ""
 
     def authenticate(self, context: grpc.ServicerContext) -> Principal:
         if self.insecure_dev:
@@ -103,6 +119,9 @@ class Authenticator:
         for raw in uris:
             p = principal_from_uri(raw.decode(errors="replace"))
             if p is not None:
+                why = self.cert_refusal(context)
+                if why:
+                    raise Unauthenticated(f"{why}; ask an operator for a new certificate")
                 return p
         if uris or auth.get("x509_common_name"):
             raise Unauthenticated("the client certificate names no compute-broker identity"
@@ -194,9 +213,30 @@ class AuthInterceptor:
 
         return call
 
+    def _revocable(self, requests: Any, ctx: AuthedContext) -> Any:
+        """A request stream of a certificate caller, cancelled at its next message once
+        the certificate is revoked (an agent's Connect lives for days; a revocation must
+        not wait for its reconnect)."""
+        check = getattr(self.authn, "cert_refusal", None)
+        if (check is None or ctx.principal.credential is not CredentialKind.CERT
+                or not isinstance(requests, Iterator)):
+            return requests
+
+        def checked() -> Iterator[Any]:
+            for msg in requests:
+                why = check(ctx)
+                if why:
+                    log.warning("%s: %s; its stream is cancelled", ctx.principal.actor, why)
+                    ctx.cancel()
+                    return
+                yield msg
+
+        return checked()
+
     def _stream(self, behavior: Callable[..., Any], method: str) -> Callable[..., Iterator[Any]]:
         def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             ctx, audited = self._admit(method, context)
+            request = self._revocable(request, ctx)
             if not audited:
                 yield from behavior(request, ctx)
                 return

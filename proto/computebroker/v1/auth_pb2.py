@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63omputebroker/v1/auth.proto\x12\x10\x63omputebroker.v1\"\x0f\n\rWhoAmIRequest\"Y\n\tPrincipal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x12\n\ncredential\x18\x05 \x01(\t\"\xbc\x01\n\x08\x41piToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0c\n\x04team\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x13\n\x0bsecret_hash\x18\x05 \x01(\t\x12\x14\n\x0c\x63reated_time\x18\x06 \x01(\x01\x12\x14\n\x0crotated_time\x18\x07 \x01(\x01\x12\x0f\n\x07revoked\x18\x08 \x01(\x08\x12\x14\n\x0crevoked_time\x18\t \x01(\x01\x12\x12\n\ncreated_by\x18\n \x01(\t\"H\n\x0bIssuedToken\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.ApiToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\">\n\x12\x43reateTokenRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\":\n\x11ListTokensRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x02 \x01(\x08\"@\n\x12ListTokensResponse\x12*\n\x06tokens\x18\x01 \x03(\x0b\x32\x1a.computebroker.v1.ApiToken\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"&\n\x12RotateTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\xa1\x01\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04team\x18\x05 \x01(\t\x12\x0e\n\x06method\x18\x06 \x01(\t\x12\x0e\n\x06target\x18\x07 \x01(\t\x12\x0c\n\x04peer\x18\x08 \x01(\t\x12\x0e\n\x06result\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\"F\n\x17ListAuditRecordsRequest\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x05\"J\n\x18ListAuditRecordsResponse\x12.\n\x07records\x18\x01 \x03(\x0b\x32\x1d.computebroker.v1.AuditRecord2\x92\x04\n\x0b\x41uthService\x12\x46\n\x06WhoAmI\x12\x1f.computebroker.v1.WhoAmIRequest\x1a\x1b.computebroker.v1.Principal\x12R\n\x0b\x43reateToken\x12$.computebroker.v1.CreateTokenRequest\x1a\x1d.computebroker.v1.IssuedToken\x12W\n\nListTokens\x12#.computebroker.v1.ListTokensRequest\x1a$.computebroker.v1.ListTokensResponse\x12O\n\x0bRevokeToken\x12$.computebroker.v1.RevokeTokenRequest\x1a\x1a.computebroker.v1.ApiToken\x12R\n\x0bRotateToken\x12$.computebroker.v1.RotateTokenRequest\x1a\x1d.computebroker.v1.IssuedToken\x12i\n\x10ListAuditRecords\x12).computebroker.v1.ListAuditRecordsRequest\x1a*.computebroker.v1.ListAuditRecordsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63omputebroker/v1/auth.proto\x12\x10\x63omputebroker.v1\"\x0f\n\rWhoAmIRequest\"Y\n\tPrincipal\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x12\n\ncredential\x18\x05 \x01(\t\"\xd2\x01\n\x08\x41piToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\x0c\n\x04team\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x13\n\x0bsecret_hash\x18\x05 \x01(\t\x12\x14\n\x0c\x63reated_time\x18\x06 \x01(\x01\x12\x14\n\x0crotated_time\x18\x07 \x01(\x01\x12\x0f\n\x07revoked\x18\x08 \x01(\x08\x12\x14\n\x0crevoked_time\x18\t \x01(\x01\x12\x12\n\ncreated_by\x18\n \x01(\t\x12\x14\n\x0c\x65xpires_time\x18\x0b \x01(\x01\"H\n\x0bIssuedToken\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.ApiToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"M\n\x12\x43reateTokenRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05ttl_s\x18\x04 \x01(\x01\":\n\x11ListTokensRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x17\n\x0finclude_revoked\x18\x02 \x01(\x08\"@\n\x12ListTokensResponse\x12*\n\x06tokens\x18\x01 \x03(\x0b\x32\x1a.computebroker.v1.ApiToken\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"&\n\x12RotateTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\xa1\x01\n\x0b\x41uditRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04team\x18\x05 \x01(\t\x12\x0e\n\x06method\x18\x06 \x01(\t\x12\x0e\n\x06target\x18\x07 \x01(\t\x12\x0c\n\x04peer\x18\x08 \x01(\t\x12\x0e\n\x06result\x18\t \x01(\t\x12\x0f\n\x07message\x18\n \x01(\t\"F\n\x17ListAuditRecordsRequest\x12\r\n\x05\x61\x63tor\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\x05\"J\n\x18ListAuditRecordsResponse\x12.\n\x07records\x18\x01 \x03(\x0b\x32\x1d.computebroker.v1.AuditRecord2\x92\x04\n\x0b\x41uthService\x12\x46\n\x06WhoAmI\x12\x1f.computebroker.v1.WhoAmIRequest\x1a\x1b.computebroker.v1.Principal\x12R\n\x0b\x43reateToken\x12$.computebroker.v1.CreateTokenRequest\x1a\x1d.computebroker.v1.IssuedToken\x12W\n\nListTokens\x12#.computebroker.v1.ListTokensRequest\x1a$.computebroker.v1.ListTokensResponse\x12O\n\x0bRevokeToken\x12$.computebroker.v1.RevokeTokenRequest\x1a\x1a.computebroker.v1.ApiToken\x12R\n\x0bRotateToken\x12$.computebroker.v1.RotateTokenRequest\x1a\x1d.computebroker.v1.IssuedToken\x12i\n\x10ListAuditRecords\x12).computebroker.v1.ListAuditRecordsRequest\x1a*.computebroker.v1.ListAuditRecordsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,25 +36,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRINCIPAL']._serialized_start=66
   _globals['_PRINCIPAL']._serialized_end=155
   _globals['_APITOKEN']._serialized_start=158
-  _globals['_APITOKEN']._serialized_end=346
-  _globals['_ISSUEDTOKEN']._serialized_start=348
-  _globals['_ISSUEDTOKEN']._serialized_end=420
-  _globals['_CREATETOKENREQUEST']._serialized_start=422
-  _globals['_CREATETOKENREQUEST']._serialized_end=484
-  _globals['_LISTTOKENSREQUEST']._serialized_start=486
-  _globals['_LISTTOKENSREQUEST']._serialized_end=544
-  _globals['_LISTTOKENSRESPONSE']._serialized_start=546
-  _globals['_LISTTOKENSRESPONSE']._serialized_end=610
-  _globals['_REVOKETOKENREQUEST']._serialized_start=612
-  _globals['_REVOKETOKENREQUEST']._serialized_end=650
-  _globals['_ROTATETOKENREQUEST']._serialized_start=652
-  _globals['_ROTATETOKENREQUEST']._serialized_end=690
-  _globals['_AUDITRECORD']._serialized_start=693
-  _globals['_AUDITRECORD']._serialized_end=854
-  _globals['_LISTAUDITRECORDSREQUEST']._serialized_start=856
-  _globals['_LISTAUDITRECORDSREQUEST']._serialized_end=926
-  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_start=928
-  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_end=1002
-  _globals['_AUTHSERVICE']._serialized_start=1005
-  _globals['_AUTHSERVICE']._serialized_end=1535
+  _globals['_APITOKEN']._serialized_end=368
+  _globals['_ISSUEDTOKEN']._serialized_start=370
+  _globals['_ISSUEDTOKEN']._serialized_end=442
+  _globals['_CREATETOKENREQUEST']._serialized_start=444
+  _globals['_CREATETOKENREQUEST']._serialized_end=521
+  _globals['_LISTTOKENSREQUEST']._serialized_start=523
+  _globals['_LISTTOKENSREQUEST']._serialized_end=581
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=583
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=647
+  _globals['_REVOKETOKENREQUEST']._serialized_start=649
+  _globals['_REVOKETOKENREQUEST']._serialized_end=687
+  _globals['_ROTATETOKENREQUEST']._serialized_start=689
+  _globals['_ROTATETOKENREQUEST']._serialized_end=727
+  _globals['_AUDITRECORD']._serialized_start=730
+  _globals['_AUDITRECORD']._serialized_end=891
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_start=893
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_end=963
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_start=965
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_end=1039
+  _globals['_AUTHSERVICE']._serialized_start=1042
+  _globals['_AUTHSERVICE']._serialized_end=1572
 # @@protoc_insertion_point(module_scope)

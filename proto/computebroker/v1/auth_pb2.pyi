@@ -25,7 +25,7 @@ class Principal(_message.Message):
     def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., role: _Optional[str] = ..., region: _Optional[str] = ..., credential: _Optional[str] = ...) -> None: ...
 
 class ApiToken(_message.Message):
-    __slots__ = ("id", "user", "team", "role", "secret_hash", "created_time", "rotated_time", "revoked", "revoked_time", "created_by")
+    __slots__ = ("id", "user", "team", "role", "secret_hash", "created_time", "rotated_time", "revoked", "revoked_time", "created_by", "expires_time")
     ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     TEAM_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class ApiToken(_message.Message):
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_TIME_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_TIME_FIELD_NUMBER: _ClassVar[int]
     id: str
     user: str
     team: str
@@ -46,7 +47,8 @@ class ApiToken(_message.Message):
     revoked: bool
     revoked_time: float
     created_by: str
-    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., team: _Optional[str] = ..., role: _Optional[str] = ..., secret_hash: _Optional[str] = ..., created_time: _Optional[float] = ..., rotated_time: _Optional[float] = ..., revoked: _Optional[bool] = ..., revoked_time: _Optional[float] = ..., created_by: _Optional[str] = ...) -> None: ...
+    expires_time: float
+    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., team: _Optional[str] = ..., role: _Optional[str] = ..., secret_hash: _Optional[str] = ..., created_time: _Optional[float] = ..., rotated_time: _Optional[float] = ..., revoked: _Optional[bool] = ..., revoked_time: _Optional[float] = ..., created_by: _Optional[str] = ..., expires_time: _Optional[float] = ...) -> None: ...
 
 class IssuedToken(_message.Message):
     __slots__ = ("token", "secret")
@@ -57,14 +59,16 @@ class IssuedToken(_message.Message):
     def __init__(self, token: _Optional[_Union[ApiToken, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("user", "team", "role")
+    __slots__ = ("user", "team", "role", "ttl_s")
     USER_FIELD_NUMBER: _ClassVar[int]
     TEAM_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
     user: str
     team: str
     role: str
-    def __init__(self, user: _Optional[str] = ..., team: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+    ttl_s: float
+    def __init__(self, user: _Optional[str] = ..., team: _Optional[str] = ..., role: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class ListTokensRequest(_message.Message):
     __slots__ = ("user", "include_revoked")
