@@ -23,7 +23,7 @@ from broker.api.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from broker.api.limits import INT32_MAX
 from broker.auth.identity import Role
 from broker.auth.interceptor import principal_of
-from broker.auth.policy import Permission, PermissionDenied, authorize
+from broker.auth.policy import Permission, PermissionDenied, authorize, sees_all_teams
 from broker.config import BrokerConfig
 from broker.ids import new_plan_id
 from broker.jobs.lifecycle import HOLDING, QUEUED
@@ -43,13 +43,18 @@ M = TypeVar("M", bound=Message)
 
 def _within_grant(q: cpb.TeamQuota, grant: cpb.TeamQuota | None) -> None:
     """A team admin's quota stays within what operators granted the team: same cohort,
-    per accelerator no more guaranteed GPUs and no higher borrow limit than granted."""
+    no higher fair-share weight (it decides the team's share of everything borrowed in
+    the cohort), per accelerator no more guaranteed GPUs and no higher borrow limit."""
     if grant is None:
         raise PermissionDenied(f"team {q.team} has no quota granted by an operator yet;"
                                " an operator creates it (`brokerctl teams set`)")
     if q.cohort != grant.cohort:
         raise PermissionDenied(f"only operators move team {q.team} to another cohort"
                                f" (granted: {grant.cohort or '(none)'})")
+    weight, granted_weight = q.fair_share_weight or 1.0, grant.fair_share_weight or 1.0
+    if weight > granted_weight:
+        raise PermissionDenied(f"fair_share_weight {weight:g} exceeds the operators' grant of"
+                               f" {granted_weight:g} for team {q.team}")
     granted = {e.accelerator: e for e in grant.quotas}
     for e in q.quotas:
         g = granted.get(e.accelerator)
@@ -95,7 +100,9 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
 
     def _usage(self) -> UsageView:
         """The scheduler's view of usage, over a snapshot built the scheduler's way."""
-        live = list(self.jobs.iter(phases=[*HOLDING, *QUEUED]))
+        return self._usage_of(list(self.jobs.iter(phases=[*HOLDING, *QUEUED])))
+
+    def _usage_of(self, live: list[pb.Job]) -> UsageView:
         snapshot = build_snapshot(now=time.time(), agents=self.agents.all(), jobs=live,
                                   teams=self.records.teams().values(), plans=self.records.plans(),
                                   regions=self.records.regions().values(),
@@ -132,7 +139,12 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
 
     @rpc
     def GetCapacity(self, request: cpb.GetCapacityRequest, context: grpc.ServicerContext) -> cpb.GetCapacityResponse:
-        usage = self._usage()
+        live = list(self.jobs.iter(phases=[*HOLDING, *QUEUED]))
+        usage = self._usage_of(live)
+        # Which jobs' ids the caller may see on nodes: its own team's (operators: all).
+        # Other teams' jobs still count in the GPU numbers; their ids are not shown.
+        who = principal_of(context)
+        shown = None if sees_all_teams(who) else {j.id for j in live if j.spec.team == who.team}
         rows: dict[tuple, cpb.CapacityRow] = {}
         nodes_out: list[cpb.NodeUsage] = []
         # A plan's nodes show as its pool (plan id) of type training-plan (plan_binding.py).
@@ -163,7 +175,8 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                 row.free_gpus = sat32(row.free_gpus + (max(0, n.gpus - used) if usable else 0))
                 if request.include_nodes:
                     nodes_out.append(cpb.NodeUsage(
-                        node=n, allocated_gpus=used, job_ids=usage.node_jobs.get(n.id, []),
+                        node=n, allocated_gpus=used,
+                        job_ids=[j for j in usage.node_jobs.get(n.id, []) if shown is None or j in shown],
                         borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0))))
         return cpb.GetCapacityResponse(rows=[rows[k] for k in sorted(rows, key=str)], nodes=nodes_out)
 

@@ -9,15 +9,15 @@ from collections.abc import Callable
 import grpc
 
 from broker.agents.registry import AgentRegistry
-from broker.api.errors import InvalidArgument, rpc
+from broker.api.errors import InvalidArgument, NotFound, rpc
 from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.identity import Principal, Role
 from broker.auth.interceptor import principal_of
-from broker.auth.policy import Permission, PermissionDenied, authorize, sees_secrets
+from broker.auth.policy import Permission, PermissionDenied, allowed, authorize, sees_secrets
 from broker.config import BrokerConfig
 from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.ops import JobOps
-from broker.jobs.views import JobsView
+from broker.jobs.views import JobsView, job_not_found
 from broker.logs.service import LogQuery
 from broker.workdirs.blobstore import BlobStore
 from broker.workdirs.checks import check_submit
@@ -103,9 +103,16 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
 
     def _readable(self, job_id: str, context: grpc.ServicerContext,
                   permission: Permission = Permission.JOBS_READ) -> pb.Job:
-        """The job, if the caller may act on it (its own team, or an operator)."""
-        job = self.jobs.get(job_id)
-        authorize(principal_of(context), permission, job.spec.team)
+        """The job, if the caller may act on it (its own team, or an operator).
+
+        Another team's job is NOT_FOUND with the very words of a job that does not
+        exist: a PERMISSION_DENIED would confirm to a member that the id is real."""
+        job = self.jobs.find(job_id)
+        who = principal_of(context)
+        if job is None or not allowed(who, permission, job.spec.team):
+            if job is not None and not allowed(who, permission):
+                authorize(who, permission)  # the role itself lacks it: say so
+            raise NotFound(job_not_found(job_id))
         return job
 
     @rpc

@@ -39,7 +39,10 @@ class Kind(enum.Enum):
     """What a string field holds, i.e. which characters it may contain."""
 
     IDENTIFIER = "identifier"  # names, ids, regions, label keys/values: no control chars
-    TEXT = "text"  # free text (reasons, messages, env values, argv): any char, escaped on output
+    TEXT = "text"  # free text (reasons, messages): any char, escaped on output
+    # What a launch hands to execve (env values, argv): any char but NUL, which a C
+    # string cannot hold; accepted, it made every launch of the job fail.
+    EXEC = "exec"
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ LIMITS: dict[str, FieldLimit] = {
     "reason": REASON, "error": REASON, "checkpoint_store_error": REASON, "method": ID,
     "message": REASON,
     "JobUpdate.message": FieldLimit(max_len=64 * 1024, kind=Kind.TEXT),  # a stderr tail
-    "command": FieldLimit(max_len=32 * 1024, kind=Kind.TEXT, max_items=4096),
+    "command": FieldLimit(max_len=32 * 1024, kind=Kind.EXEC, max_items=4096),
     # ---- maps: key and value rows are "<map>.key" / "<map>.value" ----------------------
     "labels": FieldLimit(max_items=64),
     "Node.labels": FieldLimit(max_items=256),  # every Kubernetes node label is copied
@@ -95,7 +98,7 @@ LIMITS: dict[str, FieldLimit] = {
     "labels.value": FieldLimit(max_len=1024, kind=Kind.IDENTIFIER),
     "env": FieldLimit(max_items=128),
     "env.key": FieldLimit(max_len=256, kind=Kind.IDENTIFIER),
-    "env.value": FieldLimit(max_len=32 * 1024, kind=Kind.TEXT),
+    "env.value": FieldLimit(max_len=32 * 1024, kind=Kind.EXEC),
     "options": FieldLimit(max_items=64),
     "options.key": FieldLimit(max_len=128, kind=Kind.IDENTIFIER),
     "options.value": FieldLimit(max_len=4096, kind=Kind.TEXT),

@@ -139,6 +139,12 @@ def authorize(principal: Principal, permission: Permission, team: str | None = N
                            f" only for its own team")
 
 
+def sees_all_teams(principal: Principal) -> bool:
+    """Operators (and the local operator of an insecure dev broker) see every team's job
+    ids; members and team admins see their own team's only."""
+    return principal.credential is CredentialKind.INSECURE_DEV or principal.role is Role.OPERATOR
+
+
 def sees_secrets(principal: Principal, team: str) -> bool:
     """Env values of a job are returned to its own team only (and the single local
     operator of an insecure dev broker); operators see the keys, values redacted."""

@@ -22,6 +22,12 @@ from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
 
+def job_not_found(job_id: str) -> str:
+    """The one NOT_FOUND text for a job id: the same for a job that does not exist and
+    for another team's job (broker/api/jobs_service.py says why)."""
+    return f"job {job_id!r} not found"
+
+
 class JobsView:
     """Jobs and their events, read-only; ``hub`` wakes watchers after each commit."""
 
@@ -34,7 +40,7 @@ class JobsView:
         try:
             return self._store.get_job(job_id)
         except NotFound as e:
-            raise ApiNotFound(f"job {job_id!r} not found") from e
+            raise ApiNotFound(job_not_found(job_id)) from e
 
     def find(self, job_id: str) -> pb.Job | None:
         try:
