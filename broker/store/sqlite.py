@@ -52,6 +52,7 @@ from broker.store.base import (
     versioned_copy,
 )
 from broker.store.group_commit import GroupWriter
+from broker.store.private_files import private_dirs, private_sqlite
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from broker.store.write_turn import WriteTurn
 from computebroker.v1 import common_pb2 as pb
@@ -148,8 +149,8 @@ class SQLiteStore(SQLiteLogs, Store):
     def __init__(self, path: str, *, busy_timeout_s: float = 30.0) -> None:
         self.path = path
         if path != ":memory:":
-            parent = os.path.dirname(os.path.abspath(path))
-            os.makedirs(parent, exist_ok=True)
+            private_dirs(os.path.dirname(os.path.abspath(path)))
+            private_sqlite(path)  # 0600 before SQLite opens it: the WAL/SHM inherit it
         self._lock = threading.RLock()
         # isolation_level=None: autocommit; transactions are explicit BEGIN IMMEDIATE.
         self._conn = sqlite3.connect(

@@ -67,7 +67,7 @@ def _jsonl_exporter_class() -> type:
             data = "".join(json.dumps(span_record(s, self.service), default=str) + "\n"
                            for s in spans).encode()
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
                     os.write(fd, data)
                 finally:

@@ -107,7 +107,7 @@ class LocalBlobStore:
 
     def put(self, digest: str, size: int, chunks: Iterable[bytes]) -> int:
         final = self._path(digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(final.parent, mode=0o700, exist_ok=True)
         h = hashlib.sha256()
         n = 0
         fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=final.parent)
