@@ -28,7 +28,7 @@ from brokersdk.client import BrokerError, BrokerUnavailable, NotFound, Permissio
 from console import live
 from console.identity import ClientSettings, client_for, identify
 from console.pages import LOADERS, Page, template_globals
-from console.sessions import COOKIE, Session, SessionStore, cookie_args
+from console.sessions import COOKIE, Session, SessionsFull, SessionStore, cookie_args
 
 HERE = Path(__file__).parent
 
@@ -147,7 +147,12 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
         except BrokerError as e:
             return render(request, "signin.html", {"error": e.message, "broker": settings.address},
                           401)
-        session = sessions.create(token, who, client)
+        try:
+            session = sessions.create(token, who, client)
+        except SessionsFull as e:
+            client.close()
+            return render(request, "signin.html", {"error": str(e), "broker": settings.address},
+                          503)
         resp = RedirectResponse("/fleet", 303)
         resp.set_cookie(COOKIE, session.id, max_age=int(config.session_idle_s),
                         **cookie_args(config.secure_cookie))

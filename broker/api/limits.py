@@ -40,8 +40,8 @@ class Kind(enum.Enum):
 
     IDENTIFIER = "identifier"  # names, ids, regions, label keys/values: no control chars
     TEXT = "text"  # free text (reasons, messages): any char, escaped on output
-    # What a launch hands to execve (env values, argv): any char but NUL, which a C
-    # string cannot hold; accepted, it made every launch of the job fail.
+    # What a launch hands to execve as an env value: any char but NUL, which a C string
+    # cannot hold; accepted, it made every launch of the job fail.
     EXEC = "exec"
 
 
@@ -89,7 +89,9 @@ LIMITS: dict[str, FieldLimit] = {
     "reason": REASON, "error": REASON, "checkpoint_store_error": REASON, "method": ID,
     "message": REASON,
     "JobUpdate.message": FieldLimit(max_len=64 * 1024, kind=Kind.TEXT),  # a stderr tail
-    "command": FieldLimit(max_len=32 * 1024, kind=Kind.EXEC, max_items=4096),
+    # Arguments: text; their control characters (NUL included) are refused by the
+    # submit checks (broker/workdirs/checks.py), which allow newlines and tabs.
+    "command": FieldLimit(max_len=32 * 1024, kind=Kind.TEXT, max_items=4096),
     # ---- maps: key and value rows are "<map>.key" / "<map>.value" ----------------------
     "labels": FieldLimit(max_items=64),
     "Node.labels": FieldLimit(max_items=256),  # every Kubernetes node label is copied

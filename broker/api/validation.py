@@ -82,8 +82,8 @@ def check_text(path: str, value: str, limit: FieldLimit) -> None:
         raise InvalidArgument(f"{path} is {len(value)} characters long; at most {max_len}")
     if limit.kind is Kind.EXEC and "\x00" in value:
         raise InvalidArgument(
-            f"{path} {_show(value)} contains a NUL character (U+0000); environment values and"
-            " command arguments reach the process as C strings, which cannot hold it")
+            f"{path} {_show(value)} contains a NUL character (U+0000); an environment value"
+            " reaches the job's process as a C string, which cannot hold it")
     if (limit.kind or DEFAULT_STRING.kind) is Kind.IDENTIFIER:
         ch = bad_char(value)
         if ch is not None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from console.fleet import CellState, build_fleet
@@ -10,7 +14,7 @@ from console.jobview import attempts_of, build_job_view, loss_curve
 from console.live import sse
 from console.plans import build_gantt
 from console.queue import build_queues
-from console.sessions import SessionStore
+from console.sessions import SessionsFull, SessionStore
 
 OD, SPOT, PLAN = pb.CAPACITY_TYPE_ON_DEMAND, pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_TRAINING_PLAN
 
@@ -165,9 +169,15 @@ def test_sse_frames_multiline_html_and_sessions_check_csrf() -> None:
     assert not s.identity.role.can_operate and Role.OPERATOR.can_operate
     store.drop(s.id)
     assert store.get(s.id) is None
-    # Bounded: the least recently used session goes when the store is full.
-    small = SessionStore(idle_s=60, max_sessions=2)
+    # Bounded per user: a user's new session retires that user's least recently used one.
+    small = SessionStore(idle_s=60, max_sessions=3, per_user=2)
     a, b = (small.create("", Identity("u", Role.MEMBER), client=None) for _ in range(2))
-    a.last_used = 0.0
+    a.last_used = time.time() - 30
     c = small.create("", Identity("u", Role.MEMBER), client=None)
     assert small.get(a.id) is None and small.get(b.id) is b and small.get(c.id) is c
+    # Full: another member is refused, nobody is evicted; an operator still gets in.
+    v = small.create("", Identity("v", Role.MEMBER), client=None)
+    with pytest.raises(SessionsFull):
+        small.create("", Identity("w", Role.MEMBER), client=None)
+    op = small.create("", Identity("olga", Role.OPERATOR), client=None)
+    assert all(small.get(s.id) is s for s in (b, c, v, op))
