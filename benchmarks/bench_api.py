@@ -163,12 +163,14 @@ class Broker:
         self.log = open(Path(workdir) / "broker.log", "wb")  # noqa: SIM115 - closed in stop()
         # Every WatchJob stream holds a server thread and a slot of the stream budget
         # (broker/server.py, broker/api/streams.py): the fan-out's 1,000 watchers are one
-        # identity (insecure dev), above the default caps (512 streams, 128 per identity),
-        # which would refuse 872 of them RESOURCE_EXHAUSTED.
+        # identity (insecure dev) from one address, above the default caps (512 user
+        # streams, 128 per identity, 256 per peer address), which would refuse most of
+        # them RESOURCE_EXHAUSTED.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "brokerctl", "serve", "--listen", self.address, "--store", store_url,
              "--checkpoint-root", str(Path(workdir) / "ckpt"), "--set", "max_workers=1200",
              "--set", "max_streams=1200", "--set", "max_streams_per_identity=1200",
+             "--set", "max_streams_per_peer=1200",
              "--set", "auto_create_teams=true", "--insecure-dev", *workers,
              *(x for kv in settings or () for x in ("--set", kv))],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)

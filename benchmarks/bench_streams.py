@@ -52,8 +52,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "streams.json"))
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-streams-"))
-    b = Broker(fast_config(tmp, max_streams=args.streams + 10, max_streams_per_identity=args.streams,
-                           max_workers=16, stream_idle_timeout_s=600))
+    # Agents' Connect streams draw from their own pool (broker/api/streams.py): size both.
+    b = Broker(fast_config(tmp, max_streams=args.streams + 10, max_agent_streams=args.streams + 10,
+                           max_streams_per_identity=args.streams, max_streams_per_team=args.streams,
+                           max_streams_per_peer=args.streams + 10, max_workers=16,
+                           stream_idle_timeout_s=600))
     try:
         b.team()
         job = b.submit(spec("watched"))
