@@ -117,6 +117,9 @@ def server_options(config: BrokerConfig) -> list[tuple[str, int]]:
         ("grpc.max_connection_idle_ms", 600_000),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+        # A connection must finish its TLS handshake within 10 s (gRPC's default is 120 s):
+        # a peer that opens connections and never completes them holds each only briefly.
+        ("grpc.server_handshake_timeout_ms", 10_000),
     ]
 
 

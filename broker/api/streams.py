@@ -29,10 +29,14 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
 from broker.api.errors import ResourceExhausted
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
 
 
 class StreamPool(enum.Enum):
@@ -57,13 +61,12 @@ class StreamLimits:
     connections_per_peer: int = 64
 
     @classmethod
-    def from_config(cls, config: object) -> StreamLimits:
-        g = lambda name: int(getattr(config, name))  # noqa: E731
-        return cls(user_total=g("max_streams"), agent_total=g("max_agent_streams"),
-                   public_total=g("max_public_streams"), per_identity=g("max_streams_per_identity"),
-                   per_team=g("max_streams_per_team"), per_peer=g("max_streams_per_peer"),
-                   public_per_peer=g("max_public_streams_per_peer"),
-                   connections_per_peer=g("max_connections_per_peer"))
+    def from_config(cls, c: BrokerConfig) -> StreamLimits:
+        return cls(user_total=c.max_streams, agent_total=c.max_agent_streams,
+                   public_total=c.max_public_streams, per_identity=c.max_streams_per_identity,
+                   per_team=c.max_streams_per_team, per_peer=c.max_streams_per_peer,
+                   public_per_peer=c.max_public_streams_per_peer,
+                   connections_per_peer=c.max_connections_per_peer)
 
     def pool_total(self, pool: StreamPool) -> int:
         return {StreamPool.AGENT: self.agent_total, StreamPool.USER: self.user_total,

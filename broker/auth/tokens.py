@@ -29,6 +29,7 @@ import secrets
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from argon2 import PasswordHasher
@@ -37,6 +38,9 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from broker.auth.identity import NAME_RE, CredentialKind, Principal, Role
 from broker.store.base import Store
 from computebroker.v1 import auth_pb2 as apb
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
 
 KIND_TOKEN = "token"  # store record kind: ApiToken, key = token id
 TOKEN_RE = re.compile(r"^cbt_(?P<id>[0-9a-f]{12})_(?P<secret>[A-Za-z0-9_-]{20,100})$")
@@ -107,14 +111,13 @@ class TokenManager:
         self._generation: dict[str, int] = {}
 
     @classmethod
-    def for_config(cls, store: Store, config: object) -> TokenManager:
+    def for_config(cls, store: Store, config: BrokerConfig) -> TokenManager:
         """The broker's manager: static tokens from its file, cache entries living one
         leader lease interval (a revocation on one replica is seen on all within it),
         token lifetimes from its settings."""
-        return cls(store, load_static_tokens(config.static_tokens_file),  # type: ignore[attr-defined]
-                   cache_ttl_s=config.leader_lease_s,  # type: ignore[attr-defined]
-                   default_ttl_s=config.token_default_ttl_s,  # type: ignore[attr-defined]
-                   max_ttl_s=config.token_max_ttl_s)  # type: ignore[attr-defined]
+        return cls(store, load_static_tokens(config.static_tokens_file),
+                   cache_ttl_s=config.leader_lease_s, default_ttl_s=config.token_default_ttl_s,
+                   max_ttl_s=config.token_max_ttl_s)
 
     # ---- operators ------------------------------------------------------------------
     def create(self, user: str, team: str, role: Role, created_by: str,

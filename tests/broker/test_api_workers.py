@@ -113,9 +113,9 @@ def test_forwarded_calls_keep_identity_permissions_and_status(wbroker: Broker) -
     # WhoAmI is forwarded: the core answers with the principal the worker vouched for.
     who = bob.auth.WhoAmI(aupb.WhoAmIRequest())
     assert who.name == "bob" and who.team == "vision"
-    with pytest.raises(grpc.RpcError) as e:  # CancelJob is forwarded; the core refuses
-        bob.jobs.CancelJob(jpb.CancelJobRequest(job_id=job.id))
-    assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as e:  # CancelJob is forwarded; the core refuses,
+        bob.jobs.CancelJob(jpb.CancelJobRequest(job_id=job.id))  # as if there were no such job
+    assert e.value.code() is grpc.StatusCode.NOT_FOUND
     with pytest.raises(grpc.RpcError) as e:
         alice.jobs.CancelJob(jpb.CancelJobRequest(job_id="j-0000000000000000"))
     assert e.value.code() is grpc.StatusCode.NOT_FOUND and "not found" in (e.value.details() or "")
@@ -131,7 +131,7 @@ def test_forwarded_calls_keep_identity_permissions_and_status(wbroker: Broker) -
     records = [r for r in wbroker.store.list_records(KIND_AUDIT, aupb.AuditRecord)
                if r.method.endswith("/CancelJob") and r.target == job.id]
     assert sorted((r.actor, r.result) for r in records) == [
-        ("user:alice", "OK"), ("user:bob", "PERMISSION_DENIED")]
+        ("user:alice", "OK"), ("user:bob", "NOT_FOUND")]
 
 
 def test_a_killed_worker_is_started_again_and_loses_nothing(wbroker: Broker,

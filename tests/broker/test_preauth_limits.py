@@ -32,8 +32,10 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection p
 
 @pytest.fixture
 def defaults(tmp_path: Path) -> Iterator[Broker]:
-    """A broker with the default stream caps (fast_config sets none of them)."""
-    b = Broker(fast_config(tmp_path))
+    """A broker with the default stream caps (fast_config sets none of them). A long
+    leader lease: opening hundreds of streams on a loaded 2-core box must not cost this
+    lone broker its lease mid-test (leadership is not what is tested here)."""
+    b = Broker(fast_config(tmp_path, leader_lease_s=120))
     yield b
     b.stop()
 
