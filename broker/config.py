@@ -137,20 +137,22 @@ class BrokerConfig(BaseModel):
     api_workers: int = Field(0, ge=0, le=32)
     # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
     # Watch; broker/api/streams.py): each open one holds a server thread, so each kind of
-    # caller draws from a pool of its own and nobody can fill another's: users' streams
-    # (max_streams), agents' (max_agent_streams) and streams opened with no credential at
-    # all, the public health Watch (max_public_streams). Within them: per identity
-    # (a user or an agent), per team, per peer address (users and anonymous callers;
-    # counted before any credential is looked at), unauthenticated streams per peer
-    # address, and connections holding streams per peer address. Beyond any cap:
-    # RESOURCE_EXHAUSTED naming it.
+    # caller draws from a pool of its own and nobody can fill another's. This one: all
+    # users' streams. Beyond any stream cap: RESOURCE_EXHAUSTED naming it.
     max_streams: int = Field(512, ge=1, le=10_000)
+    # Agents' streams (Connect, workdir fetches): users can never take these.
     max_agent_streams: int = Field(256, ge=1, le=10_000)
+    # Streams opened with no credential at all (the public health Watch).
     max_public_streams: int = Field(32, ge=1, le=10_000)
+    # Streams of one user or one agent.
     max_streams_per_identity: int = Field(128, ge=1)
+    # Streams of one team's members together.
     max_streams_per_team: int = Field(256, ge=1)
+    # Users' and anonymous streams from one peer address, whoever they authenticate as.
     max_streams_per_peer: int = Field(256, ge=1)
+    # Unauthenticated streams (health Watch) from one peer address.
     max_public_streams_per_peer: int = Field(8, ge=1)
+    # Connections from one peer address that hold streams (users and anonymous callers).
     max_connections_per_peer: int = Field(64, ge=1)
     # HTTP/2 streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
     # a transport limit applied before any credential or thread; a client over it waits.
@@ -181,14 +183,15 @@ class BrokerConfig(BaseModel):
     # the file and restart to revoke one.
     static_tokens_file: str = ""
     default_page_size: int = 100
-    # Users' tokens (broker/auth/tokens.py): lifetime when `brokerctl users create` gives
-    # no --ttl, and the longest one it may ask for. Static bootstrap tokens never expire.
+    # Users' tokens (broker/auth/tokens.py): the lifetime when `brokerctl users create`
+    # gives no --ttl. Static bootstrap tokens never expire.
     token_default_ttl_s: float = Field(90 * 86_400.0, gt=0)
+    # The longest lifetime `brokerctl users create --ttl` may ask for.
     token_max_ttl_s: float = Field(366 * 86_400.0, gt=0)
-    # Agents' certificates that are no longer trusted (broker/auth/revocation.py): a PEM
-    # CRL signed by tls_ca and/or a text file of serials or SHA-256 fingerprints, one a
-    # line. Re-read when the file changes (checked every few seconds): no restart.
+    # Client certificates (agents', users') no longer trusted (broker/auth/revocation.py):
+    # a PEM CRL signed by tls_ca. Re-read when the file changes (looked at every 2 s).
     tls_crl: str = ""
+    # The same as a text file: one serial (decimal or 0x-hex) or SHA-256 fingerprint a line.
     cert_deny_list: str = ""
 
     @field_validator("priority_classes")
