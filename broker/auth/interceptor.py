@@ -218,9 +218,11 @@ class AuthInterceptor:
         the certificate is revoked (an agent's Connect lives for days; a revocation must
         not wait for its reconnect)."""
         check = getattr(self.authn, "cert_refusal", None)
-        if (check is None or ctx.principal.credential is not CredentialKind.CERT
+        revocations = getattr(self.authn, "revocations", None)
+        if (check is None or revocations is None or not revocations.enabled
+                or ctx.principal.credential is not CredentialKind.CERT
                 or not isinstance(requests, Iterator)):
-            return requests
+            return requests  # nothing can be revoked: no per-message hop
 
         def checked() -> Iterator[Any]:
             for msg in requests:
