@@ -39,10 +39,7 @@ class Kind(enum.Enum):
     """What a string field holds, i.e. which characters it may contain."""
 
     IDENTIFIER = "identifier"  # names, ids, regions, label keys/values: no control chars
-    TEXT = "text"  # free text (reasons, messages): any char, escaped on output
-    # What a launch hands to execve as an env value: any char but NUL, which a C string
-    # cannot hold; accepted, it made every launch of the job fail.
-    EXEC = "exec"
+    TEXT = "text"  # free text (reasons, messages, env values, argv): any char, escaped on output
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,7 @@ LIMITS: dict[str, FieldLimit] = {
     "labels.value": FieldLimit(max_len=1024, kind=Kind.IDENTIFIER),
     "env": FieldLimit(max_items=128),
     "env.key": FieldLimit(max_len=256, kind=Kind.IDENTIFIER),
-    "env.value": FieldLimit(max_len=32 * 1024, kind=Kind.EXEC),
+    "env.value": FieldLimit(max_len=32 * 1024, kind=Kind.TEXT),
     "options": FieldLimit(max_items=64),
     "options.key": FieldLimit(max_len=128, kind=Kind.IDENTIFIER),
     "options.value": FieldLimit(max_len=4096, kind=Kind.TEXT),

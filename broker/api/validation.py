@@ -80,10 +80,6 @@ def check_text(path: str, value: str, limit: FieldLimit) -> None:
     max_len = limit.max_len if limit.max_len is not None else DEFAULT_STRING.max_len
     if max_len is not None and len(value) > max_len:
         raise InvalidArgument(f"{path} is {len(value)} characters long; at most {max_len}")
-    if limit.kind is Kind.EXEC and "\x00" in value:
-        raise InvalidArgument(
-            f"{path} {_show(value)} contains a NUL character (U+0000); an environment value"
-            " reaches the job's process as a C string, which cannot hold it")
     if (limit.kind or DEFAULT_STRING.kind) is Kind.IDENTIFIER:
         ch = bad_char(value)
         if ch is not None:
@@ -116,8 +112,6 @@ def _scalar_ok(fd: FieldDescriptor, value: object, limit: FieldLimit | None) -> 
         max_len = lim.max_len if lim.max_len is not None else DEFAULT_STRING.max_len
         if max_len is not None and len(value) > max_len:  # type: ignore[arg-type]
             return False
-        if lim.kind is Kind.EXEC:
-            return "\x00" not in value  # type: ignore[operator]
         return (lim.kind or DEFAULT_STRING.kind) is not Kind.IDENTIFIER or (
             value.isascii() and _ASCII_CONTROL.search(value) is None)  # type: ignore[union-attr]
     if t in _INTS or t in _FLOATS:
@@ -142,8 +136,6 @@ def _strings_ok(values: list[str], limit: FieldLimit | None) -> bool:
     max_len = lim.max_len if lim.max_len is not None else DEFAULT_STRING.max_len
     if max_len is not None and max(map(len, values)) > max_len:
         return False
-    if lim.kind is Kind.EXEC:
-        return not any("\x00" in v for v in values)
     if (lim.kind or DEFAULT_STRING.kind) is not Kind.IDENTIFIER:
         return True
     joined = "".join(values)
