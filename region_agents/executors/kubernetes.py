@@ -52,6 +52,7 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
+from region_agents.executors.rank_threads import rank_thread_env
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def build_manifests(
     master = f"{name}-0.{name}"
 
     env = {**dict(spec.spec.env), **spec.env}
+    env.update(rank_thread_env(env))  # torchrun's 1 thread per rank unless the spec sets it
     env.update({
         "MASTER_ADDR": master,
         "MASTER_PORT": str(MASTER_PORT),

@@ -59,6 +59,7 @@ from region_agents.executors.base import (
 )
 from region_agents.executors.job_dirs import check_readable_dir, make_job_dir, open_job_dir
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
+from region_agents.executors.rank_threads import rank_thread_env
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 from region_agents.workdir import unpack
@@ -379,6 +380,7 @@ class LocalExecutor(Executor):
             base_env.update(self.extra_env)
             base_env.update(dict(spec.spec.env))
             base_env.update(spec.env)
+            base_env.update(rank_thread_env(base_env))  # torchrun's 1 thread unless set
             base_env["PATH"] = self.rank_path(base_env.get("PATH", ""))
             pythonpath = base_env.get("PYTHONPATH", "")
             base_env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + pythonpath if pythonpath else "")

@@ -259,3 +259,17 @@ def test_api_errors_are_clear(kube, executor):
     executor.launch(attempt())
     with pytest.raises(ValueError, match="kubernetes rejected the job: 409"):
         executor.launch(attempt())
+
+
+def test_pods_get_torchruns_thread_default_unless_the_spec_sets_it():
+    def pod_env(spec: AttemptSpec) -> dict[str, str]:
+        job, _ = build_manifests(spec)
+        return {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+
+    env = pod_env(attempt(command=["python", "train.py"]))  # a user's command: no torchrun
+    assert env["OMP_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
+    own = attempt()
+    own.spec.env["OMP_NUM_THREADS"] = "6"
+    own.env["MKL_NUM_THREADS"] = "2"  # a launch's env counts as set, too
+    env = pod_env(own)
+    assert env["OMP_NUM_THREADS"] == "6" and env["MKL_NUM_THREADS"] == "2"

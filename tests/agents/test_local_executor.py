@@ -349,3 +349,23 @@ def test_stop_grace_reaches_the_ranks_through_the_deadline_file(ex, tmp_path):
         d = json.loads(Path(f"{dump}{rank}").read_text())
         assert d["grace_s"] == 600
         assert before + 600 <= d["deadline"] <= after + 600  # the agent's own SIGKILL time
+
+
+@pytest.mark.parametrize("spec_env, want", [
+    ({}, {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}),  # torchrun's default
+    ({"OMP_NUM_THREADS": "3"}, {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}),  # the spec wins
+])
+def test_ranks_get_torchruns_thread_default_unless_the_spec_sets_it(ex, tmp_path, monkeypatch,
+                                                                     spec_env, want):
+    # The agent's own environment must not decide this test (a developer shell may set it).
+    for var in want:
+        monkeypatch.delenv(var, raising=False)
+    dump = tmp_path / "threads-{rank}.json"
+    script = ("import json, os; json.dump({k: os.environ.get(k) for k in "
+              "('OMP_NUM_THREADS', 'MKL_NUM_THREADS')}, "
+              f"open({str(dump)!r}.format(rank=os.environ['RANK']), 'w'))")
+    col = Collector(ex)
+    ex.launch(make_spec([sys.executable, "-c", script], nodes=1, gpus=2, env=spec_env))
+    assert col.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
+    for rank in range(2):
+        assert json.loads(Path(str(dump).format(rank=rank)).read_text()) == want
