@@ -13,13 +13,15 @@
 
 Public names (lazily imported, so `python -m trainer` can install its signal handlers
 before torch loads): `init`, `Run`, `RunExit`, `ResumableSampler`, `StepBatch`,
-`Checkpointer`, `Stateful`, `Parallelism`, `TrainerError`, `CheckpointSaveError`, and
-the exit codes. See docs/user/bring-your-own-code.md and docs/contracts.md.
+`Checkpointer`, `Stateful`, `Parallelism`, `SampleDropout`, `sample_randomness`,
+`TrainerError`, `CheckpointSaveError`, and the exit codes. See
+docs/user/bring-your-own-code.md, docs/user/randomness.md and docs/contracts.md.
 
 Internals, one job each: config (spec + env), model (built-in LM), data (deterministic
 world-size-independent order), sampler (that order for any dataset), parallel (process
 group, mesh, FSDP2/HSDP), storage / shardio / shardfile (local dir / S3 for DCP),
-checkpoint (DCP save/load, manifest, retention), checkpointer (what a script registers),
+checkpoint (DCP save/load, manifest, retention), rng (every generator per rank),
+sample_random (world-size-independent dropout), checkpointer (what a script registers),
 progress (file for the agent), signals (SIGTERM/SIGUSR1 agreement), run (the public
 loop hooks), loop (the built-in trainer on top of run).
 """
@@ -35,6 +37,8 @@ _EXPORTS = {
     "RunExit": "trainer.run",
     "ResumableSampler": "trainer.sampler",
     "StepBatch": "trainer.sampler",
+    "SampleDropout": "trainer.sample_random",
+    "sample_randomness": "trainer.sample_random",
     "Checkpointer": "trainer.checkpointer",
     "Stateful": "trainer.checkpointer",
     "Parallelism": "trainer.parallel",
@@ -60,10 +64,12 @@ __all__ = [
     "ResumeUnavailable",
     "Run",
     "RunExit",
+    "SampleDropout",
     "Stateful",
     "StepBatch",
     "TrainerError",
     "init",
+    "sample_randomness",
 ]
 
 if TYPE_CHECKING:
@@ -80,6 +86,7 @@ if TYPE_CHECKING:
     )
     from trainer.parallel import Parallelism
     from trainer.run import Run, RunExit, init
+    from trainer.sample_random import SampleDropout, sample_randomness
     from trainer.sampler import ResumableSampler, StepBatch
 
 

@@ -59,12 +59,16 @@ from torch.distributed.checkpoint.state_dict import (
 
 from checkpoint_layout import MANIFEST, MANIFEST_VERSION, latest_complete, parse_step, step_name
 from checkpoint_layout import manifest as manifest_format
-from trainer import telemetry
+from trainer import rng, telemetry
 from trainer.config import ModelConfig
 from trainer.errors import CheckpointSaveError, ResumeUnavailable, TrainerError
 from trainer.storage import Store, open_store, split_checkpoint_uri
 
 __all__ = ["MANIFEST_VERSION", "CheckpointManager", "GraceExceeded", "find_resume_point"]
+
+
+# The manifest's "rng" value when every rank saved its own generators (trainer/rng.py).
+RNG_PER_RANK = "per-rank"
 
 
 class GraceExceeded(Exception):
@@ -171,7 +175,8 @@ class CheckpointManager:
         extra: dict[str, Any] = {
             "step": step,
             "samples_seen": samples_seen,
-            "rng": torch.get_rng_state(),
+            "rng": torch.get_rng_state(),  # one copy for all ranks: what older readers load
+            rng.PER_RANK_KEY: rng.saved_entry(self.rank),  # each rank's every generator
         }
         if self.sched is not None:
             extra["lr_sched"] = self.sched.state_dict()
@@ -285,7 +290,8 @@ class CheckpointManager:
         files = self.store.list_files(name)
         try:
             manifest = manifest_format.build(
-                {**self.manifest_base, **self._meta.pop(step, {})},  # + this save's loss
+                # + this save's loss; "rng" tells a resume each rank saved its generators
+                {**self.manifest_base, **self._meta.pop(step, {}), "rng": RNG_PER_RANK},
                 step=step,
                 samples_seen=samples_seen,
                 world_size=self.world_size,
@@ -388,6 +394,37 @@ class CheckpointManager:
         self._prepared = {"model": msd, "optim": osd, "trainer": extra}
         return self._prepared
 
+    def _restore_rng(self, extra: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """Each rank's own generators when the checkpoint has them (trainer/rng.py); a rank
+        the saving run did not have gets fresh per-rank seeds; a checkpoint from before
+        per-rank states restores its one torch CPU state on every rank, as it always did."""
+        mine = extra.get(rng.PER_RANK_KEY, {}).get(str(self.rank))
+        if mine:
+            rng.restore(mine)
+        elif manifest.get("rng") == RNG_PER_RANK:
+            rng.seed_fresh(int(manifest["step"]), self.rank)
+        else:
+            torch.set_rng_state(extra["rng"])
+
+    def apply_state(self, state: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+        """Put a loaded state (`prepare_load()`'s structure, filled from the store or from
+        the in-memory tier) into model, optimizer, scheduler, user state and RNG; returns
+        its trainer part. One place, so both tiers restore exactly the same things."""
+        set_state_dict(
+            self.model,
+            self.optim,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=StateDictOptions(strict=True),
+        )
+        extra = state["trainer"]
+        if self.sched is not None:
+            self.sched.load_state_dict(extra["lr_sched"])
+        if self.load_user_state is not None:
+            self.load_user_state(extra["user"])
+        self._restore_rng(extra, manifest)
+        return extra
+
     def load(self, name: str, store: Store | None = None) -> dict[str, Any]:
         """Load checkpoint `name` into model/optim/sched/RNG; returns its manifest."""
         store = store or self.store
@@ -407,6 +444,12 @@ class CheckpointManager:
         verify_files(store, name, manifest)
         expected = {f["name"]: f for f in manifest.get("files", [])}
         state, self._prepared = self._prepared or self.prepare_load(), None
+        # Ask only for the generator entry this checkpoint has for this rank (a missing key
+        # fails DCP's load; the saving world may have been smaller, or predate per-rank RNG).
+        saved_world = int(manifest.get("world_size", 0))
+        state["trainer"].pop(rng.PER_RANK_KEY, None)
+        if manifest.get("rng") == RNG_PER_RANK:
+            state["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.rank, saved_world)
         # no_dist: DCP's default load planning is per rank (its global step returns the
         # local plans unchanged), so its two collectives only forward plans and errors;
         # measured at 0.1-0.35 s of a 0.8 s 200m load on 2 ranks. Ranks agree on the
@@ -418,19 +461,7 @@ class CheckpointManager:
         except (Exception, CheckpointException) as exc:  # noqa: BLE001
             failure = _load_failure(store.uri(name), exc)
         self._agree(failure)
-        set_state_dict(
-            self.model,
-            self.optim,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=StateDictOptions(strict=True),
-        )
-        extra = state["trainer"]
-        if self.sched is not None:
-            self.sched.load_state_dict(extra["lr_sched"])
-        if self.load_user_state is not None:
-            self.load_user_state(extra["user"])
-        torch.set_rng_state(extra["rng"])
+        extra = self.apply_state(state, manifest)
         if int(extra["step"]) != int(manifest["step"]):
             raise TrainerError(
                 f"checkpoint {store.uri(name)} is inconsistent: manifest says step "
