@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from checkpoint_layout import parse_step
 from trainer import standby, telemetry
 from trainer.checkpoint import CheckpointManager, find_resume_point
+from trainer.memtier import MemoryTier
 from trainer.storage import step_name
 
 if TYPE_CHECKING:
@@ -111,6 +113,8 @@ class Checkpointer:
             user_state=self._user_state if (data is not None or self.extra) else None,
             load_user_state=self._load_user_state,
         )
+        # The in-memory tier (docs/recovery.md): on when the launcher configured keepers.
+        self.memory = MemoryTier.from_env(run, self.manager)
 
     # ----------------------------------------------------------------- state
     def _user_state(self) -> dict[str, Any]:
@@ -152,7 +156,27 @@ class Checkpointer:
         t_locate = time.perf_counter()
         found = find_resume_point(run.store, resume_from, run.s3_max_concurrency)
         t_located = time.perf_counter()
-        if found is not None:
+        restored = None
+        if self.memory is not None:  # newer than the store's, or as new: no store read
+            durable = parse_step(found[1]) if found is not None else 0
+            t0 = time.perf_counter()
+            restored = self.memory.restore(min_step=max(1, durable))
+            if restored is not None:
+                step, from_peer = restored
+                run.log(f"resumed from the memory tier (step {step}; shards of ranks "
+                        f"{from_peer or 'none'} from another node's keeper, the others "
+                        f"from their own node's) in {time.perf_counter() - t0:.2f}s; newest "
+                        f"durable checkpoint: step {durable}")
+                if found is not None:
+                    run.progress.checkpoint_durable(durable, found[0].uri(found[1]))
+                m.last_durable_step = durable if found is not None else -1
+                run.progress.update(resume_tier="memory", resumed_step=step,
+                                    restored_from_peer=from_peer)
+            elif found is not None:
+                run.log("memory tier: no step every rank holds at or after the newest durable "
+                        f"checkpoint (step {durable}); resuming from the store")
+        if restored is None and found is not None:
+            run.progress.update(resume_tier="store")
             src, name = found
             t0 = time.perf_counter()
             manifest = m.load(name, store=src)
@@ -163,7 +187,7 @@ class Checkpointer:
                 f"ranks, loaded on {run.world_size}) in {time.perf_counter() - t0:.2f}s"
             )
             run._resumed(step, src.uri(name), manifest.get("loss"))
-        else:
+        elif restored is None:
             run.log(f"no complete checkpoint under {run.env.checkpoint_uri}: starting at step 0")
         if run.rank == 0:
             dropped = m.drop_incomplete(step)
@@ -172,7 +196,7 @@ class Checkpointer:
         if run.world_size > 1:
             dist.barrier()
         run._started(step)
-        if found is not None:  # where a resume's time goes (a move's downtime ends here)
+        if found is not None and restored is None:  # a resume's time (a move's downtime ends here)
             run.log(f"resume: located in {t_located - t_locate:.3f}s, loaded and agreed in "
                     f"{time.perf_counter() - t_located:.3f}s")
         return step

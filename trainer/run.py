@@ -267,6 +267,8 @@ class Run:
             self._stop(step)
         if ck is not None and (ckpt_now or (ck.every and step % ck.every == 0)):
             ck.save(step)
+        if ck is not None and ck.memory is not None:
+            ck.memory.maybe_snapshot(step, ck.samples_seen)
 
     def _stop(self, step: int) -> NoReturn:
         self.progress.update(state="checkpointing")

@@ -101,9 +101,11 @@ def launch(
     grace_s: float = 60,
     argv: list[str] | None = None,
     master_port: int = 0,
+    rank_env: dict[int, dict[str, str]] | None = None,
 ) -> Run:
     """`argv` (default `-m trainer`): what each rank runs after the interpreter, e.g. an
-    example script using the library; CB_TRAINER_CONFIG is then simply ignored."""
+    example script using the library; CB_TRAINER_CONFIG is then simply ignored.
+    `rank_env`: extra variables for single ranks, by rank."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = master_port or free_port()
     progress = workdir / "progress.json"
@@ -129,6 +131,7 @@ def launch(
             CB_GRACE_S=str(grace_s),
             OMP_NUM_THREADS="1",
         )
+        e.update((rank_env or {}).get(rank, {}))  # e.g. NODE_RANK for a multi-node layout
         out = workdir / f"rank{rank}.log"
         logs.append(out)
         procs.append(

@@ -1,0 +1,158 @@
+"""The in-memory recovery tier with real processes: keepers, gloo ranks, a node killed.
+
+Three "nodes", one rank each (examples/byo/train_plain.py, FSDP2 over 3 ranks), each node
+with its own keeper process (trainer/memkeeper.py); snapshots every step, durable
+checkpoints every 5 steps. Node 1 is killed (its rank and its keeper, SIGKILL) mid-run;
+the gang is relaunched on the survivors plus a spare node with an empty keeper:
+
+* rank 1's shard comes from its buddy's keeper (node 2), the others' from their own;
+  the resume loses at most one step, is newer than the newest durable checkpoint, and
+  every step's samples and loss equal an uninterrupted 3-rank run;
+* when both copies of a shard are gone (node 1's and node 2's keepers killed), every rank
+  falls back to the newest durable checkpoint, and the progress file says which tier;
+* each keeper holds at most 2 steps of each rank it serves (bounded memory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.trainer.launch import REPO, Run, launch, read_log
+from tests.trainer.test_library_example import wait_codes
+from tests.trainer.test_trainer_processes import assert_matches
+from trainer.memkeeper import KEEP, TOKEN_ENV
+from trainer.memtier import KeeperClient
+
+pytestmark = pytest.mark.slow
+SCRIPT = str(REPO / "examples" / "byo" / "train_plain.py")
+STEPS, NODES, TOKEN = 24, 3, "test-token"
+
+
+class Keeper:
+    """One node's keeper process, on an ephemeral loopback port."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        port_file = tmp / f"keeper-{name}.port"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.memkeeper", "--port-file", str(port_file)],
+            env={**os.environ, TOKEN_ENV: TOKEN, "PYTHONPATH": str(REPO)}, cwd=REPO)
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert self.proc.poll() is None and time.monotonic() < deadline, "keeper did not start"
+            time.sleep(0.05)
+        self.address = f"127.0.0.1:{port_file.read_text()}"
+
+    def stats(self) -> dict[str, Any]:
+        return KeeperClient(self.address, TOKEN).request({"op": "stats"})[0]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def keepers(tmp_path: Path):
+    started: list[Keeper] = []
+
+    def start(name: str) -> Keeper:
+        started.append(Keeper(tmp_path, name))
+        return started[-1]
+
+    yield start
+    for k in started:
+        if k.proc.poll() is None:
+            k.kill()
+
+
+def run_job(workdir: Path, ckpt: Path, log: Path, keepers: list[Keeper] | None, *,
+            attempt: int, sleep: float) -> Run:
+    argv = [SCRIPT, "--steps", str(STEPS), "--checkpoint-every", "5", "--loss-log", str(log),
+            "--step-sleep", str(sleep), "--seed", "4"]
+    env = {}
+    if keepers is not None:
+        env = {"CB_MEMORY_EVERY": "1", "CB_MEMORY_KEEPERS": ",".join(k.address for k in keepers),
+               TOKEN_ENV: TOKEN}
+    return launch(workdir, NODES, "{}", str(ckpt), attempt=attempt, argv=argv, job_id="j-mem",
+                  env=env, rank_env={r: {"NODE_RANK": str(r)} for r in range(NODES)})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("mem-ref")
+    run = run_job(d / "run", d / "ckpt", d / "loss.jsonl", None, attempt=0, sleep=0.0)
+    wait_codes(run, 0)
+    return read_log(d / "loss.jsonl")
+
+
+def kill_node_mid_run(tmp: Path, ckpt: Path, log: Path, ks: list[Keeper],
+                      lost: list[int]) -> int:
+    """Attempt 1 until step 12, then node 1's rank and the keepers in `lost` die (SIGKILL)
+    and the agent kills the rest of the gang; returns the last step rank 0 logged."""
+    a1 = run_job(tmp / "a1", ckpt, log, ks, attempt=1, sleep=0.25)
+    deadline = time.monotonic() + 180
+    while not (log.exists() and len(read_log(log)) >= 12):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in a1.procs), a1.output()
+        time.sleep(0.05)
+    a1.procs[1].send_signal(signal.SIGKILL)
+    for i in lost:
+        ks[i].kill()
+    time.sleep(0.5)
+    a1.kill()
+    return read_log(log)[-1]["step"]
+
+
+def final_records(log: Path) -> list[dict[str, Any]]:
+    """The last record of each step (steps after the resume point were retrained)."""
+    by_step = {r["step"]: r for r in read_log(log)}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def test_a_killed_node_is_replaced_and_restored_from_peer_memory(
+    tmp_path: Path, keepers, reference: list[dict[str, Any]]
+) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
+    ks = [keepers(f"n{i}") for i in range(NODES)]
+    last = kill_node_mid_run(tmp_path, ckpt, log, ks, lost=[1])
+    for k in (ks[0], ks[2]):  # bounded: KEEP steps of the own rank and of the ward
+        assert k.stats()["snapshots"] <= 2 * KEEP
+
+    spare = keepers("spare")
+    a2 = run_job(tmp_path / "a2", ckpt, log, [ks[0], spare, ks[2]], attempt=2, sleep=0.0)
+    wait_codes(a2, 0)
+    prog = a2.progress()
+    assert prog["state"] == "done" and prog["resume_tier"] == "memory", prog
+    resumed = prog["resumed_step"]
+    assert last - 1 <= resumed <= last, f"lost {last - resumed} steps (last logged {last})"
+    durable = int(re.search(r"newest durable checkpoint: step (\d+)", a2.output(0)).group(1))
+    assert 0 < durable < resumed, "the memory tier must have saved steps the store lacks"
+    assert prog["restored_from_peer"] == [1]  # the lost node's rank; the others from their own
+    assert "shards of ranks [1] from another node's keeper" in a2.output(0)
+    records = final_records(log)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert_matches(reference, records, exact=False)
+
+
+def test_both_copies_lost_falls_back_to_the_durable_checkpoint(
+    tmp_path: Path, keepers, reference: list[dict[str, Any]]
+) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
+    ks = [keepers(f"n{i}") for i in range(NODES)]
+    kill_node_mid_run(tmp_path, ckpt, log, ks, lost=[1, 2])  # rank 1's own and buddy copy
+    a2 = run_job(tmp_path / "a2", ckpt, log, [ks[0], keepers("s1"), keepers("s2")], attempt=2,
+                 sleep=0.0)
+    wait_codes(a2, 0)
+    prog = a2.progress()
+    assert prog["resume_tier"] == "store", prog
+    assert "resuming from the store" in a2.output(0)
+    records = final_records(log)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert_matches(reference, records, exact=False)

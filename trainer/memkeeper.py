@@ -1,0 +1,161 @@
+"""The in-memory tier's keeper: one process per node holding ranks' snapshots in RAM.
+
+Why a process of its own (docs/recovery.md): a rank's memory dies with the rank, and a
+recovery restarts every rank, survivors included; the node's keeper outlives them, so
+survivors restore from their own node and a replacement node's ranks from the buddy
+node's keeper. Why not pickle: the keeper listens on a port and must never execute what
+it receives. It stores opaque payloads (what the ranks serialized) under
+`(job, rank, step)`, keeps at most `KEEP` steps per `(job, rank)` (bounded memory), and
+answers only requests carrying the job's token.
+
+Wire format, both ways: a 4-byte big-endian header length, a JSON header, then
+`header["size"]` payload bytes (0 when none). Requests: `put` (job, rank, step, size +
+payload), `get` (job, rank, step), `steps` (job, rank), `stats`. Replies: `{"ok": true,
+...}` or `{"ok": false, "error": "..."}`.
+
+    python -m trainer.memkeeper --port-file F [--host 127.0.0.1] [--port 0]
+    (token from CB_MEMORY_TOKEN)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import socket
+import socketserver
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+KEEP = 2  # steps held per (job, rank): the newest complete one survives a half-sent next
+TOKEN_ENV = "CB_MEMORY_TOKEN"
+MAX_HEADER = 64 * 1024
+
+
+def send_msg(sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
+    head = json.dumps({**header, "size": len(payload)}).encode()
+    sock.sendall(struct.pack(">I", len(head)) + head)
+    if payload:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed mid-message")
+        got += k
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if n > MAX_HEADER:
+        raise ValueError(f"header of {n} bytes is too large")
+    header = json.loads(_recv_exact(sock, n))
+    size = int(header.get("size", 0))
+    return header, _recv_exact(sock, size) if size else b""
+
+
+class Store:
+    """The snapshots held, newest `KEEP` steps per (job, rank); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[tuple[str, int], dict[int, bytes]] = {}
+
+    def put(self, job: str, rank: int, step: int, payload: bytes) -> None:
+        with self._lock:
+            steps = self._data.setdefault((job, rank), {})
+            steps[step] = payload
+            for old in sorted(steps)[:-KEEP]:
+                del steps[old]
+
+    def get(self, job: str, rank: int, step: int) -> bytes | None:
+        with self._lock:
+            return self._data.get((job, rank), {}).get(step)
+
+    def steps(self, job: str, rank: int) -> list[int]:
+        with self._lock:
+            return sorted(self._data.get((job, rank), {}))
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            held = [p for steps in self._data.values() for p in steps.values()]
+            return {"bytes": sum(len(p) for p in held), "snapshots": len(held)}
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        while True:
+            try:
+                header, payload = recv_msg(sock)
+            except (ConnectionError, OSError, ValueError):
+                return
+            try:
+                reply, out = self.server.answer(header, payload)
+            except (KeyError, TypeError, ValueError) as exc:
+                reply, out = {"ok": False, "error": f"bad request: {exc}"}, b""
+            send_msg(sock, reply, out)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], token: str) -> None:
+        super().__init__(addr, _Handler)
+        self.token = token
+        self.store = Store()
+
+    def answer(self, h: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+        if not hmac.compare_digest(str(h.get("token", "")), self.token):
+            return {"ok": False, "error": "wrong token"}, b""
+        op = h["op"]
+        if op == "put":
+            self.store.put(str(h["job"]), int(h["rank"]), int(h["step"]), payload)
+            return {"ok": True, **self.store.stats()}, b""
+        if op == "get":
+            data = self.store.get(str(h["job"]), int(h["rank"]), int(h["step"]))
+            return ({"ok": True}, data) if data is not None else ({"ok": False, "error": "missing"}, b"")
+        if op == "steps":
+            return {"ok": True, "steps": self.store.steps(str(h["job"]), int(h["rank"]))}, b""
+        if op == "stats":
+            return {"ok": True, **self.store.stats()}, b""
+        raise ValueError(f"unknown op {op!r}")
+
+
+def serve(host: str, port: int, token: str) -> _Server:
+    """A keeper serving on a background thread (tests and the executor use the CLI)."""
+    server = _Server((host, port), token)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m trainer.memkeeper")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file", required=True, help="the bound port is written here")
+    args = p.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        sys.exit(f"memkeeper: {TOKEN_ENV} must be set (the job's token)")
+    server = _Server((args.host, args.port), token)
+    tmp = Path(args.port_file + ".tmp")
+    tmp.write_text(str(server.server_address[1]))
+    tmp.replace(args.port_file)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
