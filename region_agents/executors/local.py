@@ -59,6 +59,7 @@ from region_agents.executors.base import (
 )
 from region_agents.executors.job_dirs import check_readable_dir, make_job_dir, open_job_dir
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
+from region_agents.executors.memory_keepers import KeeperPool, memory_every
 from region_agents.executors.rank_threads import rank_thread_env
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
@@ -270,6 +271,8 @@ class LocalExecutor(Executor):
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._pending: list[AttemptEvent] = []
         self._lock = threading.RLock()
+        # The in-memory recovery tier's keepers (jobs with trainer option memory_every).
+        self.keepers = KeeperPool(self.work_dir, python)
 
     # ---- launch ---------------------------------------------------------------
     def resolve_command(self, command: list[str]) -> list[str]:
@@ -404,6 +407,12 @@ class LocalExecutor(Executor):
                 }
             )
             base_env.setdefault("CB_GRACE_S", "120")
+            every = memory_every(dict(spec.spec.trainer.options))
+            if every:  # a keeper per node, kept across attempts (docs/recovery.md)
+                try:
+                    base_env.update(self.keepers.env_for(spec.job_id, [n for n, _ in layout], every))
+                except (OSError, RuntimeError) as e:  # the store tier still works
+                    log.warning("%s: memory tier off for this attempt: %s", spec.job_id, e)
             if spec.standby:  # make-before-break: no step before the Go writes this file
                 with contextlib.suppress(FileNotFoundError):
                     (adir / GO_NAME).unlink()
@@ -726,6 +735,8 @@ class LocalExecutor(Executor):
             )
         )
         log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, state, code)
+        if state != AS.ATTEMPT_STATE_FAILED:  # done, stopped or durably saved: memory not needed
+            self.keepers.stop_job(att.spec.job_id)
         if att.record is not None:
             att.record.final = {"state": int(state), "exit_code": int(code),
                                 "message": msg.strip(), "failed_nodes": list(failed_nodes),
@@ -759,6 +770,7 @@ class LocalExecutor(Executor):
                 else:
                     self._signal_live(a, signal.SIGKILL)
         deadline = time.time() + grace_s
+        self.keepers.shutdown()
         for a in atts:
             for r in a.ranks:
                 if r.proc is None:  # adopted: not our child, poll /proc
