@@ -177,6 +177,16 @@ class MemoryTier:
                          f"every {self.every} step(s), copied to 2 keepers")
         self.stats.bytes = len(payload)
         self.stats.send_s += time.perf_counter() - t0
+        self.run.progress.update(lazy=True, memory_tier=self.report())  # rank 0's view
+
+    def report(self) -> dict[str, Any]:
+        """What this rank's tier costs and holds: snapshots taken / skipped (still
+        sending) / failed, one snapshot's bytes, seconds on the training thread per
+        snapshot, and the bytes each keeper it sends to said it holds (all ranks)."""
+        s = self.stats
+        return {"every": self.every, "taken": s.taken, "skipped": s.skipped, "failed": s.failed,
+                "snapshot_bytes": s.bytes, "copy_s_per_snapshot": s.copy_s / max(1, s.taken),
+                "keeper_bytes": dict(s.keeper_bytes)}
 
     def wait(self) -> None:
         if self._inflight is not None:

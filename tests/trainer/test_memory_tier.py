@@ -132,6 +132,12 @@ def test_a_killed_node_is_replaced_and_restored_from_peer_memory(
     assert prog["state"] == "done" and prog["resume_tier"] == "memory", prog
     resumed = prog["resumed_step"]
     assert last - 1 <= resumed <= last, f"lost {last - resumed} steps (last logged {last})"
+    # Memory use is reported: rank 0's snapshot size and what its keepers hold, bounded.
+    mem = prog["memory_tier"]
+    assert mem["every"] == 1 and mem["taken"] >= 1 and mem["failed"] == 0
+    assert mem["snapshot_bytes"] > 0 and len(mem["keeper_bytes"]) == 2  # own node's and buddy's
+    # each keeper: KEEP steps of 2 ranks (shards differ a little in size across ranks)
+    assert 0 < max(mem["keeper_bytes"].values()) <= 2 * KEEP * mem["snapshot_bytes"] * 1.5
     durable = int(re.search(r"newest durable checkpoint: step (\d+)", a2.output(0)).group(1))
     assert 0 < durable < resumed, "the memory tier must have saved steps the store lacks"
     assert prog["restored_from_peer"] == [1]  # the lost node's rank; the others from their own
