@@ -11,6 +11,11 @@ import grpc
 from brokersdk.errors import InvalidJobSpec
 from computebroker.v1 import capacity_pb2, common_pb2
 
+# Node label the broker sets on a spot node its agent gave an interruption notice for (the
+# value: the reclaim deadline, epoch seconds). Why a label: Node has no field for it, and
+# "unhealthy" alone hides that the cloud is taking the node back.
+SPOT_NOTICE_LABEL = "computebroker.io/spot-notice-deadline"
+
 TERMINAL_PHASES = frozenset(
     {
         common_pb2.JOB_PHASE_SUCCEEDED,

@@ -27,6 +27,7 @@ from starlette.templating import Jinja2Templates
 from brokersdk.client import BrokerError, BrokerUnavailable, NotFound, PermissionDenied
 from console import live
 from console.identity import ClientSettings, client_for, identify
+from console.jobview import log_text
 from console.pages import LOADERS, Page, template_globals
 from console.sessions import COOKIE, Session, SessionsFull, SessionStore, cookie_args
 
@@ -175,9 +176,10 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
             session = session_of(request)
             if session is None:
                 return RedirectResponse("/signin", 303)
-            params = dict(request.path_params)
+            params = {**request.query_params, **request.path_params}
             try:
-                ctx = await run_in_threadpool(LOADERS[page], session.client, params)
+                ctx = await run_in_threadpool(LOADERS[page], session.client, params,
+                                              session.identity)
             except BrokerError as e:
                 return problem(request, session, e)
             live_url = f"/live/{page.name.lower()}?{urlencode(params)}"
@@ -201,7 +203,7 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
         template = templates.get_template(page.template)
 
         def render_fragment() -> str:
-            ctx = LOADERS[page](session.client, params)
+            ctx = LOADERS[page](session.client, params, session.identity)
             return template.render({**template_globals(), **ctx, "layout": "fragment.html",
                                     "session": session, "identity": session.identity,
                                     "csrf": session.csrf, "page": page.name.lower()})
@@ -261,6 +263,24 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
         session.flash = msg
         return RedirectResponse(back, 303)
 
+    async def log_download(request: Request) -> Response:
+        """The job's whole log (every attempt the broker keeps) as a text file."""
+        session = session_of(request)
+        if session is None:
+            return RedirectResponse("/signin", 303)
+        job_id = request.path_params["job_id"]
+
+        def read() -> str:
+            return "".join(f"{line}\n" for line in log_text(session.client.logs(job_id), 0))
+
+        try:
+            text = await run_in_threadpool(read)
+        except BrokerError as e:
+            return problem(request, session, e)
+        safe = "".join(c for c in job_id if c.isalnum() or c in "-_") or "job"
+        return PlainTextResponse(text, headers={
+            "Content-Disposition": f'attachment; filename="{safe}.log"', "Cache-Control": "no-store"})
+
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -275,6 +295,7 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
         Route("/queue", page_route(Page.QUEUE), name="queue"),
         Route("/jobs", find_job, name="jobs"),
         Route("/jobs/{job_id}", page_route(Page.JOB), name="job"),
+        Route("/jobs/{job_id}/log.txt", log_download, name="job_log"),
         Route("/migrations", page_route(Page.MIGRATIONS), name="migrations"),
         Route("/plans", page_route(Page.PLANS), name="plans"),
         Route("/live/{page}", live_stream, name="live"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
-from brokersdk.enums import capacity_type_name
+from brokersdk.enums import SPOT_NOTICE_LABEL, capacity_type_name
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -20,6 +20,7 @@ from computebroker.v1 import common_pb2 as pb
 class CellState(enum.Enum):
     """What a node cell says at a glance (the strongest condition wins)."""
 
+    RECLAIMED = "reclaimed"  # a spot node the cloud is taking back (interruption notice)
     UNHEALTHY = "unhealthy"
     CORDONED = "cordoned"
     BORROWED = "borrowed"  # some of its GPUs are held beyond a team's guarantee
@@ -36,7 +37,11 @@ CELL_STYLE: dict[CellState, str] = {
     CellState.BORROWED: "GPUs borrowed beyond a guarantee",
     CellState.CORDONED: "cordoned: no new work",
     CellState.UNHEALTHY: "unhealthy",
+    CellState.RECLAIMED: "spot node reclaimed (interruption notice)",
 }
+
+# What a viewer sees in place of a job id they may not read (another team's job).
+HIDDEN_JOB = "another team's job"
 
 
 @dataclass
@@ -50,9 +55,15 @@ class NodeCell:
     jobs: list[str]
     accelerator: str
     zone: str
+    instance_type: str = ""
+    price: float = 0.0  # per GPU-hour
+    capacity_type: str = ""
+    reclaimed: bool = False
 
     @property
     def state(self) -> CellState:
+        if self.reclaimed:
+            return CellState.RECLAIMED
         if not self.healthy:
             return CellState.UNHEALTHY
         if self.cordoned:
@@ -76,9 +87,15 @@ class NodeCell:
         return round(100 * self.used / self.gpus) - borrowed, borrowed
 
     @property
+    def price_text(self) -> str:
+        return f"{self.price:.2f}/GPU-h" if self.price else "prepaid" if (
+            self.capacity_type == "training-plan") else "-"
+
+    @property
     def title(self) -> str:
         jobs = f"; jobs {', '.join(self.jobs)}" if self.jobs else ""
-        return (f"{self.id} ({self.zone}, {self.accelerator}): {self.used}/{self.gpus} GPUs used,"
+        return (f"{self.id} · {self.instance_type or self.accelerator} · {self.zone} · "
+                f"{self.capacity_type} {self.price_text}: {self.used}/{self.gpus} GPUs used,"
                 f" {self.borrowed} borrowed, {self.state.value}{jobs}")
 
 
@@ -91,6 +108,7 @@ class Totals:
     nodes: int = 0
     unhealthy: int = 0
     cordoned: int = 0
+    reclaimed: int = 0
 
     def add(self, c: NodeCell) -> None:
         self.gpus += c.gpus
@@ -98,8 +116,9 @@ class Totals:
         self.borrowed += c.borrowed
         self.free += c.free
         self.nodes += 1
-        self.unhealthy += not c.healthy
+        self.unhealthy += not c.healthy and not c.reclaimed
         self.cordoned += c.cordoned
+        self.reclaimed += c.reclaimed
 
 
 @dataclass
@@ -155,9 +174,16 @@ _POOL_ORDER = {pb.CAPACITY_TYPE_TRAINING_PLAN: 0, pb.CAPACITY_TYPE_RESERVED: 1,
                pb.CAPACITY_TYPE_ON_DEMAND: 2, pb.CAPACITY_TYPE_SPOT: 3}
 
 
-def build_fleet(regions: Iterable[cpb.RegionInfo],
-                nodes: Iterable[cpb.NodeUsage]) -> list[RegionView]:
-    """The heat map's tree from ListRegions and GetCapacity(include_nodes=True)."""
+def job_label(job_id: str, visible: Container[str] | None) -> str:
+    """The job id, or :data:`HIDDEN_JOB` when the viewer may not read that job (``visible``
+    None: the viewer reads every job, an operator)."""
+    return job_id if visible is None or job_id in visible else HIDDEN_JOB
+
+
+def build_fleet(regions: Iterable[cpb.RegionInfo], nodes: Iterable[cpb.NodeUsage],
+                visible: Container[str] | None = None) -> list[RegionView]:
+    """The heat map's tree from ListRegions and GetCapacity(include_nodes=True).
+    ``visible``: the job ids the viewer may read (None = all); others are not named."""
     views = {r.name: RegionView(r.name, r.connected, r.draining, r.drain_reason, r.running_jobs)
              for r in regions}
     pools: dict[tuple[str, int, str], Pool] = {}
@@ -180,7 +206,10 @@ def build_fleet(regions: Iterable[cpb.RegionInfo],
             block = blocks[bkey] = Block(_short(bname, n.region) or "-", kind)
             pool.blocks.append(block)
         cell = NodeCell(n.id, n.gpus, usage.allocated_gpus, usage.borrowed_gpus, n.healthy,
-                        n.cordoned, list(usage.job_ids), n.accelerator, n.zone)
+                        n.cordoned, [job_label(j, visible) if j else HIDDEN_JOB for j in usage.job_ids],
+                        n.accelerator, n.zone, n.instance_type, n.price_per_gpu_hour,
+                        pool.capacity_type,
+                        not n.healthy and SPOT_NOTICE_LABEL in n.labels)
         block.nodes.append(cell)
         for t in (block.totals, pool.totals, region.totals):
             t.add(cell)

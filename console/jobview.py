@@ -54,6 +54,8 @@ class MigrationRow:
     phases: list[tuple[str, float]]  # (name, seconds) in order
     total_s: float
     bars: list[Bar] = field(default_factory=list)
+    why: str = ""  # the event that caused the move (a spot notice, a drain ...), for people
+    why_seq: int = 0  # its seq in the event history (the page links to it)
 
 
 @dataclass
@@ -77,6 +79,11 @@ class JobView:
     loss_range: tuple[float, float]
     steps_range: tuple[int, int]
     log_lines: list[str]
+
+    @property
+    def loss_count(self) -> int:
+        """How many steps the curve draws."""
+        return len(self.loss_points.split())
 
 
 def _pct(t: float, t0: float, t1: float) -> float:
@@ -113,9 +120,11 @@ def attempts_of(job: pb.Job, events: Sequence[pb.JobEvent], now: float) -> list[
     return out
 
 
-def loss_curve(job: pb.Job, events: Iterable[pb.JobEvent]) -> tuple[str, tuple[float, float],
-                                                                    tuple[int, int]]:
-    """The sampled (step, loss) of "progress" events plus the latest progress."""
+def loss_samples(job: pb.Job, events: Iterable[pb.JobEvent]) -> dict[int, float]:
+    """Every known (step, loss): the job's bounded series of reported steps
+    (Job.loss_series), the sampled "progress" events (older brokers, or a series thinned
+    at its start) and the latest progress. A launch reports step 0 / loss 0 before
+    training, and jobs that report no loss report 0: neither is a point."""
     pts: dict[int, float] = {}
     for e in events:
         if e.type == "progress" and "loss" in e.details:
@@ -123,10 +132,17 @@ def loss_curve(job: pb.Job, events: Iterable[pb.JobEvent]) -> tuple[str, tuple[f
                 pts[int(e.details["step"])] = float(e.details["loss"])
             except ValueError:
                 continue
+    for p in job.loss_series:
+        pts[int(p.step)] = p.loss
     if job.progress.step:
         pts[int(job.progress.step)] = job.progress.loss
-    # A launch reports step 0 / loss 0 before training: not a point of the curve.
-    pts = {s: v for s, v in pts.items() if s > 0 and v > 0}
+    return {s: v for s, v in pts.items() if s > 0 and v > 0}
+
+
+def loss_curve(job: pb.Job, events: Iterable[pb.JobEvent]) -> tuple[str, tuple[float, float],
+                                                                    tuple[int, int]]:
+    """SVG polyline points of :func:`loss_samples` in a 0..300 x 0..100 box."""
+    pts = loss_samples(job, events)
     if len(pts) < 2:
         return "", (0.0, 0.0), (0, 0)
     steps = sorted(pts)
@@ -137,8 +153,18 @@ def loss_curve(job: pb.Job, events: Iterable[pb.JobEvent]) -> tuple[str, tuple[f
     return xy, (lo, hi), (s0, s1)
 
 
-def goodput_parts(g: pb.Goodput) -> list[GoodputPart]:
-    parts = [("productive", g.productive_s), ("queued", g.queued_s),
+# Phases in which a job waits for capacity: its current wait counts as "queued" before
+# the broker books it (goodput is accounted when the phase ends).
+_WAITING = frozenset({pb.JOB_PHASE_PENDING, pb.JOB_PHASE_ADMITTED})
+
+
+def goodput_parts(g: pb.Goodput, job: pb.Job | None = None,
+                  now: float | None = None) -> list[GoodputPart]:
+    """The goodput buckets; a job waiting now has its wait so far added to "queued"."""
+    waiting = 0.0
+    if job is not None and job.phase in _WAITING and job.phase_time:
+        waiting = max(0.0, (time.time() if now is None else now) - job.phase_time)
+    parts = [("productive", g.productive_s), ("queued", g.queued_s + waiting),
              ("lost: failure", g.lost_failure_s), ("lost: preemption", g.lost_preemption_s),
              ("lost: migration", g.lost_migration_s)]
     total = sum(s for _, s in parts) or 1.0
@@ -166,7 +192,39 @@ def migration_phases(m: pb.Migration) -> list[tuple[str, float, float]]:
 _PHASE_CLASS = {name: f"mig-{i}" for i, (name, _, _) in enumerate(_MIGRATION_PHASES, 1)}
 
 
-def migration_rows(migrations: Iterable[pb.Migration], t0: float, t1: float) -> list[MigrationRow]:
+# Events that never cause a move: reports and bookkeeping, not triggers.
+_NOT_CAUSES = frozenset({"progress", "checkpoint", "transfer", "transfer_started",
+                         "transfer_progress", "transfer_done", "launched", "running"})
+
+
+# Phases a trigger moves a running job into: the event that does so is a move's cause.
+_MOVE_PHASES = frozenset({pb.JOB_PHASE_CHECKPOINTING, pb.JOB_PHASE_SUSPENDED,
+                          pb.JOB_PHASE_MIGRATING})
+
+
+def is_cause(e: pb.JobEvent) -> bool:
+    """An event that stopped or moved an attempt (a spot notice, a drain, a preemption)."""
+    return e.type not in _NOT_CAUSES and e.to_phase in _MOVE_PHASES
+
+
+def cause_event(m: pb.Migration, events: Sequence[pb.JobEvent]) -> pb.JobEvent | None:
+    """The event that started move ``m``: the latest trigger-like event of the source
+    attempt at or just before the move began (a spot notice, a drain, a node going bad, a
+    better offer). Why: the move's ``cause`` is a code; this event says what happened."""
+    best = None
+    for e in events:
+        if e.time > m.started_time + 1.0:
+            break
+        if e.type in _NOT_CAUSES or not e.message:
+            continue
+        if m.from_attempt and e.attempt and e.attempt != m.from_attempt:
+            continue
+        best = e
+    return best
+
+
+def migration_rows(migrations: Iterable[pb.Migration], t0: float, t1: float,
+                   events: Sequence[pb.JobEvent] = ()) -> list[MigrationRow]:
     """Each move with its phase durations, also as bars on the job's axis."""
     rows: list[MigrationRow] = []
     for m in migrations:
@@ -176,6 +234,9 @@ def migration_rows(migrations: Iterable[pb.Migration], t0: float, t1: float) -> 
         row = MigrationRow(m.seq, m.cause, m.state, f"{m.from_region} → {m.to_region or '?'}",
                            f"{m.from_world_size} → {m.to_world_size or '?'}", phases,
                            m.total_s or sum(known.values()))
+        why = cause_event(m, events)
+        if why is not None:
+            row.why, row.why_seq = why.message, why.seq
         for name, start, end in spans:
             row.bars.append(_bar(start, end, t0, t1, name,
                                  f"move {m.seq}: {name} {end - start:.1f} s", _PHASE_CLASS[name]))
@@ -199,12 +260,14 @@ def build_job_view(job: pb.Job, events: Sequence[pb.JobEvent], log_lines: list[s
              for e in events if e.type == "checkpoint" and e.reason == "checkpoint_durable"]
     points, lrange, srange = loss_curve(job, events)
     return JobView(job, phase_name(job.phase), t0, t1, attempts, ticks,
-                   migration_rows(job.migrations, t0, t1), goodput_parts(job.goodput),
+                   migration_rows(job.migrations, t0, t1, events),
+                   goodput_parts(job.goodput, job, now),
                    points, lrange, srange, log_lines)
 
 
-def log_text(records: Iterable[object], limit: int = 40) -> list[str]:
-    """The log tail as lines: a header line per attempt, then "[rank] text"."""
+def log_text(records: Iterable[object], limit: int = 500) -> list[str]:
+    """The log's newest ``limit`` lines (0 = all): a header line per attempt, then
+    "[rank] text"."""
     out: list[str] = []
     for rec in records:
         kind = rec.WhichOneof("kind")  # type: ignore[attr-defined]
@@ -216,4 +279,4 @@ def log_text(records: Iterable[object], limit: int = 40) -> list[str]:
             out.append(f"[{ln.rank}] {ln.text}")
         elif kind == "dropped_lines":
             out.append(f"… {rec.dropped_lines} older lines dropped")  # type: ignore[attr-defined]
-    return out[-limit:]
+    return out[-limit:] if limit else out

@@ -37,6 +37,7 @@ from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.updates import ATTEMPT_TERMINAL
 from broker.jobs.views import JobsView
 from broker.store.base import StoreError
+from brokersdk.enums import SPOT_NOTICE_LABEL
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import agent_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
@@ -310,6 +311,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         def mark(n: pb.Node) -> bool:
             if n.id in doomed and n.healthy:
                 n.healthy = False
+                n.labels[SPOT_NOTICE_LABEL] = f"{doomed[n.id]:.0f}"  # shown as "reclaimed"
                 return True
             return False
 

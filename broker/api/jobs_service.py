@@ -48,6 +48,17 @@ def visible(job: pb.Job, principal: Principal) -> pb.Job:
     return out
 
 
+def without_series(job: pb.Job) -> pb.Job:
+    """A list answer leaves out each job's loss curve (up to ~8 KB each: a page of jobs
+    would carry thousands of points nobody asked for); GetJob carries it."""
+    if not job.loss_series:
+        return job
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.ClearField("loss_series")
+    return out
+
+
 def encode_token(last_id: str) -> str:
     return base64.urlsafe_b64encode(last_id.encode()).decode()
 
@@ -141,7 +152,7 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         more = len(jobs) > size
         jobs = jobs[:size]
         return jpb.ListJobsResponse(
-            jobs=[visible(j, who) for j in jobs], next_page_token=encode_token(jobs[-1].id) if more and jobs else "")
+            jobs=[visible(without_series(j), who) for j in jobs], next_page_token=encode_token(jobs[-1].id) if more and jobs else "")
 
     @rpc
     def CancelJob(self, request: jpb.CancelJobRequest, context: grpc.ServicerContext) -> pb.Job:

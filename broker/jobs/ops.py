@@ -19,7 +19,7 @@ from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import BrokerError, FailedPrecondition
 from broker.ids import new_job_id
-from broker.jobs import migration, precopy, standby, transitions, updates
+from broker.jobs import loss_series, migration, precopy, standby, transitions, updates
 from broker.jobs.applier import Applier
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
@@ -50,6 +50,9 @@ class JobOps:
         self._progress_lock = threading.Lock()
         # job_id -> (last progress write time, last step with a "progress" event)
         self._progress_marks: dict[str, tuple[float, int]] = {}
+        # job_id -> (step, loss) reported since its last progress write: the loss curve
+        # gets every reported step although writes are throttled (broker/jobs/loss_series.py).
+        self._loss_buffer: dict[str, list[tuple[int, float]]] = {}
         self.job_logs = JobLogs(self._store, self.config.log_max_bytes_per_attempt)  # rank output
         # The live priority classes (config defaults + API state), cached for the scheduler.
         self.priorities = PriorityClasses(self._store, self.config)
@@ -301,6 +304,7 @@ class JobOps:
             if ended is not None:
                 with self._progress_lock:
                     self._progress_marks.pop(u.job_id, None)
+                    self._loss_buffer.pop(u.job_id, None)
         else:
             self._progress(job, inp)
 
@@ -310,9 +314,14 @@ class JobOps:
         u = inp.update
         now = self.clock()
         every = self.config.progress_event_every_steps
+        has = u.HasField("progress")
         with self._progress_lock:
             last_write, last_ev_step = self._progress_marks.get(job.id, (0.0, -1))
-        has = u.HasField("progress")
+            if has and u.progress.loss > 0 and u.progress.step > 0:
+                buf = self._loss_buffer.setdefault(job.id, [])
+                if not buf or buf[-1] != (u.progress.step, u.progress.loss):
+                    buf.append((u.progress.step, u.progress.loss))
+                del buf[:-loss_series.MAX_POINTS]  # a stalled writer keeps the newest
         new_ckpt = has and u.progress.last_checkpoint_uri and (
             u.progress.last_checkpoint_step != job.progress.last_checkpoint_step
             or u.progress.last_checkpoint_uri != job.progress.last_checkpoint_uri)
@@ -325,7 +334,10 @@ class JobOps:
         first = has and migration.first_step_due(job, u.progress)
         if not (new_ckpt or started or due or first or (want_event and last_ev_step < 0)):
             return
-        inp = updates.AgentUpdate(agent_id=inp.agent_id, update=u, progress_event=bool(want_event))
+        with self._progress_lock:
+            points = tuple(self._loss_buffer.pop(job.id, ()))
+        inp = updates.AgentUpdate(agent_id=inp.agent_id, update=u, progress_event=bool(want_event),
+                                  loss_points=points)
         if self._apply(job.id, updates.progress, inp) is not None:
             with self._progress_lock:
                 self._progress_marks[job.id] = (now, step if want_event else last_ev_step)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import migration, standby
+from broker.jobs import loss_series, migration, standby
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -58,6 +58,8 @@ class AgentUpdate:
     agent_id: str
     update: apb.JobUpdate
     progress_event: bool = False
+    # (step, loss) of every step reported since the last write (JobOps buffers them).
+    loss_points: tuple[tuple[int, float], ...] = ()
 
     @property
     def actor(self) -> str:
@@ -79,6 +81,7 @@ def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
         return None
     first_step_after_move(tx, u)
     apply_progress(tx, u, inp.actor)
+    loss_series.record(j.loss_series, inp.loss_points)
     if inp.progress_event and u.HasField("progress"):
         tx.note("progress", reason="progress", actor=inp.actor,
                 message=f"step {u.progress.step}/{u.progress.total_steps}",

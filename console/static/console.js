@@ -43,6 +43,32 @@
     while (f) { var n = f.nextSibling; from.removeChild(f); f = n; }
   }
 
+  // The job page's log: keep it scrolled to its newest line unless the reader scrolled up,
+  // and filter its lines by the search field (the filter survives live refreshes).
+  function logAtEnd(pre) { return pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24; }
+  function applyLogFilter() {
+    var input = document.getElementById("log-search");
+    var pre = input && document.querySelector(input.getAttribute("data-filter"));
+    if (!pre) { return; }
+    var q = input.value.toLowerCase(), lines = pre.querySelectorAll(".ln"), hits = 0;
+    for (var i = 0; i < lines.length; i++) {
+      var hit = !q || lines[i].textContent.toLowerCase().indexOf(q) >= 0;
+      lines[i].classList.toggle("miss", !hit);
+      lines[i].classList.toggle("hit", !!q && hit);
+      if (hit) { hits++; }
+    }
+    var out = document.getElementById("log-matches");
+    if (out) { out.textContent = q ? hits + " of " + lines.length + " lines match" : ""; }
+  }
+  function tailLog() {
+    var pre = document.querySelector("pre.log[data-tail]");
+    if (pre) { pre.scrollTop = pre.scrollHeight; }
+  }
+  document.addEventListener("input", function (e) {
+    if (e.target && e.target.id === "log-search") { applyLogFilter(); tailLog(); }
+  });
+  tailLog();
+
   // The server sends the page's new <main> content ("html" events) when it changed.
   if (main && main.dataset.live && window.EventSource) {
     var es = new EventSource(main.dataset.live);
@@ -52,18 +78,28 @@
     es.addEventListener("html", function (e) {
       var next = document.createElement("main");
       next.innerHTML = e.data;
+      var pre = document.querySelector("pre.log[data-tail]");
+      var follow = !pre || logAtEnd(pre);
       morph(main, next);
+      applyLogFilter();
+      if (follow) { tailLog(); }
       setState("live", "on");
       document.body.dataset.updated = String(Date.now());
     });
   }
 
-  // Clicking a node cell puts its id in its region's cordon form.
+  // Clicking a node cell opens its region's (folded) operator forms and puts the node's
+  // id in the cordon form.
   document.addEventListener("click", function (e) {
     var cell = e.target.closest && e.target.closest(".cell[data-node]");
     var region = cell && cell.closest("section.region");
     var input = region && region.querySelector("input[data-region-input]");
-    if (input) { input.value = cell.getAttribute("data-node"); input.focus(); }
+    if (input) {
+      var ops = input.closest("details");
+      if (ops) { ops.open = true; }
+      input.value = cell.getAttribute("data-node");
+      input.focus();
+    }
   });
 
   // Confirm destructive actions (drain, cancel) before the form posts.

@@ -10,6 +10,7 @@ Screenshots go to the test's tmp dir. Outcomes only, never durations.
 from __future__ import annotations
 
 import http.client
+import os
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from tests.fixtures.cluster import Cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
+SIZES = {"laptop": (1366, 768), "phone": (390, 844)}
 WAIT_MS = 120_000  # generous: pages update within seconds, but the machine is shared
 
 
@@ -53,6 +55,7 @@ class Env:
     chromium: Any  # the Playwright Browser (other users get contexts of their own)
     operator_token: str = ""
     mover: Any = None  # JobHandle of the job the drain moves
+    spotty: Any = None  # JobHandle of the job a spot notice moves
 
     def page(self) -> Any:
         page = self.browser.new_page()
@@ -60,7 +63,15 @@ class Env:
         return page
 
     def shot(self, page: Any, name: str) -> None:
-        page.screenshot(path=str(self.shots / f"{name}.png"), full_page=True)
+        """Screenshots at a laptop's size and at a phone's (390x844), for people to look
+        at; each size must also fit the page's width (no sideways scrolling of the page)."""
+        for label, (w, h) in SIZES.items():
+            page.set_viewport_size({"width": w, "height": h})
+            page.wait_for_timeout(100)
+            page.screenshot(path=str(self.shots / f"{name}-{label}.png"), full_page=True)
+            overflow = page.evaluate("() => document.documentElement.scrollWidth")
+            assert overflow <= w + 1, f"{name} at {w} px is {overflow} px wide"
+        page.set_viewport_size(SIZES["laptop"])
 
 
 def sign_in(env: Env, page: Any, token: str | None = None) -> None:
@@ -82,14 +93,17 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     cluster.start_broker()
     cluster.start_agent("us-east-2", nodes=2, gpus=1, price=1.0)
     cluster.start_agent("eu-west-1", nodes=2, gpus=1, price=3.0)
+    # Cheapest, but spot: only jobs that ask for spot run there (the spot-notice test).
+    cluster.start_agent("ap-south-1", nodes=1, gpus=1, price=0.5, capacity_type="spot")
     console = ConsoleProcess(cluster.address, root / "logs" / "console.log",
                              console_env(cluster.env()))
     client = cluster.client()
-    shots = root / "screenshots"
-    shots.mkdir()
+    # CB_CONSOLE_SHOTS: keep the screenshots somewhere to look at after the run.
+    shots = Path(os.environ.get("CB_CONSOLE_SHOTS") or root / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
     try:
         setup_team(client)
-        wait_regions(cluster, client, 2)
+        wait_regions(cluster, client, 3)
         operator = issue_token(client, "olga", "operator")
         with chromium() as browser:
             yield Env(cluster, console, client, shots, new_user(browser), browser, operator)
@@ -163,9 +177,49 @@ def test_pages_render_live_data(env: Env) -> None:
         accelerator="sim", instance_count=1, gpus_per_instance=1, start_time=now + 3600,
         end_time=now + 7200, team="ml"))
     page.goto(env.console.url + "/plans")
+    far = client.create_plan(plan=cpb.TrainingPlan(
+        id="tp-far", name="far plan", region="eu-west-1", instance_type="sim.gpu",
+        accelerator="sim", instance_count=1, gpus_per_instance=1,
+        start_time=now + 4 * 365 * 86400, end_time=now + 4 * 365 * 86400 + 86400, team="ml"))
+    page.goto(env.console.url + "/plans")
     row = page.locator(f'section.gantt[data-region="eu-west-1"] .gantt-row[data-plan="{plan.id}"]')
     assert "scheduled" in row.inner_text()
+    # The axis is a window around now: the plan in an hour is a real bar, the one four
+    # years away is told in words, not squeezed into a sliver.
+    assert page.locator('a[data-window="month"][aria-current]').count() == 1
+    bar = row.locator(".plan-bar")
+    assert bar.bounding_box()["width"] > 1  # type: ignore[index]
+    far_row = page.locator(f'.gantt-row[data-plan="{far.id}"]')
+    assert far_row.get_attribute("data-outside") == "after"
+    assert "starts" in far_row.locator(".offwindow").inner_text()
+    assert str(time.gmtime(far.start_time).tm_year) in far_row.inner_text()
     env.shot(page, "plans")
+    page.goto(env.console.url + "/plans?window=all")
+    assert page.locator(f'.gantt-row[data-plan="{far.id}"] .plan-bar').count() == 1
+
+    # Jobs list: filter by team, phase and name; sort by a column.
+    page.goto(env.console.url + "/jobs?team=ml&sort=gpus")
+    rows = page.locator("table.jobs tbody tr[data-job]")
+    assert rows.count() >= 3
+    assert {rows.nth(i).get_attribute("data-team") for i in range(rows.count())} == {"ml"}
+    assert rows.first.get_attribute("data-job") == blocked.id  # 2 GPUs: the most
+    assert page.locator('th[aria-sort="descending"]', has_text="GPUs").count() == 1
+    page.fill('form.filters input[name="q"]', "block")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**q=block**")
+    assert [rows.nth(i).get_attribute("data-job") for i in range(rows.count())] == [blocked.id]
+    page.goto(env.console.url + "/jobs?phase=running")
+    running = page.locator("table.jobs tbody tr[data-job]")
+    assert running.count() >= 1
+    assert {running.nth(i).get_attribute("data-phase") for i in range(running.count())} == {
+        "running"}
+    page.goto(env.console.url + "/jobs")
+    env.shot(page, "jobs")
+    # A job still queued: no "queued -", no "loss 0.0000"; its wait so far is counted.
+    page.goto(f"{env.console.url}/jobs/{blocked.id}")
+    text = page.locator("main").inner_text()
+    assert "queued -" not in text and "loss 0.0000" not in text and "not launched yet" in text
+    env.shot(page, "job-queued")
 
     # Job: one attempt bar in us-east-2, checkpoint ticks, a loss curve, the log tail.
     page.goto(f"{env.console.url}/jobs/{mover.id}")
@@ -174,6 +228,36 @@ def test_pages_render_live_data(env: Env) -> None:
     page.locator(".tick").first.wait_for(timeout=WAIT_MS)
     page.locator("svg.loss polyline").wait_for(timeout=WAIT_MS)
     page.locator("pre.log", has_text="attempt 1").wait_for(timeout=WAIT_MS)
+    # The loss curve has every reported step, not only the sampled "progress" events.
+    page.wait_for_function("() => +document.querySelector('svg.loss').dataset.points >= 25",
+                           timeout=WAIT_MS)
+    points = int(page.locator("svg.loss").get_attribute("data-points") or 0)
+    sampled = [e for e in client.events(mover.id) if e.type == "progress"]
+    assert points >= 25 and points > 2 * len(sampled), (points, len(sampled))
+    # The whole event history, not the newest 15.
+    history = client.events(mover.id)
+    page.reload()
+    assert len(history) > 15
+    assert page.locator("table.events tbody tr").count() >= len(history)
+    assert page.locator("table.events tbody tr").first.get_attribute("data-type") == "submitted"
+    assert not page.locator("table.events tr.ev-progress").first.is_visible()
+    page.locator('label[for="show-progress"]').click()
+    assert page.locator("table.events tr.ev-progress").first.is_visible()
+    # The log is its tail, scrolled to its newest line; search filters its lines.
+    newest = [r.line.text for r in client.logs(mover.id, tail=1) if r.WhichOneof("kind") == "line"]
+    page.reload()
+    assert newest and newest[-1] in page.locator("pre.log").inner_text()
+    assert page.evaluate("() => { const p = document.querySelector('pre.log');"
+                         " return p.scrollHeight - p.scrollTop - p.clientHeight < 30; }")
+    total = page.locator("pre.log .ln").count()
+    page.fill("#log-search", "attempt 1")
+    page.locator("#log-matches", has_text="match").wait_for()
+    assert 1 <= page.locator("pre.log .ln:not(.miss)").count() < total
+    with page.expect_download() as dl:
+        page.get_by_role("link", name="Download the whole log").click()
+    body = Path(dl.value.path()).read_text()
+    assert body.startswith("── attempt 1") and body.count("\n") >= total - 1
+    page.fill("#log-search", "")
     env.shot(page, "job-before")
     second.cancel("done with it")
 
@@ -201,6 +285,9 @@ def test_operator_drain_moves_job_and_its_timeline_gains_a_bar(env: Env) -> None
 
     fleet = env.page()
     fleet.goto(env.console.url + "/fleet")
+    # The operator's forms are folded away until asked for.
+    assert not fleet.locator("#reason-us-east-2").is_visible()
+    fleet.locator('details.ops[data-ops="us-east-2"] summary').click()
     fleet.fill("#reason-us-east-2", "maintenance")
     fleet.get_by_role("button", name="Drain us-east-2").click()
     fleet.locator(".flash", has_text="us-east-2 draining").wait_for()
@@ -229,6 +316,48 @@ def test_operator_drain_moves_job_and_its_timeline_gains_a_bar(env: Env) -> None
     job_page.locator(".flash", has_text="cancelling").wait_for()
     done = mover.wait(timeout=120)
     assert done.phase == pb.JOB_PHASE_CANCELLED
+
+
+def test_spot_notice_is_the_named_cause_of_a_move_and_the_node_shows_reclaimed(env: Env) -> None:
+    client = env.client
+    wanted = spec("spotty", steps=2000, every=5, sleep=0.15)
+    wanted.capacity_types.extend([pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_ON_DEMAND])
+    spotty = client.submit(wanted)
+    env.spotty = spotty
+    wait_until(lambda: spotty.status().progress.last_checkpoint_step >= 5, timeout=180,
+               what=f"the spot job's first checkpoint\n{env.cluster.logs()}")
+    placed = spotty.status().placement
+    assert placed.region == "ap-south-1"  # the cheapest, and spot was asked for
+    node = placed.nodes[0].node_id
+    notices = env.cluster.root / "agents" / "ap-south-1" / "spot-notices"
+    notices.mkdir(parents=True, exist_ok=True)
+    (notices / node).write_text("60")
+    wait_until(lambda: spotty.status().attempt >= 2 and spotty.status().placement.region
+               == "eu-west-1", timeout=240, what=f"the move off spot\n{env.cluster.logs()}")
+
+    page = env.page()
+    sign_in(env, page)
+    page.goto(f"{env.console.url}/jobs/{spotty.id}")
+    row = page.locator("table.migrations tr.migration", has_text="spot_interruption")
+    row.wait_for(timeout=WAIT_MS)
+    why = row.locator(".why a")
+    assert "spot interruption notice" in why.inner_text() and node in why.inner_text()
+    target = why.get_attribute("href") or ""
+    cause = page.locator(f"table.events tr{target}")
+    assert cause.count() == 1 and "cause" in (cause.get_attribute("class") or "")
+    assert "spot interruption notice" in cause.inner_text()
+    env.shot(page, "job-spot-move")
+
+    # The fleet shows the spot node as reclaimed, not merely unhealthy.
+    page.goto(env.console.url + "/fleet")
+    cell = page.locator(f'.cell[data-node="{node}"]')
+    cell.wait_for()
+    assert "reclaimed" in (cell.get_attribute("class") or "")
+    assert "spot reclaimed" in page.locator('section.region[data-region="ap-south-1"] p.sum').inner_text()
+    table = page.locator(f'details.nodes table.nodes tr[data-node="{node}"]')
+    page.locator('section.region[data-region="ap-south-1"] details.nodes summary').first.click()
+    assert "reclaimed" in table.inner_text() and "0.50/GPU-h" in table.inner_text()
+    env.shot(page, "fleet-reclaimed")
 
 
 def _post(url: str, path: str, form: dict[str, str], cookie: str = "",
@@ -296,6 +425,14 @@ def test_member_cannot_see_another_teams_job(env: Env) -> None:
         # Read-only: no operator buttons anywhere on the fleet.
         page.locator('section.region[data-region="us-east-2"]').wait_for()
         assert page.locator("form.action button").count() == 0
+        # Team ml's jobs on the fleet are "another team's job", never their ids.
+        running = [j.id for j in env.client.jobs(phases=["running"])]
+        assert running, "a job of team ml runs (the spot test's)"
+        titles = " ".join(page.locator(".cell[data-node]").evaluate_all(
+            "cells => cells.map(c => c.title)"))
+        assert "another team's job" in titles
+        assert not any(jid in titles for jid in running)
+        env.shot(page, "fleet-member")
         # Team ml's job: refused by the broker, and nothing of it shown.
         resp = page.goto(f"{env.console.url}/jobs/{job.id}")
         assert resp is not None and resp.status in (403, 404)

@@ -12,7 +12,7 @@ from console.fleet import CellState, build_fleet
 from console.identity import Identity, Role
 from console.jobview import attempts_of, build_job_view, loss_curve
 from console.live import sse
-from console.plans import build_gantt
+from console.plans import Window, build_gantt
 from console.queue import build_queues
 from console.sessions import SessionsFull, SessionStore
 
@@ -151,7 +151,8 @@ def test_gantt_places_plans_per_region_and_tells_reserved_from_backfill() -> Non
     for j in (mine, theirs):
         j.placement.capacity_type, j.placement.pool = PLAN, "tp-a"
         j.placement.nodes.add(node_id="n", gpus=8)
-    g = build_gantt(plans, [mine, theirs, job("od", "ml", pb.JOB_PHASE_RUNNING, 0)], now=1000)
+    g = build_gantt(plans, [mine, theirs, job("od", "ml", pb.JOB_PHASE_RUNNING, 0)], now=1000,
+                    window=Window.ALL)
     assert [r.region for r in g.regions] == ["r0", "r1"]
     row = g.regions[1].rows[0]
     # The axis runs from the earliest start to the latest of (last end, now + 1 h) = 4600.
