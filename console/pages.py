@@ -22,7 +22,7 @@ from console.fleet import CELL_STYLE, build_fleet
 from console.identity import Identity
 from console.joblist import JobQuery, Sort, build_rows
 from console.jobview import build_job_view, is_cause, log_text
-from console.plans import DEFAULT_WINDOW, Window, build_gantt
+from console.plans import Window, build_gantt, default_window
 from console.queue import ACTIVE_PHASES, PENDING_PHASES, build_queues
 
 JOBS_PAGE_LIMIT = 200  # rows shown
@@ -105,7 +105,7 @@ def load_plans(client: BrokerClient, params: dict[str, str],
                viewer: Identity | None = None) -> dict[str, Any]:
     plans = client.plans(include_ended=True)
     jobs = client.jobs(phases=list(ACTIVE_PHASES), page_size=1000)
-    window = Window.parse(params.get("window", ""), DEFAULT_WINDOW)
+    window = Window.parse(params.get("window", ""), default_window(plans, time.time()))
     return {"gantt": build_gantt(plans, jobs, window=window)}
 
 

@@ -41,7 +41,18 @@ class Window(enum.Enum):
         return next((w for w in cls if w.label == text), default)
 
 
-DEFAULT_WINDOW = Window.MONTH
+def default_window(plans: Iterable[cpb.TrainingPlan], now: float) -> Window:
+    """The smallest window that shows the next plan (the first by start among those not
+    yet ended) from its start to its end; a month when none ends within a year."""
+    upcoming = sorted((p for p in plans if p.end_time >= now), key=lambda p: p.start_time)
+    if not upcoming:
+        return Window.MONTH
+    first = upcoming[0]
+    for w in (Window.DAY, Window.WEEK, Window.MONTH, Window.YEAR):
+        _, back, ahead = w.value
+        if first.start_time >= now - back and first.end_time <= now + ahead:
+            return w
+    return Window.YEAR
 
 
 @dataclass

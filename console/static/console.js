@@ -69,6 +69,12 @@
   });
   tailLog();
 
+  // Back from an action (its redirect names the region's operator forms): keep them open.
+  if (window.location.hash) {
+    var target = document.getElementById(decodeURIComponent(window.location.hash.slice(1)));
+    if (target && target.tagName === "DETAILS") { target.open = true; }
+  }
+
   // The server sends the page's new <main> content ("html" events) when it changed.
   if (main && main.dataset.live && window.EventSource) {
     var es = new EventSource(main.dataset.live);

@@ -53,7 +53,7 @@ def chromium() -> Iterator[Any]:
 
 def new_user(browser: Any) -> Any:
     """A browser context of its own (cookies, storage) at a laptop's screen size."""
-    return browser.new_context(viewport={"width": 1366, "height": 900})
+    return browser.new_context(viewport={"width": 1366, "height": 768})
 
 
 class ConsoleProcess:

@@ -10,7 +10,7 @@ from computebroker.v1 import common_pb2 as pb
 from console.fleet import HIDDEN_JOB, CellState, build_fleet
 from console.joblist import JobQuery, Sort, build_rows, cost_of
 from console.jobview import build_job_view, cause_event, goodput_parts, loss_samples
-from console.plans import Window, build_gantt
+from console.plans import Window, build_gantt, default_window
 
 
 def test_loss_series_keeps_every_step_then_thins_the_older_half() -> None:
@@ -110,6 +110,9 @@ def test_plans_window_draws_near_plans_and_summarises_far_ones() -> None:
     assert rows["soon"].outside == "" and rows["soon"].width > 20  # 2 days of 8: a real bar
     assert rows["long"].clipped_end and not rows["soon"].clipped_end
     assert 10 < g.now_pct < 15 and len(g.ticks) == 7
+    assert default_window(plans[:1], now) is Window.WEEK  # "soon" fits a week, not a day
+    assert default_window(plans[2:3], now) is Window.YEAR
+    assert default_window([], now) is Window.MONTH
     everything = build_gantt(plans, [], now=now, window=Window.ALL)
     assert everything.regions[0].rows[0].width < 1  # why the window exists
 
@@ -132,3 +135,39 @@ def test_fleet_hides_other_teams_job_ids_and_shows_reclaimed_spot_nodes() -> Non
     operator = build_fleet([], usages)  # None: reads every job
     assert next(c for p in operator[0].pools for b in p.blocks for c in b.nodes
                 if c.id == "s1").jobs == ["mine", "theirs"]
+
+
+def test_list_answers_leave_out_the_loss_series() -> None:
+    from broker.api.jobs_service import without_series
+
+    job = pb.Job(id="j")
+    loss_series.record(job.loss_series, [(1, 2.0), (2, 1.5)])
+    listed = without_series(job)
+    assert not listed.loss_series and listed.id == "j"
+    assert len(job.loss_series) == 2  # the stored record keeps it
+    bare = pb.Job(id="k")
+    assert without_series(bare) is bare  # no copy when there is nothing to drop
+
+
+def test_job_page_renders_for_a_queued_job_and_for_a_job_without_loss() -> None:
+    from jinja2 import Environment, FileSystemLoader
+
+    from console.app import HERE
+    from console.pages import template_globals
+
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    env.globals.update(template_globals())
+    template = env.get_template("job.html")
+    queued = pb.Job(id="q", phase=pb.JOB_PHASE_PENDING, created_time=100, phase_time=100,
+                    spec=pb.JobSpec(name="q", team="ml"))
+    html = template.render(view=build_job_view(queued, [], [], now=160), events=[],
+                           layout="fragment.html", identity=None, csrf="")
+    assert "not launched yet" in html and "loss 0.0000" not in html and "queued -" not in html
+    silent = pb.Job(id="s", phase=pb.JOB_PHASE_RUNNING, created_time=100, attempt=1,
+                    spec=pb.JobSpec(name="s", team="ml"))
+    silent.progress.step = 30
+    events = [pb.JobEvent(seq=i, time=100 + i, type="progress") for i in range(1, 40)]
+    html = template.render(view=build_job_view(silent, events, ["[0] hi"], now=160),
+                           events=events, layout="fragment.html", identity=None, csrf="")
+    assert "this job reports no loss" in html and "loss 0.0000" not in html
+    assert html.count('class="ev-progress') == 39  # every event, none cut
