@@ -68,7 +68,8 @@ def load_fleet(client: BrokerClient, params: dict[str, str],
                                                                 page_size=1000)}))
         cap = client.capacity(include_nodes=True)
     visible = None if mine is None else mine.result()
-    return {"regions": build_fleet(regions.result(), cap.nodes, visible), "legend": CELL_STYLE}
+    return {"regions": build_fleet(regions.result(), cap.nodes, visible), "legend": CELL_STYLE,
+            "as_table": params.get("view") == "table"}
 
 
 def load_queue(client: BrokerClient, params: dict[str, str],
