@@ -160,11 +160,15 @@ _WAITING = frozenset({pb.JOB_PHASE_PENDING, pb.JOB_PHASE_ADMITTED})
 
 def goodput_parts(g: pb.Goodput, job: pb.Job | None = None,
                   now: float | None = None) -> list[GoodputPart]:
-    """The goodput buckets; a job waiting now has its wait so far added to "queued"."""
-    waiting = 0.0
-    if job is not None and job.phase in _WAITING and job.phase_time:
-        waiting = max(0.0, (time.time() if now is None else now) - job.phase_time)
-    parts = [("productive", g.productive_s), ("queued", g.queued_s + waiting),
+    """The goodput buckets. The broker books a phase's time when the phase ends, so the
+    current phase's time so far is added here: a waiting job's to "queued", a running
+    job's to "productive" (else a running job reads as all queued)."""
+    waiting = running = 0.0
+    if job is not None and job.phase_time:
+        so_far = max(0.0, (time.time() if now is None else now) - job.phase_time)
+        waiting = so_far if job.phase in _WAITING else 0.0
+        running = so_far if job.phase == pb.JOB_PHASE_RUNNING else 0.0
+    parts = [("productive", g.productive_s + running), ("queued", g.queued_s + waiting),
              ("lost: failure", g.lost_failure_s), ("lost: preemption", g.lost_preemption_s),
              ("lost: migration", g.lost_migration_s)]
     total = sum(s for _, s in parts) or 1.0

@@ -44,6 +44,10 @@ def test_queued_job_counts_its_wait_so_far() -> None:
     job = pb.Job(id="q", phase=pb.JOB_PHASE_PENDING, created_time=100, phase_time=100)
     parts = {p.name: p.seconds for p in goodput_parts(job.goodput, job, now=160)}
     assert parts["queued"] == 60 and parts["productive"] == 0
+    running = pb.Job(id="r", phase=pb.JOB_PHASE_RUNNING, phase_time=150)
+    running.goodput.queued_s = 20
+    parts = {p.name: p.seconds for p in goodput_parts(running.goodput, running, now=160)}
+    assert (parts["productive"], parts["queued"]) == (10, 20)
 
 
 def test_a_move_names_the_event_that_caused_it() -> None:
