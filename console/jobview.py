@@ -212,10 +212,11 @@ def is_cause(e: pb.JobEvent) -> bool:
 
 
 def cause_event(m: pb.Migration, events: Sequence[pb.JobEvent]) -> pb.JobEvent | None:
-    """The event that started move ``m``: the latest trigger-like event of the source
-    attempt at or just before the move began (a spot notice, a drain, a node going bad, a
-    better offer). Why: the move's ``cause`` is a code; this event says what happened."""
-    best = None
+    """The event that started move ``m``: of the source attempt's events up to the move's
+    start, the last that took the job out of running (a spot notice, a drain, a node gone
+    bad, a better offer), not the later steps of the same stop ("checkpoint saved; moving").
+    Why: the move's ``cause`` is a code; this event says what happened."""
+    best = first_stop = None
     for e in events:
         if e.time > m.started_time + 1.0:
             break
@@ -224,7 +225,9 @@ def cause_event(m: pb.Migration, events: Sequence[pb.JobEvent]) -> pb.JobEvent |
         if m.from_attempt and e.attempt and e.attempt != m.from_attempt:
             continue
         best = e
-    return best
+        if e.to_phase in _MOVE_PHASES and e.from_phase not in _MOVE_PHASES:
+            first_stop = e
+    return first_stop or best
 
 
 def migration_rows(migrations: Iterable[pb.Migration], t0: float, t1: float,

@@ -52,14 +52,19 @@ def test_queued_job_counts_its_wait_so_far() -> None:
 
 def test_a_move_names_the_event_that_caused_it() -> None:
     def ev(seq: int, t: float, type_: str, attempt: int, msg: str, to: int = 0) -> pb.JobEvent:
-        return pb.JobEvent(seq=seq, time=t, type=type_, attempt=attempt, message=msg, to_phase=to)
+        frm = {pb.JOB_PHASE_CHECKPOINTING: pb.JOB_PHASE_RUNNING,
+               pb.JOB_PHASE_MIGRATING: pb.JOB_PHASE_CHECKPOINTING}.get(to, 0)
+        return pb.JobEvent(seq=seq, time=t, type=type_, attempt=attempt, message=msg,
+                           to_phase=to, from_phase=frm)
 
     events = [ev(1, 10, "launched", 1, "on a"), ev(2, 20, "progress", 1, "step 5"),
               ev(3, 30, "spot_notice", 1, "spot interruption notice for n1: moving",
                  pb.JOB_PHASE_CHECKPOINTING),
               ev(4, 30.5, "checkpoint", 1, "checkpoint at step 6 is durable"),
+              ev(6, 31, "migrating", 1, "attempt 1 checkpoint at step 6 saved; moving",
+                 pb.JOB_PHASE_MIGRATING),
               ev(5, 40, "launched", 2, "on b")]
-    m = pb.Migration(seq=1, cause="spot_interruption", from_attempt=1, started_time=30)
+    m = pb.Migration(seq=1, cause="spot_interruption", from_attempt=1, started_time=31)
     why = cause_event(m, events)
     assert why is not None and why.seq == 3
     job = pb.Job(id="j", phase=pb.JOB_PHASE_RUNNING, created_time=1, migrations=[m])
