@@ -88,7 +88,9 @@ def main() -> int:
     pki = install()  # TLS + tokens like the tests: a dev CA; the console gets only CB_CA
     tmp = Path(tempfile.mkdtemp(prefix="bench-console-"))
     broker = Broker(fast_config(tmp, scheduler_interval_s=1.0, agent_timeout_s=3600.0,
-                                heartbeat_interval_s=30.0))
+                                heartbeat_interval_s=30.0,
+                                # the broker requires >= 3 heartbeats of idle stream
+                                stream_idle_timeout_s=120.0))
     import os
 
     console = ConsoleProcess(broker.address, tmp / "console.log", console_env(dict(os.environ)))

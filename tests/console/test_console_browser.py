@@ -164,10 +164,10 @@ def test_pages_render_live_data(env: Env) -> None:
     wanted.allowed_regions.append("us-east-2")
     blocked = client.submit(wanted)
     page.goto(env.console.url + "/queue")
-    item = page.locator(f'ol.pending li[data-job="{blocked.id}"]')
-    item.wait_for(timeout=WAIT_MS)
-    reason = blocked.status().pending_reason
-    assert reason and reason in item.inner_text()
+    reason = wait_until(lambda: blocked.status().pending_reason, timeout=120,
+                        what="the scheduler's pending reason")
+    page.locator(f'ol.pending li[data-job="{blocked.id}"]', has_text=reason).wait_for(
+        timeout=WAIT_MS)
     assert page.locator(f'section.team[data-team="ml"] ul.active li[data-job="{mover.id}"]').count()
     cells = page.locator('section.team[data-team="ml"] tr[data-accelerator="any"] td')
     assert cells.nth(1).inner_text() == "64" and int(cells.nth(2).inner_text()) >= 1  # used
@@ -436,8 +436,11 @@ def test_member_cannot_see_another_teams_job(env: Env) -> None:
         page.locator('section.region[data-region="us-east-2"]').wait_for()
         assert page.locator("form.action button").count() == 0
         # Team ml's jobs on the fleet are "another team's job", never their ids.
+        theirs = env.client.submit(spec("theirs", steps=2000, every=50, sleep=0.15))
+        env.cluster.wait_progressing(theirs, 2)
         running = [j.id for j in env.client.jobs(phases=["running"])]
-        assert running, "a job of team ml runs (the spot test's)"
+        assert theirs.id in running
+        page.reload()
         titles = " ".join(page.locator(".cell[data-node]").evaluate_all(
             "cells => cells.map(c => c.title)"))
         assert "another team's job" in titles
