@@ -174,6 +174,26 @@ _POOL_ORDER = {pb.CAPACITY_TYPE_TRAINING_PLAN: 0, pb.CAPACITY_TYPE_RESERVED: 1,
                pb.CAPACITY_TYPE_ON_DEMAND: 2, pb.CAPACITY_TYPE_SPOT: 3}
 
 
+@dataclass
+class OwnJobs:
+    """What a viewer who reads only their team's jobs knows of them: their ids and the
+    GPUs they hold per node. Why the GPUs: the broker leaves other teams' job ids out of a
+    member's answer, so a node's used GPUs beyond their own jobs' are another team's."""
+
+    ids: set[str]
+    node_gpus: dict[str, int]
+
+    @classmethod
+    def of(cls, jobs: Iterable[pb.Job]) -> OwnJobs:
+        ids: set[str] = set()
+        gpus: dict[str, int] = {}
+        for j in jobs:
+            ids.add(j.id)
+            for a in j.placement.nodes:
+                gpus[a.node_id] = gpus.get(a.node_id, 0) + a.gpus
+        return cls(ids, gpus)
+
+
 def job_label(job_id: str, visible: Container[str] | None) -> str:
     """The job id, or :data:`HIDDEN_JOB` when the viewer may not read that job (``visible``
     None: the viewer reads every job, an operator)."""
@@ -181,9 +201,10 @@ def job_label(job_id: str, visible: Container[str] | None) -> str:
 
 
 def build_fleet(regions: Iterable[cpb.RegionInfo], nodes: Iterable[cpb.NodeUsage],
-                visible: Container[str] | None = None) -> list[RegionView]:
+                own: OwnJobs | None = None) -> list[RegionView]:
     """The heat map's tree from ListRegions and GetCapacity(include_nodes=True).
-    ``visible``: the job ids the viewer may read (None = all); others are not named."""
+    ``own``: the viewer's team's jobs when they may read only those (None = an operator,
+    who reads all); other teams' jobs are shown as :data:`HIDDEN_JOB`, never by id."""
     views = {r.name: RegionView(r.name, r.connected, r.draining, r.drain_reason, r.running_jobs)
              for r in regions}
     pools: dict[tuple[str, int, str], Pool] = {}
@@ -205,8 +226,13 @@ def build_fleet(regions: Iterable[cpb.RegionInfo], nodes: Iterable[cpb.NodeUsage
         if block is None:
             block = blocks[bkey] = Block(_short(bname, n.region) or "-", kind)
             pool.blocks.append(block)
+        jobs = [job_label(j, own.ids if own else None) if j else HIDDEN_JOB
+                for j in usage.job_ids]
+        if own is not None and usage.allocated_gpus > own.node_gpus.get(n.id, 0) and (
+                HIDDEN_JOB not in jobs):
+            jobs.append(HIDDEN_JOB)  # GPUs in use beyond the viewer's own jobs'
         cell = NodeCell(n.id, n.gpus, usage.allocated_gpus, usage.borrowed_gpus, n.healthy,
-                        n.cordoned, [job_label(j, visible) if j else HIDDEN_JOB for j in usage.job_ids],
+                        n.cordoned, jobs,
                         n.accelerator, n.zone, n.instance_type, n.price_per_gpu_hour,
                         pool.capacity_type,
                         not n.healthy and SPOT_NOTICE_LABEL in n.labels)

@@ -18,7 +18,7 @@ from typing import Any
 from brokersdk.client import BrokerClient
 from brokersdk.enums import capacity_type_name, phase_name
 from computebroker.v1 import common_pb2 as pb
-from console.fleet import CELL_STYLE, build_fleet
+from console.fleet import CELL_STYLE, OwnJobs, build_fleet
 from console.identity import Identity
 from console.joblist import JobQuery, Sort, build_rows
 from console.jobview import build_job_view, is_cause, log_text
@@ -64,11 +64,11 @@ def load_fleet(client: BrokerClient, params: dict[str, str],
         # A viewer who reads only their team's jobs sees other teams' job ids as "another
         # team's job": the ids they may read are their team's active jobs.
         mine = (None if viewer is None or viewer.role.can_operate else
-                pool.submit(lambda: {j.id for j in client.jobs(phases=list(ACTIVE_PHASES),
-                                                                page_size=1000)}))
+                pool.submit(lambda: OwnJobs.of(client.jobs(phases=list(ACTIVE_PHASES),
+                                                           page_size=1000))))
         cap = client.capacity(include_nodes=True)
-    visible = None if mine is None else mine.result()
-    return {"regions": build_fleet(regions.result(), cap.nodes, visible), "legend": CELL_STYLE,
+    own = None if mine is None else mine.result()
+    return {"regions": build_fleet(regions.result(), cap.nodes, own), "legend": CELL_STYLE,
             "as_table": params.get("view") == "table"}
 
 

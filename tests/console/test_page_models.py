@@ -7,7 +7,7 @@ from broker.jobs import loss_series
 from brokersdk.enums import SPOT_NOTICE_LABEL
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from console.fleet import HIDDEN_JOB, CellState, build_fleet
+from console.fleet import HIDDEN_JOB, CellState, OwnJobs, build_fleet
 from console.joblist import JobQuery, Sort, build_rows, cost_of
 from console.jobview import build_job_view, cause_event, goodput_parts, loss_samples
 from console.plans import Window, build_gantt, default_window
@@ -132,18 +132,31 @@ def test_fleet_hides_other_teams_job_ids_and_shows_reclaimed_spot_nodes() -> Non
     spot.labels[SPOT_NOTICE_LABEL] = "1800000000"
     sick = pb.Node(id="s2", region="r", gpus=8, capacity_type=pb.CAPACITY_TYPE_SPOT,
                    healthy=False)
+    other = pb.Node(id="o1", region="r", gpus=8, capacity_type=pb.CAPACITY_TYPE_ON_DEMAND,
+                    healthy=True)
     usages = [cpb.NodeUsage(node=spot, allocated_gpus=8, job_ids=["mine", "theirs"]),
-              cpb.NodeUsage(node=sick)]
-    fleet = build_fleet([], usages, visible={"mine"})
+              cpb.NodeUsage(node=sick),
+              # the broker leaves other teams' ids out of a member's answer: 6 GPUs used
+              # where the viewer's own job holds 2
+              cpb.NodeUsage(node=other, allocated_gpus=6, job_ids=["mine"])]
+    mine = pb.Job(id="mine")
+    mine.placement.nodes.add(node_id="s1", gpus=4)
+    mine.placement.nodes.add(node_id="o1", gpus=2)
+    fleet = build_fleet([], usages, OwnJobs.of([mine]))
     cells = {c.id: c for p in fleet[0].pools for b in p.blocks for c in b.nodes}
     assert cells["s1"].state is CellState.RECLAIMED and cells["s2"].state is CellState.UNHEALTHY
     assert cells["s1"].jobs == ["mine", HIDDEN_JOB]
+    assert cells["o1"].jobs == ["mine", HIDDEN_JOB]
     assert "theirs" not in cells["s1"].title and "p5.48xlarge" in cells["s1"].title
     assert "1.50/GPU-h" in cells["s1"].title
     assert (fleet[0].totals.reclaimed, fleet[0].totals.unhealthy) == (1, 1)
     operator = build_fleet([], usages)  # None: reads every job
     assert next(c for p in operator[0].pools for b in p.blocks for c in b.nodes
                 if c.id == "s1").jobs == ["mine", "theirs"]
+    alone = pb.Node(id="a1", region="r", gpus=8, healthy=True)
+    solo = build_fleet([], [cpb.NodeUsage(node=alone, allocated_gpus=2, job_ids=["mine"])],
+                       OwnJobs({"mine"}, {"a1": 2}))
+    assert solo[0].pools[0].blocks[0].nodes[0].jobs == ["mine"]  # all GPUs are theirs
 
 
 def test_list_answers_leave_out_the_loss_series() -> None:
