@@ -86,6 +86,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.trainer_option:
         trainer["options"] = kv_pairs(args.trainer_option, "--trainer-option")
 
+    if not base.get("team") and "team" not in overrides:
+        team = default_team(client)
+        if team:
+            base["team"] = team
     if "resources" in base or "topology" in base:  # the API's JSON form
         if overrides or trainer:
             raise UsageError(
@@ -122,6 +126,14 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.wait:
         return _watch(client, handle.id, out, include_progress=False)
     return EXIT_OK
+
+
+def default_team(client: BrokerClient) -> str:
+    """The caller's team when neither ``--team`` nor the spec names one: a member or
+    team admin belongs to exactly one team (their token or certificate says which), so
+    that team is the only sensible default; operators have none ("" = the SDK's own
+    default). Why ask the broker: the identity lives in the credential, not the client."""
+    return client.whoami().team
 
 
 def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | None) -> Any:

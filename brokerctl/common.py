@@ -109,6 +109,15 @@ def parse_end(end: str | None, duration: str | None, start: float) -> float:
                          "(or --end with a time)") from None
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """The closest of ``choices`` to a mistyped ``word`` ("" if none is close): difflib's
+    ratio, the same measure argparse uses for its own suggestions."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return near[0] if near else ""
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """A message on one line (YAML and pydantic errors span several), cut at ``limit``."""
     flat = " ".join(str(text).split())

@@ -67,6 +67,7 @@ from brokersdk.client import (
     QuotaExceeded,
 )
 from brokersdk.credentials import CredentialsError, resolve
+from brokersdk.diagnose import diagnose
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -97,7 +98,8 @@ def build_parser() -> _Parser:
         "--broker",
         default=None,
         metavar="ADDR",
-        help=f"broker address, or HA replicas a:1,b:2 (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
+        help=f"broker address, or HA replicas a:1,b:2 (env CB_SERVER, or the context's server;"
+        f" default {DEFAULT_ADDRESS})",
     )
     p.add_argument("--timeout", type=finite_float, default=10.0, help="per-call deadline in seconds")
     p.add_argument("--context", default=None, metavar="NAME",
@@ -255,6 +257,8 @@ def build_parser() -> _Parser:
     pc.add_argument("--duration", default="24h", help="if no --end: 24h, 90m, 1d2h, ...")
     pc.add_argument("--team")
     pc.add_argument("--price", type=finite_float, help="$ per GPU-hour (prepaid)")
+    pc.add_argument("--force", action="store_true",
+                    help="register it even if no agent's node can back it yet")
     pcc = psub.add_parser("cancel", help="cancel a plan")
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
@@ -387,7 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         address = (args.broker or os.environ.get("BROKER_ADDRESS") or creds.server
                    or DEFAULT_ADDRESS)
         with BrokerClient(address, timeout=args.timeout, credentials=creds) as client:
-            return args.func(args, client, out)
+            try:
+                return args.func(args, client, out)
+            except BrokerError as e:
+                # Say what to change (CB_SERVER, CB_INSECURE, CB_CA, CB_TOKEN, CB_CONFIG),
+                # not what gRPC saw: brokersdk/diagnose.py.
+                raise diagnose(e, address, creds) from None
     except SystemExit as e:  # --help, or a delegated main() calling sys.exit
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_ERROR)

@@ -151,6 +151,16 @@ def when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def date_time(t: float, now: float | None = None) -> str:
+    """``MM-DD HH:MM`` this year, ``YYYY-MM-DD HH:MM`` in any other: a plan that ends in
+    2030 must not read as this January."""
+    if not t:
+        return "-"
+    local = time.localtime(t)
+    this_year = time.localtime(time.time() if now is None else now).tm_year
+    return time.strftime("%m-%d %H:%M" if local.tm_year == this_year else "%Y-%m-%d %H:%M", local)
+
+
 def steps(job: common_pb2.Job) -> str:
     """``step/total``. A job running its own code (``run``) counts only what it reports:
     the trainer spec's total is the built-in trainer's default there, and a plain script
@@ -735,8 +745,8 @@ def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
             f"{p.region}/{p.zone}" if p.zone else p.region,
             f"{p.instance_count}×{p.instance_type or '?'}",
             plan_state_name(p.state) or "-",
-            time.strftime("%m-%d %H:%M", time.localtime(p.start_time)) if p.start_time else "-",
-            time.strftime("%m-%d %H:%M", time.localtime(p.end_time)) if p.end_time else "-",
+            date_time(p.start_time),
+            date_time(p.end_time),
             p.team or "shared",
         )
     return table
@@ -752,7 +762,7 @@ def tokens_table(tokens: Iterable[object]) -> Table:
                  "expired" if expires and expires <= now else
                  "rotated" if t.rotated_time else "active")  # type: ignore[attr-defined]
         table.add_row(t.id, t.user, t.role, t.team or "-",  # type: ignore[attr-defined]
-                      time.strftime("%m-%d %H:%M", time.localtime(t.created_time)),  # type: ignore[attr-defined]
+                      date_time(t.created_time),  # type: ignore[attr-defined]
                       time.strftime("%Y-%m-%d", time.localtime(expires)) if expires else "never",
                       state)
     return table
