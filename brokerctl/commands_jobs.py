@@ -17,6 +17,7 @@ from brokerctl.common import (
     given_flags,
     kv_pairs,
     load_spec_file,
+    print_line,
     show_list,
 )
 from brokerctl.live_progress import LiveProgress
@@ -187,7 +188,7 @@ def print_job(out: Console, job: Any, events: list, now: float | None = None) ->
     out.print(Text(f"events ({len(shown)}, one line each; in full: brokerctl events {job.id})",
                    style="bold"))
     for event in shown:
-        out.print(render_logs.event_line(event), no_wrap=True, overflow="ellipsis", crop=True)
+        print_line(out, render_logs.event_line(event))
 
 
 def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import shlex
 import time
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from google.protobuf import json_format
@@ -104,11 +106,36 @@ def _scrub_in_place(msg: Message) -> None:
                 _scrub_in_place(m)
 
 
+_FULL_VALUES: ContextVar[bool] = ContextVar("full_values", default=False)
+
+
+def full_values() -> bool:
+    """True when output goes to a pipe or a file: no value may be cut there (a log or a
+    ``grep`` must see the whole job name, region and reason), so cells wrap instead."""
+    return _FULL_VALUES.get()
+
+
+@contextmanager
+def full_values_mode(on: bool = True) -> Iterator[None]:
+    """Render with (or without) :func:`full_values` inside the block."""
+    token = _FULL_VALUES.set(on)
+    try:
+        yield
+    finally:
+        _FULL_VALUES.reset(token)
+
+
+def set_full_values(on: bool) -> None:
+    """Per invocation: ``brokerctl.common.consoles`` sets it from ``isatty``."""
+    _FULL_VALUES.set(on)
+
+
 def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
     """A compact table whose headers never wrap (min_width = header length).
 
     Column options are rich's, plus ``flex=True`` for free-text columns that may
-    be shortened (with an ellipsis) to fit; the others never shrink.
+    be shortened (with an ellipsis) to fit on a terminal; the others never shrink.
+    In a pipe (:func:`full_values`) every cell wraps (``fold``) and none is cut.
     """
     table = Table(box=box.SIMPLE_HEAD, title=title, pad_edge=False, expand=False,
                   show_edge=False, padding=(0, 1, 0, 0))
@@ -119,6 +146,8 @@ def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
         # the others keep their natural width.
         flex = opts.pop("flex", False)
         opts = {"no_wrap": not flex, "overflow": "ellipsis", "min_width": len(name), **opts}
+        if full_values():
+            opts.update(no_wrap=False, overflow="fold")
         table.add_column(name, **opts)
     return table
 
@@ -200,57 +229,98 @@ JOBS_COLUMNS: tuple[tuple[str, int, str], ...] = (
 
 
 def _clip(text: str, width: int) -> str:
+    if full_values():
+        return text
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Table:
+def _job_reason(job: common_pb2.Job) -> str:
+    return job.pending_reason if job.pending_reason else (
+        job.message if phase_name(job.phase) == "failed" else "")
+
+
+def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100,
+               with_reason: bool = True) -> Table:
     """One row per job, in the order given (``newest_first``). REASON says why a job is
     still pending (or why it failed) and gets the width the other columns leave, cut
-    with an ellipsis (``job ID`` has it whole): widths are computed here because rich's
-    own shrinking squeezes the name columns to nothing when one cell is long."""
+    with an ellipsis on a terminal (``job ID`` has it whole) and wrapped in a pipe.
+    Widths are computed here because rich's own shrinking squeezes the name columns to
+    nothing when one cell is long. ``with_reason=False`` (a narrow terminal) leaves
+    REASON out, and R/M and AGE too (``job ID`` has them); :func:`jobs_view` then prints
+    each reason on a line of its own."""
     jobs = list(jobs)
+    keep = [i for i, (h, _, _) in enumerate(JOBS_COLUMNS)
+            if with_reason or h not in _NARROW_DROPS]
+    columns = [JOBS_COLUMNS[i] for i in keep]
     rows = []
     for job in jobs:
-        reason = job.pending_reason if job.pending_reason else (
-            job.message if phase_name(job.phase) == "failed" else "")
-        rows.append([job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
-                     job_region(job), shape(job), steps(job), moves(job),
-                     age(job.created_time, now), reason or "-"])
+        row = [job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
+               job_region(job), shape(job), steps(job), moves(job), age(job.created_time, now),
+               _job_reason(job) or "-"]
+        rows.append([row[i] for i in keep])
     widths = []
-    for i, (header, cap, _) in enumerate(JOBS_COLUMNS):
+    full = full_values()  # in a pipe a column is capped only by the width, never by taste
+    for i, (header, cap, _) in enumerate(columns):
         natural = max([len(header), *(len(r[i]) for r in rows)])
-        widths.append(min(natural, max(cap, len(header))) if cap else natural)
+        widths.append(min(natural, max(cap, len(header))) if cap and not full else natural)
     overhead = 2 * (len(widths) - 1) + 1
-    over = sum(widths[:-1]) + len("REASON") + overhead - width
-    for i in (1, 2, 4):  # NAME, TEAM, REGION give way (down to their headers) when too wide
-        if over <= 0:
+    last = len("REASON") if with_reason else widths[-1]
+    over = sum(widths[:-1]) + last + overhead - width
+    # NAME, TEAM, REGION give way (down to their headers), one column at a time from the
+    # one with the most room to spare, so a short value keeps its whole width.
+    shrink = [i for i, c in enumerate(columns) if c[0] in ("NAME", "TEAM", "REGION")]
+    while over > 0:
+        i = max(shrink, key=lambda k: widths[k] - len(columns[k][0]))
+        if widths[i] <= len(columns[i][0]):
             break
-        give = min(over, widths[i] - len(JOBS_COLUMNS[i][0]))
-        widths[i] -= give
-        over -= give
-    used = sum(widths[:-1]) + overhead
-    widths[-1] = max(len("REASON"), min(widths[-1], width - used))
+        widths[i] -= 1
+        over -= 1
+    if with_reason:
+        used = sum(widths[:-1]) + overhead
+        widths[-1] = max(len("REASON"), min(widths[-1], width - used))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, show_edge=False,
                   padding=(0, 1, 0, 0))
-    for (header, _, justify), w in zip(JOBS_COLUMNS, widths, strict=True):
-        table.add_column(header, width=w, no_wrap=True, overflow="ellipsis", justify=justify)  # type: ignore[arg-type]
+    for (header, _, justify), w in zip(columns, widths, strict=True):
+        table.add_column(header, width=w, no_wrap=not full, justify=justify,  # type: ignore[arg-type]
+                         overflow="fold" if full else "ellipsis")
     for r, job in zip(rows, jobs, strict=True):
         cells: list[object] = [_clip(c, w) for c, w in zip(r, widths, strict=True)]
         cells[3] = Text(cells[3], style=PHASE_STYLE.get(r[3], ""))
-        cells[9] = Text(cells[9], style="yellow" if job.pending_reason else "dim")
+        if with_reason:
+            cells[-1] = Text(cells[-1], style="yellow" if job.pending_reason else "dim")
         table.add_row(*cells)
     return table
 
 
+_NARROW_DROPS = ("R/M", "AGE", "REASON")
+
+
+def _jobs_min_width() -> int:
+    """The narrowest jobs table with REASON: IDs whole, shrinkable columns at their headers."""
+    fixed = 19 + len("PHASE") + 4 + len("SHAPE") + len("STEP") + len("R/M") + len("AGE") + 4
+    shrinkable = len("NAME") + len("TEAM") + len("REGION") + len("REASON")
+    return fixed + shrinkable + 2 * (len(JOBS_COLUMNS) - 1) + 1
+
+
 def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Group:
-    """``brokerctl jobs``: the table, then each pending job's whole reason on a line of
-    its own when the REASON column had to cut it (one line each, never wrapped)."""
+    """``brokerctl jobs``: the table, then each job's whole reason on a line of its own
+    when the table could not hold it: cut in the REASON column on a terminal, or no
+    REASON column at all when the terminal is too narrow for one (80 columns). On a
+    terminal those lines are cut at the width; in a pipe they are whole (wrapped)."""
     jobs = list(jobs)
-    parts: list[object] = [jobs_table(jobs, now, width)]
-    cut = [j for j in jobs if j.pending_reason and len(j.pending_reason) > 40]
-    for j in cut:
+    with_reason = width >= _jobs_min_width() + 8
+    parts: list[object] = [jobs_table(jobs, now, width, with_reason=with_reason)]
+    if with_reason:
+        # In a pipe the REASON cell already holds all of it (wrapped).
+        below = [] if full_values() else [j for j in jobs if j.pending_reason
+                                          and len(j.pending_reason) > 40]
+    else:
+        below = [j for j in jobs if _job_reason(j)]
+    for j in below:
         line = Text(f"{j.id} ", style="bold")
-        line.append(_clip(f"pending: {j.pending_reason}", max(10, width - len(j.id) - 1)), style="yellow")
+        label = "pending" if j.pending_reason else phase_name(j.phase)
+        line.append(_clip(f"{label}: {_job_reason(j)}", max(10, width - len(j.id) - 1)),
+                    style="yellow" if j.pending_reason else "red")
         parts.append(line)
     return Group(*parts)
 
@@ -481,7 +551,9 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")
-    cols += ["CAUSE", "FROM>TO", ("WS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
+    # "a → b": the route wraps after its arrow when 80 columns cannot hold it on one line.
+    cols += ["CAUSE", ("FROM → TO", {"flex": True, "overflow": "fold"}),
+             ("WS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
              ("XFER", {"justify": "right"}), ("TOTAL", {"justify": "right"}),
              ("ORCH", {"justify": "right"})]
     t = _table(*cols, title=title)
@@ -497,7 +569,7 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
             xfer = "mbb" if m.make_before_break else "-"  # read in place, copied after resuming
         row: list[object] = [m.job_id] if with_job else []
         row += [move_cause(m) + ("!" if m.emergency else ""),
-                f"{m.from_region or '-'}>{m.to_region or '?'}",
+                f"{m.from_region or '-'} → {m.to_region or '?'}",
                 f"{m.from_world_size}>{m.to_world_size or '?'}",
                 _secs(m.checkpoint_s) if done else "-", xfer,
                 _secs(m.total_s) if done else state, _secs(m.orchestration_s) if done else "-"]

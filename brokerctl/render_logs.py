@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from brokerctl.render import event_row, when
+from brokerctl.render import event_row, full_values, when
 from computebroker.v1 import common_pb2, logs_pb2
 
 
@@ -43,7 +43,10 @@ MAX_TOKEN = 44
 
 def shorten_tokens(msg: str, max_token: int = MAX_TOKEN) -> str:
     """Ellipsize the middle of long tokens (checkpoint paths, URIs) so a line wraps only
-    between words at 100 columns, never inside a path: ``/tmp/…/attempt-1/step-000000010``."""
+    between words at 100 columns, never inside a path: ``/tmp/…/attempt-1/step-000000010``.
+    In a pipe (full_values) tokens stay whole: a log must hold the real path."""
+    if full_values():
+        return msg
     out = []
     for tok in msg.split(" "):
         if len(tok) > max_token:
