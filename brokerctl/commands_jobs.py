@@ -120,6 +120,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
             if job.pending_reason:
                 line.append(f": {render.escape_controls(job.pending_reason)}", style="yellow")
         out.print(line)
+        if job is not None and job.spec.HasField("workdir") and job.spec.workdir.size_bytes:
+            out.print(f"[dim]workdir uploaded: {render.size_text(job.spec.workdir.size_bytes)}"
+                      f" ({job.spec.workdir.digest[:19]}; .gitignore and .brokerignore"
+                      " honoured)[/]")
         if not args.wait:
             out.print(
                 f"[dim]follow it: brokerctl watch {handle.id}   details: brokerctl job {handle.id}[/]"
@@ -215,7 +219,7 @@ def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
                            attempt=args.attempt, tail=args.tail):
         kind = rec.WhichOneof("kind")
         if kind == "attempt":
-            with_rank = args.rank is None and rec.attempt.world_size != 1
+            with_rank = args.rank is None and (rec.attempt.ranks or rec.attempt.world_size) != 1
             out.print(render_logs.attempt_separator(render.scrub(rec.attempt)), soft_wrap=True)
         elif kind == "dropped_lines":
             out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)

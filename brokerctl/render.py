@@ -180,6 +180,16 @@ def when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
 
+def size_text(n: int) -> str:
+    """Bytes for people: ``812 B``, ``4.2 KiB``, ``3.1 MiB``, ``1.2 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
 def date_time(t: float, now: float | None = None) -> str:
     """``MM-DD HH:MM`` this year, ``YYYY-MM-DD HH:MM`` in any other: a plan that ends in
     2030 must not read as this January."""
@@ -338,18 +348,35 @@ def _nodes_of(world_size: int, gpus_per_node: int) -> str:
     return f"{max(1, world_size // g)}×{g}" if world_size % g == 0 else f"world {world_size}"
 
 
+def ranks_text(ranks: int) -> str:
+    return f"{ranks} rank{'' if ranks == 1 else 's'}"
+
+
+def _size(world_size: int, ranks: int, gpus_per_node: int) -> str:
+    """An attempt's size for people: the ranks that really ran when the agent reported
+    them (an elastic move's headline: 2 ranks → 1 rank), else the GPUs placed (2×8)."""
+    return ranks_text(ranks) if ranks else _nodes_of(world_size, gpus_per_node)
+
+
+def resumed_at(m: common_pb2.Migration) -> str:
+    """The first step the new attempt ran: the one after its checkpoint (as the timeline
+    and the events count), or a restart from the beginning without one."""
+    return (f"resumed at step {m.checkpoint_step + 1}" if m.checkpoint_step
+            else "restarted from the beginning")
+
+
 def move_story(job: common_pb2.Job, m: common_pb2.Migration) -> str:
-    """One move in one line: ``moved after a spot notice at step 19: us-west-2 2×8 →
-    eu-west-1 1×8, resumed at step 19, lost 4 s``."""
+    """One move in one line: ``moved after a spot notice: us-west-2 2 ranks →
+    eu-west-1 1 rank, resumed at step 20, lost 4 s`` (GPUs ``2×8`` when the agents did not
+    report their ranks)."""
     g = job.spec.resources.gpus_per_node
     cause = move_cause(m)
     why = _CAUSE_PHRASE.get(cause, cause.replace("_", " "))
-    src = f"{m.from_region or '?'} {_nodes_of(m.from_world_size, g)}"
+    src = f"{m.from_region or '?'} {_size(m.from_world_size, m.from_ranks, g)}"
     if move_state(m) != "done":
         return f"moving after {why} at step {m.checkpoint_step}: {src} → {m.to_region or '?'} ({move_state(m)})"
-    dst = f"{m.to_region or '?'} {_nodes_of(m.to_world_size, g)}"
-    return (f"moved after {why} at step {m.checkpoint_step}: {src} → {dst}, "
-            f"resumed at step {m.checkpoint_step}, lost {m.total_s:.0f} s")
+    dst = f"{m.to_region or '?'} {_size(m.to_world_size, m.to_ranks, g)}"
+    return f"moved after {why}: {src} → {dst}, {resumed_at(m)}, lost {m.total_s:.0f} s"
 
 
 def job_story(job: common_pb2.Job) -> str:
@@ -359,7 +386,10 @@ def job_story(job: common_pb2.Job) -> str:
     where = job.placement.region or "-"
     head = f"{name}"
     if job.placement.region:
-        head += f" in {where} {shape(job) if not job.placement.world_size else _nodes_of(job.placement.world_size, job.spec.resources.gpus_per_node)}"
+        p = job.placement
+        size = (_size(p.world_size, p.ranks, job.spec.resources.gpus_per_node)
+                if p.world_size or p.ranks else shape(job))
+        head += f" in {where} {size}"
     if job.progress.step or job.progress.total_steps:
         head += f" at step {steps(job)}"
     if name == "pending" and job.pending_reason:
@@ -385,6 +415,9 @@ def restart_note(job: common_pb2.Job) -> str:
     or a move it starts again from the beginning (docs/contracts.md "Your own code")."""
     if not job.spec.command or job.progress.last_checkpoint_uri:
         return ""
+    if job.progress.step:  # it reports progress (the trainer library): its checkpoint is due
+        return ("no checkpoint yet: until its first one, a move, preemption or failure would"
+                " restart this job from the beginning")
     return ("no checkpoint: this job restarts from the beginning after a move, preemption or"
             " failure (its program reports none; see docs/user/bring-your-own-code.md)")
 
@@ -447,7 +480,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
             ("region", f"{p.region} (agent {p.agent_id or '-'})"),
             ("capacity", capacity_cell(p.capacity_type, p.pool)),
             ("nodes", nodes),
-            ("world size", p.world_size),
+            ("ranks", f"{p.ranks} (on {p.world_size} GPUs)" if p.ranks
+             else f"- ({p.world_size} GPUs; not reported yet)"),
             ("price", f"${p.price_per_gpu_hour:.2f}/GPU-h"),
         ]
         if p.explanation:
@@ -469,7 +503,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         pct = 100.0 * g.productive_s / g.wall_s if g.wall_s else 0.0
         grow = [
             ("productive", f"{duration(g.productive_s)} ({pct:.0f}% of {duration(g.wall_s)})"),
-            ("queued", duration(g.queued_s)),
+            ("queued", duration(g.queued_s)
+             + (f", starting {duration(g.starting_s)}" if g.starting_s else "")),
             (
                 "lost",
                 f"failures {duration(g.lost_failure_s)}, preemption "
@@ -543,7 +578,7 @@ def move_state(m: common_pb2.Migration) -> str:
 
 def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
                      with_job: bool = True) -> Table:
-    """One row per move (fits 100 columns): cause (! = emergency), route, world sizes,
+    """One row per move (fits 100 columns): cause (! = emergency), route, ranks,
     checkpoint time, transfer (time @ MB/s, or % while copying; "mbb" for a make-before-break
     move, which reads the checkpoint in place), total time to the first step after the
     resume (or the state while in progress) and the broker's own share (ORCH). ``-o json`` /
@@ -553,7 +588,7 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
         cols.append("JOB")
     # "a → b": the route wraps after its arrow when 80 columns cannot hold it on one line.
     cols += ["CAUSE", ("FROM → TO", {"flex": True, "overflow": "fold"}),
-             ("WS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
+             ("RANKS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
              ("XFER", {"justify": "right"}), ("TOTAL", {"justify": "right"}),
              ("ORCH", {"justify": "right"})]
     t = _table(*cols, title=title)
@@ -570,7 +605,8 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
         row: list[object] = [m.job_id] if with_job else []
         row += [move_cause(m) + ("!" if m.emergency else ""),
                 f"{m.from_region or '-'} → {m.to_region or '?'}",
-                f"{m.from_world_size}>{m.to_world_size or '?'}",
+                # the ranks that ran (GPUs placed where an agent did not report them)
+                f"{m.from_ranks or m.from_world_size}>{m.to_ranks or m.to_world_size or '?'}",
                 _secs(m.checkpoint_s) if done else "-", xfer,
                 _secs(m.total_s) if done else state, _secs(m.orchestration_s) if done else "-"]
         t.add_row(*row)

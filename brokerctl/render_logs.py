@@ -14,11 +14,13 @@ from computebroker.v1 import common_pb2, logs_pb2
 
 
 def attempt_separator(h: logs_pb2.LogAttemptHeader) -> Text:
-    """``── attempt 2 · eu-west-1 · world 1 · started 12:03:04 ──``"""
+    """``── attempt 2 · eu-west-1 · 1 rank · started 12:03:04 ──``"""
     parts = [f"attempt {h.attempt}"]
     if h.region:
         parts.append(h.region)
-    if h.world_size:
+    if h.ranks:  # the ranks that ran; the GPUs placed only when the agent did not say
+        parts.append(f"{h.ranks} rank{'' if h.ranks == 1 else 's'}")
+    elif h.world_size:
         parts.append(f"world {h.world_size}")
     if h.start_time:
         parts.append(f"started {when(h.start_time)}")

@@ -124,6 +124,29 @@ class Tx:
         return self._event(type_, self.job.phase, self.job.phase, reason=reason, actor=actor,
                            message=message, details=details)
 
+    def ranks_started_at(self, spawn_time: float, *, ran_to_completion: bool = False) -> None:
+        """A LAUNCHING attempt's ranks were started at ``spawn_time`` (the agent's
+        AttemptTimings): the time before that is the queue's (or a requeue's), the time
+        since is start-up (goodput.starting_s), or productive when the attempt already
+        finished without ever reporting running (a short ``-- CMD`` job: it worked all
+        along). Called just before the move out of LAUNCHING, which then charges ~0."""
+        j = self.job
+        if j.phase != LAUNCHING or not j.phase_time or not spawn_time:
+            return
+        spawn = min(self.now, max(j.phase_time, spawn_time))
+        now = self.now
+        self.now = spawn
+        try:
+            self._charge(LAUNCHING)
+        finally:
+            self.now = now
+        elapsed = max(0.0, now - spawn)
+        if ran_to_completion:
+            j.goodput.productive_s += elapsed
+        else:
+            j.goodput.starting_s += elapsed
+        j.phase_time = now
+
     def lose_work(self, cause: Family) -> float:
         """The running attempt died without a checkpoint now: the time since its last
         durable checkpoint (or its start) was not productive after all. Returns seconds."""

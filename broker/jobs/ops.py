@@ -323,7 +323,9 @@ class JobOps:
                               or job.attempt_started_time == 0)
         due = now - last_write >= self.config.progress_write_interval_s
         first = has and migration.first_step_due(job, u.progress)
-        if not (new_ckpt or started or due or first or (want_event and last_ev_step < 0)):
+        new_ranks = 0 < u.ranks != job.placement.ranks  # the ranks it started: written once
+        if not (new_ckpt or started or due or first or new_ranks
+                or (want_event and last_ev_step < 0)):
             return
         inp = updates.AgentUpdate(agent_id=inp.agent_id, update=u, progress_event=bool(want_event))
         if self._apply(job.id, updates.progress, inp) is not None:

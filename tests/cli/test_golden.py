@@ -91,7 +91,8 @@ def moved_job() -> pb.Job:
         job_id="j-660fe22477cd0590d", job_name="rl-sweep-spot", seq=1, cause="spot_interruption",
         cause_code=pb.MIGRATION_CAUSE_SPOT_INTERRUPTION, state="done",
         state_code=pb.MIGRATION_STATE_DONE, emergency=True, from_region="us-west-2",
-        from_world_size=16, to_region="eu-west-1", to_world_size=8, checkpoint_step=19,
+        from_world_size=16, from_ranks=2, to_region="eu-west-1", to_world_size=8, to_ranks=1,
+        checkpoint_step=19,
         checkpoint_s=0.8, transfer_s=0.01, launch_s=3.2, first_step_s=0.7, total_s=4.2,
         orchestration_s=0.23,
         transfer=pb.TransferStats(bytes_total=360_000, bytes_done=360_000, seconds=0.01,
@@ -105,7 +106,7 @@ def moved_job() -> pb.Job:
         placement=pb.Placement(region="eu-west-1", agent_id="eu-west-1-agent",
                                nodes=[pb.NodeAssignment(node_id="euw1-p5-000", gpus=8)],
                                capacity_type=pb.CAPACITY_TYPE_ON_DEMAND, pool="on_demand",
-                               world_size=8, price_per_gpu_hour=4.5),
+                               world_size=8, ranks=1, price_per_gpu_hour=4.5),
         progress=pb.Progress(step=30, total_steps=30, loss=4.0853, last_checkpoint_step=30,
                              last_checkpoint_uri="s3://cb-demo-eu-west-1/jobs/j-660fe22477cd0590d/"
                                                  "attempt-2/step-000000030"),
@@ -176,8 +177,8 @@ def test_jobs_golden(mode: Mode) -> None:
 def test_job_golden(mode: Mode) -> None:
     text = printed(lambda c: print_job(c, moved_job(), events(), now=NOW))
     if mode.width == 100:
-        assert text.splitlines()[0] == ("moved after a spot notice at step 19: us-west-2 2×8 →"
-                                        " eu-west-1 1×8, resumed at step 19, lost 4 s")
+        assert text.splitlines()[0] == ("moved after a spot notice: us-west-2 2 ranks →"
+                                        " eu-west-1 1 rank, resumed at step 20, lost 4 s")
     if mode.pipe:  # every event's message whole (paths included), wrapped
         flat = "".join(text.split())
         for e in events():
@@ -275,4 +276,4 @@ def test_live_progress_refreshes_from_the_job_between_progress_events() -> None:
 
     live = LiveProgress(pb.Job(spec=moved_job().spec, attempt=1))
     live.refresh(moved_job())
-    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · world 8 · attempt 2"
+    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · 1 rank · attempt 2"
