@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from typing import Any
 
 from rich.console import Console
@@ -160,12 +161,39 @@ def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | Non
 def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
-    # The broker lists by id; newest first needs them all, then --limit keeps the newest.
-    jobs = render.newest_first(
-        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or ""),
-        args.limit)
-    return show_list(args, out, jobs, "[dim]no jobs[/]",
-                     lambda js: render.jobs_view(js, width=out.width))
+    if args.watch and args.interval <= 0:
+        raise UsageError(f"--interval must be more than 0, got {args.interval}")
+    owner = my_actor(client) if args.mine else ""
+
+    def listed() -> list:
+        # The broker lists by id; newest first needs them all, then --limit keeps the newest.
+        jobs = client.jobs(team=args.team or "", phases=csv_values(args.phase),
+                           region=args.region or "")
+        return render.newest_first([j for j in jobs if not owner or j.owner == owner], args.limit)
+
+    if not args.watch:
+        return show_list(args, out, listed(), "[dim]no jobs[/]",
+                         lambda js: render.jobs_view(js, width=out.width))
+    shown = 0
+    while True:  # `jobs -w`: the table again every --interval s (Ctrl-C ends it, exit 130)
+        jobs = listed()
+        if out.is_terminal:
+            out.clear()
+        out.print(Text(f"every {args.interval:g}s · {time.strftime('%H:%M:%S')} · "
+                       f"{len(jobs)} job(s) · Ctrl-C to stop", style="dim"))
+        show_list(args, out, jobs, "[dim]no jobs[/]",
+                  lambda js: render.jobs_view(js, width=out.width))
+        shown += 1
+        if args.watch_count and shown >= args.watch_count:
+            return EXIT_OK
+        time.sleep(args.interval)
+
+
+def my_actor(client: BrokerClient) -> str:
+    """How the broker names me as a job's owner (Job.owner): ``user:NAME``, or
+    ``insecure-dev`` on a dev broker (broker/auth/identity.py ``Principal.actor``)."""
+    me = client.whoami()
+    return "insecure-dev" if me.credential == "insecure-dev" else f"user:{me.name}"
 
 
 def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

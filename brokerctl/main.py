@@ -54,7 +54,9 @@ from brokerctl.commands_operator import (
     cmd_regions,
     cmd_teams,
 )
+from brokerctl.commands_status import cmd_status, cmd_wait_ready
 from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles, one_line
+from brokerctl.job_ref import resolve_job_id
 from brokersdk.client import (
     DEFAULT_ADDRESS,
     AlreadyExists,
@@ -158,15 +160,32 @@ def build_parser() -> _Parser:
                    " command line)")
     s.set_defaults(func=cmd_submit)
 
-    s = add("jobs", "list jobs", output=True)
+    s = add("jobs", "list jobs (newest first)", output=True)
     s.add_argument("--team")
     s.add_argument("--phase", action="append", metavar="P[,P]", help="e.g. running,pending")
     s.add_argument("--region")
+    s.add_argument("--mine", action="store_true", help="only the jobs I submitted")
     s.add_argument("--limit", type=int, default=None)
+    s.add_argument("-w", "--watch", action="store_true",
+                   help="refresh every --interval seconds until Ctrl-C")
+    s.add_argument("--interval", type=finite_float, default=2.0, metavar="S")
+    s.add_argument("--watch-count", type=int, default=0, help=argparse.SUPPRESS)  # tests
     s.set_defaults(func=cmd_jobs)
 
+    s = add("status", "overview: fleet, running jobs, pending jobs and why, spend rate")
+    s.add_argument("--team", help="only this team's jobs")
+    s.add_argument("--mine", action="store_true", help="only the jobs I submitted")
+    s.set_defaults(func=cmd_status)
+
+    s = add("wait-ready", "wait until the broker answers (and N regions are connected)")
+    s.add_argument("--regions", type=int, default=0, metavar="N",
+                   help="also wait for N connected regions")
+    s.add_argument("--wait-timeout", type=finite_float, default=60.0, metavar="S",
+                   help="give up after S seconds (exit 1)")
+    s.set_defaults(func=cmd_wait_ready)
+
     s = add("job", "show one job: spec, placement, progress, goodput, history", output=True)
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.set_defaults(func=cmd_job)
 
     s = add("migrations", "recent migrations (moves between capacity) with timings", output=True)
@@ -176,12 +195,12 @@ def build_parser() -> _Parser:
     s.set_defaults(func=cmd_migrations)
 
     s = add("cancel", "cancel a job")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("--reason")
     s.set_defaults(func=cmd_cancel)
 
     s = add("logs", "the ranks' stdout/stderr, attempt by attempt (-f: live)")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("-f", "--follow", action="store_true",
                    help="keep streaming (across migrations) until the job ends")
     s.add_argument("--rank", type=int, default=None, help="only this rank")
@@ -190,13 +209,13 @@ def build_parser() -> _Parser:
     s.set_defaults(func=cmd_logs)
 
     s = add("events", "a job's event history, one line each (-f: live)", output=True)
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("-f", "--follow", action="store_true", help="keep going until the job ends")
     s.add_argument("--progress", action="store_true", help="also show step progress events")
     s.set_defaults(func=cmd_events)
 
     s = add("watch", "follow a job's events live until it finishes")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("--progress", action="store_true", help="also show step progress events")
     s.set_defaults(func=cmd_watch)
 
@@ -392,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    or DEFAULT_ADDRESS)
         with BrokerClient(address, timeout=args.timeout, credentials=creds) as client:
             try:
+                _resolve_job_refs(args, client)
                 return args.func(args, client, out)
             except BrokerError as e:
                 # Say what to change (CB_SERVER, CB_INSECURE, CB_CA, CB_TOKEN, CB_CONFIG),
@@ -428,6 +448,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return EXIT_ERROR
+
+
+def _resolve_job_refs(args: argparse.Namespace, client: BrokerClient) -> None:
+    """Jobs by id, unique id prefix or name (brokerctl/job_ref.py), for every command
+    that takes one: the positional JOB and `migrations --job`."""
+    for attr in ("job_id", "job"):
+        ref = getattr(args, attr, None)
+        if isinstance(ref, str) and ref:
+            setattr(args, attr, resolve_job_id(client, ref))
 
 
 def _error(err: Console, message: str, hint: str | None = None) -> None:

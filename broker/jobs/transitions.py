@@ -179,6 +179,7 @@ _stop_of = stop_of
 def submit(inp: Submit, now: float, config: BrokerConfig) -> Outcome:
     """A new PENDING job and its "submitted" event."""
     job = pb.Job(id=inp.job_id, phase=PENDING, client_request_id=inp.client_request_id,
+                 owner=inp.actor,
                  created_time=now, updated_time=now, phase_time=now)
     job.spec.CopyFrom(inp.spec)
     if not job.spec.priority_class:
