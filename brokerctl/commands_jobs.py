@@ -88,10 +88,7 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.trainer_option:
         trainer["options"] = kv_pairs(args.trainer_option, "--trainer-option")
 
-    if not base.get("team") and "team" not in overrides:
-        team = default_team(client)
-        if team:
-            base["team"] = team
+    team_given = bool(base.get("team")) or "team" in overrides
     if "resources" in base or "topology" in base:  # the API's JSON form
         if overrides or trainer:
             raise UsageError(
@@ -104,6 +101,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         if trainer:
             merged["trainer"] = {**(base.get("trainer") or {}), **trainer}
         spec = JobSpec.from_dict(merged)
+    if not team_given:  # after the spec is checked: a typo never waits for the broker
+        team = default_team(client)
+        if team:
+            spec.team = team
 
     handle = _submit_with_progress(client, spec, args.request_id)
     job = handle.job

@@ -335,6 +335,10 @@ def build_parser() -> _Parser:
     commands_console.add_arguments(s)
     s.set_defaults(local=commands_console.cmd_console)
 
+    s = add("completion", "print a shell completion script: eval \"$(brokerctl completion bash)\"")
+    s.add_argument("shell", choices=["bash", "zsh", "fish"])
+    s.set_defaults(local=_cmd_completion)
+
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 
     s = add("demo", "embedded broker, 3 simulated regions, real training jobs; a spot job moves region")
@@ -421,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_ERROR)
     except UsageError as e:
-        _error(err, str(e))
+        _error(err, with_suggestion(str(e), argv))
         return EXIT_BAD_INPUT
     except BrokerError as e:
         _error(err, e.message, e.hint)
@@ -448,6 +452,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return EXIT_ERROR
+
+
+def _cmd_completion(args: argparse.Namespace, out: Console) -> int:
+    from brokerctl.completion import script
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return EXIT_OK
+
+
+def with_suggestion(message: str, argv: list[str]) -> str:
+    """argparse's "unrecognized arguments: --stpes 5" / "invalid choice: 'sumbit'" with a
+    did-you-mean from the options of the command that was typed (Python 3.11's argparse
+    has none of its own)."""
+    import difflib
+
+    parser = build_parser()
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return message
+    if "invalid choice:" in message:
+        bad = message.split("invalid choice:", 1)[1].split("'")[1] if "'" in message else ""
+        near = difflib.get_close_matches(bad, list(sub.choices), n=1)
+        return message + (f"; did you mean {near[0]!r}?" if near else "")
+    if "unrecognized arguments:" not in message:
+        return message
+    cmd = next((a for a in argv if a in sub.choices), None)
+    target = sub.choices[cmd] if cmd else parser
+    options = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
+    options += [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    listed = message.split("unrecognized arguments:", 1)[1].split(" (see `", 1)[0]
+    bad = [t.split("=", 1)[0] for t in listed.split() if t.startswith("--")]
+    hints = [f"{b} -> {near[0]}" for b in bad
+             if (near := difflib.get_close_matches(b, options, n=1, cutoff=0.6))]
+    return message + (f"; did you mean {', '.join(hints)}?" if hints else "")
 
 
 def _resolve_job_refs(args: argparse.Namespace, client: BrokerClient) -> None:

@@ -107,3 +107,20 @@ def test_wait_ready_waits_for_a_broker_that_starts_later(capsys, tmp_path: Path,
     finally:
         starter.join()
         server.stop(0.5)
+
+
+def test_did_you_mean_for_commands_flags_and_spec_keys(capsys, tmp_path: Path,
+                                                       dead_address: str) -> None:
+    rc, _, err = run_cli(capsys, "sumbit")
+    assert rc == 2 and "did you mean 'submit'?" in err, err
+    rc, _, err = run_cli(capsys, "submit", "--stpes", "5", "--nmae", "x")
+    assert rc == 2 and "--stpes -> --steps" in err and "--nmae -> --name" in err, err
+    rc, _, err = run_cli(capsys, "jobs", "--mnie")
+    assert rc == 2 and "--mnie -> --mine" in err, err
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: a\nnodse: 2\ntrainer:\n  total_stesp: 4\n")
+    # Checked before anything is sent: the broker address is dead and never asked.
+    rc, _, err = run_cli(capsys, "--broker", dead_address, "submit", "-f", str(spec))
+    assert rc == 2, err
+    assert "nodse: unknown field (did you mean 'nodes'?)" in err, err
+    assert "trainer.total_stesp: unknown field (did you mean 'total_steps'?)" in err, err
