@@ -224,6 +224,30 @@ def print_job(out: Console, job: Any, events: list, now: float | None = None) ->
         print_line(out, render_logs.event_line(event))
 
 
+def cmd_resubmit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """A new job from an existing job's spec (its workdir by digest: no upload). Why a
+    copy of the spec and not a restart: the old job's history, goodput and checkpoints
+    stay as they were; the new one starts from the beginning under a new id."""
+    old = client.get_job(args.job_id)
+    spec = type(old.spec)()
+    spec.CopyFrom(old.spec)
+    if args.name:
+        spec.name = args.name
+    handle = client.submit(spec)
+    job = handle.job
+    if args.output == "json":
+        out.print_json(render.to_json(job))
+    else:
+        line = Text("submitted job ")
+        line.append(handle.id, style="bold")
+        line.append(f" ({render.escape_controls(spec.name)}) from {old.id} — ")
+        line.append_text(render.phase_text(job.phase) if job is not None else Text("?"))
+        out.print(line)
+    if args.wait:
+        return _watch(client, handle.id, out, include_progress=False)
+    return EXIT_OK
+
+
 def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     """Recent migrations: cause (! = emergency), route, world sizes, timing breakdown."""
     migs = client.migrations(job_id=args.job or "", team=args.team or "", limit=args.limit or 0)

@@ -41,6 +41,7 @@ from brokerctl.commands_jobs import (
     cmd_jobs,
     cmd_logs,
     cmd_migrations,
+    cmd_resubmit,
     cmd_submit,
     cmd_watch,
 )
@@ -183,6 +184,13 @@ def build_parser() -> _Parser:
     s.add_argument("--wait-timeout", type=finite_float, default=60.0, metavar="S",
                    help="give up after S seconds (exit 1)")
     s.set_defaults(func=cmd_wait_ready)
+
+    s = add("resubmit", "submit a new job with another job's spec (clone; the old one is untouched)",
+            output=True)
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
+    s.add_argument("--name", help="the new job's name (default: the same name)")
+    s.add_argument("--wait", action="store_true", help="follow the new job until it finishes")
+    s.set_defaults(func=cmd_resubmit)
 
     s = add("job", "show one job: spec, placement, progress, goodput, history", output=True)
     s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")

@@ -124,3 +124,15 @@ def test_did_you_mean_for_commands_flags_and_spec_keys(capsys, tmp_path: Path,
     assert rc == 2, err
     assert "nodse: unknown field (did you mean 'nodes'?)" in err, err
     assert "trainer.total_stesp: unknown field (did you mean 'total_steps'?)" in err, err
+
+
+def test_resubmit_clones_a_job_under_a_new_id(capsys, broker_address: str) -> None:
+    old = submit(capsys, broker_address, "to-clone", "--nodes", "2", "--label", "exp=7")
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "resubmit", "to-clone",
+                           "--name", "cloned", "-o", "json")
+    assert rc == 0, err
+    new = json.loads(out)
+    assert new["id"] != old and new["spec"]["name"] == "cloned"
+    assert new["spec"]["resources"]["nodes"] == 2 and new["spec"]["labels"] == {"exp": "7"}
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "resubmit", old)
+    assert rc == 0 and f"from {old}" in out and "to-clone" in out, err
