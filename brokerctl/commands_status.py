@@ -7,9 +7,9 @@ import time
 
 from rich.console import Console
 
-from brokerctl import status
+from brokerctl import cost, status
 from brokerctl.commands_jobs import my_actor
-from brokerctl.common import EXIT_ERROR, EXIT_OK
+from brokerctl.common import EXIT_ERROR, EXIT_OK, parse_duration
 from brokersdk.client import BrokerClient, BrokerUnavailable
 
 
@@ -17,6 +17,19 @@ def cmd_status(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     owner = my_actor(client) if args.mine else ""
     jobs = [j for j in client.jobs(team=args.team or "") if not owner or j.owner == owner]
     out.print(status.status_view(jobs, client.regions(), width=out.width))
+    return EXIT_OK
+
+
+def cmd_cost(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """``brokerctl cost``: brokerctl/cost.py."""
+    now = time.time()
+    since = now - parse_duration(args.since)
+    rows = cost.report(client.jobs(team=args.team or ""), args.by, since, now)
+    if not rows:
+        out.print(f"[dim]no jobs in the last {args.since}[/]")
+        return EXIT_OK
+    out.print(f"[bold]cost of the jobs live in the last {args.since}, by {args.by}[/]")
+    out.print(cost.table(rows, args.by))
     return EXIT_OK
 
 

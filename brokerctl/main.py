@@ -55,7 +55,7 @@ from brokerctl.commands_operator import (
     cmd_regions,
     cmd_teams,
 )
-from brokerctl.commands_status import cmd_status, cmd_wait_ready
+from brokerctl.commands_status import cmd_cost, cmd_status, cmd_wait_ready
 from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles, one_line
 from brokerctl.job_ref import resolve_job_id
 from brokersdk.client import (
@@ -177,6 +177,13 @@ def build_parser() -> _Parser:
     s.add_argument("--team", help="only this team's jobs")
     s.add_argument("--mine", action="store_true", help="only the jobs I submitted")
     s.set_defaults(func=cmd_status)
+
+    s = add("cost", "what jobs cost over a period: per team, user, region or capacity type,"
+            " and what moves saved")
+    s.add_argument("--since", default="30d", metavar="DURATION", help="e.g. 24h, 7d (default 30d)")
+    s.add_argument("--by", choices=["team", "user", "region", "capacity"], default="team")
+    s.add_argument("--team", help="only this team's jobs")
+    s.set_defaults(func=cmd_cost)
 
     s = add("wait-ready", "wait until the broker answers (and N regions are connected)")
     s.add_argument("--regions", type=int, default=0, metavar="N",

@@ -56,6 +56,28 @@ ALLOWED: dict[int, frozenset[int]] = {
 }
 
 
+def charge_money(job: pb.Job, frm: int, elapsed: float) -> None:
+    """``elapsed`` seconds of phase ``frm`` (one that holds GPUs) in dollars: the GPUs
+    placed x their price, per capacity type and region; and what the last move saved
+    while the job runs where it moved to (cheaper than where it came from)."""
+    p = job.placement
+    if not p.world_size or not p.price_per_gpu_hour or elapsed <= 0:
+        return
+    g = job.goodput
+    usd = elapsed / 3600.0 * p.world_size * p.price_per_gpu_hour
+    g.cost_usd += usd
+    ctype = pb.CapacityType.Name(p.capacity_type).removeprefix("CAPACITY_TYPE_").lower()
+    g.cost_by_capacity[ctype] = g.cost_by_capacity.get(ctype, 0.0) + usd
+    g.cost_by_region[p.region] = g.cost_by_region.get(p.region, 0.0) + usd
+    m = job.migrations[-1] if job.migrations else None
+    if (frm == RUNNING and m is not None and m.to_attempt == job.attempt
+            and m.from_price_per_gpu_hour and m.from_world_size):
+        before = m.from_world_size * m.from_price_per_gpu_hour
+        now = p.world_size * p.price_per_gpu_hour
+        if before > now:
+            g.saved_usd += elapsed / 3600.0 * (before - now)
+
+
 def _bucket(value: str, default: str) -> str:
     """Goodput field charged for a stored ``requeue_cause``/``stop_reason`` string."""
     fam = Family.parse(value)
@@ -170,6 +192,8 @@ class Tx:
         elapsed = max(0.0, self.now - self.job.phase_time)
         g = self.job.goodput
         cause = self.job.requeue_cause
+        if frm in HOLDING:
+            charge_money(self.job, frm, elapsed)
         if frm == RUNNING:
             g.productive_s += elapsed
             return

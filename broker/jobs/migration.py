@@ -91,6 +91,7 @@ def begin(job: pb.Job, now: float, cause: Cause | str, *, emergency: bool | None
         from_region=job.placement.region, from_agent=job.placement.agent_id,
         from_attempt=job.attempt, from_world_size=job.placement.world_size,
         from_ranks=job.placement.ranks, started_time=now, message=message,
+        from_price_per_gpu_hour=job.placement.price_per_gpu_hour,
     )
     set_state(m, MoveState.CHECKPOINTING)
     if len(job.migrations) > KEEP:
@@ -132,6 +133,7 @@ def launched(job: pb.Job, now: float, resume_from: str) -> None:
     m.to_attempt = job.attempt
     m.to_world_size = job.placement.world_size
     m.to_ranks = job.placement.ranks  # 0 until the new attempt's agent reports its ranks
+    m.to_price_per_gpu_hour = job.placement.price_per_gpu_hour
     m.resume_from = resume_from
     m.checkpoint_step = job.progress.last_checkpoint_step
     m.checkpoint_uri = job.progress.last_checkpoint_uri

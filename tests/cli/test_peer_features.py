@@ -136,3 +136,16 @@ def test_resubmit_clones_a_job_under_a_new_id(capsys, broker_address: str) -> No
     assert new["spec"]["resources"]["nodes"] == 2 and new["spec"]["labels"] == {"exp": "7"}
     rc, out, err = run_cli(capsys, "--broker", broker_address, "resubmit", old)
     assert rc == 0 and f"from {old}" in out and "to-clone" in out, err
+
+
+def test_cost_command_against_the_broker(capsys, broker_address: str) -> None:
+    submit(capsys, broker_address, "cost-pending")
+    for by in ("team", "user", "region", "capacity"):
+        rc, out, err = run_cli(capsys, "--broker", broker_address, "cost", "--since", "7d",
+                               "--by", by)
+        assert rc == 0, err
+        assert f"by {by}" in out or "no jobs" in out, out
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "cost", "--by", "team")
+    assert rc == 0 and TEAM in out and "total" in out, out
+    rc, _, err = run_cli(capsys, "--broker", broker_address, "cost", "--since", "soon")
+    assert rc == 2 and "bad duration" in err, err

@@ -335,7 +335,21 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
-    __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s", "starting_s")
+    __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s", "starting_s", "cost_usd", "cost_by_capacity", "cost_by_region", "saved_usd")
+    class CostByCapacityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class CostByRegionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
     LOST_FAILURE_S_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +357,10 @@ class Goodput(_message.Message):
     LOST_MIGRATION_S_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
     STARTING_S_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    COST_BY_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    COST_BY_REGION_FIELD_NUMBER: _ClassVar[int]
+    SAVED_USD_FIELD_NUMBER: _ClassVar[int]
     productive_s: float
     queued_s: float
     lost_failure_s: float
@@ -350,7 +368,11 @@ class Goodput(_message.Message):
     lost_migration_s: float
     wall_s: float
     starting_s: float
-    def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ...) -> None: ...
+    cost_usd: float
+    cost_by_capacity: _containers.ScalarMap[str, float]
+    cost_by_region: _containers.ScalarMap[str, float]
+    saved_usd: float
+    def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ..., cost_usd: _Optional[float] = ..., cost_by_capacity: _Optional[_Mapping[str, float]] = ..., cost_by_region: _Optional[_Mapping[str, float]] = ..., saved_usd: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "owner")
@@ -514,7 +536,7 @@ class TransferStats(_message.Message):
     def __init__(self, src_uri: _Optional[str] = ..., dst_uri: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., seconds: _Optional[float] = ..., mb_per_s: _Optional[float] = ..., method: _Optional[str] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s", "stop_held_until", "held_stop_grace_s", "precopy_from", "precopy_uri", "precopy_done_time", "precopy", "stop_sent_time", "from_ranks", "to_ranks")
+    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s", "stop_held_until", "held_stop_grace_s", "precopy_from", "precopy_uri", "precopy_done_time", "precopy", "stop_sent_time", "from_ranks", "to_ranks", "from_price_per_gpu_hour", "to_price_per_gpu_hour")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -567,6 +589,8 @@ class Migration(_message.Message):
     STOP_SENT_TIME_FIELD_NUMBER: _ClassVar[int]
     FROM_RANKS_FIELD_NUMBER: _ClassVar[int]
     TO_RANKS_FIELD_NUMBER: _ClassVar[int]
+    FROM_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    TO_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     seq: int
@@ -619,4 +643,6 @@ class Migration(_message.Message):
     stop_sent_time: float
     from_ranks: int
     to_ranks: int
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ..., stop_held_until: _Optional[float] = ..., held_stop_grace_s: _Optional[float] = ..., precopy_from: _Optional[str] = ..., precopy_uri: _Optional[str] = ..., precopy_done_time: _Optional[float] = ..., precopy: _Optional[_Union[TransferStats, _Mapping]] = ..., stop_sent_time: _Optional[float] = ..., from_ranks: _Optional[int] = ..., to_ranks: _Optional[int] = ...) -> None: ...
+    from_price_per_gpu_hour: float
+    to_price_per_gpu_hour: float
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ..., stop_held_until: _Optional[float] = ..., held_stop_grace_s: _Optional[float] = ..., precopy_from: _Optional[str] = ..., precopy_uri: _Optional[str] = ..., precopy_done_time: _Optional[float] = ..., precopy: _Optional[_Union[TransferStats, _Mapping]] = ..., stop_sent_time: _Optional[float] = ..., from_ranks: _Optional[int] = ..., to_ranks: _Optional[int] = ..., from_price_per_gpu_hour: _Optional[float] = ..., to_price_per_gpu_hour: _Optional[float] = ...) -> None: ...
