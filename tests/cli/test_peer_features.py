@@ -149,3 +149,8 @@ def test_cost_command_against_the_broker(capsys, broker_address: str) -> None:
     assert rc == 0 and TEAM in out and "total" in out, out
     rc, _, err = run_cli(capsys, "--broker", broker_address, "cost", "--since", "soon")
     assert rc == 2 and "bad duration" in err, err
+
+
+def test_serve_suggests_a_mistyped_setting(capsys) -> None:
+    rc, _, err = run_cli(capsys, "serve", "--insecure-dev", "--set", "schedular_interval_s=1")
+    assert rc == 2 and "schedular_interval_s (did you mean 'scheduler_interval_s'?)" in err, err
