@@ -442,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         _error(err, with_suggestion(str(e), argv))
         return EXIT_BAD_INPUT
+    except CredentialsError as e:  # e.g. CB_CA names a file that is gone: says which
+        _error(err, str(e), "check CB_CA / CB_CLIENT_CERT, or the context in CB_CONFIG")
+        return EXIT_BAD_INPUT
     except BrokerError as e:
         _error(err, e.message, e.hint)
         if debug:

@@ -265,3 +265,13 @@ def test_state_store_down_is_not_cannot_reach(capsys, shell, tmp_path: Path) -> 
         assert "cannot reach" not in err, err
     finally:
         server.stop(0.5)
+
+
+def test_a_ca_file_that_is_gone_is_named(capsys, shell, tmp_path: Path) -> None:
+    shell.setenv("CB_SERVER", "127.0.0.1:1")
+    shell.setenv("CB_CA", str(tmp_path / "gone.pem"))
+    shell.setenv("CB_TOKEN", "cbt_a_b")
+    rc, _, err = run_cli(capsys, "jobs")
+    msg, hint = one_error(err)
+    assert rc == 2 and f"cannot read CA file (CB_CA / context ca) {tmp_path / 'gone.pem'}" in msg
+    assert "invalid input" not in msg and "CB_CA" in hint, err
