@@ -9,9 +9,9 @@ permission bits beyond "executable or not" are fixed; the tar is not compressed
 ``checkpoints/`` a project already keeps out of git) and by a ``.brokerignore``
 (gitignore-like: ``*.ckpt``, ``data/``, ``/build``; ``!pattern`` there cannot re-include
 what ``.gitignore`` leaves out) are skipped, and a tree over the limit (default 100 MiB)
-is refused before anything is sent. A symlink that is absolute or points out of the
-directory is refused here, at submit, with its name: every region's unpacker would
-refuse it later (region_agents/workdir.py, tarfile's "data" filter).
+is refused before anything is sent. A symlink that is absolute or points up (``..``)
+is refused here, at submit, with its name (:func:`_tarinfo`): every region's unpacker
+would refuse it later.
 """
 
 from __future__ import annotations
@@ -115,21 +115,6 @@ def _gitignore(root: Path) -> Any:
         f.read_text(encoding="utf-8", errors="replace").splitlines())
 
 
-def check_symlink(root: Path, rel: str, path: Path) -> None:
-    """Refuse a link the regions would refuse: absolute, or resolving out of ``root``."""
-    target = os.readlink(path)
-    if os.path.isabs(target):
-        raise WorkdirError(
-            f"workdir symlink {rel} points to the absolute path {target}: regions refuse it"
-            f" (it would not exist there). Make it relative inside the workdir, copy the file,"
-            f" or add {rel} to {IGNORE_FILE}")
-    resolved = os.path.normpath(os.path.join(root, os.path.dirname(rel), target))
-    if os.path.commonpath([str(root), resolved]) != str(root):
-        raise WorkdirError(
-            f"workdir symlink {rel} points outside the workdir ({target}): regions refuse it."
-            f" Copy the file in, or add {rel} to {IGNORE_FILE}")
-
-
 def iter_files(root: Path) -> list[tuple[str, Path]]:
     """(relative posix path, absolute path) of every packed file, sorted; directories
     are implied by their files (an empty directory is not packed)."""
@@ -148,11 +133,8 @@ def iter_files(root: Path) -> list[tuple[str, Path]]:
                 continue
             if is_dir:
                 walk(Path(e.path), rel + "/")
-            elif e.is_symlink():
-                check_symlink(root, rel, Path(e.path))
-                out.append((rel, Path(e.path)))
-            elif e.is_file(follow_symlinks=False):
-                out.append((rel, Path(e.path)))
+            elif e.is_file(follow_symlinks=False) or e.is_symlink():
+                out.append((rel, Path(e.path)))  # links are checked by _tarinfo
 
     walk(root, "")
     return out

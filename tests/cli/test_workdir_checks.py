@@ -30,22 +30,22 @@ def names(tmp_path: Path, root: Path) -> list[str]:
 def test_an_absolute_symlink_is_refused_at_pack_with_its_name(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
     os.symlink("/etc/hostname", root / "src" / "host")
-    with pytest.raises(WorkdirError, match=r"src/host points to the absolute path /etc/hostname"):
+    with pytest.raises(WorkdirError, match=r"src/host -> /etc/hostname: .*point down"):
         pack(root)
 
 
-def test_a_symlink_out_of_the_workdir_is_refused(tmp_path: Path) -> None:
+def test_a_symlink_pointing_up_is_refused(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
     (tmp_path / "outside.txt").write_text("x")
     os.symlink("../../outside.txt", root / "src" / "out")
-    with pytest.raises(WorkdirError, match=r"src/out points outside the workdir"):
+    with pytest.raises(WorkdirError, match=r"src/out -> ../../outside.txt: .*point down"):
         pack(root)
 
 
-def test_a_relative_symlink_inside_is_packed(tmp_path: Path) -> None:
+def test_a_relative_symlink_down_into_the_tree_is_packed(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
-    os.symlink("../train.py", root / "src" / "entry.py")
-    assert "src/entry.py" in names(tmp_path, root)
+    os.symlink("src/model.py", root / "model_link.py")
+    assert "model_link.py" in names(tmp_path, root)
 
 
 def test_an_ignored_absolute_symlink_is_not_checked(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_submit_refuses_a_bad_link_and_shows_the_upload_size(capsys, broker_addr
     os.symlink("/etc/hostname", root / "host")
     rc, out, err = run_cli(capsys, "--broker", broker_address, "submit", "--name", "w",
                            "--team", TEAM, "--workdir", str(root), "--", "python", "train.py")
-    assert rc == 2 and "symlink host points to the absolute path" in err, err
+    assert rc == 2 and "host -> /etc/hostname" in err and "point down" in err, err
     assert "submitted" not in out
     (root / "host").unlink()
     rc, out, err = run_cli(capsys, "--broker", broker_address, "submit", "--name", "w",
