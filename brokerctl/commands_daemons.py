@@ -12,6 +12,7 @@ from brokerctl.common import (
     EXIT_ERROR,
     EXIT_OK,
     UsageError,
+    did_you_mean,
     given_flags,
     kv_pairs,
     load_spec_file,
@@ -48,7 +49,9 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     if known is not None:
         unknown = sorted(k for k in data if k not in known)
         if unknown:
-            raise UsageError(f"unknown broker setting(s): {', '.join(unknown)}")
+            named = [f"{k} (did you mean {near!r}?)" if (near := did_you_mean(k, known)) else k
+                     for k in unknown]
+            raise UsageError(f"unknown broker setting(s): {', '.join(named)}")
     try:
         config = BrokerConfig(**data)
     except ValidationError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from brokerctl.common import (
     given_flags,
     kv_pairs,
     load_spec_file,
+    print_line,
     show_list,
 )
 from brokerctl.live_progress import LiveProgress
@@ -86,6 +88,7 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.trainer_option:
         trainer["options"] = kv_pairs(args.trainer_option, "--trainer-option")
 
+    team_given = bool(base.get("team")) or "team" in overrides
     if "resources" in base or "topology" in base:  # the API's JSON form
         if overrides or trainer:
             raise UsageError(
@@ -98,6 +101,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         if trainer:
             merged["trainer"] = {**(base.get("trainer") or {}), **trainer}
         spec = JobSpec.from_dict(merged)
+    if not team_given:  # after the spec is checked: a typo never waits for the broker
+        team = default_team(client)
+        if team:
+            spec.team = team
 
     handle = _submit_with_progress(client, spec, args.request_id)
     job = handle.job
@@ -115,6 +122,10 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
             if job.pending_reason:
                 line.append(f": {render.escape_controls(job.pending_reason)}", style="yellow")
         out.print(line)
+        if job is not None and job.spec.HasField("workdir") and job.spec.workdir.size_bytes:
+            out.print(f"[dim]workdir uploaded: {render.size_text(job.spec.workdir.size_bytes)}"
+                      f" ({job.spec.workdir.digest[:19]}; .gitignore and .brokerignore"
+                      " honoured)[/]")
         if not args.wait:
             out.print(
                 f"[dim]follow it: brokerctl watch {handle.id}   details: brokerctl job {handle.id}[/]"
@@ -122,6 +133,14 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if args.wait:
         return _watch(client, handle.id, out, include_progress=False)
     return EXIT_OK
+
+
+def default_team(client: BrokerClient) -> str:
+    """The caller's team when neither ``--team`` nor the spec names one: a member or
+    team admin belongs to exactly one team (their token or certificate says which), so
+    that team is the only sensible default; operators have none ("" = the SDK's own
+    default). Why ask the broker: the identity lives in the credential, not the client."""
+    return client.whoami().team
 
 
 def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | None) -> Any:
@@ -143,12 +162,39 @@ def _submit_with_progress(client: BrokerClient, spec: Any, request_id: str | Non
 def cmd_jobs(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
-    # The broker lists by id; newest first needs them all, then --limit keeps the newest.
-    jobs = render.newest_first(
-        client.jobs(team=args.team or "", phases=csv_values(args.phase), region=args.region or ""),
-        args.limit)
-    return show_list(args, out, jobs, "[dim]no jobs[/]",
-                     lambda js: render.jobs_view(js, width=out.width))
+    if args.watch and args.interval <= 0:
+        raise UsageError(f"--interval must be more than 0, got {args.interval}")
+    owner = my_actor(client) if args.mine else ""
+
+    def listed() -> list:
+        # The broker lists by id; newest first needs them all, then --limit keeps the newest.
+        jobs = client.jobs(team=args.team or "", phases=csv_values(args.phase),
+                           region=args.region or "")
+        return render.newest_first([j for j in jobs if not owner or j.owner == owner], args.limit)
+
+    if not args.watch:
+        return show_list(args, out, listed(), "[dim]no jobs[/]",
+                         lambda js: render.jobs_view(js, width=out.width))
+    shown = 0
+    while True:  # `jobs -w`: the table again every --interval s (Ctrl-C ends it, exit 130)
+        jobs = listed()
+        if out.is_terminal:
+            out.clear()
+        out.print(Text(f"every {args.interval:g}s · {time.strftime('%H:%M:%S')} · "
+                       f"{len(jobs)} job(s) · Ctrl-C to stop", style="dim"))
+        show_list(args, out, jobs, "[dim]no jobs[/]",
+                  lambda js: render.jobs_view(js, width=out.width))
+        shown += 1
+        if args.watch_count and shown >= args.watch_count:
+            return EXIT_OK
+        time.sleep(args.interval)
+
+
+def my_actor(client: BrokerClient) -> str:
+    """How the broker names me as a job's owner (Job.owner): ``user:NAME``, or
+    ``insecure-dev`` on a dev broker (broker/auth/identity.py ``Principal.actor``)."""
+    me = client.whoami()
+    return "insecure-dev" if me.credential == "insecure-dev" else f"user:{me.name}"
 
 
 def cmd_job(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -175,7 +221,31 @@ def print_job(out: Console, job: Any, events: list, now: float | None = None) ->
     out.print(Text(f"events ({len(shown)}, one line each; in full: brokerctl events {job.id})",
                    style="bold"))
     for event in shown:
-        out.print(render_logs.event_line(event), no_wrap=True, overflow="ellipsis", crop=True)
+        print_line(out, render_logs.event_line(event))
+
+
+def cmd_resubmit(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """A new job from an existing job's spec (its workdir by digest: no upload). Why a
+    copy of the spec and not a restart: the old job's history, goodput and checkpoints
+    stay as they were; the new one starts from the beginning under a new id."""
+    old = client.get_job(args.job_id)
+    spec = type(old.spec)()
+    spec.CopyFrom(old.spec)
+    if args.name:
+        spec.name = args.name
+    handle = client.submit(spec)
+    job = handle.job
+    if args.output == "json":
+        out.print_json(render.to_json(job))
+    else:
+        line = Text("submitted job ")
+        line.append(handle.id, style="bold")
+        line.append(f" ({render.escape_controls(spec.name)}) from {old.id} — ")
+        line.append_text(render.phase_text(job.phase) if job is not None else Text("?"))
+        out.print(line)
+    if args.wait:
+        return _watch(client, handle.id, out, include_progress=False)
+    return EXIT_OK
 
 
 def cmd_migrations(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -202,7 +272,7 @@ def cmd_logs(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
                            attempt=args.attempt, tail=args.tail):
         kind = rec.WhichOneof("kind")
         if kind == "attempt":
-            with_rank = args.rank is None and rec.attempt.world_size != 1
+            with_rank = args.rank is None and (rec.attempt.ranks or rec.attempt.world_size) != 1
             out.print(render_logs.attempt_separator(render.scrub(rec.attempt)), soft_wrap=True)
         elif kind == "dropped_lines":
             out.print(render_logs.dropped(rec.dropped_lines), soft_wrap=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -15,6 +16,7 @@ from brokerctl.common import (
     EXIT_OK,
     UsageError,
     csv_values,
+    did_you_mean,
     kv_pairs,
     parse_end,
     parse_time,
@@ -23,7 +25,7 @@ from brokerctl.common import (
 from brokerctl.team_merge import TeamChanges
 from brokersdk.client import BrokerClient, NotFound
 from brokersdk.enums import parse_strategy
-from computebroker.v1 import capacity_pb2
+from computebroker.v1 import capacity_pb2, common_pb2
 
 
 def cmd_capacity(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -105,6 +107,8 @@ def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
     if sub == "create":
         start = parse_time(args.start)
         end = parse_end(args.end, args.duration, start)
+        if not args.force:
+            check_plan_backing(client, args)
         plan = client.create_plan(
             id=getattr(args, "plan_id", None) or "",
             name=args.name or "",
@@ -131,6 +135,40 @@ def cmd_plans(args: argparse.Namespace, client: BrokerClient, out: Console) -> i
     else:
         out.print(render.plans_table(render.scrub(list(plans))))
     return EXIT_OK
+
+
+def check_plan_backing(client: BrokerClient, args: argparse.Namespace) -> None:
+    """Refuse a plan no agent node can ever be: an unknown region, or a region whose
+    nodes none would bind to it (broker/scheduling/plan_binding.py's rules: pool equal
+    to the plan's id or name, or an unlabelled training-plan node whose zone, instance
+    type and accelerator match). Such a plan would read "active" and add nothing.
+    ``--force`` registers it anyway (capacity that an agent will report later)."""
+    regions = sorted(r.name for r in client.regions())
+    if args.region not in regions:
+        near = did_you_mean(args.region, regions)
+        raise UsageError(
+            f"unknown region {args.region!r}" + (f" (did you mean {near!r}?)" if near else "")
+            + f"; regions with an agent: {', '.join(regions) or 'none'}"
+            " (--force registers the plan anyway, for an agent that has not connected yet)")
+    nodes = [u.node for u in client.capacity(region=args.region, include_nodes=True).nodes]
+    keys = {k for k in (args.plan_id, args.name) if k}
+    if any(n.pool in keys for n in nodes):
+        return
+    taken = {p.id for p in client.plans(include_ended=True)} | {
+        p.name for p in client.plans(include_ended=True) if p.name}
+
+    def adoptable(n: Any) -> bool:
+        return (n.capacity_type == common_pb2.CAPACITY_TYPE_TRAINING_PLAN and n.pool not in taken
+                and (not args.zone or n.zone == args.zone)
+                and (not args.instance_type or n.instance_type == args.instance_type)
+                and (not args.accelerator or n.accelerator.lower() == args.accelerator.lower()))
+
+    if not any(adoptable(n) for n in nodes):
+        label = f"training_plan: {args.name}" if args.name else "training_plan: NAME (with --name)"
+        raise UsageError(
+            f"no node in {args.region} can back this plan: none has pool {label}, and no"
+            " unlabelled training-plan node matches its zone/instance type/accelerator"
+            " (label the agent's plan nodes, or --force to register it before they exist)")
 
 
 def cmd_drain(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -22,9 +23,23 @@ class UsageError(Exception):
     """Bad command-line input (argparse or our own checks): exit 2."""
 
 
+PIPE_WIDTH = 1000  # "wide": rows as long as their values, for grep/awk and logs
+
+
 def consoles() -> tuple[Console, Console]:
-    # Created per invocation so that captured stdout/stderr (tests) are honoured.
-    return Console(highlight=False), Console(stderr=True, highlight=False)
+    """stdout and stderr consoles, made per invocation so that captured output (tests) is
+    honoured. On a terminal, tables fit its width (values cut with an ellipsis, the whole
+    text is in ``job ID`` / ``-o json``). When stdout is not a terminal (a pipe, a file, a
+    CI log) nothing is ever cut: with ``COLUMNS`` set, cells wrap at that width; without,
+    each row is one line as wide as its values (wide mode)."""
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        render.set_full_values(True)
+        if not os.environ.get("COLUMNS"):  # no width asked for: one whole row per line
+            out = Console(highlight=False, width=PIPE_WIDTH)
+    else:
+        render.set_full_values(False)
+    return out, Console(stderr=True, highlight=False)
 
 
 def csv_values(values: Sequence[str] | None) -> list[str]:
@@ -109,6 +124,15 @@ def parse_end(end: str | None, duration: str | None, start: float) -> float:
                          "(or --end with a time)") from None
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """The closest of ``choices`` to a mistyped ``word`` ("" if none is close): difflib's
+    ratio, the same measure argparse uses for its own suggestions."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return near[0] if near else ""
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """A message on one line (YAML and pydantic errors span several), cut at ``limit``."""
     flat = " ".join(str(text).split())
@@ -153,6 +177,15 @@ def given_flags(args: argparse.Namespace, pairs: Iterable[tuple[str, str]]) -> d
     """``{field: value}`` for each ``(flag, field)`` whose flag was given (is not None)."""
     return {field: getattr(args, flag) for flag, field in pairs
             if getattr(args, flag) is not None}
+
+
+def print_line(out: Console, line: Any) -> None:
+    """One history line: cut at the width on a terminal (one line each), whole and
+    wrapped between words in a pipe (render.full_values)."""
+    if render.full_values():
+        out.print(line, overflow="fold")
+    else:
+        out.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
 
 def show_list(args: argparse.Namespace, out: Console, items: Any, empty: str,

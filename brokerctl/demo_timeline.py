@@ -117,8 +117,11 @@ class Timeline:
         if e.type == "checkpoint":
             return f"step {d.get('step', '?')} durable in {e.region}"
         if e.type == "migration_completed":
-            return (f"{d.get('from', '?').split('/')[0]} → {d.get('to', '?').split('/')[0]}, world "
-                    f"{d.get('world_size', '?').replace('->', ' → ')}, in "
+            ranks = d.get("ranks", "")
+            size = (f"ranks {ranks.replace('->', ' → ')}" if ranks and "?" not in ranks
+                    else f"world {d.get('world_size', '?').replace('->', ' → ')}")
+            return (f"{d.get('from', '?').split('/')[0]} → {d.get('to', '?').split('/')[0]}, "
+                    f"{size}, in "
                     f"{float(d.get('total_s', 0) or 0):.1f}s")
         if e.type == "succeeded":
             try:
@@ -157,5 +160,6 @@ class Timeline:
         t.append(f" +{max(0.0, (e.time or time.time()) - self.t0):5.1f}s ", style="dim")
         t.append(f"{name[:16]:<16} ", style="bold")
         t.append(f"{'RESUMED':<10} ", style="bold green")
-        t.append(f"step {m.checkpoint_step + 1}, world {m.to_world_size}: {where}")
+        size = f"ranks {m.to_ranks}" if m.to_ranks else f"world {m.to_world_size}"
+        t.append(f"step {m.checkpoint_step + 1}, {size}: {where}")
         return t

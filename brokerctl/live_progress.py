@@ -22,6 +22,7 @@ class LiveProgress:
         self.loss = f"{job.progress.loss:.4f}" if job.progress.loss else "-"
         self.region = job.placement.region or "-"
         self.world_size = job.placement.world_size
+        self.ranks = job.placement.ranks  # what really ran; 0 = not reported (GPUs shown)
         self.attempt = job.attempt
         self._bucket = -1
 
@@ -35,6 +36,8 @@ class LiveProgress:
             self.loss = f"{job.progress.loss:.4f}"
         self.region = job.placement.region or self.region
         self.world_size = job.placement.world_size or self.world_size
+        if job.attempt >= self.attempt:
+            self.ranks = job.placement.ranks or (self.ranks if job.attempt == self.attempt else 0)
         self.attempt = max(self.attempt, job.attempt)
 
     def update(self, e: common_pb2.JobEvent) -> bool:
@@ -46,8 +49,11 @@ class LiveProgress:
         if e.attempt and e.attempt != self.attempt:
             self.attempt = e.attempt
             self._bucket = -1
+            self.ranks = 0
         if e.type == "launched" and d.get("world_size", "").isdigit():
             self.world_size = int(d["world_size"])
+        if e.type == "running" and d.get("ranks", "").isdigit():
+            self.ranks = int(d["ranks"])
         if e.type != "progress":
             return False
         if d.get("step", "").isdigit():
@@ -64,6 +70,7 @@ class LiveProgress:
 
     def text(self) -> str:
         total = f"/{self.total}" if self.total else ""
-        ws = f"world {self.world_size}" if self.world_size else "world -"
+        ws = (f"{self.ranks} rank{'' if self.ranks == 1 else 's'}" if self.ranks
+              else f"world {self.world_size}" if self.world_size else "world -")
         return (f"step {self.step}{total} · loss {self.loss} · {self.region} · {ws}"
                 f" · attempt {self.attempt or '-'}")

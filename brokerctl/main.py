@@ -41,6 +41,7 @@ from brokerctl.commands_jobs import (
     cmd_jobs,
     cmd_logs,
     cmd_migrations,
+    cmd_resubmit,
     cmd_submit,
     cmd_watch,
 )
@@ -54,7 +55,9 @@ from brokerctl.commands_operator import (
     cmd_regions,
     cmd_teams,
 )
+from brokerctl.commands_status import cmd_cost, cmd_status, cmd_wait_ready
 from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles, one_line
+from brokerctl.job_ref import resolve_job_id
 from brokersdk.client import (
     DEFAULT_ADDRESS,
     AlreadyExists,
@@ -67,6 +70,7 @@ from brokersdk.client import (
     QuotaExceeded,
 )
 from brokersdk.credentials import CredentialsError, resolve
+from brokersdk.diagnose import diagnose
 
 BAD_INPUT_ERRORS = (
     InvalidJobSpec,
@@ -97,7 +101,8 @@ def build_parser() -> _Parser:
         "--broker",
         default=None,
         metavar="ADDR",
-        help=f"broker address, or HA replicas a:1,b:2 (env BROKER_ADDRESS, default {DEFAULT_ADDRESS})",
+        help=f"broker address, or HA replicas a:1,b:2 (env CB_SERVER, or the context's server;"
+        f" default {DEFAULT_ADDRESS})",
     )
     p.add_argument("--timeout", type=finite_float, default=10.0, help="per-call deadline in seconds")
     p.add_argument("--context", default=None, metavar="NAME",
@@ -156,15 +161,46 @@ def build_parser() -> _Parser:
                    " command line)")
     s.set_defaults(func=cmd_submit)
 
-    s = add("jobs", "list jobs", output=True)
+    s = add("jobs", "list jobs (newest first)", output=True)
     s.add_argument("--team")
     s.add_argument("--phase", action="append", metavar="P[,P]", help="e.g. running,pending")
     s.add_argument("--region")
+    s.add_argument("--mine", action="store_true", help="only the jobs I submitted")
     s.add_argument("--limit", type=int, default=None)
+    s.add_argument("-w", "--watch", action="store_true",
+                   help="refresh every --interval seconds until Ctrl-C")
+    s.add_argument("--interval", type=finite_float, default=2.0, metavar="S")
+    s.add_argument("--watch-count", type=int, default=0, help=argparse.SUPPRESS)  # tests
     s.set_defaults(func=cmd_jobs)
 
+    s = add("status", "overview: fleet, running jobs, pending jobs and why, spend rate")
+    s.add_argument("--team", help="only this team's jobs")
+    s.add_argument("--mine", action="store_true", help="only the jobs I submitted")
+    s.set_defaults(func=cmd_status)
+
+    s = add("cost", "what jobs cost over a period: per team, user, region or capacity type,"
+            " and what moves saved")
+    s.add_argument("--since", default="30d", metavar="DURATION", help="e.g. 24h, 7d (default 30d)")
+    s.add_argument("--by", choices=["team", "user", "region", "capacity"], default="team")
+    s.add_argument("--team", help="only this team's jobs")
+    s.set_defaults(func=cmd_cost)
+
+    s = add("wait-ready", "wait until the broker answers (and N regions are connected)")
+    s.add_argument("--regions", type=int, default=0, metavar="N",
+                   help="also wait for N connected regions")
+    s.add_argument("--wait-timeout", type=finite_float, default=60.0, metavar="S",
+                   help="give up after S seconds (exit 1)")
+    s.set_defaults(func=cmd_wait_ready)
+
+    s = add("resubmit", "submit a new job with another job's spec (clone; the old one is untouched)",
+            output=True)
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
+    s.add_argument("--name", help="the new job's name (default: the same name)")
+    s.add_argument("--wait", action="store_true", help="follow the new job until it finishes")
+    s.set_defaults(func=cmd_resubmit)
+
     s = add("job", "show one job: spec, placement, progress, goodput, history", output=True)
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.set_defaults(func=cmd_job)
 
     s = add("migrations", "recent migrations (moves between capacity) with timings", output=True)
@@ -174,12 +210,12 @@ def build_parser() -> _Parser:
     s.set_defaults(func=cmd_migrations)
 
     s = add("cancel", "cancel a job")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("--reason")
     s.set_defaults(func=cmd_cancel)
 
     s = add("logs", "the ranks' stdout/stderr, attempt by attempt (-f: live)")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("-f", "--follow", action="store_true",
                    help="keep streaming (across migrations) until the job ends")
     s.add_argument("--rank", type=int, default=None, help="only this rank")
@@ -188,13 +224,13 @@ def build_parser() -> _Parser:
     s.set_defaults(func=cmd_logs)
 
     s = add("events", "a job's event history, one line each (-f: live)", output=True)
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("-f", "--follow", action="store_true", help="keep going until the job ends")
     s.add_argument("--progress", action="store_true", help="also show step progress events")
     s.set_defaults(func=cmd_events)
 
     s = add("watch", "follow a job's events live until it finishes")
-    s.add_argument("job_id")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("--progress", action="store_true", help="also show step progress events")
     s.set_defaults(func=cmd_watch)
 
@@ -255,6 +291,8 @@ def build_parser() -> _Parser:
     pc.add_argument("--duration", default="24h", help="if no --end: 24h, 90m, 1d2h, ...")
     pc.add_argument("--team")
     pc.add_argument("--price", type=finite_float, help="$ per GPU-hour (prepaid)")
+    pc.add_argument("--force", action="store_true",
+                    help="register it even if no agent's node can back it yet")
     pcc = psub.add_parser("cancel", help="cancel a plan")
     pcc.add_argument("plan_id")
     s.set_defaults(func=cmd_plans, region=None, all=False)
@@ -311,6 +349,10 @@ def build_parser() -> _Parser:
     s = add("console", "serve the web console (fleet, queue, jobs, migrations, plans)")
     commands_console.add_arguments(s)
     s.set_defaults(local=commands_console.cmd_console)
+
+    s = add("completion", "print a shell completion script: eval \"$(brokerctl completion bash)\"")
+    s.add_argument("shell", choices=["bash", "zsh", "fish"])
+    s.set_defaults(local=_cmd_completion)
 
     add("agent", "run a region agent (all further arguments go to the agent; see agent --help)")
 
@@ -387,12 +429,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         address = (args.broker or os.environ.get("BROKER_ADDRESS") or creds.server
                    or DEFAULT_ADDRESS)
         with BrokerClient(address, timeout=args.timeout, credentials=creds) as client:
-            return args.func(args, client, out)
+            try:
+                _resolve_job_refs(args, client)
+                return args.func(args, client, out)
+            except BrokerError as e:
+                # Say what to change (CB_SERVER, CB_INSECURE, CB_CA, CB_TOKEN, CB_CONFIG),
+                # not what gRPC saw: brokersdk/diagnose.py.
+                raise diagnose(e, address, creds) from None
     except SystemExit as e:  # --help, or a delegated main() calling sys.exit
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else EXIT_ERROR)
     except UsageError as e:
-        _error(err, str(e))
+        _error(err, with_suggestion(str(e), argv))
+        return EXIT_BAD_INPUT
+    except CredentialsError as e:  # e.g. CB_CA names a file that is gone: says which
+        _error(err, str(e), "check CB_CA / CB_CLIENT_CERT, or the context in CB_CONFIG")
         return EXIT_BAD_INPUT
     except BrokerError as e:
         _error(err, e.message, e.hint)
@@ -419,6 +470,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return EXIT_ERROR
+
+
+def _cmd_completion(args: argparse.Namespace, out: Console) -> int:
+    from brokerctl.completion import script
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return EXIT_OK
+
+
+def with_suggestion(message: str, argv: list[str]) -> str:
+    """argparse's "unrecognized arguments: --stpes 5" / "invalid choice: 'sumbit'" with a
+    did-you-mean from the options of the command that was typed (Python 3.11's argparse
+    has none of its own)."""
+    import difflib
+
+    parser = build_parser()
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if sub is None:
+        return message
+    if "invalid choice:" in message:
+        bad = message.split("invalid choice:", 1)[1].split("'")[1] if "'" in message else ""
+        near = difflib.get_close_matches(bad, list(sub.choices), n=1)
+        return message + (f"; did you mean {near[0]!r}?" if near else "")
+    if "unrecognized arguments:" not in message:
+        return message
+    cmd = next((a for a in argv if a in sub.choices), None)
+    target = sub.choices[cmd] if cmd else parser
+    options = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
+    options += [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    listed = message.split("unrecognized arguments:", 1)[1].split(" (see `", 1)[0]
+    bad = [t.split("=", 1)[0] for t in listed.split() if t.startswith("--")]
+    hints = [f"{b} -> {near[0]}" for b in bad
+             if (near := difflib.get_close_matches(b, options, n=1, cutoff=0.6))]
+    return message + (f"; did you mean {', '.join(hints)}?" if hints else "")
+
+
+def _resolve_job_refs(args: argparse.Namespace, client: BrokerClient) -> None:
+    """Jobs by id, unique id prefix or name (brokerctl/job_ref.py), for every command
+    that takes one: the positional JOB and `migrations --job`."""
+    for attr in ("job_id", "job"):
+        ref = getattr(args, attr, None)
+        if isinstance(ref, str) and ref:
+            setattr(args, attr, resolve_job_id(client, ref))
 
 
 def _error(err: Console, message: str, hint: str | None = None) -> None:

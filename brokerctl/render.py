@@ -12,7 +12,9 @@ from __future__ import annotations
 import shlex
 import time
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from google.protobuf import json_format
@@ -104,11 +106,36 @@ def _scrub_in_place(msg: Message) -> None:
                 _scrub_in_place(m)
 
 
+_FULL_VALUES: ContextVar[bool] = ContextVar("full_values", default=False)
+
+
+def full_values() -> bool:
+    """True when output goes to a pipe or a file: no value may be cut there (a log or a
+    ``grep`` must see the whole job name, region and reason), so cells wrap instead."""
+    return _FULL_VALUES.get()
+
+
+@contextmanager
+def full_values_mode(on: bool = True) -> Iterator[None]:
+    """Render with (or without) :func:`full_values` inside the block."""
+    token = _FULL_VALUES.set(on)
+    try:
+        yield
+    finally:
+        _FULL_VALUES.reset(token)
+
+
+def set_full_values(on: bool) -> None:
+    """Per invocation: ``brokerctl.common.consoles`` sets it from ``isatty``."""
+    _FULL_VALUES.set(on)
+
+
 def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
     """A compact table whose headers never wrap (min_width = header length).
 
     Column options are rich's, plus ``flex=True`` for free-text columns that may
-    be shortened (with an ellipsis) to fit; the others never shrink.
+    be shortened (with an ellipsis) to fit on a terminal; the others never shrink.
+    In a pipe (:func:`full_values`) every cell wraps (``fold``) and none is cut.
     """
     table = Table(box=box.SIMPLE_HEAD, title=title, pad_edge=False, expand=False,
                   show_edge=False, padding=(0, 1, 0, 0))
@@ -119,6 +146,8 @@ def _table(*columns: str | tuple[str, dict], title: str | None = None) -> Table:
         # the others keep their natural width.
         flex = opts.pop("flex", False)
         opts = {"no_wrap": not flex, "overflow": "ellipsis", "min_width": len(name), **opts}
+        if full_values():
+            opts.update(no_wrap=False, overflow="fold")
         table.add_column(name, **opts)
     return table
 
@@ -149,6 +178,26 @@ def duration(s: float) -> str:
 
 def when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: ``812 B``, ``4.2 KiB``, ``3.1 MiB``, ``1.2 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def date_time(t: float, now: float | None = None) -> str:
+    """``MM-DD HH:MM`` this year, ``YYYY-MM-DD HH:MM`` in any other: a plan that ends in
+    2030 must not read as this January."""
+    if not t:
+        return "-"
+    local = time.localtime(t)
+    this_year = time.localtime(time.time() if now is None else now).tm_year
+    return time.strftime("%m-%d %H:%M" if local.tm_year == this_year else "%Y-%m-%d %H:%M", local)
 
 
 def steps(job: common_pb2.Job) -> str:
@@ -190,57 +239,98 @@ JOBS_COLUMNS: tuple[tuple[str, int, str], ...] = (
 
 
 def _clip(text: str, width: int) -> str:
+    if full_values():
+        return text
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Table:
+def _job_reason(job: common_pb2.Job) -> str:
+    return job.pending_reason if job.pending_reason else (
+        job.message if phase_name(job.phase) == "failed" else "")
+
+
+def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100,
+               with_reason: bool = True) -> Table:
     """One row per job, in the order given (``newest_first``). REASON says why a job is
     still pending (or why it failed) and gets the width the other columns leave, cut
-    with an ellipsis (``job ID`` has it whole): widths are computed here because rich's
-    own shrinking squeezes the name columns to nothing when one cell is long."""
+    with an ellipsis on a terminal (``job ID`` has it whole) and wrapped in a pipe.
+    Widths are computed here because rich's own shrinking squeezes the name columns to
+    nothing when one cell is long. ``with_reason=False`` (a narrow terminal) leaves
+    REASON out, and R/M and AGE too (``job ID`` has them); :func:`jobs_view` then prints
+    each reason on a line of its own."""
     jobs = list(jobs)
+    keep = [i for i, (h, _, _) in enumerate(JOBS_COLUMNS)
+            if with_reason or h not in _NARROW_DROPS]
+    columns = [JOBS_COLUMNS[i] for i in keep]
     rows = []
     for job in jobs:
-        reason = job.pending_reason if job.pending_reason else (
-            job.message if phase_name(job.phase) == "failed" else "")
-        rows.append([job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
-                     job_region(job), shape(job), steps(job), moves(job),
-                     age(job.created_time, now), reason or "-"])
+        row = [job.id, job.spec.name or "-", job.spec.team or "-", phase_name(job.phase) or "?",
+               job_region(job), shape(job), steps(job), moves(job), age(job.created_time, now),
+               _job_reason(job) or "-"]
+        rows.append([row[i] for i in keep])
     widths = []
-    for i, (header, cap, _) in enumerate(JOBS_COLUMNS):
+    full = full_values()  # in a pipe a column is capped only by the width, never by taste
+    for i, (header, cap, _) in enumerate(columns):
         natural = max([len(header), *(len(r[i]) for r in rows)])
-        widths.append(min(natural, max(cap, len(header))) if cap else natural)
+        widths.append(min(natural, max(cap, len(header))) if cap and not full else natural)
     overhead = 2 * (len(widths) - 1) + 1
-    over = sum(widths[:-1]) + len("REASON") + overhead - width
-    for i in (1, 2, 4):  # NAME, TEAM, REGION give way (down to their headers) when too wide
-        if over <= 0:
+    last = len("REASON") if with_reason else widths[-1]
+    over = sum(widths[:-1]) + last + overhead - width
+    # NAME, TEAM, REGION give way (down to their headers), one column at a time from the
+    # one with the most room to spare, so a short value keeps its whole width.
+    shrink = [i for i, c in enumerate(columns) if c[0] in ("NAME", "TEAM", "REGION")]
+    while over > 0:
+        i = max(shrink, key=lambda k: widths[k] - len(columns[k][0]))
+        if widths[i] <= len(columns[i][0]):
             break
-        give = min(over, widths[i] - len(JOBS_COLUMNS[i][0]))
-        widths[i] -= give
-        over -= give
-    used = sum(widths[:-1]) + overhead
-    widths[-1] = max(len("REASON"), min(widths[-1], width - used))
+        widths[i] -= 1
+        over -= 1
+    if with_reason:
+        used = sum(widths[:-1]) + overhead
+        widths[-1] = max(len("REASON"), min(widths[-1], width - used))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, expand=False, show_edge=False,
                   padding=(0, 1, 0, 0))
-    for (header, _, justify), w in zip(JOBS_COLUMNS, widths, strict=True):
-        table.add_column(header, width=w, no_wrap=True, overflow="ellipsis", justify=justify)  # type: ignore[arg-type]
+    for (header, _, justify), w in zip(columns, widths, strict=True):
+        table.add_column(header, width=w, no_wrap=not full, justify=justify,  # type: ignore[arg-type]
+                         overflow="fold" if full else "ellipsis")
     for r, job in zip(rows, jobs, strict=True):
         cells: list[object] = [_clip(c, w) for c, w in zip(r, widths, strict=True)]
         cells[3] = Text(cells[3], style=PHASE_STYLE.get(r[3], ""))
-        cells[9] = Text(cells[9], style="yellow" if job.pending_reason else "dim")
+        if with_reason:
+            cells[-1] = Text(cells[-1], style="yellow" if job.pending_reason else "dim")
         table.add_row(*cells)
     return table
 
 
+_NARROW_DROPS = ("R/M", "AGE", "REASON")
+
+
+def _jobs_min_width() -> int:
+    """The narrowest jobs table with REASON: IDs whole, shrinkable columns at their headers."""
+    fixed = 19 + len("PHASE") + 4 + len("SHAPE") + len("STEP") + len("R/M") + len("AGE") + 4
+    shrinkable = len("NAME") + len("TEAM") + len("REGION") + len("REASON")
+    return fixed + shrinkable + 2 * (len(JOBS_COLUMNS) - 1) + 1
+
+
 def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100) -> Group:
-    """``brokerctl jobs``: the table, then each pending job's whole reason on a line of
-    its own when the REASON column had to cut it (one line each, never wrapped)."""
+    """``brokerctl jobs``: the table, then each job's whole reason on a line of its own
+    when the table could not hold it: cut in the REASON column on a terminal, or no
+    REASON column at all when the terminal is too narrow for one (80 columns). On a
+    terminal those lines are cut at the width; in a pipe they are whole (wrapped)."""
     jobs = list(jobs)
-    parts: list[object] = [jobs_table(jobs, now, width)]
-    cut = [j for j in jobs if j.pending_reason and len(j.pending_reason) > 40]
-    for j in cut:
+    with_reason = width >= _jobs_min_width() + 8
+    parts: list[object] = [jobs_table(jobs, now, width, with_reason=with_reason)]
+    if with_reason:
+        # In a pipe the REASON cell already holds all of it (wrapped).
+        below = [] if full_values() else [j for j in jobs if j.pending_reason
+                                          and len(j.pending_reason) > 40]
+    else:
+        below = [j for j in jobs if _job_reason(j)]
+    for j in below:
         line = Text(f"{j.id} ", style="bold")
-        line.append(_clip(f"pending: {j.pending_reason}", max(10, width - len(j.id) - 1)), style="yellow")
+        label = "pending" if j.pending_reason else phase_name(j.phase)
+        line.append(_clip(f"{label}: {_job_reason(j)}", max(10, width - len(j.id) - 1)),
+                    style="yellow" if j.pending_reason else "red")
         parts.append(line)
     return Group(*parts)
 
@@ -258,18 +348,35 @@ def _nodes_of(world_size: int, gpus_per_node: int) -> str:
     return f"{max(1, world_size // g)}×{g}" if world_size % g == 0 else f"world {world_size}"
 
 
+def ranks_text(ranks: int) -> str:
+    return f"{ranks} rank{'' if ranks == 1 else 's'}"
+
+
+def _size(world_size: int, ranks: int, gpus_per_node: int) -> str:
+    """An attempt's size for people: the ranks that really ran when the agent reported
+    them (an elastic move's headline: 2 ranks → 1 rank), else the GPUs placed (2×8)."""
+    return ranks_text(ranks) if ranks else _nodes_of(world_size, gpus_per_node)
+
+
+def resumed_at(m: common_pb2.Migration) -> str:
+    """The first step the new attempt ran: the one after its checkpoint (as the timeline
+    and the events count), or a restart from the beginning without one."""
+    return (f"resumed at step {m.checkpoint_step + 1}" if m.checkpoint_step
+            else "restarted from the beginning")
+
+
 def move_story(job: common_pb2.Job, m: common_pb2.Migration) -> str:
-    """One move in one line: ``moved after a spot notice at step 19: us-west-2 2×8 →
-    eu-west-1 1×8, resumed at step 19, lost 4 s``."""
+    """One move in one line: ``moved after a spot notice: us-west-2 2 ranks →
+    eu-west-1 1 rank, resumed at step 20, lost 4 s`` (GPUs ``2×8`` when the agents did not
+    report their ranks)."""
     g = job.spec.resources.gpus_per_node
     cause = move_cause(m)
     why = _CAUSE_PHRASE.get(cause, cause.replace("_", " "))
-    src = f"{m.from_region or '?'} {_nodes_of(m.from_world_size, g)}"
+    src = f"{m.from_region or '?'} {_size(m.from_world_size, m.from_ranks, g)}"
     if move_state(m) != "done":
         return f"moving after {why} at step {m.checkpoint_step}: {src} → {m.to_region or '?'} ({move_state(m)})"
-    dst = f"{m.to_region or '?'} {_nodes_of(m.to_world_size, g)}"
-    return (f"moved after {why} at step {m.checkpoint_step}: {src} → {dst}, "
-            f"resumed at step {m.checkpoint_step}, lost {m.total_s:.0f} s")
+    dst = f"{m.to_region or '?'} {_size(m.to_world_size, m.to_ranks, g)}"
+    return f"moved after {why}: {src} → {dst}, {resumed_at(m)}, lost {m.total_s:.0f} s"
 
 
 def job_story(job: common_pb2.Job) -> str:
@@ -279,7 +386,10 @@ def job_story(job: common_pb2.Job) -> str:
     where = job.placement.region or "-"
     head = f"{name}"
     if job.placement.region:
-        head += f" in {where} {shape(job) if not job.placement.world_size else _nodes_of(job.placement.world_size, job.spec.resources.gpus_per_node)}"
+        p = job.placement
+        size = (_size(p.world_size, p.ranks, job.spec.resources.gpus_per_node)
+                if p.world_size or p.ranks else shape(job))
+        head += f" in {where} {size}"
     if job.progress.step or job.progress.total_steps:
         head += f" at step {steps(job)}"
     if name == "pending" and job.pending_reason:
@@ -305,6 +415,9 @@ def restart_note(job: common_pb2.Job) -> str:
     or a move it starts again from the beginning (docs/contracts.md "Your own code")."""
     if not job.spec.command or job.progress.last_checkpoint_uri:
         return ""
+    if job.progress.step:  # it reports progress (the trainer library): its checkpoint is due
+        return ("no checkpoint yet: until its first one, a move, preemption or failure would"
+                " restart this job from the beginning")
     return ("no checkpoint: this job restarts from the beginning after a move, preemption or"
             " failure (its program reports none; see docs/user/bring-your-own-code.md)")
 
@@ -367,7 +480,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
             ("region", f"{p.region} (agent {p.agent_id or '-'})"),
             ("capacity", capacity_cell(p.capacity_type, p.pool)),
             ("nodes", nodes),
-            ("world size", p.world_size),
+            ("ranks", f"{p.ranks} (on {p.world_size} GPUs)" if p.ranks
+             else f"- ({p.world_size} GPUs; not reported yet)"),
             ("price", f"${p.price_per_gpu_hour:.2f}/GPU-h"),
         ]
         if p.explanation:
@@ -389,7 +503,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         pct = 100.0 * g.productive_s / g.wall_s if g.wall_s else 0.0
         grow = [
             ("productive", f"{duration(g.productive_s)} ({pct:.0f}% of {duration(g.wall_s)})"),
-            ("queued", duration(g.queued_s)),
+            ("queued", duration(g.queued_s)
+             + (f", starting {duration(g.starting_s)}" if g.starting_s else "")),
             (
                 "lost",
                 f"failures {duration(g.lost_failure_s)}, preemption "
@@ -463,7 +578,7 @@ def move_state(m: common_pb2.Migration) -> str:
 
 def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | None = None,
                      with_job: bool = True) -> Table:
-    """One row per move (fits 100 columns): cause (! = emergency), route, world sizes,
+    """One row per move (fits 100 columns): cause (! = emergency), route, ranks,
     checkpoint time, transfer (time @ MB/s, or % while copying; "mbb" for a make-before-break
     move, which reads the checkpoint in place), total time to the first step after the
     resume (or the state while in progress) and the broker's own share (ORCH). ``-o json`` /
@@ -471,7 +586,9 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
     cols: list[str | tuple[str, dict]] = []
     if with_job:
         cols.append("JOB")
-    cols += ["CAUSE", "FROM>TO", ("WS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
+    # "a → b": the route wraps after its arrow when 80 columns cannot hold it on one line.
+    cols += ["CAUSE", ("FROM → TO", {"flex": True, "overflow": "fold"}),
+             ("RANKS", {"justify": "right"}), ("CKPT", {"justify": "right"}),
              ("XFER", {"justify": "right"}), ("TOTAL", {"justify": "right"}),
              ("ORCH", {"justify": "right"})]
     t = _table(*cols, title=title)
@@ -487,8 +604,9 @@ def migrations_table(migrations: Iterable[common_pb2.Migration], title: str | No
             xfer = "mbb" if m.make_before_break else "-"  # read in place, copied after resuming
         row: list[object] = [m.job_id] if with_job else []
         row += [move_cause(m) + ("!" if m.emergency else ""),
-                f"{m.from_region or '-'}>{m.to_region or '?'}",
-                f"{m.from_world_size}>{m.to_world_size or '?'}",
+                f"{m.from_region or '-'} → {m.to_region or '?'}",
+                # the ranks that ran (GPUs placed where an agent did not report them)
+                f"{m.from_ranks or m.from_world_size}>{m.to_ranks or m.to_world_size or '?'}",
                 _secs(m.checkpoint_s) if done else "-", xfer,
                 _secs(m.total_s) if done else state, _secs(m.orchestration_s) if done else "-"]
         t.add_row(*row)
@@ -735,8 +853,8 @@ def plans_table(plans: Iterable[capacity_pb2.TrainingPlan]) -> Table:
             f"{p.region}/{p.zone}" if p.zone else p.region,
             f"{p.instance_count}×{p.instance_type or '?'}",
             plan_state_name(p.state) or "-",
-            time.strftime("%m-%d %H:%M", time.localtime(p.start_time)) if p.start_time else "-",
-            time.strftime("%m-%d %H:%M", time.localtime(p.end_time)) if p.end_time else "-",
+            date_time(p.start_time),
+            date_time(p.end_time),
             p.team or "shared",
         )
     return table
@@ -752,7 +870,7 @@ def tokens_table(tokens: Iterable[object]) -> Table:
                  "expired" if expires and expires <= now else
                  "rotated" if t.rotated_time else "active")  # type: ignore[attr-defined]
         table.add_row(t.id, t.user, t.role, t.team or "-",  # type: ignore[attr-defined]
-                      time.strftime("%m-%d %H:%M", time.localtime(t.created_time)),  # type: ignore[attr-defined]
+                      date_time(t.created_time),  # type: ignore[attr-defined]
                       time.strftime("%Y-%m-%d", time.localtime(expires)) if expires else "never",
                       state)
     return table

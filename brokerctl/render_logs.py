@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from brokerctl.render import event_row, when
+from brokerctl.render import event_row, full_values, when
 from computebroker.v1 import common_pb2, logs_pb2
 
 
 def attempt_separator(h: logs_pb2.LogAttemptHeader) -> Text:
-    """``── attempt 2 · eu-west-1 · world 1 · started 12:03:04 ──``"""
+    """``── attempt 2 · eu-west-1 · 1 rank · started 12:03:04 ──``"""
     parts = [f"attempt {h.attempt}"]
     if h.region:
         parts.append(h.region)
-    if h.world_size:
+    if h.ranks:  # the ranks that ran; the GPUs placed only when the agent did not say
+        parts.append(f"{h.ranks} rank{'' if h.ranks == 1 else 's'}")
+    elif h.world_size:
         parts.append(f"world {h.world_size}")
     if h.start_time:
         parts.append(f"started {when(h.start_time)}")
@@ -43,7 +45,10 @@ MAX_TOKEN = 44
 
 def shorten_tokens(msg: str, max_token: int = MAX_TOKEN) -> str:
     """Ellipsize the middle of long tokens (checkpoint paths, URIs) so a line wraps only
-    between words at 100 columns, never inside a path: ``/tmp/…/attempt-1/step-000000010``."""
+    between words at 100 columns, never inside a path: ``/tmp/…/attempt-1/step-000000010``.
+    In a pipe (full_values) tokens stay whole: a log must hold the real path."""
+    if full_values():
+        return msg
     out = []
     for tok in msg.split(" "):
         if len(tok) > max_token:

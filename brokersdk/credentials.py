@@ -34,6 +34,7 @@ class ClientCredentials:
     client_key: str = ""
     insecure: bool = False  # plaintext, for a broker started with --insecure-dev only
     context: str = ""
+    token_from_env: bool = False  # CB_TOKEN (or an argument) gave the token, not a context
 
     @property
     def has_identity(self) -> bool:
@@ -42,6 +43,14 @@ class ClientCredentials:
 
 def config_path() -> Path:
     return Path(os.environ.get("CB_CONFIG") or DEFAULT_CONFIG).expanduser()
+
+
+def config_source() -> tuple[str, bool]:
+    """How the config file was chosen, for messages (``CB_CONFIG=PATH`` or the default
+    path), and whether it exists: a forgotten ``export CB_CONFIG`` must be visible."""
+    path = config_path()
+    named = f"CB_CONFIG={os.environ['CB_CONFIG']}" if os.environ.get("CB_CONFIG") else str(DEFAULT_CONFIG)
+    return named, path.exists()
 
 
 def _load_context(name: str) -> ClientCredentials:
@@ -85,6 +94,7 @@ def resolve(server: str = "", context: str = "", token: str = "", ca: str = "",
         if value:
             over[field] = value
     if "token" in over:  # a token given outright replaces the context's certificate
+        over["token_from_env"] = True
         over.setdefault("client_cert", "")
         over.setdefault("client_key", "")
     if insecure is not None:

@@ -34,11 +34,13 @@ class BrokerError(Exception):
         message: str,
         code: grpc.StatusCode | None = None,
         hint: str | None = None,
+        details: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.hint = self.default_hint if hint is None else hint
+        self.details = details  # gRPC's own text, for diagnose.py to read
 
     def __str__(self) -> str:
         return self.message
@@ -102,6 +104,13 @@ def translate_rpc_error(err: grpc.RpcError, address: str, *, job_id: str | None 
     """Turn a grpc.RpcError into the matching BrokerError subclass."""
     code = err.code() if hasattr(err, "code") else None
     details = (err.details() if hasattr(err, "details") else None) or ""
+    made = _translate(code, details, address, job_id)
+    made.details = details
+    return made
+
+
+def _translate(code: grpc.StatusCode | None, details: str, address: str,
+               job_id: str | None) -> BrokerError:
     if code is grpc.StatusCode.UNAVAILABLE and any(
             w in details.lower() for w in ("ssl", "handshake", "certificate", "tls")):
         return BrokerUnavailable(
@@ -116,11 +125,16 @@ def translate_rpc_error(err: grpc.RpcError, address: str, *, job_id: str | None 
         return PermissionDenied(details or "permission denied", code,
                                 hint="your role does not allow this; `brokerctl whoami` shows who"
                                 " you are, an operator can grant more")
+    if code is grpc.StatusCode.UNAVAILABLE and "state store unavailable" in details:
+        return BrokerUnavailable(
+            f"the broker at {address} is up, but its state store is unavailable", code,
+            hint="its database (SQLite file or Redis) is down or unreachable: retry in a"
+            " moment; an operator should look at the broker's log")
     if code is grpc.StatusCode.UNAVAILABLE:
         return BrokerUnavailable(
             f"cannot reach the broker at {address}",
             code,
-            hint="is it running? start one with `brokerctl serve` or set --broker / BROKER_ADDRESS"
+            hint="is it running? start one with `brokerctl serve` or point CB_SERVER (or --broker) at it"
             + (f" ({details})" if details and "connect" not in details.lower() else ""),
         )
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -179,11 +179,28 @@ class JobSpec(BaseModel):
 
 
 def _pydantic_message(err: ValidationError) -> str:
+    """pydantic's errors on one line; an unknown key gets a did-you-mean from the fields
+    of the model it was found in (``stpes`` -> ``steps``? no: ``total_steps``)."""
     parts = []
     for item in err.errors():
-        loc = ".".join(str(p) for p in item.get("loc", ()))
-        parts.append(f"{loc}: {item.get('msg', 'invalid')}" if loc else item.get("msg", ""))
+        path = tuple(item.get("loc", ()))
+        loc = ".".join(str(p) for p in path)
+        msg = item.get("msg", "invalid")
+        if item.get("type") == "extra_forbidden" and path:
+            near = _near_field(str(path[-1]), TrainerSpec if path[:1] == ("trainer",) else JobSpec)
+            msg = "unknown field" + (f" (did you mean {near!r}?)" if near else "")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
+
+
+def _near_field(key: str, model: type[BaseModel]) -> str:
+    import difflib
+
+    fields = list(model.model_fields)
+    near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+    if not near:  # "steps" for total_steps: a field that ends or starts with the key
+        near = [f for f in fields if len(key) >= 4 and (f.endswith(key) or f.startswith(key))]
+    return near[0] if near else ""
 
 
 def spec_to_proto(spec: JobSpec | common_pb2.JobSpec | Mapping[str, Any]) -> common_pb2.JobSpec:

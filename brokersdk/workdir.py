@@ -4,9 +4,14 @@ Why deterministic: the tar's sha256 names the upload, so the same code must give
 same bytes whoever packs it and whenever. Entries are sorted, and mtimes, owners and
 permission bits beyond "executable or not" are fixed; the tar is not compressed
 (gzip headers carry times, and code compresses little next to the cost of it on a
-50 MB tree). ``.git``, ``__pycache__``, ``.venv`` and anything matched by a
-``.brokerignore`` (gitignore-like: ``*.ckpt``, ``data/``, ``/build``) are skipped,
-and a tree over the limit (default 100 MiB) is refused before anything is sent.
+50 MB tree). ``.git``, ``__pycache__``, ``.venv``, anything matched by the root
+``.gitignore`` (matched exactly as git does, by ``pathspec``: the data, logs and local
+``checkpoints/`` a project already keeps out of git) and by a ``.brokerignore``
+(gitignore-like: ``*.ckpt``, ``data/``, ``/build``; ``!pattern`` there cannot re-include
+what ``.gitignore`` leaves out) are skipped, and a tree over the limit (default 100 MiB)
+is refused before anything is sent. A symlink that is absolute or points up (``..``)
+is refused here, at submit, with its name (:func:`_tarinfo`): every region's unpacker
+would refuse it later.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 DEFAULT_MAX_BYTES = 100 * 1024 * 1024
 ALWAYS_IGNORED = (".git/", "__pycache__/", ".venv/", "*.pyc", ".brokerignore")
 IGNORE_FILE = ".brokerignore"
+GITIGNORE = ".gitignore"
 
 
 class WorkdirError(ValueError):
@@ -98,10 +104,22 @@ class IgnoreRules:
         return out
 
 
+def _gitignore(root: Path) -> Any:
+    """The root ``.gitignore`` as git reads it (pathspec's GitIgnoreSpec), or None."""
+    f = root / GITIGNORE
+    if not f.is_file():
+        return None
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(
+        f.read_text(encoding="utf-8", errors="replace").splitlines())
+
+
 def iter_files(root: Path) -> list[tuple[str, Path]]:
     """(relative posix path, absolute path) of every packed file, sorted; directories
     are implied by their files (an empty directory is not packed)."""
     rules = IgnoreRules.for_dir(root)
+    git = _gitignore(root)
     out: list[tuple[str, Path]] = []
 
     def walk(d: Path, prefix: str) -> None:
@@ -110,12 +128,13 @@ def iter_files(root: Path) -> list[tuple[str, Path]]:
         for e in entries:
             rel = f"{prefix}{e.name}"
             is_dir = e.is_dir(follow_symlinks=False)
-            if rules.ignored(rel, is_dir):
+            if rules.ignored(rel, is_dir) or (
+                    git is not None and git.match_file(rel + "/" if is_dir else rel)):
                 continue
             if is_dir:
                 walk(Path(e.path), rel + "/")
             elif e.is_file(follow_symlinks=False) or e.is_symlink():
-                out.append((rel, Path(e.path)))
+                out.append((rel, Path(e.path)))  # links are checked by _tarinfo
 
     walk(root, "")
     return out

@@ -194,6 +194,8 @@ class RegionAgent:
         self._standby_ckpt: dict[tuple[str, int], str] = {}
         self._durable_copies: dict[tuple[str, int], tuple[str, str]] = {}
         self._timings: dict[tuple[str, int], agent_pb2.AttemptTimings] = {}
+        # Ranks started per attempt (JobUpdate.ranks): the trainer's real world size.
+        self._ranks: dict[tuple[str, int], int] = {}
         self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
 
     # ---- public ----------------------------------------------------------------
@@ -639,6 +641,7 @@ class RegionAgent:
         if launch.spec.HasField("workdir"):  # users' code: fetched (staging) and verified
             spec.workdir_tar = str(self.workdirs.get(launch.spec.workdir.digest))
         self.executor.launch(spec)
+        self._ranks[(launch.job_id, launch.attempt)] = self.executor.ranks(spec)
         self.logs.track(launch.job_id, launch.attempt,
                         self.executor.log_sources(launch.job_id, launch.attempt))
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
@@ -743,6 +746,7 @@ class RegionAgent:
             self._timings.pop(key, None)
         if timings is not None:
             upd.timings.CopyFrom(timings)
+        upd.ranks = self._ranks.pop(key, 0) if ev.terminal else self._ranks.get(key, 0)
         if ev.terminal:
             # Its last lines go first: a follower sees them before the job ends.
             # Sent to a dead stream they are resent after RegisterAck's rewind.

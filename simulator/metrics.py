@@ -62,7 +62,8 @@ def collect(sim: Simulation) -> dict:
         g = j.job.goodput
         wait[team].append(g.queued_s)
         wait[""].append(g.queued_s)
-        parts = g.productive_s + g.queued_s + g.lost_failure_s + g.lost_preemption_s + g.lost_migration_s
+        parts = (g.productive_s + g.queued_s + g.starting_s + g.lost_failure_s
+                 + g.lost_preemption_s + g.lost_migration_s)
         worst = max(worst, abs(parts - g.wall_s))
         for k, v in j.lost.items():
             lost[k] += v / 3600.0

@@ -65,6 +65,9 @@ class AgentState:
     lost: bool = False
     draining: bool = False
     stale_stops: dict[tuple[str, int], float] = field(default_factory=dict)
+    # Nodes the broker marked unhealthy for a spot notice (the agent still calls them
+    # healthy): healthy again when the notice is withdrawn (agent_service._heartbeat).
+    spot_marked: set[str] = field(default_factory=set)
 
     @property
     def connected(self) -> bool:

@@ -278,6 +278,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self.ops.poke()
         if hb.spot_notices:
             self._spot(agent, hb)
+        self._notices_withdrawn(agent, hb, health)
         if sick:
             self._unhealthy(agent, set(sick) - {s.node_id for s in hb.spot_notices})
         # Drift: attempts the agent runs that the broker does not want -> fence them.
@@ -312,6 +313,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             if n.id in doomed and n.healthy:
                 n.healthy = False
                 n.labels[SPOT_NOTICE_LABEL] = f"{doomed[n.id]:.0f}"  # shown as "reclaimed"
+                agent.spot_marked.add(n.id)
                 return True
             return False
 
@@ -324,6 +326,36 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                                      " emergency checkpoint, then moving",
                              details={"nodes": ",".join(hit), "deadline": f"{deadline:.0f}"})
         self.ops.poke()
+
+    def _notices_withdrawn(self, agent: AgentState, hb: apb.Heartbeat,
+                           health: dict[str, apb.NodeHealth]) -> None:
+        """A spot notice the agent no longer reports (withdrawn before its deadline, or
+        the reclaim never came) gives back the node the broker took out for it, unless
+        the agent itself now calls the node unhealthy. Every heartbeat lists the active
+        notices, so absence is withdrawal."""
+        # A node the agent itself now calls unhealthy (reclaimed at the deadline) is the
+        # agent's to give back, by a health change, not by the notice going away.
+        agent.spot_marked -= {n for n, h in health.items() if not h.healthy}
+        if not agent.spot_marked:
+            return
+        active = {s.node_id for s in hb.spot_notices}
+        back = {n for n in agent.spot_marked - active
+                if n not in health or health[n].healthy}
+        if not back:
+            return
+        agent.spot_marked -= back
+
+        def restore(n: pb.Node) -> bool:
+            if n.id in back and not n.healthy:
+                n.healthy = True
+                n.labels.pop(SPOT_NOTICE_LABEL, None)  # no longer "reclaimed"
+                return True
+            return False
+
+        if self.agents.update_nodes(agent.agent_id, restore):
+            log.info("agent %s: spot notice withdrawn, node(s) %s healthy again",
+                     agent.agent_id, ", ".join(sorted(back)))
+            self.ops.poke()
 
     def _unhealthy(self, agent: AgentState, sick: set[str]) -> None:
         """Nodes the agent reports unhealthy: trigger NODE_UNHEALTHY for the jobs on them

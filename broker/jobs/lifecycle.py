@@ -56,6 +56,28 @@ ALLOWED: dict[int, frozenset[int]] = {
 }
 
 
+def charge_money(job: pb.Job, frm: int, elapsed: float) -> None:
+    """``elapsed`` seconds of phase ``frm`` (one that holds GPUs) in dollars: the GPUs
+    placed x their price, per capacity type and region; and what the last move saved
+    while the job runs where it moved to (cheaper than where it came from)."""
+    p = job.placement
+    if not p.world_size or not p.price_per_gpu_hour or elapsed <= 0:
+        return
+    g = job.goodput
+    usd = elapsed / 3600.0 * p.world_size * p.price_per_gpu_hour
+    g.cost_usd += usd
+    ctype = pb.CapacityType.Name(p.capacity_type).removeprefix("CAPACITY_TYPE_").lower()
+    g.cost_by_capacity[ctype] = g.cost_by_capacity.get(ctype, 0.0) + usd
+    g.cost_by_region[p.region] = g.cost_by_region.get(p.region, 0.0) + usd
+    m = job.migrations[-1] if job.migrations else None
+    if (frm == RUNNING and m is not None and m.to_attempt == job.attempt
+            and m.from_price_per_gpu_hour and m.from_world_size):
+        before = m.from_world_size * m.from_price_per_gpu_hour
+        now = p.world_size * p.price_per_gpu_hour
+        if before > now:
+            g.saved_usd += elapsed / 3600.0 * (before - now)
+
+
 def _bucket(value: str, default: str) -> str:
     """Goodput field charged for a stored ``requeue_cause``/``stop_reason`` string."""
     fam = Family.parse(value)
@@ -124,6 +146,29 @@ class Tx:
         return self._event(type_, self.job.phase, self.job.phase, reason=reason, actor=actor,
                            message=message, details=details)
 
+    def ranks_started_at(self, spawn_time: float, *, ran_to_completion: bool = False) -> None:
+        """A LAUNCHING attempt's ranks were started at ``spawn_time`` (the agent's
+        AttemptTimings): the time before that is the queue's (or a requeue's), the time
+        since is start-up (goodput.starting_s), or productive when the attempt already
+        finished without ever reporting running (a short ``-- CMD`` job: it worked all
+        along). Called just before the move out of LAUNCHING, which then charges ~0."""
+        j = self.job
+        if j.phase != LAUNCHING or not j.phase_time or not spawn_time:
+            return
+        spawn = min(self.now, max(j.phase_time, spawn_time))
+        now = self.now
+        self.now = spawn
+        try:
+            self._charge(LAUNCHING)
+        finally:
+            self.now = now
+        elapsed = max(0.0, now - spawn)
+        if ran_to_completion:
+            j.goodput.productive_s += elapsed
+        else:
+            j.goodput.starting_s += elapsed
+        j.phase_time = now
+
     def lose_work(self, cause: Family) -> float:
         """The running attempt died without a checkpoint now: the time since its last
         durable checkpoint (or its start) was not productive after all. Returns seconds."""
@@ -147,6 +192,8 @@ class Tx:
         elapsed = max(0.0, self.now - self.job.phase_time)
         g = self.job.goodput
         cause = self.job.requeue_cause
+        if frm in HOLDING:
+            charge_money(self.job, frm, elapsed)
         if frm == RUNNING:
             g.productive_s += elapsed
             return

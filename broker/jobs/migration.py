@@ -90,7 +90,8 @@ def begin(job: pb.Job, now: float, cause: Cause | str, *, emergency: bool | None
         emergency=(typed is not None and typed.emergency) if emergency is None else emergency,
         from_region=job.placement.region, from_agent=job.placement.agent_id,
         from_attempt=job.attempt, from_world_size=job.placement.world_size,
-        started_time=now, message=message,
+        from_ranks=job.placement.ranks, started_time=now, message=message,
+        from_price_per_gpu_hour=job.placement.price_per_gpu_hour,
     )
     set_state(m, MoveState.CHECKPOINTING)
     if len(job.migrations) > KEEP:
@@ -131,6 +132,8 @@ def launched(job: pb.Job, now: float, resume_from: str) -> None:
     m.to_agent = job.placement.agent_id
     m.to_attempt = job.attempt
     m.to_world_size = job.placement.world_size
+    m.to_ranks = job.placement.ranks  # 0 until the new attempt's agent reports its ranks
+    m.to_price_per_gpu_hour = job.placement.price_per_gpu_hour
     m.resume_from = resume_from
     m.checkpoint_step = job.progress.last_checkpoint_step
     m.checkpoint_uri = job.progress.last_checkpoint_uri
@@ -221,6 +224,7 @@ def timing_details(m: pb.Migration) -> dict[str, str]:
     d = {
         "cause": m.cause, "from": f"{m.from_region}/{m.from_agent}", "to": f"{m.to_region}/{m.to_agent}",
         "world_size": f"{m.from_world_size}->{m.to_world_size}", "checkpoint_step": str(m.checkpoint_step),
+        "ranks": f"{m.from_ranks or '?'}->{m.to_ranks or '?'}",
         "checkpoint_s": f"{m.checkpoint_s:.2f}", "queue_s": f"{m.queue_s:.2f}",
         "transfer_s": f"{m.transfer_s:.2f}", "launch_s": f"{m.launch_s:.2f}",
         "first_step_s": f"{m.first_step_s:.2f}", "total_s": f"{m.total_s:.2f}",

@@ -332,7 +332,9 @@ class JobOps:
                               or job.attempt_started_time == 0)
         due = now - last_write >= self.config.progress_write_interval_s
         first = has and migration.first_step_due(job, u.progress)
-        if not (new_ckpt or started or due or first or (want_event and last_ev_step < 0)):
+        new_ranks = 0 < u.ranks != job.placement.ranks  # the ranks it started: written once
+        if not (new_ckpt or started or due or first or new_ranks
+                or (want_event and last_ev_step < 0)):
             return
         with self._progress_lock:
             points = tuple(self._loss_buffer.pop(job.id, ()))

@@ -164,14 +164,15 @@ class RecoveryPolicy:
                  Trigger.LAUNCH_REFUSED: Cause.LAUNCH_REFUSED}[sig.trigger]
         return StopPlan(inflight or StopKind.MIGRATE, cause, False, 0.0)
 
-    def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig) -> Restart:
+    def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig,
+                message: str = "") -> Restart:
         """An attempt FAILED on its own: exit 2 is a configuration error; anything else
         (1, 76 = the emergency save missed its grace, a signal) is retried until
         ``max_restarts``, from the last durable checkpoint. Exit code 0 on a FAILED attempt
         means "unknown" (e.g. an attempt that ended while its agent was down, its ranks'
         codes unreadable): a failure like any other, never a success and never final
         (the fault campaign found such attempts failing their job at once)."""
-        if exit_code == EXIT_CONFIG_ERROR:
+        if exit_code == EXIT_CONFIG_ERROR or deterministic_failure(exit_code, message):
             return Restart.FAIL_CONFIG
         if job.restarts >= config.max_restarts:
             return Restart.GIVE_UP
@@ -180,6 +181,27 @@ class RecoveryPolicy:
     def exclude_after_failure(self, failed_nodes: tuple[str, ...]) -> tuple[str, ...]:
         """Nodes the agent blamed for a failure are avoided by the relaunch."""
         return failed_nodes
+
+
+# Python errors that fail the same way on any node, every time: the program cannot start
+# (a missing module, a syntax error). Seen as the last traceback line of a failing rank's
+# stderr (JobUpdate.message); retrying them only delays the failure (3 x the launch time).
+DETERMINISTIC_ERRORS = ("ModuleNotFoundError:", "ImportError:", "SyntaxError:",
+                        "IndentationError:", "TabError:")
+
+
+def deterministic_failure(exit_code: int, message: str) -> str:
+    """The error line when ``message`` (a failed rank's stderr tail) ends in an error that
+    no retry can fix, else "". Only exit 1 (Python's exit for an uncaught exception)."""
+    if exit_code != EXIT_ERROR:
+        return ""
+    for line in reversed(message.strip().splitlines()[-20:]):
+        text = line.strip()
+        for name in DETERMINISTIC_ERRORS:
+            at = text.find(name)
+            if at >= 0 and (at == 0 or not text[at - 1].isalnum()):
+                return text[at:]
+    return ""
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,7 @@ _stop_of = stop_of
 def submit(inp: Submit, now: float, config: BrokerConfig) -> Outcome:
     """A new PENDING job and its "submitted" event."""
     job = pb.Job(id=inp.job_id, phase=PENDING, client_request_id=inp.client_request_id,
+                 owner=inp.actor,
                  created_time=now, updated_time=now, phase_time=now)
     job.spec.CopyFrom(inp.spec)
     if not job.spec.priority_class:
@@ -271,11 +272,18 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
 
 
+def _ranks_change(m: pb.Migration) -> str:
+    """``ranks 2 -> 1`` when both attempts reported their ranks, else the GPUs placed."""
+    if m.from_ranks and m.to_ranks:
+        return f"ranks {m.from_ranks} -> {m.to_ranks}"
+    return f"world size {m.from_world_size} -> {m.to_world_size}"
+
+
 def note_move_completed(tx: Tx, m: pb.Migration) -> None:
     """The ``migration_completed`` event of a closed move (what ``brokerctl job`` shows)."""
     tx.note("migration_completed", reason=m.cause, actor="broker",
-            message=f"moved {m.from_region} -> {m.to_region} (world size {m.from_world_size}"
-                    f" -> {m.to_world_size}) in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
+            message=f"moved {m.from_region} -> {m.to_region} ({_ranks_change(m)})"
+                    f" in {m.total_s:.1f}s: checkpoint {m.checkpoint_s:.1f}s,"
                     f" queue {m.queue_s:.2f}s, transfer {m.transfer_s:.1f}s, launch {m.launch_s:.1f}s,"
                     f" first step {m.first_step_s:.1f}s; orchestration {m.orchestration_s:.2f}s"
                     + (f"; downtime {m.downtime_s:.1f}s" if m.downtime_s else "")

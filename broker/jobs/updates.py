@@ -27,7 +27,14 @@ from broker.jobs.lifecycle import (
     Tx,
 )
 from broker.jobs.outcome import Outcome, SendStop, WakeScheduler, begin, seal
-from broker.jobs.recovery import EXIT_LAUNCH_FAILED, Restart, Signal, Trigger, policy_for
+from broker.jobs.recovery import (
+    EXIT_LAUNCH_FAILED,
+    Restart,
+    Signal,
+    Trigger,
+    deterministic_failure,
+    policy_for,
+)
 from broker.jobs.transitions import (
     AttemptLost,
     attempt_lost,
@@ -66,6 +73,18 @@ class AgentUpdate:
         return f"agent:{self.agent_id}"
 
 
+def record_ranks(j: pb.Job, u: apb.JobUpdate) -> None:
+    """The ranks the current attempt really runs (JobUpdate.ranks), on its placement and
+    on the move that launched it: what `brokerctl job`, `migrations` and the log headers
+    show (placement.world_size is the GPUs placed, not always the ranks started)."""
+    if u.ranks <= 0:
+        return
+    j.placement.ranks = u.ranks
+    m = migration.open_migration(j) or (j.migrations[-1] if j.migrations else None)
+    if m is not None and m.to_attempt == u.attempt:
+        m.to_ranks = u.ranks
+
+
 def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) -> Outcome | None:
     """LAUNCHING -> RUNNING on the first running report; progress and checkpoints copied."""
     u = inp.update
@@ -73,12 +92,17 @@ def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
         return None
     tx = begin(job, now)
     j = tx.job
+    new_ranks = 0 < u.ranks != j.placement.ranks
+    record_ranks(j, u)
     if j.phase == LAUNCHING and u.state in _STARTED:
+        tx.ranks_started_at(u.timings.spawn_time)
         tx.move(RUNNING, "running", reason="started", actor=inp.actor,
-                message=f"attempt {j.attempt} running on {j.placement.region}")
+                message=f"attempt {j.attempt} running on {j.placement.region}"
+                        + (f" with {u.ranks} rank(s)" if u.ranks else ""),
+                details={"ranks": str(u.ranks)} if u.ranks else None)
         migration.running(j, now, u.timings if u.HasField("timings") else None)
-    elif j.phase == LAUNCHING and not u.HasField("progress"):
-        return None
+    elif j.phase == LAUNCHING and not u.HasField("progress") and not new_ranks:
+        return None  # (a STARTING report with the ranks just started is kept: log headers)
     first_step_after_move(tx, u)
     apply_progress(tx, u, inp.actor)
     loss_series.record(j.loss_series, inp.loss_points)
@@ -145,6 +169,7 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
     tx = begin(job, now)
     j = tx.job
     actor = inp.actor
+    record_ranks(j, u)
     apply_progress(tx, u, actor)
     kind = StopKind.parse(j.stop_reason)
     detail = u.message.strip().splitlines()[-1][:500] if u.message.strip() else ""
@@ -152,6 +177,7 @@ def attempt_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfi
     if u.state == S.ATTEMPT_STATE_SUCCEEDED:
         first_step_after_move(tx, u, force=True)
         if j.phase == LAUNCHING:
+            tx.ranks_started_at(u.timings.spawn_time, ran_to_completion=True)
             tx.move(RUNNING, "running", reason="started", actor=actor)
         tx.move(SUCCEEDED, "succeeded", reason="completed", actor=actor,
                 message=f"attempt {j.attempt} finished all steps")
@@ -278,12 +304,15 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
         m.message = f"attempt {j.attempt} failed: {detail}"[:500]
         requeue_open(j)
     policy = policy_for(j, config)
-    decision = policy.restart(u.exit_code, j, config)
+    decision = policy.restart(u.exit_code, j, config, u.message)
     code = {"exit_code": str(u.exit_code)}
     if decision is Restart.FAIL_CONFIG:
+        error = deterministic_failure(u.exit_code, u.message)
+        why = (f"a deterministic error ({error[:200]})" if error
+               else "a configuration error (exit 2)")
         tx.move(FAILED, "failed", reason="config_error", actor=actor,
-                message=f"attempt {j.attempt} failed with a configuration error"
-                        f" (exit 2), retrying will not help: {detail}", details=code)
+                message=f"attempt {j.attempt} failed with {why}, retrying will not help: {detail}",
+                details=code)
         return seal(tx, WakeScheduler())
     if decision is not Restart.RETRY:
         tx.move(FAILED, "failed", reason="max_restarts", actor=actor,

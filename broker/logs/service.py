@@ -145,9 +145,15 @@ class JobLogs:
             raise NotFound(f"job {job_id} not found") from None
 
     def _headers(self, job_id: str) -> dict[int, lpb.LogAttemptHeader]:
-        """Per attempt: where and how big it ran, from its "launched" event."""
+        """Per attempt: where and how big it ran, from its "launched" event (GPUs placed)
+        and its "running" event (the ranks its agent started)."""
         out: dict[int, lpb.LogAttemptHeader] = {}
         for ev in self.store.list_events(job_id):
+            if ev.type == "running" and ev.attempt in out:
+                ranks = ev.details.get("ranks", "")
+                if ranks.isdigit():
+                    out[ev.attempt].ranks = int(ranks)
+                continue
             if ev.type != "launched" or not ev.attempt:
                 continue
             try:
@@ -157,6 +163,13 @@ class JobLogs:
             out[ev.attempt] = lpb.LogAttemptHeader(
                 attempt=ev.attempt, region=ev.region, world_size=world, start_time=ev.time,
                 agent_id=ev.details.get("agent", ""))
+        try:  # the current attempt's ranks are on its placement before its "running" event
+            job = self.store.get_job(job_id)
+        except store_base.NotFound:
+            return out
+        head = out.get(job.attempt)
+        if head is not None and not head.ranks and job.placement.ranks:
+            head.ranks = job.placement.ranks
         return out
 
 

@@ -153,6 +153,12 @@ class Executor(abc.ABC):
 
     supports_standby = False  # make-before-break standby attempts (Launch.standby, Go)
 
+    def ranks(self, spec: AttemptSpec) -> int:
+        """How many ranks ``launch(spec)`` starts (the trainer's world size), reported to
+        the broker in every JobUpdate: the GPU count placed is not always the rank count,
+        and an elastic move's headline is the rank count. 0 = unknown."""
+        return 0
+
     def go(self, job_id: str, attempt: int, go: Go) -> None:
         """Release (or abort) a standby attempt held before its first step."""
         raise NotImplementedError(f"{type(self).__name__} does not run standby attempts")

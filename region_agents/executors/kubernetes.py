@@ -285,6 +285,12 @@ class KubernetesExecutor(Executor):
                                                             state=AS.ATTEMPT_STATE_RUNNING)
         return self.running()
 
+    def ranks(self, spec: AttemptSpec) -> int:
+        """WORLD_SIZE of the pods (build_job): nodes x GPUs of the first placed node."""
+        placed = list(spec.placement.nodes)
+        n_nodes = len(placed) or max(1, spec.spec.resources.nodes)
+        return n_nodes * ((placed[0].gpus if placed else 0) or spec.spec.resources.gpus_per_node or 1)
+
     def launch(self, spec: AttemptSpec) -> None:
         job, service = build_manifests(spec, namespace=self.namespace, image=self.image,
                                        nodes=self._nodes, service_account=self.service_account)

@@ -352,6 +352,9 @@ class LocalExecutor(Executor):
             nodes = [common_pb2.NodeAssignment(node_id=f"local-{i}") for i in range(count)]
         return [(n.node_id, max(1, min(n.gpus or gpn_default, self.ranks_per_node))) for n in nodes]
 
+    def ranks(self, spec: AttemptSpec) -> int:
+        return sum(n for _, n in self.layout(spec))
+
     def launch(self, spec: AttemptSpec) -> None:
         with self._lock:
             if spec.attempt <= 0:

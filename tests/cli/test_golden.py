@@ -1,4 +1,7 @@
-"""CLI output at 100 columns, compared with golden files (tests/cli/golden/*.txt).
+"""CLI output at 100 and 80 columns and in a pipe, compared with golden files
+(tests/cli/golden/NAME.txt at 100, NAME_80.txt at 80, NAME_pipe.txt for a pipe: wide, one
+line per row, every value whole). A pipe with COLUMNS set wraps cells instead
+(test_pipe_with_columns_wraps_and_cuts_nothing).
 
 The outputs are what `brokerctl jobs`, `job ID`, `capacity`, `teams` and `migrations`
 print (the same code paths the commands use), for a fixed fleet: a job that moved
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,15 +42,41 @@ def _utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     time.tzset()
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How stdout looks: a terminal of ``width`` columns, or a pipe (full values)."""
+
+    suffix: str
+    width: int
+    pipe: bool
+
+
+# A pipe without COLUMNS is wide (brokerctl.common.PIPE_WIDTH): rows as long as their values.
+MODES = [Mode("", 100, False), Mode("_80", 80, False), Mode("_pipe", 1000, True)]
+MODE = Mode("", 100, False)  # the mode of the test running now (set by the fixture)
+
+
+@pytest.fixture(params=MODES, ids=lambda m: m.suffix.lstrip("_") or "100")
+def mode(request: pytest.FixtureRequest) -> Iterator[Mode]:
+    global MODE
+    MODE = request.param
+    with render.full_values_mode(MODE.pipe):
+        yield MODE
+    MODE = Mode("", 100, False)
+
+
 def printed(fn: Callable[[Console], None]) -> str:
     with open(os.devnull, "w") as sink:
-        console = Console(width=100, record=True, color_system=None, file=sink)
+        console = Console(width=MODE.width, record=True, color_system=None, file=sink)
         fn(console)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
 def check(name: str, text: str) -> None:
-    assert all(len(line) <= 100 for line in text.splitlines()), text
+    assert all(len(line) <= MODE.width for line in text.splitlines()), text
+    if MODE.pipe:
+        assert "…" not in text, f"a value was cut in a pipe:\n{text}"
+    name += MODE.suffix
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +91,8 @@ def moved_job() -> pb.Job:
         job_id="j-660fe22477cd0590d", job_name="rl-sweep-spot", seq=1, cause="spot_interruption",
         cause_code=pb.MIGRATION_CAUSE_SPOT_INTERRUPTION, state="done",
         state_code=pb.MIGRATION_STATE_DONE, emergency=True, from_region="us-west-2",
-        from_world_size=16, to_region="eu-west-1", to_world_size=8, checkpoint_step=19,
+        from_world_size=16, from_ranks=2, to_region="eu-west-1", to_world_size=8, to_ranks=1,
+        checkpoint_step=19,
         checkpoint_s=0.8, transfer_s=0.01, launch_s=3.2, first_step_s=0.7, total_s=4.2,
         orchestration_s=0.23,
         transfer=pb.TransferStats(bytes_total=360_000, bytes_done=360_000, seconds=0.01,
@@ -75,7 +106,7 @@ def moved_job() -> pb.Job:
         placement=pb.Placement(region="eu-west-1", agent_id="eu-west-1-agent",
                                nodes=[pb.NodeAssignment(node_id="euw1-p5-000", gpus=8)],
                                capacity_type=pb.CAPACITY_TYPE_ON_DEMAND, pool="on_demand",
-                               world_size=8, price_per_gpu_hour=4.5),
+                               world_size=8, ranks=1, price_per_gpu_hour=4.5),
         progress=pb.Progress(step=30, total_steps=30, loss=4.0853, last_checkpoint_step=30,
                              last_checkpoint_uri="s3://cb-demo-eu-west-1/jobs/j-660fe22477cd0590d/"
                                                  "attempt-2/step-000000030"),
@@ -93,7 +124,7 @@ def jobs() -> list[pb.Job]:
         pending_reason="no usable capacity matches 8 node(s), accelerator h100, 8 GPU(s) per node")
     done = pb.Job(
         id="j-660fe22477cd0589f", phase=pb.JOB_PHASE_SUCCEEDED, created_time=T0 - 60, attempt=1,
-        spec=pb.JobSpec(name="eval-harness", team="product",
+        spec=pb.JobSpec(name="eval-harness-nightly-full-suite", team="product",
                         resources=pb.Resources(nodes=1, gpus_per_node=2),
                         trainer=pb.TrainerSpec(total_steps=15)),
         placement=pb.Placement(region="us-east-2", world_size=2),
@@ -126,22 +157,56 @@ def events() -> list[pb.JobEvent]:
     ]
 
 
-def test_jobs_golden() -> None:
-    text = printed(lambda c: c.print(render.jobs_view(render.newest_first(jobs()), NOW)))
-    assert [line.split()[0] for line in text.splitlines()[2:5]] == [
+def test_jobs_golden(mode: Mode) -> None:
+    text = printed(lambda c: c.print(render.jobs_view(render.newest_first(jobs()), NOW, width=c.width)))
+    ids = [line.split()[0] for line in text.splitlines()[2:] if line.startswith("j-")]
+    assert ids[:3] == [
         "j-660fe22477cd0591a", "j-660fe22477cd0590d", "j-660fe22477cd0589f"]  # newest first
-    assert "pending: no usable capacity matches 8 node(s)" in text
+    if mode.pipe:  # every value whole (wrapped in its cell): name, team, region, reason
+        flat = "".join(text.split())
+        for j in jobs():
+            for value in (j.id, j.spec.name, j.spec.team, j.placement.region, j.pending_reason):
+                assert "".join(value.split()) in flat, (value, text)
+    else:
+        assert "pending: no usable capacity matches 8 node(s)" in text
+    if mode.width == 80:  # no room for REASON: each reason on a line of its own
+        assert "REASON" not in text.splitlines()[0]
     check("jobs", text)
 
 
-def test_job_golden() -> None:
+def test_job_golden(mode: Mode) -> None:
     text = printed(lambda c: print_job(c, moved_job(), events(), now=NOW))
-    assert text.splitlines()[0] == ("moved after a spot notice at step 19: us-west-2 2×8 → eu-west-1"
-                                    " 1×8, resumed at step 19, lost 4 s")
+    if mode.width == 100:
+        assert text.splitlines()[0] == ("moved after a spot notice: us-west-2 2 ranks →"
+                                        " eu-west-1 1 rank, resumed at step 20, lost 4 s")
+    if mode.pipe:  # every event's message whole (paths included), wrapped
+        flat = "".join(text.split())
+        for e in events():
+            if e.type != "progress":
+                assert "".join(e.message.split()) in flat, (e.message, text)
     check("job", text)
 
 
-def test_capacity_golden() -> None:
+def test_pipe_with_columns_wraps_and_cuts_nothing() -> None:
+    """COLUMNS=80 in a pipe: every row within 80 columns, and still no value cut."""
+    global MODE
+    MODE = Mode("_fold", 80, True)
+    try:
+        with render.full_values_mode(True):
+            text = printed(lambda c: c.print(render.jobs_view(render.newest_first(jobs()), NOW,
+                                                              width=c.width)))
+            job = printed(lambda c: print_job(c, moved_job(), events(), now=NOW))
+    finally:
+        MODE = Mode("", 100, False)
+    for out in (text, job):
+        assert all(len(line) <= 80 for line in out.splitlines()), out
+        assert "…" not in out, out
+    assert "GPU(s) per node" in text  # the whole reason, on its own (wrapped) line
+    flat = "".join(job.replace("│", "").split())
+    assert "s3://cb-demo-eu-west-1/jobs/j-660fe22477cd0590d/attempt-2/step-000000030" in flat
+
+
+def test_capacity_golden(mode: Mode) -> None:
     rows = [
         cpb.CapacityRow(region="eu-west-1", zone="euw1-az1", capacity_type=pb.CAPACITY_TYPE_ON_DEMAND,
                         pool="on_demand", accelerator="h100", total_gpus=8, allocated_gpus=8,
@@ -161,7 +226,7 @@ def test_capacity_golden() -> None:
     check("capacity", text)
 
 
-def test_teams_golden() -> None:
+def test_teams_golden(mode: Mode) -> None:
     teams = [
         cpb.TeamQuota(team="research", cohort="ml", strategy=cpb.LENDING_STRATEGY_LEND_AND_BORROW,
                       quotas=[cpb.QuotaEntry(accelerator="h100", guaranteed_gpus=24,
@@ -174,7 +239,7 @@ def test_teams_golden() -> None:
     check("teams", printed(lambda c: c.print(render.teams_table(teams))))
 
 
-def test_migrations_golden() -> None:
+def test_migrations_golden(mode: Mode) -> None:
     check("migrations", printed(lambda c: c.print(render.migrations_table(moved_job().migrations))))
 
 
@@ -211,4 +276,4 @@ def test_live_progress_refreshes_from_the_job_between_progress_events() -> None:
 
     live = LiveProgress(pb.Job(spec=moved_job().spec, attempt=1))
     live.refresh(moved_job())
-    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · world 8 · attempt 2"
+    assert live.text() == "step 30/30 · loss 4.0853 · eu-west-1 · 1 rank · attempt 2"

@@ -52,6 +52,7 @@ def test_plan_end_from_duration_end_or_time() -> None:
 def test_plans_create_accepts_a_24h_duration(capsys, broker_address: str) -> None:
     rc, out, err = run(capsys, "--broker", broker_address, "plans", "create", "--name", "dur-24h",
                        "--region", "us-west-2", "--instance-type", "p5.48xlarge", "--count", "1",
+                       "--force",
                        "--duration", "24h", "-o", "json")
     assert rc == 0, err
     plan = json.loads(out)

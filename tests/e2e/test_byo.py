@@ -169,6 +169,9 @@ def test_library_script_moves_2_to_1_to_2_and_matches_an_uninterrupted_run(
                  m.to_world_size) for m in migs]
         assert hops == [("spot_interruption", "done", A, B, 2, 1),
                         ("spot_interruption", "done", B, C, 1, 2)], hops
+        # The ranks that really ran, as the agents reported them (not the GPUs placed).
+        assert [(m.from_ranks, m.to_ranks) for m in migs] == [(2, 1), (1, 2)], migs
+        assert job.placement.ranks == 2, job.placement
         for m, (src, dst) in zip(migs, ((A, B), (B, C)), strict=True):
             # Saved in the old region's bucket, copied into the new one's, resumed there.
             assert m.checkpoint_uri.startswith(f"s3://{buckets[src]}/jobs/{job.id}/"), m
@@ -207,7 +210,8 @@ def test_library_script_moves_2_to_1_to_2_and_matches_an_uninterrupted_run(
         assert len(parts) == 3, out
         for (sep, _), (attempt, region, world) in zip(
                 parts, ((1, A, 2), (2, B, 1), (3, C, 2)), strict=True):
-            assert re.fullmatch(rf"── attempt {attempt} · {region} · world {world} · "
+            ranks = f"{world} rank{'' if world == 1 else 's'}"  # the ranks that really ran
+            assert re.fullmatch(rf"── attempt {attempt} · {region} · {ranks} · "
                                 r"started \d\d:\d\d:\d\d ──", sep), sep
         shown = [step_lines(lines) for _, lines in parts]
         assert [s for part in shown for s in part] == expected, out

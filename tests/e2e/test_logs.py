@@ -92,7 +92,7 @@ def test_trainer_output_in_brokerctl_logs_across_a_relaunch(cluster: Cluster) ->
     parts = sections(out)
     assert [sep.split(" · ")[0] for sep, _ in parts] == ["── attempt 1", "── attempt 2"], out
     for (sep, _), region in zip(parts, ("us-east-2", "eu-west-1"), strict=True):
-        assert re.fullmatch(rf"── attempt \d · {region} · world 2 · started \d\d:\d\d:\d\d ──", sep)
+        assert re.fullmatch(rf"── attempt \d · {region} · 2 ranks · started \d\d:\d\d:\d\d ──", sep)
     first, second = parts[0][1], parts[1][1]
     assert any("(rank 0) trainer: starting fresh" in x for x in first), out
     assert any(re.search(r"\(rank 0\) trainer: step \d+/40 loss", x) for x in first), out

@@ -301,7 +301,7 @@ def test_drain_region_three_jobs_finish_elsewhere(
     assert all(len(line) <= 100 for line in out.splitlines()), out
     for h in handles:
         assert h.id in out
-    assert "drain" in out and "us-east-2>eu-west-1" in out
+    assert "drain" in out and "us-east-2 → eu-west-1" in out
     detail = subprocess.run([sys.executable, "-m", "brokerctl", "--broker", cluster.address, "job",
                              handles[0].id], capture_output=True, text=True, env=env, timeout=60,
                             check=True).stdout

@@ -81,7 +81,8 @@ def step(job: pb.Job, action: str, now: float, ckpt: int) -> Outcome | None:
 
 def charged(job: pb.Job, now: float) -> float:
     g = job.goodput
-    parts = g.productive_s + g.queued_s + g.lost_failure_s + g.lost_preemption_s + g.lost_migration_s
+    parts = (g.productive_s + g.queued_s + g.starting_s + g.lost_failure_s + g.lost_preemption_s
+             + g.lost_migration_s)
     return parts + (0.0 if job.phase in TERMINAL else max(0.0, now - job.phase_time))
 
 

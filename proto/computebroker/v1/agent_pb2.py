@@ -26,7 +26,7 @@ from computebroker.v1 import common_pb2 as computebroker_dot_v1_dot_common__pb2
 from computebroker.v1 import logs_pb2 as computebroker_dot_v1_dot_logs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63omputebroker/v1/agent.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\x1a\x1b\x63omputebroker/v1/logs.proto\"\x88\x02\n\x0c\x41gentMessage\x12.\n\x08register\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.RegisterH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.computebroker.v1.HeartbeatH\x00\x12\x31\n\njob_update\x18\x03 \x01(\x0b\x32\x1b.computebroker.v1.JobUpdateH\x00\x12+\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x1c.computebroker.v1.CommandAckH\x00\x12/\n\tlog_chunk\x18\x05 \x01(\x0b\x32\x1a.computebroker.v1.LogChunkH\x00\x42\x05\n\x03msg\"\x8e\x01\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\"\xfe\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12%\n\x05nodes\x18\x03 \x03(\x0b\x32\x16.computebroker.v1.Node\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\x12\x10\n\x08\x65xecutor\x18\x05 \x01(\t\x12\x19\n\x11\x63heckpoint_bucket\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x1e\n\x16\x63heckpoint_store_error\x18\x08 \x01(\t\x12\x18\n\x10\x63heckpoint_roots\x18\t \x03(\t\">\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\nSpotNotice\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rdeadline_time\x18\x02 \x01(\x01\"\xb3\x01\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x31\n\x0bnode_health\x18\x02 \x03(\x0b\x32\x1c.computebroker.v1.NodeHealth\x12\x32\n\x0cspot_notices\x18\x03 \x03(\x0b\x32\x1c.computebroker.v1.SpotNotice\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\"\xb7\x02\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61iled_nodes\x18\x07 \x03(\t\x12\x0c\n\x04time\x18\x08 \x01(\x01\x12\x31\n\x08transfer\x18\t \x01(\x0b\x32\x1f.computebroker.v1.TransferStats\x12\x31\n\x07timings\x18\n \x01(\x0b\x32 .computebroker.v1.AttemptTimings\"o\n\x0e\x41ttemptTimings\x12\x1c\n\x14launch_received_time\x18\x01 \x01(\x01\x12\x12\n\nspawn_time\x18\x02 \x01(\x01\x12\x18\n\x10stop_signal_time\x18\x03 \x01(\x01\x12\x11\n\texit_time\x18\x04 \x01(\x01\"C\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x9f\x01\n\x0bRegisterAck\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rstale_job_ids\x18\x03 \x03(\t\x12\x30\n\x0blog_offsets\x18\x04 \x03(\x0b\x32\x1b.computebroker.v1.LogOffset\x12\x17\n\x0f\x61gent_timeout_s\x18\x05 \x01(\x01\"\xc9\x02\n\x06Launch\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12.\n\tplacement\x18\x04 \x01(\x0b\x32\x1b.computebroker.v1.Placement\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\x12\x13\n\x0bresume_from\x18\x06 \x01(\t\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.computebroker.v1.Launch.EnvEntry\x12\x15\n\rtransfer_mode\x18\x08 \x01(\t\x12\x0f\n\x07standby\x18\t \x01(\x08\x12\x14\n\x0cprecopy_from\x18\n \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x02Go\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x13\n\x0bresume_from\x18\x03 \x01(\t\x12\r\n\x05\x61\x62ort\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x80\x01\n\x04Stop\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12,\n\x06reason\x18\x03 \x01(\x0e\x32\x1c.computebroker.v1.StopReason\x12\x18\n\x10\x63heckpoint_first\x18\x04 \x01(\x08\x12\x0f\n\x07grace_s\x18\x05 \x01(\x01\"0\n\rCheckpointNow\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x1c\n\nDrainAgent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xac\x03\n\rBrokerMessage\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x33\n\nregistered\x18\x02 \x01(\x0b\x32\x1d.computebroker.v1.RegisterAckH\x00\x12*\n\x06launch\x18\x03 \x01(\x0b\x32\x18.computebroker.v1.LaunchH\x00\x12&\n\x04stop\x18\x04 \x01(\x0b\x32\x16.computebroker.v1.StopH\x00\x12\x35\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x1f.computebroker.v1.CheckpointNowH\x00\x12-\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x1c.computebroker.v1.DrainAgentH\x00\x12\x37\n\rheartbeat_ack\x18\x07 \x01(\x0b\x32\x1e.computebroker.v1.HeartbeatAckH\x00\x12\x34\n\nupdate_ack\x18\x08 \x01(\x0b\x32\x1e.computebroker.v1.JobUpdateAckH\x00\x12\"\n\x02go\x18\t \x01(\x0b\x32\x14.computebroker.v1.GoH\x00\x42\x05\n\x03\x63md\"/\n\x0cHeartbeatAck\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tbroker_id\x18\x02 \x01(\t\"^\n\x0cJobUpdateAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState*\xf7\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTEMPT_STATE_STARTING\x10\x01\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x02\x12\x1f\n\x1b\x41TTEMPT_STATE_CHECKPOINTING\x10\x03\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x05\x12\x1e\n\x1a\x41TTEMPT_STATE_CHECKPOINTED\x10\x06\x12\x19\n\x15\x41TTEMPT_STATE_STOPPED\x10\x07*\xa9\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_CANCEL\x10\x01\x12\x17\n\x13STOP_REASON_PREEMPT\x10\x02\x12\x17\n\x13STOP_REASON_MIGRATE\x10\x03\x12\x1d\n\x19STOP_REASON_STALE_ATTEMPT\x10\x04\x12\x15\n\x11STOP_REASON_DRAIN\x10\x05\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.computebroker.v1.AgentMessage\x1a\x1f.computebroker.v1.BrokerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63omputebroker/v1/agent.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\x1a\x1b\x63omputebroker/v1/logs.proto\"\x88\x02\n\x0c\x41gentMessage\x12.\n\x08register\x18\x01 \x01(\x0b\x32\x1a.computebroker.v1.RegisterH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.computebroker.v1.HeartbeatH\x00\x12\x31\n\njob_update\x18\x03 \x01(\x0b\x32\x1b.computebroker.v1.JobUpdateH\x00\x12+\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x1c.computebroker.v1.CommandAckH\x00\x12/\n\tlog_chunk\x18\x05 \x01(\x0b\x32\x1a.computebroker.v1.LogChunkH\x00\x42\x05\n\x03msg\"\x8e\x01\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\"\xfe\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12%\n\x05nodes\x18\x03 \x03(\x0b\x32\x16.computebroker.v1.Node\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\x12\x10\n\x08\x65xecutor\x18\x05 \x01(\t\x12\x19\n\x11\x63heckpoint_bucket\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x1e\n\x16\x63heckpoint_store_error\x18\x08 \x01(\t\x12\x18\n\x10\x63heckpoint_roots\x18\t \x03(\t\">\n\nNodeHealth\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\nSpotNotice\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rdeadline_time\x18\x02 \x01(\x01\"\xb3\x01\n\tHeartbeat\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x31\n\x0bnode_health\x18\x02 \x03(\x0b\x32\x1c.computebroker.v1.NodeHealth\x12\x32\n\x0cspot_notices\x18\x03 \x03(\x0b\x32\x1c.computebroker.v1.SpotNotice\x12\x31\n\x07running\x18\x04 \x03(\x0b\x32 .computebroker.v1.RunningAttempt\"\xc6\x02\n\tJobUpdate\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState\x12,\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.computebroker.v1.Progress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x14\n\x0c\x66\x61iled_nodes\x18\x07 \x03(\t\x12\x0c\n\x04time\x18\x08 \x01(\x01\x12\x31\n\x08transfer\x18\t \x01(\x0b\x32\x1f.computebroker.v1.TransferStats\x12\x31\n\x07timings\x18\n \x01(\x0b\x32 .computebroker.v1.AttemptTimings\x12\r\n\x05ranks\x18\x0b \x01(\x05\"o\n\x0e\x41ttemptTimings\x12\x1c\n\x14launch_received_time\x18\x01 \x01(\x01\x12\x12\n\nspawn_time\x18\x02 \x01(\x01\x12\x18\n\x10stop_signal_time\x18\x03 \x01(\x01\x12\x11\n\texit_time\x18\x04 \x01(\x01\"C\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x9f\x01\n\x0bRegisterAck\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rstale_job_ids\x18\x03 \x03(\t\x12\x30\n\x0blog_offsets\x18\x04 \x03(\x0b\x32\x1b.computebroker.v1.LogOffset\x12\x17\n\x0f\x61gent_timeout_s\x18\x05 \x01(\x01\"\xc9\x02\n\x06Launch\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12.\n\tplacement\x18\x04 \x01(\x0b\x32\x1b.computebroker.v1.Placement\x12\x16\n\x0e\x63heckpoint_uri\x18\x05 \x01(\t\x12\x13\n\x0bresume_from\x18\x06 \x01(\t\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.computebroker.v1.Launch.EnvEntry\x12\x15\n\rtransfer_mode\x18\x08 \x01(\t\x12\x0f\n\x07standby\x18\t \x01(\x08\x12\x14\n\x0cprecopy_from\x18\n \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x02Go\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x13\n\x0bresume_from\x18\x03 \x01(\t\x12\r\n\x05\x61\x62ort\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\x80\x01\n\x04Stop\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12,\n\x06reason\x18\x03 \x01(\x0e\x32\x1c.computebroker.v1.StopReason\x12\x18\n\x10\x63heckpoint_first\x18\x04 \x01(\x08\x12\x0f\n\x07grace_s\x18\x05 \x01(\x01\"0\n\rCheckpointNow\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\"\x1c\n\nDrainAgent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xac\x03\n\rBrokerMessage\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x33\n\nregistered\x18\x02 \x01(\x0b\x32\x1d.computebroker.v1.RegisterAckH\x00\x12*\n\x06launch\x18\x03 \x01(\x0b\x32\x18.computebroker.v1.LaunchH\x00\x12&\n\x04stop\x18\x04 \x01(\x0b\x32\x16.computebroker.v1.StopH\x00\x12\x35\n\ncheckpoint\x18\x05 \x01(\x0b\x32\x1f.computebroker.v1.CheckpointNowH\x00\x12-\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x1c.computebroker.v1.DrainAgentH\x00\x12\x37\n\rheartbeat_ack\x18\x07 \x01(\x0b\x32\x1e.computebroker.v1.HeartbeatAckH\x00\x12\x34\n\nupdate_ack\x18\x08 \x01(\x0b\x32\x1e.computebroker.v1.JobUpdateAckH\x00\x12\"\n\x02go\x18\t \x01(\x0b\x32\x14.computebroker.v1.GoH\x00\x42\x05\n\x03\x63md\"/\n\x0cHeartbeatAck\x12\x0c\n\x04time\x18\x01 \x01(\x01\x12\x11\n\tbroker_id\x18\x02 \x01(\t\"^\n\x0cJobUpdateAck\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.computebroker.v1.AttemptState*\xf7\x01\n\x0c\x41ttemptState\x12\x1d\n\x19\x41TTEMPT_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTEMPT_STATE_STARTING\x10\x01\x12\x19\n\x15\x41TTEMPT_STATE_RUNNING\x10\x02\x12\x1f\n\x1b\x41TTEMPT_STATE_CHECKPOINTING\x10\x03\x12\x1b\n\x17\x41TTEMPT_STATE_SUCCEEDED\x10\x04\x12\x18\n\x14\x41TTEMPT_STATE_FAILED\x10\x05\x12\x1e\n\x1a\x41TTEMPT_STATE_CHECKPOINTED\x10\x06\x12\x19\n\x15\x41TTEMPT_STATE_STOPPED\x10\x07*\xa9\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_CANCEL\x10\x01\x12\x17\n\x13STOP_REASON_PREEMPT\x10\x02\x12\x17\n\x13STOP_REASON_MIGRATE\x10\x03\x12\x1d\n\x19STOP_REASON_STALE_ATTEMPT\x10\x04\x12\x15\n\x11STOP_REASON_DRAIN\x10\x05\x32^\n\x0c\x41gentService\x12N\n\x07\x43onnect\x12\x1e.computebroker.v1.AgentMessage\x1a\x1f.computebroker.v1.BrokerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LAUNCH_ENVENTRY']._loaded_options = None
   _globals['_LAUNCH_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_ATTEMPTSTATE']._serialized_start=2948
-  _globals['_ATTEMPTSTATE']._serialized_end=3195
-  _globals['_STOPREASON']._serialized_start=3198
-  _globals['_STOPREASON']._serialized_end=3367
+  _globals['_ATTEMPTSTATE']._serialized_start=2963
+  _globals['_ATTEMPTSTATE']._serialized_end=3210
+  _globals['_STOPREASON']._serialized_start=3213
+  _globals['_STOPREASON']._serialized_end=3382
   _globals['_AGENTMESSAGE']._serialized_start=111
   _globals['_AGENTMESSAGE']._serialized_end=375
   _globals['_RUNNINGATTEMPT']._serialized_start=378
@@ -52,31 +52,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_start=898
   _globals['_HEARTBEAT']._serialized_end=1077
   _globals['_JOBUPDATE']._serialized_start=1080
-  _globals['_JOBUPDATE']._serialized_end=1391
-  _globals['_ATTEMPTTIMINGS']._serialized_start=1393
-  _globals['_ATTEMPTTIMINGS']._serialized_end=1504
-  _globals['_COMMANDACK']._serialized_start=1506
-  _globals['_COMMANDACK']._serialized_end=1573
-  _globals['_REGISTERACK']._serialized_start=1576
-  _globals['_REGISTERACK']._serialized_end=1735
-  _globals['_LAUNCH']._serialized_start=1738
-  _globals['_LAUNCH']._serialized_end=2067
-  _globals['_LAUNCH_ENVENTRY']._serialized_start=2025
-  _globals['_LAUNCH_ENVENTRY']._serialized_end=2067
-  _globals['_GO']._serialized_start=2069
-  _globals['_GO']._serialized_end=2158
-  _globals['_STOP']._serialized_start=2161
-  _globals['_STOP']._serialized_end=2289
-  _globals['_CHECKPOINTNOW']._serialized_start=2291
-  _globals['_CHECKPOINTNOW']._serialized_end=2339
-  _globals['_DRAINAGENT']._serialized_start=2341
-  _globals['_DRAINAGENT']._serialized_end=2369
-  _globals['_BROKERMESSAGE']._serialized_start=2372
-  _globals['_BROKERMESSAGE']._serialized_end=2800
-  _globals['_HEARTBEATACK']._serialized_start=2802
-  _globals['_HEARTBEATACK']._serialized_end=2849
-  _globals['_JOBUPDATEACK']._serialized_start=2851
-  _globals['_JOBUPDATEACK']._serialized_end=2945
-  _globals['_AGENTSERVICE']._serialized_start=3369
-  _globals['_AGENTSERVICE']._serialized_end=3463
+  _globals['_JOBUPDATE']._serialized_end=1406
+  _globals['_ATTEMPTTIMINGS']._serialized_start=1408
+  _globals['_ATTEMPTTIMINGS']._serialized_end=1519
+  _globals['_COMMANDACK']._serialized_start=1521
+  _globals['_COMMANDACK']._serialized_end=1588
+  _globals['_REGISTERACK']._serialized_start=1591
+  _globals['_REGISTERACK']._serialized_end=1750
+  _globals['_LAUNCH']._serialized_start=1753
+  _globals['_LAUNCH']._serialized_end=2082
+  _globals['_LAUNCH_ENVENTRY']._serialized_start=2040
+  _globals['_LAUNCH_ENVENTRY']._serialized_end=2082
+  _globals['_GO']._serialized_start=2084
+  _globals['_GO']._serialized_end=2173
+  _globals['_STOP']._serialized_start=2176
+  _globals['_STOP']._serialized_end=2304
+  _globals['_CHECKPOINTNOW']._serialized_start=2306
+  _globals['_CHECKPOINTNOW']._serialized_end=2354
+  _globals['_DRAINAGENT']._serialized_start=2356
+  _globals['_DRAINAGENT']._serialized_end=2384
+  _globals['_BROKERMESSAGE']._serialized_start=2387
+  _globals['_BROKERMESSAGE']._serialized_end=2815
+  _globals['_HEARTBEATACK']._serialized_start=2817
+  _globals['_HEARTBEATACK']._serialized_end=2864
+  _globals['_JOBUPDATEACK']._serialized_start=2866
+  _globals['_JOBUPDATEACK']._serialized_end=2960
+  _globals['_AGENTSERVICE']._serialized_start=3384
+  _globals['_AGENTSERVICE']._serialized_end=3478
 # @@protoc_insertion_point(module_scope)

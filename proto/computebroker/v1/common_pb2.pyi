@@ -289,7 +289,7 @@ class NodeAssignment(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[int] = ..., zone: _Optional[str] = ..., network_layer_3: _Optional[str] = ..., ultraserver_id: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("region", "agent_id", "nodes", "capacity_type", "pool", "world_size", "price_per_gpu_hour", "explanation")
+    __slots__ = ("region", "agent_id", "nodes", "capacity_type", "pool", "world_size", "price_per_gpu_hour", "explanation", "ranks")
     REGION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +298,7 @@ class Placement(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     region: str
     agent_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeAssignment]
@@ -306,7 +307,8 @@ class Placement(_message.Message):
     world_size: int
     price_per_gpu_hour: float
     explanation: str
-    def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ...) -> None: ...
+    ranks: int
+    def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ..., ranks: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time")
@@ -333,23 +335,47 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ...) -> None: ...
 
 class Goodput(_message.Message):
-    __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s")
+    __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s", "starting_s", "cost_usd", "cost_by_capacity", "cost_by_region", "saved_usd")
+    class CostByCapacityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class CostByRegionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PRODUCTIVE_S_FIELD_NUMBER: _ClassVar[int]
     QUEUED_S_FIELD_NUMBER: _ClassVar[int]
     LOST_FAILURE_S_FIELD_NUMBER: _ClassVar[int]
     LOST_PREEMPTION_S_FIELD_NUMBER: _ClassVar[int]
     LOST_MIGRATION_S_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
+    STARTING_S_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    COST_BY_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    COST_BY_REGION_FIELD_NUMBER: _ClassVar[int]
+    SAVED_USD_FIELD_NUMBER: _ClassVar[int]
     productive_s: float
     queued_s: float
     lost_failure_s: float
     lost_preemption_s: float
     lost_migration_s: float
     wall_s: float
-    def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ...) -> None: ...
+    starting_s: float
+    cost_usd: float
+    cost_by_capacity: _containers.ScalarMap[str, float]
+    cost_by_region: _containers.ScalarMap[str, float]
+    saved_usd: float
+    def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ..., cost_usd: _Optional[float] = ..., cost_by_capacity: _Optional[_Mapping[str, float]] = ..., cost_by_region: _Optional[_Mapping[str, float]] = ..., saved_usd: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series")
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -380,6 +406,7 @@ class Job(_message.Message):
     LAUNCH_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
     LOSS_SERIES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     phase: JobPhase
@@ -410,7 +437,8 @@ class Job(_message.Message):
     launch_refusals: int
     refusals: _containers.RepeatedCompositeFieldContainer[LaunchRefusal]
     loss_series: _containers.RepeatedCompositeFieldContainer[LossPoint]
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class LossPoint(_message.Message):
     __slots__ = ("step", "loss")
@@ -518,7 +546,7 @@ class TransferStats(_message.Message):
     def __init__(self, src_uri: _Optional[str] = ..., dst_uri: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., seconds: _Optional[float] = ..., mb_per_s: _Optional[float] = ..., method: _Optional[str] = ..., done: _Optional[bool] = ..., error: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., retries: _Optional[int] = ...) -> None: ...
 
 class Migration(_message.Message):
-    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s", "stop_held_until", "held_stop_grace_s", "precopy_from", "precopy_uri", "precopy_done_time", "precopy", "stop_sent_time")
+    __slots__ = ("job_id", "job_name", "seq", "cause", "state", "emergency", "from_region", "from_agent", "from_attempt", "from_world_size", "to_region", "to_agent", "to_attempt", "to_world_size", "checkpoint_step", "checkpoint_uri", "resume_from", "started_time", "checkpointed_time", "launched_time", "running_time", "first_step_time", "stop_signal_time", "exit_time", "spawn_time", "transfer", "checkpoint_s", "queue_s", "transfer_s", "launch_s", "first_step_s", "total_s", "orchestration_s", "work_lost_s", "message", "finished_time", "cause_code", "state_code", "make_before_break", "standby_launched_time", "go_time", "last_source_step_time", "downtime_s", "stop_held_until", "held_stop_grace_s", "precopy_from", "precopy_uri", "precopy_done_time", "precopy", "stop_sent_time", "from_ranks", "to_ranks", "from_price_per_gpu_hour", "to_price_per_gpu_hour")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -569,6 +597,10 @@ class Migration(_message.Message):
     PRECOPY_DONE_TIME_FIELD_NUMBER: _ClassVar[int]
     PRECOPY_FIELD_NUMBER: _ClassVar[int]
     STOP_SENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    FROM_RANKS_FIELD_NUMBER: _ClassVar[int]
+    TO_RANKS_FIELD_NUMBER: _ClassVar[int]
+    FROM_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
+    TO_PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_name: str
     seq: int
@@ -619,4 +651,8 @@ class Migration(_message.Message):
     precopy_done_time: float
     precopy: TransferStats
     stop_sent_time: float
-    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ..., stop_held_until: _Optional[float] = ..., held_stop_grace_s: _Optional[float] = ..., precopy_from: _Optional[str] = ..., precopy_uri: _Optional[str] = ..., precopy_done_time: _Optional[float] = ..., precopy: _Optional[_Union[TransferStats, _Mapping]] = ..., stop_sent_time: _Optional[float] = ...) -> None: ...
+    from_ranks: int
+    to_ranks: int
+    from_price_per_gpu_hour: float
+    to_price_per_gpu_hour: float
+    def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., seq: _Optional[int] = ..., cause: _Optional[str] = ..., state: _Optional[str] = ..., emergency: _Optional[bool] = ..., from_region: _Optional[str] = ..., from_agent: _Optional[str] = ..., from_attempt: _Optional[int] = ..., from_world_size: _Optional[int] = ..., to_region: _Optional[str] = ..., to_agent: _Optional[str] = ..., to_attempt: _Optional[int] = ..., to_world_size: _Optional[int] = ..., checkpoint_step: _Optional[int] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., started_time: _Optional[float] = ..., checkpointed_time: _Optional[float] = ..., launched_time: _Optional[float] = ..., running_time: _Optional[float] = ..., first_step_time: _Optional[float] = ..., stop_signal_time: _Optional[float] = ..., exit_time: _Optional[float] = ..., spawn_time: _Optional[float] = ..., transfer: _Optional[_Union[TransferStats, _Mapping]] = ..., checkpoint_s: _Optional[float] = ..., queue_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., launch_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., total_s: _Optional[float] = ..., orchestration_s: _Optional[float] = ..., work_lost_s: _Optional[float] = ..., message: _Optional[str] = ..., finished_time: _Optional[float] = ..., cause_code: _Optional[_Union[MigrationCause, str]] = ..., state_code: _Optional[_Union[MigrationState, str]] = ..., make_before_break: _Optional[bool] = ..., standby_launched_time: _Optional[float] = ..., go_time: _Optional[float] = ..., last_source_step_time: _Optional[float] = ..., downtime_s: _Optional[float] = ..., stop_held_until: _Optional[float] = ..., held_stop_grace_s: _Optional[float] = ..., precopy_from: _Optional[str] = ..., precopy_uri: _Optional[str] = ..., precopy_done_time: _Optional[float] = ..., precopy: _Optional[_Union[TransferStats, _Mapping]] = ..., stop_sent_time: _Optional[float] = ..., from_ranks: _Optional[int] = ..., to_ranks: _Optional[int] = ..., from_price_per_gpu_hour: _Optional[float] = ..., to_price_per_gpu_hour: _Optional[float] = ...) -> None: ...

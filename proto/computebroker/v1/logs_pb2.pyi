@@ -57,18 +57,20 @@ class LogLine(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
 
 class LogAttemptHeader(_message.Message):
-    __slots__ = ("attempt", "region", "world_size", "start_time", "agent_id")
+    __slots__ = ("attempt", "region", "world_size", "start_time", "agent_id", "ranks")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     region: str
     world_size: int
     start_time: float
     agent_id: str
-    def __init__(self, attempt: _Optional[int] = ..., region: _Optional[str] = ..., world_size: _Optional[int] = ..., start_time: _Optional[float] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    ranks: int
+    def __init__(self, attempt: _Optional[int] = ..., region: _Optional[str] = ..., world_size: _Optional[int] = ..., start_time: _Optional[float] = ..., agent_id: _Optional[str] = ..., ranks: _Optional[int] = ...) -> None: ...
 
 class LogRecord(_message.Message):
     __slots__ = ("attempt", "line", "dropped_lines")

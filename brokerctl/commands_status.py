@@ -1,0 +1,57 @@
+"""brokerctl's overview and readiness commands: ``status`` and ``wait-ready``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+
+from brokerctl import cost, status
+from brokerctl.commands_jobs import my_actor
+from brokerctl.common import EXIT_ERROR, EXIT_OK, parse_duration
+from brokersdk.client import BrokerClient, BrokerUnavailable
+
+
+def cmd_status(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    owner = my_actor(client) if args.mine else ""
+    jobs = [j for j in client.jobs(team=args.team or "") if not owner or j.owner == owner]
+    out.print(status.status_view(jobs, client.regions(), width=out.width))
+    return EXIT_OK
+
+
+def cmd_cost(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """``brokerctl cost``: brokerctl/cost.py."""
+    now = time.time()
+    since = now - parse_duration(args.since)
+    rows = cost.report(client.jobs(team=args.team or ""), args.by, since, now)
+    if not rows:
+        out.print(f"[dim]no jobs in the last {args.since}[/]")
+        return EXIT_OK
+    out.print(f"[bold]cost of the jobs live in the last {args.since}, by {args.by}[/]")
+    out.print(cost.table(rows, args.by))
+    return EXIT_OK
+
+
+def cmd_wait_ready(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """Block until the broker answers an authenticated call (and ``--regions`` N regions
+    are connected), so a script that just started ``brokerctl serve &`` does not race it.
+    Connection errors are retried until ``--wait-timeout``; anything else (a refused
+    token, a wrong CA) is final at once: waiting would not fix it."""
+    deadline = time.monotonic() + args.wait_timeout
+    client.retries = 0  # this loop is the retry; each try is one quick call
+    last = "no answer yet"
+    while True:
+        try:
+            connected = sum(r.connected for r in client.regions())
+            if connected >= args.regions:
+                out.print(f"broker ready at {client.address}"
+                          + (f", {connected} region(s) connected" if args.regions else ""))
+                return EXIT_OK
+            last = f"{connected}/{args.regions} region(s) connected"
+        except BrokerUnavailable as e:  # not up yet (or its store is not): try again
+            last = e.message
+        if time.monotonic() >= deadline:
+            out.print(f"[red]not ready after {args.wait_timeout:g}s: {last}[/]")
+            return EXIT_ERROR
+        time.sleep(0.25)
