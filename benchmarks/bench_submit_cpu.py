@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     b = result["backlogs"]
     if "0" in b:
         base = b["0"]["median"]["broker_cpu_ms_per_call"]
-        for k, v in b.items():
+        for v in b.values():
             v["cpu_ratio_vs_empty"] = round(v["median"]["broker_cpu_ms_per_call"] / base, 3) if base else 0.0
     result["machine"]["loadavg_end"] = list(os.getloadavg())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -31,3 +31,37 @@ def test_commits_update_the_set_between_reads() -> None:
     live.detach()
     store[:] = [job("j-y", 1)]
     assert [j.id for j in live.current()] == ["j-y"] and live.full_reads == 3
+
+
+def big_job(jid: str, version: int = 1) -> pb.Job:
+    j = job(jid, version)
+    j.spec.team = "ml"
+    j.spec.priority_class = "training"
+    j.spec.command.extend(["python", "-m", "train"])
+    j.spec.resources.nodes = 2
+    j.spec.allowed_regions.append("us-east-2")
+    j.spec.labels["computebroker.io/recovery-policy"] = "failover"
+    for k in range(40):
+        j.spec.env[f"SECRET_{k}"] = "x" * 40
+    return j
+
+
+def test_the_set_keeps_jobs_without_env() -> None:
+    """What no pass reads is not held for every pending job (most of its memory,
+    and the teams' secrets); everything else is the committed job's."""
+    full = big_job("j-a")
+    live = LiveJobs(lambda: [big_job("j-b")], resync_s=30.0, clock=lambda: 0.0)
+    live.committed(full)
+    got = {j.id: j for j in live.current()}
+    assert set(got) == {"j-a", "j-b"}
+    for j in got.values():
+        assert not j.spec.env and list(j.spec.command) == ["python", "-m", "train"]
+        assert j.spec.labels["computebroker.io/recovery-policy"] == "failover"
+        assert j.spec.resources.nodes == 2 and list(j.spec.allowed_regions) == ["us-east-2"]
+        assert j.spec.team == "ml" and j.spec.priority_class == "training"
+    expected = pb.Job()
+    expected.CopyFrom(full)
+    expected.spec.ClearField("env")
+    assert got["j-a"] == expected
+    assert full.spec.env and full.spec.command  # the committed job (the caller's answer) untouched
+    assert got["j-a"].ByteSize() < full.ByteSize() / 3
