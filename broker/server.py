@@ -87,6 +87,7 @@ from broker.jobs.hub import EventHub
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView, RecordsView
 from broker.leadership import Leadership, StandbyGate, advertised_address
+from broker.malloc_arenas import cap_malloc_arenas
 from broker.scheduling.loop import SchedulerLoop
 from broker.stop_signals import StopSignals
 from broker.store import Store, open_store
@@ -374,6 +375,7 @@ def serve(config: BrokerConfig) -> None:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     setup_tracing("compute-broker")  # CB_TRACE_FILE / OTEL_EXPORTER_OTLP_ENDPOINT, else off
+    cap_malloc_arenas()  # before the server's threads: broker/malloc_arenas.py
     server = BrokerServer(config)
     stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
     server.start()
