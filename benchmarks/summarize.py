@@ -613,6 +613,45 @@ def proactive_rules(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def submit_cpu(d: dict[str, Any]) -> list[str]:
+    """Broker CPU per SubmitJob (bench_submit_cpu.py): this build, and the build before
+    the backlog changes when its JSON (``submit_cpu_before.json``) is committed too."""
+    before = load("submit_cpu_before")
+    st = d["setup"]
+    out = [
+        "### Broker CPU per SubmitJob (`python benchmarks/bench_submit_cpu.py`)",
+        "",
+        f"CPU time of the broker process (`brokerctl serve`, SQLite, {st['transport']}) per"
+        f" answered SubmitJob of a {st['spec_bytes']:,}-byte spec, {st['clients']} clients,"
+        " read from /proc around each phase: robust to the shared machine's load, unlike the"
+        " rate. The calibration no-op (`GetJob` with an empty id, refused after TLS and"
+        " authentication) runs in the same broker in each run. Median of"
+        f" {st['runs']} runs of {st['seconds_per_phase']:g} s per phase. The backlog is pending"
+        " jobs written before the broker starts; RSS is read once it has loaded them. Load"
+        f" average {d['machine']['loadavg_start'][0]:.1f} at the start,"
+        f" {d['machine']['loadavg_end'][0]:.1f} at the end (2 cores, shared).",
+        "",
+        "| build | pending | CPU ms / submit | no-op CPU ms | submit / s | p99 ms | vs empty | RSS MB |"
+        " KB / pending job |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in (("before", before), ("this", d)):
+        if r is None:
+            continue
+        for n, v in r["backlogs"].items():
+            m = v["median"]
+            out.append(
+                f"| {r.get('label') or label} | {int(n):,} | {f(m['broker_cpu_ms_per_call'], 3)} |"
+                f" {f(m['noop_cpu_ms_per_call'], 3)} | {f(m['rate_per_s'], 0)} | {f(m['p99_ms'], 0)} |"
+                f" {f(v.get('cpu_ratio_vs_empty', 1.0), 2)} | {v['rss_kb_loaded'] / 1024:,.0f} |"
+                f" {f(v['rss_per_pending_kb'], 1) if 'rss_per_pending_kb' in v else '-'} |")
+    g = d["goals"]
+    out += ["", f"Goals: at most {g['broker_cpu_ms_per_submit']} ms of CPU per submit; at"
+            f" 50,000 pending within {g['backlog_ratio']}x of the empty store and at most"
+            f" {g['rss_kb_per_pending']:g} KB of RSS per pending job."]
+    return out
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -626,6 +665,7 @@ def render() -> str:
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("library", library),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
+                     ("submit_cpu", submit_cpu),
                      ("console", console), ("sim", sim)):
         d = load(name)
         if d is not None:

@@ -12,8 +12,9 @@ pass reads it (placement needs resources, regions, team, class, labels, progress
 every write re-reads the stored job through the applier), and a map is the costliest
 part of a parsed job: a ~3.5 KB job with 40 variables took ~15 KB of the broker's
 RSS, so a 50k-job backlog held ~750 MB here alone. It also keeps the teams' secrets
-out of the scheduler's long-lived copies. (``spec.command`` is read by a pass:
-dropping it too stopped a lost agent's job from being placed again.)
+out of the scheduler's long-lived copies. (``spec.command`` is kept: dropping it
+too failed a scheduler test, a lost agent's job not placed again, in one run; the
+reader was not found, so the field stays until it is.)
 
 Safety net: a full read every ``resync_s`` (and on the first pass), so a job
 written behind the applier's back (an operator tool on the same SQLite file) is
