@@ -11,7 +11,7 @@ from a dev PKI's ``tokens.yaml``) per backlog size. Per run, in the same broker:
 * a **calibration no-op**: ``GetJob(job_id="")`` by the same clients, over TLS with the
   token (authenticated, refused INVALID_ARGUMENT before any store read): what gRPC,
   TLS and the auth layer cost a call, so the submit's own share is the difference;
-* **SubmitJob** of a ~3 KB spec (env, labels, command, regions, trainer settings), each
+* **SubmitJob** of a ~3.5 KB spec (env, labels, command, regions, trainer settings), each
   with its own client request id, by 16 clients (grpc.aio coroutines, one TLS
   connection each) in this process.
 
@@ -62,7 +62,7 @@ GOAL_CPU_MS, GOAL_BACKLOG_RATIO, GOAL_RSS_KB_PER_PENDING = 0.5, 1.2, 4.0
 
 
 def spec(i: int, rng: random.Random) -> pb.JobSpec:
-    """A ~3 KB spec, shaped like a real training job's."""
+    """A ~3.5 KB spec, shaped like a real training job's."""
     s = pb.JobSpec(
         name=f"llama-ft-{i:07d}", team=TEAM, priority_class="training",
         command=["python", "-m", "train", "--config", "configs/llama3_8b_ft.yaml",

@@ -628,12 +628,11 @@ def submit_cpu(d: dict[str, Any]) -> list[str]:
         " authentication) runs in the same broker in each run. Median of"
         f" {st['runs']} runs of {st['seconds_per_phase']:g} s per phase. The backlog is pending"
         " jobs written before the broker starts; RSS is read once it has loaded them. Load"
-        f" average {d['machine']['loadavg_start'][0]:.1f} at the start,"
-        f" {d['machine']['loadavg_end'][0]:.1f} at the end (2 cores, shared).",
+        " average at each build's start and end in the last column (2 cores, shared).",
         "",
         "| build | pending | CPU ms / submit | no-op CPU ms | submit / s | p99 ms | vs empty | RSS MB |"
-        " KB / pending job |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " KB / pending job | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in (("before", before), ("this", d)):
         if r is None:
@@ -644,7 +643,8 @@ def submit_cpu(d: dict[str, Any]) -> list[str]:
                 f"| {r.get('label') or label} | {int(n):,} | {f(m['broker_cpu_ms_per_call'], 3)} |"
                 f" {f(m['noop_cpu_ms_per_call'], 3)} | {f(m['rate_per_s'], 0)} | {f(m['p99_ms'], 0)} |"
                 f" {f(v.get('cpu_ratio_vs_empty', 1.0), 2)} | {v['rss_kb_loaded'] / 1024:,.0f} |"
-                f" {f(v['rss_per_pending_kb'], 1) if 'rss_per_pending_kb' in v else '-'} |")
+                f" {f(v['rss_per_pending_kb'], 1) if 'rss_per_pending_kb' in v else '-'} |"
+                f" {r['machine']['loadavg_start'][0]:.0f}-{r['machine']['loadavg_end'][0]:.0f} |")
     g = d["goals"]
     out += ["", f"Goals: at most {g['broker_cpu_ms_per_submit']} ms of CPU per submit; at"
             f" 50,000 pending within {g['backlog_ratio']}x of the empty store and at most"
