@@ -78,7 +78,13 @@ class LiveJobs:
         if live is None or not self.attached or self._clock() - self._synced_at >= self.resync_s:
             # Commits reported from here on are applied after the read (the higher
             # version wins), so none is lost between the read and the next pass.
-            live = {j.id: compact(j) for j in self._read_all()}
+            # An unchanged job (same version) keeps its compact copy: a resync over a
+            # 50k backlog then parses the rows but copies only what changed.
+            kept = self._live or {}
+            live = {}
+            for j in self._read_all():
+                prev = kept.get(j.id)
+                live[j.id] = prev if prev is not None and prev.version == j.version else compact(j)
             self._synced_at = self._clock()
             self.full_reads += 1
         for job in changes.values():

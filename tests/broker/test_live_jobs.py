@@ -65,3 +65,16 @@ def test_the_set_keeps_jobs_without_env() -> None:
     assert got["j-a"] == expected
     assert full.spec.env and full.spec.command  # the committed job (the caller's answer) untouched
     assert got["j-a"].ByteSize() < full.ByteSize() / 3
+
+
+def test_a_resync_keeps_the_copies_of_unchanged_jobs() -> None:
+    store = [big_job("j-a", 1), big_job("j-b", 1)]
+    now = [0.0]
+    live = LiveJobs(lambda: list(store), resync_s=30.0, clock=lambda: now[0])
+    first = {j.id: j for j in live.current()}
+    store[1] = big_job("j-b", 2)
+    now[0] = 31.0
+    second = {j.id: j for j in live.current()}
+    assert live.full_reads == 2
+    assert second["j-a"] is first["j-a"]  # same version: not copied again
+    assert second["j-b"].version == 2 and not second["j-b"].spec.env
