@@ -49,8 +49,10 @@ from trainer.errors import (
     EXIT_GRACE_EXCEEDED,
     EXIT_OK,
     EXIT_RESUME_UNAVAILABLE,
+    EXIT_STORE_UNAVAILABLE,
     CheckpointSaveError,
     ResumeUnavailable,
+    StoreUnavailable,
     TrainerError,
 )
 from trainer.parallel import (
@@ -345,7 +347,10 @@ def _grace_text(grace: float, source: str) -> str:
 def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> NoReturn:
     """Uncaught errors: the contract's one line + exit code, not a torch trace."""
     rank = os.environ.get("RANK", "0")
-    if isinstance(exc, TrainerError):
+    if isinstance(exc, StoreUnavailable):  # an outage, not the job's fault: the broker waits
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_STORE_UNAVAILABLE
+    elif isinstance(exc, TrainerError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
     elif isinstance(exc, ResumeUnavailable):  # not a config error: the broker relaunches

@@ -275,6 +275,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
             if self.agents.update_nodes(agent.agent_id, apply):
                 self.ops.poke()
+        if hb.HasField("store_probe"):
+            err = hb.store_probe.error[:1000]
+            if self.agents.set_store_probe(agent.agent_id, err, hb.store_probe.since or time.time()):
+                self.ops.poke()
         if hb.spot_notices:
             self._spot(agent, hb)
         if sick:

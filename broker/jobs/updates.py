@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import migration, standby
+from broker.jobs import migration, standby, store_wait
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -282,6 +282,8 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
                 message=f"attempt {j.attempt} failed with a configuration error"
                         f" (exit 2), retrying will not help: {detail}", details=code)
         return seal(tx, WakeScheduler())
+    if decision is Restart.WAIT_STORE:
+        return _wait_for_store(tx, u, detail, actor, config)
     if decision is not Restart.RETRY:
         tx.move(FAILED, "failed", reason="max_restarts", actor=actor,
                 message=f"attempt {j.attempt} failed (exit {u.exit_code}) and the job"
@@ -296,6 +298,27 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
                     + (f" avoiding {', '.join(avoid)}" if avoid else "")
                     + (f": {detail}" if detail else ""),
             details={**code, "failed_nodes": ",".join(u.failed_nodes)})
+    return seal(tx, WakeScheduler())
+
+
+def _wait_for_store(tx: Tx, u: apb.JobUpdate, detail: str, actor: str,
+                    config: BrokerConfig) -> Outcome:
+    """The attempt ended because its checkpoint store is down: back to PENDING with
+    backoff, no restart spent, no node blamed; FAILED only past store_outage_max_s."""
+    j = tx.job
+    d = store_wait.decide(j, tx.now, config)
+    store_wait.record(j, j.placement.region, detail or "checkpoint store unreachable", d)
+    code = {"exit_code": str(u.exit_code), "region": j.store_wait.region}
+    if d.give_up:
+        tx.move(FAILED, "failed", reason="store_outage", actor=actor,
+                message=store_wait.give_up_message(j, tx.now, config), details=code)
+        return seal(tx, WakeScheduler())
+    requeue(tx, Family.FAILURE, reason="store_outage", actor=actor,
+            message=f"attempt {j.attempt} could not reach the checkpoint store of"
+                    f" {j.store_wait.region or 'its region'}; waiting for it (retry"
+                    f" {d.count}, no restart counted): {detail or 'unreachable'}",
+            details={**code, "until": f"{d.until:.0f}"})
+    j.pending_reason = store_wait.pending_note(j, tx.now)
     return seal(tx, WakeScheduler())
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
-from broker.jobs import backoff, standby
+from broker.jobs import backoff, standby, store_wait
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from broker.scheduling import plan_binding
 from checkpoint_layout.roots import RootError, under
@@ -254,6 +254,11 @@ def build(
             # Agents that refused its launch lately (time-dependent: part of the memo key).
             avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
                               ) if job.refusals else _NONE
+            # A store outage the job waits out: its region, until the backoff ends.
+            waiting = store_wait.avoided_region(job, now) if job.store_wait.count else ""
+            if waiting:
+                avoid = avoid | frozenset(n for a in agents if a.region == waiting
+                                          for n in nodes_of.get(a.agent_id, ()))
             key = (job.id, job.version, prio, 0, refusing, avoid)
             hit = old.get(key)
             if hit is None:
