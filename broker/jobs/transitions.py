@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import backoff, migration, precopy
+from broker.jobs import backoff, migration, precopy, shown_progress
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
@@ -254,6 +254,8 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
         j.relaunches += 1
     ckpt = checkpoint_uri_for(j, inp.checkpoint_bucket, config)
     resume = j.progress.last_checkpoint_uri
+    if relaunch:
+        shown_progress.start_at_resume_step(j)
     why = "migrated" if j.phase == MIGRATING else ("relaunch" if relaunch else "launch")
     migration.launched(j, now, resume)
     tx.move(LAUNCHING, "launched", reason=why, actor="scheduler",

@@ -350,9 +350,20 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
     job = tx.job
     old_ckpt = job.progress.last_checkpoint_step
     old_uri = job.progress.last_checkpoint_uri
+    before = pb.Progress()
+    before.CopyFrom(job.progress)
     p = u.progress
     job.progress.CopyFrom(p)
     job.progress.updated_time = tx.now
+    if p.step < before.step:
+        # What users see never goes backwards: a report behind the job's step is a new
+        # attempt's before it loaded its checkpoint (step 0; admit() already set the job
+        # to the attempt's resume step) or a late one (a re-registration after a broker
+        # restart). Its other fields (rate, times) are still news.
+        job.progress.step = before.step
+        job.progress.samples_seen = max(before.samples_seen, p.samples_seen)
+        job.progress.loss = before.loss
+    job.progress.total_steps = p.total_steps or before.total_steps
     if old_uri and (not p.last_checkpoint_uri or p.last_checkpoint_step < old_ckpt):
         # Never forget a durable checkpoint because one report left it out, nor go back
         # to an older one (a newer attempt that resumed before a superseded attempt's
