@@ -86,6 +86,10 @@ class BrokerConfig(BaseModel):
     store_outage_backoff_base_s: float = Field(5.0, gt=0)
     store_outage_backoff_max_s: float = Field(120.0, gt=0)
     store_outage_max_s: float = Field(6 * 3600.0, ge=0)
+    # A superseded attempt's checkpoint turns out newer than the one the running attempt
+    # resumed from (broker/jobs/updates.py superseded_ended): an attempt running for at
+    # most this long (or still launching) restarts from it; 0 = only launching ones.
+    newer_checkpoint_restart_s: float = Field(120.0, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.

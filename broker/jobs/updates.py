@@ -252,6 +252,8 @@ def superseded_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerCo
         return seal(tx, *commands)
     if p.last_checkpoint_step <= j.progress.last_checkpoint_step and j.progress.last_checkpoint_uri:
         return None
+    older = j.progress.last_checkpoint_step if j.progress.last_checkpoint_uri else 0
+    current_step = j.progress.step
     j.progress.last_checkpoint_step = p.last_checkpoint_step
     j.progress.last_checkpoint_uri = p.last_checkpoint_uri
     if p.step > j.progress.step:
@@ -260,12 +262,48 @@ def superseded_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerCo
         j.progress.loss = p.loss or j.progress.loss
     j.progress.total_steps = j.progress.total_steps or p.total_steps
     j.last_checkpoint_time = now
-    tx.note("checkpoint", reason="checkpoint_durable_superseded", actor=actor,
+    details = {"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri,
+               "attempt": str(u.attempt), "previous_step": str(older)}
+    if j.phase not in HOLDING:
+        tx.note("checkpoint", reason="checkpoint_durable_superseded", actor=actor,
+                message=f"superseded attempt {u.attempt} left a durable checkpoint at step"
+                        f" {p.last_checkpoint_step}: the job resumes from it", details=details)
+        return seal(tx)
+    # A newer attempt already runs from an older checkpoint: say so, and restart it from
+    # the newer one while that costs little (restart_for_newer_checkpoint).
+    restart = restart_for_newer_checkpoint(j, current_step, p.last_checkpoint_step, now, config)
+    tx.note("checkpoint", reason="newer_checkpoint_superseded", actor=actor,
             message=f"superseded attempt {u.attempt} left a durable checkpoint at step"
-                    f" {p.last_checkpoint_step}: the job resumes from it",
-            details={"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri,
-                     "attempt": str(u.attempt)})
-    return seal(tx)
+                    f" {p.last_checkpoint_step}, newer than step {older} that attempt"
+                    f" {j.attempt} resumed from (now at step {current_step}): "
+                    + ("restarting it from the newer checkpoint" if restart else
+                       f"attempt {j.attempt} keeps running (it redoes steps {older}-"
+                       f"{p.last_checkpoint_step}); later attempts resume from step"
+                       f" {p.last_checkpoint_step}"), details=details)
+    if not restart:
+        return seal(tx)
+    stop = SendStop(agent_id=j.placement.agent_id, job_id=j.id, attempt=j.attempt, kind=None)
+    tx.lose_work(Family.MIGRATION)
+    requeue(tx, Family.MIGRATION, reason="newer_checkpoint", actor="broker",
+            message=f"attempt {j.attempt} stopped to resume from the newer checkpoint at step"
+                    f" {p.last_checkpoint_step} (it had reached step {current_step})",
+            details=details)
+    return seal(tx, stop, WakeScheduler())
+
+
+def restart_for_newer_checkpoint(job: pb.Job, current_step: int, newer_step: int, now: float,
+                                 config: BrokerConfig) -> bool:
+    """Restart the running attempt from a superseded attempt's newer checkpoint only when
+    it has barely started (still launching, or running for at most
+    ``newer_checkpoint_restart_s``), is behind that checkpoint, and no stop or
+    make-before-break move is under way: then a relaunch costs less than redoing the
+    steps; later, the attempt's own work is worth more than the steps it would skip."""
+    if job.stop_reason or job.HasField("standby") or current_step >= newer_step:
+        return False
+    if job.phase == LAUNCHING:
+        return True
+    started = job.attempt_started_time
+    return job.phase == RUNNING and bool(started) and now - started <= config.newer_checkpoint_restart_s
 
 
 def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerConfig) -> Outcome:
