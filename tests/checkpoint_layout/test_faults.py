@@ -240,3 +240,14 @@ def test_faults_module_does_not_import_botocore() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ})
     assert out.stdout.strip() == "False"
+
+
+def test_docs_table_shows_every_row_in_order() -> None:
+    """docs/contracts.md "Store faults" is this table, row for row, class for class."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
+    section = doc[doc.index("### Store faults"):]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| row")]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[:len(RULES)]]
+    assert [r[0] for r in rows] == [r.name for r in RULES]
+    for cells, rule in zip(rows, RULES, strict=True):
+        assert cells[1].startswith(rule.fault.value), (cells, rule.fault)
