@@ -13,72 +13,33 @@ Before the store fault table (checkpoint_layout/faults.py) this failed: the save
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from computebroker.v1 import common_pb2 as pb
+from tests.e2e import test_migration as mig
 from tests.e2e.test_foundation import events_of, setup_team, wait_regions
-from tests.e2e.test_migration import assert_equivalent, final_samples, job_spec, reference  # noqa: F401
+from tests.e2e.test_migration import assert_equivalent, final_samples, job_spec
 from tests.fixtures.cluster import Cluster, wait_until
+from tests.fixtures.stoppable_s3 import StoppableS3
 
 pytestmark = pytest.mark.slow
 
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-         "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
-
-class Store:
-    """A moto S3 server on a fixed loopback port that can go down and come back."""
-
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server: Any = None
-
-    def up(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        wait_until(lambda: self.client().list_buckets() is not None, 30, what="moto up")
-
-    def down(self) -> None:
-        self.server.stop()
-        self.server = None
-        with pytest.raises(ConnectionRefusedError):  # really refused, not slow or a 503
-            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
-
-    def client(self) -> Any:
-        import boto3
-
-        return boto3.session.Session().client("s3", endpoint_url=self.url, region_name="us-east-1",
-                                              aws_access_key_id="testing",
-                                              aws_secret_access_key="testing")
-
-
-@pytest.fixture
-def store() -> Iterator[Store]:
-    s = Store()
-    s.up()
-    try:
-        yield s
-    finally:
-        if s.server is not None:
-            s.server.stop()
+# The same uninterrupted run the migration tests compare against (python -m trainer).
+reference = mig.reference
 
 
 def test_store_refusing_connections_mid_run_is_waited_out(
-        cluster: Cluster, store: Store, tmp_path: Path, reference: list[dict[str, Any]]) -> None:  # noqa: F811
+        cluster: Cluster, stoppable_s3: StoppableS3, tmp_path: Path, reference: list[dict[str, Any]],
+) -> None:
+    store = stoppable_s3
     bucket = "cb-outage-us-east-2"
     store.client().create_bucket(Bucket=bucket)
-    cluster.extra_env = {**CREDS, "AWS_ENDPOINT_URL": store.url}
+    cluster.extra_env = dict(store.env)
     cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
                            "--set", "store_outage_backoff_base_s=1",
                            "--set", "store_outage_backoff_max_s=4", "--set", "max_restarts=1"]
