@@ -86,6 +86,9 @@ class BrokerConfig(BaseModel):
     store_outage_backoff_base_s: float = Field(5.0, gt=0)
     store_outage_backoff_max_s: float = Field(120.0, gt=0)
     store_outage_max_s: float = Field(6 * 3600.0, ge=0)
+    # A job waiting that long for its region's store may resume in another region from
+    # a durable checkpoint it made there (a move; 0 = never).
+    store_outage_move_after_s: float = Field(600.0, ge=0)
     # A superseded attempt's checkpoint turns out newer than the one the running attempt
     # resumed from (broker/jobs/updates.py superseded_ended): an attempt running for at
     # most this long (or still launching) restarts from it; 0 = only launching ones.

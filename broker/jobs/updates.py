@@ -411,6 +411,8 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
     if p.last_checkpoint_uri and p.last_checkpoint_step >= old_ckpt and (
             p.last_checkpoint_step != old_ckpt or p.last_checkpoint_uri != old_uri):
         job.last_checkpoint_time = tx.now
+        store_wait.remember_checkpoint(job, job.placement.region, p.last_checkpoint_step,
+                                       p.last_checkpoint_uri)
         tx.note("checkpoint", reason="checkpoint_durable", actor=actor,
                 message=f"checkpoint at step {p.last_checkpoint_step} is durable",
                 details={"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri})

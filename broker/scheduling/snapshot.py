@@ -255,10 +255,13 @@ def build(
             avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
                               ) if job.refusals else _NONE
             # A store outage the job waits out: its region, until the backoff ends.
-            waiting = store_wait.avoided_region(job, now) if job.store_wait.count else ""
-            if waiting:
-                avoid = avoid | frozenset(n for a in agents if a.region == waiting
-                                          for n in nodes_of.get(a.agent_id, ()))
+            if job.store_wait.count:
+                waiting = store_wait.avoided_region(job, now)
+                only = store_wait.allowed_regions(job, now)
+                out = frozenset(n for a in agents
+                                if a.region == waiting or (only is not None and a.region not in only)
+                                for n in nodes_of.get(a.agent_id, ()))
+                avoid = avoid | out if out else avoid
             key = (job.id, job.version, prio, 0, refusing, avoid)
             hit = old.get(key)
             if hit is None:
