@@ -84,7 +84,7 @@ class BrokerConfig(BaseModel):
     # base x 2^(n-1) s (capped at the max) and the job fails only when the outage lasted
     # longer than store_outage_max_s (0 = wait for ever).
     store_outage_backoff_base_s: float = Field(5.0, gt=0)
-    store_outage_backoff_max_s: float = Field(120.0, gt=0)
+    store_outage_backoff_max_s: float = Field(60.0, gt=0)
     store_outage_max_s: float = Field(6 * 3600.0, ge=0)
     # A job waiting that long for its region's store may resume in another region from
     # a durable checkpoint it made there (a move; 0 = never).

@@ -223,6 +223,8 @@ class AgentRegistry:
             rec = st.record
             if rec.checkpoint_store_error == error and (not error or rec.checkpoint_store_error_since):
                 return False
+            if rec.checkpoint_store_error and not error:
+                rec.checkpoint_store_ok_since = self.clock()  # jobs backing off retry now
             rec.checkpoint_store_error = error
             rec.checkpoint_store_error_since = since if error else 0.0
             self.store.put_record(KIND_AGENT, agent_id, rec)

@@ -43,6 +43,7 @@ class WaitDecision:
     since: float
     until: float  # the region is left out for the job until then
     move_time: float  # from then on it may resume elsewhere (0 = never)
+    at: float  # when this attempt's outage was reported
 
 
 def decide(job: pb.Job, now: float, config: BrokerConfig) -> WaitDecision:
@@ -54,7 +55,7 @@ def decide(job: pb.Job, now: float, config: BrokerConfig) -> WaitDecision:
                                 config.store_outage_backoff_max_s)
     give_up = bool(config.store_outage_max_s) and now - since > config.store_outage_max_s
     move = since + config.store_outage_move_after_s if config.store_outage_move_after_s else 0.0
-    return WaitDecision(give_up=give_up, count=n, since=since, until=until, move_time=move)
+    return WaitDecision(give_up=give_up, count=n, since=since, until=until, move_time=move, at=now)
 
 
 def record(job: pb.Job, region: str, message: str, d: WaitDecision) -> None:
@@ -63,7 +64,7 @@ def record(job: pb.Job, region: str, message: str, d: WaitDecision) -> None:
     # The outage is the store holding the job's checkpoint: a job that has one stays
     # with that region (placements), so the first region named stays the one waited for.
     w.region = w.region if w.count and w.region else region
-    w.since, w.until, w.count, w.move_time = d.since, d.until, d.count, d.move_time
+    w.since, w.until, w.count, w.move_time, w.last_time = d.since, d.until, d.count, d.move_time, d.at
     w.message = message[:500]
 
 
@@ -85,10 +86,15 @@ def reset(job: pb.Job) -> None:
         job.ClearField("store_wait")
 
 
-def avoided_region(job: pb.Job, now: float) -> str:
-    """The region the scheduler must not place ``job`` in now ("" = none)."""
+def avoided_region(job: pb.Job, now: float, store_ok_since: float = 0.0) -> str:
+    """The region the scheduler must not place ``job`` in now ("" = none): during the
+    backoff, unless the region's store probe turned healthy after the job's last failed
+    attempt (``store_ok_since``, Register.checkpoint_store_ok_since): then the outage is
+    over and waiting longer only delays recovery."""
     w = job.store_wait
-    return w.region if w.count and w.until > now else ""
+    if not w.count or w.until <= now or (store_ok_since and store_ok_since > w.last_time):
+        return ""
+    return w.region
 
 
 def allowed_regions(job: pb.Job, now: float) -> frozenset[str] | None:

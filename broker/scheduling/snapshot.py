@@ -256,7 +256,9 @@ def build(
                               ) if job.refusals else _NONE
             # A store outage the job waits out: its region, until the backoff ends.
             if job.store_wait.count:
-                waiting = store_wait.avoided_region(job, now)
+                ok = max((a.record.checkpoint_store_ok_since for a in agents
+                          if a.region == job.store_wait.region), default=0.0)
+                waiting = store_wait.avoided_region(job, now, ok)
                 only = store_wait.allowed_regions(job, now)
                 out = frozenset(n for a in agents
                                 if a.region == waiting or (only is not None and a.region not in only)

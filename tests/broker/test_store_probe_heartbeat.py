@@ -37,5 +37,7 @@ def test_store_probe_in_heartbeats_gates_placements(broker: Broker, make_agent) 
     # the store answers again: the next probe brings the region back
     _probe(agent, "")
     wait_until(lambda: registry.get(agent.agent_id).record.checkpoint_store_error == "", 10, "cleared")
+    rec = registry.get(agent.agent_id).record
+    assert rec.checkpoint_store_ok_since > 0 and rec.checkpoint_store_error_since == 0
     j = broker.wait_phase(job.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
     assert j.placement.region == "us-east-2"

@@ -200,3 +200,11 @@ def test_snapshot_applies_the_wait() -> None:
     snap = build(now=201.0, agents=agents, jobs=[fresh], teams=[], plans=[], draining=[],
                  priority_of=lambda s: 0)
     assert set(snap.pending[0].excluded_nodes) & {"n0", "e0", "a0"} == {"n0"}
+
+
+def test_a_healthy_probe_after_the_last_failure_ends_the_backoff() -> None:
+    j = _fail(launching(190.0), 200.0)
+    assert j.store_wait.last_time == 200.0
+    assert store_wait.avoided_region(j, 201.0) == "us-east-2"
+    assert store_wait.avoided_region(j, 201.0, store_ok_since=150.0) == "us-east-2"  # before it
+    assert store_wait.avoided_region(j, 201.0, store_ok_since=200.5) == ""  # the store is back

@@ -70,7 +70,7 @@ class RunningAttempt(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots", "checkpoint_store_error_since")
+    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots", "checkpoint_store_error_since", "checkpoint_store_ok_since")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class Register(_message.Message):
     CHECKPOINT_STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ROOTS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_ERROR_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_OK_SINCE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     region: str
     nodes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Node]
@@ -91,7 +92,8 @@ class Register(_message.Message):
     checkpoint_store_error: str
     checkpoint_roots: _containers.RepeatedScalarFieldContainer[str]
     checkpoint_store_error_since: float
-    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ..., checkpoint_store_error_since: _Optional[float] = ...) -> None: ...
+    checkpoint_store_ok_since: float
+    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ..., checkpoint_store_error_since: _Optional[float] = ..., checkpoint_store_ok_since: _Optional[float] = ...) -> None: ...
 
 class StoreProbe(_message.Message):
     __slots__ = ("error", "since", "time")

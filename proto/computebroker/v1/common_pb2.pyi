@@ -425,20 +425,22 @@ class RegionCheckpoint(_message.Message):
     def __init__(self, region: _Optional[str] = ..., step: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class StoreWait(_message.Message):
-    __slots__ = ("region", "since", "until", "count", "message", "move_time")
+    __slots__ = ("region", "since", "until", "count", "message", "move_time", "last_time")
     REGION_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MOVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
     region: str
     since: float
     until: float
     count: int
     message: str
     move_time: float
-    def __init__(self, region: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., move_time: _Optional[float] = ...) -> None: ...
+    last_time: float
+    def __init__(self, region: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., move_time: _Optional[float] = ..., last_time: _Optional[float] = ...) -> None: ...
 
 class LaunchRefusal(_message.Message):
     __slots__ = ("agent_id", "region", "message", "count", "time", "until")
