@@ -251,3 +251,22 @@ def test_docs_table_shows_every_row_in_order() -> None:
     assert [r[0] for r in rows] == [r.name for r in RULES]
     for cells, rule in zip(rows, RULES, strict=True):
         assert cells[1].startswith(rule.fault.value), (cells, rule.fault)
+
+
+def test_faulty_proxy_refuse_is_a_real_outage(s3_server: S3Server) -> None:
+    """The fault campaign's store outage (tests/fixtures/faulty_proxy.py ``refuse``): the
+    proxy's port refuses new connections and resets open ones, classified as an outage;
+    after ``accept`` the same endpoint serves the same bucket again."""
+    from tests.fixtures.faulty_proxy import FaultyProxy
+
+    bucket = s3_server.unique_bucket("cb-refuse")
+    with FaultyProxy(s3_server.endpoint_url) as proxy:
+        c = _client(proxy.endpoint_url)
+        c.put_object(Bucket=bucket, Key="k", Body=b"v")  # a keep-alive connection is open
+        proxy.refuse()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=2).close()
+        exc = _raised(lambda: c.get_object(Bucket=bucket, Key="k"))
+        assert is_outage(exc), f"{type(exc).__name__}: {exc}"
+        proxy.accept()
+        assert c.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"
