@@ -70,7 +70,7 @@ from region_agents.session import Session
 from region_agents.signals import NodeSignals
 from region_agents.staging import Staging, copy_tuning, drop_if_superseded, plan_staging, under
 from region_agents.staging import s3_client as staging_s3_client
-from region_agents.store_probe import probe, resolve_store
+from region_agents.store_probe import probe_store, resolve_store
 from region_agents.workdir import WorkdirCache
 
 log = logging.getLogger("region_agents.agent")
@@ -136,7 +136,7 @@ class RegionAgent:
         self.inventory = inventory
         # Probe the checkpoint store once (Register.checkpoint_store_error); a broken
         # store keeps this region out of placements instead of failing jobs later.
-        self.store_error = probe(inventory.checkpoint_bucket)
+        self.store_error, self.store_outage = probe_store(inventory.checkpoint_bucket)
         self.store_error_since = time.time() if self.store_error else 0.0
         self._store_probed_at = time.time()
         self._store_probe_changed = False
@@ -292,6 +292,7 @@ class RegionAgent:
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
                 checkpoint_store_error=clip(self.store_error, ACK_MESSAGE_MAX),
                 checkpoint_store_error_since=self.store_error_since,
+                checkpoint_store_outage=self.store_outage,
                 checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
             )
@@ -800,7 +801,7 @@ class RegionAgent:
                     else self.config.store_probe_interval_s)
             if self._stopping.wait(wait):
                 return
-            err = probe(self.inventory.checkpoint_bucket)
+            err, outage = probe_store(self.inventory.checkpoint_bucket)
             self._store_probed_at = time.time()
             if err and not self.store_error:
                 self.store_error_since = self._store_probed_at
@@ -809,7 +810,7 @@ class RegionAgent:
                 self.store_error_since = 0.0
                 log.info("checkpoint store %s is usable again", self.inventory.checkpoint_bucket)
             changed = bool(err) != bool(self.store_error)
-            self.store_error = err
+            self.store_error, self.store_outage = err, outage
             if changed:
                 self._store_probe_changed = True  # the ticker beats at once (one sender)
 
@@ -928,7 +929,7 @@ class RegionAgent:
         if self.inventory.checkpoint_bucket and self.config.store_probe_interval_s > 0:
             hb.store_probe.CopyFrom(agent_pb2.StoreProbe(
                 error=clip(self.store_error, ACK_MESSAGE_MAX), since=self.store_error_since,
-                time=self._store_probed_at))
+                time=self._store_probed_at, outage=self.store_outage))
         if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
             self.contact.heartbeat_sent(time.monotonic())
             session.spot_sent.update(n.node_id for n in notices)

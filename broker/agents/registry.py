@@ -212,7 +212,7 @@ class AgentRegistry:
                 self.store.put_record(KIND_AGENT, agent_id, st.record)
             return changed
 
-    def set_store_probe(self, agent_id: str, error: str, since: float) -> bool:
+    def set_store_probe(self, agent_id: str, error: str, since: float, outage: bool = False) -> bool:
         """The agent's latest checkpoint store probe (Heartbeat.store_probe); True if it
         changed the record (the snapshot leaves a failing region out, so the scheduler
         must look again). Persisted like a node health change."""
@@ -221,8 +221,10 @@ class AgentRegistry:
             if st is None:
                 return False
             rec = st.record
-            if rec.checkpoint_store_error == error and (not error or rec.checkpoint_store_error_since):
+            if rec.checkpoint_store_error == error and rec.checkpoint_store_outage == outage and (
+                    not error or rec.checkpoint_store_error_since):
                 return False
+            rec.checkpoint_store_outage = outage and bool(error)
             if rec.checkpoint_store_error and not error:
                 rec.checkpoint_store_ok_since = self.clock()  # jobs backing off retry now
             rec.checkpoint_store_error = error

@@ -11,9 +11,10 @@ from computebroker.v1 import common_pb2 as pb
 from tests.broker.harness import Broker, spec, wait_until
 
 
-def _probe(agent, error: str, since: float = 0.0) -> None:  # noqa: ANN001
+def _probe(agent, error: str, since: float = 0.0, outage: bool = True) -> None:  # noqa: ANN001
     agent.send(apb.AgentMessage(heartbeat=apb.Heartbeat(
-        time=time.time(), store_probe=apb.StoreProbe(error=error, since=since, time=time.time()))))
+        time=time.time(), store_probe=apb.StoreProbe(error=error, since=since, time=time.time(),
+                                                     outage=outage))))
 
 
 def test_store_probe_in_heartbeats_gates_placements(broker: Broker, make_agent) -> None:  # noqa: ANN001
@@ -25,13 +26,15 @@ def test_store_probe_in_heartbeats_gates_placements(broker: Broker, make_agent) 
     wait_until(lambda: registry.get(agent.agent_id).record.checkpoint_store_error == down, 10,
                "the probe recorded")
     assert registry.get(agent.agent_id).record.checkpoint_store_error_since > 0
-    # submits are still taken (a store outage is not the job's fault)...
-    job = broker.submit(spec(checkpoint_uri=f"{broker.config.checkpoint_root}/mine"))
+    # submits are still taken, even needing the region's own store (an outage is not the
+    # job's fault: it waits)...
+    job = broker.submit(spec())
     # ...but nothing is placed in a region whose store is down, and the reason says why
     j = wait_until(lambda: "checkpoint store" in (g := broker.get(job.id)).pending_reason and g,
                    20, "pending reason")
     assert j.phase == pb.JOB_PHASE_PENDING
-    assert "region us-east-2 gets no jobs" in j.pending_reason and "Could not connect" in j.pending_reason
+    assert "region us-east-2 gets no jobs: its checkpoint store is unreachable since" in j.pending_reason
+    assert "Could not connect" in j.pending_reason
     time.sleep(1.0)
     assert broker.get(job.id).phase == pb.JOB_PHASE_PENDING
     # the store answers again: the next probe brings the region back
@@ -41,3 +44,19 @@ def test_store_probe_in_heartbeats_gates_placements(broker: Broker, make_agent) 
     assert rec.checkpoint_store_ok_since > 0 and rec.checkpoint_store_error_since == 0
     j = broker.wait_phase(job.id, pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING)
     assert j.placement.region == "us-east-2"
+
+
+def test_a_misconfigured_store_still_refuses_submits(broker: Broker, make_agent) -> None:  # noqa: ANN001
+    """Not an outage (e.g. AccessDenied): a job needing the region's store is refused."""
+    import grpc
+    import pytest
+
+    broker.team()
+    agent = make_agent("us-east-2")
+    _probe(agent, "cannot write s3://cb-us-east-2/x: AccessDenied", time.time(), outage=False)
+    registry = broker.server.ops.agents
+    wait_until(lambda: registry.get(agent.agent_id).record.checkpoint_store_error, 10, "recorded")
+    with pytest.raises(grpc.RpcError) as err:
+        broker.submit(spec())
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "AccessDenied" in err.value.details()
