@@ -82,9 +82,14 @@ def main() -> None:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_STORAGE_FAILED
     except Exception as exc:  # noqa: BLE001 - a crash: full traceback for the operator
+        from checkpoint_layout.faults import describe, is_outage
         from trainer.agent_lease import lease_expired
 
-        if lease_expired():  # a peer rank stopped on the agent's expired lease first
+        if is_outage(exc):  # the store went down where no caller said so: still an outage
+            print(f"trainer error (rank {rank}): checkpoint store unreachable: {describe(exc)}",
+                  file=sys.stderr, flush=True)
+            code = EXIT_STORE_UNAVAILABLE
+        elif lease_expired():  # a peer rank stopped on the agent's expired lease first
             print(f"trainer (rank {rank}): stopping, the agent's lease ran out ({type(exc).__name__}"
                   " from a peer that stopped already)", file=sys.stderr, flush=True)
             code = EXIT_AGENT_LEASE_EXPIRED

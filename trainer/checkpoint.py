@@ -599,7 +599,12 @@ def find_resume_point(
                 f"(no {MANIFEST}); relaunch from the latest complete one"
             )
         return src, name
-    latest = latest_complete(store.list_steps())
+    try:
+        steps = store.list_steps()
+    except Exception as exc:
+        store_down(store, exc)  # an outage: StoreUnavailable (exit 81), not a crash
+        raise
+    latest = latest_complete(steps)
     if latest is None:
         return None
     return store, step_name(latest)
