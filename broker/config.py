@@ -79,6 +79,20 @@ class BrokerConfig(BaseModel):
     launch_backoff_base_s: float = Field(10.0, gt=0)
     launch_backoff_max_s: float = Field(300.0, gt=0)
     launch_refusal_limit: int = Field(8, ge=0)
+    # Checkpoint store outages (broker/jobs/store_wait.py): an attempt that exits
+    # EXIT_STORE_UNAVAILABLE spends no restart; its region is left out for the job for
+    # base x 2^(n-1) s (capped at the max) and the job fails only when the outage lasted
+    # longer than store_outage_max_s (0 = wait for ever).
+    store_outage_backoff_base_s: float = Field(5.0, gt=0)
+    store_outage_backoff_max_s: float = Field(60.0, gt=0)
+    store_outage_max_s: float = Field(6 * 3600.0, ge=0)
+    # A job waiting that long for its region's store may resume in another region from
+    # a durable checkpoint it made there (a move; 0 = never).
+    store_outage_move_after_s: float = Field(600.0, ge=0)
+    # A superseded attempt's checkpoint turns out newer than the one the running attempt
+    # resumed from (broker/jobs/updates.py superseded_ended): an attempt running for at
+    # most this long (or still launching) restarts from it; 0 = only launching ones.
+    newer_checkpoint_restart_s: float = Field(120.0, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.

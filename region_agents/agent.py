@@ -57,6 +57,7 @@ from region_agents.config import AgentConfig, broker_credentials, make_executor
 from region_agents.executors.base import (
     AS,
     EXIT_RESUME_UNAVAILABLE,
+    EXIT_STORE_UNAVAILABLE,
     TERMINAL_STATES,
     AttemptEvent,
     AttemptSpec,
@@ -69,7 +70,7 @@ from region_agents.session import Session
 from region_agents.signals import NodeSignals
 from region_agents.staging import Staging, copy_tuning, drop_if_superseded, plan_staging, under
 from region_agents.staging import s3_client as staging_s3_client
-from region_agents.store_probe import probe, resolve_store
+from region_agents.store_probe import probe_store, resolve_store
 from region_agents.workdir import WorkdirCache
 
 log = logging.getLogger("region_agents.agent")
@@ -135,7 +136,10 @@ class RegionAgent:
         self.inventory = inventory
         # Probe the checkpoint store once (Register.checkpoint_store_error); a broken
         # store keeps this region out of placements instead of failing jobs later.
-        self.store_error = probe(inventory.checkpoint_bucket)
+        self.store_error, self.store_outage = probe_store(inventory.checkpoint_bucket)
+        self.store_error_since = time.time() if self.store_error else 0.0
+        self._store_probed_at = time.time()
+        self._store_probe_changed = False
         if self.store_error:
             log.error("checkpoint store %s is not usable: %s", inventory.checkpoint_bucket,
                       self.store_error)
@@ -208,7 +212,10 @@ class RegionAgent:
             from region_agents import staging
 
             threading.Thread(target=staging.warm, name="agent-warm", daemon=True).start()
-        for name, target in (("connector", self._connect_loop), ("ticker", self._tick_loop)):
+        loops = [("connector", self._connect_loop), ("ticker", self._tick_loop)]
+        if self.inventory.checkpoint_bucket and self.config.store_probe_interval_s > 0:
+            loops.append(("store-probe", self._store_probe_loop))
+        for name, target in loops:
             t = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -286,6 +293,8 @@ class RegionAgent:
                 executor=self.config.executor,
                 checkpoint_bucket=self.inventory.checkpoint_bucket,
                 checkpoint_store_error=clip(self.store_error, ACK_MESSAGE_MAX),
+                checkpoint_store_error_since=self.store_error_since,
+                checkpoint_store_outage=self.store_outage,
                 checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
             )
@@ -681,7 +690,8 @@ class RegionAgent:
                 continue
             failure = st.failure()
             if failure:
-                code = -1 if st.copies or st.fetch_error else EXIT_RESUME_UNAVAILABLE
+                code = (EXIT_STORE_UNAVAILABLE if st.store_outage
+                        else -1 if st.copies or st.fetch_error else EXIT_RESUME_UNAVAILABLE)
                 self._report(AttemptEvent(launch.job_id, launch.attempt, AS.ATTEMPT_STATE_FAILED,
                                           exit_code=code, message=failure), transfer=stats)
                 continue
@@ -775,13 +785,38 @@ class RegionAgent:
                 if not ch.healthy:
                     self._fail_attempts_on(ch.node_id, ch.reason)
             now = time.time()
-            urgent = bool(new_spot or health_changes)
+            urgent = bool(new_spot or health_changes or self._store_probe_changed)
+            self._store_probe_changed = False
             if self.connected and (urgent or now - self._last_heartbeat >= self.heartbeat_interval_s):
                 self._send_heartbeat(now)
             self._resend_unacked()
             self._check_leader_liveness()
             self._check_self_fence()
             self._write_lease()
+
+    def _store_probe_loop(self) -> None:
+        """Probe the region's checkpoint store while the agent runs, not only at start.
+
+        Why: a store that goes down later (an S3 outage) must take the region out of new
+        placements while it lasts, and bring it back when it answers; the result rides
+        every heartbeat (Heartbeat.store_probe). A failing store is probed more often."""
+        while not self._stopping.is_set():
+            wait = (min(self.config.store_probe_retry_s, self.config.store_probe_interval_s) if self.store_error
+                    else self.config.store_probe_interval_s)
+            if self._stopping.wait(wait):
+                return
+            err, outage = probe_store(self.inventory.checkpoint_bucket)
+            self._store_probed_at = time.time()
+            if err and not self.store_error:
+                self.store_error_since = self._store_probed_at
+                log.error("checkpoint store %s is not usable: %s", self.inventory.checkpoint_bucket, err)
+            elif self.store_error and not err:
+                self.store_error_since = 0.0
+                log.info("checkpoint store %s is usable again", self.inventory.checkpoint_bucket)
+            changed = bool(err) != bool(self.store_error)
+            self.store_error, self.store_outage = err, outage
+            if changed:
+                self._store_probe_changed = True  # the ticker beats at once (one sender)
 
     def _resend_unacked(self) -> None:
         """Terminal updates the broker did not acknowledge (e.g. its store was down when
@@ -895,6 +930,10 @@ class RegionAgent:
                    if n not in session.spot_sent]
         hb = agent_pb2.Heartbeat(time=now, node_health=self._pending_health,
                                  spot_notices=notices, running=self._running())
+        if self.inventory.checkpoint_bucket and self.config.store_probe_interval_s > 0:
+            hb.store_probe.CopyFrom(agent_pb2.StoreProbe(
+                error=clip(self.store_error, ACK_MESSAGE_MAX), since=self.store_error_since,
+                time=self._store_probed_at, outage=self.store_outage))
         if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
             self.contact.heartbeat_sent(time.monotonic())
             session.spot_sent.update(n.node_id for n in notices)
@@ -924,6 +963,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads the Stop's deadline from its own pod (kubernetes executor)")
     p.add_argument("--heartbeat-interval-s", type=float, default=None,
                    help="override the broker's heartbeat interval")
+    p.add_argument("--store-probe-interval-s", type=float, default=30.0,
+                   help="re-probe the checkpoint store this often (0 = only at start)")
     p.add_argument("--hang-timeout-s", type=float, default=600.0,
                    help="no trainer heartbeat for this long = hang -> FAILED")
     p.add_argument("--python", default=sys.executable,
@@ -980,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks_per_node=args.ranks_per_node,
             heartbeat_interval_s=args.heartbeat_interval_s,
             hang_timeout_s=args.hang_timeout_s,
+            store_probe_interval_s=args.store_probe_interval_s,
             python=args.python,
             extra_env=env,
             namespace=args.namespace,

@@ -40,6 +40,10 @@ class AgentConfig:
     executor: str = "local"  # "local" | "kubernetes"
     ranks_per_node: int = 2
     heartbeat_interval_s: float | None = None
+    # Re-probe the checkpoint store this often while running (0 = only at start); a
+    # failing store is re-probed every store_probe_retry_s so the region comes back soon.
+    store_probe_interval_s: float = 30.0
+    store_probe_retry_s: float = 5.0
     hang_timeout_s: float = 600.0
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)

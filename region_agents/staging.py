@@ -39,6 +39,7 @@ from checkpoint_layout import (
     resolve_resume,
     split_step_uri,
 )
+from checkpoint_layout.faults import is_outage
 from computebroker.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,9 @@ class Staging:
     # agent's lock; src is "" when that is all there is to do.
     workdir_fetch: Callable[[], object] | None = None
     fetch_error: str = ""
+    # The copy/resolve failed because a store is down (checkpoint_layout/faults.py), not
+    # because the checkpoint is bad: reported as EXIT_STORE_UNAVAILABLE (the broker waits).
+    store_outage: bool = False
     stats: common_pb2.TransferStats = field(default_factory=common_pb2.TransferStats)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -278,6 +282,7 @@ class Staging:
             except Exception as e:  # noqa: BLE001 - reported as the attempt's failure
                 log.warning("%s attempt %d: cannot resume: %s", self.launch.job_id,
                             self.launch.attempt, e)
+                self.store_outage = is_outage(e)
                 with self._lock:
                     self.stats.error = str(e)[:1000] or type(e).__name__
             finally:
@@ -297,6 +302,7 @@ class Staging:
         except Exception as e:  # noqa: BLE001 - reported as the attempt's failure
             log.warning("%s attempt %d: checkpoint transfer failed: %s", self.launch.job_id,
                         self.launch.attempt, e)
+            self.store_outage = is_outage(e)
             with self._lock:
                 self.stats.error = str(e)[:1000] or type(e).__name__
                 self.stats.end_time = time.time()

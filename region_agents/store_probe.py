@@ -14,6 +14,8 @@ import socket
 import uuid
 from pathlib import Path
 
+from checkpoint_layout.faults import is_outage
+
 
 def resolve_store(bucket: str) -> str:
     """A local store path made absolute (against the agent's cwd, once); URIs unchanged.
@@ -32,6 +34,23 @@ def resolve_store(bucket: str) -> str:
 def probe(bucket: str) -> str:
     """"" when ``bucket`` (s3://bucket/prefix or a directory) takes a write and a delete;
     else one line saying what failed."""
+    return probe_store(bucket)[0]
+
+
+def probe_store(bucket: str) -> tuple[str, bool]:
+    """(:func:`probe`'s line, whether the failure is an outage rather than a
+    misconfiguration, by checkpoint_layout/faults.py)."""
+    try:
+        return _probe(bucket), False
+    except _Outage as e:
+        return str(e), True
+
+
+class _Outage(Exception):
+    """The probe failed because the store is down (its one line is the message)."""
+
+
+def _probe(bucket: str) -> str:
     if not bucket:
         return ""
     name = f".cb-probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -48,7 +67,10 @@ def probe(bucket: str) -> str:
     except OSError as e:
         with contextlib.suppress(OSError):
             path.unlink()
-        return f"cannot write {root}: {e.strerror or e}"
+        line = f"cannot write {root}: {e.strerror or e}"
+        if is_outage(e):
+            raise _Outage(line) from None
+        return line
     return ""
 
 
@@ -63,5 +85,8 @@ def _probe_s3(bucket_uri: str, name: str) -> str:
         s3.put_object(Bucket=bucket, Key=key, Body=b"probe")
         s3.delete_object(Bucket=bucket, Key=key)
     except Exception as e:  # noqa: BLE001 - any failure means "not writable", said in one line
-        return f"cannot write s3://{bucket}/{key}: {str(e).splitlines()[0][:300]}"
+        line = f"cannot write s3://{bucket}/{key}: {str(e).splitlines()[0][:300]}"
+        if is_outage(e):
+            raise _Outage(line) from None
+        return line
     return ""

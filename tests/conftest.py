@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.s3_server",
     "tests.fixtures.redis_server",
     "tests.fixtures.cluster",
+    "tests.fixtures.stoppable_s3",
 ]
 
 

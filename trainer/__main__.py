@@ -4,6 +4,7 @@ Everything comes from the environment (docs/contracts.md section 1). The loop it
 trainer/loop.py on the public library (trainer/run.py), which produces the exit codes:
 0 done, 75 stopped after a durable checkpoint, 2 bad config / checkpoint / storage
 (one paragraph on stderr, no traceback), 77 the resume checkpoint is missing (one line),
+81 the checkpoint store is down (an outage: the broker waits, one line),
 anything else = crash (traceback on stderr).
 """
 
@@ -44,8 +45,10 @@ def main() -> None:
         EXIT_BAD_CONFIG,
         EXIT_RESUME_UNAVAILABLE,
         EXIT_STORAGE_FAILED,
+        EXIT_STORE_UNAVAILABLE,
         CheckpointSaveError,
         ResumeUnavailable,
+        StoreUnavailable,
         TrainerError,
     )
     from trainer.signals import install_flags
@@ -66,6 +69,9 @@ def main() -> None:
         code = traced_attempt(train, spec, env, flags)  # a span when TRACEPARENT + exporter
     except SystemExit as exc:  # the library's RunExit: 0 done, 75 checkpointed
         code = exc.code if isinstance(exc.code, int) else 1
+    except StoreUnavailable as exc:  # an outage, not the job's fault: the broker waits
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_STORE_UNAVAILABLE
     except TrainerError as exc:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
@@ -76,9 +82,14 @@ def main() -> None:
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_STORAGE_FAILED
     except Exception as exc:  # noqa: BLE001 - a crash: full traceback for the operator
+        from checkpoint_layout.faults import describe, is_outage
         from trainer.agent_lease import lease_expired
 
-        if lease_expired():  # a peer rank stopped on the agent's expired lease first
+        if is_outage(exc):  # the store went down where no caller said so: still an outage
+            print(f"trainer error (rank {rank}): checkpoint store unreachable: {describe(exc)}",
+                  file=sys.stderr, flush=True)
+            code = EXIT_STORE_UNAVAILABLE
+        elif lease_expired():  # a peer rank stopped on the agent's expired lease first
             print(f"trainer (rank {rank}): stopping, the agent's lease ran out ({type(exc).__name__}"
                   " from a peer that stopped already)", file=sys.stderr, flush=True)
             code = EXIT_AGENT_LEASE_EXPIRED

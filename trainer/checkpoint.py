@@ -59,9 +59,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from checkpoint_layout import MANIFEST, MANIFEST_VERSION, latest_complete, parse_step, step_name
 from checkpoint_layout import manifest as manifest_format
+from checkpoint_layout.faults import describe, is_outage
 from trainer import rng, telemetry
 from trainer.config import ModelConfig
-from trainer.errors import CheckpointSaveError, ResumeUnavailable, TrainerError
+from trainer.errors import CheckpointSaveError, ResumeUnavailable, StoreUnavailable, TrainerError
 from trainer.storage import Store, open_store, split_checkpoint_uri
 
 __all__ = ["MANIFEST_VERSION", "CheckpointManager", "GraceExceeded", "find_resume_point"]
@@ -254,6 +255,7 @@ class CheckpointManager:
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.group)
             except (Exception, CheckpointException) as exc:  # noqa: BLE001
+                store_down(self.store, exc)  # an outage is StoreUnavailable, not a crash
                 raise CheckpointSaveError(
                     f"checkpoint save of step {step} to {self.store.uri(name)} failed: "
                     f"{_one_line(exc)}"
@@ -365,11 +367,14 @@ class CheckpointManager:
                     rank, msg = next((r, m) for r, m in enumerate(msgs) if m)
                     failure = f"{msg} (reported by rank {rank})"
         if failure:
+            if failure.startswith(OUTAGE_PREFIX):  # the store is down, the data may be fine
+                raise StoreUnavailable(failure.removeprefix(OUTAGE_PREFIX))
             raise TrainerError(failure)
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
+            store_down(self.store, err)
             raise CheckpointSaveError(
                 f"checkpoint save of step {self._inflight_step} to "
                 f"{self.store.uri(step_name(self._inflight_step))} failed: {_one_line(err)}"
@@ -436,6 +441,7 @@ class CheckpointManager:
                     f"checkpoint {store.uri(name)} disappeared before it could be loaded "
                     "(pruned by the attempt that wrote it?)"
                 ) from None
+            store_down(store, exc)
             raise TrainerError(
                 f"checkpoint {store.uri(name)} has no readable {MANIFEST} ({exc}); "
                 "it is incomplete or corrupt"
@@ -459,7 +465,11 @@ class CheckpointManager:
         try:
             dcp.load(state, storage_reader=store.reader(name, expected), no_dist=True)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001
-            failure = _load_failure(store.uri(name), exc)
+            try:
+                store_down(store, exc)
+                failure = _load_failure(store.uri(name), exc)
+            except StoreUnavailable as down:
+                failure = f"{OUTAGE_PREFIX}{down}"
         self._agree(failure)
         extra = self.apply_state(state, manifest)
         if int(extra["step"]) != int(manifest["step"]):
@@ -469,6 +479,29 @@ class CheckpointManager:
             )
         self.last_durable_step = self.last_saved_step = int(manifest["step"])
         return manifest
+
+
+OUTAGE_PREFIX = "store unavailable: "
+
+
+def store_down(store: Store, exc: BaseException) -> None:
+    """Raise StoreUnavailable if ``exc`` means the store is down rather than the data
+    bad: by checkpoint_layout/faults.py's table, or, when ``exc`` does not say (DCP wraps
+    every rank's error in one CheckpointException), by one reachability probe."""
+    # DCP's CheckpointException keeps each rank's error in `failures` (rank ->
+    # exception or (exception, stack)), outside the __cause__ chain.
+    wrapped = [f[0] if isinstance(f, tuple) else f
+               for f in (getattr(exc, "failures", None) or {}).values()]
+    for e in (exc, *(w for w in wrapped if isinstance(w, BaseException))):
+        if is_outage(e):
+            raise StoreUnavailable(f"checkpoint store {store.root} is unreachable: "
+                                   f"{describe(e)}") from None
+    if isinstance(exc, (TrainerError, ResumeUnavailable)):
+        return
+    try:
+        store.check_reachable()
+    except TrainerError:
+        return  # misconfigured: the caller's own error says more about what failed
 
 
 def _lines(exc: BaseException) -> list[str]:
@@ -553,8 +586,11 @@ def find_resume_point(
         src = open_store(parent, max_concurrency)
         try:  # the listing is the reachability check on the happy path (a move's downtime)
             steps = src.list_steps()
-        except Exception:
-            src.check_reachable()  # a clear TrainerError (exit 2) for a wrong endpoint/bucket
+        except Exception as exc:
+            # an outage: StoreUnavailable (the broker waits); a wrong endpoint/bucket: a
+            # clear TrainerError (exit 2)
+            store_down(src, exc)
+            src.check_reachable()
             raise
         if not steps.get(parse_step(name), False):
             state = "incomplete (no manifest)" if parse_step(name) in steps else "gone"
@@ -563,7 +599,12 @@ def find_resume_point(
                 f"(no {MANIFEST}); relaunch from the latest complete one"
             )
         return src, name
-    latest = latest_complete(store.list_steps())
+    try:
+        steps = store.list_steps()
+    except Exception as exc:
+        store_down(store, exc)  # an outage: StoreUnavailable (exit 81), not a crash
+        raise
+    latest = latest_complete(steps)
     if latest is None:
         return None
     return store, step_name(latest)

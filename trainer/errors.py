@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from checkpoint_layout.faults import EXIT_STORE_UNAVAILABLE as _STORE_UNAVAILABLE
+
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
 EXIT_CHECKPOINTED = 75
@@ -34,6 +36,10 @@ EXIT_STORAGE_FAILED = 79
 # (with a new port) and no node is blamed. Seen once in the fault campaign, as a raw
 # torch traceback, before the agent chose ports outside the kernel's ephemeral range.
 EXIT_RENDEZVOUS_PORT_TAKEN = 80
+# The checkpoint store is down (refused, reset, DNS, timeout, 5xx, throttling:
+# checkpoint_layout/faults.py): not the job's fault, so not exit 2; the broker waits
+# with backoff and relaunches without spending a restart.
+EXIT_STORE_UNAVAILABLE = _STORE_UNAVAILABLE
 
 
 
@@ -76,3 +82,12 @@ class ResumeUnavailable(Exception):
     attempt resumes from the broker's latest record (the agent resolves a pruned one to
     the newest complete checkpoint of the same directory first), so the process exits
     EXIT_RESUME_UNAVAILABLE with one line and the broker relaunches it."""
+
+
+class StoreUnavailable(Exception):
+    """The checkpoint store is unreachable or overloaded (an outage by
+    checkpoint_layout/faults.py), as opposed to misconfigured (TrainerError).
+
+    Why its own type: the broker must neither fail the job (exit 2) nor spend a restart
+    on it (exit 77); exit EXIT_STORE_UNAVAILABLE makes it wait for the store."""
+

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from checkpoint_layout.faults import describe, is_outage
 from checkpoint_layout.stop_deadline import read_stop_deadline
 from trainer.checkpoint import GraceExceeded
 from trainer.config import RunEnv, load_run_env
@@ -49,8 +50,10 @@ from trainer.errors import (
     EXIT_GRACE_EXCEEDED,
     EXIT_OK,
     EXIT_RESUME_UNAVAILABLE,
+    EXIT_STORE_UNAVAILABLE,
     CheckpointSaveError,
     ResumeUnavailable,
+    StoreUnavailable,
     TrainerError,
 )
 from trainer.parallel import (
@@ -345,7 +348,10 @@ def _grace_text(grace: float, source: str) -> str:
 def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> NoReturn:
     """Uncaught errors: the contract's one line + exit code, not a torch trace."""
     rank = os.environ.get("RANK", "0")
-    if isinstance(exc, TrainerError):
+    if isinstance(exc, StoreUnavailable):  # an outage, not the job's fault: the broker waits
+        print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+        code = EXIT_STORE_UNAVAILABLE
+    elif isinstance(exc, TrainerError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_BAD_CONFIG
     elif isinstance(exc, ResumeUnavailable):  # not a config error: the broker relaunches
@@ -354,6 +360,10 @@ def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> No
     elif isinstance(exc, CheckpointSaveError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = 1
+    elif is_outage(exc):  # the store went down where no caller said so: still an outage
+        print(f"trainer error (rank {rank}): checkpoint store unreachable: {describe(exc)}",
+              file=sys.stderr, flush=True)
+        code = EXIT_STORE_UNAVAILABLE
     else:
         sys.__excepthook__(tp, exc, tb)
         code = 1

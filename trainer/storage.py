@@ -69,7 +69,8 @@ from checkpoint_layout import (
     step_name,
 )
 from checkpoint_layout import manifest as manifest_format
-from trainer.errors import TrainerError
+from checkpoint_layout.faults import describe, is_outage
+from trainer.errors import StoreUnavailable, TrainerError
 from trainer.shardio import (
     EncodedFile,
     ShardReaderMixin,
@@ -245,9 +246,14 @@ class LocalStore(Store):
         self.root = str(Path(root.removeprefix("file://")).absolute())
 
     def check_reachable(self) -> None:
+        """The directory exists or can be made; a full or unreachable disk is an outage
+        (StoreUnavailable), a permission or path error the job's own (TrainerError)."""
         try:
             Path(self.root).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if is_outage(exc):
+                raise StoreUnavailable(
+                    f"checkpoint directory {self.root} is unavailable: {exc}") from None
             raise TrainerError(f"cannot create checkpoint directory {self.root}: {exc}") from None
 
     def list_steps(self) -> dict[int, bool]:
@@ -597,23 +603,33 @@ class S3Store(Store):
         return "/".join(p for p in (self.prefix, *parts) if p)
 
     def check_reachable(self) -> None:
-        """One cheap call with few retries, so a wrong endpoint fails fast and clearly."""
+        """One cheap call with few retries, so a wrong endpoint fails fast and clearly.
+
+        What the failure means is checkpoint_layout/faults.py's table: an outage (refused,
+        reset, DNS, timeout, 5xx, throttling) is StoreUnavailable, which the broker waits
+        out; anything else (no bucket, access denied, no credentials) is the job's own
+        configuration, TrainerError (exit 2)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         probe = make_probe_client()
         endpoint = probe.meta.endpoint_url
         try:
             probe.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
-        except ClientError as exc:
-            err = exc.response.get("Error", {})
+        except (ClientError, BotoCoreError) as exc:
+            if is_outage(exc):
+                raise StoreUnavailable(
+                    f"checkpoint storage {self.root} is unreachable at endpoint {endpoint}: "
+                    f"{describe(exc)}; the broker retries when the store is back"
+                ) from None
+            if isinstance(exc, ClientError):
+                err = exc.response.get("Error", {})
+                raise TrainerError(
+                    f"checkpoint storage {self.root} is not usable at {endpoint}: "
+                    f"{err.get('Code', '?')}: {err.get('Message', exc)}"
+                ) from None
             raise TrainerError(
-                f"checkpoint storage {self.root} is not usable at {endpoint}: "
-                f"{err.get('Code', '?')}: {err.get('Message', exc)}"
-            ) from None
-        except BotoCoreError as exc:
-            raise TrainerError(
-                f"checkpoint storage {self.root} is unreachable at endpoint {endpoint}: {exc}. "
-                "Check AWS_ENDPOINT_URL and the network; retrying this attempt will not help."
+                f"checkpoint storage {self.root} is not usable at endpoint {endpoint}: {exc}. "
+                "Check AWS_ENDPOINT_URL, the credentials and the bucket; retrying will not help."
             ) from None
 
     def _list(self, prefix: str) -> list[dict[str, Any]]:

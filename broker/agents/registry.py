@@ -215,6 +215,26 @@ class AgentRegistry:
                 self.store.put_record(KIND_AGENT, agent_id, st.record)
             return changed
 
+    def set_store_probe(self, agent_id: str, error: str, since: float, outage: bool = False) -> bool:
+        """The agent's latest checkpoint store probe (Heartbeat.store_probe); True if it
+        changed the record (the snapshot leaves a failing region out, so the scheduler
+        must look again). Persisted like a node health change."""
+        with self._lock:
+            st = self._agents.get(agent_id)
+            if st is None:
+                return False
+            rec = st.record
+            if rec.checkpoint_store_error == error and rec.checkpoint_store_outage == outage and (
+                    not error or rec.checkpoint_store_error_since):
+                return False
+            rec.checkpoint_store_outage = outage and bool(error)
+            if rec.checkpoint_store_error and not error:
+                rec.checkpoint_store_ok_since = self.clock()  # jobs backing off retry now
+            rec.checkpoint_store_error = error
+            rec.checkpoint_store_error_since = since if error else 0.0
+            self.store.put_record(KIND_AGENT, agent_id, rec)
+            return True
+
     def find_node(self, node_id: str) -> tuple[AgentState, pb.Node] | None:
         with self._lock:
             for a in self._agents.values():

@@ -276,6 +276,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
             if self.agents.update_nodes(agent.agent_id, apply):
                 self.ops.poke()
+        if hb.HasField("store_probe"):
+            err = hb.store_probe.error[:1000]
+            if self.agents.set_store_probe(agent.agent_id, err, hb.store_probe.since or time.time(),
+                                           hb.store_probe.outage):
+                self.ops.poke()
         if hb.spot_notices:
             self._spot(agent, hb)
         self._notices_withdrawn(agent, hb, health)

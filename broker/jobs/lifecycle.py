@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker.api.errors import IllegalTransition
-from broker.jobs import backoff
+from broker.jobs import backoff, store_wait
 from broker.jobs.causes import Family
 from computebroker.v1 import common_pb2 as pb
 
@@ -129,6 +129,7 @@ class Tx:
         if to == RUNNING:
             self.job.attempt_started_time = self.now
             backoff.reset(self.job)  # an attempt runs: refusals are no longer in a row
+            store_wait.reset(self.job)  # an attempt runs: its store answered
             if not self.job.started_time:
                 self.job.started_time = self.now
         if to in TERMINAL:

@@ -38,6 +38,8 @@ EXIT_ERROR = 1
 EXIT_CONFIG_ERROR = 2
 EXIT_CHECKPOINTED = 75
 EXIT_GRACE_MISSED = 76
+# The checkpoint store is down (checkpoint_layout/faults.py): weather, not a failure.
+EXIT_STORE_UNAVAILABLE = 81
 # Reported by the agent, not the trainer: it could not start the attempt (staging, the
 # checkpoint copy, the workdir fetch or the spawn failed). Backed off like a refused
 # launch (broker/jobs/backoff.py), not counted against max_restarts.
@@ -96,6 +98,15 @@ class Restart(enum.Enum):
     RETRY = "retry"  # relaunch elsewhere from the last durable checkpoint
     FAIL_CONFIG = "fail_config"  # exit 2: retrying will not help
     GIVE_UP = "give_up"  # restarts exhausted
+    WAIT_STORE = "wait_store"  # the checkpoint store is down: wait with backoff, no restart spent
+
+
+# Exit codes whose meaning does not depend on the job's restarts (docs/contracts.md,
+# "Store faults"); every other exit is retried until max_restarts.
+EXIT_DECISIONS: dict[int, Restart] = {
+    EXIT_CONFIG_ERROR: Restart.FAIL_CONFIG,
+    EXIT_STORE_UNAVAILABLE: Restart.WAIT_STORE,
+}
 
 
 @dataclass(frozen=True)
@@ -166,13 +177,19 @@ class RecoveryPolicy:
 
     def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig,
                 message: str = "") -> Restart:
-        """An attempt FAILED on its own: exit 2 is a configuration error; anything else
+        """An attempt FAILED on its own: exit 2 is a configuration error, exit 81 a store
+        outage (waited out, no restart spent: broker/jobs/store_wait.py), an exit whose
+        message names a deterministic failure (an ImportError) is a configuration error too;
+        anything else
         (1, 76 = the emergency save missed its grace, a signal) is retried until
         ``max_restarts``, from the last durable checkpoint. Exit code 0 on a FAILED attempt
         means "unknown" (e.g. an attempt that ended while its agent was down, its ranks'
         codes unreadable): a failure like any other, never a success and never final
         (the fault campaign found such attempts failing their job at once)."""
-        if exit_code == EXIT_CONFIG_ERROR or deterministic_failure(exit_code, message):
+        fixed = EXIT_DECISIONS.get(exit_code)
+        if fixed is not None:
+            return fixed
+        if deterministic_failure(exit_code, message):
             return Restart.FAIL_CONFIG
         if job.restarts >= config.max_restarts:
             return Restart.GIVE_UP

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import placement
-from broker.jobs import handoff, migration, precopy
+from broker.jobs import handoff, migration, precopy, shown_progress
 from broker.jobs.causes import Cause, StopKind
 from broker.jobs.lifecycle import CHECKPOINTING, LAUNCHING, MIGRATING, Tx
 from computebroker.v1 import agent_pb2 as apb
@@ -154,6 +154,7 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
     m = migration.open_migration(j)
     j.attempt = sb.attempt
     j.relaunches += 1
+    shown_progress.start_at_resume_step(j)
     j.placement.CopyFrom(sb.placement)
     sb.go_time = tx.now
     sb.resume_from = resume_from

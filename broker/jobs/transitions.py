@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import backoff, migration, precopy
+from broker.jobs import backoff, migration, precopy, shown_progress, store_wait
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
@@ -254,7 +254,22 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     if relaunch:
         j.relaunches += 1
     ckpt = checkpoint_uri_for(j, inp.checkpoint_bucket, config)
+    moved = store_wait.move_source(j, adm.region, now)
+    if moved is not None:  # its own region's store stays down: resume where it can
+        w = j.store_wait
+        tx.note("moved", reason="store_outage", actor="scheduler",
+                message=f"checkpoint store of {w.region} unreachable since"
+                        f" {store_wait.clock(w.since)} ({backoff.seconds(now - w.since)}): resuming"
+                        f" in {adm.region} from its durable checkpoint at step {moved.step}"
+                        f" (the newer one at step {j.progress.last_checkpoint_step} is in the"
+                        f" store that is down; steps after {moved.step} are redone)",
+                details={"from_region": w.region, "to_region": adm.region,
+                         "step": str(moved.step), "uri": moved.uri,
+                         "unreachable_step": str(j.progress.last_checkpoint_step)})
+        j.progress.last_checkpoint_step, j.progress.last_checkpoint_uri = moved.step, moved.uri
     resume = j.progress.last_checkpoint_uri
+    if relaunch:
+        shown_progress.start_at_resume_step(j)
     why = "migrated" if j.phase == MIGRATING else ("relaunch" if relaunch else "launch")
     migration.launched(j, now, resume)
     tx.move(LAUNCHING, "launched", reason=why, actor="scheduler",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import loss_series, migration, standby
+from broker.jobs import loss_series, migration, standby, store_wait
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -281,6 +281,8 @@ def superseded_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerCo
         return seal(tx, *commands)
     if p.last_checkpoint_step <= j.progress.last_checkpoint_step and j.progress.last_checkpoint_uri:
         return None
+    older = j.progress.last_checkpoint_step if j.progress.last_checkpoint_uri else 0
+    current_step = j.progress.step
     j.progress.last_checkpoint_step = p.last_checkpoint_step
     j.progress.last_checkpoint_uri = p.last_checkpoint_uri
     if p.step > j.progress.step:
@@ -289,12 +291,48 @@ def superseded_ended(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerCo
         j.progress.loss = p.loss or j.progress.loss
     j.progress.total_steps = j.progress.total_steps or p.total_steps
     j.last_checkpoint_time = now
-    tx.note("checkpoint", reason="checkpoint_durable_superseded", actor=actor,
+    details = {"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri,
+               "attempt": str(u.attempt), "previous_step": str(older)}
+    if j.phase not in HOLDING:
+        tx.note("checkpoint", reason="checkpoint_durable_superseded", actor=actor,
+                message=f"superseded attempt {u.attempt} left a durable checkpoint at step"
+                        f" {p.last_checkpoint_step}: the job resumes from it", details=details)
+        return seal(tx)
+    # A newer attempt already runs from an older checkpoint: say so, and restart it from
+    # the newer one while that costs little (restart_for_newer_checkpoint).
+    restart = restart_for_newer_checkpoint(j, current_step, p.last_checkpoint_step, now, config)
+    tx.note("checkpoint", reason="newer_checkpoint_superseded", actor=actor,
             message=f"superseded attempt {u.attempt} left a durable checkpoint at step"
-                    f" {p.last_checkpoint_step}: the job resumes from it",
-            details={"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri,
-                     "attempt": str(u.attempt)})
-    return seal(tx)
+                    f" {p.last_checkpoint_step}, newer than step {older} that attempt"
+                    f" {j.attempt} resumed from (now at step {current_step}): "
+                    + ("restarting it from the newer checkpoint" if restart else
+                       f"attempt {j.attempt} keeps running (it redoes steps {older}-"
+                       f"{p.last_checkpoint_step}); later attempts resume from step"
+                       f" {p.last_checkpoint_step}"), details=details)
+    if not restart:
+        return seal(tx)
+    stop = SendStop(agent_id=j.placement.agent_id, job_id=j.id, attempt=j.attempt, kind=None)
+    tx.lose_work(Family.MIGRATION)
+    requeue(tx, Family.MIGRATION, reason="newer_checkpoint", actor="broker",
+            message=f"attempt {j.attempt} stopped to resume from the newer checkpoint at step"
+                    f" {p.last_checkpoint_step} (it had reached step {current_step})",
+            details=details)
+    return seal(tx, stop, WakeScheduler())
+
+
+def restart_for_newer_checkpoint(job: pb.Job, current_step: int, newer_step: int, now: float,
+                                 config: BrokerConfig) -> bool:
+    """Restart the running attempt from a superseded attempt's newer checkpoint only when
+    it has barely started (still launching, or running for at most
+    ``newer_checkpoint_restart_s``), is behind that checkpoint, and no stop or
+    make-before-break move is under way: then a relaunch costs less than redoing the
+    steps; later, the attempt's own work is worth more than the steps it would skip."""
+    if job.stop_reason or job.HasField("standby") or current_step >= newer_step:
+        return False
+    if job.phase == LAUNCHING:
+        return True
+    started = job.attempt_started_time
+    return job.phase == RUNNING and bool(started) and now - started <= config.newer_checkpoint_restart_s
 
 
 def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerConfig) -> Outcome:
@@ -314,6 +352,8 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
                 message=f"attempt {j.attempt} failed with {why}, retrying will not help: {detail}",
                 details=code)
         return seal(tx, WakeScheduler())
+    if decision is Restart.WAIT_STORE:
+        return _wait_for_store(tx, u, detail, actor, config)
     if decision is not Restart.RETRY:
         tx.move(FAILED, "failed", reason="max_restarts", actor=actor,
                 message=f"attempt {j.attempt} failed (exit {u.exit_code}) and the job"
@@ -328,6 +368,27 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
                     + (f" avoiding {', '.join(avoid)}" if avoid else "")
                     + (f": {detail}" if detail else ""),
             details={**code, "failed_nodes": ",".join(u.failed_nodes)})
+    return seal(tx, WakeScheduler())
+
+
+def _wait_for_store(tx: Tx, u: apb.JobUpdate, detail: str, actor: str,
+                    config: BrokerConfig) -> Outcome:
+    """The attempt ended because its checkpoint store is down: back to PENDING with
+    backoff, no restart spent, no node blamed; FAILED only past store_outage_max_s."""
+    j = tx.job
+    d = store_wait.decide(j, tx.now, config)
+    store_wait.record(j, j.placement.region, detail or "checkpoint store unreachable", d)
+    code = {"exit_code": str(u.exit_code), "region": j.store_wait.region}
+    if d.give_up:
+        tx.move(FAILED, "failed", reason="store_outage", actor=actor,
+                message=store_wait.give_up_message(j, tx.now, config), details=code)
+        return seal(tx, WakeScheduler())
+    requeue(tx, Family.FAILURE, reason="store_outage", actor=actor,
+            message=f"attempt {j.attempt} could not reach the checkpoint store of"
+                    f" {j.store_wait.region or 'its region'}; waiting for it (retry"
+                    f" {d.count}, no restart counted): {detail or 'unreachable'}",
+            details={**code, "until": f"{d.until:.0f}"})
+    j.pending_reason = store_wait.pending_note(j, tx.now)
     return seal(tx, WakeScheduler())
 
 
@@ -359,9 +420,20 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
     job = tx.job
     old_ckpt = job.progress.last_checkpoint_step
     old_uri = job.progress.last_checkpoint_uri
+    before = pb.Progress()
+    before.CopyFrom(job.progress)
     p = u.progress
     job.progress.CopyFrom(p)
     job.progress.updated_time = tx.now
+    if p.step < before.step:
+        # What users see never goes backwards: a report behind the job's step is a new
+        # attempt's before it loaded its checkpoint (step 0; admit() already set the job
+        # to the attempt's resume step) or a late one (a re-registration after a broker
+        # restart). Its other fields (rate, times) are still news.
+        job.progress.step = before.step
+        job.progress.samples_seen = max(before.samples_seen, p.samples_seen)
+        job.progress.loss = before.loss
+    job.progress.total_steps = p.total_steps or before.total_steps
     if old_uri and (not p.last_checkpoint_uri or p.last_checkpoint_step < old_ckpt):
         # Never forget a durable checkpoint because one report left it out, nor go back
         # to an older one (a newer attempt that resumed before a superseded attempt's
@@ -371,6 +443,8 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
     if p.last_checkpoint_uri and p.last_checkpoint_step >= old_ckpt and (
             p.last_checkpoint_step != old_ckpt or p.last_checkpoint_uri != old_uri):
         job.last_checkpoint_time = tx.now
+        store_wait.remember_checkpoint(job, job.placement.region, p.last_checkpoint_step,
+                                       p.last_checkpoint_uri)
         tx.note("checkpoint", reason="checkpoint_durable", actor=actor,
                 message=f"checkpoint at step {p.last_checkpoint_step} is durable",
                 details={"step": str(p.last_checkpoint_step), "uri": p.last_checkpoint_uri})

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import placement
-from broker.jobs import backoff, precopy, standby
+from broker.jobs import backoff, precopy, standby, store_wait
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
@@ -224,5 +224,8 @@ class SchedulerLoop:
             refused = backoff.pending_note(job, snapshot.now) if job.refusals else ""
             if refused and refused not in reason:
                 reason = f"{refused}; {reason}" if reason else refused
+            outage = store_wait.pending_note(job, snapshot.now) if job.store_wait.count else ""
+            if outage and outage not in reason:
+                reason = f"{outage}; {reason}" if reason else outage
             if reason and reason != job.pending_reason and job.phase == PENDING:
                 ops.set_pending_reason(job.id, reason)

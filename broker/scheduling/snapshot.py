@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import placement
 from broker.agents.registry import AgentState
-from broker.jobs import backoff, standby
+from broker.jobs import backoff, standby, store_wait
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from broker.scheduling import plan_binding
 from checkpoint_layout.roots import RootError, under
@@ -254,6 +254,16 @@ def build(
             # Agents that refused its launch lately (time-dependent: part of the memo key).
             avoid = frozenset(n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())
                               ) if job.refusals else _NONE
+            # A store outage the job waits out: its region, until the backoff ends.
+            if job.store_wait.count:
+                ok = max((a.record.checkpoint_store_ok_since for a in agents
+                          if a.region == job.store_wait.region), default=0.0)
+                waiting = store_wait.avoided_region(job, now, ok)
+                only = store_wait.allowed_regions(job, now)
+                out = frozenset(n for a in agents
+                                if a.region == waiting or (only is not None and a.region not in only)
+                                for n in nodes_of.get(a.agent_id, ()))
+                avoid = avoid | out if out else avoid
             key = (job.id, job.version, prio, 0, refusing, avoid)
             hit = old.get(key)
             if hit is None:

@@ -10,6 +10,7 @@ working checkpoint store) is FAILED_PRECONDITION.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 
 from broker.api.errors import FailedPrecondition, InvalidArgument
@@ -82,7 +83,8 @@ def check_checkpoint_stores(spec: pb.JobSpec, agents: Iterable[apb.Register]) ->
     if spec.checkpoint_uri or not regs:
         return
     broken = [r for r in regs if r.checkpoint_store_error]
-    if len(broken) == len(regs):
+    # an outage is weather: the job is taken and waits for a store (pending reason)
+    if len(broken) == len(regs) and not any(r.checkpoint_store_outage for r in broken):
         why = "; ".join(f"{r.region}: {r.checkpoint_store_error}" for r in broken[:5])
         raise FailedPrecondition(
             f"no registered region can write checkpoints ({why}); fix the stores or give"
@@ -92,8 +94,15 @@ def check_checkpoint_stores(spec: pb.JobSpec, agents: Iterable[apb.Register]) ->
 def broken_store_note(agents: Iterable[apb.Register]) -> str:
     """A pending reason's note naming regions excluded for a broken checkpoint store."""
     broken = [r for r in agents if r.checkpoint_store_error]
-    return "; ".join(f"region {r.region} gets no jobs: its checkpoint store is not writable"
-                     f" ({r.checkpoint_store_error})" for r in broken[:3])
+    return "; ".join(f"region {r.region} gets no jobs: its checkpoint store is "
+                     + (f"unreachable since {_clock(r.checkpoint_store_error_since)}"
+                        if r.checkpoint_store_outage and r.checkpoint_store_error_since
+                        else "unreachable" if r.checkpoint_store_outage else "not writable")
+                     + f" ({r.checkpoint_store_error})" for r in broken[:3])
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 def check_submit(spec: pb.JobSpec, blobs: BlobStore, agents: Iterable[apb.Register],

@@ -37,8 +37,10 @@ EXIT_RESUME_UNAVAILABLE = 77
 EXIT_AGENT_LEASE_EXPIRED = 78  # the ranks stopped: their agent lost its broker (trainer/agent_lease.py)
 EXIT_STORAGE_FAILED = 79  # a checkpoint save failed after retries: the store, not the node
 EXIT_RENDEZVOUS_PORT_TAKEN = 80  # MASTER_PORT was taken before rank 0 listened: no one's fault
+EXIT_STORE_UNAVAILABLE = 81  # the checkpoint store is down (checkpoint_layout/faults.py)
 NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE, EXIT_AGENT_LEASE_EXPIRED,
-                          EXIT_STORAGE_FAILED, EXIT_RENDEZVOUS_PORT_TAKEN})  # exits that blame no node
+                          EXIT_STORAGE_FAILED, EXIT_RENDEZVOUS_PORT_TAKEN,
+                          EXIT_STORE_UNAVAILABLE})  # exits that blame no node
 
 
 @dataclass

@@ -5,7 +5,8 @@ two region agents, trainer ranks, moto's S3 server behind a fault proxy; brokers
 and Redis each in their own network namespace. Faults, in a fixed order: a network
 partition of an agent from both brokers held past the broker's agent timeout (its job
 is relaunched elsewhere while it keeps running, so it must fence itself), SIGKILL of an
-agent daemon, SIGSTOP of the leader, a Redis restart, a burst of S3 503s. Checked: no
+agent daemon, SIGSTOP of the leader, a Redis restart, a burst of S3 503s, and an S3
+outage (the endpoint refuses connections for 20 s: waited out, no job fails). Checked: no
 job lost, stuck or failed; never two attempts of one job alive; never two leaders; every
 job's per-step sample ids and losses equal an uninterrupted run; no INTERNAL and no
 traceback in any log.
@@ -30,12 +31,12 @@ WHY = available()
 def test_short_seeded_campaign_loses_nothing_runs_nothing_twice(tmp_path: Path) -> None:
     lines: list[str] = []
     opts = Options(
-        root=tmp_path, seed=15, jobs=6, faults=5, store="redis", regions=2, nodes_per_region=2,
+        root=tmp_path, seed=15, jobs=6, faults=6, store="redis", regions=2, nodes_per_region=2,
         kinds=[FaultKind.PARTITION_AGENT, FaultKind.AGENT_SIGKILL, FaultKind.LEADER_SIGSTOP,
-               FaultKind.REDIS_RESTART, FaultKind.S3_503_BURST],
+               FaultKind.REDIS_RESTART, FaultKind.S3_503_BURST, FaultKind.S3_REFUSED],
         forced=[(FaultKind.PARTITION_AGENT, 18.0), (FaultKind.AGENT_SIGKILL, 2.0),
                 (FaultKind.LEADER_SIGSTOP, 8.0), (FaultKind.REDIS_RESTART, 2.0),
-                (FaultKind.S3_503_BURST, 6.0)],
+                (FaultKind.S3_503_BURST, 6.0), (FaultKind.S3_REFUSED, 20.0)],
         configs=(TrainerConfig(21, 70), TrainerConfig(22, 90)),
         step_sleep_s=0.3, finish_timeout_s=600.0, say=lines.append)
     report = Campaign(opts).run()

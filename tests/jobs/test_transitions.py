@@ -207,6 +207,16 @@ def requeued_after_loss() -> pb.Job:
     return lost(Trigger.AGENT_LOST)(j).job
 
 
+def running_long_after_loss() -> pb.Job:
+    """As relaunched_after_loss, but attempt 2 has been RUNNING (step 12) for longer than
+    newer_checkpoint_restart_s: its own work is worth keeping."""
+    j = relaunched_after_loss()
+    started = NOW - CFG.newer_checkpoint_restart_s - 10
+    j = updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=12, agent="us-east-2-b"),
+                         started, CFG).job
+    return j
+
+
 def late(state: int, *, step: int, ckpt: int, attempt: int = 1, total: int = 100,
          own_dir: bool = True) -> Callable[[pb.Job], Outcome | None]:
     def apply(job: pb.Job) -> Outcome | None:
@@ -244,8 +254,16 @@ SUPERSEDED = [
         late(apb.ATTEMPT_STATE_FAILED, step=42, ckpt=40), P.JOB_PHASE_PENDING, ("checkpoint",), (),
         lambda j: j.progress.last_checkpoint_step == 40
         and j.progress.last_checkpoint_uri.endswith("/attempt-1/step-40")),
-    Row("late stop with a newer checkpoint, newer attempt launching", relaunched_after_loss,
-        late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30), P.JOB_PHASE_LAUNCHING, ("checkpoint",), (),
+    # A newer durable checkpoint wins: a newer attempt that has barely started (still
+    # launching) is stopped and the job relaunches from the newer checkpoint...
+    Row("late stop with a newer checkpoint, newer attempt launching: restart from it",
+        relaunched_after_loss, late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30), P.JOB_PHASE_PENDING,
+        ("checkpoint", "requeued"), (SendStop, WakeScheduler),
+        lambda j: j.progress.last_checkpoint_step == 30 and j.attempt == 2 and j.restarts == 0),
+    # ...one running for a while keeps running (the event says it redoes steps)
+    Row("late stop with a newer checkpoint, newer attempt running long: said, kept",
+        running_long_after_loss, late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30),
+        P.JOB_PHASE_RUNNING, ("checkpoint",), (),
         lambda j: j.progress.last_checkpoint_step == 30 and j.attempt == 2),
     Row("late success without the final checkpoint: only its checkpoint counts", requeued_after_loss,
         late(apb.ATTEMPT_STATE_SUCCEEDED, step=100, ckpt=90), P.JOB_PHASE_PENDING, ("checkpoint",), (),
@@ -283,6 +301,16 @@ def test_superseded_attempt_end(row: Row) -> None:
     assert tuple(e.type for e in out.events) == row.events
     assert tuple(type(c) for c in out.commands) == row.commands
     assert row.check(out.job)
+    if "newer attempt" in row.name and "newer checkpoint" in row.name:
+        (ev,) = [e for e in out.events if e.type == "checkpoint"]
+        assert ev.reason == "newer_checkpoint_superseded"
+        assert "newer than step 10 that attempt 2 resumed from" in ev.message, ev.message
+        restart = row.phase == P.JOB_PHASE_PENDING
+        assert ("restarting it from the newer checkpoint" in ev.message) is restart
+        if restart:
+            (stop_cmd,) = [c for c in out.commands if isinstance(c, SendStop)]
+            assert (stop_cmd.attempt, stop_cmd.agent_id) == (2, "us-east-2-b")
+            assert out.job.progress.step == 30  # shown: the resume step, not 0
     if row.name == "late success, newer attempt launching":
         assert _stops_attempt_2(out)
         assert out.events[0].reason == "completed_by_superseded_attempt"
@@ -291,11 +319,12 @@ def test_superseded_attempt_end(row: Row) -> None:
 def test_newer_attempt_reporting_an_older_checkpoint_keeps_the_later_one() -> None:
     """After a superseded attempt's step-30 checkpoint became the resume point, the newer
     attempt (resumed from step 10) reporting its step-15 checkpoint does not move it back."""
-    job = late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30)(relaunched_after_loss()).job
+    job = late(apb.ATTEMPT_STATE_STOPPED, step=30, ckpt=30)(running_long_after_loss()).job
     out = updates.progress(job, update(job, apb.ATTEMPT_STATE_RUNNING, step=15, ckpt=15,
                                        agent="us-east-2-b"), NOW + 1, CFG)
     assert out is not None and out.job.phase == P.JOB_PHASE_RUNNING
     assert out.job.progress.last_checkpoint_step == 30
     assert out.job.progress.last_checkpoint_uri.endswith("/attempt-1/step-30")
-    assert out.job.progress.step == 15
+    # what users see never goes below durable work: the newer attempt re-does 10..30
+    assert out.job.progress.step == 30
     assert "checkpoint" not in [e.type for e in out.events]

@@ -295,25 +295,45 @@ def test_wrong_model_exits_2(s3_server: Any, work: Path, baseline: dict) -> None
     _assert_clean_exit_2(run, "different model", "d_model")
 
 
-def test_unreachable_s3_exits_2(s3_server: Any, tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
-    run = launch(
-        tmp_path,
-        1,
-        tiny_spec(),
-        "s3://nowhere/ckpt",
-        env={**s3_server.env, "AWS_ENDPOINT_URL": dead},
-    )
-    _assert_clean_exit_2(run, "unreachable", dead)
+def test_store_refusing_connections_exits_81_not_2(tmp_path: Path) -> None:
+    """A moto S3 server that answered, then stopped: its port really refuses connections.
+    That is an outage (checkpoint_layout/faults.py), not the job's configuration: exit 81
+    with one line (the broker waits for the store), never exit 2 (FAILED at once)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    import boto3
+
+    boto3.session.Session().client("s3", endpoint_url=url, region_name="us-east-1",
+                                   aws_access_key_id="testing",
+                                   aws_secret_access_key="testing").create_bucket(Bucket="cb-outage")
+    server.stop()
+    run = launch(tmp_path, 1, tiny_spec(), "s3://cb-outage/run", env=env)
+    codes = run.wait(120)
+    err = run.stderr(0)
+    assert codes == [81], f"exit codes {codes}\n{run.output()}\n{err}"
+    assert "Traceback" not in err, err
+    assert "unreachable" in err and url in err, err
 
 
-def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_79(
+def test_missing_bucket_is_still_exit_2(s3_server: Any, tmp_path: Path) -> None:
+    """The job's own spec naming a bucket that does not exist stays a configuration error."""
+    run = launch(tmp_path, 1, tiny_spec(), "s3://cb-no-such-bucket-anywhere/ckpt", env=s3_server.env)
+    _assert_clean_exit_2(run, "NoSuchBucket", "not usable")
+
+
+def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_81(
     s3_server: Any, tmp_path: Path
 ) -> None:
     """Storage that accepts reads but refuses every write (503) after bounded retries:
     the async save of step 2 fails, the training thread learns it at its next save, and
-    both ranks exit 79 (the broker relaunches, blaming no node) with one line, no
-    traceback, no manifest."""
+    both ranks exit 81 (a 5xx is a store outage: the broker waits, blaming no node and
+    spending no restart) with one line, no traceback, no manifest."""
     from tests.fixtures.faulty_proxy import FaultPlan, FaultyProxy
 
     bucket = s3_server.unique_bucket("refuses-writes")
@@ -329,9 +349,9 @@ def test_store_refusing_writes_fails_the_run_with_one_line_and_exit_79(
         assert proxy.plan.injected > 0 and proxy.plan.passed == 0
     for rank in (0, 1):
         err = run.stderr(rank)
-        assert codes[rank] == 79, f"exit codes {codes}\n{run.output()}\n{err}"
+        assert codes[rank] == 81, f"exit codes {codes}\n{run.output()}\n{err}"
         assert "Traceback" not in err, err
-        assert f"checkpoint save of step 2 to s3://{bucket}/ck/{step_name(2)} failed" in err, err
+        assert f"checkpoint store s3://{bucket}/ck is unreachable" in err, err
         assert "503" in err or "SlowDown" in err, err
     assert not [k for k in s3_server.list_keys(bucket) if k.endswith("manifest.json")]
 

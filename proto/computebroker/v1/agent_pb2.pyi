@@ -70,7 +70,7 @@ class RunningAttempt(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots")
+    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots", "checkpoint_store_error_since", "checkpoint_store_ok_since", "checkpoint_store_outage")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,9 @@ class Register(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_ERROR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ROOTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_ERROR_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_OK_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_OUTAGE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     region: str
     nodes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Node]
@@ -89,7 +92,22 @@ class Register(_message.Message):
     version: str
     checkpoint_store_error: str
     checkpoint_roots: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ...) -> None: ...
+    checkpoint_store_error_since: float
+    checkpoint_store_ok_since: float
+    checkpoint_store_outage: bool
+    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ..., checkpoint_store_error_since: _Optional[float] = ..., checkpoint_store_ok_since: _Optional[float] = ..., checkpoint_store_outage: _Optional[bool] = ...) -> None: ...
+
+class StoreProbe(_message.Message):
+    __slots__ = ("error", "since", "time", "outage")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    OUTAGE_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    since: float
+    time: float
+    outage: bool
+    def __init__(self, error: _Optional[str] = ..., since: _Optional[float] = ..., time: _Optional[float] = ..., outage: _Optional[bool] = ...) -> None: ...
 
 class NodeHealth(_message.Message):
     __slots__ = ("node_id", "healthy", "reason")
@@ -110,16 +128,18 @@ class SpotNotice(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., deadline_time: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("time", "node_health", "spot_notices", "running")
+    __slots__ = ("time", "node_health", "spot_notices", "running", "store_probe")
     TIME_FIELD_NUMBER: _ClassVar[int]
     NODE_HEALTH_FIELD_NUMBER: _ClassVar[int]
     SPOT_NOTICES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    STORE_PROBE_FIELD_NUMBER: _ClassVar[int]
     time: float
     node_health: _containers.RepeatedCompositeFieldContainer[NodeHealth]
     spot_notices: _containers.RepeatedCompositeFieldContainer[SpotNotice]
     running: _containers.RepeatedCompositeFieldContainer[RunningAttempt]
-    def __init__(self, time: _Optional[float] = ..., node_health: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., spot_notices: _Optional[_Iterable[_Union[SpotNotice, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ...) -> None: ...
+    store_probe: StoreProbe
+    def __init__(self, time: _Optional[float] = ..., node_health: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., spot_notices: _Optional[_Iterable[_Union[SpotNotice, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., store_probe: _Optional[_Union[StoreProbe, _Mapping]] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
     __slots__ = ("job_id", "attempt", "state", "progress", "exit_code", "message", "failed_nodes", "time", "transfer", "timings", "ranks")

@@ -1,0 +1,78 @@
+"""End to end: a checkpoint store outage is weather, not a job failure.
+
+Real broker, real agent, real trainer ranks, and a moto S3 server that is *stopped*
+mid-run so its port really refuses connections (not a 503 proxy), then started again
+on the same port (moto keeps its buckets in this process). The job must wait the outage
+out (pending reason naming the store and since when), spend no restart, and finish with
+exactly the samples and losses of an uninterrupted run.
+
+Before the store fault table (checkpoint_layout/faults.py) this failed: the save exited
+79 and every relaunch 77, each spending a restart, and the job ended FAILED
+(max_restarts); a start during the outage exited 2 ("configuration error").
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from computebroker.v1 import common_pb2 as pb
+from tests.e2e import test_migration as mig
+from tests.e2e.test_foundation import events_of, setup_team, wait_regions
+from tests.e2e.test_migration import assert_equivalent, final_samples, job_spec
+from tests.fixtures.cluster import Cluster, wait_until
+from tests.fixtures.stoppable_s3 import StoppableS3
+
+pytestmark = pytest.mark.slow
+
+
+# The same uninterrupted run the migration tests compare against (python -m trainer).
+reference = mig.reference
+
+
+def test_store_refusing_connections_mid_run_is_waited_out(
+        cluster: Cluster, stoppable_s3: StoppableS3, tmp_path: Path, reference: list[dict[str, Any]],
+) -> None:
+    store = stoppable_s3
+    bucket = "cb-outage-us-east-2"
+    store.client().create_bucket(Bucket=bucket)
+    cluster.extra_env = dict(store.env)
+    cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
+                           "--set", "store_outage_backoff_base_s=1",
+                           "--set", "store_outage_backoff_max_s=4", "--set", "max_restarts=1"]
+    cluster.start_broker()
+    cluster.start_agent("us-east-2", "--store-probe-interval-s", "1", nodes=1, gpus=1,
+                        checkpoint_bucket=f"s3://{bucket}")
+    log = tmp_path / "samples.jsonl"
+    with cluster.client() as client:
+        setup_team(client)
+        wait_regions(cluster, client, 1)
+        handle = client.submit(job_spec("outage", log=log))
+        wait_until(lambda: handle.status().progress.last_checkpoint_step >= 10, 180,
+                   what=f"a durable checkpoint\n{cluster.logs()}")
+        store.down()
+        down_at = time.time()
+        # The attempt's next save cannot reach the store: the job waits, saying why.
+        j = wait_until(lambda: (g := handle.status()).phase == pb.JOB_PHASE_PENDING
+                       and "unreachable since" in g.pending_reason and g, 180,
+                       what=f"the job waiting for its store\n{cluster.logs()}")
+        assert "checkpoint store of us-east-2" in j.pending_reason, j.pending_reason
+        assert j.restarts == 0
+        # The agent's running probe fails too: the region takes no placements meanwhile.
+        j = wait_until(lambda: "region us-east-2 gets no jobs" in (g := handle.status()).pending_reason
+                       and g, 60, what=f"the region's probe failing\n{cluster.logs()}")
+        assert "unreachable since" in j.pending_reason, j.pending_reason
+        time.sleep(max(0.0, 20 - (time.time() - down_at)))  # an outage of at least 20 s
+        assert handle.status().phase in (pb.JOB_PHASE_PENDING, pb.JOB_PHASE_ADMITTED,
+                                         pb.JOB_PHASE_LAUNCHING)
+        store.up()
+        job = handle.wait(timeout=300)
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
+        assert job.restarts == 0, job
+        reasons = [e.reason for e in events_of(client, job.id)]
+        assert "store_outage" in reasons, reasons
+        assert "config_error" not in reasons and "max_restarts" not in reasons, reasons
+    assert_equivalent(final_samples(log), reference)
