@@ -766,6 +766,9 @@ class RegionAgent:
             if self.connected:  # else the files wait; RegisterAck rewinds to the broker's copy
                 for chunk in self.logs.poll():
                     self._send(agent_pb2.AgentMessage(log_chunk=chunk))
+            node_signals = getattr(self.executor, "node_signals", None)
+            if node_signals is not None:  # the cluster's own word (Kubernetes: Node watch)
+                self.signals.set_external(*node_signals())
             new_spot, health_changes = self.signals.poll()
             for ch in health_changes:
                 log.info("node %s is now %s %s", ch.node_id,
@@ -922,6 +925,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service-account", default="",
                    help="trainer pods' service account, allowed to get pods: their preStop hook "
                         "reads the Stop's deadline from its own pod (kubernetes executor)")
+    p.add_argument("--pod-uid", type=int, default=65532,
+                   help="non-root uid the trainer pods run as (kubernetes executor)")
     p.add_argument("--heartbeat-interval-s", type=float, default=None,
                    help="override the broker's heartbeat interval")
     p.add_argument("--hang-timeout-s", type=float, default=600.0,
@@ -985,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             service_account=args.service_account,
+            pod_uid=args.pod_uid,
             leader_timeout_s=args.leader_timeout_s,
             self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,
