@@ -923,8 +923,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default", help="Kubernetes namespace (kubernetes executor)")
     p.add_argument("--image", default="", help="default trainer image (kubernetes executor)")
     p.add_argument("--service-account", default="",
-                   help="trainer pods' service account, allowed to get pods: their preStop hook "
-                        "reads the Stop's deadline from its own pod (kubernetes executor)")
+                   help="trainer pods' service account, allowed to get and patch pods: their preStop hook "
+                        "reads the Stop's deadline from its own pod, their supervisor publishes "
+                        "progress on it (kubernetes executor)")
     p.add_argument("--pod-uid", type=int, default=65532,
                    help="non-root uid the trainer pods run as (kubernetes executor)")
     p.add_argument("--heartbeat-interval-s", type=float, default=None,
