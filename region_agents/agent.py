@@ -277,6 +277,10 @@ class RegionAgent:
         return running
 
     def _register_msg(self) -> agent_pb2.AgentMessage:
+        discover = getattr(self.executor, "discover_nodes", None)
+        if discover is not None:  # a cluster's nodes come and go (Kubernetes: Node watch)
+            self.inventory.nodes = discover()
+            self.signals.track({n.id: n.healthy for n in self.inventory.nodes})
         return agent_pb2.AgentMessage(
             register=agent_pb2.Register(
                 agent_id=self.agent_id,

@@ -62,6 +62,14 @@ class NodeSignals:
         with self._lock:
             self._injected_health[node_id] = (healthy, reason)
 
+    def track(self, base_health: dict[str, bool]) -> None:
+        """Also watch nodes that joined since the start (a cluster's inventory changes)."""
+        with self._lock:
+            for node, healthy in base_health.items():
+                if node not in self._base:
+                    self._base[node] = healthy
+                    self._health[node] = (healthy, "")
+
     def set_external(self, spot: dict[str, float], health: dict[str, tuple[bool, str]]) -> None:
         """What the cluster itself says now (replaces the previous word): spot notices
         (node -> reclaim deadline) and health. Injections and files take precedence."""

@@ -11,6 +11,7 @@ and replaces the cache, the way client-go's reflector does.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -22,6 +23,15 @@ from kubernetes import watch
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 60  # server-side timeout of one watch request (then resumed)
+
+
+class _RawWatch(watch.Watch):
+    """Events as the API server's JSON (dicts). The cache keeps dicts, so turning every
+    event into the client's model objects (and back) would be CPU spent for nothing; at
+    thousands of pods it would be most of the agent's."""
+
+    def get_return_type(self, func: Callable[..., Any]) -> None:  # type: ignore[override]
+        return None
 
 
 class ObjectCache:
@@ -69,19 +79,17 @@ class ObjectCache:
         with self._lock:
             return self._objects.get(name)
 
-    def _serialize(self, obj: Any) -> dict:
-        return self.list_fn.__self__.api_client.sanitize_for_serialization(obj)
-
     def _relist(self) -> str:
-        lst = self.list_fn(**self.kwargs)
+        resp = self.list_fn(_preload_content=False, **self.kwargs)  # JSON, not models
+        lst = json.loads(resp.data)
         self.lists += 1
-        objs = {o.metadata.name: self._serialize(o) for o in lst.items}
+        objs = {o["metadata"]["name"]: o for o in lst.get("items") or []}
         with self._lock:
             self._objects = objs
         self.synced.set()
         if self.on_change:
             self.on_change()
-        return lst.metadata.resource_version
+        return lst["metadata"]["resourceVersion"]
 
     def _run(self) -> None:
         rv = ""
@@ -89,7 +97,7 @@ class ObjectCache:
             try:
                 if not rv:
                     rv = self._relist()
-                self._watch = w = watch.Watch()
+                self._watch = w = _RawWatch()
                 self.watches += 1
                 for ev in w.stream(self.list_fn, resource_version=rv,
                                    allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_S,

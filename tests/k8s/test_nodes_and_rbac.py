@@ -3,6 +3,7 @@ deploy/k8s against the REAL API server (no pods run here: fast)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,8 +100,17 @@ def test_spot_taint_and_health_reach_the_agent_from_the_node_watch(cluster_a, ku
         cluster_a.core().patch_node("nd-ultra", {"metadata": {"labels": {HYPERPOD_HEALTH: None}}})
         wait(lambda: (agent._tick(), not agent.signals.active_spot_notices()
                       and agent.signals.healthy("nd-ultra"))[1], what="signals cleared")
+        # a node that joins later is in the next registration, and watched
+        kubelet.register(NodeSpec(name="nd-late", gpus=2))
+        wait(lambda: "nd-late" in [n.id for n in agent._register_msg().register.nodes],
+             what="the new node registered")
+        # (a new node is not-ready for a moment: the node lifecycle controller's taint)
+        wait(lambda: (agent._tick(), agent.signals.healthy("nd-late"))[1], what="nd-late healthy")
     finally:
         cluster_a.core().patch_node("nd-spot", {"spec": {"unschedulable": False, "taints": []}})
+        with contextlib.suppress(ApiException):
+            kubelet.nodes.pop("nd-late", None)
+            cluster_a.core().delete_node("nd-late")
         ex.shutdown()
 
 
