@@ -95,6 +95,7 @@ log = logging.getLogger(__name__)
 # write once its node is reclaimed, and the node is reported unhealthy separately.
 VANISH_TIMEOUT_S = 60.0
 FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to end
+FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
 CONTAINER = "trainer"
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
@@ -217,6 +218,7 @@ class KubernetesExecutor(Executor):
         self._released: dict[str, float] = {}  # pod uid -> when its finalizer was released
         self._spot_seen: dict[str, float] = {}  # node -> when its spot taint was first seen
         self.changed = threading.Event()  # set by the watches: something may have changed
+        self._last_pass = 0.0
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
@@ -336,10 +338,12 @@ class KubernetesExecutor(Executor):
                 raise ValueError(f"an older attempt of {job_id} could not be stopped")
             self.changed.wait(0.2)
             self.changed.clear()
+        self.changed.set()  # poll() has not seen these changes yet
 
     # ---- control -----------------------------------------------------------------
     def _kill(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
         """Orphan the Job, delete its pods with ``grace_s`` (see the module doc)."""
+        self.changed.set()  # the next poll() looks at the attempt again
         try:
             self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Orphan")
         except k8s.ApiException as e:
@@ -463,6 +467,14 @@ class KubernetesExecutor(Executor):
     def poll(self) -> list[AttemptEvent]:
         with self._lock:
             now = time.time()
+            # The agent polls ~5 times a second; a pass over every pod is only needed
+            # when a watch delivered something, or once a second for what time alone
+            # changes (hang detection, pods whose node is gone).
+            if not self.changed.is_set() and now - self._last_pass < FULL_PASS_S:
+                out, self._events = self._events, []
+                return out
+            self.changed.clear()
+            self._last_pass = now
             groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
             for p in self.pods.snapshot().values():
                 k = pod_key(p)
