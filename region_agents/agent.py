@@ -284,6 +284,10 @@ class RegionAgent:
         return running
 
     def _register_msg(self) -> agent_pb2.AgentMessage:
+        discover = getattr(self.executor, "discover_nodes", None)
+        if discover is not None:  # a cluster's nodes come and go (Kubernetes: Node watch)
+            self.inventory.nodes = discover()
+            self.signals.track({n.id: n.healthy for n in self.inventory.nodes})
         return agent_pb2.AgentMessage(
             register=agent_pb2.Register(
                 agent_id=self.agent_id,
@@ -776,6 +780,9 @@ class RegionAgent:
             if self.connected:  # else the files wait; RegisterAck rewinds to the broker's copy
                 for chunk in self.logs.poll():
                     self._send(agent_pb2.AgentMessage(log_chunk=chunk))
+            node_signals = getattr(self.executor, "node_signals", None)
+            if node_signals is not None:  # the cluster's own word (Kubernetes: Node watch)
+                self.signals.set_external(*node_signals())
             new_spot, health_changes = self.signals.poll()
             for ch in health_changes:
                 log.info("node %s is now %s %s", ch.node_id,
@@ -959,8 +966,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default", help="Kubernetes namespace (kubernetes executor)")
     p.add_argument("--image", default="", help="default trainer image (kubernetes executor)")
     p.add_argument("--service-account", default="",
-                   help="trainer pods' service account, allowed to get pods: their preStop hook "
-                        "reads the Stop's deadline from its own pod (kubernetes executor)")
+                   help="trainer pods' service account, allowed to get and patch pods: their preStop hook "
+                        "reads the Stop's deadline from its own pod, their supervisor publishes "
+                        "progress on it (kubernetes executor)")
+    p.add_argument("--pod-uid", type=int, default=65532,
+                   help="non-root uid the trainer pods run as (kubernetes executor)")
     p.add_argument("--heartbeat-interval-s", type=float, default=None,
                    help="override the broker's heartbeat interval")
     p.add_argument("--store-probe-interval-s", type=float, default=30.0,
@@ -1027,6 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
             namespace=args.namespace,
             image=args.image,
             service_account=args.service_account,
+            pod_uid=args.pod_uid,
             leader_timeout_s=args.leader_timeout_s,
             self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,

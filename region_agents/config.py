@@ -55,6 +55,9 @@ class AgentConfig:
     # kubernetes executor: the trainer pods' service account ("" = the namespace's
     # default); its preStop hook reads its own pod (checkpoint_layout/pod_deadline.py)
     service_account: str = ""
+    # kubernetes executor: the non-root uid (and gid, fsGroup) of the trainer pods
+    # (restricted Pod Security Standard); 65532 is the distroless "nonroot" user
+    pod_uid: int = 65532
     leader_timeout_s: float | None = None
     # None = 3/4 of the broker's agent_timeout_s (RegisterAck); may only be shorter.
     self_fence_s: float | None = None
@@ -95,6 +98,8 @@ class AgentConfig:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be > 0")
+        if self.pod_uid <= 0:
+            raise ValueError(f"pod_uid must be a non-root uid (> 0), got {self.pod_uid}")
         if self.executor == "local" and self.job_uid_range:
             parse_uid_range(self.job_uid_range)  # JobUserError (a ValueError) if malformed
             if self.run_as_user:
@@ -128,8 +133,8 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
         from region_agents.executors.kubernetes import KubernetesExecutor
 
         ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image,
-                                service_account=config.service_account)
-        ex.adopt_existing()
+                                service_account=config.service_account, run_as_user=config.pod_uid)
+        # (the agent re-adopts the cluster's attempts through ex.recover())
         inv = Inventory(
             region=config.region,
             agent_id=config.agent_id or f"{config.region}-agent",

@@ -38,7 +38,12 @@ def read_progress(path: str) -> ProgressSnapshot | None:
         data = json.loads(got[0].decode("utf-8"))
     except ValueError:
         return None
-    mtime = got[1]
+    return parse_progress(data, got[1])
+
+
+def parse_progress(data: object, mtime: float = 0.0) -> ProgressSnapshot | None:
+    """The progress contract's JSON object (from the file, or as a Kubernetes pod
+    publishes it in an annotation) as a snapshot; None if it is not an object."""
     if not isinstance(data, dict):
         return None
 

@@ -12,8 +12,9 @@ has no EC2 metadata service to poke, so a notice is a file the agent polls:
 When a notice's deadline passes, the node turns unhealthy ("spot capacity
 reclaimed"), so attempts still on it fail like on a real reclaim; removing the
 notice brings it back. The same can be done in-process with :meth:`NodeSignals.inject_spot_notice` and
-:meth:`NodeSignals.set_health`. On Kubernetes the Node's ``Ready`` condition
-feeds :meth:`set_health` the same way.
+:meth:`NodeSignals.set_health`. On Kubernetes the executor's Node watch (conditions,
+HyperPod's health label, the Node Termination Handler's spot taint) feeds
+:meth:`NodeSignals.set_external`; the files and injections still work beside it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class NodeSignals:
         self._health: dict[str, tuple[bool, str]] = {n: (h, "") for n, h in base_health.items()}
         self._injected_spot: dict[str, float] = {}
         self._injected_health: dict[str, tuple[bool, str]] = {}
+        self._external_spot: dict[str, float] = {}
+        self._external_health: dict[str, tuple[bool, str]] = {}
         self._spot: dict[str, float] = {}  # node -> deadline (active notices)
         self._lock = threading.Lock()
 
@@ -58,6 +61,21 @@ class NodeSignals:
     def set_health(self, node_id: str, healthy: bool, reason: str = "") -> None:
         with self._lock:
             self._injected_health[node_id] = (healthy, reason)
+
+    def track(self, base_health: dict[str, bool]) -> None:
+        """Also watch nodes that joined since the start (a cluster's inventory changes)."""
+        with self._lock:
+            for node, healthy in base_health.items():
+                if node not in self._base:
+                    self._base[node] = healthy
+                    self._health[node] = (healthy, "")
+
+    def set_external(self, spot: dict[str, float], health: dict[str, tuple[bool, str]]) -> None:
+        """What the cluster itself says now (replaces the previous word): spot notices
+        (node -> reclaim deadline) and health. Injections and files take precedence."""
+        with self._lock:
+            self._external_spot = dict(spot)
+            self._external_health = dict(health)
 
     # ---- polling ----------------------------------------------------------------------
     def healthy(self, node_id: str) -> bool:
@@ -77,13 +95,14 @@ class NodeSignals:
         file_spot = self._read_spot_files()
         file_health = self._read_health_files()
         with self._lock:
-            wanted = {**file_spot, **self._injected_spot}
+            wanted = {**self._external_spot, **file_spot, **self._injected_spot}
             new = {n: d for n, d in wanted.items() if n not in self._spot}
             self._spot = {n: self._spot.get(n, d) for n, d in wanted.items()}
             changes: list[HealthChange] = []
             now = time.time()
             for node, base in self._base.items():
-                target = self._injected_health.get(node) or file_health.get(node) or (base, "")
+                target = (self._injected_health.get(node) or file_health.get(node)
+                          or self._external_health.get(node) or (base, ""))
                 if node in self._spot and self._spot[node] <= now:
                     # The 2-minute warning ran out: the capacity is gone, whatever ran there.
                     target = (False, "spot capacity reclaimed")

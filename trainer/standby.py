@@ -51,7 +51,9 @@ def wait_for_go(
     go or when ``terminated()`` (SIGTERM) says the attempt is being torn down."""
     while True:
         try:
-            go = Go.from_json(Path(path).read_text())
+            text = Path(path).read_text()
+            # empty: a Kubernetes pod's downward-API file before the Go annotation is set
+            go = Go.from_json(text) if text.strip() else None
         except FileNotFoundError:
             go = None
         if go is not None:

@@ -1,44 +1,50 @@
-"""Kubernetes executor (thin): one indexed ``batch/v1`` Job + a headless Service per attempt.
+"""Kubernetes executor: one indexed Job + headless Service + env Secret per attempt
+(region_agents/executors/k8s_manifests.py), watched through the API server.
 
-Why an indexed Job and not a PyTorchJob: it needs no operator in the cluster.
-``completionMode: Indexed`` gives each pod a stable index (= node rank) and, with
-the headless Service as ``subdomain``, a stable DNS name, so pod 0 is the
-rendezvous (``<job>-0.<svc>``) exactly like torchrun's c10d master. One pod per
-placed node (node affinity to the placed hostnames, plus the UltraServer /
-network layer-3 label when the gang shares one), each running ``torchrun`` with
-``nproc_per_node`` = the node's GPUs; the pod env follows docs/contracts.md.
+How it maps to Kubernetes (docs/kubernetes.md says more):
 
-Manifests are built with the ``kubernetes`` client's own models so the API
-server's schema is honoured by construction. What is thin on purpose (see the
-agent's report): progress is not read from pods (no shared progress file), hang
-detection is not done here, and a checkpoint-first stop reports CHECKPOINTED only when
-a pod was seen exiting 75.
-
-A Stop's grace reaches the pods and their trainers: the Job is deleted with
-``propagationPolicy: Orphan`` (its controller neither replaces the pods nor lets the
-garbage collector delete them with their launch-time grace; the Job controller still
-clears its ``batch.kubernetes.io/job-tracking`` finalizer from orphaned pods, since
-Kubernetes 1.23: kubernetes/kubernetes#108752), then the attempt's pods are deleted with
-the Stop's own grace (a first graceful delete may lengthen the pod's
-terminationGracePeriodSeconds; a later one only shortens it), so the kubelet's SIGKILL
-comes at the Stop's deadline (a drain's ten minutes, a spot notice's two). The container's ``preStop`` hook
-(``python -m checkpoint_layout.pod_deadline``) reads that deadline from its own pod's
-``deletionTimestamp`` and writes it to ``CB_STOP_DEADLINE_FILE`` before the SIGTERM, as
-the local agent does; its service account (``--service-account``) needs ``get`` on pods.
+* **Launch**: Secret, Service, Job (the Secret and Service then get the Job as owner).
+  Before any pod of attempt N exists, every pod of an older attempt of the job still
+  running is killed and its end awaited: no two attempts of a job can write at once,
+  also when the older one was started by a previous agent process.
+* **Observe**: two watches (:mod:`region_agents.executors.k8s_watch`): our pods in the
+  namespace (by label) and the cluster's Nodes. ``poll()`` reads only the caches and
+  returns the events accumulated since the last call; the only requests it makes are
+  the ones that change something (finalizer release, deletes).
+* **Truthful ends**: every pod carries our finalizer, so the API server keeps it until
+  this executor has read how its container ended. An attempt is terminal once every
+  pod of it has ended; then the finalizers go. Exit 75 from every pod that ran =
+  CHECKPOINTED, all 0 = SUCCEEDED, a crash = FAILED with the pod's exit code and its
+  node blamed (unless the code blames no node).
+* **Stop**: the Job is deleted with ``propagationPolicy: Orphan`` (its controller
+  neither replaces the pods nor lets the garbage collector delete them with their
+  launch-time grace; the Job controller still clears its own tracking finalizer from
+  orphaned pods: kubernetes/kubernetes#108752), then the attempt's pods are deleted
+  with the Stop's own grace, so the kubelet's SIGKILL comes at the Stop's deadline. The
+  container's ``preStop`` hook (``python -m checkpoint_layout.pod_deadline``) reads that
+  deadline from its pod's ``deletionTimestamp`` and hands it to the trainer.
+* **Restart safety**: nothing lives only in this process. :meth:`recover` re-adopts
+  every attempt whose Job or pods exist (the Launch is an annotation on both), including
+  one stopped half-way (Job orphaned, pods terminating); pods whose attempt ended while
+  no agent ran still hold our finalizer, so their exit codes are read and reported.
+* **Nodes**: inventory, health and spot notices from the Node watch
+  (:mod:`region_agents.executors.k8s_nodes`, labels through region_agents/labels.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
-import re
+import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
 
-from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV
-from checkpoint_layout.stop_deadline import STOP_DEADLINE_ENV
+from checkpoint_layout.standby_go import Go
 from computebroker.v1 import common_pb2
 from region_agents import labels as L
 from region_agents.executors.base import (
@@ -50,195 +56,143 @@ from region_agents.executors.base import (
     AttemptSpec,
     Executor,
     RunningInfo,
-    trainer_config_json,
 )
-from region_agents.executors.rank_threads import rank_thread_env
+from region_agents.executors.k8s_manifests import (
+    ANNOTATION_CHECKPOINT_NOW,
+    ANNOTATION_GO,
+    ANNOTATION_JOB,
+    ANNOTATION_LAUNCH,
+    ANNOTATION_PROGRESS,
+    DEFAULT_IMAGE,
+    DEFAULT_UID,
+    FINALIZER,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    MANAGER,
+    PROGRESS_FILE,
+    Manifests,
+    build_manifests,
+    decode_launch,
+    label_value,
+    owner_reference,
+    rendezvous_port,
+    resource_name,
+    selector,
+)
+from region_agents.executors.k8s_nodes import health_of, spot_tainted
+from region_agents.executors.k8s_watch import ObjectCache
+from region_agents.progress import ProgressSnapshot, parse_progress
+from region_agents.signals import SPOT_WARNING_S
+
+__all__ = ["DEFAULT_IMAGE", "PROGRESS_FILE", "KubernetesExecutor", "Manifests",
+           "build_manifests", "rendezvous_port", "resource_name"]
 
 log = logging.getLogger(__name__)
 
-LABEL_JOB = "computebroker.io/job-id"
-LABEL_ATTEMPT = "computebroker.io/attempt"
-LABEL_MANAGED = "app.kubernetes.io/managed-by"
-MANAGER = "computebroker-agent"
-ANNOTATION_JOB = "computebroker.io/job-id"  # the exact id (label values may be sanitized)
-MASTER_PORT = 29500
-PROGRESS_FILE = "/var/run/computebroker/progress.json"
-STOP_DEADLINE_FILE = "/var/run/computebroker/stop-deadline.json"  # written by the preStop hook
-PRESTOP = ["python", "-m", "checkpoint_layout.pod_deadline"]
-DEFAULT_IMAGE = "computebroker/trainer:latest"
+# A pod whose deletion deadline passed this long ago without a terminated container
+# (its node is gone or its kubelet dead) has ended for us: nothing of it can still
+# write once its node is reclaimed, and the node is reported unhealthy separately.
 VANISH_TIMEOUT_S = 60.0
+FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to end
+FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
+CONTAINER = "trainer"
+TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
+            AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
 
 
-def resource_name(job_id: str, attempt: int) -> str:
-    """A DNS-1123 label (<= 63 chars) unique per job attempt: ``cb-<job>-a<attempt>``.
+def _parse_time(stamp: str | None) -> float:
+    from datetime import datetime
 
-    Indexed pods are named ``<name>-<index>-<random>``, so leave room for that.
-    """
-    base = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-") or "job"
-    suffix = f"-a{attempt}"
-    return f"cb-{base}"[: 50 - len(suffix)].rstrip("-") + suffix
-
-
-def build_manifests(
-    spec: AttemptSpec,
-    *,
-    namespace: str = "default",
-    image: str = "",
-    nodes: dict[str, common_pb2.Node] | None = None,
-    grace_s: int = 120,
-    service_account: str = "",
-) -> tuple[k8s.V1Job, k8s.V1Service]:
-    """The Job and headless Service for one attempt (pure: no API calls).
-    ``service_account``: the pods' (the preStop hook reads its own pod); "" = the
-    namespace's default."""
-    name = resource_name(spec.job_id, spec.attempt)
-    nodes = nodes or {}
-    placed = list(spec.placement.nodes)
-    n_nodes = len(placed) or max(1, spec.spec.resources.nodes)
-    gpus = (placed[0].gpus if placed else 0) or spec.spec.resources.gpus_per_node or 1
-    labels = {LABEL_JOB: _label_value(spec.job_id), LABEL_ATTEMPT: str(spec.attempt),
-              LABEL_MANAGED: MANAGER, "app.kubernetes.io/name": "computebroker-trainer"}
-    master = f"{name}-0.{name}"
-
-    env = {**dict(spec.spec.env), **spec.env}
-    env.update(rank_thread_env(env))  # torchrun's 1 thread per rank unless the spec sets it
-    env.update({
-        "MASTER_ADDR": master,
-        "MASTER_PORT": str(MASTER_PORT),
-        "WORLD_SIZE": str(n_nodes * gpus),
-        "CB_JOB_ID": spec.job_id,
-        "CB_ATTEMPT": str(spec.attempt),
-        "CB_CHECKPOINT_URI": spec.checkpoint_uri or spec.spec.checkpoint_uri,
-        "CB_RESUME_FROM": spec.resume_from,
-        "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
-        "CB_PROGRESS_FILE": PROGRESS_FILE,
-        "CB_GRACE_S": str(grace_s),
-        STOP_DEADLINE_ENV: STOP_DEADLINE_FILE,
-    })
-    env_vars = [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())]
-    # The pod's own name and namespace, for the preStop hook's GET of its pod.
-    for var, path in ((POD_NAME_ENV, "metadata.name"), (POD_NAMESPACE_ENV, "metadata.namespace")):
-        env_vars.append(k8s.V1EnvVar(name=var, value_from=k8s.V1EnvVarSource(
-            field_ref=k8s.V1ObjectFieldSelector(field_path=path))))
-    # The node rank is the pod's completion index (set by the Job controller).
-    env_vars.append(k8s.V1EnvVar(name="NODE_RANK", value_from=k8s.V1EnvVarSource(
-        field_ref=k8s.V1ObjectFieldSelector(
-            field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"))))
-    if spec.spec.command:
-        command = list(spec.spec.command)
-    else:
-        command = ["torchrun", f"--nnodes={n_nodes}", f"--nproc-per-node={gpus}",
-                   "--node-rank=$(NODE_RANK)", f"--master-addr={master}",
-                   f"--master-port={MASTER_PORT}", "-m", "trainer"]
-
-    limits = {L.RESOURCE_GPU: str(gpus)}
-    efa = min((nodes[n.node_id].efa for n in placed if n.node_id in nodes), default=0)
-    if efa > 0:
-        limits[L.RESOURCE_EFA] = str(efa)
-
-    container = k8s.V1Container(
-        name="trainer",
-        image=spec.spec.image or image or DEFAULT_IMAGE,
-        command=command,
-        env=env_vars,
-        ports=[k8s.V1ContainerPort(container_port=MASTER_PORT, name="rendezvous")],
-        resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
-        lifecycle=k8s.V1Lifecycle(pre_stop=k8s.V1LifecycleHandler(
-            _exec=k8s.V1ExecAction(command=list(PRESTOP)))),
-        volume_mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-                       k8s.V1VolumeMount(name="progress", mount_path="/var/run/computebroker")],
-    )
-    pod_spec = k8s.V1PodSpec(
-        containers=[container],
-        restart_policy="Never",
-        subdomain=name,
-        service_account_name=service_account or None,
-        termination_grace_period_seconds=grace_s,
-        affinity=_affinity(placed, labels),
-        tolerations=[k8s.V1Toleration(key=L.RESOURCE_GPU, operator="Exists", effect="NoSchedule")],
-        volumes=[k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
-                 k8s.V1Volume(name="progress", empty_dir=k8s.V1EmptyDirVolumeSource())],
-    )
-    job = k8s.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels,
-                                  annotations={ANNOTATION_JOB: spec.job_id}),
-        spec=k8s.V1JobSpec(
-            completion_mode="Indexed",
-            completions=n_nodes,
-            parallelism=n_nodes,
-            backoff_limit=0,  # gang: the broker relaunches (attempt+1), not the Job controller
-            ttl_seconds_after_finished=3600,
-            template=k8s.V1PodTemplateSpec(metadata=k8s.V1ObjectMeta(labels=labels), spec=pod_spec),
-        ),
-    )
-    service = k8s.V1Service(
-        api_version="v1",
-        kind="Service",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
-        spec=k8s.V1ServiceSpec(
-            cluster_ip="None",  # headless: DNS records per pod, for rendezvous
-            selector={LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]},
-            publish_not_ready_addresses=True,
-            ports=[k8s.V1ServicePort(name="rendezvous", port=MASTER_PORT)],
-        ),
-    )
-    return job, service
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
-def _label_value(value: str) -> str:
-    """Label values: <= 63 chars of [A-Za-z0-9_.-], alphanumeric at both ends."""
-    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
-    return v.strip("-_.") or "x"
+def pod_outcome(pod: dict, now: float) -> tuple[int | None, str]:
+    """How a pod ended: (exit code, why), or (None, "") while it may still run.
+
+    The trainer container's terminated state is the truth. A pod deleted before it was
+    ever bound (no node) never ran: code ``None`` but ended (why = "never ran"). A pod
+    whose start failed (phase Failed, no container state) ended with -1."""
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") != CONTAINER:
+            continue
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            return int(term.get("exitCode", -1)), str(term.get("reason") or "")
+    if status.get("phase") == "Failed":
+        return -1, str(status.get("message") or status.get("reason") or "pod failed")
+    return None, ""
 
 
-def _affinity(placed: list[common_pb2.NodeAssignment], labels: dict[str, str]) -> k8s.V1Affinity:
-    exprs: list[k8s.V1NodeSelectorRequirement] = []
-    if placed:
-        exprs.append(k8s.V1NodeSelectorRequirement(
-            key=L.LABEL_HOSTNAME, operator="In", values=sorted({n.node_id for n in placed})))
-        ultra = {n.ultraserver_id for n in placed}
-        layer3 = {n.network_layer_3 for n in placed}
-        if len(ultra) == 1 and "" not in ultra:
-            exprs.append(k8s.V1NodeSelectorRequirement(
-                key=L.LABEL_ULTRASERVER, operator="In", values=sorted(ultra)))
-        elif len(layer3) == 1 and "" not in layer3:
-            exprs.append(k8s.V1NodeSelectorRequirement(
-                key=L.LABEL_LAYER_3, operator="In", values=sorted(layer3)))
-    node_affinity = None
-    if exprs:
-        node_affinity = k8s.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=exprs)]))
-    # One pod per node: the gang is one pod per placed node.
-    anti = k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[
-        k8s.V1PodAffinityTerm(
-            topology_key=L.LABEL_HOSTNAME,
-            label_selector=k8s.V1LabelSelector(match_labels={
-                LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]}))])
-    return k8s.V1Affinity(node_affinity=node_affinity, pod_anti_affinity=anti)
+def pod_ended(pod: dict, now: float) -> bool:
+    """Nothing of this pod can run any more (see :func:`pod_outcome`)."""
+    code, _ = pod_outcome(pod, now)
+    if code is not None:
+        return True
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if meta.get("deletionTimestamp"):
+        if not spec.get("nodeName"):
+            return True  # deleted before it was scheduled: never ran
+        return now > _parse_time(meta["deletionTimestamp"]) + VANISH_TIMEOUT_S
+    return False
+
+
+def pod_running(pod: dict) -> bool:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER and (cs.get("state") or {}).get("running") is not None:
+            return True
+    return False
+
+
+def pod_key(pod: dict) -> tuple[str, int] | None:
+    meta = pod.get("metadata") or {}
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    job_id = ann.get(ANNOTATION_JOB) or labels.get(LABEL_JOB, "")
+    try:
+        attempt = int(labels.get(LABEL_ATTEMPT, "0"))
+    except ValueError:
+        return None
+    return (job_id, attempt) if job_id and attempt > 0 else None
 
 
 @dataclass
 class _K8sAttempt:
     spec: AttemptSpec
     name: str
+    expected: int  # pods of the gang
     state: int = AS.ATTEMPT_STATE_STARTING
-    stop_mode: str = ""
+    stop_mode: str = ""  # "" | "checkpoint" | "kill"
     stop_time: float = 0.0
     stop_grace_s: int = 0  # the pods' deletion grace: they may save for this long
     failure: tuple[int, str, list[str]] | None = None
     exit_codes: dict[str, int] = field(default_factory=dict)  # pod name -> exit code
+    seen: set[str] = field(default_factory=set)  # pod names ever seen
+    adopted: bool = False
+    last: ProgressSnapshot | None = None  # the trainer's word, from the pod annotation
+    last_raw: str = ""
+    last_sent_sig: tuple | None = None
+    last_sent_time: float = 0.0
+    running_since: float = 0.0  # all pods' containers running (the hang clock's start)
+    hang_timeout_s: float = 600.0
+    # annotations every pod of the attempt must carry (set on pods created later too)
+    wanted: dict[str, str] = field(default_factory=dict)
 
 
 class KubernetesExecutor(Executor):
-    """Creates, watches (by polling pods) and deletes one Job per attempt."""
+    """Creates, watches and deletes one Job per attempt; see the module docstring."""
 
     name = "kubernetes"
 
     def __init__(self, namespace: str = "default", region: str = "", image: str = "",
-                 api_client: k8s.ApiClient | None = None, service_account: str = "") -> None:
+                 api_client: k8s.ApiClient | None = None, service_account: str = "",
+                 run_as_user: int = DEFAULT_UID, grace_s: int = 120,
+                 hang_timeout_s: float = 600.0, progress_interval_s: float = 1.0) -> None:
         if api_client is None:
             from kubernetes import config as kconfig
 
@@ -251,185 +205,500 @@ class KubernetesExecutor(Executor):
         self.region = region
         self.image = image
         self.service_account = service_account
+        self.run_as_user = run_as_user
+        self.grace_s = grace_s
+        self.hang_timeout_s = hang_timeout_s
+        self.progress_interval_s = progress_interval_s
         self.core = k8s.CoreV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
+        self._lock = threading.RLock()
         self._nodes: dict[str, common_pb2.Node] = {}
         self._attempts: dict[tuple[str, int], _K8sAttempt] = {}
         self._events: list[AttemptEvent] = []
+        self._released: dict[str, float] = {}  # pod uid -> when its finalizer was released
+        self._spot_seen: dict[str, float] = {}  # node -> when its spot taint was first seen
+        self.changed = threading.Event()  # set by the watches: something may have changed
+        self._last_pass = 0.0
+        self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
+                                on_change=self.changed.set, namespace=namespace,
+                                label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
+        self.node_cache = ObjectCache(self.core.list_node, what="nodes",
+                                      on_change=self.changed.set).start()
 
+    # ---- nodes ------------------------------------------------------------------
     def discover_nodes(self) -> list[common_pb2.Node]:
-        """Inventory from Node labels (GPU nodes only), through labels.py."""
-        nodes = [L.node_from_k8s(n, region=self.region) for n in self.core.list_node().items]
-        nodes = [n for n in nodes if n.gpus > 0]
-        self._nodes = {n.id: n for n in nodes}
-        return nodes
-
-    def adopt_existing(self) -> list[RunningInfo]:
-        """Re-adopt our Jobs still in the cluster (after an agent restart), so the
-        next Register reports them and the broker keeps or stops them."""
-        jobs = self.batch.list_namespaced_job(
-            self.namespace, label_selector=f"{LABEL_MANAGED}={MANAGER}").items
-        for job in jobs:
-            meta = job.metadata
-            job_id = (meta.annotations or {}).get(ANNOTATION_JOB) or meta.labels.get(LABEL_JOB, "")
-            attempt = int(meta.labels.get(LABEL_ATTEMPT, "0") or 0)
-            if not job_id or attempt <= 0 or (job_id, attempt) in self._attempts:
+        """Inventory from the watched Node objects (GPU nodes only), via labels.py."""
+        nodes = []
+        for obj in self.node_cache.snapshot().values():
+            try:
+                n = L.node_from_k8s(obj, region=self.region)
+            except L.LabelError as e:
+                log.warning("node %s left out: %s", obj["metadata"]["name"], e)
                 continue
-            if job.status and ((job.status.succeeded or 0) >= (job.spec.completions or 1)
-                               or (job.status.failed or 0) > 0):
-                continue  # finished: nothing to adopt
-            spec = AttemptSpec(job_id=job_id, attempt=attempt, spec=common_pb2.JobSpec(
-                resources=common_pb2.Resources(nodes=job.spec.completions or 1)),
-                placement=common_pb2.Placement())
-            self._attempts[(job_id, attempt)] = _K8sAttempt(spec=spec, name=meta.name,
-                                                            state=AS.ATTEMPT_STATE_RUNNING)
-        return self.running()
+            if n.gpus > 0:
+                n.healthy = n.healthy and health_of(obj)[0]
+                nodes.append(n)
+        with self._lock:
+            self._nodes = {n.id: n for n in nodes}
+        return sorted(nodes, key=lambda n: n.id)
 
+    def node_signals(self) -> tuple[dict[str, float], dict[str, tuple[bool, str]]]:
+        """(spot notices: node -> reclaim deadline, health: node -> (healthy, reason))
+        of the known GPU nodes, from the Node watch. A node whose object is gone is
+        unhealthy. The agent merges them with its own notice path (signals.py)."""
+        objs = self.node_cache.snapshot()
+        now = time.time()
+        spot: dict[str, float] = {}
+        health: dict[str, tuple[bool, str]] = {}
+        with self._lock:
+            known = list(self._nodes)
+        for name in known:
+            obj = objs.get(name)
+            if obj is None:
+                health[name] = (False, "Node object deleted")
+                continue
+            health[name] = health_of(obj)
+            if spot_tainted(obj):
+                spot[name] = self._spot_seen.setdefault(name, now) + SPOT_WARNING_S
+            else:
+                self._spot_seen.pop(name, None)
+        return spot, health
+
+    # ---- launch ------------------------------------------------------------------
     def ranks(self, spec: AttemptSpec) -> int:
-        """WORLD_SIZE of the pods (build_job): nodes x GPUs of the first placed node."""
+        """WORLD_SIZE of the pods (build_manifests): nodes x GPUs of the first placed node."""
         placed = list(spec.placement.nodes)
         n_nodes = len(placed) or max(1, spec.spec.resources.nodes)
         return n_nodes * ((placed[0].gpus if placed else 0) or spec.spec.resources.gpus_per_node or 1)
 
     def launch(self, spec: AttemptSpec) -> None:
-        job, service = build_manifests(spec, namespace=self.namespace, image=self.image,
-                                       nodes=self._nodes, service_account=self.service_account)
-        try:
-            self.core.create_namespaced_service(self.namespace, service)
-            self.batch.create_namespaced_job(self.namespace, job)
-        except k8s.ApiException as e:
-            raise ValueError(f"kubernetes rejected the job: {e.status} {e.reason}") from None
-        att = _K8sAttempt(spec=spec, name=job.metadata.name)
-        self._attempts[(spec.job_id, spec.attempt)] = att
-        self._events.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
-
-    def _delete(self, att: _K8sAttempt, grace_s: int) -> None:
-        opts = k8s.V1DeleteOptions(propagation_policy="Background", grace_period_seconds=grace_s)
-        for call in (self.batch.delete_namespaced_job, self.core.delete_namespaced_service):
+        if spec.attempt <= 0:
+            raise ValueError(f"attempt must be >= 1, got {spec.attempt}")
+        with self._lock:
+            self._fence_older(spec.job_id, spec.attempt)
+            m = build_manifests(spec, namespace=self.namespace, image=self.image,
+                                nodes=self._nodes, service_account=self.service_account,
+                                run_as_user=self.run_as_user, grace_s=self.grace_s)
+            created: list[tuple[str, str]] = []
             try:
-                call(att.name, self.namespace, body=opts)
+                self.core.create_namespaced_secret(self.namespace, m.secret)
+                created.append(("secret", m.secret.metadata.name))
+                self.core.create_namespaced_service(self.namespace, m.service)
+                created.append(("service", m.service.metadata.name))
+                job = self.batch.create_namespaced_job(self.namespace, m.job)
+                created.append(("job", m.job.metadata.name))
+                owned = {"metadata": {"ownerReferences": [
+                    self.core.api_client.sanitize_for_serialization(owner_reference(job))]}}
+                self.core.patch_namespaced_secret(m.secret.metadata.name, self.namespace, owned)
+                self.core.patch_namespaced_service(m.service.metadata.name, self.namespace, owned)
             except k8s.ApiException as e:
-                if e.status != 404:
-                    log.warning("delete %s: %s %s", att.name, e.status, e.reason)
+                self._undo(created)
+                raise ValueError(f"kubernetes refused the attempt: {_api_error(e)}") from None
+            att = _K8sAttempt(spec=spec, name=m.job.metadata.name,
+                              expected=m.job.spec.completions or 1,
+                              hang_timeout_s=self._hang_timeout(spec))
+            self._attempts[(spec.job_id, spec.attempt)] = att
+            self._events.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
+            log.info("launched %s attempt %d: job %s/%s, %d pod(s)", spec.job_id, spec.attempt,
+                     self.namespace, att.name, att.expected)
 
-    def _stop_pods(self, att: _K8sAttempt, grace_s: int) -> None:
-        """Delete the attempt with ``grace_s`` for its pods (see the module doc): the Job
-        orphaned first, so neither its controller nor the garbage collector touches the
-        pods, then the pods with this grace (their deletionTimestamp is the deadline the
-        preStop hook hands the trainer), then the Service."""
-        orphan = k8s.V1DeleteOptions(propagation_policy="Orphan")
+    def _undo(self, created: list[tuple[str, str]]) -> None:
+        for kind, name in reversed(created):
+            with contextlib.suppress(k8s.ApiException):
+                if kind == "job":
+                    self.batch.delete_namespaced_job(name, self.namespace,
+                                                     propagation_policy="Background")
+                elif kind == "service":
+                    self.core.delete_namespaced_service(name, self.namespace)
+                else:
+                    self.core.delete_namespaced_secret(name, self.namespace)
+
+    def _fence_older(self, job_id: str, attempt: int) -> None:
+        """Kill every pod of an older attempt of ``job_id`` that may still run (ours or
+        a previous agent process's) and wait until each has ended."""
+        def older() -> list[dict]:
+            now = time.time()
+            return [p for p in self.pods.snapshot().values()
+                    if (k := pod_key(p)) and k[0] == job_id and k[1] < attempt
+                    and not pod_ended(p, now)]
+        live = older()
+        if not live:
+            return
+        for a in sorted({pod_key(p)[1] for p in live}):  # type: ignore[index]
+            log.warning("%s attempt %d supersedes attempt %d, still running: killing it",
+                        job_id, attempt, a)
+            att = self._attempts.get((job_id, a))
+            if att is not None:
+                att.stop_mode = att.stop_mode or "kill"
+                att.stop_time = att.stop_time or time.time()
+            self._kill(resource_name(job_id, a), job_id, a, 0)
+        deadline = time.monotonic() + FENCE_TIMEOUT_S
+        while older():
+            if time.monotonic() > deadline:
+                raise ValueError(f"an older attempt of {job_id} could not be stopped")
+            self.changed.wait(0.2)
+            self.changed.clear()
+        self.changed.set()  # poll() has not seen these changes yet
+
+    # ---- control -----------------------------------------------------------------
+    def _kill(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
+        """Orphan the Job, delete its pods with ``grace_s`` (see the module doc)."""
+        self.changed.set()  # the next poll() looks at the attempt again
         try:
-            self.batch.delete_namespaced_job(att.name, self.namespace, body=orphan)
+            self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Orphan")
         except k8s.ApiException as e:
             if e.status != 404:
-                log.warning("delete job %s: %s %s", att.name, e.status, e.reason)
+                log.warning("delete job %s: %s", name, _api_error(e))
         try:
             self.core.delete_collection_namespaced_pod(
-                self.namespace, label_selector=self._selector(att),
-                body=k8s.V1DeleteOptions(grace_period_seconds=grace_s))
+                self.namespace, label_selector=selector(job_id, attempt),
+                grace_period_seconds=grace_s)
         except k8s.ApiException as e:
-            log.warning("delete pods of %s: %s %s", att.name, e.status, e.reason)
-        try:
-            self.core.delete_namespaced_service(att.name, self.namespace)
-        except k8s.ApiException as e:
-            if e.status != 404:
-                log.warning("delete service %s: %s %s", att.name, e.status, e.reason)
+            log.warning("delete pods of %s: %s", name, _api_error(e))
 
-    @staticmethod
-    def _selector(att: _K8sAttempt) -> str:
-        return f"{LABEL_JOB}={_label_value(att.spec.job_id)},{LABEL_ATTEMPT}={att.spec.attempt}"
+    def _cleanup(self, att: _K8sAttempt) -> None:
+        """After the end: the Job (if any: its pods have ended), Service and Secret."""
+        for call in (self.batch.delete_namespaced_job, self.core.delete_namespaced_service,
+                     self.core.delete_namespaced_secret):
+            try:
+                call(att.name, self.namespace, propagation_policy="Background")
+            except k8s.ApiException as e:
+                if e.status != 404:
+                    log.warning("delete %s: %s", att.name, _api_error(e))
 
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
-        att = self._attempts.get((job_id, attempt))
-        if att is None:
-            raise KeyError(f"{job_id} attempt {attempt} is not running here")
-        att.stop_mode = "checkpoint" if checkpoint_first else "kill"
-        att.stop_time = time.time()
-        att.stop_grace_s = max(0, math.ceil(grace_s)) if checkpoint_first else 0
-        self._stop_pods(att, att.stop_grace_s)
-        if checkpoint_first:
-            self._set(att, AS.ATTEMPT_STATE_CHECKPOINTING)
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            if checkpoint_first:
+                if att.stop_mode:
+                    return  # already stopping: the first deadline stands
+                att.stop_mode = "checkpoint"
+                att.stop_grace_s = max(0, math.ceil(grace_s))
+            else:
+                att.stop_mode = "kill"
+                att.stop_grace_s = 0
+            att.stop_time = time.time()
+            self._kill(att.name, job_id, attempt, att.stop_grace_s)
+            if checkpoint_first:
+                self._set(att, AS.ATTEMPT_STATE_CHECKPOINTING)
+
+    def _hang_timeout(self, spec: AttemptSpec) -> float:
+        with contextlib.suppress(ValueError, TypeError):
+            return float(spec.spec.trainer.options.get("hang_timeout_s", self.hang_timeout_s))
+        return self.hang_timeout_s
 
     def checkpoint(self, job_id: str, attempt: int) -> None:
-        raise ValueError("CheckpointNow is not supported by the kubernetes executor yet")
+        """Checkpoint-now: a new value of the pods' checkpoint-now annotation; the pod's
+        supervisor sees it in its downward-API file and SIGUSR1s the ranks."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            att.wanted[ANNOTATION_CHECKPOINT_NOW] = str(time.time_ns())
+            self._apply_wanted(att, self._pods_of(att))
+
+    supports_standby = True
+
+    def go(self, job_id: str, attempt: int, go: Go) -> None:
+        """Release (or abort) a standby: the Go as an annotation of its pods, which the
+        trainer reads from its downward-API file (trainer/standby.py waits for it)."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            att.wanted[ANNOTATION_GO] = go.to_json()
+            self._apply_wanted(att, self._pods_of(att))
+
+    def parked(self, job_id: str, attempt: int) -> bool | None:
+        """The standby's own word (progress state ``standby``), from its pod."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None:
+                return None
+            self._read_progress(att, self._pods_of(att))
+            return att.last is not None and att.last.state == "standby"
+
+    def _pods_of(self, att: _K8sAttempt) -> list[dict]:
+        key = (att.spec.job_id, att.spec.attempt)
+        return [p for p in self.pods.snapshot().values() if pod_key(p) == key]
+
+    def _apply_wanted(self, att: _K8sAttempt, pods: list[dict]) -> None:
+        for p in pods:
+            meta = p["metadata"]
+            ann = meta.get("annotations") or {}
+            todo = {k: v for k, v in att.wanted.items() if ann.get(k) != v}
+            if not todo or meta.get("deletionTimestamp"):
+                continue
+            try:
+                self.core.patch_namespaced_pod(meta["name"], self.namespace,
+                                               {"metadata": {"annotations": todo}})
+            except k8s.ApiException as e:
+                if e.status != 404:
+                    log.warning("annotate %s: %s", meta["name"], _api_error(e))
+
+    def _read_progress(self, att: _K8sAttempt, pods: list[dict]) -> None:
+        for p in pods:
+            raw = ((p["metadata"].get("annotations") or {}).get(ANNOTATION_PROGRESS)) or ""
+            if raw and raw != att.last_raw:
+                att.last_raw = raw
+                with contextlib.suppress(ValueError):
+                    snap = parse_progress(json.loads(raw))
+                    if snap is not None:
+                        att.last = snap
 
     def fail(self, job_id: str, attempt: int, message: str, failed_nodes: list[str]) -> None:
-        att = self._attempts.get((job_id, attempt))
-        if att is None or att.failure:
-            return
-        att.failure = (-9, message, list(failed_nodes))
-        self._delete(att, 0)
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None or att.failure:
+                return
+            att.failure = (-9, message, list(failed_nodes))
+            self._kill(att.name, job_id, attempt, 0)
 
+    # ---- observation ----------------------------------------------------------------
     def _set(self, att: _K8sAttempt, state: int, **kw: object) -> None:
         if att.state != state:
             att.state = state
-            self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state, **kw))
+            progress = att.last.progress if att.last is not None else None
+            self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state,
+                                             progress, **kw))  # type: ignore[arg-type]
 
     def poll(self) -> list[AttemptEvent]:
-        for key, att in list(self._attempts.items()):
-            self._poll_one(att)
-            if att.state in (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
-                             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED):
-                del self._attempts[key]
-        out, self._events = self._events, []
-        return out
+        with self._lock:
+            now = time.time()
+            # The agent polls ~5 times a second; a pass over every pod is only needed
+            # when a watch delivered something, or once a second for what time alone
+            # changes (hang detection, pods whose node is gone).
+            if not self.changed.is_set() and now - self._last_pass < FULL_PASS_S:
+                out, self._events = self._events, []
+                return out
+            self.changed.clear()
+            self._last_pass = now
+            groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+            for p in self.pods.snapshot().values():
+                k = pod_key(p)
+                if k is not None:
+                    groups[k].append(p)
+            for key, att in list(self._attempts.items()):
+                self._poll_one(att, groups.get(key, []), now)
+                if att.state in TERMINAL:
+                    del self._attempts[key]
+            for key, pods in groups.items():
+                if key not in self._attempts:  # ended (reported) or a stranger's leftovers
+                    for p in pods:
+                        if pod_ended(p, now):
+                            self._release(p)
+            out, self._events = self._events, []
+            return out
 
-    def _poll_one(self, att: _K8sAttempt) -> None:
-        try:
-            pods = self.core.list_namespaced_pod(self.namespace, label_selector=self._selector(att)).items
-        except k8s.ApiException as e:
-            log.warning("list pods of %s: %s %s", att.name, e.status, e.reason)
-            return
-        running = False
+    def _poll_one(self, att: _K8sAttempt, pods: list[dict], now: float) -> None:
+        self._read_progress(att, pods)
         for pod in pods:
-            for cs in (pod.status.container_statuses or []) if pod.status else []:
-                term = cs.state.terminated if cs.state else None
-                if term is not None:
-                    att.exit_codes[pod.metadata.name] = term.exit_code
-                    if term.exit_code not in (EXIT_OK, EXIT_CHECKPOINTED) and not att.failure \
-                            and not att.stop_mode:
-                        blamed = [] if term.exit_code in NOT_THE_NODE else [pod.spec.node_name or ""]
-                        msg = f"pod {pod.metadata.name} exited {term.exit_code}: " \
-                              f"{term.reason or ''} {term.message or ''}".strip()
-                        att.failure = (term.exit_code, msg, [b for b in blamed if b])
-                        self._delete(att, 0)
-                elif cs.state and cs.state.running is not None:
-                    running = True
-        n = len(att.spec.placement.nodes) or max(1, att.spec.spec.resources.nodes)
+            name = pod["metadata"]["name"]
+            att.seen.add(name)
+            code, why = pod_outcome(pod, now)
+            if code is None or name in att.exit_codes:
+                continue
+            att.exit_codes[name] = code
+            if code in (EXIT_OK, EXIT_CHECKPOINTED) or att.failure or att.stop_mode:
+                continue
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            blamed = [] if code in NOT_THE_NODE or not node else [node]
+            msg = f"pod {name} on node {node or '?'} exited with code {code}"
+            if why:
+                msg += f" ({why})"
+            att.failure = (code, msg, blamed)
+            self._kill(att.name, att.spec.job_id, att.spec.attempt, 0)  # the gang is lost
+
+        ended = all(pod_ended(p, now) for p in pods)
         codes = list(att.exit_codes.values())
-        if att.failure:
-            code, msg, nodes = att.failure
-            self._set(att, AS.ATTEMPT_STATE_FAILED, exit_code=code, message=msg, failed_nodes=nodes)
-        elif att.stop_mode:
-            # Pods may still be saving for their whole grace; after that (and a margin
-            # for the kubelet) an attempt whose pods never vanish counts as stopped.
-            gone = not pods or time.time() - att.stop_time > att.stop_grace_s + VANISH_TIMEOUT_S
-            if gone:
-                ok = att.stop_mode == "checkpoint" and codes and all(
-                    c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes) and EXIT_CHECKPOINTED in codes
-                if ok:
-                    self._set(att, AS.ATTEMPT_STATE_CHECKPOINTED, exit_code=EXIT_CHECKPOINTED,
-                              message="checkpointed")
-                else:
-                    self._set(att, AS.ATTEMPT_STATE_STOPPED, exit_code=-9,
-                              message="job deleted on stop")
-        elif len(codes) >= n and all(c == EXIT_OK for c in codes):
-            self._set(att, AS.ATTEMPT_STATE_SUCCEEDED, exit_code=0, message="all pods exited 0")
-            self._delete(att, 0)
-        elif len(codes) >= n and all(c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes):
-            self._set(att, AS.ATTEMPT_STATE_CHECKPOINTED, exit_code=EXIT_CHECKPOINTED,
-                      message="checkpointed")
-            self._delete(att, 0)
-        elif running:
-            self._set(att, AS.ATTEMPT_STATE_RUNNING)
+        if att.failure or att.stop_mode:
+            # Pods may still be saving for their whole grace. The Job was orphaned, so
+            # no new pod comes; once none can run, the attempt is over.
+            if not ended:
+                return
+            if att.failure:
+                code, msg, nodes = att.failure
+                self._finish(att, pods, AS.ATTEMPT_STATE_FAILED, code, msg, nodes)
+            elif (att.stop_mode == "checkpoint" and EXIT_CHECKPOINTED in codes
+                  and all(c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes)):
+                self._finish(att, pods, AS.ATTEMPT_STATE_CHECKPOINTED, EXIT_CHECKPOINTED,
+                             "checkpointed")
+            else:
+                why = ("killed on stop" if att.stop_mode == "kill"
+                       else "stopped: no checkpoint within grace")
+                bad = [c for c in codes if c not in (EXIT_OK, EXIT_CHECKPOINTED)]
+                self._finish(att, pods, AS.ATTEMPT_STATE_STOPPED, bad[0] if bad else -9, why)
+            return
+        if ended and len(codes) >= att.expected:
+            if all(c == EXIT_OK for c in codes):
+                self._finish(att, pods, AS.ATTEMPT_STATE_SUCCEEDED, EXIT_OK, "all pods exited 0")
+            else:  # every pod exited 0 or 75 (a crash is a failure above)
+                self._finish(att, pods, AS.ATTEMPT_STATE_CHECKPOINTED, EXIT_CHECKPOINTED,
+                             "checkpointed")
+            return
+        self._running_updates(att, pods, now)
+
+    def _running_updates(self, att: _K8sAttempt, pods: list[dict], now: float) -> None:
+        """RUNNING when the trainer says so (as the local executor: a stop reaching a
+        trainer still starting would save nothing real), progress at most every
+        ``progress_interval_s``, and the hang detector."""
+        all_running = bool(pods) and len(pods) >= att.expected and all(map(pod_running, pods))
+        if all_running and not att.running_since:
+            att.running_since = now
+        if att.wanted:
+            self._apply_wanted(att, pods)
+        snap = att.last
+        if att.state == AS.ATTEMPT_STATE_STARTING:
+            said = snap is not None and snap.state in ("running", "checkpointing", "done")
+            # a job's own command may not publish progress: its pods running is all we know
+            if all_running and (said or att.spec.spec.command):
+                self._set(att, AS.ATTEMPT_STATE_RUNNING)
+        elif snap is not None and snap.signature() != att.last_sent_sig \
+                and now - att.last_sent_time >= self.progress_interval_s:
+            att.last_sent_sig, att.last_sent_time = snap.signature(), now
+            self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, att.state,
+                                             snap.progress))
+        if att.running_since and att.hang_timeout_s > 0:
+            # The trainer's heartbeat (its clock; pods and agent keep NTP time) or, before
+            # its first word, when its pods started running (image pulls do not count).
+            beat = max(snap.heartbeat if snap else 0.0, att.running_since)
+            if now - beat > att.hang_timeout_s:
+                att.failure = (-9, f"hang: no progress for {int(now - beat)} s", [])
+                self._kill(att.name, att.spec.job_id, att.spec.attempt, 0)
+
+    def _finish(self, att: _K8sAttempt, pods: list[dict], state: int, code: int, msg: str,
+                failed_nodes: list[str] | None = None) -> None:
+        """Report the end, then let the pods go (their exit codes are read) and clean up."""
+        self._set(att, state, exit_code=int(code), message=msg, failed_nodes=list(failed_nodes or []))
+        log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, msg, code)
+        for p in pods:
+            self._release(p)
+        self._cleanup(att)
+
+    def _release(self, pod: dict) -> None:
+        """Remove our finalizer (the pod's end is read): a JSON patch that tests the
+        finalizer is still where we saw it, so no one else's finalizer is touched."""
+        meta = pod["metadata"]
+        fins = meta.get("finalizers") or []
+        uid = meta.get("uid", "")
+        if FINALIZER not in fins or uid in self._released:
+            return
+        i = fins.index(FINALIZER)
+        body = [{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{i}"}]
+        try:
+            self.core.patch_namespaced_pod(meta["name"], self.namespace, body)
+        except k8s.ApiException as e:
+            if e.status != 404:  # moved meanwhile (422): next poll, with the fresh object
+                log.info("release %s: %s", meta["name"], _api_error(e))
+                return
+        self._released[uid] = time.time()
+        if len(self._released) > 10000:
+            cutoff = time.time() - 600
+            self._released = {u: t for u, t in self._released.items() if t > cutoff}
 
     def running(self) -> list[RunningInfo]:
-        return [RunningInfo(a.spec.job_id, a.spec.attempt, a.state, None, a.spec.node_ids())
-                for a in self._attempts.values()]
+        with self._lock:
+            return [RunningInfo(a.spec.job_id, a.spec.attempt, a.state,
+                                a.last.progress if a.last else None, a.spec.node_ids())
+                    for a in self._attempts.values()]
 
     def shutdown(self, grace_s: float = 0.0) -> None:
-        """The Jobs belong to the cluster, not to this process: leave them running.
+        """The attempts belong to the cluster, not to this process: they keep running.
+        A restarted agent re-adopts them (:meth:`recover`) and reports them on Register;
+        the broker keeps or stops them (RegisterAck.stale_job_ids)."""
+        self.pods.stop()
+        self.node_cache.stop()
 
-        A restarted agent re-adopts them (:meth:`adopt_existing`) and reports them
-        on Register; the broker keeps or stops them (RegisterAck.stale_job_ids).
-        """
+    # ---- restart safety ----------------------------------------------------------
+    def recover(self) -> list[AttemptEvent]:
+        """Re-adopt every attempt whose Job or pods are in the cluster; their outcomes
+        come out of ``poll()`` like those of attempts this process launched."""
+        with self._lock:
+            now = time.time()
+            found: dict[tuple[str, int], dict] = {}
+            try:
+                jobs = self.batch.list_namespaced_job(
+                    self.namespace, label_selector=f"{LABEL_MANAGED}={MANAGER}").items
+            except k8s.ApiException as e:
+                raise ValueError(f"cannot list jobs: {_api_error(e)}") from None
+            for job in jobs:
+                obj = self.batch.api_client.sanitize_for_serialization(job)
+                k = pod_key(obj)
+                if k is not None:
+                    found[k] = {"job": obj, "pods": []}
+            for p in self.pods.snapshot().values():
+                k = pod_key(p)
+                if k is not None:
+                    found.setdefault(k, {"job": None, "pods": []})["pods"].append(p)
+            for k, what in found.items():
+                if k in self._attempts:
+                    continue
+                job, pods = what["job"], what["pods"]
+                jstatus = (job or {}).get("status") or {}
+                if job is not None and not pods and any(
+                        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                        for c in jstatus.get("conditions") or []):
+                    continue  # finished and its pods released: reported before
+                source = job or pods[0]
+                ann = source["metadata"].get("annotations") or {}
+                spec = decode_launch(ann.get(ANNOTATION_LAUNCH, ""))
+                if spec is None:
+                    log.warning("%s attempt %d: no readable launch annotation; adopted bare", *k)
+                    spec = AttemptSpec(job_id=k[0], attempt=k[1], spec=common_pb2.JobSpec(),
+                                       placement=common_pb2.Placement())
+                expected = ((job or {}).get("spec") or {}).get("completions") or len(pods) or 1
+                att = _K8sAttempt(spec=spec, name=resource_name(*k), expected=int(expected),
+                                  adopted=True, hang_timeout_s=self._hang_timeout(spec))
+                self._read_progress(att, pods)
+                if pods and all(map(pod_running, pods)):
+                    att.running_since = now
+                if pods and all(pod_running(p) for p in pods) and len(pods) >= att.expected:
+                    att.state = AS.ATTEMPT_STATE_RUNNING
+                if job is None and pods:  # orphaned by a stop the previous agent began
+                    graces = [int(p["metadata"].get("deletionGracePeriodSeconds") or 0)
+                              for p in pods if p["metadata"].get("deletionTimestamp")]
+                    att.stop_mode = "checkpoint" if any(graces) else "kill"
+                    att.stop_grace_s = max(graces, default=0)
+                    att.stop_time = now
+                    if not graces:  # orphaned but not yet deleted: finish the stop
+                        self._kill(att.name, k[0], k[1], 0)
+                self._attempts[k] = att
+                log.info("re-adopted %s attempt %d (%d pod(s), %s)", k[0], k[1], len(pods),
+                         att.stop_mode or "running")
+        return []
+
+    def adopt_existing(self) -> list[RunningInfo]:
+        """Compatibility: :meth:`recover`, then what runs."""
+        self.recover()
+        return self.running()
+
+    def known_attempts(self) -> dict[str, int]:
+        """Highest attempt per job with pods (or an attempt) here."""
+        out: dict[str, int] = {}
+        for p in self.pods.snapshot().values():
+            k = pod_key(p)
+            if k is not None:
+                out[k[0]] = max(out.get(k[0], 0), k[1])
+        with self._lock:
+            for j, a in self._attempts:
+                out[j] = max(out.get(j, 0), a)
+        return out
+
+
+def _api_error(e: k8s.ApiException) -> str:
+    """``403 Forbidden: <the API server's message>`` (the message names the missing verb)."""
+    import json
+
+    text = f"{e.status} {e.reason}"
+    try:
+        msg = json.loads(e.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        msg = ""
+    return f"{text}: {msg}" if msg else text
+
+
+# Kept for callers that built label values through this module.
+_label_value = label_value

@@ -1,23 +1,22 @@
-"""KubernetesExecutor: manifests built with the kubernetes client's own models, and the
-create/watch/delete cycle against FakeKubeAPI (k8s_api_fixture.py) — a FIXTURE, not a
-real API server: a tiny http.server answering the handful of endpoints we call."""
+"""The Kubernetes executor's pure parts: manifests built with the kubernetes client's own
+models (no API server), the pod supervisor's exit-code rule and Node health. Everything
+that talks to Kubernetes is tested against a real API server in tests/k8s/."""
 
 from __future__ import annotations
 
 import json
-import time
+import signal
+import subprocess
+import sys
 
-import pytest
 from kubernetes import client as k8s
 
+from checkpoint_layout.pod_supervisor import aggregate
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.executors.base import AttemptSpec
-from region_agents.executors.kubernetes import (
-    KubernetesExecutor,
-    build_manifests,
-    resource_name,
-)
-from tests.agents.k8s_api_fixture import FakeKubeAPI
+from region_agents.executors.k8s_manifests import FINALIZER, decode_launch, rendezvous_port
+from region_agents.executors.k8s_nodes import SPOT_TAINT, health_of, spot_tainted
+from region_agents.executors.kubernetes import build_manifests, resource_name
 
 AS = agent_pb2.AttemptState
 
@@ -55,7 +54,8 @@ def attempt(job="Job_ABC.1", n=2, command=(), ultra="us-1", attempt_no=3) -> Att
 
 def test_manifests_round_trip_and_content():
     nodes = {"node-0": common_pb2.Node(id="node-0", efa=16), "node-1": common_pb2.Node(id="node-1", efa=16)}
-    job, svc = build_manifests(attempt(), namespace="ml", image="repo/trainer:1", nodes=nodes)
+    m = build_manifests(attempt(), namespace="ml", image="repo/trainer:1", nodes=nodes)
+    job, svc = m.job, m.service
     api = k8s.ApiClient()
     data = api.sanitize_for_serialization(job)
     again = api.deserialize(json.dumps(data), "V1Job", "application/json")
@@ -79,11 +79,24 @@ def test_manifests_round_trip_and_content():
     assert env["CB_CHECKPOINT_URI"] == "s3://cb/jobs/x"
     assert env["CB_RESUME_FROM"].endswith("step-000000010")
     assert json.loads(env["CB_TRAINER_CONFIG"])["total_steps"] == 100
-    assert env["USER_VAR"] == "1" and env["TRACEPARENT"] == "00-abc"
+    # the job's env is in the Secret, not inline (nor in the launch annotation)
+    assert "USER_VAR" not in env and "TRACEPARENT" not in env
+    assert m.secret.string_data == {"USER_VAR": "1", "TRACEPARENT": "00-abc"}
+    assert c["envFrom"] == [{"secretRef": {"name": name}}]
+    launch = decode_launch(data["spec"]["template"]["metadata"]["annotations"]["computebroker.io/launch"])
+    assert launch is not None and launch.job_id == "Job_ABC.1" and not launch.spec.env
+    assert data["spec"]["template"]["metadata"]["finalizers"] == [FINALIZER]
+    port = rendezvous_port("Job_ABC.1", 3)
+    assert env["MASTER_PORT"] == str(port) != str(rendezvous_port("Job_ABC.1", 4))
+    assert env["OMP_NUM_THREADS"] == "1"
     node_rank = next(e for e in c["env"] if e["name"] == "NODE_RANK")
     assert "job-completion-index" in node_rank["valueFrom"]["fieldRef"]["fieldPath"]
-    assert c["command"][:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=4"]
-    assert c["command"][-2:] == ["-m", "trainer"]
+    assert c["command"] == ["python", "-m", "checkpoint_layout.pod_supervisor", "--ranks=4",
+                            "--", "python", "-m", "trainer"]
+    sc, psc = c["securityContext"], pod["securityContext"]  # restricted Pod Security
+    assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     exprs = {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
     assert exprs["kubernetes.io/hostname"] == ["node-0", "node-1"]
@@ -96,7 +109,7 @@ def test_manifests_round_trip_and_content():
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert refs["CB_POD_NAME"] == "metadata.name" and refs["CB_POD_NAMESPACE"] == "metadata.namespace"
     assert "serviceAccountName" not in pod  # none given: the namespace's default
-    job2, _ = build_manifests(attempt(), service_account="trainer")
+    job2 = build_manifests(attempt(), service_account="trainer").job
     assert job2.spec.template.spec.service_account_name == "trainer"
     svc_data = api.sanitize_for_serialization(svc)
     assert svc_data["spec"]["clusterIP"] == "None"
@@ -105,171 +118,64 @@ def test_manifests_round_trip_and_content():
 
 
 def test_manifests_custom_command_and_layer3_affinity():
-    job, _ = build_manifests(attempt(command=["python", "train.py"], ultra=""))
+    job = build_manifests(attempt(command=["python", "train.py"], ultra="")).job
     c = job.spec.template.spec.containers[0]
-    assert c.command == ["python", "train.py"] and "vpc.amazonaws.com/efa" not in c.resources.limits
+    assert c.command[-3:] == ["--", "python", "train.py"] and "--ranks=0" in c.command
+    assert "vpc.amazonaws.com/efa" not in c.resources.limits
     exprs = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
         .node_selector_terms[0].match_expressions
     assert [e.key for e in exprs] == ["kubernetes.io/hostname", "topology.k8s.aws/network-node-layer-3"]
 
 
-@pytest.fixture
-def kube():
-    api = FakeKubeAPI([k8s_node("node-0"), k8s_node("node-1"), k8s_node("cpu-0", gpus="0")]).start()
-    yield api
-    api.stop()
+def test_the_pod_exit_code_is_the_gangs_truth():
+    assert aggregate([0, 0]) == 0
+    assert aggregate([75, 0]) == 75
+    assert aggregate([0, 3, 143]) == 3
 
 
-@pytest.fixture
-def executor(kube):
-    cfg = k8s.Configuration()
-    cfg.host = kube.host
-    return KubernetesExecutor(namespace="ml", region="us-east-2", api_client=k8s.ApiClient(cfg))
+def test_the_pod_supervisor_passes_signals_and_keeps_exit_75(tmp_path):
+    ranks = "import os,signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n" \
+            "print(os.environ['RANK'], flush=True)\ntime.sleep(60)\n"
+    env = {"PATH": "/usr/bin:/bin", "NODE_RANK": "1", "PYTHONPATH": ":".join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "checkpoint_layout.pod_supervisor", "--ranks=2",
+                          "--", sys.executable, "-c", ranks], env=env, stdout=subprocess.PIPE,
+                         text=True)
+    seen = sorted(p.stdout.readline().strip() for _ in range(2))
+    assert seen == ["2", "3"]  # RANK = node rank x ranks per pod + local rank
+    p.send_signal(signal.SIGTERM)  # the kubelet's, to the container's main process only
+    assert p.wait(30) == 75
+    crash = "import os,sys,time\nsys.exit(3) if os.environ['LOCAL_RANK']=='1' else time.sleep(60)"
+    r = subprocess.run([sys.executable, "-m", "checkpoint_layout.pod_supervisor", "--ranks=2",
+                        "--", sys.executable, "-c", crash], env=env, timeout=30)
+    assert r.returncode == 3  # the crash, not the SIGKILL of its peer
 
 
-def test_discover_nodes_from_labels(executor):
-    nodes = executor.discover_nodes()
-    assert [n.id for n in nodes] == ["node-0", "node-1"]  # GPU nodes only
-    assert nodes[0].ultraserver_id == "us-1" and nodes[0].gpus == 8 and nodes[0].efa == 16
-    assert nodes[0].capacity_type == common_pb2.CAPACITY_TYPE_RESERVED
-
-
-def test_launch_watch_succeed(kube, executor):
-    executor.discover_nodes()
-    spec = attempt()
-    executor.launch(spec)
-    name = resource_name(spec.job_id, spec.attempt)
-    assert name in kube.jobs and name in kube.services and len(kube.pods) == 2
-    assert [e.state for e in executor.poll()] == [AS.ATTEMPT_STATE_STARTING]
-    kube.set_running(name)
-    assert [e.state for e in executor.poll()] == [AS.ATTEMPT_STATE_RUNNING]
-    assert executor.running()[0].state == AS.ATTEMPT_STATE_RUNNING
-    kube.terminate(name, 0, 0)
-    assert executor.poll() == []  # one pod still running
-    kube.terminate(name, 1, 0)
-    (end,) = executor.poll()
-    assert end.state == AS.ATTEMPT_STATE_SUCCEEDED and executor.running() == []
-    assert name not in kube.jobs  # cleaned up
-
-
-def test_pod_failure_fails_gang_and_blames_node(kube, executor):
-    spec = attempt()
-    executor.launch(spec)
-    name = resource_name(spec.job_id, spec.attempt)
-    kube.set_running(name)
-    executor.poll()
-    kube.terminate(name, 1, 3, "boom")
-    (end,) = executor.poll()
-    assert end.state == AS.ATTEMPT_STATE_FAILED and end.exit_code == 3
-    assert end.failed_nodes == ["node-1"] and "boom" in end.message
-    assert name not in kube.jobs and not kube.pods
-
-
-def test_stop_gives_the_pods_the_stops_own_grace(kube, executor):
-    """A drain's 600 s reach the pods (not their launch-time 120 s): the Job is orphaned so
-    neither its controller nor the garbage collector deletes the pods with their default
-    grace; the pods are deleted with the Stop's grace; the attempt stays CHECKPOINTING
-    while they save, past the old 60 s vanish timeout, and ends CHECKPOINTED."""
-    spec = attempt()
-    executor.launch(spec)
-    name = resource_name(spec.job_id, spec.attempt)
-    kube.set_running(name)
-    executor.poll()
-    t0 = time.time()
-    executor.stop(spec.job_id, spec.attempt, checkpoint_first=True, grace_s=599.2)
-    path, body = next(d for d in kube.deleted if "/jobs/" in d[0])
-    assert path.endswith(f"/jobs/{name}") and body["propagationPolicy"] == "Orphan"
-    path, body = next(d for d in kube.deleted if d[0].endswith("/pods"))
-    assert body["gracePeriodSeconds"] == 600  # rounded up: never less than the Stop allows
-    assert name not in kube.jobs and name not in kube.services
-    pods = [p for p in kube.pods.values() if p["metadata"]["labels"]["job-name"] == name]
-    assert len(pods) == 2 and all(p["metadata"]["deletionGracePeriodSeconds"] == 600 for p in pods)
-    assert [e.state for e in executor.poll()] == [AS.ATTEMPT_STATE_CHECKPOINTING]
-    executor._attempts[(spec.job_id, spec.attempt)].stop_time = t0 - 90  # saving for 90 s
-    assert executor.poll() == []  # still inside its 600 s: not given up
-    for i in range(2):
-        kube.terminate(name, i, 75)
-    assert executor.poll() == []  # exited, not yet removed by the kubelet
-    kube.reap()
-    ends = executor.poll()
-    assert [(e.state, e.exit_code) for e in ends] == [(AS.ATTEMPT_STATE_CHECKPOINTED, 75)]
-    with pytest.raises(KeyError):
-        executor.stop(spec.job_id, spec.attempt, checkpoint_first=False, grace_s=0)
-
-
-def test_a_kill_stop_deletes_the_pods_at_once(kube, executor):
-    spec = attempt()
-    executor.launch(spec)
-    executor.poll()
-    executor.stop(spec.job_id, spec.attempt, checkpoint_first=False, grace_s=30)
-    _, body = next(d for d in kube.deleted if d[0].endswith("/pods"))
-    assert body["gracePeriodSeconds"] == 0
-
-
-def test_the_prestop_hook_hands_the_pods_deadline_to_the_trainer(kube, executor, tmp_path):
-    """checkpoint_layout/pod_deadline.py against the fixture: before the delete the pod
-    shows no deadline (nothing written); after it, the file holds the pod's
-    deletionTimestamp, which the trainer reads on SIGTERM (read_stop_deadline)."""
-    from checkpoint_layout.pod_deadline import publish
-    from checkpoint_layout.stop_deadline import read_stop_deadline
-
-    spec = attempt()
-    executor.launch(spec)
-    name = resource_name(spec.job_id, spec.attempt)
-    pod = f"{name}-0-abcde"
-    out = tmp_path / "stop-deadline.json"
-    args = dict(namespace="ml", name=pod, token="tok", ca_file=None, out=str(out))
-    assert publish(kube.host, **args) is None and not out.exists()
-    t0 = time.time()
-    executor.stop(spec.job_id, spec.attempt, checkpoint_first=True, grace_s=300)
-    sd = publish(kube.host, **args)
-    assert sd is not None and sd.grace_s == 300 and t0 + 298 <= sd.deadline <= time.time() + 301
-    assert read_stop_deadline(out) == sd
-    assert kube.pod_gets[-1] == ("ml", pod, "Bearer tok")
-    with pytest.raises(RuntimeError, match="could not read pod"):
-        publish(kube.host, **{**args, "name": "no-such-pod"})
-
-
-def test_the_prestop_hook_never_fails_the_termination(tmp_path):
-    """Outside a cluster (or without permission) the hook says why and exits 0: the
-    kubelet goes on to its SIGTERM and the trainer uses CB_GRACE_S."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(CB_STOP_DEADLINE_FILE=str(tmp_path / "sd.json"), CB_POD_NAME="p", CB_POD_NAMESPACE="ml")
-    r = subprocess.run([sys.executable, "-m", "checkpoint_layout.pod_deadline"], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "CB_GRACE_S applies" in r.stderr
-    assert not (tmp_path / "sd.json").exists()
-
-
-def test_adopt_existing_jobs_after_restart(kube, executor):
-    spec = attempt()
-    executor.launch(spec)
-    cfg = k8s.Configuration()
-    cfg.host = kube.host
-    restarted = KubernetesExecutor(namespace="ml", region="us-east-2", api_client=k8s.ApiClient(cfg))
-    running = restarted.adopt_existing()
-    assert [(r.job_id, r.attempt) for r in running] == [("Job_ABC.1", 3)]
-
-
-def test_api_errors_are_clear(kube, executor):
-    executor.launch(attempt())
-    with pytest.raises(ValueError, match="kubernetes rejected the job: 409"):
-        executor.launch(attempt())
+def test_node_health_and_spot_from_node_objects():
+    ready = {"metadata": {"name": "n", "labels": {}}, "spec": {},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert health_of(ready) == (True, "")
+    bad = json.loads(json.dumps(ready))
+    bad["status"]["conditions"][0].update(status="Unknown", reason="NodeStatusUnknown")
+    assert health_of(bad) == (False, "Ready=Unknown: NodeStatusUnknown")
+    hp = json.loads(json.dumps(ready))
+    hp["metadata"]["labels"]["sagemaker.amazonaws.com/node-health-status"] = "UnschedulablePendingReboot"
+    assert health_of(hp)[0] is False
+    spot = json.loads(json.dumps(ready))
+    spot["spec"]["taints"] = [{"key": SPOT_TAINT, "value": "x", "effect": "NoSchedule"}]
+    assert spot_tainted(spot) and health_of(spot) == (True, "")  # a notice, not ill health
 
 
 def test_pods_get_torchruns_thread_default_unless_the_spec_sets_it():
-    def pod_env(spec: AttemptSpec) -> dict[str, str]:
-        job, _ = build_manifests(spec)
-        return {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+    def pod_env(spec: AttemptSpec) -> tuple[dict[str, str], dict[str, str]]:
+        m = build_manifests(spec)
+        inline = {e.name: e.value for e in m.job.spec.template.spec.containers[0].env}
+        return inline, dict(m.secret.string_data)
 
-    env = pod_env(attempt(command=["python", "train.py"]))  # a user's command: no torchrun
+    env, _ = pod_env(attempt(command=["python", "train.py"]))  # a user's command: no torchrun
     assert env["OMP_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
     own = attempt()
     own.spec.env["OMP_NUM_THREADS"] = "6"
     own.env["MKL_NUM_THREADS"] = "2"  # a launch's env counts as set, too
-    env = pod_env(own)
-    assert env["OMP_NUM_THREADS"] == "6" and env["MKL_NUM_THREADS"] == "2"
+    env, secret = pod_env(own)  # the job's own values reach the pod (through its Secret)
+    assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
+    assert secret["OMP_NUM_THREADS"] == "6" and secret["MKL_NUM_THREADS"] == "2"

@@ -1,0 +1,211 @@
+"""A trainer pod's main process: starts the pod's ranks, passes signals on, exits with
+the code that tells the truth, publishes progress on the pod, and turns the agent's
+checkpoint-now into SIGUSR1.
+
+    python -m checkpoint_layout.pod_supervisor --ranks N -- python -m trainer
+    python -m checkpoint_layout.pod_supervisor --ranks 0 -- CMD...   (a job's own command, once)
+
+Why not torchrun as the container's main process: torchrun collapses its workers' exit
+codes (a worker's exit 75 after a checkpoint-first stop becomes torchrun's 1, or its own
+death by the SIGTERM), so the kubelet would never report 75 and no stop could end
+CHECKPOINTED. This launcher does what the local executor does on a host: one process per
+rank with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_*`` (static rendezvous: pod 0's
+headless-Service name), the whole pod stopped when one rank crashes, and an exit code
+aggregated the local executor's way: the first crash's code, else 75 if any rank
+checkpointed, else 0.
+
+* **Signals**: the kubelet's SIGTERM (a Stop) and SIGUSR1 are passed to every rank. (In
+  the tests' node fixture the kubelet signals the whole process group, so ranks may get a
+  SIGTERM twice: the trainer's handler only sets a flag.)
+* **Progress out**: node rank 0's rank 0 writes the progress file (``CB_PROGRESS_FILE``,
+  contract 2) in the pod's emptyDir, as under the local agent. A thread here copies it
+  into the pod's annotation ``computebroker.io/progress`` with one merge PATCH: at once
+  when the state, step or checkpoint changed (at most every ``MIN_S``), else with each
+  new heartbeat at most every ``HEARTBEAT_S``. The agent's existing pod watch delivers
+  it: no extra connection, nothing the agent must expose. One pod per attempt publishes.
+  The trainer service account may patch pods; an admission policy in deploy/k8s lets a
+  trainer token change only that annotation of its *own* pod (docs/kubernetes.md).
+* **Checkpoint-now in**: the agent sets the annotation ``computebroker.io/checkpoint-now``
+  to a new value; the kubelet refreshes the pod's downward-API file
+  (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks.
+
+Standard library only: it runs in the trainer's image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
+
+PROGRESS_ANNOTATION = "computebroker.io/progress"
+CHECKPOINT_NOW_ANNOTATION = "computebroker.io/checkpoint-now"
+PODINFO_ENV = "CB_PODINFO_DIR"
+MIN_S = 2.0  # at most one PATCH per this for a change
+HEARTBEAT_S = 10.0  # and one per this for a heartbeat alone (the hang detector's input)
+TICK_S = 0.25
+EXIT_OK, EXIT_CHECKPOINTED = 0, 75
+
+
+def aggregate(codes: list[int]) -> int:
+    """The pod's exit code from its ranks' (in rank order), as the local executor
+    judges a gang: the first crash, else 75 if any rank checkpointed, else 0."""
+    bad = [c for c in codes if c not in (EXIT_OK, EXIT_CHECKPOINTED)]
+    if bad:
+        return bad[0]
+    return EXIT_CHECKPOINTED if EXIT_CHECKPOINTED in codes else EXIT_OK
+
+
+def _code(rc: int) -> int:
+    return rc if rc >= 0 else 128 - rc  # killed by signal N: 128+N, as a shell says
+
+
+class Publisher:
+    """PATCHes one annotation of the own pod through the in-cluster API."""
+
+    def __init__(self, api: str, namespace: str, name: str, token: str, ca: str | None) -> None:
+        self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/pods/{name}"
+        self.token = token
+        self.ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+
+    @classmethod
+    def from_env(cls) -> Publisher | None:
+        name, ns = os.environ.get(POD_NAME_ENV, ""), os.environ.get(POD_NAMESPACE_ENV, "")
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not (name and ns and host and port):
+            return None
+        try:
+            token = (SA_DIR / "token").read_text().strip()
+        except OSError as e:
+            print(f"pod_supervisor: no service-account token, progress not published: {e}",
+                  file=sys.stderr)
+            return None
+        ca = SA_DIR / "ca.crt"
+        return cls(f"https://{host}:{port}", ns, name, token, str(ca) if ca.exists() else None)
+
+    def publish(self, annotation: str, value: str) -> None:
+        body = json.dumps({"metadata": {"annotations": {annotation: value}}}).encode()
+        req = urllib.request.Request(self.url, data=body, method="PATCH", headers={
+            "Authorization": f"Bearer {self.token}",
+            "Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(req, context=self.ctx, timeout=5) as r:
+            r.read()
+
+
+def publish_loop(pub: Publisher, path: str, stop: threading.Event) -> None:
+    """Copy the progress file into the pod annotation (see the module doc)."""
+    last_sig: tuple | None = None
+    last_pub, last_text = 0.0, ""
+    while not stop.wait(TICK_S * 2):
+        text = _read(Path(path))
+        if not text or text == last_text:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        sig = (data.get("state"), data.get("step"), data.get("last_checkpoint_step"),
+               data.get("last_checkpoint_uri"))
+        now = time.monotonic()
+        if (sig != last_sig and now - last_pub >= MIN_S) or now - last_pub >= HEARTBEAT_S:
+            try:
+                pub.publish(PROGRESS_ANNOTATION, json.dumps(data, sort_keys=True,
+                                                            separators=(",", ":")))
+                last_sig, last_pub, last_text = sig, now, text
+            except Exception as e:  # noqa: BLE001 - retried on the next tick
+                print(f"pod_supervisor: progress not published: {e}", file=sys.stderr)
+
+
+def rank_env(base: dict[str, str], ranks: int, local: int) -> dict[str, str]:
+    node_rank = int(base.get("NODE_RANK") or 0)
+    env = dict(base)
+    env.update(RANK=str(node_rank * ranks + local), LOCAL_RANK=str(local),
+               LOCAL_WORLD_SIZE=str(ranks), GROUP_RANK=str(node_rank), NODE_RANK=str(node_rank))
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m checkpoint_layout.pod_supervisor")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="processes to start (0: the command once, with the env as is)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("no command")
+    base = dict(os.environ)
+    envs = [base] if args.ranks <= 0 else [rank_env(base, args.ranks, i) for i in range(args.ranks)]
+    procs: list[subprocess.Popen] = []
+    terminating = threading.Event()
+
+    def forward(sig: int, frame: object) -> None:
+        if sig == signal.SIGTERM:
+            terminating.set()
+        for pr in procs:
+            if pr.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    pr.send_signal(sig)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(s, forward)
+    for env in envs:
+        try:
+            procs.append(subprocess.Popen(command, env=env))
+        except OSError as e:
+            print(f"pod_supervisor: cannot start {command[0]!r}: {e}", file=sys.stderr)
+            for pr in procs:
+                pr.kill()
+            return 127
+    stop = threading.Event()
+    pub = Publisher.from_env()
+    progress = os.environ.get("CB_PROGRESS_FILE", "")
+    if pub is not None and progress:
+        threading.Thread(target=publish_loop, args=(pub, progress, stop), daemon=True).start()
+    podinfo = os.environ.get(PODINFO_ENV, "")
+    ckpt_file = Path(podinfo, "checkpoint-now") if podinfo else None
+    seen = _read(ckpt_file)
+    killed = False
+    while [pr.poll() for pr in procs].count(None):  # polls every rank (any() would stop early)
+        time.sleep(TICK_S)
+        value = _read(ckpt_file)
+        if value and value != seen:
+            seen = value
+            forward(signal.SIGUSR1, None)
+        crashed = [pr for pr in procs if pr.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
+        if crashed and not killed and not terminating.is_set():
+            killed = True  # one rank is gone: the others would wait in a collective forever
+            for pr in procs:
+                if pr.poll() is None:
+                    pr.kill()
+    stop.set()
+    # ranks SIGKILLed by us after a crash do not count: the crash's code is the pod's
+    codes = [_code(pr.returncode) for pr in procs]
+    first_crash = [c for pr, c in zip(procs, codes, strict=True)
+                   if pr.returncode not in (EXIT_OK, EXIT_CHECKPOINTED, -signal.SIGKILL)]
+    return first_crash[0] if killed and first_crash else aggregate(codes)
+
+
+def _read(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

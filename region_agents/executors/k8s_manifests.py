@@ -1,0 +1,321 @@
+"""The Kubernetes objects of one attempt (pure: no API calls): an indexed ``batch/v1``
+Job, its headless Service and a Secret holding the job's own environment.
+
+Why an indexed Job and not a PyTorchJob: it needs no operator in the cluster.
+``completionMode: Indexed`` gives each pod a stable index (= node rank) and, with the
+headless Service as ``subdomain``, a stable DNS name, so pod 0 is the rendezvous
+(``<name>-0.<name>``) exactly like torchrun's c10d master. One pod per placed node (node
+affinity to the placed hostnames, plus the UltraServer / network layer-3 label when the
+gang shares one; anti-affinity keeps two pods of a gang off one node), each running a
+rank per GPU under :mod:`checkpoint_layout.pod_supervisor` (not torchrun: it would hide
+the ranks' exit 75); the env follows docs/contracts.md.
+
+Why a Secret: a job's ``env`` may carry credentials (tokens, keys). Inline in the pod spec
+they would be readable by anyone who may ``get`` pods or Jobs; in a Secret they are
+readable only by who may read Secrets (the agent creates it and never reads it back).
+The Secret is owned by the Job (ownerReference, set right after the Job exists), so the
+garbage collector removes it with the Job wherever the agent does not.
+
+Why the restricted Pod Security Standard: trainer namespaces enforce it
+(deploy/k8s/namespace.yaml), and a cluster admin can trust that a job's code runs as a
+non-root user, without privilege escalation, with the runtime's seccomp profile and no
+Linux capabilities. Every pod we build passes it (the tests create them in a namespace
+where the real API server enforces it).
+
+Why a finalizer of ours on every pod (``FINALIZER``): the API server must not forget a
+pod before the agent has read how its container ended. Without it a Stop's pod is
+deleted the moment the kubelet reports its exit, and a watch that lags (or an agent that
+restarts) would never see exit 75, reporting STOPPED for a trainer that did checkpoint.
+The agent removes the finalizer right after reading the terminated state
+(region_agents/executors/kubernetes.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import zlib
+from dataclasses import dataclass
+
+from kubernetes import client as k8s
+
+from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV
+from checkpoint_layout.pod_supervisor import (
+    CHECKPOINT_NOW_ANNOTATION,
+    PODINFO_ENV,
+    PROGRESS_ANNOTATION,
+)
+from checkpoint_layout.standby_go import GO_ENV
+from checkpoint_layout.stop_deadline import STOP_DEADLINE_ENV
+from computebroker.v1 import agent_pb2, common_pb2
+from region_agents import labels as L
+from region_agents.executors.base import AttemptSpec, trainer_config_json
+from region_agents.executors.rank_threads import rank_thread_env
+
+LABEL_JOB = "computebroker.io/job-id"
+LABEL_ATTEMPT = "computebroker.io/attempt"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+MANAGER = "computebroker-agent"
+ANNOTATION_JOB = "computebroker.io/job-id"  # the exact id (label values may be sanitized)
+ANNOTATION_LAUNCH = "computebroker.io/launch"  # the Launch, for re-adoption after a restart
+ANNOTATION_GO = "computebroker.io/standby-go"  # make-before-break: the Go, as JSON
+ANNOTATION_PROGRESS = PROGRESS_ANNOTATION  # published by the pod (pod_supervisor.py)
+ANNOTATION_CHECKPOINT_NOW = CHECKPOINT_NOW_ANNOTATION  # set by the agent: SIGUSR1 the ranks
+FINALIZER = "computebroker.io/exit-code"  # see the module doc
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+SHARED_DIR = "/var/run/computebroker"  # an emptyDir: progress file, stop deadline
+PODINFO_DIR = "/etc/computebroker/podinfo"  # a downward-API volume (annotations, refreshed)
+PROGRESS_FILE = f"{SHARED_DIR}/progress.json"
+STOP_DEADLINE_FILE = f"{SHARED_DIR}/stop-deadline.json"  # written by the preStop hook
+GO_FILE = f"{PODINFO_DIR}/standby-go"  # the Go annotation, projected by the downward API
+PRESTOP = ["python", "-m", "checkpoint_layout.pod_deadline"]
+# The container's main process: starts the pod's ranks, exits with their aggregated
+# code (torchrun would turn a 75 into 1), publishes progress (pod_supervisor.py says why).
+SUPERVISOR = ["python", "-m", "checkpoint_layout.pod_supervisor"]
+DEFAULT_IMAGE = "computebroker/trainer:latest"
+# The distroless "nonroot" uid: no user of a typical host or image has it, and the
+# restricted standard forbids 0. An image with its own trainer user sets --run-as-user.
+DEFAULT_UID = 65532
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+
+def resource_name(job_id: str, attempt: int) -> str:
+    """A DNS-1123 label (<= 63 chars) unique per job attempt: ``cb-<job>-a<attempt>``.
+
+    Indexed pods are named ``<name>-<index>-<random>``, so leave room for that.
+    """
+    base = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-") or "job"
+    suffix = f"-a{attempt}"
+    return f"cb-{base}"[: 50 - len(suffix)].rstrip("-") + suffix
+
+
+def label_value(value: str) -> str:
+    """Label values: <= 63 chars of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    v = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
+    return v.strip("-_.") or "x"
+
+
+def selector(job_id: str, attempt: int | None = None) -> str:
+    """The label selector of one attempt's objects (or of every attempt of a job)."""
+    s = f"{LABEL_MANAGED}={MANAGER},{LABEL_JOB}={label_value(job_id)}"
+    return s if attempt is None else f"{s},{LABEL_ATTEMPT}={attempt}"
+
+
+def rendezvous_port(job_id: str, attempt: int) -> int:
+    """The attempt's ``MASTER_PORT``: derived from (job, attempt), not a fixed 29500.
+
+    Why: on a real cluster every pod has its own network namespace, so any fixed port
+    would do (and this one is as good). The tests' node fixture runs pods as processes
+    sharing the host's one port space, where two attempts (of one job during a
+    make-before-break move, or of two jobs) on a fixed port would collide. A port per
+    attempt, stable across agent restarts (derived, not stored), below the ephemeral
+    range (never an outgoing connection's local port): harmless on a cluster,
+    necessary in the fixture."""
+    return PORT_BASE + zlib.crc32(f"{job_id}/{attempt}".encode()) % PORT_SPAN
+
+
+def launch_of(spec: AttemptSpec) -> agent_pb2.Launch:
+    """The Launch an AttemptSpec came from (stored on the objects for re-adoption)."""
+    return agent_pb2.Launch(job_id=spec.job_id, attempt=spec.attempt, spec=spec.spec,
+                            placement=spec.placement, checkpoint_uri=spec.checkpoint_uri,
+                            resume_from=spec.resume_from, standby=spec.standby)
+
+
+def encode_launch(spec: AttemptSpec) -> str:
+    """The Launch without any env (the job's env goes to the Secret only: an annotation
+    is readable by whoever may read pods), base64 for an annotation."""
+    launch = launch_of(spec)
+    launch.spec.env.clear()
+    launch.env.clear()
+    return base64.b64encode(launch.SerializeToString()).decode()
+
+
+def decode_launch(text: str) -> AttemptSpec | None:
+    try:
+        return AttemptSpec.from_launch(agent_pb2.Launch.FromString(base64.b64decode(text)))
+    except Exception:  # noqa: BLE001 - a foreign or damaged annotation: not adoptable
+        return None
+
+
+@dataclass
+class Manifests:
+    job: k8s.V1Job
+    service: k8s.V1Service
+    secret: k8s.V1Secret
+
+
+def _field_env(name: str, path: str) -> k8s.V1EnvVar:
+    return k8s.V1EnvVar(name=name, value_from=k8s.V1EnvVarSource(
+        field_ref=k8s.V1ObjectFieldSelector(field_path=path)))
+
+
+def build_manifests(
+    spec: AttemptSpec,
+    *,
+    namespace: str = "default",
+    image: str = "",
+    nodes: dict[str, common_pb2.Node] | None = None,
+    grace_s: int = 120,
+    service_account: str = "",
+    run_as_user: int = DEFAULT_UID,
+) -> Manifests:
+    """The Job, headless Service and env Secret for one attempt.
+    ``service_account``: the pods' (the preStop hook reads its own pod); "" = the
+    namespace's default."""
+    name = resource_name(spec.job_id, spec.attempt)
+    nodes = nodes or {}
+    placed = list(spec.placement.nodes)
+    n_nodes = len(placed) or max(1, spec.spec.resources.nodes)
+    gpus = (placed[0].gpus if placed else 0) or spec.spec.resources.gpus_per_node or 1
+    labels = {LABEL_JOB: label_value(spec.job_id), LABEL_ATTEMPT: str(spec.attempt),
+              LABEL_MANAGED: MANAGER, "app.kubernetes.io/name": "computebroker-trainer"}
+    master = f"{name}-0.{name}"
+    port = rendezvous_port(spec.job_id, spec.attempt)
+
+    user_env = {**dict(spec.spec.env), **spec.env}
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(n_nodes * gpus),
+        "CB_JOB_ID": spec.job_id,
+        "CB_ATTEMPT": str(spec.attempt),
+        "CB_CHECKPOINT_URI": spec.checkpoint_uri or spec.spec.checkpoint_uri,
+        "CB_RESUME_FROM": spec.resume_from,
+        "CB_TRAINER_CONFIG": trainer_config_json(spec.spec.trainer),
+        "CB_PROGRESS_FILE": PROGRESS_FILE,
+        "CB_GRACE_S": str(grace_s),
+        STOP_DEADLINE_ENV: STOP_DEADLINE_FILE,
+        "PYTHONUNBUFFERED": "1",
+        PODINFO_ENV: PODINFO_DIR,
+    }
+    if spec.standby:
+        env[GO_ENV] = GO_FILE
+    # torchrun's 1 thread per rank unless the job's env sets it (rank_threads.py: why)
+    env.update(rank_thread_env(user_env))
+    # Our variables are inline (env wins over envFrom), the job's come from the Secret.
+    env_vars = [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())]
+    env_vars += [_field_env(POD_NAME_ENV, "metadata.name"),
+                 _field_env(POD_NAMESPACE_ENV, "metadata.namespace"),
+                 _field_env("CB_NODE_ID", "spec.nodeName"),
+                 _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX}']")]
+    if spec.spec.command:  # the job's own command, once per pod (it may run torchrun)
+        command = [*SUPERVISOR, "--ranks=0", "--", *spec.spec.command]
+    else:  # a rank per GPU, static rendezvous at pod 0 (as the local executor's ranks)
+        command = [*SUPERVISOR, f"--ranks={gpus}", "--", "python", "-m", "trainer"]
+
+    limits = {L.RESOURCE_GPU: str(gpus)}
+    efa = min((nodes[n.node_id].efa for n in placed if n.node_id in nodes), default=0)
+    if efa > 0:
+        limits[L.RESOURCE_EFA] = str(efa)
+
+    mounts = [k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+              k8s.V1VolumeMount(name="shared", mount_path=SHARED_DIR),
+              k8s.V1VolumeMount(name="podinfo", mount_path=PODINFO_DIR, read_only=True)]
+    container = k8s.V1Container(
+        name="trainer",
+        image=spec.spec.image or image or DEFAULT_IMAGE,
+        command=command,
+        env=env_vars,
+        env_from=[k8s.V1EnvFromSource(secret_ref=k8s.V1SecretEnvSource(name=name))],
+        ports=[k8s.V1ContainerPort(container_port=port, name="rendezvous")],
+        resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
+        lifecycle=k8s.V1Lifecycle(pre_stop=k8s.V1LifecycleHandler(
+            _exec=k8s.V1ExecAction(command=list(PRESTOP)))),
+        security_context=k8s.V1SecurityContext(
+            allow_privilege_escalation=False,
+            capabilities=k8s.V1Capabilities(drop=["ALL"])),
+        volume_mounts=mounts,
+    )
+    # Annotations the agent sets on a running pod, refreshed in the container by the
+    # kubelet (the downward API's volumes follow changes; its env vars do not).
+    podinfo = k8s.V1DownwardAPIVolumeSource(items=[
+        k8s.V1DownwardAPIVolumeFile(path=path, field_ref=k8s.V1ObjectFieldSelector(
+            field_path=f"metadata.annotations['{key}']"))
+        for path, key in (("standby-go", ANNOTATION_GO),
+                          ("checkpoint-now", ANNOTATION_CHECKPOINT_NOW))])
+    pod_spec = k8s.V1PodSpec(
+        containers=[container],
+        restart_policy="Never",
+        subdomain=name,
+        service_account_name=service_account or None,
+        termination_grace_period_seconds=grace_s,
+        affinity=_affinity(placed, labels),
+        tolerations=[k8s.V1Toleration(key=L.RESOURCE_GPU, operator="Exists", effect="NoSchedule")],
+        security_context=k8s.V1PodSecurityContext(
+            run_as_non_root=True, run_as_user=run_as_user, run_as_group=run_as_user,
+            fs_group=run_as_user, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+        volumes=[k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+                 k8s.V1Volume(name="shared", empty_dir=k8s.V1EmptyDirVolumeSource()),
+                 k8s.V1Volume(name="podinfo", downward_api=podinfo)],
+    )
+    annotations = {ANNOTATION_JOB: spec.job_id, ANNOTATION_LAUNCH: encode_launch(spec)}
+    job = k8s.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels,
+                                  annotations=dict(annotations)),
+        spec=k8s.V1JobSpec(
+            completion_mode="Indexed",
+            completions=n_nodes,
+            parallelism=n_nodes,
+            backoff_limit=0,  # gang: the broker relaunches (attempt+1), not the Job controller
+            ttl_seconds_after_finished=3600,
+            template=k8s.V1PodTemplateSpec(
+                metadata=k8s.V1ObjectMeta(labels=labels, annotations=dict(annotations),
+                                          finalizers=[FINALIZER]),
+                spec=pod_spec),
+        ),
+    )
+    service = k8s.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        spec=k8s.V1ServiceSpec(
+            cluster_ip="None",  # headless: DNS records per pod, for rendezvous
+            selector={LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]},
+            publish_not_ready_addresses=True,
+            ports=[k8s.V1ServicePort(name="rendezvous", port=port)],
+        ),
+    )
+    secret = k8s.V1Secret(
+        api_version="v1",
+        kind="Secret",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        type="Opaque",
+        string_data=dict(sorted(user_env.items())),
+    )
+    return Manifests(job, service, secret)
+
+
+def owner_reference(job: k8s.V1Job) -> k8s.V1OwnerReference:
+    """Makes an object the Job's dependent (garbage-collected with it)."""
+    return k8s.V1OwnerReference(api_version="batch/v1", kind="Job", name=job.metadata.name,
+                                uid=job.metadata.uid, block_owner_deletion=False)
+
+
+def _affinity(placed: list[common_pb2.NodeAssignment], labels: dict[str, str]) -> k8s.V1Affinity:
+    exprs: list[k8s.V1NodeSelectorRequirement] = []
+    if placed:
+        exprs.append(k8s.V1NodeSelectorRequirement(
+            key=L.LABEL_HOSTNAME, operator="In", values=sorted({n.node_id for n in placed})))
+        ultra = {n.ultraserver_id for n in placed}
+        layer3 = {n.network_layer_3 for n in placed}
+        if len(ultra) == 1 and "" not in ultra:
+            exprs.append(k8s.V1NodeSelectorRequirement(
+                key=L.LABEL_ULTRASERVER, operator="In", values=sorted(ultra)))
+        elif len(layer3) == 1 and "" not in layer3:
+            exprs.append(k8s.V1NodeSelectorRequirement(
+                key=L.LABEL_LAYER_3, operator="In", values=sorted(layer3)))
+    node_affinity = None
+    if exprs:
+        node_affinity = k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=exprs)]))
+    # One pod per node: the gang is one pod per placed node.
+    anti = k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[
+        k8s.V1PodAffinityTerm(
+            topology_key=L.LABEL_HOSTNAME,
+            label_selector=k8s.V1LabelSelector(match_labels={
+                LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]}))])
+    return k8s.V1Affinity(node_affinity=node_affinity, pod_anti_affinity=anti)

@@ -1,0 +1,174 @@
+"""The Kubernetes executor against the REAL API server (tests/fixtures/k8s/controlplane.py):
+real trainer attempts (``torchrun -m trainer``, tiny model, gloo on the CPU) in pods the
+real scheduler binds to Node objects, run by the process-backed node fixture (the one
+simulated part, tests/fixtures/k8s/kubelet.py). The executor authenticates as the agent
+service account of deploy/k8s/agent.yaml; the namespace enforces the *restricted* Pod
+Security Standard."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from region_agents.executors.k8s_manifests import FINALIZER, resource_name
+from tests.fixtures.k8s.controlplane import ControlPlane
+from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.k8s.helpers import (
+    AS,
+    executor_for,
+    poll_until,
+    shared_dir,
+    state_of,
+    steps_saved,
+    terminal,
+    trainer_attempt,
+    wait,
+)
+
+NODES = ["lc-n1", "lc-n2"]
+
+
+@pytest.fixture(scope="module")
+def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
+    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+        for n in NODES:
+            cluster_a.core().delete_node(n)
+
+
+def test_one_pod_trainer_runs_to_success_in_a_restricted_namespace(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            spec = trainer_attempt("solo", NODES[:1], ckpt, steps=8, every=4,
+                                   env={"API_TOKEN": "s3cr3t"})
+            ex.launch(spec)
+            name = resource_name("solo", 1)
+            from kubernetes import client
+
+            job = client.BatchV1Api(cluster_a.api_client()).read_namespaced_job(name, ns)
+            pod_spec = job.spec.template.spec
+            # restricted PSS (the API server enforced it at pod creation; spelled out here)
+            assert pod_spec.security_context.run_as_non_root is True
+            assert pod_spec.security_context.run_as_user != 0
+            assert pod_spec.security_context.seccomp_profile.type == "RuntimeDefault"
+            c = pod_spec.containers[0]
+            assert c.security_context.allow_privilege_escalation is False
+            assert c.security_context.capabilities.drop == ["ALL"]
+            # the job's env is in a Secret owned by the Job, never inline
+            assert all(e.name != "API_TOKEN" for e in c.env)
+            assert "s3cr3t" not in str(job.to_dict())
+            sec = cluster_a.core().read_namespaced_secret(name, ns)
+            assert base64.b64decode(sec.data["API_TOKEN"]).decode() == "s3cr3t"
+            assert sec.metadata.owner_references[0].uid == job.metadata.uid
+            env = {e.name: e.value for e in c.env}
+            assert env["OMP_NUM_THREADS"] == "1"
+            events = poll_until(ex, terminal("solo"), what="solo to finish")
+            end = state_of(events, "solo")
+            assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, (end.message, kubelet.logs(ns, f"{name}-0"))
+            assert AS.ATTEMPT_STATE_RUNNING in [e.state for e in events]
+            assert steps_saved(ckpt)[-1] == 8
+            logs = "".join(kubelet.logs(ns, p.metadata.name)
+                           for p in cluster_a.core().list_namespaced_pod(ns).items)
+            assert "s3cr3t" not in logs or "API_TOKEN" not in logs
+        # our finalizer was released and the objects go away
+        wait(lambda: not [p for p in cluster_a.core().list_namespaced_pod(ns).items
+                          if FINALIZER in (p.metadata.finalizers or [])], what="finalizers released")
+        wait(lambda: not cluster_a.core().list_namespaced_secret(
+            ns, label_selector="app.kubernetes.io/managed-by=computebroker-agent").items,
+             what="secret deleted")
+    finally:
+        ex.shutdown()
+
+
+def test_two_pod_gang_rendezvous_through_the_headless_service(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            ex.discover_nodes()
+            ex.launch(trainer_attempt("gang", NODES, ckpt, steps=8, every=4))
+            name = resource_name("gang", 1)
+            events = poll_until(ex, lambda evs: any(e.terminal or e.state == AS.ATTEMPT_STATE_RUNNING
+                                                    for e in evs), what="gang to run")
+            pods = cluster_a.core().list_namespaced_pod(ns).items
+            # one pod per placed node, bound by the real scheduler
+            assert sorted(p.spec.node_name for p in pods) == sorted(NODES)
+            env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value}
+            assert env["MASTER_ADDR"] == f"{name}-0.{name}"
+            assert env["WORLD_SIZE"] == "2"
+            events = poll_until(ex, terminal("gang"), what="gang to finish", events=events)
+            end = state_of(events, "gang")
+            logs = "\n".join(kubelet.logs(ns, p.metadata.name) for p in pods)
+            assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, (end.message, logs)
+            assert steps_saved(ckpt)[-1] == 8
+    finally:
+        ex.shutdown()
+
+
+def test_a_crashed_pod_fails_the_gang_with_its_exit_code_and_node(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            crash = ("import os,sys,time\n"
+                     "if os.environ['NODE_RANK'] == '1': sys.exit(3)\n"
+                     "time.sleep(600)\n")
+            ex.launch(trainer_attempt("crash", NODES, ckpt, command=("python", "-c", crash)))
+            events = poll_until(ex, terminal("crash"), what="crash to be reported")
+            end = state_of(events, "crash")
+            assert end.state == AS.ATTEMPT_STATE_FAILED
+            assert end.exit_code == 3, end.message
+            pods = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"]: p
+                    for p in cluster_a.core().list_namespaced_pod(ns).items}
+            if "1" in pods:
+                assert end.failed_nodes == [pods["1"].spec.node_name]
+            assert len(end.failed_nodes) == 1 and end.failed_nodes[0] in NODES
+            # the other pod (sleeping) was killed: nothing of the gang runs on
+            wait(lambda: not cluster_a.core().list_namespaced_pod(ns).items, what="pods gone")
+    finally:
+        ex.shutdown()
+
+
+def test_checkpoint_first_stop_ends_checkpointed_with_exit_75(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            ex.launch(trainer_attempt("stopme", NODES, ckpt, steps=100000, every=5, sleep=0.2))
+            wait(lambda: steps_saved(ckpt), timeout=240, what="a first checkpoint")
+            events = poll_until(ex, lambda evs: any(e.state == AS.ATTEMPT_STATE_RUNNING
+                                                    for e in evs), what="running")
+            ex.stop("stopme", 1, checkpoint_first=True, grace_s=60)
+            events = poll_until(ex, terminal("stopme"), what="stop to end", events=events)
+            end = state_of(events, "stopme")
+            assert end.state == AS.ATTEMPT_STATE_CHECKPOINTED, end.message
+            assert end.exit_code == 75
+            assert AS.ATTEMPT_STATE_CHECKPOINTING in [e.state for e in events]
+            # the preStop hook handed the Stop's deadline (the pods' deletionTimestamp) over
+            written = list(kubelet.root.glob(f"pods/{ns}_*/volumes/shared/stop-deadline.json"))
+            assert len(written) == 2
+            assert json.loads(written[0].read_text())["grace_s"] == 60
+            wait(lambda: not cluster_a.core().list_namespaced_pod(ns).items, what="pods gone")
+    finally:
+        ex.shutdown()
+
+
+def test_a_kill_stop_ends_stopped(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            ex.launch(trainer_attempt("killme", NODES[:1], ckpt,
+                                      command=("python", "-c", "import time; time.sleep(600)")))
+            poll_until(ex, lambda evs: any(e.state == AS.ATTEMPT_STATE_RUNNING for e in evs),
+                       what="running")
+            ex.stop("killme", 1, checkpoint_first=False, grace_s=0)
+            end = state_of(poll_until(ex, terminal("killme"), what="stopped"), "killme")
+            assert end.state == AS.ATTEMPT_STATE_STOPPED
+            # grace 0: the kubelet's SIGTERM and SIGKILL come together; either ends it
+            assert end.exit_code in (137, 143), end.message
+    finally:
+        ex.shutdown()
