@@ -41,11 +41,12 @@ from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING, TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler
 from broker.jobs.recovery import Signal, Trigger, plan_stop
+from broker.scheduling import preemption_rules
 from broker.scheduling import snapshot as snapmod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from simulator import fleet, quota_filter
+from simulator import estimates, fleet, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
 from simulator.trace import TraceJob
@@ -105,6 +106,9 @@ class SimJob:
     lost: dict[str, float] = field(default_factory=dict)  # bucket -> GPU-seconds
     alloc_gpu_s: float = 0.0
     cost: dict[str, float] = field(default_factory=dict)  # capacity kind -> dollars
+    wait_s: float = 0.0  # every interval spent queued (first queue and every re-queue)
+    queued_t: float = -1.0  # when the current queued interval began (-1 = not queued)
+    unplaceable: str = ""  # why no state of the fleet could ever run it ("" = it can run)
 
     @property
     def gpus(self) -> int:
@@ -122,7 +126,9 @@ class Simulation:
                  progress: Callable[[float], None] | None = None, check: bool = False) -> None:
         self.scn, self.policy, self.seed, self.check = scn, policy, seed, check
         self.progress = progress
-        self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name)
+        self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name,
+                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget)
+        self.rules = preemption_rules.from_config(self.cfg)
         self.now = T0
         self.heap: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
@@ -162,6 +168,7 @@ class Simulation:
         self.moving: set[str] = set()
         self.in_tick = False  # jobs stopped by a proactive move, not yet relaunched
         self._seen: dict[object, object] = {}  # interned request fields (see _interned)
+        self._fit_memo: dict[tuple, str] = {}
         self.left_out = 0  # queued jobs the quota filter kept out of passes, summed over passes
 
     # ---- set-up ------------------------------------------------------------------------
@@ -207,7 +214,10 @@ class Simulation:
         if pol.spot and tj.gpus <= scn.spot_for_gpus_at_most:
             kinds.append(pb.CAPACITY_TYPE_SPOT)
         spec.capacity_types.extend(kinds)
-        spec.expected_duration_s = tj.duration_s
+        # the estimate a user would state, never the trace's truth (simulator/estimates.py)
+        spec.expected_duration_s = estimates.estimate(
+            estimates.EstimateModel(scn.duration_estimate), tj.duration_s, tj.id, self.seed,
+            sigma=scn.estimate_sigma, padding=scn.estimate_padding)
         spec.trainer.checkpoint_every = max(1, int(scn.checkpoint.interval_s))
         spec.trainer.step_sleep_s = 1.0
         return spec, nodes, gpn
@@ -329,8 +339,13 @@ class Simulation:
         ph = out.job.phase
         if ph in QUEUED:
             self.queued[sj.tj.id] = sj
+            if sj.queued_t < 0:
+                sj.queued_t = self.now
         else:
             self.queued.pop(sj.tj.id, None)
+            if sj.queued_t >= 0:
+                sj.wait_s += self.now - sj.queued_t
+                sj.queued_t = -1.0
         for c in out.commands:
             if isinstance(c, WakeScheduler):
                 self.wake()
@@ -469,10 +484,56 @@ class Simulation:
                     ckpt_bytes=ck.bytes_per_gpu * gpus)
         self.sj[tj.id] = sj
         self.queued[tj.id] = sj
+        sj.queued_t = self.now
         if tj.duration_s <= 0:  # nothing to run: it ends at once (counted, never placed)
             self.apply(sj, _succeed_pending(job, self.now))
             return
+        why = self._never_fits(sj)
+        if why:  # reported per job (metrics "unplaceable"); the run goes on without it
+            sj.unplaceable = why
+            self.apply(sj, _fail_pending(job, self.now, why))
+            return
         self.wake()
+
+    def _never_fits(self, sj: SimJob) -> str:
+        """Why no state of the fleet could ever run this job, or "".
+
+        Why here and not a stall detector: a job larger than every topology block (or
+        every region it may use, or its team's static quota) would wait forever; found at
+        submit, it is named with its real cause and the other jobs' results still count."""
+        spec = sj.job.spec
+        home_only = bool(spec.allowed_regions)
+        key = (sj.nodes, sj.gpn, tuple(spec.allowed_regions), tuple(spec.capacity_types),
+               spec.topology.required, sj.tj.team if self.policy.quotas is Quotas.STATIC else "")
+        hit = self._fit_memo.get(key)
+        if hit is not None:
+            return hit
+        level = {v: k for k, v in _LEVEL.items()}.get(spec.topology.required, "none")
+        attr = {"ultraserver": "ultraserver_id", "layer_3": "network_layer_3",
+                "layer_2": "network_layer_2"}.get(level)
+        best = 0  # most nodes with room for one rank in one allowed block
+        for region in (spec.allowed_regions if home_only else self.region_names):
+            blocks: dict[str, int] = defaultdict(int)
+            for s in self.snodes:
+                n = s.node
+                if n.region == region and n.gpus >= sj.gpn and n.capacity_type in spec.capacity_types:
+                    blocks[getattr(n, attr) if attr else region] += 1
+            best = max(best, *blocks.values(), 0)
+        why = ""
+        where = f"its home region {spec.allowed_regions[0]}" if home_only else "any region"
+        if best < sj.nodes:
+            block = {"ultraserver": "UltraServer", "layer_3": "layer-3 block",
+                     "layer_2": "layer-2 block"}.get(level, "region")
+            why = (f"needs {sj.nodes} node(s) of {sj.gpn} GPUs in one {block}; the largest {block} in"
+                   f" {where} has {best} such node(s)"
+                   + (f" (scenario gang_required: {self.scn.gang_required})" if attr else ""))
+        elif self.policy.quotas is Quotas.STATIC:
+            quota = next((dict(t.guaranteed).get("", 0) for t in self.teams if t.team == sj.tj.team), 0)
+            if sj.gpus > quota:
+                why = (f"needs {sj.gpus} GPUs; team {sj.tj.team}'s static quota is {quota} GPUs"
+                       " and static quotas never borrow")
+        self._fit_memo[key] = why
+        return why
 
     def _running(self, payload) -> None:  # noqa: ANN001
         sj, epoch = payload
@@ -762,7 +823,7 @@ class Simulation:
             pending.append(sj.req)
         for sj in self.holding.values():
             if sj.run is None:
-                sj.run = snapmod.running_job(sj.job, sj.prio)
+                sj.run = snapmod.running_job(sj.job, sj.prio, self.rules)
             running.append(sj.run)
         return placement.Snapshot(now=self.now, nodes=self.node_infos(), running=tuple(running),
                                   pending=tuple(pending), teams=self.teams,
@@ -791,7 +852,8 @@ class Simulation:
         jobs = [sj.job for sj in self.sj.values() if sj.job.phase not in TERMINAL]
         return snapmod.build(now=self.now, agents=agents, jobs=jobs, teams=self.team_records(),
                              plans=self.plans, draining=sorted(self.draining),
-                             priority_of=lambda s: self.cfg.priority_classes.get(s.priority_class, 0))
+                             priority_of=lambda s: self.cfg.priority_classes.get(s.priority_class, 0),
+                             preemption=self.rules)
 
     def _tick(self, _payload: object) -> None:
         if self.now != self.tick_at:
@@ -863,8 +925,8 @@ class Simulation:
                 + b / (self.scn.inter_region_gbps * 1e9))
 
     def remaining_s(self, r: placement.RunningJob) -> float:
-        sj = self.sj[r.id]
-        return max(0.0, sj.tj.duration_s - self._work_of(sj, self.now))
+        sj = self.sj[r.id]  # from the job's stated estimate: the policy never sees the truth
+        return estimates.remaining(sj.job.spec.expected_duration_s, self._work_of(sj, self.now))
 
     def _proactive(self, snap: placement.Snapshot, dec: placement.Decisions) -> None:
         busy = frozenset(j for j in self.moving if j in self.holding)
@@ -883,6 +945,16 @@ class Simulation:
 _LEVEL = {"none": pb.TOPOLOGY_LEVEL_UNSPECIFIED if hasattr(pb, "TOPOLOGY_LEVEL_UNSPECIFIED") else 0,
           "ultraserver": int(placement.TopologyLevel.ULTRASERVER),
           "layer_3": int(placement.TopologyLevel.LAYER_3), "layer_2": int(placement.TopologyLevel.LAYER_2)}
+
+
+def _fail_pending(job: pb.Job, now: float, why: str) -> Outcome:
+    """A job no fleet state can run: PENDING -> FAILED (an allowed edge), with the reason."""
+    from broker.jobs.lifecycle import FAILED
+    from broker.jobs.outcome import begin, seal
+
+    tx = begin(job, now)
+    tx.move(FAILED, "failed", reason="unplaceable", actor="sim", message=why)
+    return seal(tx)
 
 
 def _succeed_pending(job: pb.Job, now: float) -> Outcome:

@@ -24,7 +24,7 @@ def markdown(result: dict, timing: dict) -> str:
         " | preempt | migr | lost GPU-h | cost $k | Jain | CPU s | events/CPU-s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, m in result["policies"].items():
+    for name, m in _ok(result).items():
         t = timing.get(name, {})
         lines.append(
             f"| {name} | {m['utilisation']:.3f} | {m['goodput']:.3f} | {_h(m['jct_s']['mean'])}"
@@ -35,21 +35,26 @@ def markdown(result: dict, timing: dict) -> str:
     lines += ["", "Lost GPU-hours by cause:", "",
               "| policy | " + " | ".join(_causes(result)) + " |",
               "|---|" + "---:|" * len(_causes(result))]
-    for name, m in result["policies"].items():
+    for name, m in _ok(result).items():
         lines.append(f"| {name} | " + " | ".join(f"{m['lost_gpu_h'].get(c, 0.0):.0f}" for c in _causes(result)) + " |")
     lines += ["", "Cost by capacity type ($):", "", "| policy | on-demand | spot | plan (prepaid) |",
               "|---|---:|---:|---:|"]
-    for name, m in result["policies"].items():
+    for name, m in _ok(result).items():
         c = m["cost_usd"]
         lines.append(f"| {name} | {c['on_demand']:.0f} | {c['spot']:.0f} | {c['plan']:.0f} |")
     lines += ["", "Policies:", ""]
-    for name, m in result["policies"].items():
+    for name, m in _ok(result).items():
         lines.append(f"- `{name}` (recovery policy `{m['recovery_policy']}`): {m['summary']}")
     return "\n".join(lines) + "\n"
 
 
+def _ok(result: dict) -> dict:
+    """The policies whose run completed (a failed one carries only its error)."""
+    return {n: m for n, m in result["policies"].items() if "error" not in m}
+
+
 def _causes(result: dict) -> list[str]:
-    return sorted({c for m in result["policies"].values() for c in m["lost_gpu_h"]})
+    return sorted({c for m in _ok(result).values() for c in m["lost_gpu_h"]})
 
 
 def plots(result: dict, out: Path) -> list[Path]:
@@ -58,7 +63,7 @@ def plots(result: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pols = result["policies"]
+    pols = _ok(result)
     files = []
     kw = {"dpi": 80}
 

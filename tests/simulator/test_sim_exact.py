@@ -122,15 +122,3 @@ def test_better_capacity_moves_onto_a_plan_that_starts(tmp_path):
     assert j.cost == {"on_demand": 8 * 4.0 * 1008 / 3600}
     stay = simulate(tmp_path, scn, [("a", 0, 5000, 8, "t")], policy=PolicyKind.OURS)
     assert jct(stay, "a") == 5010 and stay.sj["a"].cost["on_demand"] > j.cost["on_demand"]
-
-
-def test_a_job_that_can_never_run_is_an_error_not_an_endless_run(tmp_path):
-    # 16 GPUs asked, the team's static guarantee is 8: under static quotas it never fits.
-    # Only scheduler ticks remain, so the run stops after the stall horizon and says why.
-    import pytest
-
-    from simulator.engine import SimError
-
-    scn = scenario(teams=[{"name": "t", "region": "r1", "guaranteed_gpus": 8}])
-    with pytest.raises(SimError, match="can never run"):
-        simulate(tmp_path, scn, [("big", 0, 1000, 16, "t")], policy=PolicyKind.STATIC)
