@@ -163,12 +163,13 @@ class Simulation:
         self.team_gpu_s: dict[str, float] = defaultdict(float)
         self._last_team_t = T0
         self.slow = dict(scn.slowdown)
-        self.teams = self._teams()
         self.region_names = [r.name for r in scn.regions]
+        self.teams = self._teams()
         self.moving: set[str] = set()
         self.in_tick = False  # jobs stopped by a proactive move, not yet relaunched
         self._seen: dict[object, object] = {}  # interned request fields (see _interned)
         self._fit_memo: dict[tuple, str] = {}
+        self.pipe_free: dict[object, float] = {}  # shared store / link -> when it is free again
         self.left_out = 0  # queued jobs the quota filter kept out of passes, summed over passes
 
     # ---- set-up ------------------------------------------------------------------------
@@ -176,14 +177,23 @@ class Simulation:
         if self.policy.quotas is Quotas.NONE:
             return ()
         out = []
-        for name in sorted({j.team for j in self.trace}):
+        # every scenario team (an idle team's guarantee is what the others borrow) and every
+        # trace team the scenario leaves out (the default quota)
+        for name in sorted({j.team for j in self.trace} | {t.name for t in self.scn.teams}):
             t = self.scn.team(name)
             e = cpb.QuotaEntry(accelerator="", guaranteed_gpus=t.guaranteed_gpus)
             if self.policy.quotas is Quotas.STATIC:
                 e.borrow_limit_gpus = 0
-            q = cpb.TeamQuota(team=name, cohort="fleet", quotas=[e])
+            # Kueue per region: one cohort per region, so a team borrows only from the teams
+            # of its home region (its jobs run only there: the policy's home_only)
+            cohort = self._home(name) if self.policy.quotas is Quotas.REGION else "fleet"
+            q = cpb.TeamQuota(team=name, cohort=cohort, quotas=[e])
             out.append(snapmod.team_quota(q))
         return tuple(out)
+
+    def _home(self, name: str) -> str:
+        known = {t.name for t in self.scn.teams}
+        return (self.scn.team(name) if name in known else self._auto_team(name)).region
 
     def team_records(self) -> list[cpb.TeamQuota]:
         """The TeamQuota records the live broker would hold (for the equivalence test)."""
@@ -359,21 +369,39 @@ class Simulation:
             self.finished += 1
         return True
 
+    def _shared(self, key: object, nbytes: float, own_gbps: float, shared_gbps: float, t: float) -> float:
+        """When ``nbytes`` started at ``t`` are through a shared pipe (a region's store, an
+        inter-region link): one job moves at most at ``own_gbps``; the pipe carries
+        ``shared_gbps`` for everyone, in turn (first come, first served), so a burst of
+        checkpoints or transfers waits for the ones ahead of it."""
+        start = max(t, self.pipe_free.get(key, 0.0))
+        done = start + nbytes / (shared_gbps * 1e9)
+        self.pipe_free[key] = done
+        return max(t + nbytes / (own_gbps * 1e9), done)
+
     def _launch(self, sj: SimJob) -> None:
         ck = self.scn.checkpoint
         region = sj.job.placement.region
-        delay = ck.process_start_s
+        t = self.now
         if sj.durable > 0:
-            delay += sj.ckpt_bytes / (ck.read_gbps * 1e9)
             if sj.ckpt_region and sj.ckpt_region != region:
-                delay += sj.ckpt_bytes / (self.scn.bandwidth(sj.ckpt_region, region) * 1e9)
+                gbps = self.scn.bandwidth(sj.ckpt_region, region)
+                t = self._shared(("link", *sorted((sj.ckpt_region, region))), sj.ckpt_bytes, gbps, gbps, t)
+            t = self._shared(("store", region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps, t)
+        delay = t - self.now + ck.process_start_s
         self._charge(sj, sj.next_cost, delay * sj.gpus)
         self.push(self.now + delay, RUN, (sj, sj.epoch))
 
     def _agent_stop(self, sj: SimJob, c: SendStop, old_phase: int) -> None:
         if c.checkpoint_first and sj.job.phase not in QUEUED:
             # The trainer saves now; progress stops; the write decides saved or not.
-            write = sj.ckpt_bytes / (self.scn.checkpoint.write_gbps * 1e9)
+            ck = self.scn.checkpoint
+            key = ("store", sj.region)
+            before = self.pipe_free.get(key, 0.0)
+            write = self._shared(key, sj.ckpt_bytes, ck.write_gbps, ck.store_gbps, self.now) - self.now
+            if write > c.grace_s:  # cut off at the grace: the store is free from then on
+                self.pipe_free[key] = max(before, self.now + c.grace_s) if before < self.now + c.grace_s \
+                    else before
             sj.stop_work = self._work_of(sj, self.now)
             sj.stop_t = self.now
             sj.hang_t = self.now  # progress is frozen from here (no FINISH while stopping)

@@ -75,8 +75,11 @@ class Window:
 class Checkpoint:
     bytes_per_gpu: float = 2e9  # model + optimizer state per GPU of the job (model size)
     interval_s: float = 1800.0  # periodic checkpoints while running
-    write_gbps: float = 2.0  # GB/s to the region's store
+    write_gbps: float = 2.0  # GB/s of one job's writer to the region's store
     read_gbps: float = 4.0
+    # GB/s of a region's store for all its jobs together: concurrent checkpoint writes and
+    # restores queue for it (a drain that checkpoints every job at once waits its turn)
+    store_gbps: float = 10.0
     process_start_s: float = 60.0
 
 
@@ -91,7 +94,7 @@ class Scenario:
     # preempt_min_run_s / preempt_budget), applied by the same code (0 = no bound).
     preempt_min_run_s: float = 0.0
     preempt_budget: int = 0
-    inter_region_gbps: float = 1.0
+    inter_region_gbps: float = 1.0  # a link's GB/s, shared by every transfer on it (in turn)
     bandwidth_gbps: tuple[tuple[str, str, float], ...] = ()  # (from, to, GB/s) overrides
     # gang shaping: jobs above gpus_per_node span ceil(gpus / gpus_per_node) nodes
     gang_required: str = "layer_3"  # hard topology for multi-node gangs (none/ultraserver/layer_3)
