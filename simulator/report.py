@@ -89,7 +89,7 @@ def markdown(result: dict, timing: dict) -> str:
         ok = lambda b: "met" if b else "**not met**"  # noqa: E731
         lines += ["", f"Goal, ours against `{BASELINE}`:", "",
                   "| criterion | value | |", "|---|---:|---|",
-                  f"| mean JCT at least 10 % below | {g['mean_jct_below_baseline'] * 100:+.1f} % below"
+                  f"| mean JCT at least 10 % below | {g['mean_jct_below_baseline'] * 100:.1f} % below"
                   f" | {ok(g['met']['mean_jct'])} |",
                   f"| p99 JCT no worse | {g['p99_jct_vs_baseline'] * 100:+.1f} % | {ok(g['met']['p99_jct'])} |",
                   f"| goodput at least 95 % | {g['goodput'] * 100:.1f} % | {ok(g['met']['goodput'])} |",
