@@ -80,13 +80,10 @@ class BrokerConfig(BaseModel):
     launch_backoff_max_s: float = Field(300.0, gt=0)
     launch_refusal_limit: int = Field(8, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
-    # Bounds on preemption (broker/scheduling/preemption_rules.py), so that a job is not
-    # checkpointed and requeued over and over for others: it runs at least
-    # ``preempt_min_run_s`` in an attempt before it may be preempted again, and after
-    # ``preempt_budget`` preemptions (0 = no limit) it is never chosen as a victim again.
-    # The fleet simulator's scenarios set the same two settings.
-    preempt_min_run_s: float = Field(0.0, ge=0)
-    preempt_budget: int = Field(0, ge=0)
+    # Bounds on preemption (broker/scheduling/preemption_rules.py); the fleet simulator's
+    # scenarios set the same two settings.
+    preempt_min_run_s: float = Field(0.0, ge=0)  # an attempt runs this long before it may be preempted (0 = off)
+    preempt_budget: int = Field(0, ge=0)  # preemptions after which a job is never a victim again (0 = no limit)
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.
     stop_timeout_s: float = Field(30.0, gt=0)
