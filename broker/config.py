@@ -94,6 +94,10 @@ class BrokerConfig(BaseModel):
     # most this long (or still launching) restarts from it; 0 = only launching ones.
     newer_checkpoint_restart_s: float = Field(120.0, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
+    # Bounds on preemption (broker/scheduling/preemption_rules.py); the fleet simulator's
+    # scenarios set the same two settings.
+    preempt_min_run_s: float = Field(0.0, ge=0)  # an attempt runs this long before it may be preempted (0 = off)
+    preempt_budget: int = Field(0, ge=0)  # preemptions after which a job is never a victim again (0 = no limit)
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.
     stop_timeout_s: float = Field(30.0, gt=0)

@@ -59,23 +59,44 @@ def cmd_sim(args: argparse.Namespace, out: Console) -> int:
         except (ScenarioError, TraceError) as e:
             raise UsageError(str(e)) from None
     files = runner.write(result, args.out, plots=not args.no_plots)
-    out.print(_table(result.result, result.timing))
-    out.print(f"wrote {', '.join(str(f) for f in files)}")
+    for t in _tables(result.result, result.timing):
+        out.print(t)
+    for name, m in result.result["policies"].items():
+        if "error" in m:
+            out.print(f"{name}: the run failed: {m['error']}", soft_wrap=True)
+        for u in m.get("unplaceable", ())[:5]:
+            out.print(f"{name}: job {u['job']} can never run: {u['reason']}", soft_wrap=True)
+        if len(m.get("unplaceable", ())) > 5:
+            out.print(f"{name}: {len(m['unplaceable']) - 5} more unplaceable job(s): see result.json",
+                      soft_wrap=True)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", soft_wrap=True)  # whole paths in a pipe
     return EXIT_OK
 
 
-def _table(result: dict, timing: dict):  # noqa: ANN202 - a rich Table
+def _tables(result: dict, timing: dict) -> list:
+    """Two narrow tables (times; resources) rather than one wide one: each fits 80 columns,
+    so a pipe (rich's 80-column default) gets every cell whole, never "JC…"."""
     from rich import box
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"{result['trace']['file']}: {result['trace']['jobs']} jobs, seed {result['seed']}")
-    t.add_column("policy", no_wrap=True)  # names are up to 20 characters: keep them whole
-    for col in ("util", "goodput", "JCT h", "p99 h", "wait h", "lost GPU-h", "cost $k", "CPU s"):
-        # fits 80 columns: SIMPLE_HEAD box, no edge padding
-        t.add_column(col, justify="right", no_wrap=True)
-    for name, m in result["policies"].items():
-        t.add_row(name, f"{m['utilisation']:.2f}", f"{m['goodput']:.3f}", f"{m['jct_s']['mean'] / 3600:.1f}",
-                  f"{m['jct_s']['p99'] / 3600:.0f}", f"{m['queue_wait_s']['mean'] / 3600:.2f}",
-                  f"{m['lost_gpu_h_total']:.0f}", f"{m['cost_usd_total'] / 1000:.0f}",
-                  f"{timing[name]['cpu_s']:.0f}")
-    return t
+    ok = {n: m for n, m in result["policies"].items() if "error" not in m}
+    title = f"{result['trace']['file']}: {result['trace']['jobs']} jobs, seed {result['seed']}"
+
+    def table(head: str, cols: tuple[str, ...]) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True, title=head)
+        t.add_column("policy", no_wrap=True)  # names are up to 20 characters: keep them whole
+        for col in cols:
+            t.add_column(col, justify="right", no_wrap=True)
+        return t
+
+    times = table(f"{title}: hours", ("JCT mean", "JCT p99", "wait mean", "wait p99", "preempt max"))
+    for name, m in ok.items():
+        times.add_row(name, f"{m['jct_s']['mean'] / 3600:.2f}", f"{m['jct_s']['p99'] / 3600:.1f}",
+                      f"{m['queue_wait_s']['mean'] / 3600:.2f}", f"{m['queue_wait_s']['p99'] / 3600:.1f}",
+                      f"{m.get('preemptions_per_job', {}).get('max', 0):.0f}")
+    res = table("resources", ("util", "goodput", "lost GPU-h", "cost $k", "unplaced", "CPU s"))
+    for name, m in ok.items():
+        res.add_row(name, f"{m['utilisation']:.2f}", f"{m['goodput']:.3f}", f"{m['lost_gpu_h_total']:.0f}",
+                    f"{m['cost_usd_total'] / 1000:.0f}", str(len(m.get("unplaceable", ()))),
+                    f"{timing.get(name, {}).get('cpu_s', 0):.0f}")
+    return [times, res]

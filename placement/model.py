@@ -111,6 +111,9 @@ class RunningJob:
     last_checkpoint_time: float = 0.0  # last durable checkpoint (or start when none)
     restart_cost_s: float = 60.0  # time to relaunch and reload
     preemptible: bool = True
+    # Not a victim before this time (math.inf: never again): the broker's minimum run
+    # time between preemptions and per-job budget (broker/scheduling/preemption_rules.py).
+    protected_until: float = 0.0
     # The broker is already checkpointing/suspending it (a victim from an earlier pass):
     # its GPUs count as soon-free victims at no extra cost and it is not re-announced.
     stopping: bool = False

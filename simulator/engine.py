@@ -41,11 +41,12 @@ from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING, TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler
 from broker.jobs.recovery import Signal, Trigger, plan_stop
+from broker.scheduling import preemption_rules
 from broker.scheduling import snapshot as snapmod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from simulator import fleet, quota_filter
+from simulator import estimates, fleet, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
 from simulator.trace import TraceJob
@@ -105,6 +106,9 @@ class SimJob:
     lost: dict[str, float] = field(default_factory=dict)  # bucket -> GPU-seconds
     alloc_gpu_s: float = 0.0
     cost: dict[str, float] = field(default_factory=dict)  # capacity kind -> dollars
+    wait_s: float = 0.0  # every interval spent queued (first queue and every re-queue)
+    queued_t: float = -1.0  # when the current queued interval began (-1 = not queued)
+    unplaceable: str = ""  # why no state of the fleet could ever run it ("" = it can run)
 
     @property
     def gpus(self) -> int:
@@ -122,7 +126,9 @@ class Simulation:
                  progress: Callable[[float], None] | None = None, check: bool = False) -> None:
         self.scn, self.policy, self.seed, self.check = scn, policy, seed, check
         self.progress = progress
-        self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name)
+        self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name,
+                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget)
+        self.rules = preemption_rules.from_config(self.cfg)
         self.now = T0
         self.heap: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
@@ -157,11 +163,13 @@ class Simulation:
         self.team_gpu_s: dict[str, float] = defaultdict(float)
         self._last_team_t = T0
         self.slow = dict(scn.slowdown)
-        self.teams = self._teams()
         self.region_names = [r.name for r in scn.regions]
+        self.teams = self._teams()
         self.moving: set[str] = set()
         self.in_tick = False  # jobs stopped by a proactive move, not yet relaunched
         self._seen: dict[object, object] = {}  # interned request fields (see _interned)
+        self._fit_memo: dict[tuple, str] = {}
+        self.pipe_free: dict[object, float] = {}  # shared store / link -> when it is free again
         self.left_out = 0  # queued jobs the quota filter kept out of passes, summed over passes
 
     # ---- set-up ------------------------------------------------------------------------
@@ -169,14 +177,23 @@ class Simulation:
         if self.policy.quotas is Quotas.NONE:
             return ()
         out = []
-        for name in sorted({j.team for j in self.trace}):
+        # every scenario team (an idle team's guarantee is what the others borrow) and every
+        # trace team the scenario leaves out (the default quota)
+        for name in sorted({j.team for j in self.trace} | {t.name for t in self.scn.teams}):
             t = self.scn.team(name)
             e = cpb.QuotaEntry(accelerator="", guaranteed_gpus=t.guaranteed_gpus)
             if self.policy.quotas is Quotas.STATIC:
                 e.borrow_limit_gpus = 0
-            q = cpb.TeamQuota(team=name, cohort="fleet", quotas=[e])
+            # Kueue per region: one cohort per region, so a team borrows only from the teams
+            # of its home region (its jobs run only there: the policy's home_only)
+            cohort = self._home(name) if self.policy.quotas is Quotas.REGION else "fleet"
+            q = cpb.TeamQuota(team=name, cohort=cohort, quotas=[e])
             out.append(snapmod.team_quota(q))
         return tuple(out)
+
+    def _home(self, name: str) -> str:
+        known = {t.name for t in self.scn.teams}
+        return (self.scn.team(name) if name in known else self._auto_team(name)).region
 
     def team_records(self) -> list[cpb.TeamQuota]:
         """The TeamQuota records the live broker would hold (for the equivalence test)."""
@@ -207,7 +224,10 @@ class Simulation:
         if pol.spot and tj.gpus <= scn.spot_for_gpus_at_most:
             kinds.append(pb.CAPACITY_TYPE_SPOT)
         spec.capacity_types.extend(kinds)
-        spec.expected_duration_s = tj.duration_s
+        # the estimate a user would state, never the trace's truth (simulator/estimates.py)
+        spec.expected_duration_s = estimates.estimate(
+            estimates.EstimateModel(scn.duration_estimate), tj.duration_s, tj.id, self.seed,
+            sigma=scn.estimate_sigma, padding=scn.estimate_padding)
         spec.trainer.checkpoint_every = max(1, int(scn.checkpoint.interval_s))
         spec.trainer.step_sleep_s = 1.0
         return spec, nodes, gpn
@@ -329,8 +349,13 @@ class Simulation:
         ph = out.job.phase
         if ph in QUEUED:
             self.queued[sj.tj.id] = sj
+            if sj.queued_t < 0:
+                sj.queued_t = self.now
         else:
             self.queued.pop(sj.tj.id, None)
+            if sj.queued_t >= 0:
+                sj.wait_s += self.now - sj.queued_t
+                sj.queued_t = -1.0
         for c in out.commands:
             if isinstance(c, WakeScheduler):
                 self.wake()
@@ -344,21 +369,39 @@ class Simulation:
             self.finished += 1
         return True
 
+    def _shared(self, key: object, nbytes: float, own_gbps: float, shared_gbps: float, t: float) -> float:
+        """When ``nbytes`` started at ``t`` are through a shared pipe (a region's store, an
+        inter-region link): one job moves at most at ``own_gbps``; the pipe carries
+        ``shared_gbps`` for everyone, in turn (first come, first served), so a burst of
+        checkpoints or transfers waits for the ones ahead of it."""
+        start = max(t, self.pipe_free.get(key, 0.0))
+        done = start + nbytes / (shared_gbps * 1e9)
+        self.pipe_free[key] = done
+        return max(t + nbytes / (own_gbps * 1e9), done)
+
     def _launch(self, sj: SimJob) -> None:
         ck = self.scn.checkpoint
         region = sj.job.placement.region
-        delay = ck.process_start_s
+        t = self.now
         if sj.durable > 0:
-            delay += sj.ckpt_bytes / (ck.read_gbps * 1e9)
             if sj.ckpt_region and sj.ckpt_region != region:
-                delay += sj.ckpt_bytes / (self.scn.bandwidth(sj.ckpt_region, region) * 1e9)
+                gbps = self.scn.bandwidth(sj.ckpt_region, region)
+                t = self._shared(("link", *sorted((sj.ckpt_region, region))), sj.ckpt_bytes, gbps, gbps, t)
+            t = self._shared(("store", region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps, t)
+        delay = t - self.now + ck.process_start_s
         self._charge(sj, sj.next_cost, delay * sj.gpus)
         self.push(self.now + delay, RUN, (sj, sj.epoch))
 
     def _agent_stop(self, sj: SimJob, c: SendStop, old_phase: int) -> None:
         if c.checkpoint_first and sj.job.phase not in QUEUED:
             # The trainer saves now; progress stops; the write decides saved or not.
-            write = sj.ckpt_bytes / (self.scn.checkpoint.write_gbps * 1e9)
+            ck = self.scn.checkpoint
+            key = ("store", sj.region)
+            before = self.pipe_free.get(key, 0.0)
+            write = self._shared(key, sj.ckpt_bytes, ck.write_gbps, ck.store_gbps, self.now) - self.now
+            if write > c.grace_s:  # cut off at the grace: the store is free from then on
+                self.pipe_free[key] = max(before, self.now + c.grace_s) if before < self.now + c.grace_s \
+                    else before
             sj.stop_work = self._work_of(sj, self.now)
             sj.stop_t = self.now
             sj.hang_t = self.now  # progress is frozen from here (no FINISH while stopping)
@@ -469,10 +512,56 @@ class Simulation:
                     ckpt_bytes=ck.bytes_per_gpu * gpus)
         self.sj[tj.id] = sj
         self.queued[tj.id] = sj
+        sj.queued_t = self.now
         if tj.duration_s <= 0:  # nothing to run: it ends at once (counted, never placed)
             self.apply(sj, _succeed_pending(job, self.now))
             return
+        why = self._never_fits(sj)
+        if why:  # reported per job (metrics "unplaceable"); the run goes on without it
+            sj.unplaceable = why
+            self.apply(sj, _fail_pending(job, self.now, why))
+            return
         self.wake()
+
+    def _never_fits(self, sj: SimJob) -> str:
+        """Why no state of the fleet could ever run this job, or "".
+
+        Why here and not a stall detector: a job larger than every topology block (or
+        every region it may use, or its team's static quota) would wait forever; found at
+        submit, it is named with its real cause and the other jobs' results still count."""
+        spec = sj.job.spec
+        home_only = bool(spec.allowed_regions)
+        key = (sj.nodes, sj.gpn, tuple(spec.allowed_regions), tuple(spec.capacity_types),
+               spec.topology.required, sj.tj.team if self.policy.quotas is Quotas.STATIC else "")
+        hit = self._fit_memo.get(key)
+        if hit is not None:
+            return hit
+        level = {v: k for k, v in _LEVEL.items()}.get(spec.topology.required, "none")
+        attr = {"ultraserver": "ultraserver_id", "layer_3": "network_layer_3",
+                "layer_2": "network_layer_2"}.get(level)
+        best = 0  # most nodes with room for one rank in one allowed block
+        for region in (spec.allowed_regions if home_only else self.region_names):
+            blocks: dict[str, int] = defaultdict(int)
+            for s in self.snodes:
+                n = s.node
+                if n.region == region and n.gpus >= sj.gpn and n.capacity_type in spec.capacity_types:
+                    blocks[getattr(n, attr) if attr else region] += 1
+            best = max(best, *blocks.values(), 0)
+        why = ""
+        where = f"its home region {spec.allowed_regions[0]}" if home_only else "any region"
+        if best < sj.nodes:
+            block = {"ultraserver": "UltraServer", "layer_3": "layer-3 block",
+                     "layer_2": "layer-2 block"}.get(level, "region")
+            why = (f"needs {sj.nodes} node(s) of {sj.gpn} GPUs in one {block}; the largest {block} in"
+                   f" {where} has {best} such node(s)"
+                   + (f" (scenario gang_required: {self.scn.gang_required})" if attr else ""))
+        elif self.policy.quotas is Quotas.STATIC:
+            quota = next((dict(t.guaranteed).get("", 0) for t in self.teams if t.team == sj.tj.team), 0)
+            if sj.gpus > quota:
+                why = (f"needs {sj.gpus} GPUs; team {sj.tj.team}'s static quota is {quota} GPUs"
+                       " and static quotas never borrow")
+        self._fit_memo[key] = why
+        return why
 
     def _running(self, payload) -> None:  # noqa: ANN001
         sj, epoch = payload
@@ -762,7 +851,7 @@ class Simulation:
             pending.append(sj.req)
         for sj in self.holding.values():
             if sj.run is None:
-                sj.run = snapmod.running_job(sj.job, sj.prio)
+                sj.run = snapmod.running_job(sj.job, sj.prio, self.rules)
             running.append(sj.run)
         return placement.Snapshot(now=self.now, nodes=self.node_infos(), running=tuple(running),
                                   pending=tuple(pending), teams=self.teams,
@@ -791,7 +880,8 @@ class Simulation:
         jobs = [sj.job for sj in self.sj.values() if sj.job.phase not in TERMINAL]
         return snapmod.build(now=self.now, agents=agents, jobs=jobs, teams=self.team_records(),
                              plans=self.plans, draining=sorted(self.draining),
-                             priority_of=lambda s: self.cfg.priority_classes.get(s.priority_class, 0))
+                             priority_of=lambda s: self.cfg.priority_classes.get(s.priority_class, 0),
+                             preemption=self.rules)
 
     def _tick(self, _payload: object) -> None:
         if self.now != self.tick_at:
@@ -863,8 +953,8 @@ class Simulation:
                 + b / (self.scn.inter_region_gbps * 1e9))
 
     def remaining_s(self, r: placement.RunningJob) -> float:
-        sj = self.sj[r.id]
-        return max(0.0, sj.tj.duration_s - self._work_of(sj, self.now))
+        sj = self.sj[r.id]  # from the job's stated estimate: the policy never sees the truth
+        return estimates.remaining(sj.job.spec.expected_duration_s, self._work_of(sj, self.now))
 
     def _proactive(self, snap: placement.Snapshot, dec: placement.Decisions) -> None:
         busy = frozenset(j for j in self.moving if j in self.holding)
@@ -883,6 +973,16 @@ class Simulation:
 _LEVEL = {"none": pb.TOPOLOGY_LEVEL_UNSPECIFIED if hasattr(pb, "TOPOLOGY_LEVEL_UNSPECIFIED") else 0,
           "ultraserver": int(placement.TopologyLevel.ULTRASERVER),
           "layer_3": int(placement.TopologyLevel.LAYER_3), "layer_2": int(placement.TopologyLevel.LAYER_2)}
+
+
+def _fail_pending(job: pb.Job, now: float, why: str) -> Outcome:
+    """A job no fleet state can run: PENDING -> FAILED (an allowed edge), with the reason."""
+    from broker.jobs.lifecycle import FAILED
+    from broker.jobs.outcome import begin, seal
+
+    tx = begin(job, now)
+    tx.move(FAILED, "failed", reason="unplaceable", actor="sim", message=why)
+    return seal(tx)
 
 
 def _succeed_pending(job: pb.Job, now: float) -> Outcome:

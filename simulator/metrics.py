@@ -3,7 +3,11 @@
 Definitions (docs/simulator.md repeats them):
 - utilisation: GPUs held / GPUs present, averaged over hourly samples until the last job ends;
 - goodput: useful GPU-time (GPUs x the trace duration) / GPU-time held (admission to release);
-- JCT: finish - submit; queue wait: the job's ``goodput.queued_s`` (the broker's own bucket);
+- JCT: finish - submit; queue wait: every interval the job spent queued (its first queue and
+  every re-queue after a preemption, failure or move), not only the broker's ``queued_s``
+  bucket (which files re-queued time under the cause that re-queued it);
+- jobs no state of the fleet could run (``unplaceable``) are listed per job with the reason
+  and left out of JCT and wait;
 - lost GPU-hours by cause: work redone after an interruption (back to the last durable
   checkpoint), time spent checkpointing for a stop, start-up time of the relaunch
   (read + transfer + process start), hangs, and gangs slowed by a spread placement;
@@ -33,6 +37,11 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"n": len(xs), "mean": sum(xs) / len(xs) if xs else 0.0, "p50": pct(xs, 50), "p99": pct(xs, 99)}
 
 
+def _counts(xs: list[float]) -> dict[str, float]:
+    """Per-job counts (preemptions): mean, p99 and the worst job."""
+    return {"mean": sum(xs) / len(xs) if xs else 0.0, "p99": pct(xs, 99), "max": max(xs, default=0.0)}
+
+
 def _r(v):  # noqa: ANN001, ANN202 - round floats for a stable, readable JSON
     if isinstance(v, float):
         return round(v, 4)
@@ -54,14 +63,21 @@ def collect(sim: Simulation) -> dict:
     worst = 0.0  # per-job goodput conservation error (seconds)
     preempt = migr = 0
     demand: dict[str, float] = defaultdict(float)
+    unplaceable = []
+    per_job_preempt: dict[str, list[float]] = defaultdict(list)
     for j in jobs:
         team = j.tj.team
+        if j.unplaceable:  # never ran: reported per job, not a JCT of 0
+            unplaceable.append({"job": j.tj.id, "team": team, "gpus": j.gpus, "reason": j.unplaceable})
+            continue
         c = j.finish_t - j.tj.submit_s
         jct[team].append(c)
         jct[""].append(c)
         g = j.job.goodput
-        wait[team].append(g.queued_s)
-        wait[""].append(g.queued_s)
+        wait[team].append(j.wait_s)
+        wait[""].append(j.wait_s)
+        per_job_preempt[team].append(float(j.preemptions))
+        per_job_preempt[""].append(float(j.preemptions))
         parts = (g.productive_s + g.queued_s + g.starting_s + g.lost_failure_s
                  + g.lost_preemption_s + g.lost_migration_s)
         worst = max(worst, abs(parts - g.wall_s))
@@ -100,8 +116,11 @@ def collect(sim: Simulation) -> dict:
         "goodput": useful / held if held else 0.0,
         "jct_s": _stats(jct[""]),
         "queue_wait_s": _stats(wait[""]),
-        "per_team": {t: {"jct_s": _stats(jct[t]), "queue_wait_s": _stats(wait[t])} for t in sorted(jct) if t},
+        "per_team": {t: {"jct_s": _stats(jct[t]), "queue_wait_s": _stats(wait[t]),
+                         "preemptions_per_job": _counts(per_job_preempt[t])} for t in sorted(jct) if t},
         "preemptions": preempt,
+        "preemptions_per_job": _counts(per_job_preempt[""]),
+        "unplaceable": unplaceable,
         "migrations": migr,
         "lost_gpu_h": dict(sorted(lost.items())),
         "lost_gpu_h_total": sum(lost.values()),

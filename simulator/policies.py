@@ -21,6 +21,7 @@ from broker.jobs.recovery import (
 class PolicyKind(enum.StrEnum):
     OURS = "ours"
     STATIC = "static-quota"
+    KUEUE = "kueue-region"
     FIFO = "single-region-fifo"
     FAILOVER = "skypilot-failover"
     NO_MIGRATION = "ours-no-migration"
@@ -32,6 +33,7 @@ class PolicyKind(enum.StrEnum):
 class Quotas(enum.Enum):
     GLOBAL = "global"  # guarantees across regions, borrowing in one cohort
     STATIC = "static"  # guarantee pinned to the home region, no borrowing
+    REGION = "region"  # Kueue per region: guarantee in the home region, borrowing in its cohort
     NONE = "none"  # no quotas (FIFO with backfill in queue order)
 
 
@@ -60,6 +62,10 @@ TABLE: dict[PolicyKind, Policy] = {p.kind: p for p in (
            summary="global quotas with borrowing, topology-aware, checkpoint-and-move on spot/plan end/drain"),
     Policy(PolicyKind.STATIC, Quotas.STATIC, True, True, _R["move-anywhere"],
            summary="each team's guarantee pinned to its home region, no borrowing"),
+    Policy(PolicyKind.KUEUE, Quotas.REGION, True, True, _R["move-anywhere"],
+           summary="Kueue per region: each team's guarantee in its home region, borrowing the unused"
+                   " guarantees of the teams of that region (one cohort per region), no cross-region"
+                   " dispatch"),
     Policy(PolicyKind.FIFO, Quotas.NONE, True, True, _R["no-migration"],
            summary="one region per team, FIFO with backfill, no quotas, no migration"),
     Policy(PolicyKind.FAILOVER, Quotas.NONE, False, True, _R["failover"], rotate_region_on_failure=True,
@@ -75,7 +81,7 @@ TABLE: dict[PolicyKind, Policy] = {p.kind: p for p in (
            summary="ours + move to free prepaid plan capacity when the saving beats the move cost"),
 )}
 
-DEFAULT = (PolicyKind.OURS, PolicyKind.STATIC, PolicyKind.FIFO, PolicyKind.FAILOVER,
+DEFAULT = (PolicyKind.OURS, PolicyKind.STATIC, PolicyKind.KUEUE, PolicyKind.FIFO, PolicyKind.FAILOVER,
            PolicyKind.NO_MIGRATION, PolicyKind.NO_TOPOLOGY, PolicyKind.DEFRAG, PolicyKind.BETTER_CAPACITY)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from simulator import metrics, report
 from simulator import scenario as scenario_mod
 from simulator import trace as trace_mod
-from simulator.engine import Simulation
+from simulator.engine import SimError, Simulation
 from simulator.policies import DEFAULT, TABLE, PolicyKind
 
 Progress = Callable[[PolicyKind, float], None]
@@ -46,7 +46,14 @@ def run(trace_path: str | Path, scenario_path: str | Path, *, policies: tuple[Po
         pol = TABLE[kind]
         cb = (lambda f, k=kind: progress(k, f)) if progress else None
         t0, c0 = time.perf_counter(), time.process_time()
-        sim = Simulation(scn, jobs, pol, seed, progress=cb, check=check).run()
+        try:
+            sim = Simulation(scn, jobs, pol, seed, progress=cb, check=check).run()
+        except SimError as e:  # this policy's run broke: say so, run the others
+            result["policies"][kind.value] = {"error": str(e), "summary": pol.summary,
+                                              "recovery_policy": pol.recovery.name}
+            if progress:
+                progress(kind, 1.0)
+            continue
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         m = metrics.collect(sim)
         m["summary"] = pol.summary

@@ -75,8 +75,11 @@ class Window:
 class Checkpoint:
     bytes_per_gpu: float = 2e9  # model + optimizer state per GPU of the job (model size)
     interval_s: float = 1800.0  # periodic checkpoints while running
-    write_gbps: float = 2.0  # GB/s to the region's store
+    write_gbps: float = 2.0  # GB/s of one job's writer to the region's store
     read_gbps: float = 4.0
+    # GB/s of a region's store for all its jobs together: concurrent checkpoint writes and
+    # restores queue for it (a drain that checkpoints every job at once waits its turn)
+    store_gbps: float = 10.0
     process_start_s: float = 60.0
 
 
@@ -87,7 +90,11 @@ class Scenario:
     teams: tuple[Team, ...]
     checkpoint: Checkpoint = Checkpoint()
     scheduler_interval_s: float = 60.0
-    inter_region_gbps: float = 1.0
+    # Preemption bounds: the live broker's settings of the same names (BrokerConfig
+    # preempt_min_run_s / preempt_budget), applied by the same code (0 = no bound).
+    preempt_min_run_s: float = 0.0
+    preempt_budget: int = 0
+    inter_region_gbps: float = 1.0  # a link's GB/s, shared by every transfer on it (in turn)
     bandwidth_gbps: tuple[tuple[str, str, float], ...] = ()  # (from, to, GB/s) overrides
     # gang shaping: jobs above gpus_per_node span ceil(gpus / gpus_per_node) nodes
     gang_required: str = "layer_3"  # hard topology for multi-node gangs (none/ultraserver/layer_3)
@@ -103,6 +110,11 @@ class Scenario:
     # scheduled spot reclaims: every spot node of the region gets a notice at start_s,
     # is gone notice_s later, and is back at end_s (on top of the random process)
     reclaims: tuple[Window, ...] = ()
+    # What policies are told about durations (simulator/estimates.py): lognormal (sigma),
+    # requested_limit (padding, rounded up to a ladder of limits) or exact (an oracle).
+    duration_estimate: str = "lognormal"
+    estimate_sigma: float = 1.0
+    estimate_padding: float = 1.5
     unknown_team_region: str = ""  # home of teams not listed ("" = first region)
     unknown_team_quota: int = 0
 
@@ -140,7 +152,13 @@ def _build(cls, data: dict, where: str):  # noqa: ANN001, ANN202
     if unknown:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
     data = dict(data)
-    for f in dataclasses.fields(cls):  # YAML 1.1 reads 2.0e9 as a string: coerce numbers
+    for f in dataclasses.fields(cls):
+        # YAML reads `name: 103959` as an int: a name compared with a trace's string team
+        # would silently never match (that team fell back to the default quota). Names are text.
+        if f.name in data and f.type == "str" and isinstance(data[f.name], int | float) \
+                and not isinstance(data[f.name], bool):
+            data[f.name] = str(data[f.name])
+        # YAML 1.1 reads 2.0e9 as a string: coerce numbers
         if f.name in data and f.type in ("float", "int"):
             try:
                 data[f.name] = (float if f.type == "float" else int)(data[f.name])
@@ -188,14 +206,27 @@ def parse(raw: dict, where: str = "scenario") -> Scenario:
         raise ScenarioError(f"{where}: no regions; add at least one under `regions:`")
     known = {r.name for r in regions}
     teams = tuple(_build(Team, t, f"{where}: teams[{i}]") for i, t in enumerate(raw.pop("teams", None) or []))
+    seen: set[str] = set()
+    for t in teams:
+        if t.name in seen:
+            raise ScenarioError(f"{where}: team {t.name!r} is listed twice; list each team once")
+        seen.add(t.name)
     for t in teams:
         if t.region not in known:
             raise ScenarioError(f"{where}: team {t.name} has home region {t.region!r}, not one of {sorted(known)}")
+    if "duration_estimate" in raw:
+        from simulator.estimates import EstimateModel
+
+        try:
+            EstimateModel(raw["duration_estimate"])
+        except ValueError:
+            raise ScenarioError(f"{where}: duration_estimate must be one of "
+                                f"{', '.join(m.value for m in EstimateModel)}") from None
     ck = _build(Checkpoint, raw.pop("checkpoint", None) or {}, f"{where}: checkpoint")
     wins = {}
     for key in ("outages", "drains", "reclaims"):
         wins[key] = tuple(_build(Window, w, f"{where}: {key}[{i}]") for i, w in enumerate(raw.pop(key, None) or []))
-    bw = tuple((b["from"], b["to"], float(b["gbps"])) for b in raw.pop("bandwidth_gbps", None) or [])
+    bw = tuple((str(b["from"]), str(b["to"]), float(b["gbps"])) for b in raw.pop("bandwidth_gbps", None) or [])
     slow = raw.pop("slowdown", None)
     extra = {"slowdown": tuple(sorted(slow.items()))} if slow else {}
     return _build(Scenario, {**raw, **extra, "regions": tuple(regions), "teams": teams, "checkpoint": ck,

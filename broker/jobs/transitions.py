@@ -331,6 +331,8 @@ def request_stop(job: pb.Job, inp: StopRequest, now: float, config: BrokerConfig
         return None
     tx = begin(job, now)
     j = tx.job
+    if plan.family is Family.PREEMPTION:  # counted against BrokerConfig.preempt_budget
+        j.preemptions += 1
     add = [n for n in plan.exclude_nodes if n not in j.excluded_nodes]
     j.excluded_nodes.extend(add)
     details = dict(inp.details)

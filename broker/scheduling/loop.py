@@ -28,7 +28,7 @@ from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import exclusions, plan_watch
+from broker.scheduling import exclusions, plan_watch, preemption_rules
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.proactive_watch import ProactiveWatch
@@ -131,7 +131,8 @@ class SchedulerLoop:
                                   regions=self.records.regions().values(),
                                   priority_of=ops.priority_of, memo=self._requests,
                                   make_before_break=ops.config.make_before_break,
-                                  node_memo=self._nodes)
+                                  node_memo=self._nodes,
+                                  preemption=preemption_rules.from_config(ops.config))
 
         snapshot = snapshot_of(live)
         # Only jobs with exclusions can be forgiven: the map holds those alone (most passes

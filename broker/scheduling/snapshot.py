@@ -15,7 +15,7 @@ import placement
 from broker.agents.registry import AgentState
 from broker.jobs import backoff, standby, store_wait
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
-from broker.scheduling import plan_binding
+from broker.scheduling import plan_binding, preemption_rules
 from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -108,7 +108,8 @@ def job_request(job: pb.Job, priority: int, refusing: frozenset[str] = frozenset
     )
 
 
-def running_job(job: pb.Job, priority: int) -> placement.RunningJob:
+def running_job(job: pb.Job, priority: int,
+                rules: preemption_rules.PreemptionRules = preemption_rules.NONE) -> placement.RunningJob:
     kw: dict[str, object] = dict(
         id=job.id, team=job.spec.team, priority=priority,
         allocations=tuple((a.node_id, a.gpus) for a in job.placement.nodes),
@@ -118,6 +119,9 @@ def running_job(job: pb.Job, priority: int) -> placement.RunningJob:
         # Only a RUNNING job not already being stopped can be asked to checkpoint and yield.
         preemptible=job.phase == RUNNING and not job.stop_reason,
     )
+    until = preemption_rules.protected_until(job, rules)
+    if until and "protected_until" in _RUN_FIELDS:
+        kw["protected_until"] = until
     if "stopping" in _RUN_FIELDS:
         kw["stopping"] = bool(job.stop_reason)
     return placement.RunningJob(**kw)  # type: ignore[arg-type]
@@ -214,11 +218,13 @@ def build(
     memo: SnapshotMemo | None = None,
     make_before_break: bool = False,
     node_memo: NodeMemo | None = None,
+    preemption: preemption_rules.PreemptionRules = preemption_rules.NONE,
 ) -> placement.Snapshot:
     """``make_before_break``: a job moving out (drain/migrate stop in flight) also asks
     for its standby's placement (request id ``<job>~standby``, never preempting), and a
     reserved standby's nodes count as used (broker/jobs/standby.py).
     ``memo`` / ``node_memo``: reuse the conversions of unchanged jobs / an unchanged fleet.
+    ``preemption``: the minimum run time and budget that keep a job from being a victim.
     ``priority_of(spec)`` must depend on ``spec.priority_class`` alone: it is asked once
     per class per build (every caller maps the class name to its value)."""
     plans = list(plans)
@@ -272,10 +278,10 @@ def build(
             pending.append(hit)
         elif job.phase in HOLDING and job.placement.nodes:
             if memo is None:
-                running.append(running_job(job, prio))
+                running.append(running_job(job, prio, preemption))
             else:
                 running.append(memo.get((job.id, job.version, prio, 1),
-                                        lambda j=job, p=prio: running_job(j, p)))
+                                        lambda j=job, p=prio: running_job(j, p, preemption)))
             if make_before_break and standby.wants_placement(job):
                 req = job_request(job, prio, avoid_nodes=frozenset(
                     n for a in backoff.avoided_agents(job, now) for n in nodes_of.get(a, ())))

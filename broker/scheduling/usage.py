@@ -20,6 +20,7 @@ import placement
 from broker.agents.registry import AgentState
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
 from broker.scheduling import snapshot as snap
+from broker.scheduling.preemption_rules import NONE, PreemptionRules
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
@@ -56,11 +57,13 @@ def build_snapshot(*, now: float, agents: Iterable[AgentState], jobs: Iterable[p
                    regions: Iterable[cpb.RegionInfo], priority_of,  # noqa: ANN001
                    memo: snap.SnapshotMemo | None = None,
                    make_before_break: bool = False,
-                   node_memo: snap.NodeMemo | None = None) -> placement.Snapshot:
+                   node_memo: snap.NodeMemo | None = None,
+                   preemption: PreemptionRules = NONE) -> placement.Snapshot:
     """The scheduler's snapshot (one builder for the scheduler and the usage views)."""
     return snap.build(now=now, agents=agents, jobs=jobs, teams=teams, plans=plans,
                       draining=[r.name for r in regions if r.draining], priority_of=priority_of,
-                      memo=memo, make_before_break=make_before_break, node_memo=node_memo)
+                      memo=memo, make_before_break=make_before_break, node_memo=node_memo,
+                      preemption=preemption)
 
 
 def usage_view(snapshot: placement.Snapshot, jobs: Iterable[pb.Job]) -> UsageView:

@@ -124,13 +124,19 @@ def test_better_capacity_moves_onto_a_plan_that_starts(tmp_path):
     assert jct(stay, "a") == 5010 and stay.sj["a"].cost["on_demand"] > j.cost["on_demand"]
 
 
-def test_a_job_that_can_never_run_is_an_error_not_an_endless_run(tmp_path):
-    # 16 GPUs asked, the team's static guarantee is 8: under static quotas it never fits.
-    # Only scheduler ticks remain, so the run stops after the stall horizon and says why.
-    import pytest
-
-    from simulator.engine import SimError
-
-    scn = scenario(teams=[{"name": "t", "region": "r1", "guaranteed_gpus": 8}])
-    with pytest.raises(SimError, match="can never run"):
-        simulate(tmp_path, scn, [("big", 0, 1000, 16, "t")], policy=PolicyKind.STATIC)
+def test_checkpoints_of_a_drain_share_the_store_and_queue(tmp_path):
+    # As above, but two 8-GPU jobs in r1 and a store of 1 GB/s for the region: the two
+    # 8 GB saves at 500 go one after the other (done 508 and 516), not both at 508.
+    scn = scenario(regions=[
+        {"name": "r1", "pools": [{"kind": "on_demand", "nodes": 2, "price_per_gpu_hour": 2.0}]},
+        {"name": "r2", "pools": [{"kind": "on_demand", "nodes": 2, "price_per_gpu_hour": 2.0}]}],
+        drains=[{"region": "r1", "start_s": 500, "end_s": 100000}])
+    scn["checkpoint"] = {**scn["checkpoint"], "store_gbps": 1.0}
+    sim = simulate(tmp_path, scn, [("a", 0, 1000, 8, "t"), ("b", 0, 1000, 8, "t")])
+    saving = sorted(j.lost[Cause.REGION_DRAIN.value] for j in sim.sj.values())
+    # a: 8 s saving + 26 s start-up; b: 16 s saving (8 waiting for a's write) + 26 s start-up
+    # (placed at 520, after a's transfer and read at 510-526 left the link and store)
+    assert saving == [(8 + 26) * 8, (16 + 26) * 8]
+    unshared = simulate(tmp_path, {**scn, "checkpoint": {**scn["checkpoint"], "store_gbps": 100.0}},
+                        [("a", 0, 1000, 8, "t"), ("b", 0, 1000, 8, "t")])
+    assert jct(unshared, "b") < jct(sim, "b")
