@@ -362,6 +362,39 @@ def store(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def store_failover(d: dict[str, Any]) -> list[str]:
+    sn = d["sentinel"]
+    out = [
+        "### State store failover (`python benchmarks/store_failover.py`)",
+        "",
+        f"Redis primary SIGKILLed mid-burst; primary + {sn['replicas']} replicas + {sn['sentinels']} "
+        f"Sentinels (quorum {sn['quorum']}, down-after {sn['down_after_ms']} ms), {d['writers']} "
+        "submitting threads and one ending running jobs; a fresh cluster per repetition. "
+        "\"failover\": SIGKILL until the Sentinels name a writable new primary; \"writes resume\": "
+        "SIGKILL until the first acknowledged write begun after it. "
+        f"Load average {d['loadavg_start'][0]:.1f} at start, {d['loadavg_end'][0]:.1f} at end "
+        f"({d['cpus']} CPUs, shared).",
+        "",
+        "| replica confirmation | reps | acked submits | acked terminal updates | acked lost "
+        "| failover median / max s | writes resume max s | submits/s before kill (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, label in (("wait", "WAIT 1 (min_replicas=1)"), ("baseline_no_wait", "none (min_replicas=0)")):
+        r = d["summary"].get(key)
+        if r and r["reps"]:
+            out.append(f"| {label} | {r['reps']} | {r['acked_submits']:,} | {r['acked_terminal']:,} | "
+                       f"{r['acked_lost']} | {f(r['failover_s_median'], 2)} / {f(r['failover_s_max'], 2)} | "
+                       f"{f(r['writes_resume_s_max'], 2)} | {f(r['submit_rate_before_kill_median'], 0)} |")
+    b = d.get("broker_summary") or {}
+    if b.get("reps"):
+        out += ["", f"Through a real broker ({b['reps']} repetitions, scripted agent, leader lease "
+                f"{d['broker_runs'][0]['lease_s']:.0f} s): {b['acked_lost']} acknowledged submits or "
+                f"terminal updates lost; the scheduler launched a job submitted after the kill at most "
+                f"{b['schedule_resume_s_max']:.2f} s after it (failover + one lease, smallest: "
+                f"{b['failover_plus_lease_s_min']:.2f} s)."]
+    return out
+
+
 def workdir(d: dict[str, Any]) -> list[str]:
     o = d["ours"]
     met = "met" if d["ratio"] >= d["goal_ratio"] else "**not met**"
@@ -663,7 +696,8 @@ def render() -> str:
     ]
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
-                     ("transfer", transfer), ("store", store), ("library", library),
+                     ("transfer", transfer), ("store", store), ("store_failover", store_failover),
+                     ("library", library),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
                      ("submit_cpu", submit_cpu),
                      ("console", console), ("sim", sim)):

@@ -34,7 +34,7 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     listen: str = "127.0.0.1:50051"
-    store: str = "sqlite:///var/broker.sqlite"
+    store: str = "sqlite:///var/broker.sqlite"  # sqlite:///PATH, redis://H:P/DB or redis+sentinel://H:P,H:P/SERVICE
     broker_id: str = ""  # "" = hostname-pid; names the lease holder (unique per replica)
     # High availability (broker/leadership.py): the replica holding the "leader" lease
     # serves; the others answer UNAVAILABLE naming it. It is renewed every third of this.

@@ -7,6 +7,7 @@ S3 HTTP server, the gRPC broker, agent processes) and tears it down.
 pytest_plugins = [
     "tests.fixtures.s3_server",
     "tests.fixtures.redis_server",
+    "tests.fixtures.redis_sentinel",
     "tests.fixtures.cluster",
     "tests.fixtures.stoppable_s3",
 ]

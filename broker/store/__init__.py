@@ -30,6 +30,9 @@ def open_store(url: str) -> Store:
     - ``sqlite:///:memory:``: throwaway in-process store (tests).
     - ``redis://host:port/db?prefix=cb`` (or ``rediss://``): the HA store; ``prefix``
       namespaces every key (default ``cb``).
+    - ``redis+sentinel://H:P[,H:P...]/SERVICE?prefix=cb``: the primary Sentinel names,
+      followed across failovers, each job write confirmed by a replica
+      (``min_replicas``, ``replica_wait_ms``: broker/store/redis_url.py).
     """
     if url.startswith(_SQLITE_PREFIX):
         from broker.store.sqlite import SQLiteStore
@@ -38,12 +41,13 @@ def open_store(url: str) -> Store:
         if not path:
             raise ValueError(f"store URL {url!r} has no file path (use sqlite:///:memory:)")
         return SQLiteStore(path)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
         from broker.store.redis import RedisStore
 
         return RedisStore(url)
     raise ValueError(
-        f"unsupported store URL {url!r}: expected sqlite:///PATH or redis://HOST:PORT/DB"
+        f"unsupported store URL {url!r}: expected sqlite:///PATH, redis://HOST:PORT/DB"
+        " or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE"
     )
 
 

@@ -22,6 +22,16 @@ Why it is built this way:
 - All keys live under ``<prefix>:`` (``?prefix=`` in the URL, default ``cb``) so
   several brokers/tests can share one server. Scripts build keys from the prefix, so
   this targets a single primary (with replicas/Sentinel), not Redis Cluster.
+- **Failover** (``redis+sentinel://`` URLs, broker/store/redis_url.py): the pool asks
+  the Sentinels for the primary on every new connection, and a write refused as
+  READONLY (a demoted primary) drops the connection, so the retry loop lands on the
+  promoted one. The retry budget then spans a Sentinel failover, not a blip.
+- **Replica confirmation** (``min_replicas``): every acknowledged write to jobs, events,
+  records and the lease is followed on the same connection by ``WAIT n ms``; fewer
+  confirmations than ``n`` is :class:`StoreUnavailable` ("state store replica did not
+  confirm"), so an acknowledged write is on a replica a failover could promote. The
+  write itself may have happened on the primary: it is simply not acknowledged, and
+  every write is safe to retry (request tokens, client request ids).
 
 Thread safety: ``redis.Redis`` over a ``ConnectionPool`` is thread-safe; each call
 checks out its own connection, and all read-modify-write logic runs server-side.
@@ -33,9 +43,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
+import redis.sentinel
 from google.protobuf.message import Message
 from tenacity import (
     retry,
@@ -65,6 +75,7 @@ from broker.store.base import (
 )
 from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
+from broker.store.redis_url import RedisTarget, parse_redis_url
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -74,22 +85,10 @@ _LIST_BATCH = 200
 
 MAX_CONNECTIONS = 64  # per store object; each call holds one only for its round trip
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-
-
-def _split_url(url: str) -> tuple[str, str]:
-    """Remove our ``prefix`` query parameter (redis-py would reject it)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    prefix = "cb"
-    rest = []
-    for k, v in query:
-        if k == "prefix":
-            prefix = v
-        else:
-            rest.append((k, v))
-    if not prefix:
-        raise ValueError(f"store URL {url!r}: prefix must not be empty")
-    return urlunsplit(parts._replace(query=urlencode(rest))), prefix
+# A Sentinel failover takes down-after-milliseconds plus an election (seconds): the
+# retry loop of a Sentinel store waits that long before a call turns UNAVAILABLE.
+_SENTINEL_RETRY_ATTEMPTS = 14
+_SENTINEL_RETRY_MAX_DELAY_S = 30.0
 
 
 _FIRST_RETRY_WAIT_S = 0.05  # wait_exponential(multiplier=0.05)'s first wait
@@ -118,23 +117,18 @@ class RedisStore(RedisLogs, Store):
         url: str,
         *,
         prefix: str | None = None,
-        retry_attempts: int = 5,
-        retry_max_delay_s: float = 15.0,
+        retry_attempts: int | None = None,
+        retry_max_delay_s: float | None = None,
         socket_timeout_s: float = 10.0,
     ) -> None:
-        clean_url, url_prefix = _split_url(url)
-        self.prefix = prefix or url_prefix
-        # A bounded pool that makes a caller wait for a free connection: a thousand
-        # WatchJob threads waking at once would otherwise open a thousand connections
-        # in one burst (connect storms past the listen backlog read as "unavailable").
-        self._pool = redis.BlockingConnectionPool.from_url(
-            clean_url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=socket_timeout_s,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            health_check_interval=30,
-        )
+        target = parse_redis_url(url)
+        self.prefix = prefix or target.prefix
+        self.target = target
+        self._min_replicas = target.min_replicas
+        self._wait_ms = target.replica_wait_ms
+        # A WAIT blocks the socket for up to replica_wait_ms: never time it out first.
+        socket_timeout_s = max(socket_timeout_s, target.replica_wait_ms / 1000 + 5)
+        self._pool = self._open_pool(target, socket_timeout_s)
         self._r = redis.Redis(connection_pool=self._pool)
         self._create = self._r.register_script(scripts.CREATE)
         self._update = self._r.register_script(scripts.UPDATE)
@@ -143,6 +137,10 @@ class RedisStore(RedisLogs, Store):
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
         self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
+        if retry_attempts is None:
+            retry_attempts = _SENTINEL_RETRY_ATTEMPTS if target.is_sentinel else 5
+        if retry_max_delay_s is None:
+            retry_max_delay_s = _SENTINEL_RETRY_MAX_DELAY_S if target.is_sentinel else 15.0
         # The first attempt runs bare (tenacity costs ~30 us a call, on every submit's
         # store calls); only a transient failure enters the retry loop for the rest.
         self._retry = retry(
@@ -151,6 +149,25 @@ class RedisStore(RedisLogs, Store):
             wait=wait_exponential(multiplier=0.05, max=2.0),
             reraise=True,
         ) if retry_attempts > 1 else None
+
+    @staticmethod
+    def _open_pool(target: RedisTarget, socket_timeout_s: float) -> redis.ConnectionPool:
+        """One server: a bounded pool that makes a caller wait for a free connection (a
+        thousand WatchJob threads waking at once would otherwise open a thousand
+        connections in one burst; connect storms past the listen backlog read as
+        "unavailable"). Sentinel: redis-py's Sentinel pool, which asks the Sentinels for
+        the primary on each connect and refuses (transiently) past its bound."""
+        common = dict(socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                      health_check_interval=30, max_connections=MAX_CONNECTIONS)
+        if not target.is_sentinel:
+            return redis.BlockingConnectionPool.from_url(target.url, timeout=socket_timeout_s,
+                                                         **common)
+        sentinel = redis.sentinel.Sentinel(
+            list(target.sentinels),
+            sentinel_kwargs={"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+        )
+        return redis.sentinel.SentinelConnectionPool(target.service, sentinel, db=target.db,
+                                                     **common)
 
     # ---- plumbing ------------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
@@ -166,6 +183,33 @@ class RedisStore(RedisLogs, Store):
             return self._retry(fn)()
         except _TRANSIENT as e:
             raise StoreUnavailable(f"redis unavailable: {e}") from e
+
+    def _write(self, queue: Callable[[object], object]) -> list[object]:
+        """Run the write(s) ``queue`` adds to a client, then, when replicas must confirm,
+        ``WAIT`` on the same connection (one pipeline: WAIT counts only this
+        connection's writes). Returns the writes' replies."""
+        def run() -> list[object]:
+            pipe = self._r.pipeline(transaction=False)  # built per try: execute() empties it
+            queue(pipe)
+            if self._min_replicas:
+                pipe.execute_command("WAIT", self._min_replicas, self._wait_ms)
+            return pipe.execute()
+
+        if not self._min_replicas:
+            return self._call(run)
+        *replies, acks = self._call(run)
+        if int(acks) < self._min_replicas:
+            raise StoreUnavailable(
+                f"state store replica did not confirm the write ({acks} of "
+                f"{self._min_replicas} within {self._wait_ms} ms); not acknowledged, retry later")
+        return replies
+
+    def _write_one(self, script: redis.commands.core.Script, args: list[object],
+                   keys: list[str] | None = None) -> object:
+        """One script call, confirmed by replicas when configured."""
+        if not self._min_replicas:
+            return self._call(lambda: script(keys=keys, args=args))
+        return self._write(lambda c: script(keys=keys, args=args, client=c))[0]
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -194,7 +238,7 @@ class RedisStore(RedisLogs, Store):
     def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
         stored = new_job_copy(job)
         args = self._job_args(stored, events)
-        res = self._call(lambda: self._create(args=args))
+        res = self._write_one(self._create, args)
         if res == -9:
             raise self._fenced()
         if res == -1:
@@ -214,13 +258,11 @@ class RedisStore(RedisLogs, Store):
         argv = [self._job_args(st, item[1]) + _rider_args(riders_of(item))
                 for st, item in zip(stored, items, strict=True)]
 
-        def run() -> list[object]:
-            pipe = self._r.pipeline(transaction=False)
+        def queue(pipe: object) -> None:
             for a in argv:
                 self._create(args=a, client=pipe)
-            return pipe.execute()
 
-        res = self._call(run) if argv else []
+        res = self._write(queue) if argv else []
         out: list[pb.Job | StoreError] = []
         for st, r in zip(stored, res, strict=True):
             if r == -9:
@@ -257,7 +299,7 @@ class RedisStore(RedisLogs, Store):
     ) -> pb.Job:
         stored = versioned_copy(job, expected_version + 1)
         args = self._job_args(stored, events, str(expected_version))
-        code, value = self._call(lambda: self._update(args=args))
+        code, value = self._write_one(self._update, args)  # type: ignore[misc]
         if code == -9:
             raise self._fenced()
         if code == -1:
@@ -352,7 +394,7 @@ class RedisStore(RedisLogs, Store):
 
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         args = [*self._base_args(), job_id, len(events), *(_event_bytes(e) for e in events)]
-        start = self._call(lambda: self._append(args=args))
+        start = self._write_one(self._append, args)
         if start == -9:
             raise self._fenced()
         if start == -1:
@@ -362,7 +404,7 @@ class RedisStore(RedisLogs, Store):
     # ---- keyed records ---------------------------------------------------------------
     def _write_record(self, kind: str, key: str, data: bytes, delete: bool) -> int:
         args = [*self._base_args(), kind, key, data, "1" if delete else "0"]
-        res = self._call(lambda: self._record(args=args))
+        res = self._write_one(self._record, args)
         if res == -9:
             raise self._fenced()
         return int(res)
@@ -373,13 +415,11 @@ class RedisStore(RedisLogs, Store):
         self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
 
     def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
-        def run() -> list[object]:
-            pipe = self._r.pipeline(transaction=False)
+        def queue(pipe: object) -> None:
             for a in argvs:
                 self._record(args=a, client=pipe)
-            return pipe.execute()
 
-        return [self._fenced() if r == -9 else None for r in self._call(run)]
+        return [self._fenced() if r == -9 else None for r in self._write(queue)]
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
@@ -397,7 +437,8 @@ class RedisStore(RedisLogs, Store):
     def acquire_lease_epoch(self, name: str, holder: str, ttl_s: float) -> int:
         keys = [self._k("lease", name), self._k("lease", name, "epoch")]
         ttl_ms = max(1, int(ttl_s * 1000))
-        return int(self._call(lambda: self._lease(keys=keys, args=[holder, ttl_ms])))
+        # Confirmed too: an epoch grant lost in a failover would hand the same epoch twice.
+        return int(self._write_one(self._lease, [holder, ttl_ms], keys))  # type: ignore[call-overload]
 
     def fence_writes(self, name: str, epoch: int | None) -> None:
         self._fence = ("", "") if epoch is None else (self._k("lease", name, "epoch"), str(epoch))

@@ -230,6 +230,7 @@ class FakeAgent:
     # (region, agent id) its certificate names; None = its own region and agent id.
     identity: tuple[str, str] | None = None
     error: grpc.RpcError | None = None  # how the broker ended the stream, if it did
+    update_acks: list[apb.JobUpdateAck] = field(default_factory=list)  # committed updates
 
     def __post_init__(self) -> None:
         self._out: queue.Queue[apb.AgentMessage | None] = queue.Queue()
@@ -285,7 +286,11 @@ class FakeAgent:
                         with self._lock:
                             self.running.pop(j, None)
                     continue
-                if kind in ("heartbeat_ack", "update_ack"):  # liveness/acks, not commands
+                if kind == "update_ack":  # the broker committed a JobUpdate to the store
+                    with self._lock:
+                        self.update_acks.append(msg.update_ack)
+                    continue
+                if kind == "heartbeat_ack":  # liveness, not a command
                     continue
                 with self._lock:
                     self.received.append(msg)
@@ -326,6 +331,11 @@ class FakeAgent:
             self.channel.close()
 
     # ---- test helpers ------------------------------------------------------------------
+    def acked(self, job_id: str, state: int) -> bool:
+        """Did the broker acknowledge (commit) this job's update to ``state``?"""
+        with self._lock:
+            return any(a.job_id == job_id and a.state == state for a in self.update_acks)
+
     def commands(self, kind: str, job_id: str | None = None) -> list[Any]:
         with self._lock:
             out = [getattr(m, kind) for m in self.received if m.WhichOneof("cmd") == kind]

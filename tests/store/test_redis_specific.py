@@ -12,9 +12,15 @@ import redis
 
 from broker.store import KIND_AGENT, open_store
 from broker.store.base import StoreUnavailable
-from broker.store.redis import RedisStore, _split_url
+from broker.store.redis import RedisStore
+from broker.store.redis_url import parse_redis_url
 from computebroker.v1 import common_pb2 as pb
 from tests.fixtures.redis_server import start_redis, stop_redis
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    t = parse_redis_url(url)
+    return t.url, t.prefix
 
 
 def test_url_prefix_parsing():

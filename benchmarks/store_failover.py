@@ -1,0 +1,344 @@
+"""Redis primary loss under load: does any acknowledged job write go missing?
+
+Each repetition starts a fresh primary + 2 replicas + 3 Sentinels (real processes,
+tests/fixtures/redis_sentinel.py), opens the store on its ``redis+sentinel://`` URL
+(replica confirmation on), and runs a burst: ``--writers`` threads submit jobs
+(``create_job``) while one thread ends running jobs (``update_job`` to SUCCEEDED, a CAS
+write) one after another. Mid-burst the primary is SIGKILLed. The burst goes on until
+writes have succeeded again for ``--after`` seconds; then a fresh client on the promoted
+primary checks that every acknowledged submit is there and every acknowledged terminal
+update is SUCCEEDED. A write answered UNAVAILABLE is not acknowledged and not counted.
+
+Baseline in the same run: the same repetition with ``min_replicas=0`` (no WAIT), which
+shows what WAIT buys (acknowledged writes the failover may lose) and costs (write rate).
+
+A second scenario (``--broker-reps``) runs the same fault under a real broker (gRPC over
+TLS, in this process) on the Sentinel URL, with a scripted region agent
+(tests/broker/harness.py FakeAgent): clients submit through SubmitJob, the agent reports
+running jobs SUCCEEDED across the kill, and a job submitted after the kill must be
+launched. It records the acknowledged submits and terminal updates (JobUpdateAck) lost and
+how long after the SIGKILL the scheduler launched again, next to the failover time and the
+leader lease.
+
+    .venv/bin/python benchmarks/store_failover.py [--reps 20] [--broker-reps 5] \
+        [--out benchmarks/results/store_failover.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "proto")]
+
+from broker.store.base import StoreError  # noqa: E402
+from broker.store.redis import RedisStore  # noqa: E402
+from computebroker.v1 import common_pb2 as pb  # noqa: E402
+from tests.fixtures.redis_sentinel import (  # noqa: E402
+    DOWN_AFTER_MS,
+    FAILOVER_TIMEOUT_MS,
+    start_sentinel_cluster,
+)
+
+
+@dataclass
+class Outcome:
+    """One repetition's result; ``*_lost`` must be 0."""
+
+    min_replicas: int
+    acked_submits: int = 0
+    acked_terminal: int = 0
+    refused_writes: int = 0  # answered UNAVAILABLE (or another store error): not acknowledged
+    submits_lost: int = 0
+    terminal_lost: int = 0
+    failover_s: float = 0.0  # SIGKILL -> the Sentinels name a new writable primary
+    writes_resume_s: float = 0.0  # SIGKILL -> first ack of a write begun after the kill
+    submit_rate_before_kill: float = 0.0  # acknowledged submits/s before the kill
+    lost_ids: list[str] = field(default_factory=list)
+
+
+def _job(job_id: str, phase: int = pb.JOB_PHASE_PENDING) -> pb.Job:
+    return pb.Job(id=job_id, spec=pb.JobSpec(team="ml", name=f"n-{job_id}"), phase=phase)
+
+
+def run_once(workdir: Path, *, min_replicas: int = 1, writers: int = 4, before_s: float = 1.0,
+             after_s: float = 2.0, running: int = 60) -> Outcome:
+    """One repetition (see the module docstring)."""
+    cluster = start_sentinel_cluster(workdir)
+    out = Outcome(min_replicas)
+    prefix = f"f{uuid.uuid4().hex[:8]}"
+    store = RedisStore(cluster.url(prefix=prefix, min_replicas=min_replicas))
+    try:
+        live = []
+        for i in range(running):
+            job = store.create_job(_job(f"run-{i:04d}"))
+            live.append(store.update_job(_job(job.id, pb.JOB_PHASE_RUNNING), job.version))
+        stop = threading.Event()
+        lock = threading.Lock()
+        acked: list[str] = []
+        ended: list[str] = []
+        ack_times: list[float] = []  # acks of writes *started* after the primary died
+        killed = [float("inf")]  # when kill_primary returned (the old primary is gone)
+
+        def submitter(w: int) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                job_id = f"sub-{w}-{n:06d}"
+                started = time.monotonic()
+                try:
+                    store.create_job(_job(job_id))
+                except StoreError:
+                    with lock:
+                        out.refused_writes += 1
+                    continue
+                with lock:
+                    acked.append(job_id)
+                    if started > killed[0]:
+                        ack_times.append(time.monotonic())
+
+        def terminator() -> None:
+            for job in live:
+                while not stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        cur = store.get_job(job.id)
+                        if cur.phase == pb.JOB_PHASE_SUCCEEDED:
+                            break  # an earlier try applied but was not acknowledged
+                        store.update_job(_job(job.id, pb.JOB_PHASE_SUCCEEDED), cur.version)
+                    except StoreError:
+                        with lock:
+                            out.refused_writes += 1
+                        time.sleep(0.05)
+                        continue
+                    with lock:
+                        ended.append(job.id)
+                        if started > killed[0]:
+                            ack_times.append(time.monotonic())
+                    break
+                time.sleep(before_s / (running / 2))  # half end before the kill, half after
+
+        threads = [threading.Thread(target=submitter, args=(w,)) for w in range(writers)]
+        threads.append(threading.Thread(target=terminator))
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        time.sleep(before_s)
+        with lock:
+            out.submit_rate_before_kill = round(len(acked) / (time.monotonic() - t0), 1)
+        t_kill = time.monotonic()
+        old = cluster.kill_primary()
+        killed[0] = time.monotonic()
+        cluster.wait_promoted(old)
+        out.failover_s = round(time.monotonic() - t_kill, 3)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with lock:
+                first = ack_times[0] if ack_times else None
+            if first is not None and time.monotonic() - first >= after_s \
+                    and not threads[-1].is_alive():
+                break
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        out.writes_resume_s = round(ack_times[0] - t_kill, 3) if ack_times else -1.0
+        check = RedisStore(cluster.url(prefix=prefix, min_replicas=0))
+        try:
+            present = {j.id: j.phase for j in check.list_jobs(limit=0)}
+        finally:
+            check.close()
+        lost = [i for i in acked if i not in present]
+        lost_end = [i for i in ended if present.get(i) != pb.JOB_PHASE_SUCCEEDED]
+        out.acked_submits, out.acked_terminal = len(acked), len(ended)
+        out.submits_lost, out.terminal_lost = len(lost), len(lost_end)
+        out.lost_ids = (lost + lost_end)[:20]
+        return out
+    finally:
+        store.close()
+        cluster.stop()
+
+
+@dataclass
+class BrokerOutcome:
+    """One broker-level repetition; ``*_lost`` must be 0."""
+
+    lease_s: float
+    acked_submits: int = 0
+    refused_submits: int = 0
+    acked_terminal: int = 0
+    submits_lost: int = 0
+    terminal_lost: int = 0
+    failover_s: float = 0.0
+    schedule_resume_s: float = 0.0  # SIGKILL -> Launch of a job submitted after it
+
+
+def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_s: float = 5.0,
+                    before_s: float = 1.0) -> BrokerOutcome:
+    """The broker-level repetition (see the module docstring)."""
+    import grpc
+
+    from computebroker.v1 import agent_pb2 as apb
+    from computebroker.v1 import jobs_pb2 as jpb
+    from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
+
+    cluster = start_sentinel_cluster(workdir / "redis")
+    out = BrokerOutcome(lease_s)
+    prefix = f"b{uuid.uuid4().hex[:8]}"
+    b = Broker(fast_config(workdir, store=cluster.url(prefix=prefix), leader_lease_s=lease_s))
+    agent = FakeAgent(b.address, "a1", "us-east-2", nodes_for("us-east-2", "a1", running + 2, 1))
+    try:
+        b.team(gpus=1000)
+        agent.connect()
+        attempts: dict[str, int] = {}
+        for i in range(running):
+            job = b.submit(spec(f"run-{i}"))
+            launch = agent.wait_launch(job.id, timeout=60)
+            agent.update(job.id, launch.attempt, apb.ATTEMPT_STATE_RUNNING, step=1)
+            attempts[job.id] = launch.attempt
+        for job_id in attempts:
+            b.wait_phase(job_id, pb.JOB_PHASE_RUNNING, timeout=60)
+        stop = threading.Event()
+        lock = threading.Lock()
+        acked: list[str] = []
+
+        def client(w: int) -> None:
+            stubs = b.stubs_as(f"user{w}")
+            n = 0
+            while not stop.is_set():
+                n += 1  # parked jobs: no region can place them, so they never take a node
+                s = spec(f"burst-{w}-{n}", allowed_regions=["parked-nowhere"])
+                try:
+                    job = stubs.jobs.SubmitJob(jpb.SubmitJobRequest(
+                        spec=s, client_request_id=f"c{w}-{n}"), timeout=60).job
+                except grpc.RpcError:
+                    with lock:
+                        out.refused_submits += 1
+                    time.sleep(0.05)
+                    continue
+                with lock:
+                    acked.append(job.id)
+
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(clients)]
+        for t in threads:
+            t.start()
+        ids = list(attempts)
+        time.sleep(before_s / 2)
+        for job_id in ids[: running // 2]:  # half end before the kill, half across it
+            agent.update(job_id, attempts[job_id], apb.ATTEMPT_STATE_SUCCEEDED, step=100)
+        time.sleep(before_s / 2)
+        t_kill = time.monotonic()
+        old = cluster.kill_primary()
+        for job_id in ids[running // 2:]:
+            agent.update(job_id, attempts[job_id], apb.ATTEMPT_STATE_SUCCEEDED, step=100)
+        cluster.wait_promoted(old)
+        out.failover_s = round(time.monotonic() - t_kill, 3)
+        probe = wait_until(lambda: b.submit(spec("after-failover")), timeout=120,
+                           what="a submit acknowledged after the failover", interval=0.05)
+        wait_until(lambda: agent.commands("launch", probe.id), timeout=120,
+                   what="the scheduler launches again", interval=0.02)
+        out.schedule_resume_s = round(time.monotonic() - t_kill, 3)
+        wait_until(lambda: all(agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED) for j in ids),
+                   timeout=60, what="every terminal update acknowledged")
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        ended = [j for j in ids if agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED)]
+        check = RedisStore(cluster.url(prefix=prefix, min_replicas=0))
+        try:
+            present = {j.id: j.phase for j in check.list_jobs(limit=0)}
+        finally:
+            check.close()
+        out.acked_submits, out.acked_terminal = len(acked), len(ended)
+        out.submits_lost = sum(1 for i in acked if i not in present)
+        out.terminal_lost = sum(1 for i in ended if present.get(i) != pb.JOB_PHASE_SUCCEEDED)
+        return out
+    finally:
+        agent.close()
+        b.stop()
+        cluster.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--baseline-reps", type=int, default=3,
+                    help="repetitions without replica confirmation (min_replicas=0)")
+    ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--broker-reps", type=int, default=0,
+                    help="repetitions under a real broker with a scripted agent")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "store_failover.json"))
+    args = ap.parse_args()
+    load_start = os.getloadavg()
+    runs: dict[str, list[dict[str, object]]] = {"wait": [], "baseline_no_wait": []}
+    with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
+        for i in range(args.reps):
+            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
+            runs["wait"].append(asdict(o))
+            print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
+        for i in range(args.baseline_reps):
+            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
+            runs["baseline_no_wait"].append(asdict(o))
+            print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
+        broker_runs = []
+        for i in range(args.broker_reps):
+            bo = run_broker_once(Path(tmp) / f"k{i}")
+            broker_runs.append(asdict(bo))
+            print(f"broker {i + 1}/{args.broker_reps}: {asdict(bo)}", flush=True)
+
+    def summary(rs: list[dict[str, object]]) -> dict[str, object]:
+        fo = sorted(float(r["failover_s"]) for r in rs)  # type: ignore[arg-type]
+        return {
+            "reps": len(rs),
+            "acked_submits": sum(int(r["acked_submits"]) for r in rs),  # type: ignore[call-overload]
+            "acked_terminal": sum(int(r["acked_terminal"]) for r in rs),  # type: ignore[call-overload]
+            "acked_lost": sum(int(r["submits_lost"]) + int(r["terminal_lost"])  # type: ignore[call-overload]
+                              for r in rs),
+            "failover_s_max": fo[-1] if fo else None,
+            "failover_s_median": fo[len(fo) // 2] if fo else None,
+            "writes_resume_s_max": max((float(r["writes_resume_s"]) for r in rs),  # type: ignore[arg-type]
+                                       default=None),
+            "submit_rate_before_kill_median": sorted(
+                float(r["submit_rate_before_kill"]) for r in rs)[len(rs) // 2] if rs else None,  # type: ignore[arg-type]
+        }
+
+    result = {
+        "benchmark": "store_failover",
+        "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
+                     "quorum": 2, "replicas": 2, "sentinels": 3},
+        "writers": args.writers,
+        "summary": {k: summary(v) for k, v in runs.items()},
+        "runs": runs,
+        "broker_runs": broker_runs,
+        "broker_summary": {
+            "reps": len(broker_runs),
+            "acked_lost": sum(int(r["submits_lost"]) + int(r["terminal_lost"])  # type: ignore[call-overload]
+                              for r in broker_runs),
+            "schedule_resume_s_max": max((float(r["schedule_resume_s"])  # type: ignore[arg-type]
+                                          for r in broker_runs), default=None),
+            "failover_plus_lease_s_min": min((float(r["failover_s"]) + float(r["lease_s"])  # type: ignore[arg-type]
+                                              for r in broker_runs), default=None),
+        },
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "note": "shared machine: other engineers' tests ran beside this one",
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
