@@ -107,9 +107,14 @@ def publish_loop(pub: Publisher, path: str, stop: threading.Event) -> None:
     """Copy the progress file into the pod annotation (see the module doc)."""
     last_sig: tuple | None = None
     last_pub, last_text = 0.0, ""
-    while not stop.wait(TICK_S * 2):
+    while True:
+        # When the ranks have ended, one last publish of whatever changed, unthrottled:
+        # the final step and checkpoint must reach the agent before the pod is gone.
+        final = stop.wait(TICK_S * 2)
         text = _read(Path(path))
         if not text or text == last_text:
+            if final:
+                return
             continue
         try:
             data = json.loads(text)
@@ -120,13 +125,15 @@ def publish_loop(pub: Publisher, path: str, stop: threading.Event) -> None:
         sig = (data.get("state"), data.get("step"), data.get("last_checkpoint_step"),
                data.get("last_checkpoint_uri"))
         now = time.monotonic()
-        if (sig != last_sig and now - last_pub >= MIN_S) or now - last_pub >= HEARTBEAT_S:
+        if final or (sig != last_sig and now - last_pub >= MIN_S) or now - last_pub >= HEARTBEAT_S:
             try:
                 pub.publish(PROGRESS_ANNOTATION, json.dumps(data, sort_keys=True,
                                                             separators=(",", ":")))
                 last_sig, last_pub, last_text = sig, now, text
             except Exception as e:  # noqa: BLE001 - retried on the next tick
                 print(f"pod_supervisor: progress not published: {e}", file=sys.stderr)
+        if final:
+            return
 
 
 def rank_env(base: dict[str, str], ranks: int, local: int) -> dict[str, str]:
@@ -172,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     pub = Publisher.from_env()
     progress = os.environ.get("CB_PROGRESS_FILE", "")
+    publisher: threading.Thread | None = None
     if pub is not None and progress:
-        threading.Thread(target=publish_loop, args=(pub, progress, stop), daemon=True).start()
+        publisher = threading.Thread(target=publish_loop, args=(pub, progress, stop), daemon=True)
+        publisher.start()
     podinfo = os.environ.get(PODINFO_ENV, "")
     ckpt_file = Path(podinfo, "checkpoint-now") if podinfo else None
     seen = _read(ckpt_file)
@@ -191,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                 if pr.poll() is None:
                     pr.kill()
     stop.set()
+    if publisher is not None:
+        publisher.join(timeout=10)  # the final progress, before the pod's end is seen
     # ranks SIGKILLed by us after a crash do not count: the crash's code is the pod's
     codes = [_code(pr.returncode) for pr in procs]
     first_crash = [c for pr, c in zip(procs, codes, strict=True)

@@ -932,9 +932,10 @@ class RegionAgent:
         session = self._session
         if session is None:
             return
+        # Every active notice, every heartbeat: the broker acts on a node's first listing
+        # and takes a notice no longer listed as withdrawn (the node is given back).
         notices = [agent_pb2.SpotNotice(node_id=n, deadline_time=d)
-                   for n, d in sorted(self.signals.active_spot_notices().items())
-                   if n not in session.spot_sent]
+                   for n, d in sorted(self.signals.active_spot_notices().items())]
         hb = agent_pb2.Heartbeat(time=now, node_health=self._pending_health,
                                  spot_notices=notices, running=self._running())
         if self.inventory.checkpoint_bucket and self.config.store_probe_interval_s > 0:
@@ -943,7 +944,6 @@ class RegionAgent:
                 time=self._store_probed_at, outage=self.store_outage))
         if session.send(agent_pb2.AgentMessage(heartbeat=hb)):
             self.contact.heartbeat_sent(time.monotonic())
-            session.spot_sent.update(n.node_id for n in notices)
             self._pending_health = []
             self._last_heartbeat = now
 

@@ -23,7 +23,6 @@ class Session:
         self._queue: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
         self.closed = threading.Event()
         self.registered = threading.Event()
-        self.spot_sent: set[str] = set()  # spot notices already reported on this stream
         self.call = None  # the grpc call object, to cancel it
         # Leader liveness: when the broker last sent anything (monotonic), and whether
         # the agent dropped this stream because the broker went silent.

@@ -68,6 +68,10 @@ class AgentState:
     # Nodes the broker marked unhealthy for a spot notice (the agent still calls them
     # healthy): healthy again when the notice is withdrawn (agent_service._heartbeat).
     spot_marked: set[str] = field(default_factory=set)
+    # Spot notices already acted on (their jobs triggered): every heartbeat lists the
+    # active notices, so only a node's first listing triggers; a notice no longer
+    # listed is forgotten, and a new one for the node triggers again.
+    spot_triggered: set[str] = field(default_factory=set)
 
     @property
     def connected(self) -> bool:

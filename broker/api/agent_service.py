@@ -323,8 +323,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return False
 
         self.agents.update_nodes(agent.agent_id, mark)
-        for job, hit in self._jobs_on(agent, doomed):
-            deadline = min(doomed[n] for n in hit)
+        fresh = {n: d for n, d in doomed.items() if n not in agent.spot_triggered}
+        agent.spot_triggered |= fresh.keys()
+        for job, hit in self._jobs_on(agent, fresh):
+            deadline = min(fresh[n] for n in hit)
             self.ops.trigger(job.id, Signal(Trigger.SPOT_NOTICE, nodes=tuple(hit), deadline=deadline),
                              actor=f"agent:{agent.agent_id}",
                              message=f"spot interruption notice for {', '.join(hit)}:"
@@ -340,10 +342,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         notices, so absence is withdrawal."""
         # A node the agent itself now calls unhealthy (reclaimed at the deadline) is the
         # agent's to give back, by a health change, not by the notice going away.
+        active = {s.node_id for s in hb.spot_notices}
+        agent.spot_triggered &= active
         agent.spot_marked -= {n for n, h in health.items() if not h.healthy}
         if not agent.spot_marked:
             return
-        active = {s.node_id for s in hb.spot_notices}
         back = {n for n in agent.spot_marked - active
                 if n not in health or health[n].healthy}
         if not back:

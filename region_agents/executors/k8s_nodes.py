@@ -39,19 +39,30 @@ def spot_tainted(node: dict) -> bool:
     return any(t.get("key") == SPOT_TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
 
+LIFECYCLE_TAINTS = frozenset(UNHEALTHY_TAINTS)  # the lifecycle controller's copies of Ready
+
+
 def health_of(node: dict) -> tuple[bool, str]:
     """(healthy, reason) of a Node object (a dict as the API server sends it)."""
     status = node.get("status") or {}
+    ready = None
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "Ready" and str(cond.get("status")) != "True":
-            why = cond.get("reason") or cond.get("message") or "not ready"
-            return False, f"Ready={cond.get('status')}: {why}"
+        if cond.get("type") == "Ready":
+            ready = str(cond.get("status")) == "True"
+            if not ready:
+                why = cond.get("reason") or cond.get("message") or "not ready"
+                return False, f"Ready={cond.get('status')}: {why}"
     labels = (node.get("metadata") or {}).get("labels") or {}
     hp = labels.get(HYPERPOD_HEALTH, "")
     if hp.startswith(HYPERPOD_BAD_PREFIX):
         return False, f"HyperPod health agent: {hp}"
     for t in (node.get("spec") or {}).get("taints") or []:
         key = t.get("key", "")
+        if key in LIFECYCLE_TAINTS and ready:
+            # The lifecycle controller sets these from the Ready condition and clears
+            # them a moment after it turns True (a new node is born with not-ready):
+            # with a fresh Ready=True in hand, the taint is the stale copy.
+            continue
         if key in UNHEALTHY_TAINTS:
             return False, UNHEALTHY_TAINTS[key]
         if key == HYPERPOD_HEALTH and str(t.get("value", "")).startswith(HYPERPOD_BAD_PREFIX):

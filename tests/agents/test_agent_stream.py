@@ -161,9 +161,13 @@ def test_spot_notice_and_health_flip_reach_the_broker(broker, agent, fake_traine
     agent.inject_spot_notice("t1-p5-001")
     wait_for(lambda: any(n.node_id == "t1-p5-001" for hb in broker.of("heartbeat") for n in hb.spot_notices),
              30, what="injected spot notice")
-    # Each notice is reported once per stream.
-    ids = [n.node_id for hb in broker.of("heartbeat") for n in hb.spot_notices]
-    assert sorted(ids) == ["t1-p5-001", "t1-spot-000"]
+    # Every heartbeat lists every active notice (absence is withdrawal at the broker).
+    n_before = len(broker.of("heartbeat"))
+    wait_for(lambda: len(broker.of("heartbeat")) >= n_before + 2, 30, what="two more heartbeats")
+    ids = {n.node_id for hb in broker.of("heartbeat") for n in hb.spot_notices}
+    assert ids == {"t1-p5-001", "t1-spot-000"}
+    for hb in broker.of("heartbeat")[n_before:]:
+        assert {n.node_id for n in hb.spot_notices} == {"t1-p5-001", "t1-spot-000"}
     # A node going unhealthy: NodeHealth in a heartbeat, and its attempt fails blaming it.
     broker.wait_ack(broker.send(launch=launch_msg(fake_trainer, env=LONG)))
     wait_for(lambda: AS.ATTEMPT_STATE_RUNNING in broker.states("j-1"), 60, what="running")

@@ -163,6 +163,13 @@ def test_node_health_and_spot_from_node_objects():
     spot = json.loads(json.dumps(ready))
     spot["spec"]["taints"] = [{"key": SPOT_TAINT, "value": "x", "effect": "NoSchedule"}]
     assert spot_tainted(spot) and health_of(spot) == (True, "")  # a notice, not ill health
+    # The lifecycle controller's not-ready taint lags a fresh Ready=True (a new node is
+    # born with it): the condition wins. Without a Ready condition the taint stands.
+    fresh = json.loads(json.dumps(ready))
+    fresh["spec"]["taints"] = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    assert health_of(fresh) == (True, "")
+    bare = {"metadata": {"name": "n"}, "spec": {"taints": fresh["spec"]["taints"]}, "status": {}}
+    assert health_of(bare) == (False, "not ready (node lifecycle controller)")
 
 
 def test_pods_get_torchruns_thread_default_unless_the_spec_sets_it():

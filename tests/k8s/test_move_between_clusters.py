@@ -125,7 +125,9 @@ def test_spot_taint_moves_a_job_from_cluster_a_on_2_pods_to_cluster_b_on_1_pod(
                         {"key": SPOT_TAINT, "value": "itn", "effect": "NoSchedule"}]}})
                 job = handle.wait(timeout=420)
                 assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{c.logs()}"
-                assert (job.attempt, job.placement.region, job.placement.world_size) == (2, B, 1)
+                story = "\n".join(f"{e.type} {e.message}" for e in client.job(job.id).events(follow=False))
+                assert (job.attempt, job.placement.region, job.placement.world_size) == (2, B, 1), \
+                    f"{story}\n{c.logs()}"
                 assert job.progress.step == STEPS
                 migs = client.migrations(job_id=job.id)
                 assert [(m.cause, m.state, m.from_region, m.to_region, m.from_world_size,
