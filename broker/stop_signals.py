@@ -36,4 +36,9 @@ class StopSignals:
             if until is not None and until():
                 return 0
             time.sleep(step_s)
+        if signal.SIGTERM in self.signals:
+            # Stopping already: later SIGTERMs (a supervisor's burst, PDEATHSIG) are
+            # ignored. Left to Python, its finalization puts SIGTERM back to the default
+            # action and one arriving then kills the exiting process (-15, not its code).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return self.signum

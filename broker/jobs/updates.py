@@ -96,10 +96,14 @@ def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
     record_ranks(j, u)
     if j.phase == LAUNCHING and u.state in _STARTED:
         tx.ranks_started_at(u.timings.spawn_time)
+        # The ranks this attempt started: this report's, else an earlier (STARTING)
+        # report's, kept on the placement. The event keeps them for the attempt's log
+        # header after the job has moved on (the placement is then another attempt's).
+        ranks = u.ranks or j.placement.ranks
         tx.move(RUNNING, "running", reason="started", actor=inp.actor,
                 message=f"attempt {j.attempt} running on {j.placement.region}"
-                        + (f" with {u.ranks} rank(s)" if u.ranks else ""),
-                details={"ranks": str(u.ranks)} if u.ranks else None)
+                        + (f" with {ranks} rank(s)" if ranks else ""),
+                details={"ranks": str(ranks)} if ranks else None)
         migration.running(j, now, u.timings if u.HasField("timings") else None)
     elif j.phase == LAUNCHING and not u.HasField("progress") and not new_ranks:
         return None  # (a STARTING report with the ranks just started is kept: log headers)

@@ -170,6 +170,10 @@ class JobLogs:
         head = out.get(job.attempt)
         if head is not None and not head.ranks and job.placement.ranks:
             head.ranks = job.placement.ranks
+        for m in job.migrations:  # a moved-to attempt's ranks, as its move recorded them
+            head = out.get(m.to_attempt)
+            if head is not None and not head.ranks and m.to_ranks:
+                head.ranks = m.to_ranks
         return out
 
 
