@@ -124,6 +124,8 @@ class BrokerTelemetry:
             metric_readers=readers,
             resource=Resource.create({"service.name": "compute-broker"}))
         self._build_instruments(self._provider.get_meter(TRACER_NAME))
+        with self._lock:  # a scrape before the first scheduler pass: no agent yet, not "no series"
+            self._gauges.setdefault("agents_connected", {(): 0})
         certfile, keyfile = tls if tls else (None, None)
         server, _thread = start_http_server(port, addr=host, registry=registry,
                                             certfile=certfile, keyfile=keyfile)
