@@ -653,8 +653,15 @@ class RegionAgent:
             spec.resume_from = resume_from
         if launch.spec.HasField("workdir"):  # users' code: fetched (staging) and verified
             spec.workdir_tar = str(self.workdirs.get(launch.spec.workdir.digest))
-        self.executor.launch(spec)
-        self._ranks[(launch.job_id, launch.attempt)] = self.executor.ranks(spec)
+        # Known before the ranks start: the poller may report the attempt's first event
+        # before launch() returns, and that report must carry the ranks.
+        key = (launch.job_id, launch.attempt)
+        self._ranks[key] = self.executor.ranks(spec)
+        try:
+            self.executor.launch(spec)
+        except BaseException:
+            self._ranks.pop(key, None)
+            raise
         self.logs.track(launch.job_id, launch.attempt,
                         self.executor.log_sources(launch.job_id, launch.attempt))
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
