@@ -9,6 +9,7 @@ it notices by re-reading the job on every wake-up (at most ``FOLLOW_POLL_S`` apa
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from computebroker.v1 import logs_pb2 as lpb
 log = logging.getLogger(__name__)
 
 FOLLOW_POLL_S = 0.5
+HEADER_WAIT_S = 5.0  # longest a follower holds a new attempt's header for its ranks
 STREAMS = ("stdout", "stderr")
 
 
@@ -98,11 +100,15 @@ class JobLogs:
             return
         seen = self.hub.counter(q.job_id)
         headers: dict[int, lpb.LogAttemptHeader] = {}
+        waiting: dict[int, float] = {}  # attempt -> when its header was first held back
         while active() and not closed():
             ended = job.phase in TERMINAL
-            if any(a not in headers for a in self._attempts(q, job)):
-                headers = self._headers(q.job_id)  # history is re-read only for a new attempt
-            for a in self._attempts(q, job):
+            attempts = self._attempts(q, job)
+            if any(a not in headers or (a in waiting) for a in attempts):
+                headers = self._headers(q.job_id)  # re-read for a new or a held-back attempt
+            for a in attempts:
+                if self._hold_header(a, headers.get(a), emitter, ended, waiting):
+                    break  # later attempts wait behind it: records stay in attempt order
                 lines, dropped = self.store.read_logs(q.job_id, a, emitter.cursor.get(a, 0))
                 yield from emitter.emit(a, headers.get(a), lines, dropped)
             if ended:
@@ -110,10 +116,35 @@ class JobLogs:
             seen = self.hub.wait(q.job_id, seen, FOLLOW_POLL_S)
             job = self._job(q.job_id)
 
+    @staticmethod
+    def _hold_header(a: int, header: lpb.LogAttemptHeader | None, emitter: _Emitter,
+                     ended: bool, waiting: dict[int, float]) -> bool:
+        """Hold a new attempt's header back (at most ``HEADER_WAIT_S``) until its agent
+        has reported the ranks it started.
+
+        Why: the attempt's "launched" event exists before its agent's first report, and
+        a header sent then could only name the GPUs placed ("world 2") where the same
+        log read afterwards names the ranks ("2 ranks"). A follower and a later reader
+        must see the same text. An agent that never reports ranks delays the header by
+        the wait only."""
+        if a in emitter.announced or header is None or header.ranks or ended:
+            waiting.pop(a, None)
+            return False
+        since = waiting.setdefault(a, time.monotonic())
+        if time.monotonic() - since < HEADER_WAIT_S:
+            return True
+        waiting.pop(a, None)
+        return False
+
     def _initial(self, q: LogQuery, job: pb.Job, emitter: _Emitter) -> Iterator[lpb.LogRecord]:
         headers = self._headers(q.job_id)
+        attempts = self._attempts(q, job)
+        newest = headers.get(job.attempt)
+        if (q.follow and not q.tail and job.phase not in TERMINAL and attempts
+                and attempts[-1] == job.attempt and newest is not None and not newest.ranks):
+            attempts = attempts[:-1]  # the follow loop sends it once its ranks are known
         per: list[tuple[int, list[lpb.LogLine], int]] = []
-        for a in self._attempts(q, job):
+        for a in attempts:
             lines, dropped = self.store.read_logs(q.job_id, a)
             per.append((a, lines, dropped))
         if q.tail:

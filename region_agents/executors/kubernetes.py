@@ -570,7 +570,14 @@ class KubernetesExecutor(Executor):
 
     def _finish(self, att: _K8sAttempt, pods: list[dict], state: int, code: int, msg: str,
                 failed_nodes: list[str] | None = None) -> None:
-        """Report the end, then let the pods go (their exit codes are read) and clean up."""
+        """Report the end, then let the pods go (their exit codes are read) and clean up.
+
+        A gang whose every pod ran to exit 0 or 75 did run, even when it was over before a
+        poll saw it running (a short attempt on a fast node, or a slow agent pass): report
+        RUNNING first, so the broker and its events never see an attempt skip it."""
+        if att.state == AS.ATTEMPT_STATE_STARTING and state in (AS.ATTEMPT_STATE_SUCCEEDED,
+                                                                AS.ATTEMPT_STATE_CHECKPOINTED):
+            self._set(att, AS.ATTEMPT_STATE_RUNNING)
         self._set(att, state, exit_code=int(code), message=msg, failed_nodes=list(failed_nodes or []))
         log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, msg, code)
         for p in pods:

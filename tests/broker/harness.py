@@ -355,12 +355,12 @@ class FakeAgent:
 
     def update(self, job_id: str, attempt: int, state: int, *, step: int = 0, ckpt_step: int = 0,
                ckpt_uri: str = "", exit_code: int = 0, message: str = "",
-               failed_nodes: list[str] | None = None) -> None:
+               failed_nodes: list[str] | None = None, ranks: int = 0) -> None:
         prog = pb.Progress(step=step, total_steps=100, last_checkpoint_step=ckpt_step,
                            last_checkpoint_uri=ckpt_uri)
         self.send(apb.AgentMessage(job_update=apb.JobUpdate(
             job_id=job_id, attempt=attempt, state=state, progress=prog, exit_code=exit_code,
-            message=message, failed_nodes=failed_nodes or [], time=time.time())))
+            message=message, failed_nodes=failed_nodes or [], time=time.time(), ranks=ranks)))
         if state in (apb.ATTEMPT_STATE_SUCCEEDED, apb.ATTEMPT_STATE_FAILED,
                      apb.ATTEMPT_STATE_CHECKPOINTED, apb.ATTEMPT_STATE_STOPPED):
             with self._lock:

@@ -5,11 +5,13 @@ resend dedup and RegisterAck offsets, the size bound, and input validation."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
+from broker.logs.service import FOLLOW_POLL_S
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
@@ -93,6 +95,59 @@ def test_two_attempts_in_order_and_follow_ends_at_terminal(tmp_path: Path) -> No
             "== 1 us-east-2 2", "r1 a1 rank1", "== 2 us-east-2 2", "r0 a2 resumed", "r1 a2 rank1"]
         line = records(b, job.id)[1].line
         assert (line.attempt, line.stream, line.seq, line.time) == (1, "stdout", 1, 1000.0)
+    finally:
+        agent.close()
+        b.stop()
+
+
+def test_a_follower_waits_for_a_new_attempts_ranks_before_its_header(tmp_path: Path) -> None:
+    """Attempt 2's "launched" event exists before its agent reports the ranks it started;
+    a follower must not print a header then that names only the GPUs placed: it shows the
+    same "N ranks" header a reader sees afterwards."""
+    b = Broker(fast_config(tmp_path, max_restarts=1))
+    agent = FakeAgent(b.address, "us-east-2-a", "us-east-2", [])
+    try:
+        agent.nodes = nodes_for("us-east-2", "use2", 2, 8)
+        agent.connect()
+        b.team()
+        job = b.submit(spec("ranks", nodes=1, gpus=2))
+        agent.wait_launch(job.id, 1)
+        agent.update(job.id, 1, RUNNING, step=1, ranks=2)
+        b.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+        followed: list[lpb.LogRecord] = []
+        done = threading.Event()
+
+        def follow() -> None:
+            followed.extend(records(b, job.id, follow=True))
+            done.set()
+
+        threading.Thread(target=follow, daemon=True).start()
+        chunk(agent, job.id, 1, 0, ["a1 line"], 0)
+        wait_until(lambda: stored(b, job.id) == 1, 10, "attempt 1 line stored")
+        agent.update(job.id, 1, apb.ATTEMPT_STATE_FAILED, exit_code=1, message="boom")
+        agent.wait_launch(job.id, 2)
+        late: list[lpb.LogRecord] = []  # a follower that comes after attempt 2's launch
+        late_done = threading.Event()
+
+        def follow_late() -> None:
+            late.extend(records(b, job.id, follow=True))
+            late_done.set()
+
+        threading.Thread(target=follow_late, daemon=True).start()
+        time.sleep(2 * FOLLOW_POLL_S + 0.5)  # both followers have seen attempt 2's launch
+        agent.update(job.id, 2, apb.ATTEMPT_STATE_STARTING, ranks=2)
+        chunk(agent, job.id, 2, 0, ["a2 line"], 0)
+        agent.update(job.id, 2, RUNNING, step=1, ranks=2)
+        wait_until(lambda: stored(b, job.id) == 2, 10, "attempt 2 line stored")
+        agent.update(job.id, 2, apb.ATTEMPT_STATE_SUCCEEDED, step=100, ranks=2)
+        b.wait_phase(job.id, pb.JOB_PHASE_SUCCEEDED)
+        assert done.wait(20), "follow ends when the job is terminal"
+        heads = [r.attempt for r in followed if r.WhichOneof("kind") == "attempt"]
+        assert [(h.attempt, h.ranks) for h in heads] == [(1, 2), (2, 2)]
+        after = [r.attempt for r in records(b, job.id) if r.WhichOneof("kind") == "attempt"]
+        assert heads == after
+        assert late_done.wait(20)
+        assert [r.attempt for r in late if r.WhichOneof("kind") == "attempt"] == after
     finally:
         agent.close()
         b.stop()

@@ -9,6 +9,7 @@ and ends by itself when the job finishes.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import signal
@@ -102,7 +103,8 @@ def test_trainer_output_in_brokerctl_logs_across_a_relaunch(cluster: Cluster) ->
     steps = [int(m.group(1)) for x in second if (m := re.search(r"trainer: step (\d+)/40", x))]
     assert steps == sorted(steps) and steps[-1] == 40, steps  # in order, none twice
     assert len(steps) == len(set(steps))
-    assert sections(followed) == parts, f"follow:\n{followed}\nafterwards:\n{out}"
+    assert sections(followed) == parts, "\n".join(difflib.unified_diff(
+        out.splitlines(), followed.splitlines(), "afterwards", "followed", lineterm=""))
 
     only = brokerctl(cluster, "logs", handle.id, "--attempt", "2", "--rank", "0", "--tail", "1")
     out, err = only.communicate(timeout=120)

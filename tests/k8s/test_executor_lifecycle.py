@@ -92,9 +92,10 @@ def test_two_pod_gang_rendezvous_through_the_headless_service(cluster_a, kubelet
     try:
         with shared_dir() as ckpt:
             ex.discover_nodes()
-            ex.launch(trainer_attempt("gang", NODES, ckpt, steps=8, every=4))
+            # slow steps: the pods must still be there when RUNNING is seen
+            ex.launch(trainer_attempt("gang", NODES, ckpt, steps=8, every=4, sleep=1.0))
             name = resource_name("gang", 1)
-            events = poll_until(ex, lambda evs: any(e.terminal or e.state == AS.ATTEMPT_STATE_RUNNING
+            events = poll_until(ex, lambda evs: any(e.state == AS.ATTEMPT_STATE_RUNNING
                                                     for e in evs), what="gang to run")
             pods = cluster_a.core().list_namespaced_pod(ns).items
             # one pod per placed node, bound by the real scheduler
