@@ -68,3 +68,27 @@ def test_code_cites_only_sections_that_exist() -> None:
             if not any(cited.lower() in h for h in headings):
                 bad.append(f"{name}: {cited!r}")
     assert not bad, f"citations of sections that do not exist: {bad}"
+
+
+FENCE = re.compile(r"^\s*```")
+
+
+@pytest.mark.parametrize("page", [rel(p) for p in pages()])
+def test_code_blocks_are_whole(page: str) -> None:
+    """Every code fence is closed and no block is empty, and no paragraph ends in a comma.
+
+    Why: a cut while moving text once left the README's architecture diagram outside
+    its block (an empty block before it) and a sentence ending in "--no-console,".
+    """
+    lines = (ROOT / page).read_text().splitlines()
+    fences = [i for i, line in enumerate(lines) if FENCE.match(line)]
+    assert len(fences) % 2 == 0, f"{page}: an unclosed code fence (line {fences[-1] + 1})"
+    for start, end in zip(fences[::2], fences[1::2], strict=True):
+        assert end - start > 1, f"{page}: an empty code block at line {start + 1}"
+    inside = set()
+    for start, end in zip(fences[::2], fences[1::2], strict=True):
+        inside.update(range(start, end + 1))
+    cut = [i + 1 for i, line in enumerate(lines[:-1])
+           if i not in inside and line.rstrip().endswith(",") and not lines[i + 1].strip()
+           and not line.lstrip().startswith(("|", "-", "*", "<"))]
+    assert not cut, f"{page}: a paragraph ends in a comma (cut text?) at lines {cut}"
