@@ -57,6 +57,11 @@ class BrokerConfig(BaseModel):
     # beyond it are dropped and counted (docs/contracts.md "Rank logs").
     log_max_bytes_per_attempt: int = Field(8 << 20, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
+    # Usage over time (broker/telemetry/series.py): the scheduler pass samples each
+    # team's queue, GPUs and spend at most this often, and the leader saves the series
+    # to the store this often (what a restart can lose).
+    usage_sample_s: float = Field(5.0, gt=0)
+    usage_save_s: float = Field(60.0, gt=0)
     # No message from an agent for this long -> it is lost and its jobs move.
     agent_timeout_s: float = Field(20.0, gt=0)
     # Agents known from the store get this long after a broker (re)start to reconnect

@@ -65,6 +65,7 @@ from concurrent import futures
 
 import grpc
 
+from broker import ready_file as ready_file_mod
 from broker.agents.registry import AgentRegistry
 from broker.api.agent_service import AgentService
 from broker.api.auth_service import AuthService
@@ -369,16 +370,27 @@ class BrokerServer:
         return self._stopped.wait(timeout)
 
 
-def serve(config: BrokerConfig) -> None:
-    """Run a broker until SIGINT/SIGTERM (``brokerctl serve``)."""
+def serve(config: BrokerConfig, ready_file: str = "") -> None:
+    """Run a broker until SIGINT/SIGTERM (``brokerctl serve``). ``ready_file``: written
+    once the broker takes calls, removed when it stops (broker/ready_file.py)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     setup_tracing("compute-broker")  # CB_TRACE_FILE / OTEL_EXPORTER_OTLP_ENDPOINT, else off
     cap_malloc_arenas()  # before the server's threads: broker/malloc_arenas.py
+    ready_file_mod.clear(ready_file)  # an earlier run's file must not say "ready" now
     server = BrokerServer(config)
     stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
     server.start()
-    signum = stops.wait()
-    log.info("signal %d: stopping", signum)
-    server.stop()
+    try:
+        if ready_file:
+            try:
+                ready_file_mod.write(ready_file, ready_file_mod.info_of(server))
+            except OSError as e:
+                raise RuntimeError(f"cannot write the ready file {ready_file}: {e}") from None
+            log.info("ready: wrote %s", ready_file)
+        signum = stops.wait()
+        log.info("signal %d: stopping", signum)
+    finally:
+        ready_file_mod.clear(ready_file)  # not ready any more, from the first moment of stopping
+        server.stop()

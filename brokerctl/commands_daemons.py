@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
     if problem:
         raise UsageError(problem)
     try:
-        serve(config)
+        serve(config, ready_file=args.ready_file or "")
     except RuntimeError as e:  # cannot bind, unreadable TLS files: one line, exit 1
         from rich.text import Text
 

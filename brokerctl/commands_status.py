@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from rich.console import Console
@@ -41,6 +42,14 @@ def cmd_wait_ready(args: argparse.Namespace, client: BrokerClient, out: Console)
     deadline = time.monotonic() + args.wait_timeout
     client.retries = 0  # this loop is the retry; each try is one quick call
     last = "no answer yet"
+    ready_file = getattr(args, "ready_file", None)
+    if ready_file:  # the broker's own word first (broker/ready_file.py), then the API's
+        while not os.path.exists(ready_file):
+            if time.monotonic() >= deadline:
+                out.print(f"[red]not ready after {args.wait_timeout:g}s: {ready_file} was not"
+                          " written (is `brokerctl serve --ready-file` running?)[/]")
+                return EXIT_ERROR
+            time.sleep(0.1)
     while True:
         try:
             connected = sum(r.connected for r in client.regions())

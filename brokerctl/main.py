@@ -190,6 +190,8 @@ def build_parser() -> _Parser:
                    help="also wait for N connected regions")
     s.add_argument("--wait-timeout", type=finite_float, default=60.0, metavar="S",
                    help="give up after S seconds (exit 1)")
+    s.add_argument("--ready-file", metavar="PATH",
+                   help="first wait for the file `serve --ready-file PATH` writes")
     s.set_defaults(func=cmd_wait_ready)
 
     s = add("resubmit", "submit a new job with another job's spec (clone; the old one is untouched)",
@@ -344,6 +346,9 @@ def build_parser() -> _Parser:
     s.add_argument("--insecure-dev", action="store_true", default=None,
                    help="DEV ONLY: no TLS, no auth, loopback only, every caller is operator")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")
+    s.add_argument("--ready-file", metavar="PATH",
+                   help="write PATH (JSON: address, ports, pid) once the broker takes calls;"
+                        " removed when it stops")
     s.set_defaults(local=cmd_serve)
 
     s = add("console", "serve the web console (fleet, queue, jobs, migrations, plans)")

@@ -573,6 +573,16 @@ class BrokerClient:
         resp = self._call(self._capacity.ListTeams, capacity_pb2.ListTeamsRequest(), idempotent=True)
         return list(resp.teams)
 
+    def usage_series(self, window_s: float = 3600.0, team: str = "") -> capacity_pb2.UsageSeries:
+        """Per-team usage over the last ``window_s`` seconds (at most 24 h): queued jobs,
+        admissions, GPUs held and spend rate per bucket (``step_s`` wide). Members get
+        their own team's lines; operators every team's, or ``team``'s."""
+        return self._call(
+            self._capacity.GetUsageSeries,
+            capacity_pb2.GetUsageSeriesRequest(window_s=window_s, team=team),
+            idempotent=True,
+        )
+
     def team(self, team: str) -> capacity_pb2.TeamQuota:
         return self._call(
             self._capacity.GetTeamQuota, capacity_pb2.GetTeamQuotaRequest(team=team), idempotent=True

@@ -10,6 +10,7 @@ job's recovery policy decides the stop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -34,6 +35,7 @@ from broker.scheduling import plan_binding
 from broker.scheduling.snapshot import plan_state
 from broker.scheduling.usage import UsageView, build_snapshot, usage_view
 from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT
+from broker.telemetry.series import MAX_WINDOW_S
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import capacity_pb2_grpc
 from computebroker.v1 import common_pb2 as pb
@@ -267,6 +269,27 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
         teams = self._teams()
         usage = self._usage()
         return cpb.ListTeamsResponse(teams=[usage.fill(teams[t]) for t in sorted(teams)])
+
+    # ---- usage over time (broker/telemetry/series.py) ------------------------------------
+    @rpc
+    def GetUsageSeries(self, request: cpb.GetUsageSeriesRequest,
+                       context: grpc.ServicerContext) -> cpb.UsageSeries:
+        """The kept series for the last ``window_s``. Tenancy as ListJobs: a member or team
+        admin reads its own team's lines only (naming another team is refused, not
+        silently emptied); operators read every team's, or one."""
+        if not math.isfinite(request.window_s) or request.window_s < 0:
+            raise InvalidArgument(f"window_s must be a positive number of seconds, not"
+                                  f" {request.window_s}")
+        if request.window_s > MAX_WINDOW_S:
+            raise InvalidArgument(f"window_s {request.window_s:g} is beyond the kept"
+                                  f" {MAX_WINDOW_S / 3600:g} h")
+        who = principal_of(context)
+        team = request.team
+        if not sees_all_teams(who) and not team:
+            team = who.team
+        authorize(who, Permission.JOBS_READ, team or who.team)
+        teams = {team} if team else None
+        return self.ops.telemetry.series.query(time.time(), request.window_s, teams)
 
     # ---- priority classes (broker/jobs/priority_classes.py) ----------------------------------
     @rpc

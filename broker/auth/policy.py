@@ -94,6 +94,7 @@ METHODS: dict[str, MethodRule] = {
     _C + "SetPriorityClass": MethodRule(Permission.PRIORITIES_WRITE, True),
     _C + "ListPriorityClasses": MethodRule(Permission.CAPACITY_READ, False),
     _C + "DeletePriorityClass": MethodRule(Permission.PRIORITIES_WRITE, True),
+    _C + "GetUsageSeries": MethodRule(Permission.JOBS_READ, False),
     _C + "DrainRegion": MethodRule(Permission.REGIONS_ADMIN, True),
     _C + "CordonNode": MethodRule(Permission.REGIONS_ADMIN, True),
     _W + "HasWorkdir": MethodRule(Permission.WORKDIR_UPLOAD, False),

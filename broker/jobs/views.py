@@ -16,7 +16,15 @@ from google.protobuf.message import Message
 from broker.api.errors import NotFound as ApiNotFound
 from broker.jobs.hub import EventHub
 from broker.jobs.shared_reads import SharedReads
-from broker.store.base import KIND_PLAN, KIND_REGION, KIND_TEAM, KIND_TEAM_GRANT, NotFound, Store
+from broker.store.base import (
+    KIND_PLAN,
+    KIND_REGION,
+    KIND_TEAM,
+    KIND_TEAM_GRANT,
+    KIND_USAGE_SERIES,
+    NotFound,
+    Store,
+)
 from broker.store.jobs_query import iter_jobs
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -73,7 +81,8 @@ class RecordsView:
 
     TYPES: dict[str, type[Message]] = {KIND_TEAM: cpb.TeamQuota, KIND_PLAN: cpb.TrainingPlan,
                                        KIND_REGION: cpb.RegionInfo,
-                                       KIND_TEAM_GRANT: cpb.TeamQuota}
+                                       KIND_TEAM_GRANT: cpb.TeamQuota,
+                                       KIND_USAGE_SERIES: cpb.UsageSeriesState}
 
     def __init__(self, store: Store) -> None:
         self._store = store

@@ -34,8 +34,10 @@ from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.proactive_watch import ProactiveWatch
 from broker.scheduling.snapshot import NodeMemo, SnapshotMemo
 from broker.scheduling.usage import build_snapshot
-from broker.store.base import StoreError
+from broker.store.base import KIND_USAGE_SERIES, StoreError
+from broker.telemetry import series as usage_series
 from broker.workdirs.checks import broken_store_note
+from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,11 @@ class SchedulerLoop:
         self.proactive = ProactiveWatch(ops)
         ops.applier.set_poke(self.poke)
         ops.applier.add_listener(self.live.committed)
+        self.series = ops.telemetry.series  # usage over time (series.py)
+        self._series_saved = time.monotonic()
 
     def start(self) -> None:
+        self._load_series()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
         self._thread.start()
 
@@ -88,6 +93,35 @@ class SchedulerLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._save_series()
+
+    # ---- usage over time (broker/telemetry/series.py) --------------------------------
+    def _load_series(self) -> None:
+        """A new leader (a restart, a failover) continues the series the store holds."""
+        self.series.sample_s = self.ops.config.usage_sample_s
+        try:
+            state = self.records.get(KIND_USAGE_SERIES, usage_series.SERIES_KEY)
+        except StoreError as e:
+            log.warning("usage series not loaded (starting empty): %s", e)
+            return
+        if isinstance(state, cpb.UsageSeriesState):
+            self.series.load(state, self.ops.clock())
+
+    def _save_series(self) -> None:
+        if not self.series.dirty:
+            return
+        self._series_saved = time.monotonic()
+        try:
+            self.records.put(KIND_USAGE_SERIES, usage_series.SERIES_KEY,
+                             self.series.to_state(self.ops.clock()))
+        except StoreError as e:  # store down or fenced: the next save tries again
+            log.warning("usage series not saved: %s", e)
+
+    def _sample_series(self, live: list[pb.Job], now: float) -> None:
+        if self.series.due(now):
+            self.series.sample(now, usage_series.sample_jobs(live))
+        if time.monotonic() - self._series_saved >= self.ops.config.usage_save_s:
+            self._save_series()
 
     def poke(self) -> None:
         self._wake.set()
@@ -146,6 +180,7 @@ class SchedulerLoop:
         self.passes += 1
         telemetry = ops.telemetry
         telemetry.observe(snapshot, live, ops.agents.all())
+        self._sample_series(live, now)
         if not snapshot.pending and not snapshot.running:
             return placement.Decisions()
         with telemetry.schedule_pass(snapshot):
@@ -180,7 +215,10 @@ class SchedulerLoop:
                 continue
             if ops.launch(adm.job_id, adm) is not None:
                 admitted.add(adm.job_id)
-                ops.telemetry.admitted(by_id.get(adm.job_id), adm, snapshot.now)
+                job = by_id.get(adm.job_id)
+                ops.telemetry.admitted(job, adm, snapshot.now)
+                if job is not None:
+                    self.series.admitted(job.spec.team, snapshot.now)
         for pre in decisions.preemptions:
             victim = by_id.get(pre.job_id)
             beneficiary = by_id.get(pre.for_job_id)

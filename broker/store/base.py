@@ -115,6 +115,8 @@ KIND_TEAM_GRANT = "team-grant"  # computebroker.v1.TeamQuota, key = team
 # so the config's default for that name does not come back.
 KIND_PRIORITY_CLASS = "priority-class"  # computebroker.v1.PriorityClass, key = name
 KIND_PRIORITY_CLASS_DELETED = "priority-class-deleted"  # computebroker.v1.PriorityClass, key = name
+# computebroker.v1.UsageSeriesState, key "fleet": the usage series (broker/telemetry/series.py)
+KIND_USAGE_SERIES = "usage-series"
 
 
 def job_columns(job: pb.Job) -> tuple[str, str, int, str]:

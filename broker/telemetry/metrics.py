@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from broker.jobs.causes import Family, MoveState
+from broker.telemetry.series import UsageSeries
 from broker.telemetry.tracing import (
     TRACEPARENT_ENV,
     TRACER_NAME,
@@ -102,6 +103,9 @@ class BrokerTelemetry:
         self._seen_moves: dict[tuple[str, int], str] = {}  # (job, seq) -> last state recorded
         self._pass: _Pass | None = None
         self._inst: dict[str, Any] = {}
+        # Usage over time for the console and `brokerctl usage` (series.py): fed by the
+        # scheduler pass, served by GetUsageSeries; outlives a leader's scheduler loop.
+        self.series = UsageSeries()
 
     # ---- metrics plumbing ----------------------------------------------------------
     def start_metrics(self, listen: str, tls: tuple[str, str] | None = None) -> int:

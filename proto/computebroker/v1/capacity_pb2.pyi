@@ -344,3 +344,89 @@ class DeletePriorityClassResponse(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     name: str
     def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetUsageSeriesRequest(_message.Message):
+    __slots__ = ("window_s", "team")
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    window_s: float
+    team: str
+    def __init__(self, window_s: _Optional[float] = ..., team: _Optional[str] = ...) -> None: ...
+
+class TeamUsageSeries(_message.Message):
+    __slots__ = ("team", "pending_jobs", "admissions", "gpus_used", "spend_usd_per_hour", "now_pending_jobs", "now_gpus_used", "now_spend_usd_per_hour")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    SPEND_USD_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    NOW_PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    NOW_GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    NOW_SPEND_USD_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    pending_jobs: _containers.RepeatedScalarFieldContainer[float]
+    admissions: _containers.RepeatedScalarFieldContainer[float]
+    gpus_used: _containers.RepeatedScalarFieldContainer[float]
+    spend_usd_per_hour: _containers.RepeatedScalarFieldContainer[float]
+    now_pending_jobs: int
+    now_gpus_used: int
+    now_spend_usd_per_hour: float
+    def __init__(self, team: _Optional[str] = ..., pending_jobs: _Optional[_Iterable[float]] = ..., admissions: _Optional[_Iterable[float]] = ..., gpus_used: _Optional[_Iterable[float]] = ..., spend_usd_per_hour: _Optional[_Iterable[float]] = ..., now_pending_jobs: _Optional[int] = ..., now_gpus_used: _Optional[int] = ..., now_spend_usd_per_hour: _Optional[float] = ...) -> None: ...
+
+class UsageSeries(_message.Message):
+    __slots__ = ("step_s", "start_time", "end_time", "times", "teams", "sample_interval_s", "latest_time")
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIMES_FIELD_NUMBER: _ClassVar[int]
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    LATEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    step_s: float
+    start_time: float
+    end_time: float
+    times: _containers.RepeatedScalarFieldContainer[float]
+    teams: _containers.RepeatedCompositeFieldContainer[TeamUsageSeries]
+    sample_interval_s: float
+    latest_time: float
+    def __init__(self, step_s: _Optional[float] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., times: _Optional[_Iterable[float]] = ..., teams: _Optional[_Iterable[_Union[TeamUsageSeries, _Mapping]]] = ..., sample_interval_s: _Optional[float] = ..., latest_time: _Optional[float] = ...) -> None: ...
+
+class UsageBucketTeam(_message.Message):
+    __slots__ = ("team", "pending_sum", "gpus_sum", "spend_sum", "admissions")
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SUM_FIELD_NUMBER: _ClassVar[int]
+    GPUS_SUM_FIELD_NUMBER: _ClassVar[int]
+    SPEND_SUM_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    team: str
+    pending_sum: float
+    gpus_sum: float
+    spend_sum: float
+    admissions: float
+    def __init__(self, team: _Optional[str] = ..., pending_sum: _Optional[float] = ..., gpus_sum: _Optional[float] = ..., spend_sum: _Optional[float] = ..., admissions: _Optional[float] = ...) -> None: ...
+
+class UsageBucket(_message.Message):
+    __slots__ = ("time", "samples", "teams")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TEAMS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    samples: int
+    teams: _containers.RepeatedCompositeFieldContainer[UsageBucketTeam]
+    def __init__(self, time: _Optional[float] = ..., samples: _Optional[int] = ..., teams: _Optional[_Iterable[_Union[UsageBucketTeam, _Mapping]]] = ...) -> None: ...
+
+class UsageSeriesTier(_message.Message):
+    __slots__ = ("step_s", "buckets")
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    step_s: float
+    buckets: _containers.RepeatedCompositeFieldContainer[UsageBucket]
+    def __init__(self, step_s: _Optional[float] = ..., buckets: _Optional[_Iterable[_Union[UsageBucket, _Mapping]]] = ...) -> None: ...
+
+class UsageSeriesState(_message.Message):
+    __slots__ = ("tiers", "saved_time")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    SAVED_TIME_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[UsageSeriesTier]
+    saved_time: float
+    def __init__(self, tiers: _Optional[_Iterable[_Union[UsageSeriesTier, _Mapping]]] = ..., saved_time: _Optional[float] = ...) -> None: ...

@@ -99,6 +99,11 @@ class CapacityServiceStub:
                 request_serializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.SerializeToString,
                 response_deserializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.FromString,
                 _registered_method=True)
+        self.GetUsageSeries = channel.unary_unary(
+                '/computebroker.v1.CapacityService/GetUsageSeries',
+                request_serializer=computebroker_dot_v1_dot_capacity__pb2.GetUsageSeriesRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_capacity__pb2.UsageSeries.FromString,
+                _registered_method=True)
 
 
 class CapacityServiceServicer:
@@ -189,6 +194,15 @@ class CapacityServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsageSeries(self, request, context):
+        """Per-team usage over time (queue depth, admissions, GPUs held, spend rate), kept by
+        the broker in bounded, downsampled buckets (broker/telemetry/series.py). Members and
+        team admins get their own team's lines; operators every team's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapacityServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +270,11 @@ def add_CapacityServiceServicer_to_server(servicer, server):
                     servicer.DeletePriorityClass,
                     request_deserializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.FromString,
                     response_serializer=computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.SerializeToString,
+            ),
+            'GetUsageSeries': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsageSeries,
+                    request_deserializer=computebroker_dot_v1_dot_capacity__pb2.GetUsageSeriesRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_capacity__pb2.UsageSeries.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -609,6 +628,33 @@ class CapacityService:
             '/computebroker.v1.CapacityService/DeletePriorityClass',
             computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassRequest.SerializeToString,
             computebroker_dot_v1_dot_capacity__pb2.DeletePriorityClassResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsageSeries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.CapacityService/GetUsageSeries',
+            computebroker_dot_v1_dot_capacity__pb2.GetUsageSeriesRequest.SerializeToString,
+            computebroker_dot_v1_dot_capacity__pb2.UsageSeries.FromString,
             options,
             channel_credentials,
             insecure,
