@@ -1,4 +1,5 @@
-"""brokerctl's overview and readiness commands: ``status`` and ``wait-ready``."""
+"""brokerctl's overview and readiness commands: ``status``, ``cost``, ``usage`` and
+``wait-ready``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import time
 
 from rich.console import Console
 
-from brokerctl import cost, status
+from brokerctl import cost, render, status
+from brokerctl import usage as usage_view
 from brokerctl.commands_jobs import my_actor
 from brokerctl.common import EXIT_ERROR, EXIT_OK, parse_duration
 from brokersdk.client import BrokerClient, BrokerUnavailable
+from brokersdk.usage import totals
 
 
 def cmd_status(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -31,6 +34,24 @@ def cmd_cost(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
         return EXIT_OK
     out.print(f"[bold]cost of the jobs live in the last {args.since}, by {args.by}[/]")
     out.print(cost.table(rows, args.by))
+    return EXIT_OK
+
+
+def cmd_usage(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    """``brokerctl usage --over 6h``: the broker's kept series, per team (brokerctl/usage.py)."""
+    window = parse_duration(args.over)
+    series = client.usage_series(window, team=args.team or "")
+    if args.output == "json":
+        out.print_json(render.to_json(series))
+        return EXIT_OK
+    rows = totals(series)
+    if not rows:
+        out.print(f"[dim]no usage recorded in the last {args.over}[/]")
+        return EXIT_OK
+    step = f"{series.step_s / 60:g} min" if series.step_s >= 60 else f"{series.step_s:g} s"
+    out.print(f"[bold]usage over the last {args.over}[/] (buckets of {step})")
+    out.print("[dim]queued and GPUs: now (peak, average); spend: now, and over the window[/]")
+    out.print(usage_view.table(series, rows, trend=out.width >= 100))
     return EXIT_OK
 
 

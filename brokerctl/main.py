@@ -55,7 +55,7 @@ from brokerctl.commands_operator import (
     cmd_regions,
     cmd_teams,
 )
-from brokerctl.commands_status import cmd_cost, cmd_status, cmd_wait_ready
+from brokerctl.commands_status import cmd_cost, cmd_status, cmd_usage, cmd_wait_ready
 from brokerctl.common import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, UsageError, consoles, one_line
 from brokerctl.job_ref import resolve_job_id
 from brokersdk.client import (
@@ -184,6 +184,13 @@ def build_parser() -> _Parser:
     s.add_argument("--by", choices=["team", "user", "region", "capacity"], default="team")
     s.add_argument("--team", help="only this team's jobs")
     s.set_defaults(func=cmd_cost)
+
+    s = add("usage", "per team over time: queued jobs, admissions, GPUs held and spend (the"
+            " console's charts)", output=True)
+    s.add_argument("--over", default="1h", metavar="DURATION",
+                   help="the window: e.g. 1h, 6h, 24h (at most 24h; default 1h)")
+    s.add_argument("--team", help="only this team (members see their own team anyway)")
+    s.set_defaults(func=cmd_usage)
 
     s = add("wait-ready", "wait until the broker answers (and N regions are connected)")
     s.add_argument("--regions", type=int, default=0, metavar="N",
