@@ -298,6 +298,7 @@ def create_app(config: ConsoleConfig, settings: ClientSettings | None = None) ->
         Route("/jobs/{job_id}/log.txt", log_download, name="job_log"),
         Route("/migrations", page_route(Page.MIGRATIONS), name="migrations"),
         Route("/plans", page_route(Page.PLANS), name="plans"),
+        Route("/charts", page_route(Page.CHARTS), name="charts"),
         Route("/live/{page}", live_stream, name="live"),
         Route("/actions/{name}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),

@@ -18,6 +18,8 @@ from typing import Any
 from brokersdk.client import BrokerClient
 from brokersdk.enums import capacity_type_name, phase_name
 from computebroker.v1 import common_pb2 as pb
+from console.charts import Window as ChartWindow
+from console.charts import build_charts
 from console.fleet import CELL_STYLE, OwnJobs, build_fleet
 from console.identity import Identity
 from console.joblist import JobQuery, Sort, build_rows
@@ -39,6 +41,7 @@ class Page(enum.Enum):
     JOB = ("job.html", 5.0)
     MIGRATIONS = ("migrations.html", 5.0)
     PLANS = ("plans.html", 10.0)
+    CHARTS = ("charts.html", 10.0)
 
     @property
     def template(self) -> str:
@@ -110,11 +113,19 @@ def load_plans(client: BrokerClient, params: dict[str, str],
     return {"gantt": build_gantt(plans, jobs, window=window)}
 
 
+def load_charts(client: BrokerClient, params: dict[str, str],
+                viewer: Identity | None = None) -> dict[str, Any]:
+    """The broker's usage series (GetUsageSeries: a member gets their team's lines)."""
+    window = ChartWindow.parse(params.get("window", ""))
+    view = build_charts(client.usage_series(window.seconds, team=params.get("team", "")), window)
+    return {"view": view, "windows": list(ChartWindow), "colors": dict(view.teams)}
+
+
 # A loader: (the session's client, the page's parameters, who is looking) -> context.
 Loader = Callable[[BrokerClient, dict[str, str], "Identity | None"], dict[str, Any]]
 LOADERS: dict[Page, Loader] = {
     Page.FLEET: load_fleet, Page.QUEUE: load_queue, Page.JOBS: load_jobs, Page.JOB: load_job,
-    Page.MIGRATIONS: load_migrations, Page.PLANS: load_plans,
+    Page.MIGRATIONS: load_migrations, Page.PLANS: load_plans, Page.CHARTS: load_charts,
 }
 
 

@@ -115,9 +115,9 @@
     if (msg && !window.confirm(msg)) { e.preventDefault(); }
   });
 
-  // Shortcuts: "/" finds a job; "g" then f/q/j/m/p goes to a page.
+  // Shortcuts: "/" finds a job; "g" then f/q/j/m/p/c goes to a page.
   var pending = false;
-  var pages = { f: "/fleet", q: "/queue", j: "/jobs", m: "/migrations", p: "/plans" };
+  var pages = { f: "/fleet", q: "/queue", j: "/jobs", m: "/migrations", p: "/plans", c: "/charts" };
   document.addEventListener("keydown", function (e) {
     var t = e.target;
     if (t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA") || e.ctrlKey || e.metaKey || e.altKey) { return; }
