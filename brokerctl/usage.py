@@ -18,14 +18,18 @@ TREND_WIDTH = 24  # characters: fits 80 columns with the numbers
 
 
 def sparkline(values: list[float], width: int = TREND_WIDTH) -> str:
-    """``values`` (newest last) as block characters scaled to their own peak; the last
-    ``width`` points, each a bucket (a bucket with nothing is the lowest block)."""
-    tail = values[-width:]
-    top = max(tail, default=0.0)
+    """``values`` (oldest first) as block characters scaled to their own peak, the whole
+    window in at most ``width`` characters (a character is the mean of its share of
+    buckets)."""
+    n = len(values)
+    if n > width:
+        values = [sum(values[n * k // width:n * (k + 1) // width])
+                  / max(1, n * (k + 1) // width - n * k // width) for k in range(width)]
+    top = max(values, default=0.0)
     if top <= 0:
-        return SPARKS[0] * len(tail)
+        return SPARKS[0] * len(values)
     return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))]
-                   for v in tail)
+                   for v in values)
 
 
 def table(series: capacity_pb2.UsageSeries, rows: list[TeamTotals], trend: bool = True) -> Table:

@@ -32,6 +32,8 @@ def test_a_sparkline_scales_to_its_own_peak() -> None:
     assert sparkline([0, 4, 8]) == "▁▅█"
     assert sparkline([0, 0]) == "▁▁"
     assert len(sparkline(list(range(100)))) == 24
+    # A long window is summarised whole, not cut to its newest buckets.
+    assert sparkline([0.0] * 180 + [8.0] * 180) == "▁" * 12 + "█" * 12
 
 
 @pytest.fixture
