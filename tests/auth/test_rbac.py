@@ -33,7 +33,7 @@ EXPECTED: dict[str, set[str]] = {
     "JobService/ListMigrations": USERS, "JobService/StreamJobLogs": USERS,
     "CapacityService/ListRegions": USERS, "CapacityService/GetCapacity": USERS,
     "CapacityService/ListTrainingPlans": USERS, "CapacityService/GetTeamQuota": USERS,
-    "CapacityService/ListTeams": USERS,
+    "CapacityService/ListTeams": USERS, "CapacityService/GetUsageSeries": USERS,
     "CapacityService/CreateTrainingPlan": {OPERATOR},
     "CapacityService/CancelTrainingPlan": {OPERATOR},
     "CapacityService/SetTeamQuota": {ADMIN, OPERATOR},
@@ -95,6 +95,8 @@ def _calls(b: Broker, s: Stubs, job_id: str) -> dict[str, Callable[[], Any]]:
         "CapacityService/GetTeamQuota": lambda: s.capacity.GetTeamQuota(
             cpb.GetTeamQuotaRequest(team="ml"), timeout=t),
         "CapacityService/ListTeams": lambda: s.capacity.ListTeams(cpb.ListTeamsRequest(), timeout=t),
+        "CapacityService/GetUsageSeries": lambda: s.capacity.GetUsageSeries(
+            cpb.GetUsageSeriesRequest(window_s=3600, team="ml"), timeout=t),
         "CapacityService/CreateTrainingPlan": lambda: s.capacity.CreateTrainingPlan(
             cpb.CreateTrainingPlanRequest(), timeout=t),
         "CapacityService/CancelTrainingPlan": lambda: s.capacity.CancelTrainingPlan(
