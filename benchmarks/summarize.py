@@ -577,6 +577,33 @@ def console(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def usage_series(d: dict[str, Any]) -> list[str]:
+    load = d.get("loadavg_1_5_15") or [0.0]
+    return [
+        "### Usage series (`python benchmarks/bench_usage_series.py`)",
+        "",
+        f"What keeping the console's charts costs the broker, with {d['live_jobs']:,} live jobs of "
+        f"{d['teams']} teams on {d['nodes']:,} nodes (best of {d['reps']}, one thread, 1-minute "
+        f"load average {load[0]:.1f}: a shared machine). A sample runs at most every 5 s on the "
+        "scheduler's thread; the save once a minute; a query per console refresh.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| baseline: one walk over the live jobs testing their phase | {f(d['baseline_walk_us'], 0)} us |",
+        f"| baseline: the same sums read from the jobs' protobuf fields | "
+        f"{f(d['baseline_protobuf_sample_us'], 0)} us |",
+        f"| **a sample** (from the pass's snapshot, into three tiers) | **{f(d['sample_us'], 0)} us** "
+        f"({d['sample_vs_protobuf']:.2f}x the protobuf read) |",
+        f"| counting an admission | {f(d['admission_us'], 1)} us |",
+        f"| save: 24 h of tiers to a message / its size / one SQLite write | "
+        f"{f(d['save_to_message_ms'], 0)} ms / {d['saved_bytes'] / 1e3:,.0f} KB / "
+        f"{f(d['save_sqlite_write_ms'], 1)} ms |",
+        f"| GetUsageSeries answer, 1 h / 24 h (every team) | {f(d['query_1h_ms'], 0)} ms "
+        f"({d['query_1h_bytes'] / 1e3:,.0f} KB) / {f(d['query_24h_ms'], 0)} ms "
+        f"({d['query_24h_bytes'] / 1e3:,.0f} KB) |",
+    ]
+
+
 def auth(d: dict[str, Any]) -> list[str]:
     def met(r: float) -> str:
         return "met" if r >= d["goal_ratio"] else "**not met**"
@@ -700,7 +727,7 @@ def render() -> str:
                      ("library", library),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
                      ("submit_cpu", submit_cpu),
-                     ("console", console), ("sim", sim)):
+                     ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
         if d is not None:
             lines += [*fn(d), ""]

@@ -117,9 +117,9 @@ class SchedulerLoop:
         except StoreError as e:  # store down or fenced: the next save tries again
             log.warning("usage series not saved: %s", e)
 
-    def _sample_series(self, live: list[pb.Job], now: float) -> None:
+    def _sample_series(self, snapshot: placement.Snapshot, now: float) -> None:
         if self.series.due(now):
-            self.series.sample(now, usage_series.sample_jobs(live))
+            self.series.sample(now, usage_series.sample_snapshot(snapshot))
         if time.monotonic() - self._series_saved >= self.ops.config.usage_save_s:
             self._save_series()
 
@@ -180,7 +180,7 @@ class SchedulerLoop:
         self.passes += 1
         telemetry = ops.telemetry
         telemetry.observe(snapshot, live, ops.agents.all())
-        self._sample_series(live, now)
+        self._sample_series(snapshot, now)
         if not snapshot.pending and not snapshot.running:
             return placement.Decisions()
         with telemetry.schedule_pass(snapshot):

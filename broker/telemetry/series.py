@@ -12,17 +12,18 @@ Why this shape:
   Every sample adds to one bucket per tier (O(teams)); old buckets fall off the end.
   A window is served from the finest tier that covers it, so a 24 h chart is 288
   points, not 8,640 (downsampling is done once, as samples arrive).
-* **Sampled from the scheduler pass** (broker/scheduling/loop.py), which already holds
-  the live jobs: at most once per ``sample_s`` (passes can run many times a second in a
-  submit storm; a sample walks the live jobs once). Admissions are counted as the pass
-  launches them, so none is missed between samples.
+* **Sampled from the scheduler pass** (broker/scheduling/loop.py), from the snapshot it
+  already built: at most once per ``sample_s`` (passes can run many times a second in a
+  submit storm; a sample walks the snapshot's pending and running entries once).
+  Admissions are counted as the pass launches them, so none is missed between samples.
 * **Gauges are means over a bucket**: a bucket keeps the number of samples and each
   team's sums; a team absent from a sample counted 0 in it. A bucket with no sample is
   absent (the broker was down), which a chart shows as a gap rather than as zero.
 * **Survives a restart**: the leader saves the tiers to the state store (one record,
   ``usage-series``) every ``save_s`` and when it stops; a restarted broker, or a
   standby that takes over, loads them. What is lost is at most the last ``save_s``.
-  It is a store record, not a log: one overwrite per minute (~tens of KB), so the
+  It is a store record, not a log: one overwrite per minute, bounded by the tiers
+  (~770 KB for 20 teams active all day: benchmarks/bench_usage_series.py), so the
   store's size does not grow with time.
 """
 
@@ -30,12 +31,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.jobs.lifecycle import HOLDING, QUEUED
+import placement
+from broker.jobs.standby import SUFFIX as STANDBY_SUFFIX
 from computebroker.v1 import capacity_pb2 as cpb
-from computebroker.v1 import common_pb2 as pb
 
 SERIES_KEY = "fleet"  # the store record's key (kind KIND_USAGE_SERIES)
 MAX_WINDOW_S = 24 * 3600.0
@@ -87,22 +87,29 @@ class TeamSample:
     spend_per_hour: float = 0.0
 
 
-def sample_jobs(live: Iterable[pb.Job]) -> dict[str, TeamSample]:
-    """Per team: queued jobs, GPUs held (placed) and their spend rate ($/h, GPUs placed x
-    price per GPU-hour: the same rate ``brokerctl status`` shows)."""
+def sample_snapshot(snapshot: placement.Snapshot) -> dict[str, TeamSample]:
+    """Per team: queued jobs, GPUs held and their spend rate ($/h: GPUs x their node's
+    price per GPU-hour), from the snapshot the pass already built. Why the snapshot and
+    not the live jobs: its entries are plain Python objects (reading protobuf fields of
+    every live job cost ~4x more: benchmarks/bench_usage_series.py). A standby that
+    holds a move's destination counts (those GPUs are held); its request does not queue."""
+    price = {n.id: n.price_per_gpu_hour for n in snapshot.nodes}
     pending: dict[str, int] = {}
     gpus: dict[str, int] = {}
     spend: dict[str, float] = {}
-    for job in live:
-        team = job.spec.team
-        if job.phase in QUEUED:
-            pending[team] = pending.get(team, 0) + 1
-        elif job.phase in HOLDING:
-            n = job.placement.world_size
-            gpus[team] = gpus.get(team, 0) + n
-            spend[team] = spend.get(team, 0.0) + n * job.placement.price_per_gpu_hour
+    for r in snapshot.pending:
+        if not r.id.endswith(STANDBY_SUFFIX):
+            pending[r.team] = pending.get(r.team, 0) + 1
+    for run in snapshot.running:
+        g = 0
+        usd = 0.0
+        for node, n in run.allocations:
+            g += n
+            usd += n * price.get(node, 0.0)
+        gpus[run.team] = gpus.get(run.team, 0) + g
+        spend[run.team] = spend.get(run.team, 0.0) + usd
     return {t: TeamSample(pending.get(t, 0), gpus.get(t, 0), spend.get(t, 0.0))
-            for t in {*pending, *gpus, *spend}}
+            for t in {*pending, *gpus}}
 
 
 class UsageSeries:

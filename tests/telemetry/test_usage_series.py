@@ -6,29 +6,36 @@ from __future__ import annotations
 
 import pytest
 
-from broker.telemetry.series import TIERS, TeamSample, UsageSeries, sample_jobs
-from computebroker.v1 import common_pb2 as pb
+import placement
+from broker.jobs.standby import SUFFIX as STANDBY_SUFFIX
+from broker.telemetry.series import TIERS, TeamSample, UsageSeries, sample_snapshot
 
 T0 = 1_800_000_000.0  # a multiple of 300: bucket edges line up in every tier
 
 
-def _job(team: str, phase: int, gpus: int = 0, price: float = 0.0) -> pb.Job:
-    j = pb.Job(phase=phase)
-    j.spec.team = team
-    j.placement.world_size = gpus
-    j.placement.price_per_gpu_hour = price
-    return j
+def _node(node_id: str, gpus: int, price: float) -> placement.NodeInfo:
+    return placement.NodeInfo(id=node_id, agent_id="a", region="r", zone="z", gpus=gpus,
+                              price_per_gpu_hour=price)
+
+
+def _request(job_id: str, team: str) -> placement.JobRequest:
+    return placement.JobRequest(id=job_id, team=team, priority=0, nodes=1, gpus_per_node=1)
+
+
+def _running(job_id: str, team: str, *allocations: tuple[str, int]) -> placement.RunningJob:
+    return placement.RunningJob(id=job_id, team=team, priority=0, allocations=allocations)
 
 
 def test_a_sample_counts_queued_jobs_gpus_held_and_their_spend_rate() -> None:
-    got = sample_jobs([
-        _job("ml", pb.JOB_PHASE_PENDING), _job("ml", pb.JOB_PHASE_MIGRATING),
-        _job("ml", pb.JOB_PHASE_RUNNING, 8, 2.0), _job("ml", pb.JOB_PHASE_LAUNCHING, 4, 1.0),
-        _job("cv", pb.JOB_PHASE_CHECKPOINTING, 2, 3.0),
-        _job("cv", pb.JOB_PHASE_SUSPENDED),  # suspended by its user: not waiting for placement
-    ])
-    assert got == {"ml": TeamSample(pending=2, gpus=12, spend_per_hour=20.0),
-                   "cv": TeamSample(pending=0, gpus=2, spend_per_hour=6.0)}
+    snapshot = placement.Snapshot(
+        now=T0, nodes=(_node("n1", 8, 2.0), _node("n2", 8, 1.0), _node("n3", 8, 3.0)),
+        pending=(_request("a", "ml"), _request("b", "ml"),
+                 _request("c" + STANDBY_SUFFIX, "cv")),  # a move's standby: not queued
+        running=(_running("d", "ml", ("n1", 8)), _running("e", "ml", ("n2", 2), ("n3", 2)),
+                 _running("c" + STANDBY_SUFFIX, "cv", ("n3", 2))))  # held: counts
+    assert sample_snapshot(snapshot) == {
+        "ml": TeamSample(pending=2, gpus=12, spend_per_hour=16 + 2 + 6),
+        "cv": TeamSample(pending=0, gpus=2, spend_per_hour=6.0)}
 
 
 def test_bucket_values_are_means_and_admissions_are_counts() -> None:
