@@ -28,8 +28,14 @@ checkpointed, else 0.
 * **Checkpoint-now in**: the agent sets the annotation ``computebroker.io/checkpoint-now``
   to a new value; the kubelet refreshes the pod's downward-API file
   (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks.
+* **Users' code**: with ``CB_WORKDIR_URI`` set, before any rank starts, the job's workdir
+  is fetched from the job's checkpoint store, its size and sha256 checked, and unpacked
+  into ``<CB_WORK_DIR>/workdir``, the ranks' cwd (checkpoint_layout/workdir_store.py
+  says why there). If that fails nothing starts: the reason goes to the container's
+  termination message (``TERMINATION_LOG``, which the kubelet reports in the pod's
+  status and the agent passes on) and the pod exits ``EXIT_WORKDIR_REFUSED``.
 
-Standard library only: it runs in the trainer's image.
+Standard library only (boto3 only for a workdir in S3): it runs in the trainer's image.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import urllib.request
 from pathlib import Path
 
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
+from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED, URI_ENV
 
 PROGRESS_ANNOTATION = "computebroker.io/progress"
 CHECKPOINT_NOW_ANNOTATION = "computebroker.io/checkpoint-now"
@@ -56,6 +63,11 @@ MIN_S = 2.0  # at most one PATCH per this for a change
 HEARTBEAT_S = 10.0  # and one per this for a heartbeat alone (the hang detector's input)
 TICK_S = 0.25
 EXIT_OK, EXIT_CHECKPOINTED = 0, 75
+# The container's terminationMessagePath (k8s_manifests.py sets it): a file in the pod's
+# own emptyDir, not the default /dev/termination-log, so that the tests' node fixture
+# can provide it without covering the host's /dev. Kubernetes keeps at most 4096 bytes.
+TERMINATION_LOG = "/var/run/computebroker/termination-log"
+TERMINATION_MAX = 4096
 
 
 def aggregate(codes: list[int]) -> int:
@@ -154,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         p.error("no command")
     base = dict(os.environ)
+    cwd = _workdir(base)
+    if cwd is False:
+        return EXIT_WORKDIR_REFUSED
+    if cwd:  # the image's own modules (its working directory's) stay importable, after
+        # the user's code, as the local executor puts the library on PYTHONPATH
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (base.get("PYTHONPATH"), os.getcwd()) if p)
     envs = [base] if args.ranks <= 0 else [rank_env(base, args.ranks, i) for i in range(args.ranks)]
     procs: list[subprocess.Popen] = []
     terminating = threading.Event()
@@ -170,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, forward)
     for env in envs:
         try:
-            procs.append(subprocess.Popen(command, env=env))
+            procs.append(subprocess.Popen(command, env=env, cwd=cwd or None))
         except OSError as e:
             print(f"pod_supervisor: cannot start {command[0]!r}: {e}", file=sys.stderr)
             for pr in procs:
@@ -207,6 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     first_crash = [c for pr, c in zip(procs, codes, strict=True)
                    if pr.returncode not in (EXIT_OK, EXIT_CHECKPOINTED, -signal.SIGKILL)]
     return first_crash[0] if killed and first_crash else aggregate(codes)
+
+
+def _workdir(env: dict[str, str]) -> str | None | bool:
+    """The ranks' cwd: the unpacked workdir, None without one, False when it was refused
+    (said on stderr and in the termination message)."""
+    if not env.get(URI_ENV):
+        return None
+    from checkpoint_layout.workdir_store import WorkdirRefused, prepare_from_env
+
+    try:
+        return prepare_from_env(env)
+    except WorkdirRefused as e:
+        why = f"workdir refused: {e}"
+        print(f"pod_supervisor: {why}", file=sys.stderr)
+        with contextlib.suppress(OSError), open(TERMINATION_LOG, "w") as f:
+            f.write(why[:TERMINATION_MAX])
+        return False
 
 
 def _read(path: Path | None) -> str:

@@ -639,12 +639,15 @@ class RegionAgent:
         """A fetch to run before the ranks start, or None (no workdir, or cached)."""
         if not launch.spec.HasField("workdir"):
             return None
-        if self.executor.name != "local":
-            raise ValueError(f"the {self.executor.name} executor does not run workdirs yet;"
-                             " bake the code into spec.image")
-        if self.workdirs.cached(launch.spec.workdir.digest):
-            return None
         digest = launch.spec.workdir.digest
+        if self.executor.ships_workdir:  # e.g. pods: the tarball goes to the job's store
+            spec = AttemptSpec.from_launch(launch)
+
+            def fetch_and_stage() -> None:
+                self.executor.stage_workdir(spec, str(self.workdirs.get(digest)))
+            return fetch_and_stage
+        if self.workdirs.cached(digest):
+            return None
         return lambda: self.workdirs.get(digest)
 
     def _start_attempt(self, launch: agent_pb2.Launch, resume_from: str | None = None) -> None:
@@ -652,7 +655,8 @@ class RegionAgent:
         if resume_from is not None:
             spec.resume_from = resume_from
         if launch.spec.HasField("workdir"):  # users' code: fetched (staging) and verified
-            spec.workdir_tar = str(self.workdirs.get(launch.spec.workdir.digest))
+            tar = self.workdirs.get(launch.spec.workdir.digest)
+            spec.workdir_tar, spec.workdir_size = str(tar), tar.stat().st_size
         # Known before the ranks start: the poller may report the attempt's first event
         # before launch() returns, and that report must carry the ranks.
         key = (launch.job_id, launch.attempt)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from checkpoint_layout.standby_go import Go
+from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED as _WORKDIR_REFUSED
 from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.logship import LogSource
 
@@ -38,9 +39,11 @@ EXIT_AGENT_LEASE_EXPIRED = 78  # the ranks stopped: their agent lost its broker 
 EXIT_STORAGE_FAILED = 79  # a checkpoint save failed after retries: the store, not the node
 EXIT_RENDEZVOUS_PORT_TAKEN = 80  # MASTER_PORT was taken before rank 0 listened: no one's fault
 EXIT_STORE_UNAVAILABLE = 81  # the checkpoint store is down (checkpoint_layout/faults.py)
+# A pod could not fetch, verify or unpack the job's workdir (checkpoint_layout/workdir_store.py)
+EXIT_WORKDIR_REFUSED = _WORKDIR_REFUSED
 NOT_THE_NODE = frozenset({EXIT_BAD_CONFIG, EXIT_RESUME_UNAVAILABLE, EXIT_AGENT_LEASE_EXPIRED,
                           EXIT_STORAGE_FAILED, EXIT_RENDEZVOUS_PORT_TAKEN,
-                          EXIT_STORE_UNAVAILABLE})  # exits that blame no node
+                          EXIT_STORE_UNAVAILABLE, EXIT_WORKDIR_REFUSED})  # exits that blame no node
 
 
 @dataclass
@@ -55,6 +58,7 @@ class AttemptSpec:
     resume_from: str = ""
     env: dict[str, str] = field(default_factory=dict)
     workdir_tar: str = ""  # the job's verified workdir tarball on this host (agent's cache)
+    workdir_size: int = 0  # its size in bytes (what a pod checks its copy against)
     standby: bool = False  # make-before-break: hold the ranks before their first step (Go)
 
     @classmethod
@@ -154,6 +158,16 @@ class Executor(abc.ABC):
         return None
 
     supports_standby = False  # make-before-break standby attempts (Launch.standby, Go)
+    # The ranks cannot read the agent's workdir cache (pods on other machines): the agent
+    # calls stage_workdir for every attempt with a workdir, cached or not.
+    ships_workdir = False
+
+    def stage_workdir(self, spec: AttemptSpec, tar: str) -> None:
+        """Put the attempt's verified workdir tarball ``tar`` where its ranks will read it.
+        Called in the attempt's staging thread, *without* the agent's lock (it may copy
+        megabytes), before ``launch``; an exception fails the attempt with its message.
+        Only for executors with ``ships_workdir`` (the local one unpacks at launch)."""
+        return None
 
     def ranks(self, spec: AttemptSpec) -> int:
         """How many ranks ``launch(spec)`` starts (the trainer's world size), reported to

@@ -39,11 +39,13 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
+from checkpoint_layout import workdir_store
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV
 from checkpoint_layout.pod_supervisor import (
     CHECKPOINT_NOW_ANNOTATION,
     PODINFO_ENV,
     PROGRESS_ANNOTATION,
+    TERMINATION_LOG,
 )
 from checkpoint_layout.standby_go import GO_ENV
 from checkpoint_layout.stop_deadline import STOP_DEADLINE_ENV
@@ -63,7 +65,7 @@ ANNOTATION_PROGRESS = PROGRESS_ANNOTATION  # published by the pod (pod_superviso
 ANNOTATION_CHECKPOINT_NOW = CHECKPOINT_NOW_ANNOTATION  # set by the agent: SIGUSR1 the ranks
 FINALIZER = "computebroker.io/exit-code"  # see the module doc
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-SHARED_DIR = "/var/run/computebroker"  # an emptyDir: progress file, stop deadline
+SHARED_DIR = "/var/run/computebroker"  # an emptyDir: progress, stop deadline, workdir
 PODINFO_DIR = "/etc/computebroker/podinfo"  # a downward-API volume (annotations, refreshed)
 PROGRESS_FILE = f"{SHARED_DIR}/progress.json"
 STOP_DEADLINE_FILE = f"{SHARED_DIR}/stop-deadline.json"  # written by the preStop hook
@@ -191,6 +193,8 @@ def build_manifests(
     }
     if spec.standby:
         env[GO_ENV] = GO_FILE
+    if spec.spec.HasField("workdir"):  # users' code: the supervisor fetches and unpacks it
+        env.update(workdir_env(spec))
     # torchrun's 1 thread per rank unless the job's env sets it (rank_threads.py: why)
     env.update(rank_thread_env(user_env))
     # Our variables are inline (env wins over envFrom), the job's come from the Secret.
@@ -226,6 +230,8 @@ def build_manifests(
             allow_privilege_escalation=False,
             capabilities=k8s.V1Capabilities(drop=["ALL"])),
         volume_mounts=mounts,
+        # the supervisor's word when it refuses to start (a workdir that fails its checks)
+        termination_message_path=TERMINATION_LOG,
     )
     # Annotations the agent sets on a running pod, refreshed in the container by the
     # kubelet (the downward API's volumes follow changes; its env vars do not).
@@ -286,6 +292,22 @@ def build_manifests(
         string_data=dict(sorted(user_env.items())),
     )
     return Manifests(job, service, secret)
+
+
+def workdir_env(spec: AttemptSpec) -> dict[str, str]:
+    """Where the pod finds the job's workdir and what it must be (workdir_store.py):
+    inside the attempt's own checkpoint location, named by its digest, with its size.
+    WorkdirRefused when the attempt has no checkpoint store to carry it."""
+    ref = spec.spec.workdir
+    ckpt = spec.checkpoint_uri or spec.spec.checkpoint_uri
+    size = spec.workdir_size or ref.size_bytes  # the agent's verified tar's, when known
+    if size <= 0:
+        raise workdir_store.WorkdirRefused(f"the size of workdir {ref.digest} is unknown")
+    return {workdir_store.URI_ENV: workdir_store.workdir_uri(ckpt, ref.digest),
+            workdir_store.DIGEST_ENV: ref.digest,
+            workdir_store.SIZE_ENV: str(size),
+            # as under the local executor: the workdir is <CB_WORK_DIR>/workdir
+            workdir_store.WORK_DIR_ENV: SHARED_DIR}
 
 
 def owner_reference(job: k8s.V1Job) -> k8s.V1OwnerReference:

@@ -37,6 +37,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections import defaultdict
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
 
+from checkpoint_layout import workdir_store
 from checkpoint_layout.standby_go import Go
 from computebroker.v1 import common_pb2
 from region_agents import labels as L
@@ -123,8 +125,9 @@ def pod_outcome(pod: dict, now: float) -> tuple[int | None, str]:
         if cs.get("name") != CONTAINER:
             continue
         term = (cs.get("state") or {}).get("terminated")
-        if term is not None:
-            return int(term.get("exitCode", -1)), str(term.get("reason") or "")
+        if term is not None:  # the termination message says more than the reason
+            why = str(term.get("message") or "").strip()[:1000] or str(term.get("reason") or "")
+            return int(term.get("exitCode", -1)), why
     if status.get("phase") == "Failed":
         return -1, str(status.get("message") or status.get("reason") or "pod failed")
     return None, ""
@@ -270,6 +273,33 @@ class KubernetesExecutor(Executor):
         placed = list(spec.placement.nodes)
         n_nodes = len(placed) or max(1, spec.spec.resources.nodes)
         return n_nodes * ((placed[0].gpus if placed else 0) or spec.spec.resources.gpus_per_node or 1)
+
+    # ---- users' code --------------------------------------------------------------
+    ships_workdir = True  # the pods are not on the agent's machine
+
+    def prepare(self, spec: AttemptSpec) -> None:
+        """Refuse at once what could never start: a workdir without a store to carry it."""
+        if spec.spec.HasField("workdir"):
+            workdir_store.workdir_uri(spec.checkpoint_uri or spec.spec.checkpoint_uri,
+                                      spec.spec.workdir.digest)
+
+    def stage_workdir(self, spec: AttemptSpec, tar: str) -> None:
+        """Put the verified tarball into the attempt's checkpoint location, where its pods'
+        supervisor fetches, verifies and unpacks it (checkpoint_layout/workdir_store.py).
+        Runs in the staging thread, off the agent's lock."""
+        uri = workdir_store.workdir_uri(spec.checkpoint_uri or spec.spec.checkpoint_uri,
+                                        spec.spec.workdir.digest)
+        client = None
+        if uri.startswith("s3://"):
+            from region_agents.staging import s3_client
+
+            client = s3_client()
+        try:
+            wrote = workdir_store.publish(tar, uri, os.path.getsize(tar), s3_client=client)
+        except Exception as e:  # noqa: BLE001 - the store's words, for the attempt's failure
+            raise ValueError(f"cannot put the workdir into the job's store at {uri}: {e}") from None
+        log.info("%s attempt %d: workdir %s %s", spec.job_id, spec.attempt,
+                 "put at" if wrote else "already at", uri)
 
     def launch(self, spec: AttemptSpec) -> None:
         if spec.attempt <= 0:
