@@ -33,7 +33,8 @@ checkpointed, else 0.
   into ``<CB_WORK_DIR>/workdir``, the ranks' cwd (checkpoint_layout/workdir_store.py
   says why there). If that fails nothing starts: the reason goes to the container's
   termination message (``TERMINATION_LOG``, which the kubelet reports in the pod's
-  status and the agent passes on) and the pod exits ``EXIT_WORKDIR_REFUSED``.
+  status and the agent passes on) and the pod exits ``EXIT_WORKDIR_REFUSED``, or
+  ``EXIT_STORE_UNAVAILABLE`` when the store could not be reached (the broker waits).
 
 Standard library only (boto3 only for a workdir in S3): it runs in the trainer's image.
 """
@@ -53,6 +54,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from checkpoint_layout.faults import EXIT_STORE_UNAVAILABLE
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
 from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED, URI_ENV
 
@@ -167,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command")
     base = dict(os.environ)
     cwd = _workdir(base)
-    if cwd is False:
-        return EXIT_WORKDIR_REFUSED
+    if isinstance(cwd, int):
+        return cwd
     if cwd:  # the image's own modules (its working directory's) stay importable, after
         # the user's code, as the local executor puts the library on PYTHONPATH
         base["PYTHONPATH"] = os.pathsep.join(p for p in (base.get("PYTHONPATH"), os.getcwd()) if p)
@@ -227,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     return first_crash[0] if killed and first_crash else aggregate(codes)
 
 
-def _workdir(env: dict[str, str]) -> str | None | bool:
-    """The ranks' cwd: the unpacked workdir, None without one, False when it was refused
-    (said on stderr and in the termination message)."""
+def _workdir(env: dict[str, str]) -> str | int | None:
+    """The ranks' cwd: the unpacked workdir, or None without one; when it was refused,
+    the pod's exit code (said on stderr and in the termination message):
+    EXIT_STORE_UNAVAILABLE if the store could not be reached, else EXIT_WORKDIR_REFUSED."""
     if not env.get(URI_ENV):
         return None
     from checkpoint_layout.workdir_store import WorkdirRefused, prepare_from_env
@@ -237,11 +240,11 @@ def _workdir(env: dict[str, str]) -> str | None | bool:
     try:
         return prepare_from_env(env)
     except WorkdirRefused as e:
-        why = f"workdir refused: {e}"
+        why = f"workdir {'not fetched, the store is unreachable' if e.outage else 'refused'}: {e}"
         print(f"pod_supervisor: {why}", file=sys.stderr)
         with contextlib.suppress(OSError), open(TERMINATION_LOG, "w") as f:
             f.write(why[:TERMINATION_MAX])
-        return False
+        return EXIT_STORE_UNAVAILABLE if e.outage else EXIT_WORKDIR_REFUSED
 
 
 def _read(path: Path | None) -> str:

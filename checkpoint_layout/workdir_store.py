@@ -55,7 +55,13 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class WorkdirRefused(ValueError):
-    """The workdir cannot be used (the message says why, for the user)."""
+    """The workdir cannot be used (the message says why, for the user). ``outage``: the
+    store could not be reached (checkpoint_layout/faults.py), not a bad workdir; the pod
+    then exits EXIT_STORE_UNAVAILABLE, as a trainer does, and the broker waits."""
+
+    def __init__(self, message: str, outage: bool = False) -> None:
+        super().__init__(message)
+        self.outage = outage
 
 
 def check_digest(digest: str) -> str:
@@ -166,7 +172,10 @@ def fetch_verified(uri: str, digest: str, size: int, dest: str | os.PathLike[str
     except WorkdirRefused:
         raise
     except Exception as e:  # noqa: BLE001 - the store's own words, for the user
-        raise WorkdirRefused(f"cannot fetch the workdir from {uri}: {e}") from None
+        from checkpoint_layout.faults import is_outage
+
+        raise WorkdirRefused(f"cannot fetch the workdir from {uri}: {e}",
+                             outage=is_outage(e)) from None
     if n != size:
         what = f"is over its {size} bytes" if n > size else f"has {n} bytes, not {size}"
         raise WorkdirRefused(f"workdir at {uri} {what}: refused (changed after upload?)")

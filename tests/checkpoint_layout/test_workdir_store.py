@@ -123,3 +123,23 @@ def test_publish_and_fetch_through_s3(tmp_path: Path, s3_server, monkeypatch) ->
                                   Body=tar.read_bytes()[:-512])
     with pytest.raises(ws.WorkdirRefused, match=f"not {size}"):
         ws.prepare_from_env(env_for(ckpt, uri, digest, size, tmp_path))
+
+
+def test_an_unreachable_store_is_an_outage_not_a_bad_workdir(tmp_path: Path) -> None:
+    import socket
+
+    import boto3
+    from botocore.config import Config
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x",
+                          config=Config(retries={"total_max_attempts": 1}, connect_timeout=2))
+    digest = "sha256:" + "0" * 64
+    ckpt = "s3://b/jobs/j1/attempt-1"
+    with pytest.raises(ws.WorkdirRefused, match="cannot fetch the workdir") as e:
+        ws.fetch_verified(ws.workdir_uri(ckpt, digest), digest, 10, tmp_path / "t.tar", ckpt,
+                          s3_client=client)
+    assert e.value.outage is True
