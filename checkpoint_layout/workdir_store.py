@@ -86,12 +86,12 @@ def _file_path(uri: str) -> Path:
 
 
 def publish(tar_path: str | os.PathLike[str], uri: str, size: int,
-            s3_client: Any | None = None) -> bool:
+            s3_client: Any | None = None, owner: tuple[int, int] | None = None) -> bool:
     """Put the agent's verified tarball at ``uri`` (agent side). Content-addressed, so an
     object already there with the right size is left alone (the pod verifies the digest
     anyway). Returns True when it wrote. S3: one ``upload_file`` (multipart for large
     files, boto3's transfer manager); a directory: temp file, fsync, rename, mode 0644
-    (the pods' user reads it; the directory is the job's checkpoint directory)."""
+    (the pods' user reads it), see :func:`_make_checkpoint_dirs` for the directories."""
     if uri.startswith("s3://"):
         from checkpoint_layout.names import split_s3_uri
         from checkpoint_layout.s3 import make_s3_client
@@ -107,9 +107,7 @@ def publish(tar_path: str | os.PathLike[str], uri: str, size: int,
     with contextlib.suppress(OSError):
         if dst.stat().st_size == size:
             return False
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        dst.parent.chmod(0o755)
+    _make_checkpoint_dirs(dst.parent, owner)
     fd, tmp = tempfile.mkstemp(prefix=".put-", dir=dst.parent)
     try:
         with os.fdopen(fd, "wb") as out, open(tar_path, "rb") as src:
@@ -123,6 +121,34 @@ def publish(tar_path: str | os.PathLike[str], uri: str, size: int,
             os.unlink(tmp)
         raise
     return True
+
+
+def _make_checkpoint_dirs(workdir_dir: Path, owner: tuple[int, int] | None) -> None:
+    """Make ``<checkpoint_uri>/workdir`` and any missing directory above it.
+
+    The agent often makes the attempt's checkpoint directory here, before the trainer
+    does: it must not take it from the pods, who write their checkpoints in it. So a
+    directory made above ``workdir/`` gets the mode of the existing directory it was
+    made in (the access the operator arranged), and, when the agent is root, ``owner``
+    (the pods' uid and gid). ``workdir/`` itself stays the agent's, 0755: the pods read
+    the code, they do not replace it."""
+    missing: list[Path] = []
+    d = workdir_dir
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    mode = d.stat().st_mode & 0o7777 if d.exists() else 0o755
+    for m in reversed(missing):
+        try:
+            m.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # someone else's meanwhile: not ours to change
+        if m == workdir_dir:
+            m.chmod(0o755)
+            continue
+        m.chmod(mode)
+        if owner is not None and os.geteuid() == 0:
+            os.chown(m, *owner, follow_symlinks=False)
 
 
 def _chunks(uri: str, limit: int, s3_client: Any | None) -> Any:

@@ -295,7 +295,8 @@ class KubernetesExecutor(Executor):
 
             client = s3_client()
         try:
-            wrote = workdir_store.publish(tar, uri, os.path.getsize(tar), s3_client=client)
+            wrote = workdir_store.publish(tar, uri, os.path.getsize(tar), s3_client=client,
+                                          owner=(self.run_as_user, self.run_as_user))
         except Exception as e:  # noqa: BLE001 - the store's words, for the attempt's failure
             raise ValueError(f"cannot put the workdir into the job's store at {uri}: {e}") from None
         log.info("%s attempt %d: workdir %s %s", spec.job_id, spec.attempt,

@@ -143,3 +143,26 @@ def test_an_unreachable_store_is_an_outage_not_a_bad_workdir(tmp_path: Path) -> 
         ws.fetch_verified(ws.workdir_uri(ckpt, digest), digest, 10, tmp_path / "t.tar", ckpt,
                           s3_client=client)
     assert e.value.outage is True
+
+
+def test_directories_made_above_the_workdir_keep_the_access_arranged_for_the_pods(
+        tmp_path: Path) -> None:
+    """The agent may make the attempt's checkpoint directory before the trainer does: it
+    gets its parent's mode (and, for a root agent, the pods' uid), so the pods can still
+    write their checkpoints in it; workdir/ itself stays the agent's, read-only to others."""
+    import os
+    import stat
+
+    tar, digest, size = packed(tmp_path)
+    root = tmp_path / "store"
+    root.mkdir()
+    root.chmod(0o1777)
+    ckpt = root / "jobs" / "j1" / "attempt-1"
+    ws.publish(tar, ws.workdir_uri(str(ckpt), digest), size, owner=(65532, 65532))
+    for d in (root / "jobs", root / "jobs" / "j1", ckpt):
+        st = d.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o1777, d
+        if os.geteuid() == 0:
+            assert (st.st_uid, st.st_gid) == (65532, 65532), d
+    assert stat.S_IMODE((ckpt / "workdir").stat().st_mode) == 0o755
+    assert (ckpt / "workdir").stat().st_uid == os.geteuid()

@@ -30,6 +30,7 @@ from tests.k8s.helpers import (
     poll_until,
     shared_dir,
     state_of,
+    steps_saved,
     terminal,
     trainer_attempt,
 )
@@ -120,6 +121,27 @@ def test_a_workdir_job_runs_its_shipped_code_in_its_pod(cluster_a, kubelet) -> N
             assert out["helper"] == 42  # the workdir's own module imports
             assert out["uid"] != 0
             assert name in pod.metadata.name
+    finally:
+        ex.shutdown()
+
+
+def test_the_built_in_trainer_still_imports_from_the_image_beside_a_workdir(cluster_a, kubelet) -> None:
+    """No command: `python -m trainer` in the workdir. The image's own modules stay
+    importable after the user's (the supervisor appends its working directory)."""
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as root:
+            tar, digest = code_tar(root)
+            ckpt = root / "ckpt"
+            spec = with_workdir(trainer_attempt("wd-trainer", NODES, ckpt, steps=4, every=2),
+                                tar, digest)
+            stage_and_launch(ex, spec)
+            events = poll_until(ex, terminal("wd-trainer"), what="the trainer job to finish")
+            end = state_of(events, "wd-trainer")
+            logs = [p.read_text(errors="replace")
+                    for p in kubelet.root.glob(f"pods/{ns}_*/*.log")]
+            assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, (end.message, logs)
+            assert steps_saved(ckpt)[-1] == 4
     finally:
         ex.shutdown()
 
