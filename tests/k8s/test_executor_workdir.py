@@ -35,12 +35,12 @@ from tests.k8s.helpers import (
     trainer_attempt,
 )
 
-NODES = ["wd-n1"]
+NODES = ["wd-n1", "wd-n2"]
 RUN = """\
 import json, os, sys
 out = {"cwd": os.getcwd(), "data": open("data/words.txt").read().strip(),
        "helper": __import__("helper").VALUE, "uid": os.getuid()}
-with open(os.environ["MARKER"], "w") as f:
+with open(os.environ["MARKER"] + os.environ.get("MARKER_SUFFIX", ""), "w") as f:
     json.dump(out, f)
 """
 
@@ -95,7 +95,7 @@ def test_a_workdir_job_runs_its_shipped_code_in_its_pod(cluster_a, kubelet) -> N
         with shared_dir() as root:
             tar, digest = code_tar(root)
             ckpt, marker = root / "ckpt", root / "marker.json"
-            spec = with_workdir(trainer_attempt("wd-ok", NODES, ckpt, command=("python", "run.py"),
+            spec = with_workdir(trainer_attempt("wd-ok", NODES[:1], ckpt, command=("python", "run.py"),
                                                 env={"MARKER": str(marker)}), tar, digest)
             stage_and_launch(ex, spec)
             # the tarball sits in the attempt's own checkpoint location, named by digest
@@ -125,6 +125,31 @@ def test_a_workdir_job_runs_its_shipped_code_in_its_pod(cluster_a, kubelet) -> N
         ex.shutdown()
 
 
+def test_each_pod_of_a_gang_gets_its_own_copy(cluster_a, kubelet) -> None:
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as root:
+            tar, digest = code_tar(root)
+            marker = root / "marker"
+            script = ("import os, runpy; os.environ['MARKER_SUFFIX'] = '-' + os.environ['NODE_RANK'];"
+                      " open('data/words.txt', 'a').write('changed by this pod');"  # own copy
+                      " runpy.run_path('run.py')")
+            spec = with_workdir(trainer_attempt("wd-gang", NODES, root / "ckpt",
+                                                command=("python", "-c", script),
+                                                env={"MARKER": str(marker)}), tar, digest)
+            ex.discover_nodes()
+            stage_and_launch(ex, spec)
+            events = poll_until(ex, terminal("wd-gang"), what="the gang to finish")
+            end = state_of(events, "wd-gang")
+            logs = [p.read_text(errors="replace") for p in kubelet.root.glob(f"pods/{ns}_*/*.log")]
+            assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, (end.message, logs)
+            for rank in ("0", "1"):
+                out = json.loads(Path(f"{marker}-{rank}").read_text())
+                assert out["data"] == "shipped with the job\nchanged by this pod", out
+    finally:
+        ex.shutdown()
+
+
 def test_the_built_in_trainer_still_imports_from_the_image_beside_a_workdir(cluster_a, kubelet) -> None:
     """No command: `python -m trainer` in the workdir. The image's own modules stay
     importable after the user's (the supervisor appends its working directory)."""
@@ -133,7 +158,7 @@ def test_the_built_in_trainer_still_imports_from_the_image_beside_a_workdir(clus
         with shared_dir() as root:
             tar, digest = code_tar(root)
             ckpt = root / "ckpt"
-            spec = with_workdir(trainer_attempt("wd-trainer", NODES, ckpt, steps=4, every=2),
+            spec = with_workdir(trainer_attempt("wd-trainer", NODES[:1], ckpt, steps=4, every=2),
                                 tar, digest)
             stage_and_launch(ex, spec)
             events = poll_until(ex, terminal("wd-trainer"), what="the trainer job to finish")
@@ -152,7 +177,7 @@ def test_a_tampered_workdir_fails_the_attempt_with_a_clear_message(cluster_a, ku
         with shared_dir() as root:
             tar, digest = code_tar(root)
             ckpt, marker = root / "ckpt", root / "marker.json"
-            spec = with_workdir(trainer_attempt("wd-bad", NODES, ckpt, command=("python", "run.py"),
+            spec = with_workdir(trainer_attempt("wd-bad", NODES[:1], ckpt, command=("python", "run.py"),
                                                 env={"MARKER": str(marker)}), tar, digest)
             ex.prepare(spec)
             ex.stage_workdir(spec, str(tar))
@@ -185,7 +210,7 @@ def test_a_path_traversal_tarball_is_refused_in_the_pod(cluster_a, kubelet) -> N
                     info.size = len(data)
                     t.addfile(info, io.BytesIO(data))
             tar, digest = raw_tar(root, buf.getvalue())
-            spec = with_workdir(trainer_attempt("wd-evil", NODES, root / "ckpt",
+            spec = with_workdir(trainer_attempt("wd-evil", NODES[:1], root / "ckpt",
                                                 command=("python", "run.py")), tar, digest)
             stage_and_launch(ex, spec)
             events = poll_until(ex, terminal("wd-evil"), what="the traversal job to fail")
@@ -206,7 +231,7 @@ def test_a_workdir_without_a_checkpoint_store_is_refused_at_once(cluster_a, kube
     try:
         with shared_dir() as root:
             tar, digest = code_tar(root)
-            spec = with_workdir(trainer_attempt("wd-nostore", NODES, root,
+            spec = with_workdir(trainer_attempt("wd-nostore", NODES[:1], root,
                                                 command=("python", "run.py")), tar, digest)
             spec.checkpoint_uri = ""
             with pytest.raises(ValueError, match="checkpoint store"):
