@@ -209,7 +209,7 @@ class BrokerServer:
 
         config = self.config
 
-        submit_check = submit_checks(config, agents, blobs)
+        submit_check = submit_checks(config, agents, blobs, jobs)
 
         leadership = self.leadership
         servicers = (

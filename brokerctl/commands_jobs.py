@@ -46,6 +46,7 @@ def cmd_submit(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
         "min_nodes": "min_nodes",
         "max_nodes": "max_nodes",
         "checkpoint_uri": "checkpoint_uri",
+        "resume_from": "resume_from",
         "dataset_uri": "dataset_uri",
         "dataset_region": "dataset_region",
         "expected_duration": "expected_duration_s",
@@ -261,6 +262,22 @@ def cmd_cancel(args: argparse.Namespace, client: BrokerClient, out: Console) -> 
     if job.phase not in TERMINAL_PHASES:
         line.append(" (stopping)", style="dim")
     out.print(line)
+    return EXIT_OK
+
+
+def cmd_share(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    share = client.share_checkpoints(args.job_id, args.team)
+    out.print(Text(f"job {share.job_id}: checkpoints shared with team {share.grantee_team}"
+                   f" ({share.id}, by {share.granted_by})"), soft_wrap=True)
+    out.print(Text(f"its jobs may start from them: brokerctl submit --resume-from {share.job_id}"
+                   f" ...; revoke: brokerctl unshare {share.job_id} {share.id}"), soft_wrap=True)
+    return EXIT_OK
+
+
+def cmd_unshare(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
+    share = client.revoke_checkpoint_share(args.job_id, args.share_id)
+    out.print(Text(f"job {share.job_id}: share {share.id} with team {share.grantee_team}"
+                   f" revoked (by {share.revoked_by})"), soft_wrap=True)
     return EXIT_OK
 
 

@@ -42,7 +42,9 @@ from brokerctl.commands_jobs import (
     cmd_logs,
     cmd_migrations,
     cmd_resubmit,
+    cmd_share,
     cmd_submit,
+    cmd_unshare,
     cmd_watch,
 )
 from brokerctl.commands_operator import (
@@ -146,6 +148,9 @@ def build_parser() -> _Parser:
     s.add_argument("--step-sleep", type=finite_float, metavar="S", help="simulated extra seconds/step")
     s.add_argument("--trainer-option", action="append", metavar="K=V")
     s.add_argument("--checkpoint-uri", help="file:///path, /abs/path or s3://bucket/prefix")
+    s.add_argument("--resume-from", metavar="JOB_OR_URI",
+                   help="start from another job's checkpoint (its id: its last durable one;"
+                        " or a step directory); it must be shared with your team")
     s.add_argument("--dataset-uri")
     s.add_argument("--dataset-region")
     s.add_argument("--expected-duration", type=finite_float, metavar="S")
@@ -222,6 +227,18 @@ def build_parser() -> _Parser:
     s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
     s.add_argument("--reason")
     s.set_defaults(func=cmd_cancel)
+
+    s = add("share", "let a team's jobs start from a job's checkpoints (resume_from)")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
+    s.add_argument("--team", default="",
+                   help="the team whose jobs may read them (default: the job's own; another"
+                        " team needs a team admin)")
+    s.set_defaults(func=cmd_share)
+
+    s = add("unshare", "revoke a checkpoint share (SHARE_ID: see `brokerctl job JOB`)")
+    s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")
+    s.add_argument("share_id", metavar="SHARE_ID")
+    s.set_defaults(func=cmd_unshare)
 
     s = add("logs", "the ranks' stdout/stderr, attempt by attempt (-f: live)")
     s.add_argument("job_id", metavar="JOB", help="id, unique id prefix or name")

@@ -498,6 +498,17 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         ]
         parts.append(Panel(_kv(prow), title="progress", box=box.ROUNDED, expand=False))
 
+    src = job.spec.resume_source
+    if src.job_id or job.checkpoint_shares:
+        srow = []
+        if src.job_id:
+            srow.append(("starts from", f"{src.uri} (job {src.job_id}, {src.share_id})"))
+        for sh in job.checkpoint_shares:
+            state = (f"revoked by {sh.revoked_by}" if sh.revoked_time
+                     else f"granted by {sh.granted_by}")
+            srow.append((sh.id, f"team {sh.grantee_team}, {state}"))
+        parts.append(Panel(_kv(srow), title="checkpoint shares", box=box.ROUNDED, expand=False))
+
     g = job.goodput
     if g.wall_s:
         pct = 100.0 * g.productive_s / g.wall_s if g.wall_s else 0.0

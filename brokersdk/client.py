@@ -408,6 +408,26 @@ class BrokerClient:
             job_id=job_id,
         )
 
+    def share_checkpoints(self, job_id: str, team: str = "") -> common_pb2.CheckpointShare:
+        """Let jobs of ``team`` (default: the job's own team) start from ``job_id``'s
+        checkpoints (``resume_from``). The job's owner shares with the own team; another
+        team needs a team admin of the job's team. Granting twice keeps the first share."""
+        return self._call(
+            self._jobs.ShareCheckpoints,
+            jobs_pb2.ShareCheckpointsRequest(job_id=job_id, grantee_team=team),
+            idempotent=True,
+            job_id=job_id,
+        )
+
+    def revoke_checkpoint_share(self, job_id: str, share_id: str) -> common_pb2.CheckpointShare:
+        """End a share: jobs that have not started from it yet are refused at launch."""
+        return self._call(
+            self._jobs.RevokeCheckpointShare,
+            jobs_pb2.RevokeCheckpointShareRequest(job_id=job_id, share_id=share_id),
+            idempotent=True,
+            job_id=job_id,
+        )
+
     def events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[common_pb2.JobEvent]:
         """The job's recorded history (no live follow; see JobHandle.events)."""
         resp = self._call(

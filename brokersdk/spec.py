@@ -69,6 +69,9 @@ class JobSpec(BaseModel):
     dataset_uri: str = ""
     dataset_region: str = ""
     checkpoint_uri: str = ""
+    # Start from another job's checkpoint (its id, or a step directory); that job must
+    # have shared its checkpoints with this team (BrokerClient.share_checkpoints).
+    resume_from: str = ""
     spot_ok: bool = False
     capacity_types: list[str] = Field(default_factory=list)
     max_price_per_gpu_hour: float = 0.0
@@ -140,6 +143,7 @@ class JobSpec(BaseModel):
             dataset_uri=self.dataset_uri,
             dataset_region=self.dataset_region,
             checkpoint_uri=self.checkpoint_uri,
+            resume_from=self.resume_from,
             capacity_types=ctypes,
             max_price_per_gpu_hour=self.max_price_per_gpu_hour,
             elasticity=common_pb2.Elasticity(min_nodes=self.min_nodes, max_nodes=self.max_nodes),

@@ -66,6 +66,7 @@ from region_agents.executors.base import (
 from region_agents.fencing import AttemptLedger, BrokerContact, lease_margin, self_fence_after
 from region_agents.inventory import Inventory, InventoryError
 from region_agents.logship import LogShipper
+from region_agents.resume_views import resume_refusal
 from region_agents.session import Session
 from region_agents.signals import NodeSignals
 from region_agents.staging import Staging, copy_tuning, drop_if_superseded, plan_staging, under
@@ -473,7 +474,8 @@ class RegionAgent:
             self.ledger.seen(launch.job_id, launch.attempt)
             key = (launch.job_id, launch.attempt)
             self._timings[key] = agent_pb2.AttemptTimings(launch_received_time=time.time())
-            problem = self._check_placement(launch) or self._check_checkpoint_root(launch)
+            problem = (self._check_placement(launch) or self._check_checkpoint_root(launch)
+                       or resume_refusal(launch))
             staging = None
             if problem is None:
                 try:

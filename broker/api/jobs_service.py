@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 from collections.abc import Callable
 
 import grpc
 
 from broker.agents.registry import AgentRegistry
 from broker.api.errors import InvalidArgument, NotFound, rpc
-from broker.api.validation import checkpoint_roots_of, validate_checkpoint_uri
+from broker.api.validation import TEAM_RE, checkpoint_roots_of, validate_checkpoint_uri
 from broker.auth.identity import Principal, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import Permission, PermissionDenied, allowed, authorize, sees_secrets
 from broker.config import BrokerConfig
+from broker.jobs import checkpoint_shares
 from broker.jobs.lifecycle import TERMINAL
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView, job_not_found
 from broker.logs.service import LogQuery
 from broker.workdirs.blobstore import BlobStore
 from broker.workdirs.checks import check_submit
+from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import jobs_pb2 as jpb
 from computebroker.v1 import jobs_pb2_grpc
@@ -73,18 +76,37 @@ def decode_token(token: str) -> str:
     return value
 
 
-def submit_checks(config: BrokerConfig, agents: AgentRegistry,
-                  blobs: BlobStore) -> Callable[[pb.JobSpec, Principal | None], None]:
+def submit_checks(config: BrokerConfig, agents: AgentRegistry, blobs: BlobStore,
+                  jobs: JobsView | None = None) -> Callable[[pb.JobSpec, Principal | None], None]:
     """SubmitJob's checks beyond the spec itself (the core's and each API worker's): a
-    job-chosen checkpoint URI only under roots an operator allowed (issue 12), then the
-    users'-code checks (broker/workdirs/checks.py: command, workdir, checkpoint stores)."""
+    job-chosen checkpoint URI only under roots an operator allowed, and
+    not another job's (checkpoint_shares.py); ``resume_from`` only from a job that shared
+    its checkpoints with the team (fills ``resume_source``); then the users'-code checks
+    (broker/workdirs/checks.py: command, workdir, checkpoint stores)."""
     def check(spec: pb.JobSpec, who: Principal | None = None) -> None:
         records = [a.record for a in agents.all()]
         if spec.checkpoint_uri:
             validate_checkpoint_uri(spec.checkpoint_uri, "spec.checkpoint_uri", checkpoint_roots_of(
                 config.checkpoint_allowed_roots, config.checkpoint_root, records))
+        if jobs is not None:
+            bases = checkpoint_bases(config, records)
+            # the jobs that chose their prefix (a scan, only for specs that need it)
+            chosen = ([j for j in jobs.iter() if j.spec.checkpoint_uri]
+                      if spec.checkpoint_uri or spec.resume_from.startswith(("/", "file:", "s3:"))
+                      else [])
+            checkpoint_shares.check_write_prefix(spec, chosen, bases)
+            checkpoint_shares.resolve_resume(spec, iter(chosen), bases, jobs.find)
+        else:
+            spec.ClearField("resume_source")
         check_submit(spec, blobs, records, who)
     return check
+
+
+def checkpoint_bases(config: BrokerConfig, records: list[apb.Register]) -> list[str]:
+    """The stores whose ``jobs/<id>`` are the broker's default per-job prefixes."""
+    bases = [os.path.abspath(config.checkpoint_root)]
+    bases += [r.checkpoint_bucket for r in records if r.checkpoint_bucket.startswith(("s3://", "file://", "/"))]
+    return bases
 
 
 class JobService(jobs_pb2_grpc.JobServiceServicer):
@@ -161,6 +183,33 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         self._readable(request.job_id, context, Permission.JOBS_CANCEL)
         return visible(self.ops.cancel(request.job_id, request.reason, actor_of(context)),
                        principal_of(context))
+
+    @rpc
+    def ShareCheckpoints(self, request: jpb.ShareCheckpointsRequest,
+                         context: grpc.ServicerContext) -> pb.CheckpointShare:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        job = self._readable(request.job_id, context, Permission.JOBS_SUBMIT)
+        team = request.grantee_team or job.spec.team
+        if not TEAM_RE.match(team):
+            raise InvalidArgument(f"grantee_team {team!r} is not a team name")
+        who = principal_of(context)
+        checkpoint_shares.check_may_grant(who, job, team)
+        return self.ops.share_checkpoints(job.id, team, who.actor)
+
+    @rpc
+    def RevokeCheckpointShare(self, request: jpb.RevokeCheckpointShareRequest,
+                              context: grpc.ServicerContext) -> pb.CheckpointShare:
+        if not request.job_id or not request.share_id:
+            raise InvalidArgument("job_id and share_id are both needed")
+        job = self._readable(request.job_id, context, Permission.JOBS_SUBMIT)
+        share = next((s for s in job.checkpoint_shares if s.id == request.share_id), None)
+        if share is None:
+            raise NotFound(f"job {job.id} has no checkpoint share {request.share_id!r}")
+        who = principal_of(context)
+        # whoever may grant this share may end it
+        checkpoint_shares.check_may_grant(who, job, share.grantee_team)
+        return self.ops.revoke_checkpoint_share(job.id, share.id, who.actor)
 
     @rpc
     def WatchJob(self, request: jpb.WatchJobRequest, context: grpc.ServicerContext):

@@ -81,6 +81,7 @@ LIMITS: dict[str, FieldLimit] = {
     # ---- URIs ------------------------------------------------------------------------
     "checkpoint_uri": URI, "dataset_uri": URI, "checkpoint_bucket": URI,
     "last_checkpoint_uri": URI, "src_uri": URI, "dst_uri": URI,
+    "resume_from": URI, "ResumeSource.uri": URI, "ResumeSource.prefix": URI,
     "checkpoint_roots": FieldLimit(max_len=2048, kind=Kind.IDENTIFIER, max_items=64),
     # ---- free text -------------------------------------------------------------------
     "reason": REASON, "error": REASON, "checkpoint_store_error": REASON, "method": ID,

@@ -250,7 +250,7 @@ class ApiWorker:
             StandbyGate(self.core)])  # type: ignore[arg-type]
         blobs = open_blob_store(cfg.workdir_store or default_store_url(cfg.store))
 
-        submit_check = submit_checks(cfg, agents, blobs)  # the core's checks
+        submit_check = submit_checks(cfg, agents, blobs, jobs)  # the core's checks
 
         def checked(spec: pb.JobSpec, who: Principal | None = None) -> None:
             try:

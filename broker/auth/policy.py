@@ -83,6 +83,10 @@ METHODS: dict[str, MethodRule] = {
     _J + "GetJobLogs": MethodRule(Permission.JOBS_READ, False),
     _J + "ListMigrations": MethodRule(Permission.JOBS_READ, False),
     _J + "StreamJobLogs": MethodRule(Permission.JOBS_READ, False),
+    # who may share (the owner, a team admin across teams) is decided per job:
+    # broker/jobs/checkpoint_shares.py
+    _J + "ShareCheckpoints": MethodRule(Permission.JOBS_SUBMIT, True),
+    _J + "RevokeCheckpointShare": MethodRule(Permission.JOBS_SUBMIT, True),
     _C + "ListRegions": MethodRule(Permission.CAPACITY_READ, False),
     _C + "GetCapacity": MethodRule(Permission.CAPACITY_READ, False),
     _C + "CreateTrainingPlan": MethodRule(Permission.PLANS_WRITE, True),

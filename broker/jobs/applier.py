@@ -74,6 +74,13 @@ class Applier:
         except NotFound as e:
             raise ApiNotFound(f"job {job_id!r} not found") from e
 
+    def find(self, job_id: str) -> pb.Job | None:
+        """The stored job, or None when there is none."""
+        try:
+            return self.store.get_job(job_id)
+        except NotFound:
+            return None
+
     def apply(self, job_id: str, step: Step) -> Outcome | None:
         """Run ``step`` on the stored job and CAS-write its outcome (re-reading and
         re-running on a conflict); then run the commands. Returns the outcome with

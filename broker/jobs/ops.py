@@ -19,10 +19,18 @@ from broker.agents.registry import AgentState
 from broker.api import validation
 from broker.api.errors import BrokerError, FailedPrecondition
 from broker.ids import new_job_id
-from broker.jobs import loss_series, migration, precopy, standby, transitions, updates
+from broker.jobs import (
+    checkpoint_shares,
+    loss_series,
+    migration,
+    precopy,
+    standby,
+    transitions,
+    updates,
+)
 from broker.jobs.applier import Applier
 from broker.jobs.causes import Cause
-from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING
+from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING, TERMINAL
 from broker.jobs.outcome import Outcome
 from broker.jobs.priority_classes import PriorityClasses
 from broker.jobs.recovery import Signal, StopPlan, Trigger, plan_stop
@@ -128,6 +136,19 @@ class JobOps:
         out = self.applier.apply(job_id, step)
         return out.job if out is not None else self.applier.get(job_id)
 
+    def share_checkpoints(self, job_id: str, grantee_team: str, actor: str) -> pb.CheckpointShare:
+        """Record (or keep) the share of ``job_id``'s checkpoints with ``grantee_team``;
+        the caller checked who may (checkpoint_shares.check_may_grant)."""
+        self.applier.apply(job_id, lambda job, now: checkpoint_shares.grant(job, grantee_team, actor, now))
+        share = checkpoint_shares.active_share(self.applier.get(job_id), grantee_team)
+        assert share is not None  # just written (or already in force)
+        return share
+
+    def revoke_checkpoint_share(self, job_id: str, share_id: str, actor: str) -> pb.CheckpointShare:
+        self.applier.apply(job_id, lambda job, now: checkpoint_shares.revoke(job, share_id, actor, now))
+        job = self.applier.get(job_id)
+        return next(s for s in job.checkpoint_shares if s.id == share_id)
+
     # ---- scheduler ---------------------------------------------------------------------------
     def launch(self, job_id: str, admission: placement.Admission, explanation: str = "") -> pb.Job | None:
         """Admit a queued job on ``admission``; the Launch goes out after the write."""
@@ -137,8 +158,19 @@ class JobOps:
         inp = transitions.Admit(admission=admission, nodes={n.id: n for n in agent.record.nodes},
                                 checkpoint_bucket=agent.record.checkpoint_bucket,
                                 explanation=explanation)
-        out = self._apply(job_id, transitions.admit, inp)
-        return out.job if out is not None else None
+
+        def step(job: pb.Job, now: float) -> Outcome | None:
+            # a job starting from another job's checkpoints: the share must still be in
+            # force (checkpoint_shares.py); one read of that job, only for such jobs
+            src = job.spec.resume_source.job_id
+            if src and not job.progress.last_checkpoint_uri:
+                refusal = checkpoint_shares.launch_refusal(job, self.applier.find(src))
+                if refusal:
+                    return transitions.resume_refused(job, refusal, now, self.config)
+            return transitions.admit(job, inp, now, self.config)
+
+        out = self.applier.apply(job_id, step)
+        return out.job if out is not None and out.job.phase not in TERMINAL else None
 
     def release_unplaced(self, job_id: str) -> pb.Job | None:
         """A held proactive move whose standby the scheduler could not place: Stop now."""

@@ -267,7 +267,9 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
                          "step": str(moved.step), "uri": moved.uri,
                          "unreachable_step": str(j.progress.last_checkpoint_step)})
         j.progress.last_checkpoint_step, j.progress.last_checkpoint_uri = moved.step, moved.uri
-    resume = j.progress.last_checkpoint_uri
+    # its own last durable checkpoint; before it has one, the shared checkpoint it starts
+    # from (checked at submit and again just before this: broker/jobs/ops.py)
+    resume = j.progress.last_checkpoint_uri or j.spec.resume_source.uri
     if relaunch:
         shown_progress.start_at_resume_step(j)
     why = "migrated" if j.phase == MIGRATING else ("relaunch" if relaunch else "launch")
@@ -285,6 +287,20 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
                         checkpoint_uri=ckpt, resume_from=resume,
                         transfer_mode=config.migration_transfer_mode)
     return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
+
+
+def resume_refused(job: pb.Job, message: str, now: float, config: BrokerConfig) -> Outcome | None:
+    """A queued job whose shared starting checkpoint it may no longer read (the share was
+    revoked, the job that wrote it is gone) fails instead of launching: starting from
+    scratch would silently train something else (broker/jobs/checkpoint_shares.py)."""
+    if job.phase not in QUEUED:
+        return None
+    tx = begin(job, now)
+    tx.move(FAILED, "failed", reason="resume_not_shared", actor="broker",
+            message=f"not launched: {message}",
+            details={"resume_from": job.spec.resume_source.uri,
+                     "source_job": job.spec.resume_source.job_id})
+    return seal(tx, WakeScheduler())
 
 
 def _ranks_change(m: pb.Migration) -> str:

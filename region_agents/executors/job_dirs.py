@@ -28,7 +28,6 @@ with ``checkpoint_uri=<its dir>/evil`` was handed the root-only directory. The r
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -155,12 +154,3 @@ def make_job_dir(path: str | Path, roots: Iterable[str], user: JobUser | None) -
             own_tree(fd, user)
     finally:
         os.close(fd)
-
-
-def check_readable_dir(path: str, roots: Iterable[str], user: JobUser | None) -> None:
-    """Refuse a resume point that is reached through a link or belongs to another
-    identity (the kernel would let the job read only its own anyway; this says so
-    clearly and keeps the agent from resolving through a job's link). A missing path is
-    left to the trainer's own error."""
-    with contextlib.suppress(FileNotFoundError):
-        os.close(open_job_dir(path, roots, user, create=False))

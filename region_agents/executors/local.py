@@ -57,12 +57,13 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
-from region_agents.executors.job_dirs import check_readable_dir, make_job_dir, open_job_dir
+from region_agents.executors.job_dirs import make_job_dir, open_job_dir
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
 from region_agents.executors.memory_keepers import KeeperPool, memory_every
 from region_agents.executors.rank_threads import rank_thread_env
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
+from region_agents.resume_views import OwnerBook, own_prefix, resolved, resume_point
 from region_agents.workdir import unpack
 
 log = logging.getLogger(__name__)
@@ -268,6 +269,8 @@ class LocalExecutor(Executor):
         if (job_user or identities) and hide_proc and self.proc_tools is None:
             log.warning("ranks cannot get a private hidepid /proc here (no unshare/setpriv, or"
                         " the probe failed): mount the host's /proc with hidepid=invisible")
+        # Which job made each checkpoint prefix on this host (region_agents/resume_views.py).
+        self.owners = OwnerBook(self.work_dir / "checkpoint-owners.json")
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._pending: list[AttemptEvent] = []
         self._lock = threading.RLock()
@@ -325,6 +328,26 @@ class LocalExecutor(Executor):
             root.mkdir(parents=True, exist_ok=True)          # job lists the others' ids
             os.chmod(root, 0o711, follow_symlinks=False)
         make_job_dir(ckpt, self.checkpoint_roots, user)
+        # by ownership, not by string: a second job of the same uid may not share the prefix
+        self.owners.claim(resolved(own_prefix(ckpt), self.checkpoint_roots), spec.job_id)
+
+    def source_user(self, spec: AttemptSpec) -> JobUser | None:
+        """The identity whose files a shared checkpoint (``resume_source``) must be."""
+        if self.identities is not None:
+            return self.identities.for_team(spec.spec.resume_source.team)
+        return self.job_user
+
+    def resume_point(self, spec: AttemptSpec, ckpt: str, user: JobUser | None) -> str:
+        """CB_RESUME_FROM: its own checkpoint, or a read-only copy of a shared one
+        (resume_views.resume_point); JobDirError names what is refused."""
+        resume = file_path(spec.resume_from)
+        if not resume:
+            return ""
+        view = self.work_dir / "jobs" / spec.job_id / f"resume-{spec.attempt}"
+        return resume_point(job_id=spec.job_id, resume=resume, checkpoint_dir=ckpt,
+                            source=spec.spec.resume_source, roots=self.checkpoint_roots,
+                            user=user, source_user=self.source_user(spec),
+                            book=self.owners, view_dir=view)
 
     def _attempt_dir(self, spec: AttemptSpec, user: JobUser | None) -> Path:
         """``jobs/<job>/attempt-<n>``: ``jobs`` and ``jobs/<job>`` are the agent's (0711:
@@ -373,10 +396,7 @@ class LocalExecutor(Executor):
                     stale.unlink()
             ckpt = self.checkpoint_dir(spec)  # resolved here, not in each rank's cwd
             self.prepare(spec)  # its own identity's, by fd; what the agent copied in, too
-            resume = file_path(spec.resume_from)
-            if resume and "://" not in resume:
-                resume = os.path.abspath(resume)
-                check_readable_dir(resume, self.checkpoint_roots, user)
+            resume = self.resume_point(spec, ckpt, user)
             # Users' code: a fresh copy of the workdir per attempt (unpacked as the job's
             # identity), and the ranks' cwd.
             cwd = (unpack(spec.workdir_tar, adir / "workdir", user, self.python)

@@ -207,7 +207,7 @@ class TrainerSpec(_message.Message):
     def __init__(self, total_steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., model: _Optional[str] = ..., step_sleep_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels", "workdir")
+    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels", "workdir", "resume_from", "resume_source")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,8 @@ class JobSpec(_message.Message):
     TRAINER_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     team: str
     priority_class: str
@@ -264,7 +266,41 @@ class JobSpec(_message.Message):
     trainer: TrainerSpec
     labels: _containers.ScalarMap[str, str]
     workdir: WorkdirRef
-    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[_Union[WorkdirRef, _Mapping]] = ...) -> None: ...
+    resume_from: str
+    resume_source: ResumeSource
+    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[_Union[WorkdirRef, _Mapping]] = ..., resume_from: _Optional[str] = ..., resume_source: _Optional[_Union[ResumeSource, _Mapping]] = ...) -> None: ...
+
+class ResumeSource(_message.Message):
+    __slots__ = ("job_id", "team", "prefix", "uri", "share_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TEAM_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    team: str
+    prefix: str
+    uri: str
+    share_id: str
+    def __init__(self, job_id: _Optional[str] = ..., team: _Optional[str] = ..., prefix: _Optional[str] = ..., uri: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointShare(_message.Message):
+    __slots__ = ("id", "job_id", "grantee_team", "granted_by", "granted_time", "revoked_by", "revoked_time")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRANTEE_TEAM_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_BY_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_TIME_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_TIME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    job_id: str
+    grantee_team: str
+    granted_by: str
+    granted_time: float
+    revoked_by: str
+    revoked_time: float
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., grantee_team: _Optional[str] = ..., granted_by: _Optional[str] = ..., granted_time: _Optional[float] = ..., revoked_by: _Optional[str] = ..., revoked_time: _Optional[float] = ...) -> None: ...
 
 class WorkdirRef(_message.Message):
     __slots__ = ("digest", "size_bytes")
@@ -375,7 +411,7 @@ class Goodput(_message.Message):
     def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ..., cost_usd: _Optional[float] = ..., cost_by_capacity: _Optional[_Mapping[str, float]] = ..., cost_by_region: _Optional[_Mapping[str, float]] = ..., saved_usd: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions")
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions", "checkpoint_shares")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +446,7 @@ class Job(_message.Message):
     STORE_WAIT_FIELD_NUMBER: _ClassVar[int]
     REGION_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SHARES_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     phase: JobPhase
@@ -444,7 +481,8 @@ class Job(_message.Message):
     store_wait: StoreWait
     region_checkpoints: _containers.RepeatedCompositeFieldContainer[RegionCheckpoint]
     preemptions: int
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    checkpoint_shares: _containers.RepeatedCompositeFieldContainer[CheckpointShare]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ...) -> None: ...
 
 class RegionCheckpoint(_message.Message):
     __slots__ = ("region", "step", "uri")

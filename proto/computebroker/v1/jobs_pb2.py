@@ -26,41 +26,45 @@ from computebroker.v1 import common_pb2 as computebroker_dot_v1_dot_common__pb2
 from computebroker.v1 import logs_pb2 as computebroker_dot_v1_dot_logs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63omputebroker/v1/jobs.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\x1a\x1b\x63omputebroker/v1/logs.proto\"V\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\"H\n\x11SubmitJobResponse\x12\"\n\x03job\x18\x01 \x01(\x0b\x32\x15.computebroker.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x82\x01\n\x0fListJobsRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12*\n\x06phases\x18\x02 \x03(\x0e\x32\x1a.computebroker.v1.JobPhase\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.computebroker.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"N\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"G\n\x13GetJobEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\"B\n\x14GetJobEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.computebroker.v1.JobEvent\"7\n\x11GetJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntail_lines\x18\x02 \x01(\x05\"#\n\x12GetJobLogsResponse\x12\r\n\x05lines\x18\x01 \x03(\t\"D\n\x15ListMigrationsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"I\n\x16ListMigrationsResponse\x12/\n\nmigrations\x18\x01 \x03(\x0b\x32\x1b.computebroker.v1.Migration\"q\n\x14StreamJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\x04rank\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0c\n\x04tail\x18\x05 \x01(\x05\x42\x07\n\x05_rank2\x81\x06\n\nJobService\x12T\n\tSubmitJob\x12\".computebroker.v1.SubmitJobRequest\x1a#.computebroker.v1.SubmitJobResponse\x12@\n\x06GetJob\x12\x1f.computebroker.v1.GetJobRequest\x1a\x15.computebroker.v1.Job\x12Q\n\x08ListJobs\x12!.computebroker.v1.ListJobsRequest\x1a\".computebroker.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\".computebroker.v1.CancelJobRequest\x1a\x15.computebroker.v1.Job\x12K\n\x08WatchJob\x12!.computebroker.v1.WatchJobRequest\x1a\x1a.computebroker.v1.JobEvent0\x01\x12]\n\x0cGetJobEvents\x12%.computebroker.v1.GetJobEventsRequest\x1a&.computebroker.v1.GetJobEventsResponse\x12W\n\nGetJobLogs\x12#.computebroker.v1.GetJobLogsRequest\x1a$.computebroker.v1.GetJobLogsResponse\x12\x63\n\x0eListMigrations\x12\'.computebroker.v1.ListMigrationsRequest\x1a(.computebroker.v1.ListMigrationsResponse\x12V\n\rStreamJobLogs\x12&.computebroker.v1.StreamJobLogsRequest\x1a\x1b.computebroker.v1.LogRecord0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63omputebroker/v1/jobs.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\x1a\x1b\x63omputebroker/v1/logs.proto\"?\n\x17ShareCheckpointsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0cgrantee_team\x18\x02 \x01(\t\"@\n\x1cRevokeCheckpointShareRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08share_id\x18\x02 \x01(\t\"V\n\x10SubmitJobRequest\x12\'\n\x04spec\x18\x01 \x01(\x0b\x32\x19.computebroker.v1.JobSpec\x12\x19\n\x11\x63lient_request_id\x18\x02 \x01(\t\"H\n\x11SubmitJobResponse\x12\"\n\x03job\x18\x01 \x01(\x0b\x32\x15.computebroker.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x82\x01\n\x0fListJobsRequest\x12\x0c\n\x04team\x18\x01 \x01(\t\x12*\n\x06phases\x18\x02 \x03(\x0e\x32\x1a.computebroker.v1.JobPhase\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x10ListJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.computebroker.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"N\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x18\n\x10include_progress\x18\x03 \x01(\x08\"G\n\x13GetJobEventsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\r\n\x05limit\x18\x03 \x01(\x05\"B\n\x14GetJobEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.computebroker.v1.JobEvent\"7\n\x11GetJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntail_lines\x18\x02 \x01(\x05\"#\n\x12GetJobLogsResponse\x12\r\n\x05lines\x18\x01 \x03(\t\"D\n\x15ListMigrationsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04team\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"I\n\x16ListMigrationsResponse\x12/\n\nmigrations\x18\x01 \x03(\x0b\x32\x1b.computebroker.v1.Migration\"q\n\x14StreamJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x11\n\x04rank\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\x12\x0c\n\x04tail\x18\x05 \x01(\x05\x42\x07\n\x05_rank2\xcf\x07\n\nJobService\x12T\n\tSubmitJob\x12\".computebroker.v1.SubmitJobRequest\x1a#.computebroker.v1.SubmitJobResponse\x12@\n\x06GetJob\x12\x1f.computebroker.v1.GetJobRequest\x1a\x15.computebroker.v1.Job\x12Q\n\x08ListJobs\x12!.computebroker.v1.ListJobsRequest\x1a\".computebroker.v1.ListJobsResponse\x12\x46\n\tCancelJob\x12\".computebroker.v1.CancelJobRequest\x1a\x15.computebroker.v1.Job\x12K\n\x08WatchJob\x12!.computebroker.v1.WatchJobRequest\x1a\x1a.computebroker.v1.JobEvent0\x01\x12]\n\x0cGetJobEvents\x12%.computebroker.v1.GetJobEventsRequest\x1a&.computebroker.v1.GetJobEventsResponse\x12W\n\nGetJobLogs\x12#.computebroker.v1.GetJobLogsRequest\x1a$.computebroker.v1.GetJobLogsResponse\x12\x63\n\x0eListMigrations\x12\'.computebroker.v1.ListMigrationsRequest\x1a(.computebroker.v1.ListMigrationsResponse\x12V\n\rStreamJobLogs\x12&.computebroker.v1.StreamJobLogsRequest\x1a\x1b.computebroker.v1.LogRecord0\x01\x12`\n\x10ShareCheckpoints\x12).computebroker.v1.ShareCheckpointsRequest\x1a!.computebroker.v1.CheckpointShare\x12j\n\x15RevokeCheckpointShare\x12..computebroker.v1.RevokeCheckpointShareRequest\x1a!.computebroker.v1.CheckpointShareb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'computebroker.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITJOBREQUEST']._serialized_start=109
-  _globals['_SUBMITJOBREQUEST']._serialized_end=195
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=197
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=269
-  _globals['_GETJOBREQUEST']._serialized_start=271
-  _globals['_GETJOBREQUEST']._serialized_end=302
-  _globals['_LISTJOBSREQUEST']._serialized_start=305
-  _globals['_LISTJOBSREQUEST']._serialized_end=435
-  _globals['_LISTJOBSRESPONSE']._serialized_start=437
-  _globals['_LISTJOBSRESPONSE']._serialized_end=517
-  _globals['_CANCELJOBREQUEST']._serialized_start=519
-  _globals['_CANCELJOBREQUEST']._serialized_end=569
-  _globals['_WATCHJOBREQUEST']._serialized_start=571
-  _globals['_WATCHJOBREQUEST']._serialized_end=649
-  _globals['_GETJOBEVENTSREQUEST']._serialized_start=651
-  _globals['_GETJOBEVENTSREQUEST']._serialized_end=722
-  _globals['_GETJOBEVENTSRESPONSE']._serialized_start=724
-  _globals['_GETJOBEVENTSRESPONSE']._serialized_end=790
-  _globals['_GETJOBLOGSREQUEST']._serialized_start=792
-  _globals['_GETJOBLOGSREQUEST']._serialized_end=847
-  _globals['_GETJOBLOGSRESPONSE']._serialized_start=849
-  _globals['_GETJOBLOGSRESPONSE']._serialized_end=884
-  _globals['_LISTMIGRATIONSREQUEST']._serialized_start=886
-  _globals['_LISTMIGRATIONSREQUEST']._serialized_end=954
-  _globals['_LISTMIGRATIONSRESPONSE']._serialized_start=956
-  _globals['_LISTMIGRATIONSRESPONSE']._serialized_end=1029
-  _globals['_STREAMJOBLOGSREQUEST']._serialized_start=1031
-  _globals['_STREAMJOBLOGSREQUEST']._serialized_end=1144
-  _globals['_JOBSERVICE']._serialized_start=1147
-  _globals['_JOBSERVICE']._serialized_end=1916
+  _globals['_SHARECHECKPOINTSREQUEST']._serialized_start=109
+  _globals['_SHARECHECKPOINTSREQUEST']._serialized_end=172
+  _globals['_REVOKECHECKPOINTSHAREREQUEST']._serialized_start=174
+  _globals['_REVOKECHECKPOINTSHAREREQUEST']._serialized_end=238
+  _globals['_SUBMITJOBREQUEST']._serialized_start=240
+  _globals['_SUBMITJOBREQUEST']._serialized_end=326
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=328
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=400
+  _globals['_GETJOBREQUEST']._serialized_start=402
+  _globals['_GETJOBREQUEST']._serialized_end=433
+  _globals['_LISTJOBSREQUEST']._serialized_start=436
+  _globals['_LISTJOBSREQUEST']._serialized_end=566
+  _globals['_LISTJOBSRESPONSE']._serialized_start=568
+  _globals['_LISTJOBSRESPONSE']._serialized_end=648
+  _globals['_CANCELJOBREQUEST']._serialized_start=650
+  _globals['_CANCELJOBREQUEST']._serialized_end=700
+  _globals['_WATCHJOBREQUEST']._serialized_start=702
+  _globals['_WATCHJOBREQUEST']._serialized_end=780
+  _globals['_GETJOBEVENTSREQUEST']._serialized_start=782
+  _globals['_GETJOBEVENTSREQUEST']._serialized_end=853
+  _globals['_GETJOBEVENTSRESPONSE']._serialized_start=855
+  _globals['_GETJOBEVENTSRESPONSE']._serialized_end=921
+  _globals['_GETJOBLOGSREQUEST']._serialized_start=923
+  _globals['_GETJOBLOGSREQUEST']._serialized_end=978
+  _globals['_GETJOBLOGSRESPONSE']._serialized_start=980
+  _globals['_GETJOBLOGSRESPONSE']._serialized_end=1015
+  _globals['_LISTMIGRATIONSREQUEST']._serialized_start=1017
+  _globals['_LISTMIGRATIONSREQUEST']._serialized_end=1085
+  _globals['_LISTMIGRATIONSRESPONSE']._serialized_start=1087
+  _globals['_LISTMIGRATIONSRESPONSE']._serialized_end=1160
+  _globals['_STREAMJOBLOGSREQUEST']._serialized_start=1162
+  _globals['_STREAMJOBLOGSREQUEST']._serialized_end=1275
+  _globals['_JOBSERVICE']._serialized_start=1278
+  _globals['_JOBSERVICE']._serialized_end=2253
 # @@protoc_insertion_point(module_scope)

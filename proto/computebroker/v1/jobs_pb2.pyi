@@ -8,6 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ShareCheckpointsRequest(_message.Message):
+    __slots__ = ("job_id", "grantee_team")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRANTEE_TEAM_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    grantee_team: str
+    def __init__(self, job_id: _Optional[str] = ..., grantee_team: _Optional[str] = ...) -> None: ...
+
+class RevokeCheckpointShareRequest(_message.Message):
+    __slots__ = ("job_id", "share_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    share_id: str
+    def __init__(self, job_id: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]

@@ -81,6 +81,16 @@ class JobServiceStub:
                 request_serializer=computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.SerializeToString,
                 response_deserializer=computebroker_dot_v1_dot_logs__pb2.LogRecord.FromString,
                 _registered_method=True)
+        self.ShareCheckpoints = channel.unary_unary(
+                '/computebroker.v1.JobService/ShareCheckpoints',
+                request_serializer=computebroker_dot_v1_dot_jobs__pb2.ShareCheckpointsRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_common__pb2.CheckpointShare.FromString,
+                _registered_method=True)
+        self.RevokeCheckpointShare = channel.unary_unary(
+                '/computebroker.v1.JobService/RevokeCheckpointShare',
+                request_serializer=computebroker_dot_v1_dot_jobs__pb2.RevokeCheckpointShareRequest.SerializeToString,
+                response_deserializer=computebroker_dot_v1_dot_common__pb2.CheckpointShare.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -151,6 +161,22 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShareCheckpoints(self, request, context):
+        """Let jobs of `grantee_team` (default: the job's own team) resume from this job's
+        checkpoints. The job's owner may share with the own team; another team needs a
+        team admin of the job's team (or an operator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeCheckpointShare(self, request, context):
+        """End a share: jobs not yet started from it are refused at launch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +224,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.StreamJobLogs,
                     request_deserializer=computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.FromString,
                     response_serializer=computebroker_dot_v1_dot_logs__pb2.LogRecord.SerializeToString,
+            ),
+            'ShareCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareCheckpoints,
+                    request_deserializer=computebroker_dot_v1_dot_jobs__pb2.ShareCheckpointsRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_common__pb2.CheckpointShare.SerializeToString,
+            ),
+            'RevokeCheckpointShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCheckpointShare,
+                    request_deserializer=computebroker_dot_v1_dot_jobs__pb2.RevokeCheckpointShareRequest.FromString,
+                    response_serializer=computebroker_dot_v1_dot_common__pb2.CheckpointShare.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +479,60 @@ class JobService:
             '/computebroker.v1.JobService/StreamJobLogs',
             computebroker_dot_v1_dot_jobs__pb2.StreamJobLogsRequest.SerializeToString,
             computebroker_dot_v1_dot_logs__pb2.LogRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.JobService/ShareCheckpoints',
+            computebroker_dot_v1_dot_jobs__pb2.ShareCheckpointsRequest.SerializeToString,
+            computebroker_dot_v1_dot_common__pb2.CheckpointShare.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCheckpointShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/computebroker.v1.JobService/RevokeCheckpointShare',
+            computebroker_dot_v1_dot_jobs__pb2.RevokeCheckpointShareRequest.SerializeToString,
+            computebroker_dot_v1_dot_common__pb2.CheckpointShare.FromString,
             options,
             channel_credentials,
             insecure,
