@@ -190,7 +190,7 @@ def copy_read_only(src_fd: int, name: str, view_dir: Path, user: JobUser | None,
     os.mkdir(view_dir, 0o700)
     vfd = os.open(view_dir, DIR_FLAGS)
     try:
-        _copy_dir(src_fd, vfd, name, source_user, 0)
+        _copy_open_dir(src_fd, vfd, name, source_user, 0)
         _seal(vfd, user)
     finally:
         os.close(vfd)
@@ -207,34 +207,41 @@ def _check_owner(st: os.stat_result, source_user: JobUser | None, what: str) -> 
 def _copy_dir(src_parent: int, dst_parent: int, name: str, source_user: JobUser | None,
               depth: int) -> None:
     """Copy directory ``name`` (in ``src_parent``) into ``dst_parent``, by fd only."""
-    if depth > MAX_DEPTH:
-        raise JobDirError(f"{name}: deeper than {MAX_DEPTH} levels: refused")
     try:
         sfd = os.open(name, DIR_FLAGS, dir_fd=src_parent)
     except OSError:
         raise JobDirError(f"{name} in a shared checkpoint is a symlink or not a directory:"
                           " refused") from None
     try:
-        _check_owner(os.fstat(sfd), source_user, name)
-        os.mkdir(name, 0o700, dir_fd=dst_parent)
-        dfd = os.open(name, DIR_FLAGS, dir_fd=dst_parent)
-        try:
-            with os.scandir(sfd) as it:
-                names = sorted(e.name for e in it)
-            for entry in names:
-                st = os.stat(entry, dir_fd=sfd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    _copy_dir(sfd, dfd, entry, source_user, depth + 1)
-                elif stat.S_ISREG(st.st_mode):
-                    _copy_file(sfd, dfd, entry, source_user)
-                else:
-                    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-                    raise JobDirError(f"{entry} in the shared checkpoint {name} is {kind}:"
-                                      " refused (a link could lead into another job's files)")
-        finally:
-            os.close(dfd)
+        _copy_open_dir(sfd, dst_parent, name, source_user, depth)
     finally:
         os.close(sfd)
+
+
+def _copy_open_dir(sfd: int, dst_parent: int, name: str, source_user: JobUser | None,
+                   depth: int) -> None:
+    """Copy the directory open at ``sfd`` to ``dst_parent/name``: directories and regular
+    files of the source's identity only; anything else refuses the whole copy."""
+    if depth > MAX_DEPTH:
+        raise JobDirError(f"{name}: deeper than {MAX_DEPTH} levels: refused")
+    _check_owner(os.fstat(sfd), source_user, name)
+    os.mkdir(name, 0o700, dir_fd=dst_parent)
+    dfd = os.open(name, DIR_FLAGS, dir_fd=dst_parent)
+    try:
+        with os.scandir(sfd) as it:
+            names = sorted(e.name for e in it)
+        for entry in names:
+            st = os.stat(entry, dir_fd=sfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                _copy_dir(sfd, dfd, entry, source_user, depth + 1)
+            elif stat.S_ISREG(st.st_mode):
+                _copy_file(sfd, dfd, entry, source_user)
+            else:
+                kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                raise JobDirError(f"{entry} in the shared checkpoint {name} is {kind}:"
+                                  " refused (a link could lead into another job's files)")
+    finally:
+        os.close(dfd)
 
 
 def _copy_file(sdir: int, ddir: int, name: str, source_user: JobUser | None) -> None:

@@ -120,12 +120,15 @@ def test_a_team_cannot_use_another_teams_checkpoint_dir(root: None, shared_dir: 
     assert (ckroot / "alice").stat().st_uid == alice.uid
     assert stat.S_IMODE((ckroot / "alice" / "a-1").stat().st_mode) == 0o700
 
-    for ckpt, resume in [(ckroot / "alice" / "b-1", ""), (ckroot / "alice" / "a-1", ""),
-                         (ckroot / "bob" / "b-1", str(ckroot / "alice" / "a-1"))]:
+    for ckpt, resume, why in [
+            (ckroot / "alice" / "b-1", "", "not to this job's identity"),
+            (ckroot / "alice" / "a-1", "", "not to this job's identity"),
+            # a resume point outside its own prefix, with no share: refused by name first
+            (ckroot / "bob" / "b-1", str(ckroot / "alice" / "a-1"), "not this job's checkpoint")]:
         b = make_spec(["bash", "-c", "true"], job="b-1", nodes=1, gpus=1, ckpt=str(ckpt))
         b.spec.team = "bob"
         b.resume_from = resume
-        with pytest.raises(JobDirError, match="not to this job's identity"):
+        with pytest.raises(JobDirError, match=why):
             ex.launch(b)
     assert not (ckroot / "alice" / "b-1").exists()
     ex.shutdown()

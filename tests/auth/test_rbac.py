@@ -31,6 +31,9 @@ EXPECTED: dict[str, set[str]] = {
     "JobService/CancelJob": USERS, "JobService/WatchJob": USERS,
     "JobService/GetJobEvents": USERS, "JobService/GetJobLogs": USERS,
     "JobService/ListMigrations": USERS, "JobService/StreamJobLogs": USERS,
+    # the caller's own job (sharing someone else's is a per-job refusal: the owner or a
+    # team admin; tests/broker/test_checkpoint_shares.py)
+    "JobService/ShareCheckpoints": USERS, "JobService/RevokeCheckpointShare": USERS,
     "CapacityService/ListRegions": USERS, "CapacityService/GetCapacity": USERS,
     "CapacityService/ListTrainingPlans": USERS, "CapacityService/GetTeamQuota": USERS,
     "CapacityService/ListTeams": USERS, "CapacityService/GetUsageSeries": USERS,
@@ -77,6 +80,9 @@ def _calls(b: Broker, s: Stubs, job_id: str) -> dict[str, Callable[[], Any]]:
         return stream(s.agent.Connect(iter([reg]), timeout=t))
 
     quota = cpb.TeamQuota(team="ml", quotas=[cpb.QuotaEntry(guaranteed_gpus=16)])
+
+    def own_job() -> str:
+        return s.jobs.SubmitJob(jpb.SubmitJobRequest(spec=spec("r-own")), timeout=t).job.id
     return {
         "JobService/SubmitJob": lambda: s.jobs.SubmitJob(jpb.SubmitJobRequest(spec=spec("r")), timeout=t),
         "JobService/GetJob": lambda: s.jobs.GetJob(jpb.GetJobRequest(job_id=job_id), timeout=t),
@@ -88,6 +94,10 @@ def _calls(b: Broker, s: Stubs, job_id: str) -> dict[str, Callable[[], Any]]:
         "JobService/ListMigrations": lambda: s.jobs.ListMigrations(jpb.ListMigrationsRequest(), timeout=t),
         "JobService/StreamJobLogs": lambda: stream(s.jobs.StreamJobLogs(
             jpb.StreamJobLogsRequest(job_id=job_id), timeout=t)),
+        "JobService/ShareCheckpoints": lambda: s.jobs.ShareCheckpoints(
+            jpb.ShareCheckpointsRequest(job_id=own_job()), timeout=t),
+        "JobService/RevokeCheckpointShare": lambda: s.jobs.RevokeCheckpointShare(
+            jpb.RevokeCheckpointShareRequest(job_id=own_job(), share_id="share-none"), timeout=t),
         "CapacityService/ListRegions": lambda: s.capacity.ListRegions(cpb.ListRegionsRequest(), timeout=t),
         "CapacityService/GetCapacity": lambda: s.capacity.GetCapacity(cpb.GetCapacityRequest(), timeout=t),
         "CapacityService/ListTrainingPlans": lambda: s.capacity.ListTrainingPlans(

@@ -1,0 +1,176 @@
+"""Checkpoints by owner, at the agent: a real root agent (local executor), real per-team
+Unix identities and real rank processes. A job resumes only from its own checkpoints or
+from the prefix of the job the broker named as having shared them (``resume_source``);
+a shared local checkpoint reaches the rank as a root-owned read-only copy, and a
+symlink anywhere in it (or on the way to it) refuses the launch. A second job may not
+write under a prefix another job's launch made, even with the same uid."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from computebroker.v1 import agent_pb2
+from computebroker.v1 import common_pb2 as pb
+from region_agents.executors.job_dirs import JobDirError
+from region_agents.executors.job_user import IdentityPool
+from region_agents.executors.local import LocalExecutor
+from tests.agents.test_local_executor import Collector, make_spec
+
+AS = agent_pb2.AttemptState
+UIDS = (61600, 61699)  # a range no user of this host has (checked by the pool)
+STEP = "step-000000010"
+
+# A rank that reads what it was handed, tries to write into it and into the source
+# (by its real path), and records every outcome in its own checkpoint directory.
+READER = r"""
+import json, os
+out, src = {}, os.environ["CB_RESUME_FROM"]
+out["resume"] = src
+out["read"] = open(os.path.join(src, "model.pt")).read()
+targets = [("write_view", os.path.join(src, "model.pt")), ("new_in_view", os.path.join(src, "new.pt"))]
+if os.environ.get("SOURCE"):
+    targets.append(("write_source", os.path.join(os.environ["SOURCE"], "model.pt")))
+for name, path in targets:
+    try:
+        with open(path, "a") as f:
+            f.write("tampered")
+        out[name] = "ok"
+    except OSError as e:
+        out[name] = e.strerror
+json.dump(out, open(os.path.join(os.environ["CB_CHECKPOINT_URI"], "result.json"), "w"))
+"""
+
+
+@pytest.fixture
+def host() -> Iterator[tuple[LocalExecutor, IdentityPool, Path]]:
+    if os.geteuid() != 0:
+        pytest.skip("these checks need a root agent and real job identities: run as root")
+    d = Path(tempfile.mkdtemp(prefix="cb-shares-", dir="/tmp"))
+    d.chmod(0o755)
+    pool = IdentityPool(*UIDS, d / "agent" / "identities.json")
+    ex = LocalExecutor(d / "agent", ranks_per_node=1, python=sys.executable, identities=pool,
+                       checkpoint_roots=[str(d / "ckpt")])
+    try:
+        yield ex, pool, d / "ckpt"
+    finally:
+        ex.shutdown()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _spec(job: str, team: str, ckroot: Path, command: list[str], **env: str):  # noqa: ANN202
+    s = make_spec(command, job=job, nodes=1, gpus=1, env=env,
+                  ckpt=str(ckroot / job / "attempt-1"))
+    s.spec.team = team
+    return s
+
+
+def _run(ex: LocalExecutor, spec) -> agent_pb2.AttemptState:  # noqa: ANN001
+    ex.launch(spec)
+    return Collector(ex).wait_terminal()
+
+
+def _writer(ex: LocalExecutor, ckroot: Path, plant: str = "") -> Path:
+    """Job a-1 (team alice) writes a checkpoint step (and, with ``plant``, runs it)."""
+    cmd = (f'mkdir -p "$CB_CHECKPOINT_URI/{STEP}/shard" && echo weights >'
+           f' "$CB_CHECKPOINT_URI/{STEP}/model.pt" && echo s > "$CB_CHECKPOINT_URI/{STEP}/shard/0"'
+           f' && echo {{}} > "$CB_CHECKPOINT_URI/{STEP}/manifest.json"; {plant}')
+    final = _run(ex, _spec("a-1", "alice", ckroot, ["bash", "-c", cmd]))
+    assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, final.message
+    return ckroot / "a-1" / "attempt-1" / STEP
+
+
+def _shared(spec, ckroot: Path, resume: Path):  # noqa: ANN001, ANN202
+    """What the broker sends once a share is in force."""
+    spec.resume_from = str(resume)
+    spec.spec.resume_source.CopyFrom(pb.ResumeSource(
+        job_id="a-1", team="alice", prefix=str(ckroot / "a-1"), uri=str(resume), share_id="s"))
+    return spec
+
+
+@pytest.mark.parametrize("team", ["alice", "bob"])
+def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str) -> None:  # noqa: ANN001
+    """Same team (same uid) or another team: refused without the broker's share; with
+    it, the rank reads a root-owned copy it cannot write, never the source."""
+    import json
+
+    ex, pool, ckroot = host
+    step = _writer(ex, ckroot)
+    reader = ["python3", "-c", READER]
+    # the source's real path is tried by another team's rank only: a team's jobs share
+    # one uid, so the kernel cannot keep them out of each other's directories (what the
+    # agent hands a rank, a read-only copy, is what is checked for them)
+    source = str(step) if team == "bob" else ""
+    unshared = _spec("b-1", team, ckroot, reader, SOURCE=source)
+    unshared.resume_from = str(step)  # no resume_source: the broker named no share
+    with pytest.raises(JobDirError, match="not this job's checkpoint.*brokerctl share"):
+        ex.launch(unshared)
+    final = _run(ex, _shared(_spec("b-1", team, ckroot, reader, SOURCE=source), ckroot, step))
+    assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, final.message
+    got = json.loads((ckroot / "b-1" / "attempt-1" / "result.json").read_text())
+    view = Path(got["resume"])
+    assert view != step and view.name == STEP and ex.work_dir in view.parents
+    assert got["read"] == "weights\n"
+    assert got["write_view"] == "Permission denied" and got["new_in_view"] == "Permission denied"
+    reader_uid = pool.for_team(team).uid
+    for p in (view, view / "model.pt", view / "shard", view / "shard" / "0"):
+        st = p.lstat()
+        assert st.st_uid == 0 and st.st_gid == pool.for_team(team).gid, p
+        assert stat.S_IMODE(st.st_mode) == (0o750 if p.is_dir() else 0o440), p
+    if team == "bob":  # another uid: the kernel keeps it out of alice's own files too
+        assert got["write_source"] == "Permission denied"
+        assert reader_uid != pool.for_team("alice").uid
+    assert (step / "model.pt").read_text() == "weights\n"  # the trainer never wrote there
+    assert (step / "model.pt").stat().st_uid == pool.for_team("alice").uid
+
+
+def test_planted_links_in_or_to_a_shared_checkpoint_are_refused(host) -> None:  # noqa: ANN001
+    """Job a-1 plants a link to job o-1's checkpoints (another team's) as a step of its
+    own, and a link inside a real step; a reader with a-1's share gets neither."""
+    ex, pool, ckroot = host
+    other = _run(ex, _spec("o-1", "olga", ckroot, ["bash", "-c", 'mkdir "$CB_CHECKPOINT_URI/step-000000005"'
+                                                     ' && echo olga-secret > "$CB_CHECKPOINT_URI/step-000000005/model.pt"']))
+    assert other.state == AS.ATTEMPT_STATE_SUCCEEDED
+    olga = ckroot / "o-1" / "attempt-1" / "step-000000005"
+    plant = (f'ln -s {olga} "$CB_CHECKPOINT_URI/step-000000020"; mkdir "$CB_CHECKPOINT_URI/step-000000030"'
+             f' && ln -s {olga}/model.pt "$CB_CHECKPOINT_URI/step-000000030/model.pt"')
+    step = _writer(ex, ckroot, plant)
+    base = step.parent
+    assert (base / "step-000000020").is_symlink()
+    for bad in (base / "step-000000020", base / "step-000000030"):
+        spec = _shared(_spec("b-1", "bob", ckroot, ["true"]), ckroot, bad)
+        with pytest.raises(JobDirError, match="symlink"):
+            ex.launch(spec)
+    # '..' out of the shared prefix into olga's: refused by name before any walk
+    sneaky = _shared(_spec("b-1", "bob", ckroot, ["true"]), ckroot,
+                     ckroot / "a-1" / ".." / "o-1" / "attempt-1" / "step-000000005")
+    with pytest.raises(JobDirError, match="not this job's checkpoint"):
+        ex.launch(sneaky)
+    # nothing of olga's was copied anywhere the reader could see
+    assert not [p for p in (ex.work_dir / "jobs").rglob("model.pt")
+                if p.read_text() == "olga-secret\n"]
+
+
+def test_a_prefix_belongs_to_the_job_that_made_it(host) -> None:  # noqa: ANN001
+    """Same team, same uid: job d-1 may not take a-1's prefix (or one inside it) as its
+    own checkpoint directory, nor resume from a-1's step as if it were its own."""
+    ex, _, ckroot = host
+    step = _writer(ex, ckroot)
+    for ckpt in (ckroot / "a-1" / "attempt-2", ckroot / "a-1" / "sub" / "attempt-1"):
+        d = make_spec(["true"], job="d-1", nodes=1, gpus=1, ckpt=str(ckpt))
+        d.spec.team = "alice"
+        with pytest.raises(JobDirError, match="checkpoints of job a-1"):
+            ex.launch(d)
+    # a-1's own relaunch resumes from its own step in place (no copy)
+    again = make_spec(["bash", "-c", 'test "$CB_RESUME_FROM" = "$WANT"'], job="a-1", attempt=2,
+                      nodes=1, gpus=1, ckpt=str(ckroot / "a-1" / "attempt-2"), env={"WANT": str(step)})
+    again.spec.team = "alice"
+    again.resume_from = str(step)
+    assert _run(ex, again).state == AS.ATTEMPT_STATE_SUCCEEDED
