@@ -129,11 +129,18 @@ def test_invalid_specs(broker: Broker, override: dict, needle: str) -> None:
 
 
 def test_valid_checkpoint_uris_accepted(tmp_path: Path) -> None:
-    b = Broker(fast_config(tmp_path, checkpoint_allowed_roots=["/abs", "s3://my-bucket"]))
+    b = Broker(fast_config(tmp_path, checkpoint_allowed_roots=["/abs", "s3://my-bucket",
+                                                               "s3://whole-bucket"]))
     try:
         b.team()
-        for uri in ("", "/abs/ckpt", "file:///abs/ckpt", "s3://my-bucket/prefix/x", "s3://my-bucket"):
+        # each a prefix no other job has (a job writes only under its own)
+        for uri in ("", "/abs/ckpt", "file:///abs/ckpt2", "s3://my-bucket/prefix/x",
+                    "s3://whole-bucket"):
             assert b.submit(spec("ok", checkpoint_uri=uri)).phase == pb.JOB_PHASE_PENDING
+        # the same place in another spelling is another job's
+        code, msg = code_of(b.jobs.SubmitJob, jpb.SubmitJobRequest(
+            spec=spec("again", checkpoint_uri="file:///abs/ckpt")))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "its own prefix" in msg, msg
     finally:
         b.stop()
 
