@@ -145,7 +145,8 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
     if not waiting(j) or j.phase != MIGRATING or j.attempt != j.standby.source_attempt:
         return None
     sb = j.standby
-    durable = j.progress.last_checkpoint_uri
+    # before a checkpoint of its own: the shared one it started from (checkpoint_shares.py)
+    durable = j.progress.last_checkpoint_uri or j.spec.resume_source.uri
     h = handoff.decide(end, final_uri=durable if end is handoff.SourceEnd.CHECKPOINTED else "",
                        durable_uri=durable)
     if h.action is not handoff.GoAction.GO:

@@ -485,3 +485,14 @@ def test_a_workers_tap_is_removed_when_its_stream_ends() -> None:
     hub.untap(second.add)
     hub.notify("j-3")
     assert second.take(0) == []
+
+
+def test_checkpoint_rules_hold_through_workers(wbroker: Broker, wagent: Callable[..., FakeAgent]) -> None:
+    """The submit checks (own prefix, resume_from only with a share) run in the workers,
+    which serve SubmitJob themselves; ShareCheckpoints/RevokeCheckpointShare are
+    forwarded to the core with the caller's identity (the owner check sees alice)."""
+    from tests.broker.test_checkpoint_shares import (
+        test_same_team_resume_needs_a_share_and_a_revoked_share_refuses_again as share_flow,
+    )
+
+    share_flow(wbroker, lambda bucket="": wagent())

@@ -173,3 +173,26 @@ def test_snapshot_reserves_standby_capacity_off_the_source_agent() -> None:
                  priority_of=lambda s: 0, make_before_break=True)
     assert not snap.pending
     assert {r.id for r in snap.running} == {j.id, standby.request_id(j.id)}
+
+
+def test_a_job_started_from_a_shared_checkpoint_moves_on_from_it() -> None:
+    """Before it has a checkpoint of its own, a job started from another job's (a share)
+    launches and hands a make-before-break move over from that one, never from scratch."""
+    from tests.jobs.helpers import admission, spec, submitted
+
+    shared = "s3://cb-us-east-2/jobs/j-src/attempt-1/step-000000010"
+    s = spec()
+    s.resume_from = "j-src"
+    s.resume_source.CopyFrom(pb.ResumeSource(job_id="j-src", team="ml", uri=shared, share_id="share-1",
+                                             prefix="s3://cb-us-east-2/jobs/j-src"))
+    out = t.admit(submitted(s), admission(), 110.0, MBB)
+    assert out is not None
+    launch = next(c.launch for c in out.commands if isinstance(c, SendLaunch))
+    assert launch.resume_from == shared and launch.checkpoint_uri.endswith("/jobs/j-1/attempt-1")
+    j = must(updates.progress(out.job, update(out.job, apb.ATTEMPT_STATE_RUNNING, step=3), 120.0, MBB))
+    assert not j.progress.last_checkpoint_uri
+    j = must(t.request_stop(j, stop(Trigger.REGION_DRAIN, j, 130.0), 130.0, MBB))
+    j = must(reserve(j))
+    ended = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=1), 140.0, MBB))
+    go = standby.go_due(ended, DST, 2)
+    assert go is not None and go.resume_from == shared
