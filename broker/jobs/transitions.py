@@ -422,8 +422,10 @@ def attempt_lost(job: pb.Job, inp: AttemptLost, now: float, config: BrokerConfig
                  f" {j.launch_refusals} refusal(s) in a row)")
     requeue(tx, family, reason=inp.plan.cause.value, actor="broker",
             message=f"{what}{avoid}; relaunching attempt {j.attempt + 1} "
-                    + (f"from checkpoint step {j.progress.last_checkpoint_step}"
-                       if ck else "from the start (no durable checkpoint yet)"),
+                    + (f"from checkpoint step {j.progress.last_checkpoint_step}" if ck
+                       else f"from job {j.spec.resume_source.job_id}'s shared checkpoint"
+                       if j.spec.resume_source.uri
+                       else "from the start (no durable checkpoint yet)"),
             details={"agent": inp.agent_id, "work_lost_s": f"{lost:.1f}", "resume_from": ck})
     if decision is not None:
         j.pending_reason = backoff.pending_note(j, now)
