@@ -234,6 +234,10 @@ def cmd_resubmit(args: argparse.Namespace, client: BrokerClient, out: Console) -
     spec.CopyFrom(old.spec)
     if args.name:
         spec.name = args.name
+    # that prefix is the old job's: a job writes only under its own (the new one gets the
+    # region store's default; its resume_from, if any, is checked again)
+    moved_ckpt = spec.checkpoint_uri
+    spec.checkpoint_uri = ""
     handle = client.submit(spec)
     job = handle.job
     if args.output == "json":
@@ -244,6 +248,9 @@ def cmd_resubmit(args: argparse.Namespace, client: BrokerClient, out: Console) -
         line.append(f" ({render.escape_controls(spec.name)}) from {old.id} — ")
         line.append_text(render.phase_text(job.phase) if job is not None else Text("?"))
         out.print(line)
+        if moved_ckpt:
+            out.print(Text(f"checkpoints: the region's store, not {moved_ckpt} (that is {old.id}'s)",
+                           style="dim"), soft_wrap=True)
     if args.wait:
         return _watch(client, handle.id, out, include_progress=False)
     return EXIT_OK

@@ -14,6 +14,8 @@ from brokersdk.client import BrokerClient
 from tests.fixtures.pki import session_pki
 
 TEAM = "ml"
+# broker address -> its checkpoint_root (jobs may choose a checkpoint_uri under it)
+CHECKPOINT_ROOTS: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,7 @@ def broker_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = server.start()
     try:
         address = f"127.0.0.1:{port}"
+        CHECKPOINT_ROOTS[address] = root / "checkpoints"
         with BrokerClient(address) as client:
             client.set_team_quota(TEAM, cohort="c", guaranteed=16)
         yield address

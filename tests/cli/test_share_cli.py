@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.cli.conftest import TEAM, run_cli
+from tests.cli.conftest import CHECKPOINT_ROOTS, TEAM, run_cli
 
 JOB_ID = re.compile(r"submitted job (\S+)")
 
@@ -45,3 +45,20 @@ def test_share_show_unshare(capsys, broker_address: str, monkeypatch: pytest.Mon
     assert f"share {share_id} with team {TEAM}" in out and "revoked" in out
     rc, out, err = run_cli(capsys, "--broker", broker_address, "unshare", job_id, "share-nope")
     assert rc == 2 and "no checkpoint share" in err + out
+
+
+def test_resubmit_does_not_reuse_the_old_jobs_checkpoint_prefix(capsys, broker_address: str) -> None:
+    """A resubmitted job with its own ``checkpoint_uri`` would write under the old job's
+    prefix (refused now: a job writes only under its own); resubmit leaves it to the
+    region's store and says so."""
+    mine = f"{CHECKPOINT_ROOTS[broker_address]}/teams/ml/mine"
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "submit", "--name", "with-ckpt",
+                           "--team", TEAM, "--checkpoint-uri", mine)
+    assert rc == 0, err
+    old = JOB_ID.search(out).group(1)  # type: ignore[union-attr]
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "submit", "--name", "again",
+                           "--team", TEAM, "--checkpoint-uri", mine)
+    assert rc == 2 and f"checkpoints of job {old}" in err + out
+    rc, out, err = run_cli(capsys, "--broker", broker_address, "resubmit", old)
+    assert rc == 0, err
+    assert f"not {mine} (that is {old}'s)" in out.replace("\n", " ")
