@@ -145,8 +145,8 @@ def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str
             raise InvalidArgument(f"spec.resume_from {want!r} is neither a job id nor a"
                                   " checkpoint URI (/path, file:///path, s3://bucket/prefix)")
         source = find(want)
-        if source is None:
-            raise NotFound(f"spec.resume_from names job {want}, which does not exist")
+        if source is None or _hidden(source, spec.team):
+            raise NotFound(f"spec.resume_from names job {want}, which does not exist{UNSEEN}")
         uri = source.progress.last_checkpoint_uri
         if not uri:
             raise FailedPrecondition(f"spec.resume_from: job {want} has no durable checkpoint"
@@ -165,14 +165,14 @@ def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str
                                   " directory (.../step-000000100); or give the job id to"
                                   " start from its last durable checkpoint")
         found = owner_of(want, jobs, bases, find)
-        if found is None:
+        if found is None or _hidden(found[0], spec.team):
             raise FailedPrecondition(
                 f"spec.resume_from {want!r} is not inside any job's checkpoints: a job"
-                " resumes only from checkpoints a job wrote (its own, or one shared with"
-                " its team)")
+                f" resumes only from checkpoints a job wrote (its own, or one shared with"
+                f" its team){UNSEEN}")
         source, prefix = found
         uri = want.rstrip("/")
-    if source.spec.team == spec.team and spec.checkpoint_uri and overlaps(prefix, spec.checkpoint_uri):
+    if spec.checkpoint_uri and overlaps(prefix, spec.checkpoint_uri):
         raise FailedPrecondition(f"spec.checkpoint_uri {spec.checkpoint_uri!r} is job"
                                  f" {source.id}'s prefix: a job never writes where it reads")
     share = active_share(source, spec.team)
@@ -183,6 +183,16 @@ def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str
             f" shared with its team; {SHARE_HOW}")
     spec.resume_source.CopyFrom(pb.ResumeSource(job_id=source.id, team=source.spec.team,
                                                 prefix=prefix, uri=uri, share_id=share.id))
+
+
+UNSEEN = ("; another team's job is named only once that team shared its checkpoints with"
+          " yours (ask a team admin of that team)")
+
+
+def _hidden(source: pb.Job, team: str) -> bool:
+    """Another team's job that shared nothing with ``team``: answered exactly as a job
+    that does not exist (no id of another team is ever confirmed)."""
+    return source.spec.team != team and active_share(source, team) is None
 
 
 def launch_refusal(job: pb.Job, source: pb.Job | None) -> str:

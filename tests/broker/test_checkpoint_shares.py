@@ -123,8 +123,15 @@ def test_cross_team_share_needs_the_granting_teams_admin(broker: Broker, make_ag
     a = _submit(alice, spec("a"))
     _finish_with_checkpoint(broker, agent, a.id)
 
-    _refused(lambda: _submit(carol, spec("c", team="vision", resume_from=a.id)),
-             grpc.StatusCode.PERMISSION_DENIED, "not shared with team 'vision'")
+    # another team's job, not shared with vision: answered as a job that does not exist
+    # (no id of another team is confirmed), by id and by URI
+    uri = broker.get(a.id).progress.last_checkpoint_uri
+    gone = _refused(lambda: _submit(carol, spec("c", team="vision", resume_from=a.id)),
+                    grpc.StatusCode.NOT_FOUND, "does not exist", "ask a team admin")
+    assert gone == _refused(lambda: _submit(carol, spec("c", team="vision", resume_from="j-0000")),
+                            grpc.StatusCode.NOT_FOUND).replace("j-0000", a.id)
+    _refused(lambda: _submit(carol, spec("c", team="vision", resume_from=uri)),
+             grpc.StatusCode.FAILED_PRECONDITION, "not inside any job's checkpoints")
     # the owner alone cannot give it to another team; another team's admin cannot take it
     _refused(lambda: _share(alice, a.id, "vision"), grpc.StatusCode.PERMISSION_DENIED,
              "team admin of 'ml'")
@@ -133,7 +140,7 @@ def test_cross_team_share_needs_the_granting_teams_admin(broker: Broker, make_ag
     # a share with ml does not open it to vision
     _share(alice, a.id)
     _refused(lambda: _submit(carol, spec("c", team="vision", resume_from=a.id)),
-             grpc.StatusCode.PERMISSION_DENIED, "not shared")
+             grpc.StatusCode.NOT_FOUND, "does not exist")
 
     ml_admin = broker.stubs_as("mia", Role.TEAM_ADMIN, "ml")
     share = _share(ml_admin, a.id, "vision")
@@ -145,7 +152,7 @@ def test_cross_team_share_needs_the_granting_teams_admin(broker: Broker, make_ag
     _refused(lambda: _revoke(alice, a.id, share.id), grpc.StatusCode.PERMISSION_DENIED)
     _revoke(ml_admin, a.id, share.id)
     _refused(lambda: _submit(carol, spec("c2", team="vision", resume_from=a.id)),
-             grpc.StatusCode.PERMISSION_DENIED, "not shared")
+             grpc.StatusCode.NOT_FOUND, "does not exist")
 
 
 def test_prefixes_are_owned_and_resume_points_are_checked(broker: Broker, make_agent) -> None:  # noqa: ANN001
