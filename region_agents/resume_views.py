@@ -144,6 +144,8 @@ def resume_point(*, job_id: str, resume: str, checkpoint_dir: str, source: objec
     names what is refused. ``source`` is ``spec.resume_source`` (a ResumeSource)."""
     src_job = getattr(source, "job_id", "")
     src_prefix = getattr(source, "prefix", "")
+    if src_prefix.startswith("file://"):
+        src_prefix = src_prefix.removeprefix("file://")
     prefix = own_prefix(checkpoint_dir)
     if "://" in resume:  # an object store: no links; the prefix is the whole check
         if _same_place(prefix, resume) or _own_default(resume, job_id):

@@ -87,16 +87,18 @@ def _writer(ex: LocalExecutor, ckroot: Path, plant: str = "") -> Path:
     return ckroot / "a-1" / "attempt-1" / STEP
 
 
-def _shared(spec, ckroot: Path, resume: Path):  # noqa: ANN001, ANN202
-    """What the broker sends once a share is in force."""
-    spec.resume_from = str(resume)
+def _shared(spec, ckroot: Path, resume: Path, scheme: str = ""):  # noqa: ANN001, ANN202
+    """What the broker sends once a share is in force (``scheme``: ``file://`` spellings,
+    as a job that chose ``checkpoint_uri: file:///...`` has them)."""
+    spec.resume_from = f"{scheme}{resume}"
     spec.spec.resume_source.CopyFrom(pb.ResumeSource(
-        job_id="a-1", team="alice", prefix=str(ckroot / "a-1"), uri=str(resume), share_id="s"))
+        job_id="a-1", team="alice", prefix=f"{scheme}{ckroot / 'a-1'}", uri=f"{scheme}{resume}",
+        share_id="s"))
     return spec
 
 
-@pytest.mark.parametrize("team", ["alice", "bob"])
-def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("team", "scheme"), [("alice", ""), ("bob", ""), ("bob", "file://")])
+def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str, scheme: str) -> None:  # noqa: ANN001
     """Same team (same uid) or another team: refused without the broker's share; with
     it, the rank reads a root-owned copy it cannot write, never the source."""
     import json
@@ -112,7 +114,7 @@ def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str) -
     unshared.resume_from = str(step)  # no resume_source: the broker named no share
     with pytest.raises(JobDirError, match="not this job's checkpoint.*brokerctl share"):
         ex.launch(unshared)
-    final = _run(ex, _shared(_spec("b-1", team, ckroot, reader, SOURCE=source), ckroot, step))
+    final = _run(ex, _shared(_spec("b-1", team, ckroot, reader, SOURCE=source), ckroot, step, scheme))
     assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, final.message
     got = json.loads((ckroot / "b-1" / "attempt-1" / "result.json").read_text())
     view = Path(got["resume"])
