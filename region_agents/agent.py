@@ -532,7 +532,12 @@ class RegionAgent:
                 self._ack(command_id, False, f"{go.job_id} attempt {go.attempt} is not running here")
                 return
             action = GoAction.ABORT if go.abort else GoAction.GO
-            self.executor.go(go.job_id, go.attempt, Go(action, go.resume_from, go.reason))
+            try:
+                self.executor.go(go.job_id, go.attempt, Go(action, go.resume_from, go.reason))
+            except ValueError as e:  # a resume point it may not read: the standby aborts
+                log.warning("%s attempt %d: go refused: %s", go.job_id, go.attempt, e)
+                self._ack(command_id, False, f"go refused: {e}")
+                return
             key = (go.job_id, go.attempt)
             if action is GoAction.GO and go.resume_from and key in self._standby_ckpt:
                 self._durable_copies[key] = (go.resume_from, self._standby_ckpt.pop(key))

@@ -32,12 +32,12 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from checkpoint_layout.nofollow import read_small
-from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, write_go
+from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, GoAction, write_go
 from checkpoint_layout.stop_deadline import (
     STOP_DEADLINE_ENV,
     STOP_DEADLINE_NAME,
@@ -57,7 +57,7 @@ from region_agents.executors.base import (
     RunningInfo,
     trainer_config_json,
 )
-from region_agents.executors.job_dirs import make_job_dir, open_job_dir
+from region_agents.executors.job_dirs import JobDirError, make_job_dir, open_job_dir
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
 from region_agents.executors.memory_keepers import KeeperPool, memory_every
 from region_agents.executors.rank_threads import rank_thread_env
@@ -566,6 +566,16 @@ class LocalExecutor(Executor):
             att = self._attempts.get((job_id, attempt))
             if att is None:
                 raise KeyError(f"{job_id} attempt {attempt} is not running here")
+            if go.action is GoAction.GO and file_path(go.resume_from):
+                # the same rule as a launch's resume point: its own, or a read-only copy
+                # of the shared one it started from (resume_views.py)
+                spec = replace(att.spec, resume_from=go.resume_from)
+                try:
+                    go = Go(go.action, self.resume_point(spec, self.checkpoint_dir(spec),
+                                                         self.user_for(spec)), go.reason)
+                except JobDirError as e:
+                    write_go(att.dir / GO_NAME, Go(GoAction.ABORT, "", f"refused: {e}"))
+                    raise
             write_go(att.dir / GO_NAME, go)
 
     def parked(self, job_id: str, attempt: int) -> bool | None:

@@ -176,3 +176,37 @@ def test_a_prefix_belongs_to_the_job_that_made_it(host) -> None:  # noqa: ANN001
     again.spec.team = "alice"
     again.resume_from = str(step)
     assert _run(ex, again).state == AS.ATTEMPT_STATE_SUCCEEDED
+
+
+def test_a_standbys_go_gets_the_same_resume_rule(host) -> None:  # noqa: ANN001
+    """Make-before-break: the Go names where the held standby resumes. A shared local
+    checkpoint reaches it as the read-only copy too; one it may not read aborts it."""
+    import json
+
+    from checkpoint_layout.standby_go import Go, GoAction
+
+    ex, _, ckroot = host
+    step = _writer(ex, ckroot)
+    wait_go = ('while [ ! -e "$CB_STANDBY_GO_FILE" ]; do sleep 0.05; done;'
+               ' cp "$CB_STANDBY_GO_FILE" "$CB_CHECKPOINT_URI/go-seen.json"')
+    for job, shared, want in (("s-1", True, "view"), ("s-2", False, "abort")):
+        sb = _spec(job, "bob", ckroot, ["bash", "-c", wait_go])
+        sb.standby = True
+        if shared:
+            _shared(sb, ckroot, step)
+            sb.resume_from = ""  # a standby starts with nothing; its Go says where from
+        ex.launch(sb)
+        go = Go(GoAction.GO, str(step), "move")
+        if shared:
+            ex.go(job, 1, go)
+        else:
+            with pytest.raises(JobDirError, match="not this job's checkpoint"):
+                ex.go(job, 1, go)
+        final = Collector(ex).wait_terminal()
+        assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, final.message
+        seen = json.loads((ckroot / job / "attempt-1" / "go-seen.json").read_text())
+        if want == "view":
+            assert seen["action"] == "go" and seen["resume_from"] != str(step)
+            assert ex.work_dir in Path(seen["resume_from"]).parents
+        else:
+            assert seen["action"] == "abort" and not seen["resume_from"]
