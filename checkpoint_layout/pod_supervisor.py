@@ -25,6 +25,13 @@ checkpointed, else 0.
   it: no extra connection, nothing the agent must expose. One pod per attempt publishes.
   The trainer service account may patch pods; an admission policy in deploy/k8s lets a
   trainer token change only that annotation of its *own* pod (docs/kubernetes.md).
+* **Output out**: each rank's stdout and stderr go through a pipe to this process,
+  which writes every line to its own stdout with the rank's prefix
+  (:mod:`checkpoint_layout.rank_lines`: ``[rank 3] ...``, ``[rank 3 stderr] ...``).
+  The container log (``kubectl logs``) thus says which rank spoke, and the agent, which
+  reads it through the API server's ``pods/log``, ships each rank's lines as that
+  rank's (docs/kubernetes.md "Rank output"). With ``--ranks 0`` (a job's own command,
+  once per pod) the prefix carries the pod's node rank.
 * **Checkpoint-now in**: the agent sets the annotation ``computebroker.io/checkpoint-now``
   to a new value; the kubelet refreshes the pod's downward-API file
   (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks.
@@ -54,6 +61,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from checkpoint_layout import rank_lines
 from checkpoint_layout.faults import EXIT_STORE_UNAVAILABLE
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
 from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED, URI_ENV
@@ -64,6 +72,8 @@ PODINFO_ENV = "CB_PODINFO_DIR"
 MIN_S = 2.0  # at most one PATCH per this for a change
 HEARTBEAT_S = 10.0  # and one per this for a heartbeat alone (the hang detector's input)
 TICK_S = 0.25
+LINE_MAX = 64 * 1024  # a longer line is copied in pieces, each prefixed
+DRAIN_S = 10.0  # after the ranks ended, wait this long for their last output
 EXIT_OK, EXIT_CHECKPOINTED = 0, 75
 # The container's terminationMessagePath (k8s_manifests.py sets it): a file in the pod's
 # own emptyDir, not the default /dev/termination-log, so that the tests' node fixture
@@ -150,6 +160,48 @@ def publish_loop(pub: Publisher, path: str, stop: threading.Event) -> None:
             return
 
 
+class Output:
+    """Copies the ranks' pipes to this process's stdout, one whole prefixed line per
+    write (a lock keeps two ranks' lines from interleaving mid-line)."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def write(self, rank: int, stream: str, line: bytes) -> None:
+        data = rank_lines.prefix(rank, stream) + line + (b"" if line.endswith(b"\n") else b"\n")
+        with self.lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    n = os.write(self.fd, view)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    return  # our stdout is gone (the container is ending): nothing to tell
+                view = view[n:]
+
+    def copy(self, rank: int, stream: str, pipe) -> None:  # noqa: ANN001 - a binary file
+        def run() -> None:
+            with pipe:
+                for line in iter(lambda: pipe.readline(LINE_MAX), b""):
+                    self.write(rank, stream, line)
+        t = threading.Thread(target=run, daemon=True, name=f"out-{rank}-{stream}")
+        t.start()
+        self.threads.append(t)
+
+    def say(self, rank: int, message: str) -> None:
+        """The supervisor's own word, on the pod's first rank's stderr."""
+        self.write(rank, rank_lines.STDERR, f"pod_supervisor: {message}".encode())
+
+    def drain(self, timeout: float) -> None:
+        """Wait for the ranks' last lines (a rank's child may keep a pipe open: bounded)."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
 def rank_env(base: dict[str, str], ranks: int, local: int) -> dict[str, str]:
     node_rank = int(base.get("NODE_RANK") or 0)
     env = dict(base)
@@ -188,14 +240,22 @@ def main(argv: list[str] | None = None) -> int:
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(s, forward)
+    out = Output()
+    node_rank = int(base.get("NODE_RANK") or 0)
+    first = node_rank * args.ranks if args.ranks > 0 else node_rank
     for env in envs:
+        rank = int(env.get("RANK", first)) if args.ranks > 0 else first
         try:
-            procs.append(subprocess.Popen(command, env=env, cwd=cwd or None))
+            pr = subprocess.Popen(command, env=env, cwd=cwd or None, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
         except OSError as e:
-            print(f"pod_supervisor: cannot start {command[0]!r}: {e}", file=sys.stderr)
+            out.say(first, f"cannot start {command[0]!r}: {e}")
             for pr in procs:
                 pr.kill()
             return 127
+        procs.append(pr)
+        out.copy(rank, rank_lines.STDOUT, pr.stdout)
+        out.copy(rank, rank_lines.STDERR, pr.stderr)
     stop = threading.Event()
     pub = Publisher.from_env()
     progress = os.environ.get("CB_PROGRESS_FILE", "")
@@ -219,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             for pr in procs:
                 if pr.poll() is None:
                     pr.kill()
+    out.drain(DRAIN_S)
     stop.set()
     if publisher is not None:
         publisher.join(timeout=10)  # the final progress, before the pod's end is seen

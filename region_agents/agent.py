@@ -202,6 +202,10 @@ class RegionAgent:
         # Ranks started per attempt (JobUpdate.ranks): the trainer's real world size.
         self._ranks: dict[tuple[str, int], int] = {}
         self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
+        # Attempts a previous agent process started ship on from where the broker's copy
+        # ends (RegisterAck's offsets; nothing is sent before it).
+        for r in executor.running():
+            self.logs.track(r.job_id, r.attempt, executor.log_sources(r.job_id, r.attempt))
 
     # ---- public ----------------------------------------------------------------
     def start(self) -> None:

@@ -29,6 +29,9 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
   no agent ran still hold our finalizer, so their exit codes are read and reported.
 * **Nodes**: inventory, health and spot notices from the Node watch
   (:mod:`region_agents.executors.k8s_nodes`, labels through region_agents/labels.py).
+* **Rank output**: read from ``pods/log`` into per-rank files the agent's log shipper
+  tails (:mod:`region_agents.executors.k8s_logs`); an attempt's end is reported once
+  its pods' logs are read to the end (at most ``LOG_DRAIN_S`` later).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kubernetes import client as k8s
 
@@ -59,12 +63,14 @@ from region_agents.executors.base import (
     Executor,
     RunningInfo,
 )
+from region_agents.executors.k8s_logs import DEFAULT_MAX_STREAMS, PodLogs, PodRanks
 from region_agents.executors.k8s_manifests import (
     ANNOTATION_CHECKPOINT_NOW,
     ANNOTATION_GO,
     ANNOTATION_JOB,
     ANNOTATION_LAUNCH,
     ANNOTATION_PROGRESS,
+    COMPLETION_INDEX,
     DEFAULT_IMAGE,
     DEFAULT_UID,
     FINALIZER,
@@ -84,6 +90,7 @@ from region_agents.executors.k8s_manifests import (
 )
 from region_agents.executors.k8s_nodes import health_of, spot_tainted
 from region_agents.executors.k8s_watch import ObjectCache
+from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, parse_progress
 from region_agents.signals import SPOT_WARNING_S
 
@@ -98,6 +105,7 @@ log = logging.getLogger(__name__)
 VANISH_TIMEOUT_S = 60.0
 FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to end
 FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
+LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
@@ -182,6 +190,7 @@ class _K8sAttempt:
     last_sent_sig: tuple | None = None
     last_sent_time: float = 0.0
     running_since: float = 0.0  # all pods' containers running (the hang clock's start)
+    drain_since: float = 0.0  # when its end was known, while its pods' logs are read
     hang_timeout_s: float = 600.0
     # annotations every pod of the attempt must carry (set on pods created later too)
     wanted: dict[str, str] = field(default_factory=dict)
@@ -195,7 +204,10 @@ class KubernetesExecutor(Executor):
     def __init__(self, namespace: str = "default", region: str = "", image: str = "",
                  api_client: k8s.ApiClient | None = None, service_account: str = "",
                  run_as_user: int = DEFAULT_UID, grace_s: int = 120,
-                 hang_timeout_s: float = 600.0, progress_interval_s: float = 1.0) -> None:
+                 hang_timeout_s: float = 600.0, progress_interval_s: float = 1.0,
+                 log_dir: str = "", max_log_streams: int = DEFAULT_MAX_STREAMS) -> None:
+        """``log_dir``: where pods' output is kept for the agent's log shipper
+        (k8s_logs.py); "" = pods' output is not read."""
         if api_client is None:
             from kubernetes import config as kconfig
 
@@ -227,6 +239,9 @@ class KubernetesExecutor(Executor):
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
         self.node_cache = ObjectCache(self.core.list_node, what="nodes",
                                       on_change=self.changed.set).start()
+        self.pod_logs = (PodLogs(self.core, namespace, Path(log_dir), CONTAINER,
+                                 max_streams=max_log_streams, on_done=self.changed.set)
+                         if log_dir else None)
 
     # ---- nodes ------------------------------------------------------------------
     def discover_nodes(self) -> list[common_pb2.Node]:
@@ -512,6 +527,8 @@ class KubernetesExecutor(Executor):
                 if k is not None:
                     groups[k].append(p)
             for key, att in list(self._attempts.items()):
+                if self.pod_logs is not None:
+                    self.pod_logs.sync(*key, groups.get(key, []), self._pod_ranks(att))
                 self._poll_one(att, groups.get(key, []), now)
                 if att.state in TERMINAL:
                     del self._attempts[key]
@@ -606,6 +623,8 @@ class KubernetesExecutor(Executor):
         A gang whose every pod ran to exit 0 or 75 did run, even when it was over before a
         poll saw it running (a short attempt on a fast node, or a slow agent pass): report
         RUNNING first, so the broker and its events never see an attempt skip it."""
+        if not self._logs_read(att):
+            return  # the next pass reports it (the pods and their finalizers stay)
         if att.state == AS.ATTEMPT_STATE_STARTING and state in (AS.ATTEMPT_STATE_SUCCEEDED,
                                                                 AS.ATTEMPT_STATE_CHECKPOINTED):
             self._set(att, AS.ATTEMPT_STATE_RUNNING)
@@ -614,6 +633,48 @@ class KubernetesExecutor(Executor):
         for p in pods:
             self._release(p)
         self._cleanup(att)
+        if self.pod_logs is not None:
+            self.pod_logs.ended(att.spec.job_id, att.spec.attempt)
+
+    def _logs_read(self, att: _K8sAttempt) -> bool:
+        """Every pod's output is read to its end, or ``LOG_DRAIN_S`` passed since the
+        attempt's end was known (a node gone with its log must not hold the end)."""
+        if self.pod_logs is None or self.pod_logs.drained(att.spec.job_id, att.spec.attempt):
+            return True
+        now = time.time()
+        att.drain_since = att.drain_since or now
+        if now - att.drain_since < LOG_DRAIN_S:
+            return False
+        log.warning("%s attempt %d: its pods' output was not read to the end in %.0f s;"
+                    " reporting its end without the rest", att.spec.job_id, att.spec.attempt,
+                    LOG_DRAIN_S)
+        return True
+
+    # ---- rank output ------------------------------------------------------------------
+    def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
+        """Per-rank files filled from the pods' logs (k8s_logs.py)."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is None or self.pod_logs is None:
+                return []
+            return self.pod_logs.sources(job_id, attempt, self.ranks(att.spec))
+
+    def _pod_ranks(self, att: _K8sAttempt):  # noqa: ANN202 - Callable[[dict], PodRanks | None]
+        """Which global ranks a pod of ``att`` runs: its completion index (= node rank)
+        times the ranks per pod; a job's own command runs once per pod (the node rank)."""
+        per_pod = max(1, self.ranks(att.spec) // max(1, att.expected))
+        own_command = bool(att.spec.spec.command)
+
+        def of(pod: dict) -> PodRanks | None:
+            meta = pod.get("metadata") or {}
+            raw = ((meta.get("annotations") or {}).get(COMPLETION_INDEX)
+                   or (meta.get("labels") or {}).get(COMPLETION_INDEX))
+            try:
+                index = int(raw)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                return None  # not a pod of an indexed Job of ours
+            return PodRanks(index, 1) if own_command else PodRanks(index * per_pod, per_pod)
+        return of
 
     def _release(self, pod: dict) -> None:
         """Remove our finalizer (the pod's end is read): a JSON patch that tests the
@@ -649,6 +710,8 @@ class KubernetesExecutor(Executor):
         the broker keeps or stops them (RegisterAck.stale_job_ids)."""
         self.pods.stop()
         self.node_cache.stop()
+        if self.pod_logs is not None:
+            self.pod_logs.stop()
 
     # ---- restart safety ----------------------------------------------------------
     def recover(self) -> list[AttemptEvent]:

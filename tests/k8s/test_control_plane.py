@@ -96,6 +96,55 @@ def test_node_fixture_runs_a_pod_with_env_volumes_and_status(cluster_a, kubelet,
     assert "hello from p" in kubelet.logs(ns, "p")
 
 
+def test_pod_logs_go_through_the_api_server_to_the_node_log_endpoint(cluster_a, kubelet) -> None:
+    """``kubectl logs`` (and any ``pods/log`` reader) reaches the node fixture's HTTPS
+    log endpoint through the real API server: stdout and stderr interleaved, the
+    kubelet's query parameters honoured, a follow that ends with the container, and
+    RBAC on ``pods/log`` enforced by the API server."""
+    core = cluster_a.core()
+    ns = make_namespace(cluster_a)
+    script = ("import sys,time\n"
+              "for i in range(3):\n"
+              "    print('out', i, flush=True); print('err', i, file=sys.stderr, flush=True)\n"
+              "    time.sleep(0.3)\n"
+              "time.sleep(1.5)\nprint('last', flush=True)\n")
+    core.create_namespaced_pod(ns, {"metadata": {"name": "lg"}, "spec": {
+        "restartPolicy": "Never", "securityContext": RESTRICTED,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        "containers": [{"name": "c", "image": "any", "securityContext": CONTAINER_SC,
+                        "command": ["python", "-c", script]}]}})
+    _wait(lambda: (p := core.read_namespaced_pod("lg", ns)).status.container_statuses
+          and p.status.container_statuses[0].state.running, what="container running")
+    # follow from the start: every line, then the stream ends when the container does
+    resp = core.read_namespaced_pod_log("lg", ns, container="c", follow=True, timestamps=True,
+                                        _preload_content=False, _request_timeout=(10, 60))
+    followed = resp.read().decode().splitlines()
+    resp.release_conn()
+    texts = [line.split(" ", 1)[1] for line in followed]
+    assert texts == ["out 0", "err 0", "out 1", "err 1", "out 2", "err 2", "last"], followed
+    stamps = [line.split(" ", 1)[0] for line in followed]
+    assert stamps == sorted(stamps) and all(s.endswith("Z") for s in stamps)
+    assert core.read_namespaced_pod("lg", ns).status.container_statuses[0].state.terminated
+    # the same through kubectl, with the kubelet's own parameters
+    assert cluster_a.kubectl("logs", "-n", ns, "lg", "--tail=2").stdout.splitlines() == [
+        "err 2", "last"]
+    assert cluster_a.kubectl("logs", "-n", ns, "lg", "--limit-bytes=6").stdout == "out 0\n"
+    assert cluster_a.kubectl("logs", "-n", ns, "lg", "--since=1h").stdout.count("\n") == 7
+    # pods/log is its own permission: pods get/list is not enough
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "reader"}})
+    rbac = client.RbacAuthorizationV1Api(cluster_a.api_client())
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "pods"}, "rules": [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+    rbac.create_namespaced_role_binding(ns, {"metadata": {"name": "pods"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]})
+    reader = cluster_a.core(cluster_a.kubeconfig_for_service_account(ns, "reader"))
+    assert reader.read_namespaced_pod("lg", ns).metadata.name == "lg"
+    with pytest.raises(ApiException) as e:
+        reader.read_namespaced_pod_log("lg", ns)
+    assert e.value.status == 403 and "pods/log" in e.value.body
+
+
 def test_node_fixture_honours_graceful_deletion(cluster_a, kubelet) -> None:
     """preStop first, then SIGTERM; SIGKILL only at the deadline."""
     core = cluster_a.core()
