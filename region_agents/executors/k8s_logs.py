@@ -379,6 +379,8 @@ class _PodStream:
         if not journal:
             return
         with self.att.lock:
+            if self.cancel.is_set():
+                return  # stopped (an agent shutting down): a successor resumes from the journal
             with open(self.journal, "ab") as f:
                 f.write(journal)
             for name, data in per_file.items():

@@ -34,11 +34,13 @@ def shared_dir() -> Iterator[Path]:
 
 def executor_for(cp: ControlPlane, region: str = "us-east-2") -> tuple[KubernetesExecutor, str]:
     """A fresh restricted namespace and an executor in it, authenticated as the agent's
-    service account of deploy/k8s/agent.yaml (and nothing more)."""
+    service account of deploy/k8s/agent.yaml (and nothing more); it reads its pods'
+    output through pods/log as the agent's does (into a fresh directory)."""
     ns = make_namespace(cp)
     kubeconfig = agent_kubeconfig(cp, ns)
     ex = KubernetesExecutor(namespace=ns, region=region, api_client=cp.api_client(kubeconfig),
-                            service_account=TRAINER_SA, grace_s=30)
+                            service_account=TRAINER_SA, grace_s=30,
+                            log_dir=tempfile.mkdtemp(prefix="cb-k8s-logs-"))
     return ex, ns
 
 

@@ -48,7 +48,7 @@ def _successor(ex):
     ex.shutdown()  # only its watch threads: a SIGKILLed agent leaves the cluster as it is
     return KubernetesExecutor(namespace=ex.namespace, region=ex.region,
                               api_client=ex.core.api_client, service_account=TRAINER_SA,
-                              grace_s=30)
+                              grace_s=30, log_dir=str(ex.pod_logs.root) if ex.pod_logs else "")
 
 
 def test_a_restarted_agent_readopts_and_fences_before_the_next_attempt(cluster_a, kubelet) -> None:
