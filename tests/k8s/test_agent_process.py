@@ -3,7 +3,10 @@ server, authenticated by KUBECONFIG with deploy/k8s/agent.yaml's identity, talki
 scripted broker (tests/agents/fake_broker.py: a real mutual-TLS gRPC server). It
 registers the cluster's GPU nodes, runs a real trainer in pods, is SIGKILLed mid-attempt,
 and its successor process re-adopts the attempt, passes on a spot-interruption taint as
-a SpotNotice, and stops the attempt checkpoint-first: CHECKPOINTED, exit 75."""
+a SpotNotice, and stops the attempt checkpoint-first: CHECKPOINTED, exit 75. The ranks'
+lines reach the broker from both processes (read through ``pods/log``), and what the
+successor resends sits at the same byte offsets with the same text: after the broker's
+dedup by offset, every line once."""
 
 from __future__ import annotations
 
@@ -111,6 +114,7 @@ def test_a_kubernetes_agent_process_survives_sigkill_and_stops_truthfully(cluste
             assert end.state == AS.ATTEMPT_STATE_CHECKPOINTED, (end.message, log.read_text()[-3000:])
             assert end.exit_code == 75
             assert end.progress.last_checkpoint_step > 0
+            assert_log_chunks_resume_exactly(broker)
     finally:
         cluster_a.core().patch_node(NODES[1], {"spec": {"taints": []}})
         for p in procs:
@@ -121,3 +125,31 @@ def test_a_kubernetes_agent_process_survives_sigkill_and_stops_truthfully(cluste
                 except subprocess.TimeoutExpired:
                     p.kill()
         broker.stop()
+
+
+def assert_log_chunks_resume_exactly(broker: FakeBroker) -> None:
+    """The LogChunks of ("proc", 1) from both agent processes, merged as the broker does
+    (by byte offset per rank and stream): no offset with two texts, no gap, and the
+    successor shipped lines its predecessor never read."""
+    lines: dict[tuple[int, str], dict[int, tuple[str, int]]] = {}
+    newest: dict[int, int] = {}  # connection -> highest line offset it shipped
+    for conn, msg in list(broker.messages):
+        if msg.WhichOneof("msg") != "log_chunk":
+            continue
+        c = msg.log_chunk
+        if (c.job_id, c.attempt) != ("proc", 1):
+            continue
+        off = c.offset
+        for text, size in zip(c.lines, c.sizes, strict=True):
+            seen = lines.setdefault((c.rank, c.stream), {}).setdefault(off, (text, size))
+            assert seen == (text, size), f"offset {off} of rank {c.rank} {c.stream}: {seen} vs {text!r}"
+            newest[conn] = max(newest.get(conn, -1), off)
+            off += size
+    assert (0, "stdout") in lines, lines.keys()
+    for key, by_off in lines.items():
+        pos = 0
+        for off in sorted(by_off):
+            assert off == pos, f"{key}: a gap before offset {off} (expected {pos})"
+            pos += by_off[off][1]
+    assert newest.get(2, -1) > newest.get(1, -1), newest  # lines read after the restart
+    assert not any("[rank " in t for by_off in lines.values() for t, _ in by_off.values())

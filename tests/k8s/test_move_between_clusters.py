@@ -10,13 +10,15 @@ checkpoint bucket per region. Simulated: only the kubelets (tests/fixtures/k8s/k
 
 Asserted as in tests/e2e/test_migration.py: per-step sample ids and losses equal an
 uninterrupted run, the resumed attempt starts at the step after the checkpoint it resumed
-from, the Migration record says spot interruption 2 -> 1 from A's bucket to B's, and
-`brokerctl job` tells the story.
+from, the Migration record says spot interruption 2 -> 1 from A's bucket to B's,
+`brokerctl logs` shows every attempt's lines (read by each agent from its cluster's
+``pods/log``), and `brokerctl job` tells the story.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ import pytest
 from computebroker.v1 import common_pb2 as pb
 from region_agents.executors.k8s_nodes import SPOT_TAINT
 from tests.e2e.test_foundation import setup_team, spec
+from tests.e2e.test_logs import sections
 from tests.e2e.test_migration import assert_equivalent, final_samples, manifests
 from tests.fixtures.cluster import Cluster, wait_until
 from tests.fixtures.k8s.controlplane import ControlPlane
@@ -110,6 +113,7 @@ def test_spot_taint_moves_a_job_from_cluster_a_on_2_pods_to_cluster_b_on_1_pod(
                            timeout=180, what=f"two Kubernetes regions\n{c.logs()}")
                 s = spec("k8s-move", steps=STEPS, every=EVERY, sleep=SLEEP, nodes=2, gpus=1)
                 s.trainer.options["sample_log"] = str(log)
+                s.trainer.options["log_every"] = "1"  # a line per step in `brokerctl logs`
                 s.elasticity.min_nodes, s.elasticity.max_nodes = 1, 2
                 s.capacity_types.extend([pb.CAPACITY_TYPE_SPOT, pb.CAPACITY_TYPE_ON_DEMAND])
                 s.env.update(s3_server.env)  # the pods reach the store (a Secret, not inline)
@@ -147,6 +151,27 @@ def test_spot_taint_moves_a_job_from_cluster_a_on_2_pods_to_cluster_b_on_1_pod(
             assert {r["world_size"] for r in records if r["attempt"] == 1} == {2}
             story = cli(c, "job", job.id)
             assert B in story and A in story, story
+            assert_logs(cli(c, "logs", job.id), m.checkpoint_step)
         finally:
             c.stop()
             os.environ.pop("KUBECONFIG", None)
+
+
+def assert_logs(out: str, checkpoint_step: int) -> None:
+    """Both attempts' lines, each under its header: attempt 1's two pods' ranks with
+    ``(rank N)`` (the supervisor's prefix stripped), attempt 2's one rank plain."""
+    parts = sections(out)
+    assert [sep.split(" · ")[0] for sep, _ in parts] == ["── attempt 1", "── attempt 2"], out
+    for (sep, _), region, ranks in zip(parts, (A, B), ("2 ranks", "1 rank"), strict=True):
+        assert re.fullmatch(rf"── attempt \d · {region} · {ranks} · started \d\d:\d\d:\d\d ──",
+                            sep), sep
+    first, second = parts[0][1], parts[1][1]
+    assert "[rank " not in out, out  # the pods' prefixes became LogChunk ranks
+    assert any(re.search(rf"^\(rank 0\) trainer: step \d+/{STEPS} loss", x) for x in first), out
+    assert any("trainer: resumed from" in x for x in second), out
+    assert any(f"trainer: done: {STEPS} steps" in x for x in second), out
+    assert not any(x.startswith("(rank") for x in second), out
+    for lines, start in ((first, 1), (second, checkpoint_step + 1)):
+        steps = [int(m.group(1)) for x in lines if (m := re.search(rf"trainer: step (\d+)/{STEPS}", x))]
+        assert steps and steps[0] == start and steps == sorted(set(steps)), (steps, out)
+    assert steps[-1] == STEPS
