@@ -64,6 +64,10 @@ SINCE_MARGIN_S = 120  # resume this far before the last journalled line (clock s
 READ_TIMEOUT_S = 300.0  # a silent stream is re-opened after this (a half-dead connection)
 RETRY_S = 1.0
 KEEP_S = 600.0  # an ended attempt's files stay this long (the shipper resends for 120 s)
+# Files of attempts no agent wrote for this long are removed at start-up (attempts that
+# ended while no agent ran). Should one still run, its stream starts over from the
+# kubelet's beginning and recreates the same bytes: nothing is shipped twice.
+STALE_S = 86400.0
 _STREAM_CODE = {rank_lines.STDOUT: b"o", rank_lines.STDERR: b"e"}
 _CODE_STREAM = {v: k for k, v in _STREAM_CODE.items()}
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
@@ -138,6 +142,7 @@ class PodLogs:
         self._lock = threading.Lock()
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._stop = threading.Event()
+        _sweep_stale(self.root)
 
     # ---- files ---------------------------------------------------------------------
     def _dir(self, job_id: str, attempt: int) -> Path:
@@ -210,6 +215,17 @@ class PodLogs:
         for att in atts:
             for ps in att.pods.values():
                 ps.cancel.set()
+
+
+def _sweep_stale(root: Path) -> None:
+    now = time.time()
+    for d in root.glob("*/a*"):
+        try:
+            newest = max((f.stat().st_mtime for f in [d, *d.rglob("*")]), default=now)
+        except OSError:
+            continue
+        if now - newest > STALE_S:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _container_state(pod: dict, container: str) -> dict:

@@ -141,7 +141,8 @@ def test_the_pod_supervisor_passes_signals_and_keeps_exit_75(tmp_path):
                           "--", sys.executable, "-c", ranks], env=env, stdout=subprocess.PIPE,
                          text=True)
     seen = sorted(p.stdout.readline().strip() for _ in range(2))
-    assert seen == ["2", "3"]  # RANK = node rank x ranks per pod + local rank
+    # RANK = node rank x ranks per pod + local rank; each line carries it (rank_lines.py)
+    assert seen == ["[rank 2] 2", "[rank 3] 3"]
     p.send_signal(signal.SIGTERM)  # the kubelet's, to the container's main process only
     assert p.wait(30) == 75
     crash = "import os,sys,time\nsys.exit(3) if os.environ['LOCAL_RANK']=='1' else time.sleep(60)"
