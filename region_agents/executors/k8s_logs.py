@@ -28,11 +28,14 @@ client does not offer it; the margin (``SINCE_MARGIN_S``) covers clock skew betw
 agent and the kubelet. A pod's stream that ends while its container still runs (a
 broken connection, a restarted API server) is resumed the same way.
 
-Cost: one HTTP stream (and one thread) per running pod -- fine for hundreds. Beyond
-``max_streams`` pods the streams take turns (each holds its slot ``SLICE_S`` while
-others wait, then resumes later from its journal, losing nothing): the connections and
-threads reading stay bounded at thousands of pods, at the price of lines arriving up to
-about ``pods / max_streams * SLICE_S`` late. What can be lost: lines the kubelet no
+Cost: one HTTP stream per running pod, read by a pool of at most ``max_streams``
+threads (started as needed) -- for hundreds of pods, a stream and a thread each. Beyond
+``max_streams`` pods the streams take turns (each holds its reader ``SLICE_S`` while
+others wait, then resumes later from its journal, losing nothing): connections and
+threads stay bounded at thousands of pods, at the price of lines arriving up to about
+``pods / max_streams * SLICE_S`` late. A pod whose log cannot be read (an error from the
+API server or the kubelet) is retried with exponential backoff up to ``BACKOFF_MAX_S``,
+so a node without a log endpoint costs a request a minute, not a request a second. What can be lost: lines the kubelet no
 longer has (log rotation while a pod waited, a node gone before its log was read),
 as with ``kubectl logs``.
 """
@@ -40,6 +43,8 @@ as with ``kubectl logs``.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -62,7 +67,8 @@ DEFAULT_MAX_STREAMS = 512
 SLICE_S = 30.0  # a stream's turn when others wait for a slot
 SINCE_MARGIN_S = 120  # resume this far before the last journalled line (clock skew)
 READ_TIMEOUT_S = 300.0  # a silent stream is re-opened after this (a half-dead connection)
-RETRY_S = 1.0
+RETRY_S = 1.0  # a stream that ended while its container runs is re-opened after this
+BACKOFF_MAX_S = 60.0  # a failing pod's retries back off up to this
 KEEP_S = 600.0  # an ended attempt's files stay this long (the shipper resends for 120 s)
 # Files of attempts no agent wrote for this long are removed at start-up (attempts that
 # ended while no agent ran). Should one still run, its stream starts over from the
@@ -137,8 +143,14 @@ class PodLogs:
         self.namespace = namespace
         self.root = Path(root)
         self.container = container
-        self.slots = threading.Semaphore(max(1, max_streams))
-        self.waiting = 0  # streams waiting for a slot (a holder then ends its turn)
+        self.max_streams = max(1, max_streams)
+        self.slice_s = SLICE_S
+        # The readers' queue: (not before, seq, stream); a pool of reader threads.
+        self._ready = threading.Condition()
+        self._queue: list[tuple[float, int, _PodStream]] = []
+        self._seq = itertools.count()
+        self._readers = 0
+        self._idle = 0
         self._lock = threading.Lock()
         self._attempts: dict[tuple[str, int], _Attempt] = {}
         self._stop = threading.Event()
@@ -180,11 +192,52 @@ class PodLogs:
                 continue
             ps = _PodStream(self, att, name, where, _ended(pod, self.container))
             att.pods[name] = ps
-            ps.start()
+            ps.prepare()
+            self._enqueue(ps, 0.0)
         for pod in pods:  # a stream must know its container ended (EOF is then final)
             ps = att.pods.get((pod.get("metadata") or {}).get("name", ""))
             if ps is not None and _ended(pod, self.container):
                 ps.container_ended.set()
+
+    # ---- the reader pool ---------------------------------------------------------------
+    def _enqueue(self, ps: _PodStream, delay: float) -> None:
+        with self._ready:
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), ps))
+            if self._idle == 0 and self._readers < self.max_streams:
+                self._readers += 1
+                self._idle += 1  # it starts idle: a burst of pods starts no more readers than due
+                threading.Thread(target=self._reader, daemon=True,
+                                 name=f"podlog-reader-{self._readers}").start()
+            else:
+                self._ready.notify()
+
+    def contended(self) -> bool:
+        """A pod is due and no reader is free: a reader should end its turn."""
+        with self._ready:
+            return (self._idle == 0 and self._readers >= self.max_streams and bool(self._queue)
+                    and self._queue[0][0] <= time.monotonic())
+
+    def _reader(self) -> None:
+        while not self._stop.is_set():
+            with self._ready:
+                while not self._stop.is_set():
+                    now = time.monotonic()
+                    if self._queue and self._queue[0][0] <= now:
+                        break
+                    self._ready.wait(min(5.0, self._queue[0][0] - now) if self._queue else 5.0)
+                self._idle -= 1
+                if self._stop.is_set():
+                    return
+                _, _, ps = heapq.heappop(self._queue)
+            delay = ps.turn()
+            with self._ready:
+                self._idle += 1
+            if delay is None:
+                if not ps.cancel.is_set():
+                    ps.done.set()
+                    self.on_done()
+            elif not ps.cancel.is_set():
+                self._enqueue(ps, delay)
 
     def drained(self, job_id: str, attempt: int) -> bool:
         """Every started pod's log is read to its end (the attempt's end may be reported)."""
@@ -210,6 +263,8 @@ class PodLogs:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._ready:
+            self._ready.notify_all()
         with self._lock:
             atts = list(self._attempts.values())
         for att in atts:
@@ -294,11 +349,11 @@ class _PodStream:
         if ended:
             self.container_ended.set()
         self.opens = 0  # streams opened (tests: resumes)
+        self.failures = 0  # failed opens in a row (the backoff)
 
-    def start(self) -> None:
+    def prepare(self) -> None:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         self._load_cursor()
-        threading.Thread(target=self._run, daemon=True, name=f"podlog-{self.name}").start()
 
     def _load_cursor(self) -> None:
         try:
@@ -310,28 +365,24 @@ class _PodStream:
             if parsed is not None:
                 self.cursor.take(parsed[0])
 
-    def _run(self) -> None:
-        o = self.owner
-        while not (self.cancel.is_set() or o._stop.is_set() or self.done.is_set()):
-            with o._lock:
-                o.waiting += 1
-            o.slots.acquire()
-            with o._lock:
-                o.waiting -= 1
-            try:
-                finished = self._one_turn()
-            except Exception as e:  # noqa: BLE001 - a broken stream is resumed
-                finished = False
-                log.info("log stream of pod %s: %s (resuming)", self.name, _why(e))
-                if isinstance(e, k8s.ApiException) and e.status == 404:
-                    finished = True  # the pod is gone: nothing more can be read
-            finally:
-                o.slots.release()
-            if finished:
-                self.done.set()
-                o.on_done()
-                return
-            self.cancel.wait(RETRY_S if o.waiting == 0 else 0.0)
+    def turn(self) -> float | None:
+        """One turn of a reader: None when the log is read to its end (or the pod is
+        gone), else the delay before the next turn."""
+        if self.cancel.is_set() or self.owner._stop.is_set():
+            return 0.0
+        try:
+            finished = self._one_turn()
+        except Exception as e:  # noqa: BLE001 - a broken stream is resumed
+            if isinstance(e, k8s.ApiException) and e.status == 404:
+                log.info("log of pod %s: %s (the pod is gone)", self.name, _why(e))
+                return None
+            self.failures += 1
+            delay = min(BACKOFF_MAX_S, RETRY_S * 2 ** (self.failures - 1))
+            log.info("log of pod %s: %s (again in %.0f s)", self.name, _why(e), delay)
+            return delay
+        if finished:
+            return None
+        return 0.0 if self.owner.contended() else RETRY_S
 
     def _one_turn(self) -> bool:
         """Stream from the cursor until the end (True), a broken stream or the end of
@@ -347,6 +398,7 @@ class _PodStream:
             since_seconds=since, _preload_content=False,
             _request_timeout=(10, READ_TIMEOUT_S))
         began = time.monotonic()
+        self.failures = 0
         ties: dict[int, int] = {}
         buf = b""
         clean_end = False
@@ -363,8 +415,8 @@ class _PodStream:
                 if cut:
                     self._take(buf[:cut].split(b"\n")[:-1], ties)
                     buf = buf[cut:]
-                if o.waiting and time.monotonic() - began > SLICE_S:
-                    return False  # others wait for a slot: resume later from the cursor
+                if time.monotonic() - began > o.slice_s and o.contended():
+                    return False  # others wait for a reader: resume later from the cursor
         finally:
             with contextlib.suppress(Exception):
                 resp.close()

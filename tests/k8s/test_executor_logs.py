@@ -132,3 +132,30 @@ def test_an_agent_restart_mid_attempt_neither_loses_nor_duplicates_a_line(cluste
             assert resumed and all(ps.opens >= 1 for ps in resumed)
     finally:
         ex.shutdown()
+
+
+def test_more_pods_than_readers_take_turns_and_lose_nothing(cluster_a, kubelet) -> None:
+    """One reader for a 2-pod gang (as at thousands of pods with 512 readers): the pods'
+    streams take turns, each resuming after its last journalled line."""
+    ex, ns = executor_for(cluster_a)
+    assert ex.pod_logs is not None
+    ex.pod_logs.max_streams, ex.pod_logs.slice_s = 1, 0.5
+    lines = 30
+    try:
+        with shared_dir() as ckpt:
+            spec = trainer_attempt("turns", NODES, ckpt, command=("python", "-c", SPEAK),
+                                   env={"LINES": str(lines), "GAP": "0.2"})
+            ex.launch(spec)
+            sources = ex.log_sources("turns", 1)
+            events = poll_until(ex, terminal("turns"), what="the gang's end")
+            assert state_of(events, "turns").state == AS.ATTEMPT_STATE_SUCCEEDED
+            files = {(s.rank, s.stream): s.path.read_text() for s in sources}
+            for node in (0, 1):
+                out, err = _expected(node, lines)
+                assert files[(node, "stdout")] == out, files
+                assert files[(node, "stderr")] == err, files
+            streams = [ps for att in ex.pod_logs._attempts.values() for ps in att.pods.values()]
+            assert ex.pod_logs._readers == 1
+            assert sum(ps.opens for ps in streams) > 2, [ps.opens for ps in streams]  # turns
+    finally:
+        ex.shutdown()
