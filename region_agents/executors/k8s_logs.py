@@ -22,7 +22,8 @@ rank file. The journal is the truth: on start, every rank file of an attempt is 
 from the journals (the same bytes at the same offsets, so anything resent is dropped by
 the broker), and each pod's stream resumes after the last journalled line: it asks for
 ``sinceSeconds`` reaching a margin before that line's kubelet timestamp and skips lines
-up to it (by nanosecond timestamp, counting ties). ``sinceSeconds`` and not ``sinceTime``:
+up to that very line (the n-th line with its nanosecond timestamp: times need not
+rise down a log, see :class:`_Cursor`). ``sinceSeconds`` and not ``sinceTime``:
 the API server passes ``sinceTime`` on at one-second precision and the generated Python
 client does not offer it; the margin (``SINCE_MARGIN_S``) covers clock skew between this
 agent and the kubelet. A pod's stream that ends while its container still runs (a
@@ -52,6 +53,7 @@ import re
 import shutil
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,20 +107,61 @@ class PodRanks:
         return rank, stream, text
 
 
-@dataclass
 class _Cursor:
-    """The last journalled line: its kubelet time and how many lines had that time."""
+    """Where a pod's journal ends: its last line's kubelet time and how many journalled
+    lines carry exactly that time (recent lines counted per time).
 
-    ns: int = -1
-    ties: int = 0
+    Why not "skip every line older than the last one": a container runtime stamps
+    stdout and stderr in separate threads, so times need not rise down the log (a
+    stderr line may follow a stdout line stamped a microsecond later). A resumed stream
+    therefore skips until it meets the journal's last line itself -- the ``ties``-th
+    line stamped ``ns`` -- and takes everything after it, whatever its time."""
 
-    def after(self, ns: int, seen_at_ns: int) -> bool:
-        """Is a line stamped ``ns`` (the ``seen_at_ns``-th with that stamp, 1-based) new?"""
-        return ns > self.ns or (ns == self.ns and seen_at_ns > self.ties)
+    RECENT = 4096
+
+    def __init__(self) -> None:
+        self.ns = -1
+        self.ties = 0
+        self._recent: deque[int] = deque()
+        self._count: Counter[int] = Counter()
 
     def take(self, ns: int) -> None:
-        self.ties = self.ties + 1 if ns == self.ns else 1
-        self.ns = ns
+        self._recent.append(ns)
+        self._count[ns] += 1
+        if len(self._recent) > self.RECENT:
+            old = self._recent.popleft()
+            self._count[old] -= 1
+            if self._count[old] <= 0:
+                del self._count[old]
+        self.ns, self.ties = ns, self._count[ns]
+
+
+class _Resume:
+    """One stream's search for the journal's last line (see :class:`_Cursor`)."""
+
+    GIVE_UP_NS = 5_000_000_000  # a line this much newer and no match: the log changed
+
+    def __init__(self, cursor: _Cursor) -> None:
+        self.ns, self.ties = cursor.ns, cursor.ties
+        self.found = cursor.ns < 0  # nothing journalled: take everything
+        self.seen = 0
+        self.gave_up = False
+
+    def new(self, ns: int) -> bool:
+        """Is this line (in stream order) after the journal's end?"""
+        if self.found:
+            return True
+        if ns == self.ns:
+            self.seen += 1
+            if self.seen >= self.ties:
+                self.found = True
+            return False
+        if ns > self.ns + self.GIVE_UP_NS:
+            # The journal's last line is not in the kubelet's log any more (rotated):
+            # take from here rather than skip forever.
+            self.found = self.gave_up = True
+            return True
+        return False
 
 
 @dataclass
@@ -399,7 +442,7 @@ class _PodStream:
             _request_timeout=(10, READ_TIMEOUT_S))
         began = time.monotonic()
         self.failures = 0
-        ties: dict[int, int] = {}
+        resume = _Resume(self.cursor)
         buf = b""
         clean_end = False
         try:
@@ -413,7 +456,7 @@ class _PodStream:
                 buf += chunk
                 cut = buf.rfind(b"\n") + 1
                 if cut:
-                    self._take(buf[:cut].split(b"\n")[:-1], ties)
+                    self._take(buf[:cut].split(b"\n")[:-1], resume)
                     buf = buf[cut:]
                 if time.monotonic() - began > o.slice_s and o.contended():
                     return False  # others wait for a reader: resume later from the cursor
@@ -423,11 +466,11 @@ class _PodStream:
                 resp.release_conn()
         if clean_end and (ended_before or self.container_ended.is_set()):
             if buf:  # the container's last line, written without a newline
-                self._take([buf], ties)
+                self._take([buf], resume)
             return True
         return False
 
-    def _take(self, raw: list[bytes], ties: dict[int, int]) -> None:
+    def _take(self, raw: list[bytes], resume: _Resume) -> None:
         """Journal the new lines of a batch, then append them to their rank files."""
         journal = bytearray()
         per_file: dict[str, bytearray] = {}
@@ -437,9 +480,12 @@ class _PodStream:
                 ns = time_ns(stamp.decode())
             except (ValueError, UnicodeDecodeError):
                 continue  # not a log line (the kubelet stamps every line)
-            ties[ns] = ties.get(ns, 0) + 1
-            if not self.cursor.after(ns, ties[ns]):
-                continue  # read before this stream began (a resume)
+            if not resume.new(ns):
+                continue  # journalled already (this stream is a resume)
+            if resume.gave_up:
+                resume.gave_up = False
+                log.warning("log of pod %s: its last journalled line is gone from the"
+                            " kubelet's log (rotated?); lines may be missing", self.name)
             self.cursor.take(ns)
             rank, stream, text = self.ranks.place(rest.rstrip(b"\r"))
             journal += b"%d %d %s " % (ns, rank, _STREAM_CODE[stream]) + text + b"\n"

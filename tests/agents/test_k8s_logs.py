@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from checkpoint_layout import rank_lines
-from region_agents.executors.k8s_logs import PodRanks, _Cursor, _rebuild, time_ns
+from region_agents.executors.k8s_logs import PodRanks, _Cursor, _rebuild, _Resume, time_ns
 
 
 def test_prefixes_round_trip_and_only_the_first_is_stripped() -> None:
@@ -34,20 +34,21 @@ def test_kubelet_timestamps_with_trimmed_fractions_order_correctly() -> None:
     assert time_ns("2026-11-27T08:01:03+02:00") == c
 
 
-def test_the_cursor_skips_exactly_what_was_taken_counting_equal_stamps() -> None:
+def test_a_resume_skips_to_the_journals_last_line_not_by_time() -> None:
+    """Times need not rise down a log (stdout and stderr are stamped in separate
+    threads): a resumed stream takes everything after the journal's last line itself."""
     cur = _Cursor()
-    for ns in (1, 2, 2):
+    for ns in (10, 12, 11, 20, 20):  # journalled; 12 was stamped before 11 was written
         cur.take(ns)
-    # a resumed stream from before the cursor: 1, 2, 2 were taken; the third 2 is new
-    stream = [1, 2, 2, 2, 3]
-    seen: dict[int, int] = {}
-    new = []
-    for ns in stream:
-        seen[ns] = seen.get(ns, 0) + 1
-        if cur.after(ns, seen[ns]):
-            cur.take(ns)
-            new.append(ns)
-    assert new == [2, 3]
+    replay = [5, 10, 12, 11, 20, 20, 19, 20, 30]  # from before the journal's start
+    resume = _Resume(cur)
+    assert [ns for ns in replay if resume.new(ns)] == [19, 20, 30]
+    fresh = _Resume(_Cursor())
+    assert [ns for ns in (3, 1, 2) if fresh.new(ns)] == [3, 1, 2]
+    gone = _Resume(cur)  # the journal's end was rotated away: take from a much newer line
+    late = 20 + _Resume.GIVE_UP_NS + 1
+    assert [ns for ns in (21, late, late + 1) if gone.new(ns)] == [late, late + 1]
+    assert gone.gave_up
 
 
 def test_rank_files_are_rebuilt_from_journals_and_a_torn_line_is_cut(tmp_path) -> None:
