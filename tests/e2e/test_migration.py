@@ -229,19 +229,31 @@ def test_lost_agent_returns_and_its_stale_attempt_cannot_overwrite(
                    what=f"stale attempt 1 stopped\n{cluster.logs()}")
         job = handle.wait(timeout=300)
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
-        assert job.placement.region == "eu-west-1" and job.attempt == 2
         m = client.migrations(job_id=job.id)[0]
         assert m.cause == "agent_lost" and m.state == "done" and m.checkpoint_step >= EVERY
-        # Attempt-fenced locations: attempt 1 only ever wrote under attempt-1/, and every
-        # checkpoint under attempt-2/ (the copy it resumed from aside) is attempt 2's own.
+        # Until its lease ran out, the frozen agent's ranks could still save. A checkpoint
+        # of attempt 1 newer than the one attempt 2 resumed from is durable work: the
+        # broker may then restart the job from it (newer_checkpoint_superseded), and the
+        # job ends in a later attempt. Otherwise attempt 2 finishes in eu-west-1.
+        restarted = [e for e in events_of(client, job.id) if e.reason == "newer_checkpoint"]
+        if restarted:
+            assert job.attempt >= 3, job
+        else:
+            assert job.placement.region == "eu-west-1" and job.attempt == 2, job
+        # Attempt-fenced locations: an attempt writes only under its own attempt-N/ (in
+        # eu-west-1 also the copy it resumed from, saved by an earlier attempt), and
+        # attempt 1 only ever wrote in us-east-2.
         a1 = manifests(s3_server, buckets["us-east-2"], f"jobs/{job.id}/")
-        assert a1 and all("/attempt-1/" in k and mf["attempt"] == 1 for k, mf in a1.items())
         a2 = manifests(s3_server, buckets["eu-west-1"], f"jobs/{job.id}/")
-        assert all("/attempt-2/" in k for k in a2)
-        newest = max(a2.values(), key=lambda mf: mf["step"])
-        assert newest["step"] == 120 and newest["attempt"] == 2
-        assert job.progress.last_checkpoint_uri.startswith(
-            f"s3://{buckets['eu-west-1']}/jobs/{job.id}/attempt-2/")
+        assert any("/attempt-1/" in k for k in a1)
+        for k, mf in a1.items():
+            assert f"/attempt-{mf['attempt']}/" in k, (k, mf)
+        for k, mf in a2.items():
+            under = int(k.split("/attempt-")[1].split("/")[0])
+            assert under >= 2 and mf["attempt"] <= under, (k, mf)
+        newest = max([*a1.values(), *a2.values()], key=lambda mf: (mf["step"], mf["attempt"]))
+        assert newest["step"] == 120 and newest["attempt"] == job.attempt
+        assert f"/jobs/{job.id}/attempt-{job.attempt}/" in job.progress.last_checkpoint_uri
 
 
 def test_agent_sigkill_resumes_elsewhere_from_last_durable_checkpoint(
