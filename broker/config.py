@@ -91,6 +91,10 @@ class BrokerConfig(BaseModel):
     store_outage_backoff_base_s: float = Field(5.0, gt=0)
     store_outage_backoff_max_s: float = Field(60.0, gt=0)
     store_outage_max_s: float = Field(6 * 3600.0, ge=0)
+    # A started attempt whose store goes down while its ranks resume: the ranks wait for
+    # it together this long (never past store_outage_max_s; the trainer's CB_STORE_WAIT_S)
+    # before exiting EXIT_STORE_UNAVAILABLE into the wait above (0 = exit at once).
+    store_outage_attempt_wait_s: float = Field(120.0, ge=0)
     # A job waiting that long for its region's store may resume in another region from
     # a durable checkpoint it made there (a move; 0 = never).
     store_outage_move_after_s: float = Field(600.0, ge=0)

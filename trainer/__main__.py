@@ -47,6 +47,7 @@ def main() -> None:
         EXIT_STORAGE_FAILED,
         EXIT_STORE_UNAVAILABLE,
         CheckpointSaveError,
+        PeerCrashed,
         ResumeUnavailable,
         StoreUnavailable,
         TrainerError,
@@ -78,6 +79,10 @@ def main() -> None:
     except ResumeUnavailable as exc:  # not a config error: the broker relaunches
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_RESUME_UNAVAILABLE
+    except PeerCrashed as exc:  # a peer crashed in an agreed step: its traceback is its own
+        print(f"trainer error (rank {rank}): stopping with a peer: {exc}", file=sys.stderr,
+              flush=True)
+        code = 1
     except CheckpointSaveError as exc:  # storage may recover: the broker relaunches, no node blamed
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = EXIT_STORAGE_FAILED

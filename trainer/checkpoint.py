@@ -61,6 +61,7 @@ from checkpoint_layout import MANIFEST, MANIFEST_VERSION, latest_complete, parse
 from checkpoint_layout import manifest as manifest_format
 from checkpoint_layout.faults import describe, is_outage
 from trainer import rng, telemetry
+from trainer.agree import agree
 from trainer.config import ModelConfig
 from trainer.errors import CheckpointSaveError, ResumeUnavailable, StoreUnavailable, TrainerError
 from trainer.storage import Store, open_store, split_checkpoint_uri
@@ -354,23 +355,6 @@ class CheckpointManager:
             self._inflight = None
         self.raise_if_failed()
 
-    def _agree(self, failure: str) -> None:
-        """Raise TrainerError on every rank if the load failed on any (one all_reduce;
-        the messages are gathered only on failure)."""
-        if self.world_size > 1 and dist.is_initialized():
-            flag = torch.tensor([1 if failure else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-            if int(flag.item()):
-                msgs: list[Any] = [None] * dist.get_world_size(self.group)
-                dist.all_gather_object(msgs, failure, group=self.group)
-                if not failure:
-                    rank, msg = next((r, m) for r, m in enumerate(msgs) if m)
-                    failure = f"{msg} (reported by rank {rank})"
-        if failure:
-            if failure.startswith(OUTAGE_PREFIX):  # the store is down, the data may be fine
-                raise StoreUnavailable(failure.removeprefix(OUTAGE_PREFIX))
-            raise TrainerError(failure)
-
     def raise_if_failed(self) -> None:
         if self._error is not None:
             err, self._error = self._error, None
@@ -431,10 +415,60 @@ class CheckpointManager:
         return extra
 
     def load(self, name: str, store: Store | None = None) -> dict[str, Any]:
-        """Load checkpoint `name` into model/optim/sched/RNG; returns its manifest."""
+        """Load checkpoint `name` into model/optim/sched/RNG; returns its manifest.
+
+        Every rank reads the manifest, checks the file list and loads its shards; the
+        ranks then agree on the outcome (trainer/agree.py), so a rank that found the
+        store down, the checkpoint gone or a file corrupt stops every rank the same way
+        instead of leaving its peers in a collective."""
         store = store or self.store
+        failure: BaseException | None = None
+        manifest: dict[str, Any] = {}
+        # Prepared on every rank before any store read, so a rank whose read fails has
+        # done the same work (and collectives, if any) as its peers.
+        state, self._prepared = self._prepared or self.prepare_load(), None
         try:
-            manifest = store.read_manifest(name)
+            manifest = self._read_manifest(store, name)
+            check_compatible(manifest, self.manifest_base["model"], store.uri(name))
+            verify_files(store, name, manifest)
+        except Exception as exc:  # noqa: BLE001 - agreed below, raised on every rank
+            failure = _outage_or(store, exc)
+        if failure is None:
+            expected = {f["name"]: f for f in manifest.get("files", [])}
+            # Ask only for the generator entry this checkpoint has for this rank (a missing
+            # key fails DCP's load; the saving world may have been smaller, or predate
+            # per-rank RNG).
+            saved_world = int(manifest.get("world_size", 0))
+            state["trainer"].pop(rng.PER_RANK_KEY, None)
+            if manifest.get("rng") == RNG_PER_RANK:
+                state["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.rank, saved_world)
+            # no_dist: DCP's default load planning is per rank (its global step returns
+            # the local plans unchanged), so its two collectives only forward plans and
+            # errors; measured at 0.1-0.35 s of a 0.8 s 200m load on 2 ranks. Ranks agree
+            # on the outcome with one all_reduce instead (`agree`), so a rank that read a
+            # bad file never leaves the others training on.
+            try:
+                dcp.load(state, storage_reader=store.reader(name, expected), no_dist=True)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001
+                try:
+                    store_down(store, exc)
+                    failure = TrainerError(_load_failure(store.uri(name), exc))
+                except StoreUnavailable as down:
+                    failure = down
+        agree(failure, self.group, self.world_size)
+        extra = self.apply_state(state, manifest)
+        if int(extra["step"]) != int(manifest["step"]):
+            raise TrainerError(
+                f"checkpoint {store.uri(name)} is inconsistent: manifest says step "
+                f"{manifest['step']}, data says {extra['step']}"
+            )
+        self.last_durable_step = self.last_saved_step = int(manifest["step"])
+        return manifest
+
+    @staticmethod
+    def _read_manifest(store: Store, name: str) -> dict[str, Any]:
+        try:
+            return store.read_manifest(name)
         except Exception as exc:  # noqa: BLE001
             if _not_found(exc):  # pruned between listing and loading: not a config error
                 raise ResumeUnavailable(
@@ -446,42 +480,17 @@ class CheckpointManager:
                 f"checkpoint {store.uri(name)} has no readable {MANIFEST} ({exc}); "
                 "it is incomplete or corrupt"
             ) from None
-        check_compatible(manifest, self.manifest_base["model"], store.uri(name))
-        verify_files(store, name, manifest)
-        expected = {f["name"]: f for f in manifest.get("files", [])}
-        state, self._prepared = self._prepared or self.prepare_load(), None
-        # Ask only for the generator entry this checkpoint has for this rank (a missing key
-        # fails DCP's load; the saving world may have been smaller, or predate per-rank RNG).
-        saved_world = int(manifest.get("world_size", 0))
-        state["trainer"].pop(rng.PER_RANK_KEY, None)
-        if manifest.get("rng") == RNG_PER_RANK:
-            state["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.rank, saved_world)
-        # no_dist: DCP's default load planning is per rank (its global step returns the
-        # local plans unchanged), so its two collectives only forward plans and errors;
-        # measured at 0.1-0.35 s of a 0.8 s 200m load on 2 ranks. Ranks agree on the
-        # outcome with one all_reduce instead (`_agree`), so a rank that read a bad file
-        # never leaves the others training on.
-        failure = ""
-        try:
-            dcp.load(state, storage_reader=store.reader(name, expected), no_dist=True)
-        except (Exception, CheckpointException) as exc:  # noqa: BLE001
-            try:
-                store_down(store, exc)
-                failure = _load_failure(store.uri(name), exc)
-            except StoreUnavailable as down:
-                failure = f"{OUTAGE_PREFIX}{down}"
-        self._agree(failure)
-        extra = self.apply_state(state, manifest)
-        if int(extra["step"]) != int(manifest["step"]):
-            raise TrainerError(
-                f"checkpoint {store.uri(name)} is inconsistent: manifest says step "
-                f"{manifest['step']}, data says {extra['step']}"
-            )
-        self.last_durable_step = self.last_saved_step = int(manifest["step"])
-        return manifest
 
 
-OUTAGE_PREFIX = "store unavailable: "
+def _outage_or(store: Store, exc: BaseException) -> BaseException:
+    """``exc``, or a StoreUnavailable when it means the store is down (store_down)."""
+    if isinstance(exc, (StoreUnavailable, TrainerError, ResumeUnavailable)):
+        return exc
+    try:
+        store_down(store, exc)
+    except StoreUnavailable as down:
+        return down
+    return exc
 
 
 def store_down(store: Store, exc: BaseException) -> None:

@@ -21,12 +21,14 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 
 from checkpoint_layout import parse_step
 from trainer import standby, telemetry
+from trainer.agree import agree
 from trainer.checkpoint import CheckpointManager, find_resume_point
+from trainer.errors import StoreUnavailable
 from trainer.memtier import MemoryTier
+from trainer.outage_wait import OutageWait, agreed_give_up, sleep_unless
 from trainer.storage import step_name
 
 if TYPE_CHECKING:
@@ -147,14 +149,65 @@ class Checkpointer:
         size and digest is checked while read. A bad checkpoint raises TrainerError
         (exit 2 with one line). Incomplete saves above the resume point (an earlier
         attempt killed mid-upload) are deleted so they cannot mix into this run's files.
+
+        Every store-touching part ends with the ranks agreeing on its outcome
+        (trainer/agree.py). When the store is down, all ranks wait for it together and
+        try the whole resume again, for at most CB_STORE_WAIT_S (trainer/outage_wait.py);
+        past that they all raise StoreUnavailable (exit 81) and the broker waits.
         """
-        run, m = self.run, self.manager
-        step = 0
+        run = self.run
         resume_from = run.env.resume_from
         if standby.go_file():
             resume_from = self._standby()
+        wait: OutageWait | None = None
+        while True:
+            try:
+                step, found, restored, t_locate, t_located = self._resume_once(resume_from)
+                break
+            except StoreUnavailable as exc:  # agreed: every rank is here
+                wait = wait or OutageWait(run.env.store_wait_s)
+                self._wait_for_store(wait, exc)
+        if wait is not None:
+            run.log(f"checkpoint store answered again after {wait.waited():.1f}s"
+                    f" ({wait.tries} tries); resumed at step {step}")
+        run._started(step)
+        if found is not None and restored is None:  # a resume's time (a move's downtime ends here)
+            run.log(f"resume: located in {t_located - t_locate:.3f}s, loaded and agreed in "
+                    f"{time.perf_counter() - t_located:.3f}s")
+        return step
+
+    def _wait_for_store(self, wait: OutageWait, exc: StoreUnavailable) -> None:
+        """The store is down (every rank agreed): wait one backoff, or re-raise ``exc``
+        on every rank once the budget is spent or a SIGTERM came (agreed, too)."""
+        run, m = self.run, self.manager
+        mine = wait.give_up() or run.flags.term
+        if agreed_give_up(mine, m.group, run.world_size):
+            if wait.tries:
+                run.log(f"checkpoint store still unreachable after {wait.waited():.1f}s"
+                        f" (CB_STORE_WAIT_S={wait.budget_s:g}): exiting for the broker to wait")
+            raise exc
+        delay = wait.next_delay()
+        wait.tries += 1
+        run.progress.update(state="store_wait", store_wait_since=wait.since_wall,
+                            store_wait_message=str(exc)[:300])
+        run.log(f"checkpoint store unreachable while resuming ({exc}); every rank waits"
+                f" {delay:.1f}s and tries again (try {wait.tries},"
+                f" {wait.waited():.0f}s of {wait.budget_s:g}s)")
+        sleep_unless(delay, lambda: run.flags.term)
+
+    def _resume_once(
+        self, resume_from: str
+    ) -> tuple[int, tuple[Any, str] | None, tuple[int, Any] | None, float, float]:
+        """One try at the whole resume; every failure agreed by all ranks."""
+        run, m = self.run, self.manager
+        step = 0
         t_locate = time.perf_counter()
-        found = find_resume_point(run.store, resume_from, run.s3_max_concurrency)
+        found, failure = None, None
+        try:
+            found = find_resume_point(run.store, resume_from, run.s3_max_concurrency)
+        except Exception as exc:  # noqa: BLE001 - agreed: raised on every rank
+            failure = exc
+        agree(failure, m.group, run.world_size)
         t_located = time.perf_counter()
         restored = None
         if self.memory is not None:  # newer than the store's, or as new: no store read
@@ -179,7 +232,7 @@ class Checkpointer:
             run.progress.update(resume_tier="store")
             src, name = found
             t0 = time.perf_counter()
-            manifest = m.load(name, store=src)
+            manifest = m.load(name, store=src)  # agreed inside
             telemetry.checkpoint_loaded(t0, manifest, src.uri(name))
             step = int(manifest["step"])
             run.log(
@@ -189,17 +242,16 @@ class Checkpointer:
             run._resumed(step, src.uri(name), manifest.get("loss"))
         elif restored is None:
             run.log(f"no complete checkpoint under {run.env.checkpoint_uri}: starting at step 0")
+        failure, dropped = None, []
         if run.rank == 0:
-            dropped = m.drop_incomplete(step)
-            if dropped:
-                run.log(f"removed incomplete checkpoints of a previous attempt: steps {dropped}")
-        if run.world_size > 1:
-            dist.barrier()
-        run._started(step)
-        if found is not None and restored is None:  # a resume's time (a move's downtime ends here)
-            run.log(f"resume: located in {t_located - t_locate:.3f}s, loaded and agreed in "
-                    f"{time.perf_counter() - t_located:.3f}s")
-        return step
+            try:
+                dropped = m.drop_incomplete(step)
+            except Exception as exc:  # noqa: BLE001 - agreed: raised on every rank
+                failure = exc
+        agree(failure, m.group, run.world_size)  # also the barrier before anyone saves
+        if dropped:
+            run.log(f"removed incomplete checkpoints of a previous attempt: steps {dropped}")
+        return step, found, restored, t_locate, t_located
 
     def _standby(self) -> str:
         """Make-before-break (trainer/standby.py): everything a resume can do without the

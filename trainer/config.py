@@ -121,6 +121,10 @@ class RunEnv:
     resume_from: str
     progress_file: str
     grace_s: float
+    # CB_STORE_WAIT_S: how long the ranks may wait together, in the attempt, for a
+    # checkpoint store that is down while they resume, before exiting 81 and leaving the
+    # rest of the wait to the broker (trainer/checkpointer.py). 0 = exit at once.
+    store_wait_s: float = 0.0
 
 
 def _int_env(env: dict[str, str], name: str, default: int) -> int:
@@ -157,6 +161,10 @@ def load_run_env(env: dict[str, str] | None = None, default_checkpoint_uri: str 
         grace = float(env.get("CB_GRACE_S", "") or 120)
     except ValueError:
         raise TrainerError(f"CB_GRACE_S={env['CB_GRACE_S']!r} is not a number") from None
+    try:
+        store_wait = max(0.0, float(env.get("CB_STORE_WAIT_S", "") or 0))
+    except ValueError:
+        raise TrainerError(f"CB_STORE_WAIT_S={env['CB_STORE_WAIT_S']!r} is not a number") from None
     return RunEnv(
         rank=rank,
         world_size=world,
@@ -167,6 +175,7 @@ def load_run_env(env: dict[str, str] | None = None, default_checkpoint_uri: str 
         resume_from=env.get("CB_RESUME_FROM", ""),
         progress_file=env.get("CB_PROGRESS_FILE", ""),
         grace_s=grace,
+        store_wait_s=store_wait,
     )
 
 

@@ -91,3 +91,8 @@ class StoreUnavailable(Exception):
     Why its own type: the broker must neither fail the job (exit 2) nor spend a restart
     on it (exit 77); exit EXIT_STORE_UNAVAILABLE makes it wait for the store."""
 
+
+
+class PeerCrashed(RuntimeError):
+    """Another rank crashed in a step the ranks agree on (trainer/agree.py): this rank
+    stops with it, with one line (exit 1); the crashed rank's traceback is its own."""

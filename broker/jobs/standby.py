@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import placement
-from broker.jobs import handoff, migration, precopy, shown_progress
+from broker.jobs import handoff, migration, precopy, shown_progress, store_wait
 from broker.jobs.causes import Cause, StopKind
 from broker.jobs.lifecycle import CHECKPOINTING, LAUNCHING, MIGRATING, Tx
 from computebroker.v1 import agent_pb2 as apb
@@ -135,6 +135,7 @@ def reserve(job: pb.Job, inp: ReserveStandby, now: float, config: BrokerConfig) 
     launch = apb.Launch(job_id=j.id, attempt=j.attempt + 1, spec=j.spec, placement=pl,
                         checkpoint_uri=ckpt, resume_from="", transfer_mode="direct", standby=True,
                         precopy_from=precopy.precopy_from(j))
+    launch.env[store_wait.STORE_WAIT_ENV] = f"{store_wait.attempt_wait_s(j, now, config):g}"
     return seal(tx, SendLaunch(agent_id=pl.agent_id, launch=launch))
 
 

@@ -120,6 +120,21 @@ def move_source(job: pb.Job, region: str, now: float) -> pb.RegionCheckpoint | N
     return next((rc for rc in job.region_checkpoints if rc.region == region), None)
 
 
+STORE_WAIT_ENV = "CB_STORE_WAIT_S"
+
+
+def attempt_wait_s(job: pb.Job, now: float, config: BrokerConfig) -> float:
+    """How long a launched attempt's ranks may wait for a store that is down while they
+    resume (the trainer's ``CB_STORE_WAIT_S``): ``store_outage_attempt_wait_s``, but no
+    longer than what is left of the job's ``store_outage_max_s`` budget, so waiting in
+    the attempt never outlasts the wait the broker would allow."""
+    wait = config.store_outage_attempt_wait_s
+    if config.store_outage_max_s:
+        waited = now - job.store_wait.since if job.store_wait.count and job.store_wait.since else 0.0
+        wait = min(wait, max(0.0, config.store_outage_max_s - waited))
+    return wait
+
+
 def clock(t: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 

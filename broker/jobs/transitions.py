@@ -286,6 +286,7 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     launch = apb.Launch(job_id=j.id, attempt=j.attempt, spec=j.spec, placement=j.placement,
                         checkpoint_uri=ckpt, resume_from=resume,
                         transfer_mode=config.migration_transfer_mode)
+    launch.env[store_wait.STORE_WAIT_ENV] = f"{store_wait.attempt_wait_s(j, now, config):g}"
     return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
 
 

@@ -12,7 +12,7 @@ from broker.jobs.lifecycle import FAILED, PENDING, RUNNING
 from broker.jobs.recovery import EXIT_DECISIONS, RecoveryPolicy, Restart
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
-from tests.jobs.helpers import CFG, admission, launching, must, running, update
+from tests.jobs.helpers import CFG, admission, launching, must, running, submitted, update
 
 CONF = CFG.model_copy(update={"max_restarts": 2, "store_outage_backoff_base_s": 5.0,
                               "store_outage_backoff_max_s": 40.0, "store_outage_max_s": 3600.0})
@@ -208,3 +208,32 @@ def test_a_healthy_probe_after_the_last_failure_ends_the_backoff() -> None:
     assert store_wait.avoided_region(j, 201.0) == "us-east-2"
     assert store_wait.avoided_region(j, 201.0, store_ok_since=150.0) == "us-east-2"  # before it
     assert store_wait.avoided_region(j, 201.0, store_ok_since=200.5) == ""  # the store is back
+
+
+def test_launch_tells_the_ranks_how_long_they_may_wait_for_the_store() -> None:
+    """CB_STORE_WAIT_S in the Launch: store_outage_attempt_wait_s, but never more than
+    what is left of the job's store_outage_max_s budget (the wait in the attempt must not
+    outlast the wait the broker allows)."""
+    conf = CONF.model_copy(update={"store_outage_attempt_wait_s": 120.0})
+
+    def env_of(job: pb.Job, now: float) -> str:
+        out = t.admit(job, admission(), now, conf)
+        assert out is not None
+        launch = next(c.launch for c in out.commands if hasattr(c, "launch"))
+        return launch.env[store_wait.STORE_WAIT_ENV]
+
+    job = launching(100.0)
+    assert job.attempt == 1
+    fresh = t.admit(submitted(), admission(), 100.0, conf)  # a first launch: full wait
+    assert fresh is not None
+    assert next(c.launch for c in fresh.commands if hasattr(c, "launch")).env[
+        store_wait.STORE_WAIT_ENV] == "120"
+    job = _fail(job, 200.0)  # waiting for its store since 200
+    assert env_of(job, job.store_wait.until + 1) == "120"
+    assert env_of(job, 200.0 + 3600.0 - 30.0) == "30"  # 30 s of the budget left
+    assert env_of(job, 200.0 + 3600.0 + 5.0) == "0"
+    unlimited = conf.model_copy(update={"store_outage_max_s": 0.0})
+    out = t.admit(job, admission(), 10**6, unlimited)
+    assert out is not None
+    assert next(c.launch for c in out.commands if hasattr(c, "launch")).env[
+        store_wait.STORE_WAIT_ENV] == "120"
