@@ -28,7 +28,7 @@ from trainer.agree import agree
 from trainer.checkpoint import CheckpointManager, find_resume_point
 from trainer.errors import StoreUnavailable
 from trainer.memtier import MemoryTier
-from trainer.outage_wait import OutageWait, agreed_give_up, sleep_unless
+from trainer.outage_wait import OutageWait, pause_or_raise
 from trainer.storage import step_name
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class Checkpointer:
                 break
             except StoreUnavailable as exc:  # agreed: every rank is here
                 wait = wait or OutageWait(run.env.store_wait_s)
-                self._wait_for_store(wait, exc)
+                pause_or_raise(run, wait, exc, "resuming")
         if wait is not None:
             run.log(f"checkpoint store answered again after {wait.waited():.1f}s"
                     f" ({wait.tries} tries); resumed at step {step}")
@@ -175,25 +175,6 @@ class Checkpointer:
             run.log(f"resume: located in {t_located - t_locate:.3f}s, loaded and agreed in "
                     f"{time.perf_counter() - t_located:.3f}s")
         return step
-
-    def _wait_for_store(self, wait: OutageWait, exc: StoreUnavailable) -> None:
-        """The store is down (every rank agreed): wait one backoff, or re-raise ``exc``
-        on every rank once the budget is spent or a SIGTERM came (agreed, too)."""
-        run, m = self.run, self.manager
-        mine = wait.give_up() or run.flags.term
-        if agreed_give_up(mine, m.group, run.world_size):
-            if wait.tries:
-                run.log(f"checkpoint store still unreachable after {wait.waited():.1f}s"
-                        f" (CB_STORE_WAIT_S={wait.budget_s:g}): exiting for the broker to wait")
-            raise exc
-        delay = wait.next_delay()
-        wait.tries += 1
-        run.progress.update(state="store_wait", store_wait_since=wait.since_wall,
-                            store_wait_message=str(exc)[:300])
-        run.log(f"checkpoint store unreachable while resuming ({exc}); every rank waits"
-                f" {delay:.1f}s and tries again (try {wait.tries},"
-                f" {wait.waited():.0f}s of {wait.budget_s:g}s)")
-        sleep_unless(delay, lambda: run.flags.term)
 
     def _resume_once(
         self, resume_from: str

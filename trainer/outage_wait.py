@@ -15,10 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from trainer.errors import StoreUnavailable
+    from trainer.run import Run
 
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 15.0
@@ -63,3 +67,23 @@ def sleep_unless(seconds: float, stop: Callable[[], bool], tick: float = 0.2) ->
         if left <= 0:
             return
         time.sleep(min(tick, left))
+
+
+def pause_or_raise(run: Run, wait: OutageWait, exc: StoreUnavailable, while_: str) -> None:
+    """The store is down (every rank agreed on ``exc``): wait one backoff, or re-raise
+    ``exc`` on every rank once the budget is spent or a SIGTERM came (agreed too).
+    ``while_`` says what the ranks were doing ("resuming", "starting")."""
+    mine = wait.give_up() or run.flags.term
+    if agreed_give_up(mine, run.ckpt_group, run.world_size):
+        if wait.tries:
+            run.log(f"checkpoint store still unreachable after {wait.waited():.1f}s"
+                    f" (CB_STORE_WAIT_S={wait.budget_s:g}): exiting for the broker to wait")
+        raise exc
+    delay = wait.next_delay()
+    wait.tries += 1
+    run.progress.update(state="store_wait", store_wait_since=wait.since_wall,
+                        store_wait_message=str(exc)[:300])
+    run.log(f"checkpoint store unreachable while {while_} ({exc}); every rank waits"
+            f" {delay:.1f}s and tries again (try {wait.tries},"
+            f" {wait.waited():.0f}s of {wait.budget_s:g}s)")
+    sleep_unless(delay, lambda: run.flags.term)

@@ -42,6 +42,7 @@ from torch import nn
 
 from checkpoint_layout.faults import describe, is_outage
 from checkpoint_layout.stop_deadline import read_stop_deadline
+from trainer.agree import agree
 from trainer.checkpoint import GraceExceeded
 from trainer.config import RunEnv, load_run_env
 from trainer.errors import (
@@ -52,10 +53,12 @@ from trainer.errors import (
     EXIT_RESUME_UNAVAILABLE,
     EXIT_STORE_UNAVAILABLE,
     CheckpointSaveError,
+    PeerCrashed,
     ResumeUnavailable,
     StoreUnavailable,
     TrainerError,
 )
+from trainer.outage_wait import OutageWait, pause_or_raise
 from trainer.parallel import (
     Parallelism,
     build_mesh,
@@ -360,6 +363,10 @@ def _report_and_exit(tp: type[BaseException], exc: BaseException, tb: Any) -> No
     elif isinstance(exc, CheckpointSaveError):
         print(f"trainer error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         code = 1
+    elif isinstance(exc, PeerCrashed):  # the crashed peer printed its own traceback
+        print(f"trainer error (rank {rank}): stopping with a peer: {exc}", file=sys.stderr,
+              flush=True)
+        code = 1
     elif is_outage(exc):  # the store went down where no caller said so: still an outage
         print(f"trainer error (rank {rank}): checkpoint store unreachable: {describe(exc)}",
               file=sys.stderr, flush=True)
@@ -401,7 +408,11 @@ def init(
         sys.excepthook = _report_and_exit
     env = load_run_env(default_checkpoint_uri=checkpoint_dir)
     store = open_store(env.checkpoint_uri, s3_max_concurrency)
-    store.check_reachable()  # before peers are involved: a bad endpoint fails fast, clearly
+    down: StoreUnavailable | None = None
+    try:
+        store.check_reachable()  # before peers are involved: a bad endpoint fails fast, clearly
+    except StoreUnavailable as exc:  # an outage may be one rank's view: agreed below
+        down = exc
     run = Run(
         env,
         store,
@@ -417,4 +428,27 @@ def init(
     if handle_exit:
         sys.excepthook = run._excepthook
         atexit.register(run._atexit)
+    _agree_store_up(run, down)
     return run
+
+
+def _agree_store_up(run: Run, down: StoreUnavailable | None) -> None:
+    """The ranks agree that the store answered at start, or wait for it together.
+
+    Why after the process group: a store that goes down while the ranks start can refuse
+    one rank's probe and answer another's; a rank that exited alone left its peer
+    waiting for it in the rendezvous or the first collective until a timeout traceback.
+    """
+    wait: OutageWait | None = None
+    while True:
+        try:
+            agree(down, run.ckpt_group, run.world_size)
+            return
+        except StoreUnavailable as exc:
+            wait = wait or OutageWait(run.env.store_wait_s)
+            pause_or_raise(run, wait, exc, "starting")
+        down = None
+        try:
+            run.store.check_reachable()
+        except StoreUnavailable as exc:
+            down = exc

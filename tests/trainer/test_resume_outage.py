@@ -126,3 +126,45 @@ def test_ranks_exit_81_together_when_the_wait_budget_is_spent(
     assert codes == [0, 0], f"{codes}\n{again.output()}\n{again.stderr(0)}\n{again.stderr(1)}"
     assert_clean(again)
     assert_same_as_reference(reference["log"], log)
+
+
+def test_ranks_agree_on_an_outage_only_one_of_them_saw_at_start(
+        s3_server: Any, tmp_path: Path) -> None:
+    """Rank 1's store endpoint refuses, rank 0's answers: before, rank 1 exited 81 at its
+    start-up probe and rank 0 waited for it in the rendezvous until a timeout traceback.
+    Now the probe's outage is agreed once the process group exists: both exit 81."""
+    from tests.trainer.launch import free_port
+
+    bucket = s3_server.unique_bucket("start-outage")
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    run = launch(tmp_path / "run", 2, spec(tmp_path / "s.jsonl"), f"s3://{bucket}/run",
+                 env={**s3_server.env, "CB_STORE_WAIT_S": "0"},
+                 rank_env={1: {"AWS_ENDPOINT_URL": dead}})
+    codes = run.wait(240)
+    assert codes == [81, 81], f"{codes}\n{run.output()}\n{run.stderr(0)}\n{run.stderr(1)}"
+    assert_clean(run)
+    assert dead in run.stderr(1), run.stderr(1)
+    assert dead in run.stderr(0) and "reported by rank 1" in run.stderr(0), run.stderr(0)
+
+
+def test_ranks_wait_out_an_outage_at_start_together(
+        s3_server: Any, reference: dict[str, Any]) -> None:
+    """The store refuses from the first start-up probe on for OUTAGE_S: the ranks wait for
+    it together and then train exactly the uninterrupted run's steps."""
+    bucket, work = reference["bucket"], reference["work"]
+    log = work / "started.jsonl"
+    plan = FaultPlan(outage_when=lambda m, p: "max-keys=1" in p and "prefix=started" in p,
+                     outage_s=OUTAGE_S)
+    with FaultyProxy(s3_server.endpoint_url, plan) as proxy:
+        run = launch(work / "started", 2, spec(log), f"s3://{bucket}/started",
+                     env={**s3_server.env, "AWS_ENDPOINT_URL": proxy.endpoint_url,
+                          "CB_STORE_WAIT_S": "120"})
+        codes = run.wait(300)
+        assert len(plan.outages) == 1, plan.outages
+    assert codes == [0, 0], f"{codes}\n{run.output()}\n{run.stderr(0)}\n{run.stderr(1)}"
+    assert_clean(run)
+    assert "checkpoint store unreachable while starting" in run.output(0), run.output(0)
+    got = read_log(log)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), got
+    assert [(r["ids"], r["loss"]) for r in got] == \
+        [(r["ids"], r["loss"]) for r in reference["log"]]
