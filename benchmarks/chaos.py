@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=40, help="jobs to run (goal: 200)")
     p.add_argument("--faults", type=int, default=0, help="faults to inject (default: jobs)")
     p.add_argument("--seed", type=int, default=1, help="the fault schedule and job mix")
-    p.add_argument("--store", choices=("redis", "sqlite"), default="redis")
+    p.add_argument("--store", choices=("redis", "redis-sentinel", "sqlite"), default="redis",
+                   help="redis-sentinel: a primary, 2 replicas, 3 Sentinels (needs --no-netns)")
     p.add_argument("--regions", type=int, default=3)
     p.add_argument("--nodes-per-region", type=int, default=2)
     p.add_argument("--no-netns", action="store_true", help="no network namespaces: no partitions")
