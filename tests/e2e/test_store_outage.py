@@ -76,3 +76,82 @@ def test_store_refusing_connections_mid_run_is_waited_out(
         assert "store_outage" in reasons, reasons
         assert "config_error" not in reasons and "max_restarts" not in reasons, reasons
     assert_equivalent(final_samples(log), reference)
+
+
+CROSS_STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The cross-region run's training, uninterrupted (python -m trainer, 2 ranks)."""
+    from tests.trainer.launch import launch, read_log
+
+    work = tmp_path_factory.mktemp("long-reference")
+    log = work / "samples.jsonl"
+    run = launch(work / "run", 2, mig.trainer_spec(steps=CROSS_STEPS, log=log),
+                 str(work / "ckpt"), job_id="j-ref-long")
+    codes = run.wait(300)
+    assert codes == [0, 0], run.output()
+    return read_log(log)
+
+
+def test_store_outage_in_one_region_resumes_in_the_region_of_an_older_checkpoint(
+        cluster: Cluster, s3_server: Any, tmp_path: Path,
+        long_reference: list[dict[str, Any]]) -> None:
+    """Cross-region resume after a store outage, end to end. The job trains in eu-west-1
+    (durable checkpoints there), is drained to us-east-2 and checkpoints there too; then
+    us-east-2's store refuses connections for good (a proxy in front of moto, its port
+    closed). Past store_outage_move_after_s the broker resumes the job in eu-west-1 from
+    the checkpoint it made there: a move whose event names the store that is down, no
+    restart spent, and the result equal to an uninterrupted run (steps after that older
+    checkpoint are redone)."""
+    from tests.fixtures.faulty_proxy import FaultyProxy
+
+    east, west = "us-east-2", "eu-west-1"
+    buckets = {r: s3_server.unique_bucket(f"cb-{r}") for r in (east, west)}
+    cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
+                           "--set", "store_outage_backoff_base_s=1",
+                           "--set", "store_outage_backoff_max_s=4",
+                           "--set", "store_outage_move_after_s=8", "--set", "max_restarts=1"]
+    log = tmp_path / "samples.jsonl"
+    with FaultyProxy(s3_server.endpoint_url) as proxy:
+        cluster.extra_env = dict(s3_server.env)  # eu-west-1: straight to the store
+        cluster.start_broker()
+        cluster.start_agent(west, nodes=1, gpus=1, price=3.0,
+                            checkpoint_bucket=f"s3://{buckets[west]}")
+        with cluster.client() as client:
+            setup_team(client)
+            wait_regions(cluster, client, 1)
+            handle = client.submit(job_spec("cross", steps=CROSS_STEPS, log=log))
+            j = wait_until(mig.running_in(handle, west, min_ckpt=10), 180,
+                           what=f"a durable checkpoint in {west}\n{cluster.logs()}")
+            # us-east-2 (cheaper) reaches its store through the proxy that will go down
+            cluster.extra_env = {**s3_server.env, "AWS_ENDPOINT_URL": proxy.endpoint_url}
+            cluster.start_agent(east, "--store-probe-interval-s", "1", nodes=1, gpus=1,
+                                price=1.0, checkpoint_bucket=f"s3://{buckets[east]}")
+            wait_regions(cluster, client, 2)
+            client.drain(west, reason="move the job to us-east-2 first")
+            j = wait_until(mig.running_in(handle, east, min_ckpt=1), 180,
+                           what=f"the job running in {east}\n{cluster.logs()}")
+            west_step = max(rc.step for rc in j.region_checkpoints if rc.region == west)
+            j = wait_until(lambda: (g := handle.status()).placement.region == east
+                           and g.progress.last_checkpoint_step > west_step and g, 180,
+                           what=f"a newer checkpoint in {east}\n{cluster.logs()}")
+            east_step = j.progress.last_checkpoint_step
+            assert j.phase == pb.JOB_PHASE_RUNNING and j.progress.step < CROSS_STEPS, j
+            client.drain(west, undrain=True)
+            proxy.refuse()  # us-east-2's store is down from now on
+            job = handle.wait(timeout=400)
+            assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
+            assert job.restarts == 0, job
+            assert job.placement.region == west, job
+            events = events_of(client, job.id)
+            moved = [e for e in events if e.type == "moved" and e.reason == "store_outage"]
+            assert len(moved) == 1, [(e.type, e.reason, e.message) for e in events]
+            d = dict(moved[0].details)
+            assert (d["from_region"], d["to_region"]) == (east, west), d
+            assert int(d["step"]) == west_step and int(d["unreachable_step"]) >= east_step, d
+            assert f"checkpoint store of {east} unreachable since" in moved[0].message
+            reasons = [e.reason for e in events]
+            assert "config_error" not in reasons and "max_restarts" not in reasons, reasons
+    mig.assert_equivalent(final_samples(log), long_reference)
