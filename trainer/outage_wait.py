@@ -83,7 +83,7 @@ def pause_or_raise(run: Run, wait: OutageWait, exc: StoreUnavailable, while_: st
     wait.tries += 1
     run.progress.update(state="store_wait", store_wait_since=wait.since_wall,
                         store_wait_message=str(exc)[:300])
-    run.log(f"checkpoint store unreachable while {while_} ({exc}); every rank waits"
-            f" {delay:.1f}s and tries again (try {wait.tries},"
-            f" {wait.waited():.0f}s of {wait.budget_s:g}s)")
+    why = f"unreachable while {while_} ({exc})" if wait.tries == 1 else "still unreachable"
+    run.log(f"checkpoint store {why}; every rank waits {delay:.1f}s and tries again"
+            f" (try {wait.tries}, {wait.waited():.0f}s of {wait.budget_s:g}s)")
     sleep_unless(delay, lambda: run.flags.term)

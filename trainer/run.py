@@ -443,6 +443,9 @@ def _agree_store_up(run: Run, down: StoreUnavailable | None) -> None:
     while True:
         try:
             agree(down, run.ckpt_group, run.world_size)
+            if wait is not None:
+                run.log(f"checkpoint store answered again after {wait.waited():.1f}s"
+                        f" ({wait.tries} tries); starting")
             return
         except StoreUnavailable as exc:
             wait = wait or OutageWait(run.env.store_wait_s)

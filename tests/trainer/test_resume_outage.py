@@ -163,7 +163,9 @@ def test_ranks_wait_out_an_outage_at_start_together(
         assert len(plan.outages) == 1, plan.outages
     assert codes == [0, 0], f"{codes}\n{run.output()}\n{run.stderr(0)}\n{run.stderr(1)}"
     assert_clean(run)
-    assert "checkpoint store unreachable while starting" in run.output(0), run.output(0)
+    out = run.output(0)
+    assert "checkpoint store unreachable while starting" in out, out
+    assert "answered again after" in out, out
     got = read_log(log)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), got
     assert [(r["ids"], r["loss"]) for r in got] == \
