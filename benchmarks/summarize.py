@@ -493,16 +493,25 @@ def library(d: dict[str, Any]) -> list[str]:
 def chaos(d: dict[str, Any]) -> list[str]:
     """The fault campaign (benchmarks/chaos.py): what was injected, how fast the system
     recovered, and whether anything was lost, doubled, wrong or stuck."""
+    kinds = list(d["by_kind"])
+    # Only the kinds asked for when a run was limited to a few (a full run has them all).
+    only = f" --kinds {','.join(kinds)}" if 0 < len(kinds) <= 2 else ""
+    store = {"redis": "over Redis; brokers, agents and Redis",
+             "redis-sentinel": "over a Redis primary with 2 replicas and 3 Sentinels; brokers and agents",
+             }.get(d["store"], "on one SQLite file; brokers and agents")
+    where = (" as hosts in network namespaces" if d.get("netns", True) else " on loopback")
     out = [
-        f"### Fault campaign, {d['store']} (`python benchmarks/chaos.py --jobs {d['jobs']} "
-        f"--faults {d.get('faults_scheduled', len(d['faults']))} --seed {d['seed']}{' --store sqlite' if d['store'] == 'sqlite' else ''}"
+        f"### Fault campaign, {d['store']}{' (' + ', '.join(kinds) + ')' if only else ''} "
+        f"(`python benchmarks/chaos.py --jobs {d['jobs']} "
+        f"--faults {d.get('faults_scheduled', len(d['faults']))} --seed {d['seed']}"
+        f"{' --store ' + d['store'] if d['store'] != 'redis' else ''}"
+        f"{'' if d.get('netns', True) else ' --no-netns'}{only}"
         f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}`)",
         "",
         f"{d['jobs']} mixed jobs (1-2 nodes, two teams, three priorities, spot, elastic; a checkpoint "
         "every 4 steps) on 3 regions, two broker replicas with leader election "
         f"{'(each with ' + str(d['api_workers']) + ' API worker processes) ' if d.get('api_workers') else ''}"
-        f"{'over Redis; brokers, agents and Redis' if d['store'] == 'redis' else 'on one SQLite file; brokers and agents'}"
-        " as hosts in network namespaces, S3 (moto) behind a fault proxy; faults one after the "
+        f"{store}{where}, S3 (moto) behind a fault proxy; faults one after the "
         f"other (seed {d['seed']}). Recovery: from injection until a leader answers, every agent is "
         "connected and every job that was running has stepped since (fault duration included). "
         f"Link slowdowns used `{d.get('slow_link') or 'n/a'}`. Wall time {f(d['wall_s'], 0)} s.",
