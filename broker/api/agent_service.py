@@ -160,10 +160,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 raise PermissionDenied(f"node {n.id!r} claims region {n.region!r}, but this"
                                        f" agent's certificate is for region {who.region!r}")
 
-    def _assigned(self, agent_id: str, job_id: str, attempt: int) -> bool:
+    def _assigned(self, agent_id: str, job_id: str, attempt: int, job: pb.Job | None = None) -> bool:
         """Was attempt ``attempt`` of the job launched on this agent? Updates and logs
-        about anything else change nothing (a forged JobUpdate from another agent)."""
-        job = self.jobs.find(job_id)
+        about anything else change nothing (a forged JobUpdate from another agent).
+        ``job``: the job as the caller just read it (None: read it here)."""
+        job = job if job is not None else self.jobs.find(job_id)
         if job is None:
             return True  # unknown: handle_update only tells the sender to stop it
         if job.placement.agent_id == agent_id and job.attempt == attempt:
@@ -253,13 +254,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
 
     def _job_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
-        if not self._assigned(agent.agent_id, u.job_id, u.attempt):
+        job = self.jobs.find(u.job_id)  # read once for the check and the update
+        if not self._assigned(agent.agent_id, u.job_id, u.attempt, job):
             log.warning("agent %s sent an update for %s attempt %d, which it never ran: ignored",
                         agent.agent_id, u.job_id, u.attempt)
             if u.state not in ATTEMPT_TERMINAL:
                 self.ops.fence(agent.agent_id, u.job_id, u.attempt)  # tells only the sender
             return
-        self.ops.handle_update(agent, u)
+        self.ops.handle_update(agent, u, job)
 
     def _heartbeat(self, agent: AgentState, hb: apb.Heartbeat) -> None:
         health = {h.node_id: h for h in hb.node_health}
@@ -296,8 +298,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 continue
             self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
             if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
+                # Mostly progress already stored: handle_update then writes nothing.
                 self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
-                                                            state=r.state, progress=r.progress))
+                                                            state=r.state, progress=r.progress), job)
 
     def _jobs_on(self, agent: AgentState, nodes: set[str] | dict[str, float]) -> list[tuple[pb.Job, list[str]]]:
         """This agent's jobs holding GPUs on any of ``nodes``, with the nodes they hit."""

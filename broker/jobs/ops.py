@@ -304,11 +304,12 @@ class JobOps:
         return changed
 
     # ---- agent updates --------------------------------------------------------------------
-    def handle_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
+    def handle_update(self, agent: AgentState, u: apb.JobUpdate, job: pb.Job | None = None) -> None:
         """Apply one JobUpdate (contracts "Agent stream semantics" rules 3-5): fenced by
-        attempt and agent; a stale or unknown attempt is told to stop."""
+        attempt and agent; a stale or unknown attempt is told to stop. ``job``: the job
+        as the caller just read it (saves a store read per report; writes re-read it)."""
         try:
-            job = self._store.get_job(u.job_id)
+            job = job if job is not None and job.id == u.job_id else self._store.get_job(u.job_id)
         except NotFound:
             log.warning("update for unknown job %s from %s: stopping it", u.job_id, agent.agent_id)
             if u.state not in updates.ATTEMPT_TERMINAL:
@@ -344,6 +345,8 @@ class JobOps:
         """Progress writes are throttled (``progress_write_interval_s``) except when they
         matter: a new durable checkpoint, LAUNCHING -> RUNNING, a move's first step."""
         u = inp.update
+        if updates.tells_nothing_new(job, u):
+            return  # e.g. a heartbeat re-listing progress already stored
         now = self.clock()
         every = self.config.progress_event_every_steps
         has = u.HasField("progress")

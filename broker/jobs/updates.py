@@ -85,6 +85,25 @@ def record_ranks(j: pb.Job, u: apb.JobUpdate) -> None:
         m.to_ranks = u.ranks
 
 
+def tells_nothing_new(job: pb.Job, u: apb.JobUpdate) -> bool:
+    """A non-terminal report that would change nothing stored: no new ranks, not the
+    attempt's start, and progress equal to the job's (its ``updated_time`` aside) or
+    absent. Why it matters: every heartbeat re-lists each running attempt with its
+    progress, so with thousands of attempts re-writing unchanged progress was most of
+    the leader's store writes (one fsync each), and each such write reset the
+    progress throttle, holding back the next report that did carry a new step."""
+    if 0 < u.ranks != job.placement.ranks:
+        return False
+    if job.phase == LAUNCHING and u.state in _STARTED:
+        return False
+    if not u.HasField("progress"):
+        return True
+    reported = pb.Progress()
+    reported.CopyFrom(u.progress)
+    reported.updated_time = job.progress.updated_time
+    return reported == job.progress
+
+
 def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) -> Outcome | None:
     """LAUNCHING -> RUNNING on the first running report; progress and checkpoints copied."""
     u = inp.update

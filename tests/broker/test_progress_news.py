@@ -1,0 +1,79 @@
+"""Reports that change nothing write nothing (broker/jobs/updates.py tells_nothing_new).
+
+Why: every agent heartbeat re-lists each running attempt with its progress. Written
+each time (one store write, one fsync each) they were most of a leader's writes with
+thousands of attempts running, and each reset the progress throttle, so the next
+report with a new step was held back until a later heartbeat: seconds before a user
+saw it. Over the real agent stream (mutual TLS) with a real broker and store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import common_pb2 as pb
+from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
+
+RUNNING = apb.ATTEMPT_STATE_RUNNING
+THROTTLE_S = 0.5
+
+
+def heartbeat_with(agent: FakeAgent, job_id: str, attempt: int, step: int) -> None:
+    """A heartbeat listing the attempt with its progress, as the real agent sends it."""
+    agent.send(apb.AgentMessage(heartbeat=apb.Heartbeat(time=time.time(), running=[
+        apb.RunningAttempt(job_id=job_id, attempt=attempt, state=RUNNING,
+                           progress=pb.Progress(step=step, total_steps=100))])))
+
+
+def test_repeated_progress_is_not_rewritten_and_does_not_hold_back_the_next_step(tmp_path: Path) -> None:
+    b = Broker(fast_config(tmp_path, progress_write_interval_s=THROTTLE_S))
+    agent = FakeAgent(b.address, "us-east-2-a", "us-east-2", nodes_for("us-east-2", "a", 1, 8),
+                      bucket="s3://cb-us-east-2")
+    try:
+        agent.connect()
+        b.team()
+        job = b.submit(spec("steady"))
+        launch = agent.wait_launch(job.id)
+        agent.update(job.id, launch.attempt, RUNNING, step=10)
+        b.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+        wait_until(lambda: b.get(job.id).progress.step == 10, 10, "step 10 stored")
+        time.sleep(THROTTLE_S * 1.5)  # the throttle would let a write through now
+        version = b.get(job.id).version
+        acks = len(agent.update_acks)
+        for _ in range(5):
+            heartbeat_with(agent, job.id, launch.attempt, 10)  # nothing new
+        agent.update(job.id, launch.attempt, RUNNING, step=10)  # nothing new either
+        wait_until(lambda: len(agent.update_acks) > acks, 10, "the repeat acked")
+        assert b.get(job.id).version == version, "unchanged progress was written again"
+        # The next real step is written at once: the repeats did not use up the throttle.
+        agent.update(job.id, launch.attempt, RUNNING, step=11)
+        wait_until(lambda: len(agent.update_acks) > acks + 1, 10, "step 11 acked")
+        got = b.get(job.id)
+        assert got.progress.step == 11 and got.version == version + 1
+        # A heartbeat whose progress is new is still taken (it may be the only news).
+        time.sleep(THROTTLE_S * 1.5)
+        heartbeat_with(agent, job.id, launch.attempt, 12)
+        wait_until(lambda: b.get(job.id).progress.step == 12, 10, "the heartbeat's new step stored")
+    finally:
+        agent.close()
+        b.stop()
+
+
+def test_a_report_of_the_start_is_written_even_with_the_stored_progress(tmp_path: Path) -> None:
+    """LAUNCHING -> RUNNING is news whatever the progress says (the resume step that
+    the job already shows, as after a relaunch)."""
+    b = Broker(fast_config(tmp_path, progress_write_interval_s=THROTTLE_S))
+    agent = FakeAgent(b.address, "us-east-2-a", "us-east-2", nodes_for("us-east-2", "a", 1, 8),
+                      bucket="s3://cb-us-east-2")
+    try:
+        agent.connect()
+        b.team()
+        job = b.submit(spec("start"))
+        launch = agent.wait_launch(job.id)
+        assert b.get(job.id).phase == pb.JOB_PHASE_LAUNCHING
+        agent.update(job.id, launch.attempt, RUNNING, step=0)  # same step as stored (0)
+        b.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+    finally:
+        agent.close()
+        b.stop()
