@@ -265,16 +265,28 @@ class SQLiteStore(SQLiteLogs, Store):
         return self._writes.submit(("jobs", list(items)))  # type: ignore[return-value]
 
     def _write_group(self, group: list[tuple[str, object]]) -> list[object]:
-        """One transaction for a group of writes (job batches and record puts), in
-        queue order; a whole-transaction failure (Fenced, COMMIT) reaches them all."""
+        """One transaction for a group of writes (job batches, job updates, log chunks
+        and record puts), in queue order; a whole-transaction failure (Fenced, COMMIT)
+        reaches them all. A job update or log append that fails on its own (a version
+        conflict, a job gone) rolls back alone (SAVEPOINT) and raises to its caller
+        only: the others commit."""
         out: list[object] = []
         with self._tx() as conn:
             for kind, item in group:
                 if kind == "jobs":
                     out.append(self._create_members(conn, item))  # type: ignore[arg-type]
-                else:
+                elif kind == "record":
                     conn.execute(_PUT_RECORD, item)  # type: ignore[arg-type]
                     out.append(None)
+                else:
+                    write = self._update_member if kind == "update" else self._append_logs_member
+                    conn.execute("SAVEPOINT member")
+                    try:
+                        out.append(write(conn, *item))  # type: ignore[misc]
+                    except StoreError as e:
+                        conn.execute("ROLLBACK TO member")
+                        out.append(e)
+                    conn.execute("RELEASE member")
         return out
 
     def _create_members(self, conn: sqlite3.Connection,
@@ -330,26 +342,34 @@ class SQLiteStore(SQLiteLogs, Store):
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
     ) -> pb.Job:
+        """Compare-and-set one job. It joins the store's write group: with many agent
+        streams reporting at once (progress, ends, launches) their updates share one
+        transaction and one fsync instead of queueing for one each (each still returns
+        only after its commit)."""
+        return self._writes.submit(("update", (job, expected_version, events)))  # type: ignore[return-value]
+
+    @staticmethod
+    def _update_member(conn: sqlite3.Connection, job: pb.Job, expected_version: int,
+                       events: Sequence[pb.JobEvent]) -> pb.Job:
         stored = versioned_copy(job, expected_version + 1)
         team, crid, phase, region = job_columns(stored)
-        with self._tx() as conn:
-            row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
-            if row is None:
-                raise NotFound(f"job {stored.id!r} not found")
-            if row[0] != expected_version:
-                raise VersionConflict(
-                    f"job {stored.id!r} is at version {row[0]}, expected {expected_version}"
-                )
-            try:
-                conn.execute(
-                    "UPDATE jobs SET team = ?, client_request_id = ?, phase = ?, region = ?,"
-                    " version = ?, data = ? WHERE id = ?",
-                    (team, crid, phase, region, stored.version, stored.SerializeToString(),
-                     stored.id),
-                )
-            except sqlite3.IntegrityError as e:
-                raise AlreadyExists(f"request id ({team!r}, {crid!r}) already used") from e
-            self._insert_events(conn, stored.id, events)
+        row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
+        if row is None:
+            raise NotFound(f"job {stored.id!r} not found")
+        if row[0] != expected_version:
+            raise VersionConflict(
+                f"job {stored.id!r} is at version {row[0]}, expected {expected_version}"
+            )
+        try:
+            conn.execute(
+                "UPDATE jobs SET team = ?, client_request_id = ?, phase = ?, region = ?,"
+                " version = ?, data = ? WHERE id = ?",
+                (team, crid, phase, region, stored.version, stored.SerializeToString(),
+                 stored.id),
+            )
+        except sqlite3.IntegrityError as e:
+            raise AlreadyExists(f"request id ({team!r}, {crid!r}) already used") from e
+        SQLiteStore._insert_events(conn, stored.id, events)
         return stored
 
     def list_jobs(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 from broker.store import logs_common as lc
+from broker.store.group_commit import GroupWriter
 from computebroker.v1 import logs_pb2 as lpb
 
 LOG_SCHEMA = """
@@ -46,34 +47,41 @@ class SQLiteLogs:
 
     _tx: Callable[[], AbstractContextManager[sqlite3.Connection]]
     _read: Callable[[str, Sequence[object]], list[tuple]]
+    _writes: GroupWriter
 
     def append_logs(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
+        """Store a chunk's new lines. It joins the store's write group: every running
+        attempt ships a chunk every few seconds, and one transaction (one fsync) per
+        chunk capped a leader at the disk's fsync rate with a few thousand running."""
+        return self._writes.submit(("logs", (job_id, chunk, max_bytes)))
+
+    def _append_logs_member(self, conn: sqlite3.Connection, job_id: str, chunk: lpb.LogChunk,
+                            max_bytes: int) -> int:
         key = lc.stream_key(chunk.attempt, chunk.rank, chunk.stream)
-        with self._tx() as conn:
-            row = conn.execute("SELECT end_offset FROM log_streams WHERE job_id = ? AND key = ?",
-                               (job_id, key)).fetchone()
-            stored_end = row[0] if row else 0
-            fresh = lc.fresh_lines(chunk, stored_end)
-            if fresh.end == stored_end and not fresh.lines:
-                return stored_end
-            conn.execute("INSERT INTO log_streams (job_id, key, end_offset) VALUES (?, ?, ?) "
-                         "ON CONFLICT (job_id, key) DO UPDATE SET end_offset = excluded.end_offset",
-                         (job_id, key, fresh.end))
-            row = conn.execute("SELECT bytes, last_seq, dropped FROM log_attempts "
-                               "WHERE job_id = ? AND attempt = ?", (job_id, chunk.attempt)).fetchone()
-            total, last_seq, dropped = row if row else (0, 0, 0)
-            last_seq = lc.number(fresh.lines, last_seq)
-            rows = [(job_id, chunk.attempt, ln.seq, lc.line_cost(ln), ln.SerializeToString())
-                    for ln in fresh.lines]
-            conn.executemany("INSERT INTO log_lines (job_id, attempt, seq, cost, data) "
-                             "VALUES (?, ?, ?, ?, ?)", rows)
-            total += sum(r[3] for r in rows)
-            if total > max_bytes:
-                total, dropped = self._trim(conn, job_id, chunk.attempt, total, dropped, max_bytes)
-            conn.execute("INSERT OR REPLACE INTO log_attempts (job_id, attempt, bytes, last_seq, "
-                         "dropped) VALUES (?, ?, ?, ?, ?)",
-                         (job_id, chunk.attempt, total, last_seq, dropped))
-            return fresh.end
+        row = conn.execute("SELECT end_offset FROM log_streams WHERE job_id = ? AND key = ?",
+                           (job_id, key)).fetchone()
+        stored_end = row[0] if row else 0
+        fresh = lc.fresh_lines(chunk, stored_end)
+        if fresh.end == stored_end and not fresh.lines:
+            return stored_end
+        conn.execute("INSERT INTO log_streams (job_id, key, end_offset) VALUES (?, ?, ?) "
+                     "ON CONFLICT (job_id, key) DO UPDATE SET end_offset = excluded.end_offset",
+                     (job_id, key, fresh.end))
+        row = conn.execute("SELECT bytes, last_seq, dropped FROM log_attempts "
+                           "WHERE job_id = ? AND attempt = ?", (job_id, chunk.attempt)).fetchone()
+        total, last_seq, dropped = row if row else (0, 0, 0)
+        last_seq = lc.number(fresh.lines, last_seq)
+        rows = [(job_id, chunk.attempt, ln.seq, lc.line_cost(ln), ln.SerializeToString())
+                for ln in fresh.lines]
+        conn.executemany("INSERT INTO log_lines (job_id, attempt, seq, cost, data) "
+                         "VALUES (?, ?, ?, ?, ?)", rows)
+        total += sum(r[3] for r in rows)
+        if total > max_bytes:
+            total, dropped = self._trim(conn, job_id, chunk.attempt, total, dropped, max_bytes)
+        conn.execute("INSERT OR REPLACE INTO log_attempts (job_id, attempt, bytes, last_seq, "
+                     "dropped) VALUES (?, ?, ?, ?, ?)",
+                     (job_id, chunk.attempt, total, last_seq, dropped))
+        return fresh.end
 
     @staticmethod
     def _trim(conn: sqlite3.Connection, job_id: str, attempt: int, total: int, dropped: int,
