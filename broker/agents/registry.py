@@ -72,6 +72,10 @@ class AgentState:
     # active notices, so only a node's first listing triggers; a notice no longer
     # listed is forgotten, and a new one for the node triggers again.
     spot_triggered: set[str] = field(default_factory=set)
+    # Heartbeat entries found plainly current last time: job id -> (attempt, state,
+    # progress bytes); heartbeats counted for the periodic full check (agent_service).
+    heartbeat_seen: dict[str, tuple[int, int, bytes]] = field(default_factory=dict)
+    heartbeats: int = 0
 
     @property
     def connected(self) -> bool:

@@ -30,7 +30,7 @@ from broker.auth.identity import CredentialKind, Role
 from broker.auth.interceptor import principal_of
 from broker.auth.policy import PermissionDenied
 from broker.config import BrokerConfig
-from broker.jobs import backoff, standby
+from broker.jobs import backoff, standby, updates
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
@@ -44,6 +44,10 @@ from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import logs_pb2 as lpb
 
 log = logging.getLogger(__name__)
+
+# Every this many heartbeats an agent's every listed attempt is checked against the
+# store; in between, only entries that changed (AgentService._drift).
+DRIFT_FULL_EVERY = 5
 
 
 def skip_refused(agent_id: str, messages: Iterator[apb.AgentMessage]) -> Iterator[apb.AgentMessage]:
@@ -101,6 +105,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         agent, session = self.agents.register(reg)
         if old_fp is not None and old_fp != backoff.fingerprint(reg):
             self._forget_refusals(reg.agent_id)
+        agent.heartbeat_seen = {}  # a new stream: its first heartbeat checks every entry
         stale = self.reconcile(agent, reg)
         log.info("agent %s registered (%s, %d nodes, running %d, stale %d)", reg.agent_id,
                  reg.region, len(reg.nodes), len(reg.running), len(stale))
@@ -288,8 +293,28 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._notices_withdrawn(agent, hb, health)
         if sick:
             self._unhealthy(agent, set(sick) - {s.node_id for s in hb.spot_notices})
-        # Drift: attempts the agent runs that the broker does not want -> fence them.
+        self._drift(agent, hb)
+
+    def _drift(self, agent: AgentState, hb: apb.Heartbeat) -> None:
+        """Attempts the agent runs that the broker does not want: fence them; a Go lost
+        to a restart: re-send it; progress only a heartbeat carried: take it.
+
+        Why not every entry every time: a heartbeat lists every running attempt, so with
+        thousands running this was a store read per attempt per heartbeat, the leader's
+        largest steady cost. An entry identical to the one the previous heartbeat listed
+        for a job then found plainly running here (no stop, no standby, not launching)
+        is skipped, except on every ``DRIFT_FULL_EVERY``-th heartbeat, which checks them
+        all: the broker tells an agent of every stop and move itself; this check only
+        catches a lost one, now within a few heartbeats instead of one."""
+        agent.heartbeats += 1
+        full = agent.heartbeats % DRIFT_FULL_EVERY == 0
+        seen = agent.heartbeat_seen
+        now_seen: dict[str, tuple[int, int, bytes]] = {}
         for r in hb.running:
+            sig = (r.attempt, r.state, r.progress.SerializeToString(deterministic=True))
+            if not full and seen.get(r.job_id) == sig:
+                now_seen[r.job_id] = sig
+                continue
             job = self.jobs.find(r.job_id)
             if job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
                 continue  # make-before-break: held before its first step, not stale
@@ -297,10 +322,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self.ops.fence(agent.agent_id, r.job_id, r.attempt)
                 continue
             self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
-            if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING):
-                # Mostly progress already stored: handle_update then writes nothing.
-                self.ops.handle_update(agent, apb.JobUpdate(job_id=r.job_id, attempt=r.attempt,
-                                                            state=r.state, progress=r.progress), job)
+            u = apb.JobUpdate(job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress)
+            stored = updates.tells_nothing_new(job, u)
+            if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING) and not stored:
+                self.ops.handle_update(agent, u, job)  # news (it may wait for the throttle)
+            if stored and job.phase == RUNNING and not job.stop_reason and not job.HasField("standby"):
+                now_seen[r.job_id] = sig  # in the store as listed: skipped while unchanged
+        agent.heartbeat_seen = now_seen
 
     def _jobs_on(self, agent: AgentState, nodes: set[str] | dict[str, float]) -> list[tuple[pb.Job, list[str]]]:
         """This agent's jobs holding GPUs on any of ``nodes``, with the nodes they hit."""
@@ -395,11 +423,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return None
 
     def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
-        if not self._assigned(agent.agent_id, chunk.job_id, chunk.attempt):
+        job = self.jobs.find(chunk.job_id)  # read once for the check and the ingest
+        if not self._assigned(agent.agent_id, chunk.job_id, chunk.attempt, job):
             log.warning("agent %s sent logs of %s attempt %d, which it never ran: ignored",
                         agent.agent_id, chunk.job_id, chunk.attempt)
             return
-        self.ops.job_logs.ingest(agent.agent_id, chunk)
+        self.ops.job_logs.ingest(agent.agent_id, chunk, job)
 
     def _ack(self, agent: AgentState, ack: apb.CommandAck) -> None:
         cmd = self.agents.pop_command(ack.command_id)

@@ -81,18 +81,23 @@ class Applier:
         except NotFound:
             return None
 
-    def apply(self, job_id: str, step: Step) -> Outcome | None:
+    def apply(self, job_id: str, step: Step, current: pb.Job | None = None) -> Outcome | None:
         """Run ``step`` on the stored job and CAS-write its outcome (re-reading and
         re-running on a conflict); then run the commands. Returns the outcome with
-        the stored job (new version), or None when the step wrote nothing."""
+        the stored job (new version), or None when the step wrote nothing.
+        ``current``: the job as the caller just read it, used for the first try (the
+        version check makes a stale one a conflict, then it is re-read): an agent
+        report costs one store read, not two."""
         for _ in range(self.max_retries):
-            current = self.get(job_id)
+            if current is None or current.id != job_id:
+                current = self.get(job_id)
             out = step(current, self.clock())
             if out is None:
                 return None
             try:
                 stored = self.store.update_job(out.job, current.version, out.events)
             except VersionConflict:
+                current = None
                 continue
             done = Outcome(job=stored, events=out.events, commands=out.commands)
             self._committed(done)

@@ -68,8 +68,9 @@ class JobOps:
         # needs no store read on its next submit (one read fewer per SubmitJob).
         self._known_teams: set[str] = set()
 
-    def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> Outcome | None:
-        return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config))
+    def _apply(self, job_id: str, fn: Callable[..., Outcome | None], inp: object,
+               current: pb.Job | None = None) -> Outcome | None:
+        return self.applier.apply(job_id, lambda job, now: fn(job, inp, now, self.config), current)
 
     def poke(self) -> None:
         """Wake the scheduler (capacity, quotas or plans changed outside a job write)."""
@@ -332,7 +333,7 @@ class JobOps:
         if u.HasField("transfer"):
             self._apply(u.job_id, updates.transfer, inp)
         if u.state in updates.ATTEMPT_TERMINAL:
-            ended = self._apply(u.job_id, updates.attempt_ended, inp)
+            ended = self._apply(u.job_id, updates.attempt_ended, inp, current=job)
             self._count_refusal(ended)  # exit -1 before RUNNING: backs off like a refusal
             if ended is not None:
                 with self._progress_lock:
@@ -375,7 +376,7 @@ class JobOps:
             points = tuple(self._loss_buffer.pop(job.id, ()))
         inp = updates.AgentUpdate(agent_id=inp.agent_id, update=u, progress_event=bool(want_event),
                                   loss_points=points)
-        if self._apply(job.id, updates.progress, inp) is not None:
+        if self._apply(job.id, updates.progress, inp, current=job) is not None:
             with self._progress_lock:
                 self._progress_marks[job.id] = (now, step if want_event else last_ev_step)
 

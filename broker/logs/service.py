@@ -59,15 +59,16 @@ class JobLogs:
         self.hub = EventHub()
 
     # ---- from agents -----------------------------------------------------------------
-    def ingest(self, agent_id: str, chunk: lpb.LogChunk) -> bool:
+    def ingest(self, agent_id: str, chunk: lpb.LogChunk, job: pb.Job | None = None) -> bool:
         """Store a chunk of an attempt the job has had; False (and logged) if refused.
 
         Old attempts are accepted: a stopped attempt's last lines may arrive after the
         job moved on, and they belong to that attempt's history, not to the new one. So are
         a make-before-break standby's (its start-up lines come before its go).
+        ``job``: the job as the caller just read it (None: read it here).
         """
         try:
-            job = self.store.get_job(chunk.job_id)
+            job = job if job is not None and job.id == chunk.job_id else self.store.get_job(chunk.job_id)
         except store_base.NotFound:
             log.warning("log chunk for unknown job %s from %s: dropped", chunk.job_id, agent_id)
             return False

@@ -77,3 +77,65 @@ def test_a_report_of_the_start_is_written_even_with_the_stored_progress(tmp_path
     finally:
         agent.close()
         b.stop()
+
+
+def test_unchanged_heartbeat_entries_skip_the_store_but_a_lost_stop_is_still_caught(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A heartbeat entry identical to the last one for a plainly running job costs no
+    store read, except on every DRIFT_FULL_EVERY-th heartbeat, which still fences an
+    attempt the broker no longer wants (here: the job moved on behind the agent's back,
+    as if its Stop were lost)."""
+    from broker.api import agent_service
+    from broker.jobs.views import JobsView
+
+    b = Broker(fast_config(tmp_path))
+    agent = FakeAgent(b.address, "us-east-2-a", "us-east-2", nodes_for("us-east-2", "a", 1, 8),
+                      bucket="s3://cb-us-east-2")
+    try:
+        agent.connect()
+        b.team()
+        job = b.submit(spec("listed"))
+        launch = agent.wait_launch(job.id)
+        agent.update(job.id, launch.attempt, RUNNING, step=10)
+        b.wait_phase(job.id, pb.JOB_PHASE_RUNNING)
+        wait_until(lambda: b.get(job.id).progress.step == 10, 10, "step 10 stored")
+        reads: list[str] = []
+        real_find = JobsView.find
+
+        def counting_find(self: JobsView, job_id: str) -> pb.Job | None:
+            reads.append(job_id)
+            return real_find(self, job_id)
+
+        def beat(n: int) -> None:
+            for _ in range(n):
+                heartbeat_with(agent, job.id, launch.attempt, 10)
+            # a JobUpdate after them on the same stream: once acked, they were handled
+            acks = len(agent.update_acks)
+            agent.update(job.id, launch.attempt, RUNNING, step=10)
+            wait_until(lambda: len(agent.update_acks) > acks, 10, "the heartbeats handled")
+
+        agent.heartbeat = False  # only our heartbeats from here (the harness's list no progress)
+        agent._stop.set()  # noqa: SLF001 - ends the harness's heartbeat thread
+        time.sleep(0.5)
+        agent._stop.clear()  # noqa: SLF001
+        beat(1)  # the entry as listed is now remembered
+        monkeypatch.setattr(JobsView, "find", counting_find)
+        beat(2 * agent_service.DRIFT_FULL_EVERY)
+        listed = [r for r in reads if r == job.id]
+        # the JobUpdates read it once each (two); the heartbeats: only the full checks
+        assert len(listed) <= 2 + 2, f"{len(listed)} store reads for {2 * agent_service.DRIFT_FULL_EVERY}" \
+                                     " unchanged heartbeat entries"
+        # The job moves on without the agent hearing it (a lost Stop): written behind
+        # the broker's back; the next full check fences the attempt the agent still lists.
+        stored = b.store.get_job(job.id)
+        moved = pb.Job()
+        moved.CopyFrom(stored)
+        moved.attempt = launch.attempt + 1
+        b.store.update_job(moved, stored.version)
+        for _ in range(agent_service.DRIFT_FULL_EVERY):
+            heartbeat_with(agent, job.id, launch.attempt, 10)
+        stop = agent.wait_stop(job.id, apb.STOP_REASON_STALE_ATTEMPT, timeout=10)
+        assert stop.attempt == launch.attempt
+    finally:
+        agent.close()
+        b.stop()
