@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
+from broker.api.agent_lanes import Lanes
 from broker.api.errors import InvalidArgument, rpc
 from broker.api.validation import validate_register
 from broker.auth.identity import CredentialKind, Role
@@ -219,6 +220,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     # ---- inbound -----------------------------------------------------------------------
     def _read(self, agent: AgentState, session: AgentSession,
               request_iterator: Iterator[apb.AgentMessage]) -> None:
+        """Read the agent's messages: a job's updates and log chunks go to its lane
+        (broker/api/agent_lanes.py: several in flight, in order per job); the rest is
+        handled here once the lanes have applied everything sent before it."""
+        lanes = Lanes(lambda item: self._handle(agent, session, *item),  # type: ignore[misc]
+                      name=f"agent-{agent.agent_id}")
         try:
             for msg in skip_refused(agent.agent_id, request_iterator):
                 if not self.leading():
@@ -233,27 +239,38 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 if handler is None:
                     log.warning("agent %s sent an unknown message kind %r; ignored", agent.agent_id, kind)
                     continue
-                try:
-                    payload = getattr(msg, kind)
-                    getattr(self, handler)(agent, payload)
-                    reply = self._reply(kind, payload)
-                    if reply is not None:
-                        session.send(reply)
-                except StoreError as e:  # store down or fenced: the agent re-sends, unacked
-                    log.warning("agent %s: %s not applied (%s: %s); not acked",
-                                agent.agent_id, kind, type(e).__name__, e)
-                    if kind == "heartbeat" and self.leading():
-                        # We are alive and still lead; only the store is down. Silence
-                        # would make the agent churn through reconnects for nothing.
-                        session.send(self._heartbeat_ack())
-                except Exception:  # noqa: BLE001 - one bad message must not kill the stream
-                    log.exception("agent %s: handling %s failed", agent.agent_id, kind)
+                payload = getattr(msg, kind)
+                if kind in ("job_update", "log_chunk"):
+                    lanes.put(payload.job_id, (kind, payload))
+                    continue
+                if kind != "ack" or not payload.accepted:
+                    lanes.drain()  # a heartbeat or refusal sees every earlier message applied
+                self._handle(agent, session, kind, payload)
         except grpc.RpcError:
             pass
         except Exception:  # noqa: BLE001
             log.exception("agent %s: stream reader failed", agent.agent_id)
         finally:
+            lanes.drain()  # the stream ends once all it carried is applied, as before
+            lanes.close()
             self.agents.disconnect(agent.agent_id, session)
+
+    def _handle(self, agent: AgentState, session: AgentSession, kind: str, payload: object) -> None:
+        """Apply one message and send its reply (a JobUpdate's ack once committed)."""
+        try:
+            getattr(self, self.HANDLERS[kind])(agent, payload)
+            reply = self._reply(kind, payload)
+            if reply is not None:
+                session.send(reply)
+        except StoreError as e:  # store down or fenced: the agent re-sends, unacked
+            log.warning("agent %s: %s not applied (%s: %s); not acked",
+                        agent.agent_id, kind, type(e).__name__, e)
+            if kind == "heartbeat" and self.leading():
+                # We are alive and still lead; only the store is down. Silence
+                # would make the agent churn through reconnects for nothing.
+                session.send(self._heartbeat_ack())
+        except Exception:  # noqa: BLE001 - one bad message must not kill the stream
+            log.exception("agent %s: handling %s failed", agent.agent_id, kind)
 
     def _register_again(self, agent: AgentState, reg: apb.Register) -> None:
         log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
