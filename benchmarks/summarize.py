@@ -721,6 +721,56 @@ def submit_cpu(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def running(d: dict[str, Any]) -> list[str]:
+    """The live broker with many running attempts (bench_running.py): this build, and the
+    build before the agent-path changes when ``running_before.json`` is committed too."""
+    before = load("running_before")
+    st = d["setup"]
+    out = [
+        "### Many running jobs (`python benchmarks/bench_running.py`)",
+        "",
+        f"A real broker (`brokerctl serve`, {st['store']}) and {st['agents']} fake region agents"
+        f" in {st['agent_procs']} processes speaking the real agent stream over mutual TLS with"
+        f" agent certificates: {st['nodes']:,} nodes ({st['gpus']:,} GPUs). Each running attempt"
+        f" reports progress every {st['report_s']:g} s with {st['log_lines_per_report']} log lines,"
+        " and heartbeats list every attempt with its progress, as the real agent's do;"
+        f" {f(st['submit_rate'], 0)} submits/s at 10,000 running (the same mean job length at other"
+        " sizes) are launched while as many attempts finish. Per size a fresh broker; the smallest"
+        f" size is the calibration. Steady window {st['steady_seconds']:g} s. CPU is the broker"
+        " process's (all threads, from /proc), in cores; idle = agents connected, no jobs."
+        " Visible: send of a JobUpdate to its ack (sent after the commit), to the progress event at"
+        f" each of {st['watchers_per_job']} WatchJob streams on each of {st['watched_jobs']} jobs,"
+        " and to a GetJob poller (every 100 ms) seeing the step. Load average (1 min) at the"
+        " window's start and end in the last column (2 cores, shared).",
+        "",
+        "| build (window) | running | CPU cores (idle) | RSS MB | ack p50 / p99 ms | watch p50 / p99 ms |"
+        " GetJob p99 ms | unacked after | log lines sent / stored | steps behind | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in (("before", before), ("this", d)):
+        if r is None:
+            continue
+        for n, v in r["sizes"].items():
+            s, vis, sto = v["steady"], v["visible"], v["store"]
+            out.append(
+                f"| {r.get('label') or label} ({s['seconds']:.0f} s) | {int(n):,} | {f(s['cpu_cores'], 2)}"
+                f" ({f(v['idle']['cpu_cores'], 2)}) | {f(s['rss_mb_max'], 0)} |"
+                f" {f(vis['update_ack']['p50_ms'], 0)} / {f(vis['update_ack']['p99_ms'], 0)} |"
+                f" {f(vis['watch_event']['p50_ms'], 0)} / {f(vis['watch_event']['p99_ms'], 0)} |"
+                f" {f(vis['getjob_poll']['p99_ms'], 0)} | {v.get('drain', {}).get('unacked_left', '-'):,} |"
+                f" {sto['log_lines_sent']:,} /"
+                f" {sto['log_lines_stored']:,} | {sto['jobs_behind_last_sent_step']} |"
+                f" {s['loadavg_start'][0]:.0f}-{s['loadavg_end'][0]:.0f} |")
+    g = d["goals"]
+    out += ["", f"Goals at 10,000 running: broker CPU at most {g['cpu_cores']:g} core, p99"
+            f" progress-to-visible at most {g['p99_visible_s']:g} s, every log line stored and"
+            " every acknowledged step in the store (steps behind = jobs whose stored step is"
+            " older than the last one their agent sent, read from the stopped broker's store;"
+            " unacked after = updates still unacknowledged when the agents had stopped reporting"
+            " for up to two minutes)."]
+    return out
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -735,7 +785,7 @@ def render() -> str:
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
                      ("library", library),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
-                     ("submit_cpu", submit_cpu),
+                     ("submit_cpu", submit_cpu), ("running", running),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
         if d is not None:
