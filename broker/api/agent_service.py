@@ -317,10 +317,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         to a restart: re-send it; progress only a heartbeat carried: take it.
 
         Why not every entry every time: a heartbeat lists every running attempt, so with
-        thousands running this was a store read per attempt per heartbeat, the leader's
-        largest steady cost. An entry identical to the one the previous heartbeat listed
-        for a job then found plainly running here (no stop, no standby, not launching)
-        is skipped, except on every ``DRIFT_FULL_EVERY``-th heartbeat, which checks them
+        thousands running this was a store read per attempt per heartbeat (thousands a
+        second). An entry identical to the one the previous heartbeat listed for a job
+        then found plainly running here (no stop, no standby, not launching) with that
+        progress already stored is skipped, except on every ``DRIFT_FULL_EVERY``-th heartbeat, which checks them
         all: the broker tells an agent of every stop and move itself; this check only
         catches a lost one, now within a few heartbeats instead of one."""
         agent.heartbeats += 1
