@@ -771,6 +771,71 @@ def running(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def k8s(d: dict[str, Any]) -> list[str]:
+    """The Kubernetes scale benchmark (bench_k8s.py): real control plane, KWOK nodes, the
+    real agent process; the polling baseline from the same run."""
+    lb, jb, sb = d["launch_to_bound_s"], d["job_created_to_bound_s"], d["submit_to_bound_s"]
+    jc, pb = d["job_created_to_pods_created_s"], d["pods_created_to_bound_s"]
+    idle, fill, steady, base = d["agent_idle"], d["agent_fill"], d["agent_steady"], d["baseline_polling"]
+    tune = d["cluster_tuning"]
+    cp_steady = d.get("control_plane_steady_cpu_fraction_of_core", {})
+    g = d["goals"]
+    fr = d["agent_requests_during_fill"]
+    launched = fr.get("create jobs", 0)
+    launch_reqs = sum(v for k, v in fr.items() if k.split()[0] in ("create", "patch"))
+    bound = (f" {d['jobs_bound']:,} of the {d['jobs']:,} jobs had every pod bound before the"
+             " fill's time limit; the figures are theirs." if not d.get("all_bound", True) else "")
+    fill_reqs = ", ".join(f"{k} {v:,}" for k, v in sorted(d["agent_requests_during_fill"].items()))
+    steady_reqs = ", ".join(f"{k} {v:,}" for k, v in sorted(d["agent_requests_steady"].items())) or "none"
+    return [
+        "### Kubernetes scale (`python benchmarks/bench_k8s.py`)",
+        "",
+        f"A real control plane (etcd, kube-apiserver with audit, controller manager, scheduler),"
+        f" KWOK keeping {d['nodes']:,} fake 8-GPU nodes Ready, a real broker and the real agent"
+        f" process (`brokerctl agent --executor kubernetes`, as the agent's service account);"
+        f" {d['jobs']:,} two-pod jobs ({d['pods']:,} pods, which keep running) submitted at"
+        f" {f(d['rate_per_s'], 0)}/s. Node heartbeats are Leases of {tune['node_lease_s']} s"
+        f" (KWOK's scale setting: the kubelet's intervals x {f(tune['heartbeat_factor'], 0)}) and the"
+        " controller manager's and scheduler's client rate limits are raised; nothing in the agent"
+        f" is tuned. Load average before / after: {' / '.join(f(x, 2) for x in d['load_before'])}"
+        f" -> {' / '.join(f(x, 2) for x in d['load_after'])} (2 cores, shared)." + bound,
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| agent start-up (process start -> {d['nodes']:,} nodes registered: list + watch) |"
+        f" {f(d['agent_startup_s'], 2)} s |",
+        f"| Launch -> all pods bound (the agent's first request -> the last binding, audit log), p50 / p99 / max |"
+        f" {f(lb['p50'], 2)} / {f(lb['p99'], 2)} / {f(lb['max'], 2)} s (n = {lb['n']:,}) |",
+        f"| of which: Job created -> all pods bound, p50 / p99 | {f(jb['p50'], 2)} / {f(jb['p99'], 2)} s |",
+        f"| of which: Job created -> its pods created (Job controller), p50 / p99 |"
+        f" {f(jc['p50'], 2)} / {f(jc['p99'], 2)} s |",
+        f"| of which: pods created -> bound (scheduler), p50 / p99 | {f(pb['p50'], 2)} / {f(pb['p99'], 2)} s |",
+        f"| submit -> all pods bound (adds the broker and the Launch), p50 / p99 |"
+        f" {f(sb['p50'], 2)} / {f(sb['p99'], 2)} s |",
+        f"| agent CPU: idle over the nodes (baseline) / during the fill / steady state |"
+        f" {idle['cpu_fraction_of_core']:.1%} / {fill['cpu_fraction_of_core']:.1%} /"
+        f" {steady['cpu_fraction_of_core']:.1%} of a core |",
+        f"| agent RSS: idle / steady | {f(idle['rss_mb'], 0)} / {f(steady['rss_mb'], 0)} MB |",
+        f"| agent API requests per launched attempt (audit log: creates + owner patches) |"
+        f" {f(launch_reqs / max(1, launched), 2)} ({launched:,} attempts launched) |",
+        f"| agent API requests in {f(steady['seconds'], 0)} s of steady state | {steady_reqs} |",
+        f"| API server CPU in steady state, agent watching | "
+        f"{cp_steady.get('kube-apiserver', float('nan')):.1%} of a core |",
+        f"| polling baseline ({base['what']}): list time p50, size | {f(base['list_s']['p50'], 2)} s,"
+        f" {f(base['mb_per_list'], 1)} MB ({f(base['requests_per_s'], 2)} lists/s achieved) |",
+        f"| polling baseline: poller CPU / API server CPU | {base['poller_cpu_fraction_of_core']:.1%} /"
+        f" {base['apiserver_cpu_fraction_of_core']:.1%} of a core |",
+        "",
+        f"Agent requests during the fill: {fill_reqs}."
+        + (f" The agent self-fenced {d['agent_self_fences']} time(s) (no broker answer within its"
+           " deadline): the deletes are its kills, and the steady window's creates and patches are"
+           " the broker's relaunches, so that window was not idle." if d.get("agent_self_fences") else ""),
+        "",
+        f"Goals: Launch -> bound p99 <= 2 s: {'met' if g['launch_to_bound_p99_le_2s'] else 'missed'};"
+        f" agent steady-state CPU <= 10% of a core: {'met' if g['agent_steady_cpu_le_10pct'] else 'missed'}.",
+    ]
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -785,7 +850,7 @@ def render() -> str:
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
                      ("library", library),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
-                     ("submit_cpu", submit_cpu), ("running", running),
+                     ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
         if d is not None:

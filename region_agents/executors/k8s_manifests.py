@@ -310,10 +310,11 @@ def workdir_env(spec: AttemptSpec) -> dict[str, str]:
             workdir_store.WORK_DIR_ENV: SHARED_DIR}
 
 
-def owner_reference(job: k8s.V1Job) -> k8s.V1OwnerReference:
-    """Makes an object the Job's dependent (garbage-collected with it)."""
-    return k8s.V1OwnerReference(api_version="batch/v1", kind="Job", name=job.metadata.name,
-                                uid=job.metadata.uid, block_owner_deletion=False)
+def owner_reference(job: dict) -> dict:
+    """Makes an object the Job's dependent (garbage-collected with it). ``job`` is the
+    created Job as the API server returned it (JSON)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
 
 
 def _affinity(placed: list[common_pb2.NodeAssignment], labels: dict[str, str]) -> k8s.V1Affinity:

@@ -6,7 +6,13 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
 * **Launch**: Secret, Service, Job (the Secret and Service then get the Job as owner).
   Before any pod of attempt N exists, every pod of an older attempt of the job still
   running is killed and its end awaited: no two attempts of a job can write at once,
-  also when the older one was started by a previous agent process.
+  also when the older one was started by a previous agent process. The fencing and the
+  manifests happen in ``launch()``; the five API requests happen on a small pool of
+  creator threads (``launch_workers``), so ``launch()`` returns at once: the agent calls
+  it on the thread that reads the broker's stream and with its lock held, and at tens
+  of Launches a second five sequential requests each would back that stream up (the
+  broker's heartbeat answers queue behind the Launches and the agent self-fences). A
+  refusal by the API server comes out of ``poll()`` as FAILED (exit -1, its message).
 * **Observe**: two watches (:mod:`region_agents.executors.k8s_watch`): our pods in the
   namespace (by label) and the cluster's Nodes. ``poll()`` reads only the caches and
   returns the events accumulated since the last call; the only requests it makes are
@@ -44,8 +50,11 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -107,6 +116,9 @@ FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to 
 FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
 LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
+# attempts whose API objects are created at once; with the two watches and the poller's
+# patches this stays inside the client's connection pool (5 per CPU, 10 on two cores)
+LAUNCH_WORKERS = 6
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
 
@@ -194,6 +206,12 @@ class _K8sAttempt:
     hang_timeout_s: float = 600.0
     # annotations every pod of the attempt must carry (set on pods created later too)
     wanted: dict[str, str] = field(default_factory=dict)
+    # its Secret/Service/Job are still being created (a creator thread): poll() leaves
+    # it alone, and a stop or failure meanwhile is applied by the creator once the Job exists
+    created: Future | None = None
+    # False when its creation was refused or abandoned (what it had made is undone): the
+    # names may be someone else's objects, which the cleanup must not delete
+    owns_objects: bool = True
 
 
 class KubernetesExecutor(Executor):
@@ -205,7 +223,8 @@ class KubernetesExecutor(Executor):
                  api_client: k8s.ApiClient | None = None, service_account: str = "",
                  run_as_user: int = DEFAULT_UID, grace_s: int = 120,
                  hang_timeout_s: float = 600.0, progress_interval_s: float = 1.0,
-                 log_dir: str = "", max_log_streams: int = DEFAULT_MAX_STREAMS) -> None:
+                 log_dir: str = "", max_log_streams: int = DEFAULT_MAX_STREAMS,
+                 launch_workers: int = LAUNCH_WORKERS) -> None:
         """``log_dir``: where pods' output is kept for the agent's log shipper
         (k8s_logs.py); "" = pods' output is not read."""
         if api_client is None:
@@ -233,6 +252,7 @@ class KubernetesExecutor(Executor):
         self._released: dict[str, float] = {}  # pod uid -> when its finalizer was released
         self._spot_seen: dict[str, float] = {}  # node -> when its spot taint was first seen
         self.changed = threading.Event()  # set by the watches: something may have changed
+        self._creator = ThreadPoolExecutor(max(1, launch_workers), thread_name_prefix="k8s-create")
         self._last_pass = 0.0
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
@@ -325,28 +345,62 @@ class KubernetesExecutor(Executor):
             m = build_manifests(spec, namespace=self.namespace, image=self.image,
                                 nodes=self._nodes, service_account=self.service_account,
                                 run_as_user=self.run_as_user, grace_s=self.grace_s)
-            created: list[tuple[str, str]] = []
-            try:
-                self.core.create_namespaced_secret(self.namespace, m.secret)
-                created.append(("secret", m.secret.metadata.name))
-                self.core.create_namespaced_service(self.namespace, m.service)
-                created.append(("service", m.service.metadata.name))
-                job = self.batch.create_namespaced_job(self.namespace, m.job)
-                created.append(("job", m.job.metadata.name))
-                owned = {"metadata": {"ownerReferences": [
-                    self.core.api_client.sanitize_for_serialization(owner_reference(job))]}}
-                self.core.patch_namespaced_secret(m.secret.metadata.name, self.namespace, owned)
-                self.core.patch_namespaced_service(m.service.metadata.name, self.namespace, owned)
-            except k8s.ApiException as e:
-                self._undo(created)
-                raise ValueError(f"kubernetes refused the attempt: {_api_error(e)}") from None
             att = _K8sAttempt(spec=spec, name=m.job.metadata.name,
                               expected=m.job.spec.completions or 1,
                               hang_timeout_s=self._hang_timeout(spec))
             self._attempts[(spec.job_id, spec.attempt)] = att
             self._events.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
-            log.info("launched %s attempt %d: job %s/%s, %d pod(s)", spec.job_id, spec.attempt,
-                     self.namespace, att.name, att.expected)
+            att.created = self._creator.submit(self._create, att, m)
+
+    def _create(self, att: _K8sAttempt, m: Manifests) -> None:
+        """A creator thread: the attempt's API objects (see the module doc), no lock held
+        while the requests are in flight."""
+        created: list[tuple[str, str]] = []
+        core, batch, ns = self.core, self.batch, self.namespace
+        try:
+            _raw(core.create_namespaced_secret, ns, m.secret)
+            created.append(("secret", m.secret.metadata.name))
+            _raw(core.create_namespaced_service, ns, m.service)
+            created.append(("service", m.service.metadata.name))
+            with self._lock:
+                stopped = bool(att.stop_mode or att.failure)
+            if stopped:  # stopped before any pod could exist: make none
+                self._undo(created)
+                with self._lock:
+                    att.created, att.owns_objects = None, False
+                    self.changed.set()
+                return
+            job = json.loads(_raw(batch.create_namespaced_job, ns, m.job))
+            created.append(("job", m.job.metadata.name))
+            owned = {"metadata": {"ownerReferences": [owner_reference(job)]}}
+            _raw(core.patch_namespaced_secret, m.secret.metadata.name, ns, owned)
+            _raw(core.patch_namespaced_service, m.service.metadata.name, ns, owned)
+        except Exception as e:  # noqa: BLE001 - any refusal ends the attempt as FAILED
+            why = _api_error(e) if isinstance(e, k8s.ApiException) else f"{type(e).__name__}: {e}"
+            self._undo(created)
+            with self._lock:
+                att.failure = att.failure or (-1, f"kubernetes refused the attempt: {why}", [])
+                att.created, att.owns_objects = None, False
+                self.changed.set()
+            log.warning("%s attempt %d: kubernetes refused it: %s", att.spec.job_id,
+                        att.spec.attempt, why)
+            return
+        with self._lock:
+            att.created = None
+            if att.stop_mode or att.failure:  # stopped while its objects were being made
+                self._kill(att.name, att.spec.job_id, att.spec.attempt, att.stop_grace_s)
+            self.changed.set()
+        log.info("launched %s attempt %d: job %s/%s, %d pod(s)", att.spec.job_id,
+                 att.spec.attempt, self.namespace, att.name, att.expected)
+
+    def wait_created(self, job_id: str, attempt: int, timeout: float = 60.0) -> None:
+        """Until the attempt's API objects exist (or were refused): for callers that read
+        them right after ``launch()``."""
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            fut = att.created if att is not None else None
+        if fut is not None:
+            fut.result(timeout)
 
     def _undo(self, created: list[tuple[str, str]]) -> None:
         for kind, name in reversed(created):
@@ -527,6 +581,8 @@ class KubernetesExecutor(Executor):
                 if k is not None:
                     groups[k].append(p)
             for key, att in list(self._attempts.items()):
+                if att.created is not None:
+                    continue  # its objects are being made: nothing to judge yet
                 if self.pod_logs is not None:
                     self.pod_logs.sync(*key, groups.get(key, []), self._pod_ranks(att))
                 self._poll_one(att, groups.get(key, []), now)
@@ -632,7 +688,8 @@ class KubernetesExecutor(Executor):
         log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, msg, code)
         for p in pods:
             self._release(p)
-        self._cleanup(att)
+        if att.owns_objects:
+            self._cleanup(att)
         if self.pod_logs is not None:
             self.pod_logs.ended(att.spec.job_id, att.spec.attempt)
 
@@ -708,6 +765,7 @@ class KubernetesExecutor(Executor):
         """The attempts belong to the cluster, not to this process: they keep running.
         A restarted agent re-adopts them (:meth:`recover`) and reports them on Register;
         the broker keeps or stops them (RegisterAck.stale_job_ids)."""
+        self._creator.shutdown(wait=True, cancel_futures=True)
         self.pods.stop()
         self.node_cache.stop()
         if self.pod_logs is not None:
@@ -787,6 +845,13 @@ class KubernetesExecutor(Executor):
             for j, a in self._attempts:
                 out[j] = max(out.get(j, 0), a)
         return out
+
+
+def _raw(call: Callable[..., Any], *args: Any) -> bytes:
+    """A client call whose answer stays JSON bytes: turning each created object into the
+    client's models is most of a request's CPU, and only the Job's uid is ever read.
+    Reading the body also hands the connection back to the pool."""
+    return call(*args, _preload_content=False).data
 
 
 def _api_error(e: k8s.ApiException) -> str:

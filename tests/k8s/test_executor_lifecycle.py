@@ -49,6 +49,7 @@ def test_one_pod_trainer_runs_to_success_in_a_restricted_namespace(cluster_a, ku
             spec = trainer_attempt("solo", NODES[:1], ckpt, steps=8, every=4,
                                    env={"API_TOKEN": "s3cr3t"})
             ex.launch(spec)
+            ex.wait_created("solo", 1)  # launch() hands the API requests to a creator thread
             name = resource_name("solo", 1)
             from kubernetes import client
 
@@ -171,5 +172,46 @@ def test_a_kill_stop_ends_stopped(cluster_a, kubelet) -> None:
             assert end.state == AS.ATTEMPT_STATE_STOPPED
             # grace 0: the kubelet's SIGTERM and SIGKILL come together; either ends it
             assert end.exit_code in (137, 143), end.message
+    finally:
+        ex.shutdown()
+
+
+def test_an_attempt_the_api_server_refuses_ends_failed_with_its_message(cluster_a, kubelet) -> None:
+    """launch() returns before the API requests are made (a creator thread makes them):
+    a refusal (here: a Secret of that name already exists, 409) is reported through
+    poll() as FAILED with the API server's words, and nothing of the attempt is left."""
+    ex, ns = executor_for(cluster_a)
+    name = resource_name("taken", 1)
+    cluster_a.core().create_namespaced_secret(ns, {"metadata": {"name": name},
+                                                   "stringData": {"x": "y"}})
+    try:
+        with shared_dir() as ckpt:
+            ex.launch(trainer_attempt("taken", NODES[:1], ckpt, steps=2))
+            end = state_of(poll_until(ex, terminal("taken"), what="refusal reported"), "taken")
+            assert end.state == AS.ATTEMPT_STATE_FAILED
+            assert end.exit_code == -1
+            assert "kubernetes refused the attempt: 409" in end.message, end.message
+            from kubernetes import client
+
+            assert not client.BatchV1Api(cluster_a.api_client()).list_namespaced_job(ns).items
+            assert not cluster_a.core().list_namespaced_service(ns).items
+    finally:
+        ex.shutdown()
+        cluster_a.core().delete_namespaced_secret(name, ns)
+
+
+def test_a_stop_while_the_objects_are_being_created_still_stops_the_attempt(cluster_a,
+                                                                           kubelet) -> None:
+    """A Stop that arrives before the creator thread has made the Job is applied once the
+    Job exists: the attempt ends STOPPED and none of its pods keeps running."""
+    ex, ns = executor_for(cluster_a)
+    try:
+        with shared_dir() as ckpt:
+            ex.launch(trainer_attempt("early", NODES[:1], ckpt,
+                                      command=("python", "-c", "import time; time.sleep(600)")))
+            ex.stop("early", 1, checkpoint_first=False, grace_s=0)
+            end = state_of(poll_until(ex, terminal("early"), what="stopped"), "early")
+            assert end.state == AS.ATTEMPT_STATE_STOPPED, end.message
+            wait(lambda: not cluster_a.core().list_namespaced_pod(ns).items, what="pods gone")
     finally:
         ex.shutdown()

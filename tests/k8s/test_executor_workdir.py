@@ -33,6 +33,7 @@ from tests.k8s.helpers import (
     steps_saved,
     terminal,
     trainer_attempt,
+    wait,
 )
 
 NODES = ["wd-n1", "wd-n2"]
@@ -102,7 +103,11 @@ def test_a_workdir_job_runs_its_shipped_code_in_its_pod(cluster_a, kubelet) -> N
             stored = ckpt / "workdir" / f"sha256-{digest[7:]}.tar"
             assert stored.read_bytes() == tar.read_bytes()
             name = resource_name("wd-ok", 1)
-            pod = cluster_a.core().list_namespaced_pod(ns).items[0]
+            # launch() hands the API requests to a creator thread; the Job controller then
+            # makes the pod
+            ex.wait_created("wd-ok", 1)
+            pod = wait(lambda: next(iter(cluster_a.core().list_namespaced_pod(ns).items), None),
+                       what="the pod")
             env = {e.name: e.value for e in pod.spec.containers[0].env if e.value}
             assert env[workdir_store.URI_ENV] == str(stored)
             assert env[workdir_store.DIGEST_ENV] == digest
