@@ -10,7 +10,12 @@ Model (per team and accelerator, *global across regions*):
   idle, so it is not lent. Lending it would only buy an immediate reclaim next pass
   (work thrown away on both sides); Kueue lends it and then reclaims.
 * A borrower may hold ``borrowed <= borrow_limit`` and the cohort's total borrowing
-  may not exceed the sum of its members' lendable quota.
+  may not exceed the sum of its members' lendable quota, plus, in the scheduler's last
+  phase only, the *surplus*: usable capacity that no team's guarantee covers
+  (``capacity - sum of all guarantees``, e.g. a training plan's nodes while it runs when
+  the guarantees were sized for the standing fleet). Nobody is entitled to those GPUs,
+  so lending them can never cost an owner its guarantee; without it they stayed idle
+  while a bursting team queued (:meth:`QuotaLedger.lend_surplus`).
 * Resource key: a job's accelerator when its team has a quota line for it, else
   ``""`` (the team's "any accelerator" line).
 
@@ -84,6 +89,7 @@ class QuotaLedger:
         self._cohort: dict[tuple[str, str], tuple[int, int]] = {}
         self._keys: dict[tuple[str, str], str] = {}
         self._share: dict[tuple[str, str], float] = {}  # like _room
+        self.surplus = 0  # usable GPUs no guarantee covers, lendable once set (lend_surplus)
         # Totals per (team, accelerator) first, then per quota line: thousands of
         # pending jobs share a few dozen (team, accelerator) pairs.
         by_acc: dict[tuple[str, str], int] = {}
@@ -137,6 +143,27 @@ class QuotaLedger:
         limit = INF if q.lend_limit is None else q.lend_limit
         return int(max(0, min(limit, idle)))
 
+    def lend_surplus(self, capacity: int) -> None:
+        """From now on the cohorts may also borrow the usable capacity no guarantee
+        covers: ``capacity`` (GPUs usable now) minus the sum of every team's guarantee.
+        The scheduler calls it for its last phase, after every queued job had its turn
+        with the guarantees alone."""
+        self.surplus = max(0, capacity - sum(self.nominal.values()))
+        self._room.clear()
+
+    def surplus_left(self) -> int:
+        """The surplus not yet borrowed: every cohort's borrowing beyond its members'
+        lendable quota draws on it."""
+        if not self.surplus:
+            return 0
+        keys = {k for _, k in self.nominal} | {k for _, k in self.used}
+        taken = 0
+        for cohort in sorted(self.cohorts):
+            for key in sorted(keys):
+                lendable, borrowed = self._cohort_totals(cohort, key)
+                taken += max(0, borrowed - lendable)
+        return max(0, self.surplus - taken)
+
     def within_guarantee(self, team: str, key: str, gpus: int) -> bool:
         if not self.enabled:
             return True
@@ -168,7 +195,10 @@ class QuotaLedger:
         agg = self._cohort_totals(q.cohort, key)
         pool = agg[0] - self.lendable(team, key)  # what the others lend
         mine = max(0, u - g)
-        new_borrow = max(0, min(limit - mine, pool - agg[1]))
+        left = pool - agg[1]
+        if self.surplus:
+            left = max(0, left) + self.surplus_left()
+        new_borrow = max(0, min(limit - mine, left))
         return int(headroom + new_borrow)
 
     def room(self, team: str, key: str) -> float:
