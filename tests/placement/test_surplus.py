@@ -81,3 +81,14 @@ def test_ledger_surplus_left_counts_borrowing_beyond_the_cohorts_lendable_quota(
     led.lend_surplus(32)  # 32 - 16 guaranteed = 16; B borrows 12, 8 of them A's: 4 taken
     assert (led.surplus, led.surplus_left()) == (16, 12)
     assert led.room("B", "") == 12
+
+
+def test_the_live_schedulers_admission_cache_lends_the_surplus_too():
+    # The live broker runs its passes on AdmissionCache (broker/scheduling/admission.py):
+    # the same phases, so the same 32 admissions as test_surplus_capacity_is_lent_...
+    from placement.incremental import AdmissionCache
+
+    nodes = [node(i) for i in range(4)]
+    pending = [job(f"b{i:02d}", gpus=1, team="B", submit_time=i) for i in range(40)]
+    d = AdmissionCache(nodes).schedule(1000.0, tuple(pending), tuple(_teams()), frozenset())
+    assert set(admitted(d)) == {f"b{i:02d}" for i in range(32)}
