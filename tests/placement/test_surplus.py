@@ -92,3 +92,20 @@ def test_the_live_schedulers_admission_cache_lends_the_surplus_too():
     pending = [job(f"b{i:02d}", gpus=1, team="B", submit_time=i) for i in range(40)]
     d = AdmissionCache(nodes).schedule(1000.0, tuple(pending), tuple(_teams()), frozenset())
     assert set(admitted(d)) == {f"b{i:02d}" for i in range(32)}
+
+
+def test_a_reclaim_takes_from_the_largest_borrower_first():
+    # L lends its idle guarantee to X (borrows 16) and Y (borrows 8). L asks for 8 back:
+    # X's job is the victim although Y's lost less work since its last checkpoint (Kueue's
+    # fair-sharing preemption: the team furthest above its share gives back first).
+    nodes = [node(i) for i in range(4)]
+    teams = [TeamQuota(team="L", cohort="c", guaranteed=(("", 32),)),
+             TeamQuota(team="X", cohort="c", guaranteed=(("", 0),)),
+             TeamQuota(team="Y", cohort="c", guaranteed=(("", 0),))]
+    running = [RunningJob(id="x0", team="X", priority=70, allocations=((nodes[0].id, 8),), started_time=0.0),
+               RunningJob(id="x1", team="X", priority=70, allocations=((nodes[1].id, 8),), started_time=0.0),
+               RunningJob(id="y0", team="Y", priority=70, allocations=((nodes[2].id, 8),), started_time=4000.0),
+               RunningJob(id="l0", team="L", priority=70, allocations=((nodes[3].id, 8),), started_time=0.0)]
+    d = schedule(snap(nodes, [job("l1", team="L")], running=running, teams=teams, now=5000.0))
+    [p] = d.preemptions
+    assert (p.job_id, p.reason) in {("x0", "reclaim_lent_quota"), ("x1", "reclaim_lent_quota")}
