@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,7 @@ def main() -> int:
     scn = scenario.load(a.scenario)
     kinds = policies.parse(a.policy)
     full = trace.load(a.trace)
+    load_start = os.getloadavg()  # the box is shared: CPU time is the measure, load the context
     runs = []
     for kind in kinds:
         mine = []
@@ -87,6 +89,7 @@ def main() -> int:
         runs += mine
     out = {"trace": Path(a.trace).name, "trace_sha256": trace.sha256(a.trace), "scenario": scn.name,
            "policy": ",".join(k.value for k in kinds), "runs": runs,
+           "load_avg_1m": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
            "method": "CPU time (time.process_time) of Simulation.run for one policy; engine share ="
                      " CPU inside placement.schedule; fractions = the first N jobs in file order"}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -58,7 +58,7 @@ def test_simulator_page_tables_are_the_committed_runs() -> None:
     those tables into docs/sim/**/results.md from result.json. They must not drift."""
     page = (DOCS / "simulator.md").read_text()
     for results in (DOCS / "sim" / "results.md", DOCS / "sim" / "4region" / "results.md",
-                    DOCS / "sim" / "full" / "results.md"):
+                    DOCS / "sim" / "2region" / "results.md", DOCS / "sim" / "full" / "results.md"):
         text = results.read_text()
         start = text.index("| policy |")
         table = text[start: text.index("\n\n", start)]
