@@ -329,6 +329,8 @@ class _Pass:
         """Phase 3: quota-blocked jobs, in fair-share order, on capacity still free, with the
         surplus (capacity no guarantee covers) lendable too. No preemption."""
         led = self.ledger
+        if not any(q.can_borrow and q.cohort and q.borrow_limit != 0 for q in led.quota.values()):
+            return  # nobody may borrow (static quotas): the surplus can change nothing
         if not any(p.root.cnt[1] for p in self.index.partitions if p.maxg >= 1):
             return  # nothing free anywhere: nothing to lend (the common busy pass)
         led.lend_surplus(sum(s.info.gpus for s in self.index.slot_by_id.values()))
