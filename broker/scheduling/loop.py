@@ -228,8 +228,11 @@ class SchedulerLoop:
                    f" {beneficiary.spec.priority_class})" if beneficiary else pre.for_job_id)
             stopping = ops.trigger(
                 pre.job_id, Signal(Trigger.PREEMPTED, cause=Cause.parse(pre.reason)), actor="scheduler",
-                message=f"preempted for {who}: {pre.message or pre.reason}; work at risk"
-                        f" {pre.work_lost_gpu_s:.0f} GPU-s since the last checkpoint",
+                # placement's message already says why and the work at risk: name the
+                # beneficiary's team and class in it rather than repeat it
+                message=(pre.message.replace(f"by {pre.for_job_id}", f"by {who}", 1) if pre.message
+                         else f"preempted for {who}: {pre.reason}; work at risk"
+                              f" {pre.work_lost_gpu_s:.0f} GPU-s since the last checkpoint"),
                 details={"for_job": pre.for_job_id,
                          "for_team": beneficiary.spec.team if beneficiary else "",
                          "work_lost_gpu_s": f"{pre.work_lost_gpu_s:.1f}"},

@@ -39,6 +39,10 @@ def test_a_job_is_not_preempted_before_its_minimum_run_time(tmp_path: Path) -> N
         # the broker asked for the stop only once the attempt had run its minimum time
         assert stopping.stop_requested_time >= started + 2.0
         assert stopping.preemptions == 1
+        # the event says why once: the beneficiary (its team and class) and the work at risk
+        ev = next(e for e in b.events(low.id) if e.type == "preempted")
+        assert f"preempted by {high.id} (team ml, priority inference)" in ev.message, ev.message
+        assert ev.message.count("GPU-s") == 1, ev.message
     finally:
         agent.close()
         b.stop()
