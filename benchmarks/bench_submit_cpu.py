@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "proto")]
 
 import grpc  # noqa: E402
 
+from benchmarks.procstats import pct, proc_cpu_s, rss_kb  # noqa: E402
 from broker.auth.devca import create_dev_pki  # noqa: E402
 from broker.auth.identity import Role  # noqa: E402
 from broker.ids import new_job_id  # noqa: E402
@@ -80,26 +81,6 @@ def spec(i: int, rng: random.Random) -> pb.JobSpec:
     for k in range(12):
         s.labels[f"example.com/label-{k}"] = f"v{k}-{rng.randrange(1000)}"
     return s
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 def populate_pending(url: str, n: int) -> None:

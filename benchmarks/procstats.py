@@ -1,0 +1,29 @@
+"""What the API benchmarks read about a process they started (its CPU and memory from
+/proc) and their one percentile rule, shared so every figure is taken the same way."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB (0 if /proc does not say)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def pct(xs: list[float], p: float) -> float:
+    """The ``p``-th percentile by nearest rank (0.0 for no samples)."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
