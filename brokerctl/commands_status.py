@@ -12,9 +12,9 @@ from rich.console import Console
 from brokerctl import cost, render, status
 from brokerctl import usage as usage_view
 from brokerctl.commands_jobs import my_actor
-from brokerctl.common import EXIT_ERROR, EXIT_OK, parse_duration
+from brokerctl.common import EXIT_ERROR, EXIT_OK, UsageError, parse_duration
 from brokersdk.client import BrokerClient, BrokerUnavailable
-from brokersdk.usage import totals
+from brokersdk.usage import MAX_WINDOW_S, totals
 
 
 def cmd_status(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
@@ -40,6 +40,9 @@ def cmd_cost(args: argparse.Namespace, client: BrokerClient, out: Console) -> in
 def cmd_usage(args: argparse.Namespace, client: BrokerClient, out: Console) -> int:
     """``brokerctl usage --over 6h``: the broker's kept series, per team (brokerctl/usage.py)."""
     window = parse_duration(args.over)
+    if not 0 < window <= MAX_WINDOW_S:  # the broker would clamp it and the title would lie
+        raise UsageError(f"--over {args.over}: the broker keeps at most "
+                         f"{MAX_WINDOW_S / 3600:g}h of usage; use e.g. 1h, 6h or 24h")
     series = client.usage_series(window, team=args.team or "")
     if args.output == "json":
         out.print_json(render.to_json(series))

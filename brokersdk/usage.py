@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from computebroker.v1 import capacity_pb2
 
+MAX_WINDOW_S = 24 * 3600.0
+"""The longest window the broker keeps (its coarsest tier, broker/telemetry/series.py):
+here so a client refuses a longer one instead of printing a title the data does not fill."""
+
 
 @dataclass(frozen=True)
 class TeamTotals:

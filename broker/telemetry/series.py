@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import placement
 from broker.jobs.standby import SUFFIX as STANDBY_SUFFIX
+from brokersdk.usage import MAX_WINDOW_S
 from computebroker.v1 import capacity_pb2 as cpb
 
 SERIES_KEY = "fleet"  # the store record's key (kind KIND_USAGE_SERIES)
-MAX_WINDOW_S = 24 * 3600.0
 DEFAULT_WINDOW_S = 3600.0
 
 

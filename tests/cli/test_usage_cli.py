@@ -88,3 +88,15 @@ def test_usage_in_a_pipe_and_as_json(busy_broker: Broker, capsys, monkeypatch) -
         "ml", "vision-research-long-team-name"}
     rc, _, err = run_cli(capsys, "--broker", busy_broker.address, "usage", "--over", "2d")
     assert rc != 0 and "24 h" in err, err
+
+
+@pytest.mark.parametrize("over", ["48h", "BAD", "0s"])
+def test_a_window_the_broker_does_not_keep_is_refused_before_any_call(over: str, capsys,  # noqa: ANN001
+                                                                      monkeypatch) -> None:
+    """Nothing listens at the address: the refusal must come from the CLI itself (exit 2,
+    a message naming the flag), not from a connection attempt or a clamped window."""
+    monkeypatch.setenv("CB_SERVER", "127.0.0.1:9")
+    rc, out, err = run_cli(capsys, "usage", "--over", over)
+    assert rc == 2, (out, err)
+    assert "cannot reach" not in err
+    assert over in err
