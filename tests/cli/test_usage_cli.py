@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import pytest
 
 from brokerctl.usage import sparkline
@@ -87,7 +88,11 @@ def test_usage_in_a_pipe_and_as_json(busy_broker: Broker, capsys, monkeypatch) -
     assert data["step_s"] == 300 and {t["team"] for t in data["teams"]} == {
         "ml", "vision-research-long-team-name"}
     rc, _, err = run_cli(capsys, "--broker", busy_broker.address, "usage", "--over", "2d")
-    assert rc != 0 and "24 h" in err, err
+    assert rc == 2 and "at most 24h" in err, err
+    with pytest.raises(grpc.RpcError) as refused:  # the broker refuses it too, for other clients
+        busy_broker.capacity.GetUsageSeries(cpb.GetUsageSeriesRequest(window_s=2 * 86400))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "24 h" in refused.value.details()
 
 
 @pytest.mark.parametrize("over", ["48h", "BAD", "0s"])
