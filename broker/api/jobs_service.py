@@ -90,12 +90,9 @@ def submit_checks(config: BrokerConfig, agents: AgentRegistry, blobs: BlobStore,
                 config.checkpoint_allowed_roots, config.checkpoint_root, records))
         if jobs is not None:
             bases = checkpoint_bases(config, records)
-            # the jobs that chose their prefix (a scan, only for specs that need it)
-            chosen = ([j for j in jobs.iter() if j.spec.checkpoint_uri]
-                      if spec.checkpoint_uri or spec.resume_from.startswith(("/", "file:", "s3:"))
-                      else [])
-            checkpoint_shares.check_write_prefix(spec, chosen, bases)
-            checkpoint_shares.resolve_resume(spec, iter(chosen), bases, jobs.find)
+            # the jobs that chose a prefix near this one: the store's index, never a scan
+            checkpoint_shares.check_write_prefix(spec, jobs.checkpoint_prefix_jobs, bases)
+            checkpoint_shares.resolve_resume(spec, jobs.checkpoint_prefix_jobs, bases, jobs.find)
         else:
             spec.ClearField("resume_source")
         check_submit(spec, blobs, records, who)

@@ -25,17 +25,22 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 
 from broker.api.errors import FailedPrecondition, InvalidArgument, NotFound
 from broker.auth.identity import Principal, Role
 from broker.auth.policy import PermissionDenied
 from broker.jobs.outcome import Outcome, begin, seal
+from broker.store.checkpoint_index import ancestor_keys, descendant_range
 from checkpoint_layout.names import parse_step
 from checkpoint_layout.roots import RootError, canonical
 from computebroker.v1 import common_pb2 as pb
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The jobs whose chosen prefix has one of the keys, or a key in the range (the store's
+# index, broker/store/checkpoint_index.py; JobsView.checkpoint_prefix_jobs).
+PrefixJobs = Callable[[Sequence[str], "tuple[str, str] | None"], list[pb.Job]]
+
 SHARE_HOW = ("the job's owner (or a team admin, for another team) can share it:"
              " `brokerctl share JOB_ID [--team TEAM]`")
 
@@ -82,8 +87,10 @@ def usable_bases(bases: Iterable[str]) -> list[str]:
     return out
 
 
-def check_write_prefix(spec: pb.JobSpec, jobs: Iterable[pb.Job], bases: Iterable[str]) -> None:
-    """Refuse a ``checkpoint_uri`` that is (or holds, or lies in) another job's prefix."""
+def check_write_prefix(spec: pb.JobSpec, prefix_jobs: PrefixJobs, bases: Iterable[str]) -> None:
+    """Refuse a ``checkpoint_uri`` that is (or holds, or lies in) another job's prefix:
+    the candidates are read from the store's index (the prefixes above ``uri`` by key,
+    those below it by one key range), never by reading every job."""
     uri = spec.checkpoint_uri
     if not uri:
         return
@@ -94,7 +101,7 @@ def check_write_prefix(spec: pb.JobSpec, jobs: Iterable[pb.Job], bases: Iterable
                 " each job's own checkpoints: a job writes only under its own prefix. Leave"
                 " checkpoint_uri empty, or choose a directory no other job uses; to start"
                 " from another job's checkpoints use resume_from")
-    for job in jobs:
+    for job in prefix_jobs(ancestor_keys(uri), descendant_range(uri)):
         if job.spec.checkpoint_uri and overlaps(job.spec.checkpoint_uri, uri):
             raise FailedPrecondition(
                 f"spec.checkpoint_uri {uri!r} overlaps {job.spec.checkpoint_uri!r}, the"
@@ -111,11 +118,11 @@ def active_share(source: pb.Job, team: str) -> pb.CheckpointShare | None:
     return None
 
 
-def owner_of(uri: str, jobs: Iterable[pb.Job], bases: Iterable[str],
+def owner_of(uri: str, prefix_jobs: PrefixJobs | None, bases: Iterable[str],
              find: Callable[[str], pb.Job | None]) -> tuple[pb.Job, str] | None:
     """(the job whose prefix holds ``uri``, that prefix), or None. A default prefix is
-    recognised by its shape (``<store>/jobs/<id>/...``, one lookup); a chosen one by a
-    scan of the jobs that chose one."""
+    recognised by its shape (``<store>/jobs/<id>/...``, one lookup); a chosen one by the
+    store's prefix index (one exact key per leading run of ``uri``'s segments)."""
     scheme, parts = _key(uri)
     for base in usable_bases(bases):
         bscheme, bparts = _key(base)
@@ -125,13 +132,13 @@ def owner_of(uri: str, jobs: Iterable[pb.Job], bases: Iterable[str],
             job = find(parts[n + 1])
             if job is not None and not job.spec.checkpoint_uri:
                 return job, default_prefix(base, job.id)
-    for job in jobs:
+    for job in prefix_jobs(ancestor_keys(uri), None) if prefix_jobs is not None else ():
         if job.spec.checkpoint_uri and contains(job.spec.checkpoint_uri, uri):
             return job, job.spec.checkpoint_uri.rstrip("/")
     return None
 
 
-def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str],
+def resolve_resume(spec: pb.JobSpec, prefix_jobs: PrefixJobs, bases: Iterable[str],
                    find: Callable[[str], pb.Job | None]) -> None:
     """Check ``spec.resume_from`` and fill ``spec.resume_source`` (or clear it): the
     source job, its prefix, the exact checkpoint and the share in force for the team.
@@ -153,7 +160,7 @@ def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str
                                      " yet; wait for one (brokerctl job shows it)")
         prefix = job_prefixes(source, bases)[0] if source.spec.checkpoint_uri else ""
         if not prefix:
-            found = owner_of(uri, (), bases, find)
+            found = owner_of(uri, None, bases, find)
             prefix = found[1] if found else uri.rsplit("/", 2)[0]
     else:
         try:
@@ -164,7 +171,7 @@ def resolve_resume(spec: pb.JobSpec, jobs: Iterator[pb.Job], bases: Iterable[str
             raise InvalidArgument(f"spec.resume_from {want!r} names no checkpoint step"
                                   " directory (.../step-000000100); or give the job id to"
                                   " start from its last durable checkpoint")
-        found = owner_of(want, jobs, bases, find)
+        found = owner_of(want, prefix_jobs, bases, find)
         if found is None or _hidden(found[0], spec.team):
             raise FailedPrecondition(
                 f"spec.resume_from {want!r} is not inside any job's checkpoints: a job"

@@ -8,7 +8,7 @@ written through :class:`RecordsView` methods that name what they write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from google.protobuf.message import Message
@@ -55,6 +55,17 @@ class JobsView:
             return self._store.get_job(job_id)
         except NotFound:
             return None
+
+    def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
+                               ) -> list[pb.Job]:
+        """The jobs the store's checkpoint-prefix index names for ``keys`` / ``inside``
+        (broker/store/checkpoint_index.py), oldest first."""
+        out = []
+        for job_id in self._store.checkpoint_prefix_jobs(keys, inside):
+            job = self.find(job_id)
+            if job is not None:
+                out.append(job)
+        return out
 
     def list(self, *, team: str = "", phases: Iterable[int] = (), region: str = "",
              after_id: str = "", limit: int = 100) -> list[pb.Job]:

@@ -234,6 +234,14 @@ class Store(abc.ABC):
         """Jobs ordered by id (ids sort by creation), after ``after_id``; filters AND."""
 
     @abc.abstractmethod
+    def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
+                               ) -> list[str]:
+        """Ids (sorted, once each) of the jobs whose chosen checkpoint prefix has one of
+        ``keys`` or a key in the half-open range ``inside`` (broker/store/
+        checkpoint_index.py makes both). An indexed lookup in every store: a submit
+        that chooses a prefix must not read every job the broker ever had."""
+
+    @abc.abstractmethod
     def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
         """A job's events with seq > after_seq, oldest first; limit 0 = all."""
 

@@ -73,6 +73,7 @@ from broker.store.base import (
     riders_of,
     versioned_copy,
 )
+from broker.store.checkpoint_index import job_prefix_key
 from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from broker.store.redis_url import RedisTarget, parse_redis_url
@@ -99,6 +100,12 @@ def _rider_args(riders: Sequence[tuple[str, str, Message]]) -> list[object]:
     if not riders:
         return []
     return [len(riders), *(x for kind, key, m in riders for x in (kind, key, m.SerializeToString()))]
+
+
+def _create_tail(stored: pb.Job, riders: Sequence[tuple[str, str, Message]]) -> list[object]:
+    """The CREATE script's tail: the riders (count always given), then the job's
+    checkpoint prefix key ('' = it chose none)."""
+    return [*(_rider_args(riders) or [0]), job_prefix_key(stored.spec.checkpoint_uri)]
 
 
 def _event_bytes(ev: pb.JobEvent) -> bytes:
@@ -136,6 +143,7 @@ class RedisStore(RedisLogs, Store):
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
+        self._prefix_index_built = False  # <p>:ckpt checked (built once if missing)
         self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
         if retry_attempts is None:
             retry_attempts = _SENTINEL_RETRY_ATTEMPTS if target.is_sentinel else 5
@@ -237,7 +245,7 @@ class RedisStore(RedisLogs, Store):
     # ---- jobs ----------------------------------------------------------------------
     def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
         stored = new_job_copy(job)
-        args = self._job_args(stored, events)
+        args = self._job_args(stored, events) + _create_tail(stored, ())
         res = self._write_one(self._create, args)
         if res == -9:
             raise self._fenced()
@@ -255,7 +263,7 @@ class RedisStore(RedisLogs, Store):
         its script, only with its job); a retried pipeline is safe because each member
         carries its own request token."""
         stored = [new_job_copy(item[0]) for item in items]
-        argv = [self._job_args(st, item[1]) + _rider_args(riders_of(item))
+        argv = [self._job_args(st, item[1]) + _create_tail(st, riders_of(item))
                 for st, item in zip(stored, items, strict=True)]
 
         def queue(pipe: object) -> None:
@@ -281,6 +289,48 @@ class RedisStore(RedisLogs, Store):
         if data is None:
             raise NotFound(f"job {job_id!r} not found")
         return decode(pb.Job, data, f"job {job_id}")
+
+    def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
+                               ) -> list[str]:
+        self._ensure_prefix_index()
+        zk = self._k("ckpt")
+
+        def fetch() -> list[list[bytes]]:
+            pipe = self._r.pipeline(transaction=False)
+            for key in dict.fromkeys(keys):
+                pipe.zrangebylex(zk, f"[{key}\0", f"({key}\x01")
+            if inside is not None:
+                pipe.zrangebylex(zk, f"[{inside[0]}", f"({inside[1]}")
+            return pipe.execute()
+
+        return sorted({m.rsplit(b"\0", 1)[1].decode() for batch in self._call(fetch) for m in batch})
+
+    def _ensure_prefix_index(self) -> None:
+        """Build ``<p>:ckpt`` once from the jobs stored before it existed (a marker key
+        says it was built; jobs created since are indexed by the CREATE script)."""
+        if self._prefix_index_built:
+            return
+        marker = self._k("ckpt", "built")
+        if not self._call(lambda: self._r.exists(marker)):
+            after = ""
+            while ids := self._index_batch([self._k("jobs")], after, _LIST_BATCH):
+                def fetch(ids: list[str] = ids) -> list[bytes | None]:
+                    pipe = self._r.pipeline(transaction=False)
+                    for i in ids:
+                        pipe.hget(self._k("job", i), "d")
+                    return pipe.execute()
+
+                members = {}
+                for i, data in zip(ids, self._call(fetch), strict=True):
+                    if data is not None:
+                        key = job_prefix_key(decode(pb.Job, data, f"job {i}").spec.checkpoint_uri)
+                        if key:
+                            members[f"{key}\0{i}"] = 0
+                if members:
+                    self._call(lambda m=members: self._r.zadd(self._k("ckpt"), m))
+                after = ids[-1]
+            self._call(lambda: self._r.set(marker, 1))
+        self._prefix_index_built = True
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:

@@ -33,8 +33,10 @@ end
 """
 
 # ARGV: prefix, token, token_ttl, fence_key, fence_epoch, id, team, crid, phase, region, data,
-#       n_events, events..., [n_riders, (kind, key, data) x n_riders]
+#       n_events, events..., [n_riders, (kind, key, data) x n_riders, [checkpoint prefix key]]
 # Riders are keyed records written only when the job is (a SubmitJob's audit record).
+# The checkpoint prefix key (broker/store/checkpoint_index.py; '' = none) goes into the
+# sorted set <p>:ckpt as "<key>\0<id>", read by ZRANGEBYLEX.
 # Returns: 1 created | -1 id exists | -2 request id exists | -9 fenced
 CREATE = LUA_COMMON + r"""
 local tok, id, team, crid, phase, region, data = ARGV[2], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -53,10 +55,13 @@ redis.call('ZADD', ikey('phase', phase), 0, id)
 if region ~= '' then redis.call('ZADD', ikey('region', region), 0, id) end
 push_events(id, 13, tonumber(ARGV[12]))
 local rb = 13 + tonumber(ARGV[12])
-for i = 0, tonumber(ARGV[rb] or '0') - 1 do
+local nr = tonumber(ARGV[rb] or '0')
+for i = 0, nr - 1 do
   local at = rb + 1 + 3 * i
   redis.call('HSET', p .. ':rec:' .. ARGV[at], ARGV[at + 1], ARGV[at + 2])
 end
+local ck = ARGV[rb + 1 + 3 * nr]
+if ck and ck ~= '' then redis.call('ZADD', p .. ':ckpt', 0, ck .. '\0' .. id) end
 return done(tok, 1)
 """
 

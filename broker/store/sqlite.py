@@ -51,6 +51,7 @@ from broker.store.base import (
     riders_of,
     versioned_copy,
 )
+from broker.store.checkpoint_index import job_prefix_key
 from broker.store.group_commit import GroupWriter
 from broker.store.private_files import private_dirs, private_sqlite
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
@@ -76,6 +77,25 @@ _LIST_INDEX: dict[tuple[bool, bool, bool], str] = {
 
 def _list_index(team: bool, phases: bool, region: bool) -> str:
     return _LIST_INDEX.get((team, phases, region), "")
+
+
+def checkpoint_prefix_sql(n_keys: int, inside: bool) -> str:
+    """The SELECT of :meth:`SQLiteStore.checkpoint_prefix_jobs` (one place, so a test
+    can read its plan): exact keys and one key range, both on the primary key."""
+    parts = []
+    if n_keys:
+        parts.append("SELECT job_id FROM checkpoint_prefixes WHERE prefix IN"
+                     f" ({','.join('?' * n_keys)})")
+    if inside:
+        parts.append("SELECT job_id FROM checkpoint_prefixes WHERE prefix >= ? AND prefix < ?")
+    return " UNION ".join(parts)
+
+
+def _index_row(conn: sqlite3.Connection, job: pb.Job) -> None:
+    key = job_prefix_key(job.spec.checkpoint_uri)
+    if key:
+        conn.execute("INSERT OR IGNORE INTO checkpoint_prefixes (prefix, job_id) VALUES (?, ?)",
+                     (key, job.id))
 
 
 def list_jobs_sql(*, team: str = "", phases: Sequence[int] = (), region: str = "",
@@ -129,6 +149,13 @@ CREATE TABLE IF NOT EXISTS records (
     data BLOB NOT NULL,
     PRIMARY KEY (kind, key)
 ) WITHOUT ROWID;
+-- The checkpoint-prefix index (broker/store/checkpoint_index.py): one row per job that
+-- chose a checkpoint_uri, written with the job; read by key and by key range only.
+CREATE TABLE IF NOT EXISTS checkpoint_prefixes (
+    prefix TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    PRIMARY KEY (prefix, job_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -160,7 +187,11 @@ class SQLiteStore(SQLiteLogs, Store):
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            indexed = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'checkpoint_prefixes'").fetchone()
             self._conn.executescript(_SCHEMA + LOG_SCHEMA)
+            if not indexed:  # a file from before the index: build it once from the jobs
+                self._backfill_prefixes()
             cols = {r[1] for r in self._conn.execute("PRAGMA table_info(leases)")}
             if "epoch" not in cols:  # a file from before leader fencing
                 self._conn.execute(
@@ -180,6 +211,17 @@ class SQLiteStore(SQLiteLogs, Store):
             self._rconn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
                                           check_same_thread=False)
             self._rconn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+
+    def _backfill_prefixes(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for job_id, data in conn.execute("SELECT id, data FROM jobs").fetchall():
+                _index_row(conn, decode(pb.Job, data, f"job {job_id}"))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     # ---- plumbing ------------------------------------------------------------------
     @contextmanager
@@ -250,6 +292,7 @@ class SQLiteStore(SQLiteLogs, Store):
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
                 )
+                _index_row(conn, stored)
                 self._insert_events(conn, stored.id, events)
         except sqlite3.IntegrityError as e:
             raise AlreadyExists(
@@ -307,6 +350,7 @@ class SQLiteStore(SQLiteLogs, Store):
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (stored.id, team, crid, phase, region, 1, stored.SerializeToString()),
                 )
+                _index_row(conn, stored)
                 self._insert_events(conn, stored.id, events)
                 for kind, key, message in riders_of(item):
                     conn.execute(_PUT_RECORD, (kind, key, message.SerializeToString()))
@@ -327,6 +371,15 @@ class SQLiteStore(SQLiteLogs, Store):
         if not rows:
             raise NotFound(f"job {job_id!r} not found")
         return decode(pb.Job, rows[0][0], f"job {job_id}")
+
+    def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
+                               ) -> list[str]:
+        keys = list(dict.fromkeys(keys))
+        if not keys and inside is None:
+            return []
+        args: list[object] = [*keys, *(inside or ())]
+        rows = self._read(checkpoint_prefix_sql(len(keys), inside is not None), args)
+        return sorted({r[0] for r in rows})
 
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None:
         if not client_request_id:
