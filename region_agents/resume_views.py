@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 import threading
 from pathlib import Path
@@ -178,6 +179,53 @@ def resume_point(*, job_id: str, resume: str, checkpoint_dir: str, source: objec
         os.close(fd)
 
 
+VIEW_RE = re.compile(r"^resume-(\d+)$")
+
+
+def view_dir(work_dir: Path, job_id: str, attempt: int) -> Path:
+    """Where attempt ``attempt`` of ``job_id`` gets its copy of a shared checkpoint."""
+    return work_dir / "jobs" / job_id / f"resume-{attempt}"
+
+
+def drop_view(work_dir: Path, job_id: str, attempt: int) -> bool:
+    """Remove an attempt's copy of a shared checkpoint (True if there was one).
+
+    Why: the copy is only the attempt's starting point. It is the agent's (root's,
+    inside the agent's 0711 ``jobs/<job>``), so no job can have planted a link in it;
+    ``shutil.rmtree`` removes it by fd all the same, and a symlink in its place is
+    unlinked, never followed."""
+    path = view_dir(work_dir, job_id, attempt)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        path.unlink()
+        return True
+    shutil.rmtree(path)
+    return True
+
+
+def drop_stale_views(work_dir: Path, live: set[tuple[str, int]]) -> list[Path]:
+    """Remove every copy whose attempt is not in ``live`` (an agent restarted after the
+    attempt ended, or died before it could clean up); returns what it removed."""
+    gone: list[Path] = []
+    jobs = work_dir / "jobs"
+    try:
+        job_ids = [e.name for e in os.scandir(jobs) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return gone
+    for job_id in job_ids:
+        with os.scandir(jobs / job_id) as it:
+            names = [e.name for e in it]
+        for name in names:
+            m = VIEW_RE.match(name)
+            if m and (job_id, int(m.group(1))) not in live:
+                drop_view(work_dir, job_id, int(m.group(1)))
+                gone.append(jobs / job_id / name)
+    return gone
+
+
 def copy_read_only(src_fd: int, name: str, view_dir: Path, user: JobUser | None,
                    source_user: JobUser | None) -> Path:
     """Copy the step directory open at ``src_fd`` to ``view_dir/name`` (``view_dir`` is
@@ -186,8 +234,6 @@ def copy_read_only(src_fd: int, name: str, view_dir: Path, user: JobUser | None,
     if view_dir.is_symlink():
         raise JobDirError(f"{view_dir} is a symlink: refused")
     if view_dir.exists():
-        import shutil
-
         shutil.rmtree(view_dir)  # the agent's own (root-owned) copy of an earlier launch
     os.mkdir(view_dir, 0o700)
     vfd = os.open(view_dir, DIR_FLAGS)

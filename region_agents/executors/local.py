@@ -63,7 +63,16 @@ from region_agents.executors.memory_keepers import KeeperPool, memory_every
 from region_agents.executors.rank_threads import rank_thread_env
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
-from region_agents.resume_views import OwnerBook, own_prefix, resolved, resume_point
+from region_agents.resume_views import (
+    OwnerBook,
+    drop_stale_views,
+    drop_view,
+    inside,
+    own_prefix,
+    resolved,
+    resume_point,
+    view_dir,
+)
 from region_agents.workdir import unpack
 
 log = logging.getLogger(__name__)
@@ -222,6 +231,7 @@ class _Attempt:
     hang_timeout_s: float = 0.0
     events: list[AttemptEvent] = field(default_factory=list)
     record: records.AttemptRecord | None = None
+    view_dropped: bool = False  # its copy of a shared checkpoint is gone (or never was)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -343,7 +353,7 @@ class LocalExecutor(Executor):
         resume = file_path(spec.resume_from)
         if not resume:
             return ""
-        view = self.work_dir / "jobs" / spec.job_id / f"resume-{spec.attempt}"
+        view = view_dir(self.work_dir, spec.job_id, spec.attempt)
         return resume_point(job_id=spec.job_id, resume=resume, checkpoint_dir=ckpt,
                             source=spec.spec.resume_source, roots=self.checkpoint_roots,
                             user=user, source_user=self.source_user(spec),
@@ -720,12 +730,37 @@ class LocalExecutor(Executor):
             return
         if snap is None:
             return
+        if not att.view_dropped and self._own_checkpoint(att, snap.progress.last_checkpoint_uri):
+            # the attempt saved a checkpoint of its own: every rank is past its start (a
+            # save follows a step all ranks took), and every later launch resumes from
+            # its own; the copy of what it started from is not needed any more
+            self._drop_view(att)
         if snap.signature() != att.last_sent_sig and now - att.last_sent_time >= self.progress_interval_s:
             att.last_sent_sig = snap.signature()
             att.last_sent_time = now
             att.events.append(
                 AttemptEvent(att.spec.job_id, att.spec.attempt, att.state, snap.progress)
             )
+
+    def _own_checkpoint(self, att: _Attempt, uri: str) -> bool:
+        path = file_path(uri)
+        ckpt = self.checkpoint_dir(att.spec)
+        if not uri:
+            return False
+        if "://" in ckpt or "://" in path:
+            return uri.startswith(ckpt.rstrip("/") + "/")
+        return inside(own_prefix(ckpt), os.path.abspath(path))
+
+    def _drop_view(self, att: _Attempt) -> None:
+        """Remove the attempt's copy of a shared checkpoint (resume_views.drop_view)."""
+        att.view_dropped = True
+        try:
+            if drop_view(self.work_dir, att.spec.job_id, att.spec.attempt):
+                log.info("%s attempt %d: removed its copy of a shared checkpoint",
+                         att.spec.job_id, att.spec.attempt)
+        except OSError as e:  # logged, retried at the agent's next start
+            log.warning("%s attempt %d: could not remove its copy of a shared checkpoint: %s",
+                        att.spec.job_id, att.spec.attempt, e)
 
     def _startup_timeout(self, att: _Attempt) -> float | None:
         """Seconds after which a silent attempt (no progress file) counts as RUNNING;
@@ -768,6 +803,7 @@ class LocalExecutor(Executor):
             )
         )
         log.info("%s attempt %d finished: %s (%s)", att.spec.job_id, att.spec.attempt, state, code)
+        self._drop_view(att)  # the ranks are gone: nobody reads the copy any more
         if state != AS.ATTEMPT_STATE_FAILED:  # done, stopped or durably saved: memory not needed
             self.keepers.stop_job(att.spec.job_id)
         if att.record is not None:
@@ -879,6 +915,11 @@ class LocalExecutor(Executor):
                 if not rec.ranks:  # died mid-launch: kill whatever it had started
                     records.kill_and_wait(rec, orphans.get(rec.dir, []))
                 self._adopt(rec)
+            # copies of shared checkpoints whose attempt ended while no agent ran
+            live = {k for k, a in self._attempts.items() if not a.failure}
+            with contextlib.suppress(OSError):
+                for path in drop_stale_views(self.work_dir, live):
+                    log.info("removed %s: its attempt is no longer running", path)
         return unacked
 
     def _adopt(self, rec: records.AttemptRecord) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -45,6 +44,11 @@ for name, path in targets:
         out[name] = "ok"
     except OSError as e:
         out[name] = e.strerror
+out["stat"] = {}
+for d, dirs, files in os.walk(src):
+    for n in [d] + [os.path.join(d, f) for f in files + dirs]:
+        st = os.lstat(n)
+        out["stat"][os.path.relpath(n, src)] = [st.st_uid, st.st_gid, st.st_mode & 0o7777]
 json.dump(out, open(os.path.join(os.environ["CB_CHECKPOINT_URI"], "result.json"), "w"))
 """
 
@@ -122,10 +126,13 @@ def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str, s
     assert got["read"] == "weights\n"
     assert got["write_view"] == "Permission denied" and got["new_in_view"] == "Permission denied"
     reader_uid = pool.for_team(team).uid
-    for p in (view, view / "model.pt", view / "shard", view / "shard" / "0"):
-        st = p.lstat()
-        assert st.st_uid == 0 and st.st_gid == pool.for_team(team).gid, p
-        assert stat.S_IMODE(st.st_mode) == (0o750 if p.is_dir() else 0o440), p
+    # as the rank saw it (the copy is removed once the attempt ends)
+    assert set(got["stat"]) == {".", "model.pt", "manifest.json", "shard", "shard/0"}
+    for rel, (uid, gid, mode) in got["stat"].items():
+        is_dir = rel in (".", "shard")
+        assert uid == 0 and gid == pool.for_team(team).gid, rel
+        assert mode == (0o750 if is_dir else 0o440), rel
+    assert not view.parent.exists(), "the copy outlived the attempt that read it"
     if team == "bob":  # another uid: the kernel keeps it out of alice's own files too
         assert got["write_source"] == "Permission denied"
         assert reader_uid != pool.for_team("alice").uid
@@ -210,3 +217,78 @@ def test_a_standbys_go_gets_the_same_resume_rule(host) -> None:  # noqa: ANN001
             assert ex.work_dir in Path(seen["resume_from"]).parents
         else:
             assert seen["action"] == "abort" and not seen["resume_from"]
+
+
+# A reader that keeps running after it read its copy: it reports a checkpoint of its own
+# (the progress contract) only when told to, so the test sees the copy before and after.
+HOLDER = r"""
+import json, os, time
+src, ck = os.environ["CB_RESUME_FROM"], os.environ["CB_CHECKPOINT_URI"]
+open(os.path.join(ck, "seen"), "w").write(src)
+while not os.path.exists(os.path.join(ck, "save")):
+    time.sleep(0.05)
+os.makedirs(os.path.join(ck, "step-000000011"))
+p = os.environ["CB_PROGRESS_FILE"]
+json.dump({"state": "running", "step": 11, "last_checkpoint_step": 11,
+           "last_checkpoint_uri": os.path.join(ck, "step-000000011"), "time": time.time()},
+          open(p + ".tmp", "w"))
+os.replace(p + ".tmp", p)
+while not os.path.exists(os.path.join(ck, "exit")):
+    time.sleep(0.05)
+"""
+
+
+def _wait(cond, what: str, timeout: float = 30.0) -> None:  # noqa: ANN001
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_copy_is_removed_once_the_job_saves_its_own_checkpoint(host) -> None:  # noqa: ANN001
+    """The copy of a shared checkpoint lives while the attempt may still need it: from
+    launch until the attempt saved a checkpoint of its own (then every rank is past its
+    start and every relaunch resumes from its own), and never past the attempt's end."""
+    ex, _, ckroot = host
+    step = _writer(ex, ckroot)
+    spec = _shared(_spec("b-2", "bob", ckroot, ["python3", "-c", HOLDER]), ckroot, step)
+    ex.launch(spec)
+    own = ckroot / "b-2" / "attempt-1"
+    _wait(lambda: (own / "seen").exists(), "the rank to read its copy")
+    view = Path((own / "seen").read_text())
+    assert view.name == STEP and (view / "model.pt").read_text() == "weights\n"
+    collector = Collector(ex)
+    for _ in range(10):  # still running, no checkpoint of its own: the copy stays
+        collector.events.extend(ex.poll())
+    assert view.exists()
+    (own / "save").touch()
+    _wait(lambda: (collector.events.extend(ex.poll()), not view.parent.exists())[1],
+          "the copy to be removed after the job's own checkpoint")
+    (own / "exit").touch()
+    assert collector.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
+    assert (step / "model.pt").read_text() == "weights\n"  # the source is never touched
+
+
+def test_an_agent_restart_removes_copies_of_attempts_that_ended(host) -> None:  # noqa: ANN001
+    """A copy left behind (the agent died before the attempt's end was seen) is removed
+    at the next start; a running attempt's copy is kept."""
+    ex, pool, ckroot = host
+    step = _writer(ex, ckroot)
+    ex.launch(_shared(_spec("b-3", "bob", ckroot, ["python3", "-c", HOLDER]), ckroot, step))
+    own = ckroot / "b-3" / "attempt-1"
+    _wait(lambda: (own / "seen").exists(), "the rank to read its copy")
+    live_view = Path((own / "seen").read_text()).parent
+    stale = ex.work_dir / "jobs" / "gone-1" / "resume-4"
+    (stale / STEP).mkdir(parents=True)
+    (stale / STEP / "model.pt").write_text("left behind")
+    again = LocalExecutor(ex.work_dir, ranks_per_node=1, python=sys.executable, identities=pool,
+                          checkpoint_roots=[str(ckroot)])
+    again.recover()
+    assert not stale.exists() and live_view.exists()
+    (own / "save").touch()
+    (own / "exit").touch()
+    assert Collector(ex).wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
+    assert not live_view.exists()
+    again.shutdown()
