@@ -1013,8 +1013,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-as-user", default="", metavar="USER",
                    help="local executor: run every job's ranks as this unprivileged user")
     p.add_argument("--job-uid-range", default="", metavar="FIRST-LAST",
-                   help="local executor: each team's ranks run as its own uid from this range"
+                   help="local executor: each job's ranks run as its own uid from this range"
                         " (e.g. 61000-61999; no passwd entries needed), not one shared user")
+    p.add_argument("--job-identity", choices=("job", "team"), default="job",
+                   help="with --job-uid-range: a uid per job (default) or one per team"
+                        " (a team's jobs then share it)")
     p.add_argument("--allow-root-jobs", action="store_true",
                    help="a root agent without --run-as-user runs jobs as root (else it refuses)")
     p.add_argument("--checkpoint-root", action="append", default=[], metavar="DIR|s3://B/P",
@@ -1064,6 +1067,7 @@ def main(argv: list[str] | None = None) -> int:
             self_fence_s=args.self_fence_s,
             run_as_user=args.run_as_user,
             job_uid_range=args.job_uid_range,
+            job_identity=args.job_identity,
             allow_root_jobs=args.allow_root_jobs,
             checkpoint_allowed_roots=args.checkpoint_root,
             tls_cert=args.cert,

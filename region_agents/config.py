@@ -11,6 +11,7 @@ from checkpoint_layout.roots import canonical
 from region_agents.executors.base import Executor
 from region_agents.executors.job_user import (
     IdentityPool,
+    IdentityScope,
     JobUser,
     JobUserError,
     check_can_run,
@@ -64,9 +65,12 @@ class AgentConfig:
     # Local executor: the Unix user ranks run as (region_agents/executors/job_user.py).
     # A root agent without one refuses to start unless allow_root_jobs is set.
     run_as_user: str = ""
-    # Local executor: one uid per team from this range (FIRST-LAST), like systemd's
+    # Local executor: one uid per job from this range (FIRST-LAST), like systemd's
     # DynamicUser; takes the place of run_as_user (job_user.IdentityPool).
     job_uid_range: str = ""
+    # Who gets a uid of their own from job_uid_range: "job" (each job) or "team" (each
+    # team; its jobs share one, the older scheme). job_user.IdentityScope.
+    job_identity: str = "job"
     allow_root_jobs: bool = False
     # Where jobs may choose to write checkpoints in this region (dirs or s3://bucket/prefix),
     # besides the inventory's checkpoint store; advertised to the broker (Register) and
@@ -102,9 +106,12 @@ class AgentConfig:
             raise ValueError(f"pod_uid must be a non-root uid (> 0), got {self.pod_uid}")
         if self.executor == "local" and self.job_uid_range:
             parse_uid_range(self.job_uid_range)  # JobUserError (a ValueError) if malformed
+            if self.job_identity not in {s.value for s in IdentityScope}:
+                raise JobUserError(f"job_identity {self.job_identity!r}: give"
+                                   f" {' or '.join(s.value for s in IdentityScope)}")
             if self.run_as_user:
                 raise JobUserError("give run_as_user (one user for every job) or"
-                                   " job_uid_range (a uid per team), not both")
+                                   " job_uid_range (a uid per job), not both")
             if os.geteuid() != 0:
                 raise JobUserError("job_uid_range needs a root agent (it starts ranks as"
                                    " other uids)")
@@ -151,7 +158,8 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
     identities = None
     if config.job_uid_range:
         first, last = parse_uid_range(config.job_uid_range)
-        identities = IdentityPool(first, last, os.path.join(config.work_dir, "identities.json"))
+        identities = IdentityPool(first, last, os.path.join(config.work_dir, "identities.json"),
+                                  IdentityScope(config.job_identity))
         job_user = None
         probe: JobUser | None = JobUser("probe", first, first)
     else:

@@ -13,13 +13,20 @@ The policy, applied once when the agent's configuration is built (:func:`job_use
   to run as root (a single-user laptop, this repository's tests and demo).
 * no ``run_as_user`` and the agent is not root: the ranks run as the agent's user.
 
-Per-team identities (``job_uid_range``, like systemd's DynamicUser): instead of one
-``run_as_user`` shared by every team, each team gets its own uid (and a group of the
-same number) from the configured range the first time one of its jobs runs here, kept
-in ``<work_dir>/identities.json`` so a team keeps its uid (and its files) across
-restarts. No two teams' ranks share a uid, so the kernel keeps them apart: another
-team's ``/proc/<pid>/environ``, signals, 0700 attempt and checkpoint directories. The
-uids need no ``/etc/passwd`` entry (uids taken by one are skipped).
+Per-job identities (``job_uid_range``, like systemd's DynamicUser): instead of one
+``run_as_user`` shared by every job, each **job** gets its own uid (and a group of the
+same number) from the configured range the first time one of its attempts runs here,
+kept in ``<work_dir>/identities.json`` so a job keeps its uid (and its files) across
+attempts and agent restarts. No two jobs' ranks share a uid, so the kernel keeps them
+apart, even two jobs of one team: another job's ``/proc/<pid>/environ``, signals, 0700
+attempt and checkpoint directories. Why per job and not per team: two members of a
+team are two people; with a uid per team, one member's job read the other's tokens
+from ``/proc`` and wrote into its checkpoints. What a team's jobs legitimately share
+(a checkpoint to start from) goes through the broker's shares and a read-only copy
+(region_agents/resume_views.py), not through a common uid. ``job_identity: team``
+keeps the older uid-per-team scheme (:class:`IdentityScope`). The uids need no
+``/etc/passwd`` entry (uids taken by one are skipped) and are not reused: a job's files
+keep their owner.
 
 ``/proc`` of other jobs: when ``unshare`` and ``setpriv`` (util-linux) are there and a
 probe works, each rank starts in a private mount namespace with its own ``/proc``
@@ -35,6 +42,7 @@ runs (the venv, the trainer); docs/operator/limits.md, "Job user".
 from __future__ import annotations
 
 import contextlib
+import enum
 import grp
 import json
 import os
@@ -156,12 +164,30 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     return first, last
 
 
-class IdentityPool:
-    """One Unix identity per team, allocated from a uid range (see the module doc)."""
+class IdentityScope(enum.Enum):
+    """Who gets a uid of their own from ``job_uid_range`` (see the module doc)."""
 
-    def __init__(self, first: int, last: int, state_path: str | os.PathLike[str]) -> None:
+    JOB = "job"  # each job: two jobs of one team cannot touch each other (the default)
+    TEAM = "team"  # each team: a team's jobs share a uid (the older scheme)
+
+
+def identity_key(scope: IdentityScope, job_id: str, team: str) -> str:
+    """The identities.json key a job's identity is kept under. Team keys are the bare
+    team name (the older file format); job keys are ``job:<id>`` (a team name has no ':')."""
+    if scope is IdentityScope.JOB:
+        return f"job:{job_id}"
+    return team or "(no team)"
+
+
+class IdentityPool:
+    """One Unix identity per job (or per team), allocated from a uid range (see the
+    module doc)."""
+
+    def __init__(self, first: int, last: int, state_path: str | os.PathLike[str],
+                 scope: IdentityScope = IdentityScope.JOB) -> None:
         self.first, self.last = first, last
         self.state_path = Path(state_path)
+        self.scope = scope
         self._lock = threading.Lock()
 
     def _load(self) -> dict[str, int]:
@@ -185,10 +211,17 @@ class IdentityPool:
                 pass
         return False
 
+    def for_job(self, job_id: str, team: str) -> JobUser:
+        """The identity ``job_id`` (of ``team``) runs as: its own, or its team's under
+        :attr:`IdentityScope.TEAM`. Allocated on first use; JobUserError when the range
+        is used up."""
+        return self._allocate(identity_key(self.scope, job_id, team))
+
     def for_team(self, team: str) -> JobUser:
-        """The team's identity, allocated on first use. JobUserError when the range is
-        used up."""
-        key = team or "(no team)"
+        """The team's identity (:attr:`IdentityScope.TEAM`), allocated on first use."""
+        return self._allocate(identity_key(IdentityScope.TEAM, "", team))
+
+    def _allocate(self, key: str) -> JobUser:
         with self._lock:
             table = self._load()
             uid = table.get(key)
@@ -198,7 +231,7 @@ class IdentityPool:
                             if u not in used and not self._taken(u)), None)
                 if uid is None:
                     raise JobUserError(f"job_uid_range {self.first}-{self.last} is used up"
-                                       f" ({len(table)} teams): widen it")
+                                       f" ({len(table)} identities): widen it")
                 table[key] = uid
                 self.state_path.parent.mkdir(parents=True, exist_ok=True)
                 replace_file(self.state_path, json.dumps(table, sort_keys=True), mode=0o600)

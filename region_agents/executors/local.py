@@ -269,7 +269,7 @@ class LocalExecutor(Executor):
         self.default_checkpoint_root = default_checkpoint_root or str(self.work_dir / "checkpoints")
         # None: ranks run as the agent's user (policy: region_agents/executors/job_user.py).
         self.job_user = job_user
-        # Per-team identities from a uid range (takes precedence over job_user).
+        # Per-job (or per-team) identities from a uid range (takes precedence over job_user).
         self.identities = identities
         # Trusted roots a job's checkpoint path is walked from (region_agents/executors/job_dirs.py).
         self.checkpoint_roots = [*(checkpoint_roots or []), self.default_checkpoint_root]
@@ -314,10 +314,10 @@ class LocalExecutor(Executor):
         return os.pathsep.join([bindir, *rest])
 
     def user_for(self, spec: AttemptSpec) -> JobUser | None:
-        """The identity ``spec``'s ranks run as: its team's (``job_uid_range``), the one
-        ``run_as_user``, or None (the agent's own user)."""
+        """The identity ``spec``'s ranks run as: its own (``job_uid_range``; its team's
+        with ``job_identity: team``), the one ``run_as_user``, or None (the agent's own)."""
         if self.identities is not None:
-            return self.identities.for_team(spec.spec.team)
+            return self.identities.for_job(spec.job_id, spec.spec.team)
         return self.job_user
 
     def checkpoint_dir(self, spec: AttemptSpec) -> str:
@@ -344,7 +344,8 @@ class LocalExecutor(Executor):
     def source_user(self, spec: AttemptSpec) -> JobUser | None:
         """The identity whose files a shared checkpoint (``resume_source``) must be."""
         if self.identities is not None:
-            return self.identities.for_team(spec.spec.resume_source.team)
+            src = spec.spec.resume_source
+            return self.identities.for_job(src.job_id, src.team)
         return self.job_user
 
     def resume_point(self, spec: AttemptSpec, ckpt: str, user: JobUser | None) -> str:

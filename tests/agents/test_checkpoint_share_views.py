@@ -110,10 +110,9 @@ def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str, s
     ex, pool, ckroot = host
     step = _writer(ex, ckroot)
     reader = ["python3", "-c", READER]
-    # the source's real path is tried by another team's rank only: a team's jobs share
-    # one uid, so the kernel cannot keep them out of each other's directories (what the
-    # agent hands a rank, a read-only copy, is what is checked for them)
-    source = str(step) if team == "bob" else ""
+    # the source's real path is tried too: every job has a uid of its own, so the kernel
+    # keeps a reader out of the source's files whatever its team
+    source = str(step)
     unshared = _spec("b-1", team, ckroot, reader, SOURCE=source)
     unshared.resume_from = str(step)  # no resume_source: the broker named no share
     with pytest.raises(JobDirError, match="not this job's checkpoint.*brokerctl share"):
@@ -125,19 +124,18 @@ def test_a_shared_checkpoint_is_read_through_a_read_only_copy(host, team: str, s
     assert view != step and view.name == STEP and ex.work_dir in view.parents
     assert got["read"] == "weights\n"
     assert got["write_view"] == "Permission denied" and got["new_in_view"] == "Permission denied"
-    reader_uid = pool.for_team(team).uid
+    reader_uid = pool.for_job("b-1", team).uid
     # as the rank saw it (the copy is removed once the attempt ends)
     assert set(got["stat"]) == {".", "model.pt", "manifest.json", "shard", "shard/0"}
     for rel, (uid, gid, mode) in got["stat"].items():
         is_dir = rel in (".", "shard")
-        assert uid == 0 and gid == pool.for_team(team).gid, rel
+        assert uid == 0 and gid == pool.for_job("b-1", team).gid, rel
         assert mode == (0o750 if is_dir else 0o440), rel
     assert not view.parent.exists(), "the copy outlived the attempt that read it"
-    if team == "bob":  # another uid: the kernel keeps it out of alice's own files too
-        assert got["write_source"] == "Permission denied"
-        assert reader_uid != pool.for_team("alice").uid
+    assert got["write_source"] == "Permission denied"  # another uid, even of one team
+    assert reader_uid != pool.for_job("a-1", "alice").uid
     assert (step / "model.pt").read_text() == "weights\n"  # the trainer never wrote there
-    assert (step / "model.pt").stat().st_uid == pool.for_team("alice").uid
+    assert (step / "model.pt").stat().st_uid == pool.for_job("a-1", "alice").uid
 
 
 def test_planted_links_in_or_to_a_shared_checkpoint_are_refused(host) -> None:  # noqa: ANN001
@@ -175,7 +173,9 @@ def test_a_prefix_belongs_to_the_job_that_made_it(host) -> None:  # noqa: ANN001
     for ckpt in (ckroot / "a-1" / "attempt-2", ckroot / "a-1" / "sub" / "attempt-1"):
         d = make_spec(["true"], job="d-1", nodes=1, gpus=1, ckpt=str(ckpt))
         d.spec.team = "alice"
-        with pytest.raises(JobDirError, match="checkpoints of job a-1"):
+        # per-job uids: a-1's directory is another identity's; under a uid per team the
+        # agent's record of who made each prefix refuses it (both say whose it is)
+        with pytest.raises(JobDirError, match="checkpoints of job a-1|not to this job's identity"):
             ex.launch(d)
     # a-1's own relaunch resumes from its own step in place (no copy)
     again = make_spec(["bash", "-c", 'test "$CB_RESUME_FROM" = "$WANT"'], job="a-1", attempt=2,

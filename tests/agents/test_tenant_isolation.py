@@ -1,10 +1,13 @@
 """Tenants on one agent host, tried as an attacker would: a job plants a link in its
 checkpoint directory and a second job makes the root agent follow it; team B's rank
-reads team A's ``/proc/<pid>/environ``, signals A's rank, lists A's directories and the
-agent's; a workdir unpacks as the job's identity, not root.
+(of another team, or of the same team) reads job A's ``/proc/<pid>/environ``, signals
+A's rank, lists A's directories and the agent's; a workdir unpacks as the job's
+identity, not root.
 
 Real processes, a real root agent (the executor) and real Unix identities: ``cbjob``
-(``useradd``) for the single ``run_as_user`` setup, and two per-team uids from a range.
+(``useradd``) for the single ``run_as_user`` setup, and per-job uids from a range. They
+skip (saying why) when not run as root: only root can start ranks as other uids; the
+CI runs as root.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import pytest
 
 from computebroker.v1 import agent_pb2
 from region_agents.executors.job_dirs import JobDirError
-from region_agents.executors.job_user import IdentityPool, JobUserError, job_user_for
+from region_agents.executors.job_user import (
+    IdentityPool,
+    IdentityScope,
+    JobUserError,
+    job_user_for,
+)
 from region_agents.executors.local import LocalExecutor
 from tests.agents.fake_broker import wait_for
 from tests.agents.test_local_executor import Collector, make_spec
@@ -116,7 +124,7 @@ def test_a_team_cannot_use_another_teams_checkpoint_dir(root: None, shared_dir: 
                   nodes=1, gpus=1, ckpt=str(ckroot / "alice" / "a-1"))
     a.spec.team = "alice"
     assert _run(ex, a).state == AS.ATTEMPT_STATE_SUCCEEDED
-    alice = pool.for_team("alice")
+    alice = pool.for_job("a-1", "alice")
     assert (ckroot / "alice").stat().st_uid == alice.uid
     assert stat.S_IMODE((ckroot / "alice" / "a-1").stat().st_mode) == 0o700
 
@@ -161,10 +169,14 @@ open(os.path.join(os.environ["CB_WORK_DIR"], "result.json"), "w").write(json.dum
 """
 
 
-def test_team_b_cannot_touch_team_a_on_the_same_host(root: None, shared_dir: Path) -> None:
-    """The issue's cross-team attack: Bob's rank goes after Alice's running rank (her
-    HF_TOKEN in /proc/<pid>/environ, a SIGKILL), her attempt and checkpoint dirs, and
-    the agent's own directories. Each team runs as its own uid from the range."""
+@pytest.mark.parametrize("b_team", ["bob", "alice"])
+def test_job_b_cannot_touch_job_a_on_the_same_host(root: None, shared_dir: Path,
+                                                   b_team: str) -> None:
+    """The issue's attack: job B's rank goes after Alice's running rank (her HF_TOKEN in
+    /proc/<pid>/environ, a SIGKILL), her attempt and checkpoint dirs, and the agent's
+    own directories. B is another team's job, or another job of Alice's own team (a
+    teammate: with a uid per team that one read her token and wrote her checkpoints).
+    Each job runs as its own uid from the range."""
     work = shared_dir / "agent"
     pool = IdentityPool(*UIDS, work / "identities.json")
     ex = LocalExecutor(work, ranks_per_node=1, python=sys.executable, identities=pool)
@@ -185,13 +197,13 @@ def test_team_b_cannot_touch_team_a_on_the_same_host(root: None, shared_dir: Pat
     b = make_spec(["python3", "-c", ATTACK], job="b-1", nodes=1, gpus=1,
                   env={"A_PID": str(a_pid), "A_DIR": str(a_dir), "A_CKPT": a_ckpt,
                        "AGENT_WORK": str(work)})
-    b.spec.team = "bob"
+    b.spec.team = b_team
     final = _run(ex, b)
     b_dir = work / "jobs" / "b-1" / "attempt-1"
     assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, (b_dir / "rank-0.stderr").read_text()
     got = json.loads((b_dir / "result.json").read_text())
 
-    alice, bob = pool.for_team("alice"), pool.for_team("bob")
+    alice, bob = pool.for_job("a-1", "alice"), pool.for_job("b-1", b_team)
     assert alice.uid != bob.uid and got["uid"] == bob.uid and got["groups"] in ([], [bob.gid])
     assert "alice-hf-secret" not in json.dumps(got)
     for what in ("environ", "cmdline", "signal", "list_attempt", "read_ckpt", "write_ckpt",
@@ -212,12 +224,22 @@ def test_team_b_cannot_touch_team_a_on_the_same_host(root: None, shared_dir: Pat
 def test_identities_are_stable_distinct_and_bounded(root: None, shared_dir: Path) -> None:
     path = shared_dir / "ids.json"
     pool = IdentityPool(UIDS[0], UIDS[0] + 1, path)
-    a, b = pool.for_team("alice"), pool.for_team("bob")
+    a, b = pool.for_job("a-1", "alice"), pool.for_job("a-2", "alice")  # one team, two jobs
     assert a.uid != b.uid and a.uid == a.gid
-    assert IdentityPool(UIDS[0], UIDS[0] + 1, path).for_team("alice") == a  # survives restarts
+    again = IdentityPool(UIDS[0], UIDS[0] + 1, path)
+    assert again.for_job("a-1", "alice") == a  # survives restarts (and attempts)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     with pytest.raises(JobUserError, match="used up"):
-        pool.for_team("carol")
+        pool.for_job("c-1", "carol")
+
+
+def test_team_scope_keeps_one_uid_per_team(root: None, shared_dir: Path) -> None:
+    """``job_identity: team`` (the older scheme, and its identities.json format)."""
+    path = shared_dir / "ids.json"
+    pool = IdentityPool(UIDS[0], UIDS[0] + 5, path, IdentityScope.TEAM)
+    a = pool.for_job("a-1", "alice")
+    assert pool.for_job("a-2", "alice") == a != pool.for_job("b-1", "bob")
+    assert json.loads(path.read_text())["alice"] == a.uid
 
 
 def test_workdir_unpacks_as_the_jobs_identity(root: None, shared_dir: Path) -> None:
@@ -239,7 +261,7 @@ def test_workdir_unpacks_as_the_jobs_identity(root: None, shared_dir: Path) -> N
     final = _run(ex, spec)
     adir = work / "jobs" / "w-1" / "attempt-1"
     assert final.state == AS.ATTEMPT_STATE_SUCCEEDED, (adir / "rank-0.stderr").read_text()
-    alice = pool.for_team("alice")
+    alice = pool.for_job("w-1", "alice")
     for p in (adir / "workdir", adir / "workdir" / "pkg", adir / "workdir" / "pkg" / "m.txt"):
         assert p.stat().st_uid == alice.uid, p
     assert (adir / "out").read_text() == "hi"

@@ -60,8 +60,8 @@ def test_trainer_runs_as_the_job_user(open_cluster: Cluster, job_user: str) -> N
     assert adir.stat().st_uid == uid and os.stat(adir / "progress.json").st_uid == uid
 
 
-def test_trainer_runs_as_its_teams_own_uid(open_cluster: Cluster, job_user: str) -> None:  # noqa: F811
-    """``--job-uid-range``: the team's ranks run as a uid allocated from the range (no
+def test_trainer_runs_as_its_jobs_own_uid(open_cluster: Cluster, job_user: str) -> None:  # noqa: F811
+    """``--job-uid-range``: the job's ranks run as a uid allocated from the range (no
     passwd entry), in a private hidepid /proc; the checkpoints and the attempt directory
     are that uid's, 0700, and the agent's table names it."""
     import json
@@ -77,7 +77,7 @@ def test_trainer_runs_as_its_teams_own_uid(open_cluster: Cluster, job_user: str)
         assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{c.logs()}"
     agent_dir = c.root / "agents" / "us-east-2"
     table = json.loads((agent_dir / "identities.json").read_text())
-    uid = table[job.spec.team]
+    uid = table[f"job:{job.id}"]  # a uid of the job's own
     assert 61800 <= uid <= 61899
     ckpts = complete_checkpoints(c.root / "regions" / "us-east-2")
     assert ckpts and all(p.stat().st_uid == uid for p in ckpts), c.logs()
