@@ -141,7 +141,8 @@ def make_executor(config: AgentConfig) -> tuple[Executor, Inventory]:
 
         ex = KubernetesExecutor(namespace=config.namespace, region=config.region, image=config.image,
                                 service_account=config.service_account, run_as_user=config.pod_uid,
-                                log_dir=os.path.join(config.work_dir, "k8s-logs"))
+                                log_dir=os.path.join(config.work_dir, "k8s-logs"),
+                                owners_path=os.path.join(config.work_dir, "checkpoint-owners.json"))
         # (the agent re-adopts the cluster's attempts through ex.recover())
         inv = Inventory(
             region=config.region,

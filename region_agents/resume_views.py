@@ -37,6 +37,7 @@ from pathlib import Path
 
 from checkpoint_layout.names import parse_step
 from checkpoint_layout.nofollow import read_small, replace_file
+from checkpoint_layout.roots import RootError, canonical
 from region_agents.executors.job_dirs import JobDirError, open_job_dir, trusted_root
 from region_agents.executors.job_user import JobUser
 
@@ -103,6 +104,41 @@ class OwnerBook:
                 table[prefix] = job_id
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 replace_file(self.path, json.dumps(table, sort_keys=True), mode=0o600)
+
+
+def uri_key(uri: str) -> str:
+    """``scheme://location`` of a canonical URI (``/a/b``, ``file:///a/b/`` -> ``file://a/b``),
+    so the book's component-wise tests also tell schemes apart; JobDirError if not canonical."""
+    try:
+        scheme, loc = canonical(uri)
+    except RootError as e:
+        raise JobDirError(str(e)) from None
+    return f"{scheme}://{loc.strip('/')}"
+
+
+def check_named_owners(book: OwnerBook, spec: object) -> None:
+    """The owner rules of :func:`resume_point`, by canonical name, for an executor whose
+    checkpoint store the agent cannot walk (the Kubernetes executor: its pods write to
+    S3 or to a volume the agent does not mount). The attempt's prefix is claimed for its
+    job (refused when it equals, holds or lies in a prefix another job's launch claimed
+    here), and its resume point must not lie in a prefix recorded for any job other than
+    itself or the job the broker named as the share's source (``resume_source``).
+    JobDirError names the refusal. What is *not* checked here, unlike a local launch:
+    links and file ownership in the store (object stores have neither), and the copy (the
+    pods read the source in place; the trainer writes only under its own prefix)."""
+    ckpt = getattr(spec, "checkpoint_uri", "") or spec.spec.checkpoint_uri  # type: ignore[attr-defined]
+    job_id = spec.job_id  # type: ignore[attr-defined]
+    if ckpt:
+        book.claim(uri_key(own_prefix(ckpt)), job_id)
+    resume = getattr(spec, "resume_from", "")
+    if not resume:
+        return
+    recorded = book.owner(uri_key(resume))
+    src = spec.spec.resume_source.job_id  # type: ignore[attr-defined]
+    if recorded is not None and recorded[1] not in (job_id, src):
+        raise JobDirError(f"resume_from {resume} is in the checkpoints of job {recorded[1]},"
+                          f" not this job's{' nor of job ' + src + ' that shared them' if src else ''}:"
+                          f" {SHARE_HOW}")
 
 
 def _own_default(path: str, job_id: str) -> bool:

@@ -101,6 +101,7 @@ from region_agents.executors.k8s_nodes import health_of, spot_tainted
 from region_agents.executors.k8s_watch import ObjectCache
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, parse_progress
+from region_agents.resume_views import OwnerBook, check_named_owners
 from region_agents.signals import SPOT_WARNING_S
 
 __all__ = ["DEFAULT_IMAGE", "PROGRESS_FILE", "KubernetesExecutor", "Manifests",
@@ -224,9 +225,11 @@ class KubernetesExecutor(Executor):
                  run_as_user: int = DEFAULT_UID, grace_s: int = 120,
                  hang_timeout_s: float = 600.0, progress_interval_s: float = 1.0,
                  log_dir: str = "", max_log_streams: int = DEFAULT_MAX_STREAMS,
-                 launch_workers: int = LAUNCH_WORKERS) -> None:
+                 launch_workers: int = LAUNCH_WORKERS, owners_path: str = "") -> None:
         """``log_dir``: where pods' output is kept for the agent's log shipper
-        (k8s_logs.py); "" = pods' output is not read."""
+        (k8s_logs.py); "" = pods' output is not read. ``owners_path``: the agent's record
+        of which job claimed each checkpoint prefix (resume_views.check_named_owners);
+        "" = none kept (tests of other parts)."""
         if api_client is None:
             from kubernetes import config as kconfig
 
@@ -259,6 +262,7 @@ class KubernetesExecutor(Executor):
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
         self.node_cache = ObjectCache(self.core.list_node, what="nodes",
                                       on_change=self.changed.set).start()
+        self.owners = OwnerBook(owners_path) if owners_path else None
         self.pod_logs = (PodLogs(self.core, namespace, Path(log_dir), CONTAINER,
                                  max_streams=max_log_streams, on_done=self.changed.set)
                          if log_dir else None)
@@ -313,7 +317,10 @@ class KubernetesExecutor(Executor):
     ships_workdir = True  # the pods are not on the agent's machine
 
     def prepare(self, spec: AttemptSpec) -> None:
-        """Refuse at once what could never start: a workdir without a store to carry it."""
+        """Refuse at once what could never start: a workdir without a store to carry it,
+        or a checkpoint prefix or resume point of another job (by name)."""
+        if self.owners is not None:
+            check_named_owners(self.owners, spec)
         if spec.spec.HasField("workdir"):
             workdir_store.workdir_uri(spec.checkpoint_uri or spec.spec.checkpoint_uri,
                                       spec.spec.workdir.digest)
