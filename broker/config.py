@@ -181,6 +181,10 @@ class BrokerConfig(BaseModel):
     max_public_streams_per_peer: int = Field(8, ge=1)
     # Connections from one peer address that hold streams (users and anonymous callers).
     max_connections_per_peer: int = Field(64, ge=1)
+    # TCP connections one address may hold open on ``listen``, counted and refused before
+    # the TLS handshake (broker/api/peer_gate.py); 0 = no gate (gRPC takes every
+    # connection). Not with api_workers (they bind ``listen`` themselves).
+    max_connections_per_address: int = Field(0, ge=0)
     # HTTP/2 streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS):
     # a transport limit applied before any credential or thread; a client over it waits.
     max_streams_per_connection: int = Field(1024, ge=16)
@@ -266,6 +270,10 @@ class BrokerConfig(BaseModel):
         """Why ``api_workers`` cannot be used with this config ("" = fine)."""
         if not self.api_workers:
             return ""
+        if self.max_connections_per_address:
+            return ("max_connections_per_address is not available with api_workers yet (the"
+                    " workers bind listen themselves): set one of them to 0, or cap"
+                    " connections per address in front of the broker")
         if self.store.rstrip("/").endswith(":memory:"):
             return ("api_workers needs a store other processes can open (sqlite:///PATH or"
                     " redis://...); sqlite:///:memory: lives in one process")

@@ -74,6 +74,7 @@ from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.forwarding import ForwardedAuthenticator
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService, submit_checks
+from broker.api.peer_gate import PeerGate
 from broker.api.pipeline import LayeredServer
 from broker.api.streams import StreamBudget, StreamLimits
 from broker.api.workers import LinkService, WorkerLink, WorkerPool, reserve_port, split_host_port
@@ -149,6 +150,7 @@ class BrokerServer:
         self._link_service: LinkService | None = None
         self._link_server: grpc.Server | None = None
         self._reserved: socket.socket | None = None
+        self._gate: PeerGate | None = None  # per-address connection cap (peer_gate.py)
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -320,17 +322,26 @@ class BrokerServer:
             if self.agent_port == 0:
                 raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
             return self.agent_port
+        listen = cfg.listen
+        if cfg.max_connections_per_address:  # the gate owns listen; gRPC a loopback port
+            host, _ = split_host_port(cfg.listen)
+            listen = "[::1]:0" if ":" in host and host not in ("", "::") else "127.0.0.1:0"
         if cfg.insecure_dev:
-            port = server.add_insecure_port(cfg.listen)
+            port = server.add_insecure_port(listen)
         else:
-            port = server.add_secure_port(cfg.listen, server_credentials(cfg, mutual=False))
+            port = server.add_secure_port(listen, server_credentials(cfg, mutual=False))
             if cfg.agent_listen:
                 self.agent_port = server.add_secure_port(cfg.agent_listen,
                                                          server_credentials(cfg, mutual=True))
                 if self.agent_port == 0:
                     raise RuntimeError(f"could not bind agent_listen {cfg.agent_listen}")
         if port == 0:
-            raise RuntimeError(f"could not bind {cfg.listen}")
+            raise RuntimeError(f"could not bind {listen}")
+        if cfg.max_connections_per_address:
+            host, want = split_host_port(cfg.listen)
+            self._gate = PeerGate((host, want), (split_host_port(listen)[0], port),
+                                  cfg.max_connections_per_address)
+            port = self._gate.start()
         return port
 
     def stop(self, grace: float = 2.0) -> None:
@@ -354,6 +365,8 @@ class BrokerServer:
             self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
+        if self._gate is not None:
+            self._gate.stop()
         if self._idle is not None:
             self._idle.close()
         if self.ops is not None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from broker.api.errors import ResourceExhausted
+from broker.api.peer_gate import real_peer
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -105,7 +106,7 @@ def stream_claim(context: grpc.ServicerContext, *, peer_known: bool = True) -> S
     """
     principal = getattr(context, "principal", None)
     name = getattr(principal, "name", "")
-    raw_peer = (context.peer() or "unknown") if peer_known else ""
+    raw_peer = real_peer(context.peer() or "unknown") if peer_known else ""
     host = _peer_host(raw_peer) if raw_peer else ""
     if name:
         role = getattr(getattr(principal, "role", None), "value", "")

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from broker.api.errors import to_status
+from broker.api.peer_gate import real_peer
 from broker.auth.audit import AuditLog, PendingAudit, target_of
 from broker.auth.identity import (
     INSECURE_DEV_PRINCIPAL,
@@ -58,7 +59,7 @@ class AuthedContext:
         """The caller's address, asked of gRPC once (the audit record and its log line
         both name it; each ask is a call into gRPC's core)."""
         if self._peer is None:
-            self._peer = self._ctx.peer()
+            self._peer = real_peer(self._ctx.peer())  # the client's, through a gate too
         return self._peer
 
     def abort(self, code: grpc.StatusCode, details: str) -> Any:
@@ -175,7 +176,8 @@ class AuthInterceptor:
             authorize(principal, rule.permission)
         except (Unauthenticated, PermissionDenied) as e:
             if self.audit is not None and (rule is None or rule.mutation):
-                self.audit.record(principal, method, "", context.peer(), e.code.name, e.message)
+                self.audit.record(principal, method, "", real_peer(context.peer()), e.code.name,
+                                  e.message)
             context.abort(e.code, e.message)
         except Exception as e:  # noqa: BLE001 - e.g. the store is down: UNAVAILABLE, retry
             code, message = to_status(e)
