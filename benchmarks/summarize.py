@@ -642,6 +642,32 @@ def auth(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def peer_gate(d: dict[str, Any]) -> list[str]:
+    get, p50 = d["get_per_s"], d["p50_ms"]
+    lb, la = d["load_avg_before"][0], d["load_avg_after"][0]
+    return [
+        "### Connection gate (`python benchmarks/bench_peer_gate.py`)",
+        "",
+        f"Two TLS brokers in one process (SQLite, loopback, {d['threads']} client threads, "
+        f"{d['seconds']:.0f} s per phase, median of {d['rounds']} alternating rounds): one with "
+        "`max_connections_per_address` (its gate relays every byte of the public port in one "
+        "Python thread), one without. GetJob of a small job and of one with "
+        f"{d['big_reply_bytes'] // 1024} KiB of env (a bulk reply). {d['machine']}; load average "
+        f"{lb:.1f} before, {la:.1f} after.",
+        "",
+        "| GetJob | gated calls/s | direct calls/s | ratio | gated p50 ms | direct p50 ms |",
+        "|---|---|---|---|---|---|",
+        f"| small | {f(get['gated']['small'], 0)} | {f(get['direct']['small'], 0)} | "
+        f"{d['ratio_small']:.2f} | {p50['gated']['small']:.1f} | {p50['direct']['small']:.1f} |",
+        f"| {d['big_reply_bytes'] // 1024} KiB reply | {f(get['gated']['big'], 0)} | "
+        f"{f(get['direct']['big'], 0)} | {d['ratio_big']:.2f} | {p50['gated']['big']:.1f} | "
+        f"{p50['direct']['big']:.1f} |",
+        "",
+        "Why the gate is off by default: it costs every call a relay hop in the broker's "
+        "process. Turn it on where one address could exhaust the broker's connections.",
+    ]
+
+
 def streams(d: dict[str, Any]) -> list[str]:
     base, load_ = d["no_streams"], d["with_idle_streams"]
     return [
@@ -851,7 +877,7 @@ def render() -> str:
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
                      ("library", library),
-                     ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("streams", streams),
+                     ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
