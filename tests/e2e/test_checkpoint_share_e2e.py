@@ -58,7 +58,7 @@ def test_fine_tune_from_a_shared_checkpoint(open_cluster: Cluster) -> None:
     import os
 
     if os.geteuid() != 0:
-        pytest.skip("per-team uids need a root agent: run the tests as root")
+        pytest.skip("per-job uids need a root agent: run the tests as root")
     c = open_cluster
     c.start_broker()
     c.start_agent("us-east-2", "--job-uid-range", "61900-61999", nodes=1, gpus=1)
@@ -86,6 +86,8 @@ def test_fine_tune_from_a_shared_checkpoint(open_cluster: Cluster) -> None:
         text = _lines(bob, b.id)
         assert "resumed from" in text and "(step 6" in text, text[-2000:]
         assert f"jobs/{b.id}/resume-1/step-000000006" in text  # the agent's read-only copy
+        # ... removed once b saved its own checkpoint (and its attempt ended)
+        assert not (c.root / "agents" / "us-east-2" / "jobs" / b.id / "resume-1").exists()
         assert b.progress.last_checkpoint_step == 9
         assert f"/jobs/{b.id}/" in b.progress.last_checkpoint_uri
         assert _tree(a_root) == before, "the source checkpoints changed"
