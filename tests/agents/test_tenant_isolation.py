@@ -397,7 +397,7 @@ def test_the_cve_tar_unpacked_as_the_job_user_lands_nothing(job_user: str,
     assert (adir / "workdir").stat().st_uid == user.uid
 
 
-def test_agent_config_for_per_team_identities(root: None, tmp_path: Path) -> None:
+def test_agent_config_for_per_job_identities(root: None, tmp_path: Path) -> None:
     from region_agents.config import AgentConfig
 
     inv = tmp_path / "inv.yaml"
@@ -413,3 +413,7 @@ def test_agent_config_for_per_team_identities(root: None, tmp_path: Path) -> Non
             cfg(job_uid_range=bad)
     with pytest.raises(JobUserError, match="not both"):
         cfg(job_uid_range="61000-61999", run_as_user="cbjob")
+    assert cfg(job_uid_range="61000-61999").job_identity == "job"  # a uid per job by default
+    assert cfg(job_uid_range="61000-61999", job_identity="team").job_identity == "team"
+    with pytest.raises(JobUserError, match="job or team"):
+        cfg(job_uid_range="61000-61999", job_identity="user")
