@@ -79,6 +79,10 @@ class TrainerOptions(BaseModel):
     s3_max_concurrency: int = Field(8, ge=1, le=64, description="S3 parts in flight per file")
     dist_timeout_s: float = Field(300.0, gt=0)
     log_every: int = Field(10, ge=1)
+    memory_every: int = Field(
+        0, ge=0, description="in-memory recovery tier: the executor starts a keeper per node "
+        "and the ranks snapshot every K steps (0 = off; docs/recovery.md)"
+    )
 
 
 class TrainerSpec(BaseModel):

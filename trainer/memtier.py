@@ -21,7 +21,11 @@ Uses torch's private DCP helpers `flatten_state_dict` / `set_element` (as DCP it
 does) so a snapshot's keys are exactly the store's. Configured by the launcher
 (docs/recovery.md): `CB_MEMORY_EVERY` (K, 0 = off),
 `CB_MEMORY_KEEPERS` (comma-separated `host:port` of each node's keeper, in node-rank
-order), `CB_MEMORY_TOKEN` (the keepers' token); the node is `NODE_RANK` (`GROUP_RANK`).
+order; the node is `NODE_RANK` (`GROUP_RANK`)), `CB_MEMORY_TOKEN` (the keepers' token).
+Where the launcher cannot know which node a node rank lands on (a Kubernetes indexed Job:
+the scheduler picks which placed node runs which index), it names the keepers instead,
+`node=host:port` in ring order, and the rank finds its own by its node's name in
+`CB_NODE_ID`; the buddy is the next entry either way.
 """
 
 from __future__ import annotations
@@ -51,7 +55,20 @@ if TYPE_CHECKING:
 
 EVERY_ENV = "CB_MEMORY_EVERY"
 KEEPERS_ENV = "CB_MEMORY_KEEPERS"
+NODE_ID_ENV = "CB_NODE_ID"  # the node's name, as the launcher names keepers
 CONNECT_TIMEOUT_S = 5.0
+
+
+def parse_keepers(entries: list[str]) -> tuple[list[str], list[str]]:
+    """``CB_MEMORY_KEEPERS`` entries -> (node names, or [] when unnamed; addresses).
+    Either every entry is named (``node=host:port``) or none is."""
+    named = ["=" in e for e in entries]
+    if any(named) and not all(named):
+        raise ValueError(f"{KEEPERS_ENV}: either every keeper is named (node=host:port) or none")
+    if not any(named):
+        return [], list(entries)
+    pairs = [e.split("=", 1) for e in entries]
+    return [n for n, _ in pairs], [a for _, a in pairs]
 
 
 class KeeperClient:
@@ -121,8 +138,17 @@ class MemoryTier:
         keepers = [k for k in os.environ.get(KEEPERS_ENV, "").split(",") if k]
         if every <= 0 or not keepers:
             return None
-        node = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")) or 0)
-        return cls(run, manager, every, keepers, node, os.environ.get(TOKEN_ENV, ""))
+        names, addresses = parse_keepers(keepers)
+        if names:  # named keepers: this rank's is its node's (see the module docstring)
+            node_id = os.environ.get(NODE_ID_ENV, "")
+            if node_id not in names:
+                run.log(f"memory tier off: this rank's node {node_id or '(unknown)'} has no "
+                        f"keeper in {KEEPERS_ENV} ({', '.join(names)}); recovery uses the store")
+                return None
+            node = names.index(node_id)
+        else:
+            node = int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0")) or 0)
+        return cls(run, manager, every, addresses, node, os.environ.get(TOKEN_ENV, ""))
 
     # -------------------------------------------------------------- snapshot
     def maybe_snapshot(self, step: int, samples_seen: int) -> None:
