@@ -38,6 +38,10 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
 * **Rank output**: read from ``pods/log`` into per-rank files the agent's log shipper
   tails (:mod:`region_agents.executors.k8s_logs`); an attempt's end is reported once
   its pods' logs are read to the end (at most ``LOG_DRAIN_S`` later).
+* **Off the lock**: every request that ends something (the kill of an attempt's pods,
+  the cleanup of an ended one) runs on a small pool of its own, never
+  under the lock: a slow or stuck API server must not hold up ``poll()``, Launches or
+  another attempt's stop while a node's attempts are being killed.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ CONTAINER = "trainer"
 # attempts whose API objects are created at once; with the two watches and the poller's
 # patches this stays inside the client's connection pool (5 per CPU, 10 on two cores)
 LAUNCH_WORKERS = 6
+# threads making the requests that end things (kills, cleanups), off the lock
+KILL_WORKERS = 2
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
 
@@ -256,6 +262,7 @@ class KubernetesExecutor(Executor):
         self._spot_seen: dict[str, float] = {}  # node -> when its spot taint was first seen
         self.changed = threading.Event()  # set by the watches: something may have changed
         self._creator = ThreadPoolExecutor(max(1, launch_workers), thread_name_prefix="k8s-create")
+        self._ender = ThreadPoolExecutor(KILL_WORKERS, thread_name_prefix="k8s-end")
         self._last_pass = 0.0
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
@@ -449,29 +456,46 @@ class KubernetesExecutor(Executor):
 
     # ---- control -----------------------------------------------------------------
     def _kill(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
-        """Orphan the Job, delete its pods with ``grace_s`` (see the module doc)."""
+        """Orphan the Job, delete its pods with ``grace_s`` (see the module doc): queued
+        for the enders' pool, so the caller (holding the lock) never waits on the API
+        server. The attempt's end is still judged by ``poll()`` from the pods' states."""
         self.changed.set()  # the next poll() looks at the attempt again
+        self._ender.submit(self._kill_now, name, job_id, attempt, grace_s)
+
+    def _kill_now(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
+        """An enders' thread: the two requests of :meth:`_kill`, no lock held."""
         try:
             self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Orphan")
         except k8s.ApiException as e:
             if e.status != 404:
                 log.warning("delete job %s: %s", name, _api_error(e))
+        except Exception:  # noqa: BLE001 - a pool thread: say it, and still delete the pods
+            log.exception("delete job %s failed", name)
         try:
             self.core.delete_collection_namespaced_pod(
                 self.namespace, label_selector=selector(job_id, attempt),
                 grace_period_seconds=grace_s)
         except k8s.ApiException as e:
             log.warning("delete pods of %s: %s", name, _api_error(e))
+        except Exception:  # noqa: BLE001 - a pool thread: say it
+            log.exception("delete pods of %s failed", name)
+        self.changed.set()
 
     def _cleanup(self, att: _K8sAttempt) -> None:
-        """After the end: the Job (if any: its pods have ended), Service and Secret."""
+        """After the end: the Job (if any: its pods have ended), Service and Secret, on
+        the enders' pool (off the lock, as kills)."""
+        self._ender.submit(self._cleanup_now, att.name)
+
+    def _cleanup_now(self, name: str) -> None:
         for call in (self.batch.delete_namespaced_job, self.core.delete_namespaced_service,
                      self.core.delete_namespaced_secret):
             try:
-                call(att.name, self.namespace, propagation_policy="Background")
+                call(name, self.namespace, propagation_policy="Background")
             except k8s.ApiException as e:
                 if e.status != 404:
-                    log.warning("delete %s: %s", att.name, _api_error(e))
+                    log.warning("delete %s: %s", name, _api_error(e))
+            except Exception:  # noqa: BLE001 - a pool thread: say it
+                log.exception("delete %s failed", name)
 
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         with self._lock:
@@ -773,6 +797,7 @@ class KubernetesExecutor(Executor):
         A restarted agent re-adopts them (:meth:`recover`) and reports them on Register;
         the broker keeps or stops them (RegisterAck.stale_job_ids)."""
         self._creator.shutdown(wait=True, cancel_futures=True)
+        self._ender.shutdown(wait=True)  # the kills and cleanups asked for are made
         self.pods.stop()
         self.node_cache.stop()
         if self.pod_logs is not None:

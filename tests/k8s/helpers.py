@@ -104,3 +104,29 @@ def our_pods(cp: ControlPlane, ns: str) -> list:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
+
+
+def end_everything(cp: ControlPlane, ns: str, kubelet: object, timeout: float = 60.0) -> None:
+    """After a test (also a failed one): delete every Job and pod of ``ns`` at once and
+    wait until the node fixture has no process of them left, so nothing outlives the
+    test (a pod started while the fixture stops could otherwise be missed by it)."""
+    from kubernetes import client
+
+    batch = client.BatchV1Api(cp.api_client())
+    for j in batch.list_namespaced_job(ns).items:
+        batch.delete_namespaced_job(j.metadata.name, ns, propagation_policy="Background",
+                                    grace_period_seconds=0)
+    cp.core().delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    pods = kubelet.pods  # type: ignore[attr-defined]
+
+    def ended() -> bool:
+        mine = [p for key, p in list(pods.items()) if key.startswith(f"{ns}/")]
+        return all(p.done or (p.containers and all(
+            c.proc is not None and c.proc.poll() is not None for c in p.containers))
+            for p in mine)
+    try:
+        wait(ended, timeout=timeout, what=f"the pods of {ns} to end")
+    except AssertionError as e:  # say it, without hiding the test's own outcome
+        import logging
+
+        logging.getLogger(__name__).warning("%s", e)
