@@ -38,8 +38,12 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
 * **Rank output**: read from ``pods/log`` into per-rank files the agent's log shipper
   tails (:mod:`region_agents.executors.k8s_logs`); an attempt's end is reported once
   its pods' logs are read to the end (at most ``LOG_DRAIN_S`` later).
+* **Memory tier**: a job with the trainer option ``memory_every`` gets a keeper per
+  (job, node), a one-pod Job of its own kept across attempts
+  (:mod:`region_agents.executors.k8s_keepers`); the creator thread makes them ready
+  before the attempt's Job, whose ranks get their addresses.
 * **Off the lock**: every request that ends something (the kill of an attempt's pods,
-  the cleanup of an ended one) runs on a small pool of its own, never
+  the cleanup of an ended one, a job's keepers) runs on a small pool of its own, never
   under the lock: a slow or stuck API server must not hold up ``poll()``, Launches or
   another attempt's stop while a node's attempts are being killed.
 """
@@ -76,6 +80,8 @@ from region_agents.executors.base import (
     Executor,
     RunningInfo,
 )
+from region_agents.executors.k8s_keepers import IDLE_S as KEEPER_IDLE_S
+from region_agents.executors.k8s_keepers import KeeperJobs
 from region_agents.executors.k8s_logs import DEFAULT_MAX_STREAMS, PodLogs, PodRanks
 from region_agents.executors.k8s_manifests import (
     ANNOTATION_CHECKPOINT_NOW,
@@ -103,6 +109,7 @@ from region_agents.executors.k8s_manifests import (
 )
 from region_agents.executors.k8s_nodes import health_of, spot_tainted
 from region_agents.executors.k8s_watch import ObjectCache
+from region_agents.executors.memory_keepers import memory_every
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, parse_progress
 from region_agents.resume_views import OwnerBook, check_named_owners
@@ -126,6 +133,7 @@ CONTAINER = "trainer"
 LAUNCH_WORKERS = 6
 # threads making the requests that end things (kills, cleanups), off the lock
 KILL_WORKERS = 2
+KEEPER_SWEEP_S = 10.0  # how often poll() looks for keepers of jobs no attempt uses
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
 
@@ -273,6 +281,13 @@ class KubernetesExecutor(Executor):
         self.pod_logs = (PodLogs(self.core, namespace, Path(log_dir), CONTAINER,
                                  max_streams=max_log_streams, on_done=self.changed.set)
                          if log_dir else None)
+        # keeper pods carry our managed-by label: the pod watch above sees them too
+        self.keepers = KeeperJobs(self.core, self.batch, namespace, self.pods.snapshot,
+                                  image=image, service_account=service_account,
+                                  run_as_user=run_as_user)
+        self.keeper_idle_s = KEEPER_IDLE_S
+        self._keeper_idle: dict[str, float] = {}  # job -> since when no attempt used its keepers
+        self._last_sweep = 0.0
 
     # ---- nodes ------------------------------------------------------------------
     def discover_nodes(self) -> list[common_pb2.Node]:
@@ -371,6 +386,9 @@ class KubernetesExecutor(Executor):
         while the requests are in flight."""
         created: list[tuple[str, str]] = []
         core, batch, ns = self.core, self.batch, self.namespace
+        every = memory_every(dict(att.spec.spec.trainer.options))
+        if every:
+            self._with_keepers(att, m, every)
         try:
             _raw(core.create_namespaced_secret, ns, m.secret)
             created.append(("secret", m.secret.metadata.name))
@@ -406,6 +424,20 @@ class KubernetesExecutor(Executor):
             self.changed.set()
         log.info("launched %s attempt %d: job %s/%s, %d pod(s)", att.spec.job_id,
                  att.spec.attempt, self.namespace, att.name, att.expected)
+
+    def _with_keepers(self, att: _K8sAttempt, m: Manifests, every: int) -> None:
+        """A creator thread: ready keepers on the attempt's nodes, their addresses and
+        token reference into the rank pods' env; without them the attempt runs on the
+        store tier alone (said in the log), as the local executor does."""
+        nodes = [n.node_id for n in att.spec.placement.nodes]
+        try:
+            env = self.keepers.ensure(att.spec.job_id, nodes, every, image=att.spec.spec.image)
+        except Exception as e:  # noqa: BLE001 - KeeperError, or the API server unreachable
+            log.warning("%s attempt %d: memory tier off for this attempt: %s",
+                        att.spec.job_id, att.spec.attempt, e)
+            return
+        container = m.job.spec.template.spec.containers[0]
+        container.env = [*(container.env or []), *env]
 
     def wait_created(self, job_id: str, attempt: int, timeout: float = 60.0) -> None:
         """Until the attempt's API objects exist (or were refused): for callers that read
@@ -496,6 +528,34 @@ class KubernetesExecutor(Executor):
                     log.warning("delete %s: %s", name, _api_error(e))
             except Exception:  # noqa: BLE001 - a pool thread: say it
                 log.exception("delete %s failed", name)
+
+    def _keepers_done(self, att: _K8sAttempt, state: int) -> None:
+        """A job that succeeded, stopped or checkpointed needs its memory no more (a
+        failed attempt's relaunch does); unless another attempt of it runs here (a
+        make-before-break standby keeps the keepers it started)."""
+        job = att.spec.job_id
+        if state == AS.ATTEMPT_STATE_FAILED or not memory_every(dict(att.spec.spec.trainer.options)):
+            return
+        if any(j == job and a != att.spec.attempt for j, a in self._attempts):
+            return
+        self._ender.submit(self.keepers.stop_job, job)
+
+    def _sweep_keepers(self, now: float) -> None:
+        """Keepers of a job none of whose attempts ran here for ``keeper_idle_s`` go
+        (a job that failed and was not relaunched here, or ended while no agent ran)."""
+        if now - self._last_sweep < KEEPER_SWEEP_S:
+            return
+        self._last_sweep = now
+        live = {j for j, _ in self._attempts}
+        for job in self.keepers.jobs_with_keepers():
+            if job in live:
+                self._keeper_idle.pop(job, None)
+                continue
+            since = self._keeper_idle.setdefault(job, now)
+            if now - since > self.keeper_idle_s:
+                del self._keeper_idle[job]
+                log.info("%s: no attempt for %.0f s: removing its memory keepers", job, now - since)
+                self._ender.submit(self.keepers.stop_job, job)
 
     def stop(self, job_id: str, attempt: int, checkpoint_first: bool, grace_s: float) -> None:
         with self._lock:
@@ -624,6 +684,7 @@ class KubernetesExecutor(Executor):
                     for p in pods:
                         if pod_ended(p, now):
                             self._release(p)
+            self._sweep_keepers(now)
             out, self._events = self._events, []
             return out
 
@@ -721,6 +782,7 @@ class KubernetesExecutor(Executor):
             self._release(p)
         if att.owns_objects:
             self._cleanup(att)
+            self._keepers_done(att, state)
         if self.pod_logs is not None:
             self.pod_logs.ended(att.spec.job_id, att.spec.attempt)
 
