@@ -17,8 +17,8 @@ samples and losses; the keepers go when the job succeeds.
 
 from __future__ import annotations
 
+import base64
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,9 +129,8 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
 
             # a keeper per node, each on its node, bound to its own pod IP
             keepers = live_keepers(cluster_a, ns)
-            assert set(keepers) == set(NODES), [
-                (p.status.phase, str(p.metadata.deletion_timestamp), p.metadata.annotations)
-                for p in keeper_pods(cluster_a, ns)]
+            assert set(keepers) == set(NODES), [  # the keeper pods as they are, if not
+                (p.status.phase, p.metadata.annotations) for p in keeper_pods(cluster_a, ns)]
             port = keeper_port(JOB)
             for node, p in keepers.items():
                 assert p.spec.node_name == node
@@ -151,10 +150,8 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
                 f"{n}={keepers[n].status.pod_ip}:{port}" for n in NODES)
             ref = env["CB_MEMORY_TOKEN"].value_from.secret_key_ref
             assert env["CB_MEMORY_TOKEN"].value is None and ref.name == token_secret_name(JOB)
-            token = cluster_a.core().read_namespaced_secret(ref.name, ns).data[ref.key]
-            import base64
-
-            token = base64.b64decode(token).decode()
+            token = base64.b64decode(
+                cluster_a.core().read_namespaced_secret(ref.name, ns).data[ref.key]).decode()
             for p in keepers.values():
                 assert token not in json.dumps(client.ApiClient().sanitize_for_serialization(p))
             assert token not in json.dumps(client.ApiClient().sanitize_for_serialization(job))
@@ -205,14 +202,12 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
             assert_equivalent(samples, reference)
 
             # the job succeeded: its keepers and their token go
-            t0 = time.monotonic()
             wait(lambda: (ex.poll() is not None and not batch.list_namespaced_job(
                 ns, label_selector=keeper_selector(JOB)).items), timeout=60,
                  what="keeper Jobs removed")
             wait(lambda: not [s for s in cluster_a.core().list_namespaced_secret(ns).items
                               if s.metadata.name == token_secret_name(JOB)],
                  timeout=60, what="token Secret removed")
-            assert time.monotonic() - t0 < 60
     finally:
         ex.shutdown()
         end_everything(cluster_a, ns, kubelet)
