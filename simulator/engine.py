@@ -46,7 +46,7 @@ from broker.scheduling import snapshot as snapmod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from simulator import estimates, fleet, quota_filter
+from simulator import estimates, fleet, node_recovery, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
 from simulator.trace import TraceJob
@@ -61,6 +61,7 @@ SAMPLE_S = 3600.0
 T0 = 1_700_000_000.0
 PLAN_LEAD_S = 600.0
 LAUNCH = "launch"  # lost-time bucket of a first start-up (no cause)
+NODE_REPLACED = "node_replaced"  # work redone and downtime of an in-place replacement
 TOPOLOGY = "topology_slowdown"
 
 
@@ -109,6 +110,7 @@ class SimJob:
     wait_s: float = 0.0  # every interval spent queued (first queue and every re-queue)
     queued_t: float = -1.0  # when the current queued interval began (-1 = not queued)
     unplaceable: str = ""  # why no state of the fleet could ever run it ("" = it can run)
+    recoveries: dict[str, int] = field(default_factory=dict)  # node_recovery.Kind -> count
 
     @property
     def gpus(self) -> int:
@@ -138,6 +140,19 @@ class Simulation:
         self.node = {s.node.id: s for s in self.snodes}
         self.plan_map = {p.id: p for p in self.plans}
         self.present = {s.node.id for s in self.snodes if s.pool.kind is not PoolKind.TRAINING_PLAN}
+        self.nf = scn.node_failures
+        # reserved spares per pool (the last nodes of each on-demand pool): not schedulable
+        self.spares: dict[str, list[str]] = defaultdict(list)
+        by_pool: dict[str, list[str]] = defaultdict(list)
+        for s in self.snodes:
+            if s.pool.kind is PoolKind.ON_DEMAND:
+                by_pool[s.node.pool].append(s.node.id)
+        for pool, ids in by_pool.items():
+            for nid in ids[len(ids) - min(self.nf.spares_per_pool, len(ids)):]:
+                self.spares[pool].append(nid)
+                self.present.discard(nid)
+        self.to_spare: set[str] = set()  # failed nodes a spare replaced: spares once repaired
+        self.buddy = _buddies(self.snodes)
         self.used: dict[str, int] = defaultdict(int)
         self.on_node: dict[str, set[str]] = defaultdict(set)
         self.agents = {r.name: AgentState(fleet.agent_of(r.name), apb.Register(
@@ -266,8 +281,8 @@ class Simulation:
             self.push(T0 + tj.submit_s, SUBMIT, tj)
         for s in self.snodes:
             r, p = s.region, s.pool
-            if r.node_mtbf_h > 0:
-                self.push(T0 + self._exp(1.0 / r.node_mtbf_h), NODE_FAIL, s.node.id)
+            if self._mtbf(s) > 0:
+                self.push(T0 + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, s.node.id)
             if r.hang_mtbf_h > 0:
                 self.push(T0 + self._exp(1.0 / r.hang_mtbf_h), HANG, s.node.id)
             if p.kind is PoolKind.SPOT and p.interruptions_per_node_hour > 0:
@@ -420,11 +435,12 @@ class Simulation:
         end = sj.hang_t if sj.hang_t >= 0 else t
         return min(sj.tj.duration_s, sj.durable + max(0.0, end - sj.run_t0) * sj.speed)
 
-    def _periodic(self, sj: SimJob, t: float) -> tuple[float, float]:
-        """(wall time, work) of the last periodic durable checkpoint of this attempt."""
+    def _periodic(self, sj: SimJob, t: float, every_s: float | None = None) -> tuple[float, float]:
+        """(wall time, work) of the last periodic durable checkpoint of this attempt (or
+        of the last in-memory snapshot, taken every ``every_s`` of running)."""
         if sj.run_t0 < 0:
             return 0.0, sj.durable
-        iv = self.scn.checkpoint.interval_s
+        iv = self.scn.checkpoint.interval_s if every_s is None else every_s
         end = sj.hang_t if sj.hang_t >= 0 else t
         k = math.floor(max(0.0, end - sj.run_t0) / iv) if iv > 0 else 0
         wall = sj.run_t0 + k * iv
@@ -730,21 +746,124 @@ class Simulation:
                 self.trigger(sj, Signal(Trigger.SPOT_NOTICE, nodes=(s.node.id,), deadline=deadline))
             self.push(deadline, SPOT_RECLAIM, (s.node.id, T0 + w.end_s))
 
+    def _mtbf(self, s: fleet.SimNode) -> float:
+        return self.nf.node_mtbf_h(s.region.gpus_per_node, s.region.node_mtbf_h)
+
     def _node_fail(self, node_id: str) -> None:
         s = self.node[node_id]
         if s.node.healthy:
             self._set_node(node_id, healthy=False)
+            spares = self.spares[s.node.pool]
+            if node_id in spares:  # a reserved spare failed: it is a spare again once repaired
+                spares.remove(node_id)
+                self.to_spare.add(node_id)
             for sj in self._jobs_on(node_id):
-                self.failed(sj, node_id)
+                self._recover(sj, node_id)
             self.push(self.now + s.region.repair_s, NODE_REPAIR, node_id)
-        else:
-            self.push(self.now + self._exp(1.0 / s.region.node_mtbf_h), NODE_FAIL, node_id)
+        elif self._mtbf(s) > 0:
+            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
 
     def _node_repair(self, node_id: str) -> None:
         s = self.node[node_id]
         if s.region.name not in self.down_regions:
             self._set_node(node_id, healthy=True)
-        self.push(self.now + self._exp(1.0 / s.region.node_mtbf_h), NODE_FAIL, node_id)
+        if node_id in self.to_spare and not self.on_node.get(node_id):
+            self.to_spare.discard(node_id)
+            self.spares[s.node.pool].append(node_id)
+        if self._mtbf(s) > 0:
+            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
+
+    def _recover(self, sj: SimJob, node_id: str) -> None:
+        """A node failed under ``sj``: replace it in place (``node_recovery.plan``) or
+        fail the attempt (the broker's path: back through the queue, store tier)."""
+        running = sj.job.phase == RUNNING and not sj.job.stop_reason and sj.hang_t < 0 and sj.run_t0 >= 0
+        spare = self._spare_for(sj, node_id) if running and self.nf.replace_in_place else None
+        buddy = self._buddy_of(sj, node_id)
+        p = node_recovery.plan(self.nf, spare=spare is not None,
+                               buddy_alive=bool(buddy) and self.node[buddy].node.healthy,
+                               ckpt_bytes=sj.ckpt_bytes, nodes=sj.nodes)
+        sj.recoveries[p.kind.value] = sj.recoveries.get(p.kind.value, 0) + 1
+        if p.kind is node_recovery.Kind.REQUEUE or spare is None:
+            self.failed(sj, node_id)
+            return
+        self._replace(sj, node_id, spare, p)
+
+    def _buddy_of(self, sj: SimJob, node_id: str) -> str:
+        """Where the failed node's memory copy lives: the next node of the gang (a ring),
+        or for a one-node job the next node of its layer-3 block."""
+        nodes = [n for n, _ in sj.alloc]
+        if len(nodes) > 1 and node_id in nodes:
+            return nodes[(nodes.index(node_id) + 1) % len(nodes)]
+        return self.buddy.get(node_id, "")
+
+    def _spare_for(self, sj: SimJob, failed: str) -> str | None:
+        """A reserved spare of the failed node's pool, else an idle node of that pool;
+        inside the job's required topology domain; same layer-3 block first."""
+        f = self.node[failed].node
+        attr = {int(placement.TopologyLevel.ULTRASERVER): "ultraserver_id",
+                int(placement.TopologyLevel.LAYER_3): "network_layer_3",
+                int(placement.TopologyLevel.LAYER_2): "network_layer_2"}.get(sj.job.spec.topology.required)
+        mine = {n for n, _ in sj.alloc}
+
+        def ok(nid: str) -> bool:
+            n = self.node[nid].node
+            return (n.healthy and not n.cordoned and nid not in mine and n.gpus >= sj.gpn
+                    and (attr is None or getattr(n, attr) == getattr(f, attr)))
+
+        def best(ids: list[str]) -> str | None:
+            c = sorted((self.node[n].node.network_layer_3 != f.network_layer_3, n) for n in ids if ok(n))
+            return c[0][1] if c else None
+
+        hit = best(self.spares[f.pool])
+        if hit is not None:
+            return hit
+        if f.region in self.draining:
+            return None
+        idle = [n for n in self.present if self.node[n].node.pool == f.pool and not self.used[n]]
+        return best(idle)
+
+    def _replace(self, sj: SimJob, failed: str, spare: str, p: node_recovery.Plan) -> None:
+        """Survivors stay, ``spare`` joins: the job keeps its GPUs and queue place, loses
+        the work since its last snapshot (memory) or periodic checkpoint (store), and holds
+        its GPUs without progress while the spare joins and the state is restored."""
+        memory = p.kind is node_recovery.Kind.REPLACE_MEMORY
+        wall, keep = self._periodic(sj, self.now, self.nf.memory_snapshot_s if memory else None)
+        self._charge(sj, NODE_REPLACED, (self.now - wall) * sj.gpus)
+        if memory:
+            back = self.now + p.downtime_s
+        else:  # every rank re-reads the whole checkpoint through the region's store
+            ck = self.scn.checkpoint
+            back = self._shared(("store", sj.region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps,
+                                self.now + p.downtime_s)
+        # held without progress until back (from an earlier replacement's end if it fails again
+        # while that one is still restoring: that time is charged already)
+        self._charge(sj, NODE_REPLACED, (back - max(self.now, sj.run_t0)) * sj.gpus)
+        g = dict(sj.alloc)[failed]
+        self.used[failed] -= g
+        self.on_node[failed].discard(sj.tj.id)
+        self.used[spare] += g
+        self.on_node[spare].add(sj.tj.id)
+        spares = self.spares[self.node[failed].node.pool]
+        if spare in spares:  # a reserved spare joins the fleet; the failed node becomes one
+            spares.remove(spare)
+            self.present.add(spare)
+            self.present.discard(failed)
+            self.to_spare.add(failed)
+            self.ninfo.pop(spare, None)
+            self.nodes_t = None
+        sj.alloc = tuple((spare if n == failed else n, gg) for n, gg in sj.alloc)
+        for a in sj.job.placement.nodes:
+            if a.node_id == failed:
+                a.node_id = spare
+        sj.durable = keep
+        sj.ckpt_region = sj.region
+        sj.job.last_checkpoint_time = back
+        sj.run = None
+        sj.epoch += 1
+        sj.run_t0 = back
+        sj.speed = self._speed(sj)
+        self.push(back + (sj.tj.duration_s - keep) / sj.speed, FINISH, (sj, sj.epoch))
+        self.wake()
 
     def _hang(self, node_id: str) -> None:
         s = self.node[node_id]
@@ -968,6 +1087,20 @@ class Simulation:
             sj = self.sj[p.job_id]
             if sj.job.phase == RUNNING and self.trigger(sj, p.signal, actor="proactive"):
                 self.moving.add(sj.tj.id)
+
+
+def _buddies(snodes: list[fleet.SimNode]) -> dict[str, str]:
+    """Each node's memory buddy for one-node jobs: the next node of its layer-3 block
+    (a ring; none in a block of one)."""
+    blocks: dict[str, list[str]] = defaultdict(list)
+    for s in snodes:
+        blocks[s.node.network_layer_3].append(s.node.id)
+    out = {}
+    for ids in blocks.values():
+        for i, nid in enumerate(ids):
+            if len(ids) > 1:
+                out[nid] = ids[(i + 1) % len(ids)]
+    return out
 
 
 _LEVEL = {"none": pb.TOPOLOGY_LEVEL_UNSPECIFIED if hasattr(pb, "TOPOLOGY_LEVEL_UNSPECIFIED") else 0,

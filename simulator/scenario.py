@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from simulator.node_recovery import NodeFailures, Tier
+
 
 class ScenarioError(ValueError):
     """The scenario file is wrong; the message says where and how to fix it."""
@@ -117,6 +119,9 @@ class Scenario:
     estimate_padding: float = 1.5
     unknown_team_region: str = ""  # home of teams not listed ("" = first region)
     unknown_team_quota: int = 0
+    # node failures at a fleet-scaled rate, the recovery tier and in-place replacement
+    # (simulator/node_recovery.py); the default keeps each region's node_mtbf_h, store only
+    node_failures: NodeFailures = NodeFailures()
 
     def bandwidth(self, src: str, dst: str) -> float:
         for a, b, gbps in self.bandwidth_gbps:
@@ -223,6 +228,19 @@ def parse(raw: dict, where: str = "scenario") -> Scenario:
             raise ScenarioError(f"{where}: duration_estimate must be one of "
                                 f"{', '.join(m.value for m in EstimateModel)}") from None
     ck = _build(Checkpoint, raw.pop("checkpoint", None) or {}, f"{where}: checkpoint")
+    nf = dict(raw.pop("node_failures", None) or {})
+    if "tier" in nf:
+        try:
+            nf["tier"] = Tier(nf["tier"])
+        except ValueError:
+            raise ScenarioError(f"{where}: node_failures.tier must be one of "
+                                f"{', '.join(t.value for t in Tier)}") from None
+    if "replace_in_place" in nf and not isinstance(nf["replace_in_place"], bool):
+        raise ScenarioError(f"{where}: node_failures.replace_in_place must be true or false")
+    failures = _build(NodeFailures, nf, f"{where}: node_failures")
+    if failures.spares_per_pool < 0 or failures.memory_snapshot_s <= 0 or failures.peer_gbps <= 0:
+        raise ScenarioError(f"{where}: node_failures: spares_per_pool must be >= 0, memory_snapshot_s"
+                            " and peer_gbps > 0")
     wins = {}
     for key in ("outages", "drains", "reclaims"):
         wins[key] = tuple(_build(Window, w, f"{where}: {key}[{i}]") for i, w in enumerate(raw.pop(key, None) or []))
@@ -230,4 +248,5 @@ def parse(raw: dict, where: str = "scenario") -> Scenario:
     slow = raw.pop("slowdown", None)
     extra = {"slowdown": tuple(sorted(slow.items()))} if slow else {}
     return _build(Scenario, {**raw, **extra, "regions": tuple(regions), "teams": teams, "checkpoint": ck,
+                             "node_failures": failures,
                              "bandwidth_gbps": bw, **wins}, where)

@@ -1,0 +1,141 @@
+"""Goodput with and without node failures, and what each recovery tier buys back.
+
+    python -m simulator.failure_study --trace ../shared/traces/philly_dev.csv \\
+        --scenario simulator/scenarios/philly_3region.yaml --limit-jobs 12914 --out docs/sim/failures
+
+Runs one policy (``ours`` by default) on the same trace, scenario and seed under a list of
+node-failure settings (:data:`VARIANTS`, applied to the scenario as data): no node
+failures; Meta's rate (1.8 h MTTF per 16,384 GPUs, scaled to the fleet) with the store
+tier only (what the broker does today), with in-place replacement from the store, with one
+reserved spare per on-demand pool, and with the in-memory tier; and the same at ten times
+Meta's rate (a stress row: the fleet is small, so at Meta's rate it sees few failures).
+Writes ``result.json`` (deterministic: same inputs and seed, same bytes), ``timing.json``
+and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from simulator import metrics, node_recovery
+from simulator import scenario as scenario_mod
+from simulator import trace as trace_mod
+from simulator.engine import Simulation
+from simulator.node_recovery import NodeFailures, Tier
+from simulator.policies import TABLE, PolicyKind
+
+META = node_recovery.META_MTTF_H_PER_16K_GPUS
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    text: str
+    failures: NodeFailures | None  # None: no node failures at all
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("none", "no node failures", None),
+    Variant("meta-store", "Meta's rate; store tier, the job queues again (today)",
+            NodeFailures(mttf_h_per_16k_gpus=META)),
+    Variant("meta-store-replace", "Meta's rate; store tier, replaced in place (idle nodes only)",
+            NodeFailures(mttf_h_per_16k_gpus=META, replace_in_place=True)),
+    Variant("meta-store-spares", "Meta's rate; store tier, replaced in place, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META, replace_in_place=True, spares_per_pool=1)),
+    Variant("meta-memory-spares", "Meta's rate; memory tier (60 s), replaced in place, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, replace_in_place=True, spares_per_pool=1)),
+    Variant("10x-store", "10x Meta's rate; store tier, the job queues again",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10)),
+    Variant("10x-store-spares", "10x Meta's rate; store tier, replaced in place, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, replace_in_place=True, spares_per_pool=1)),
+    Variant("10x-memory-spares", "10x Meta's rate; memory tier (60 s), replaced in place, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, replace_in_place=True,
+                         spares_per_pool=1)),
+)
+
+FAILURE_BUCKETS = ("auto_resume", "node_replaced")  # lost GPU-hours a node failure caused
+
+
+def apply(scn: scenario_mod.Scenario, v: Variant) -> scenario_mod.Scenario:
+    if v.failures is None:
+        regions = tuple(dataclasses.replace(r, node_mtbf_h=0.0) for r in scn.regions)
+        return dataclasses.replace(scn, regions=regions, node_failures=NodeFailures())
+    return dataclasses.replace(scn, node_failures=v.failures)
+
+
+def run(trace_path: str, scenario_path: str, limit: int | None, seed: int,
+        policy: PolicyKind, variants: tuple[Variant, ...] = VARIANTS) -> tuple[dict, dict]:
+    scn = scenario_mod.load(scenario_path)
+    jobs = trace_mod.load(trace_path, limit)
+    out: dict = {"trace": {"file": Path(trace_path).name, "sha256": trace_mod.sha256(trace_path),
+                           "jobs": len(jobs), "limit": limit},
+                 "scenario": scn.name, "seed": seed, "policy": policy.value, "variants": []}
+    timing: dict = {}
+    for v in variants:
+        s = apply(scn, v)
+        c0 = time.process_time()
+        sim = Simulation(s, jobs, TABLE[policy], seed).run()
+        timing[v.name] = round(time.process_time() - c0, 2)
+        m = metrics.collect(sim)
+        rec: dict[str, int] = {}
+        for j in sim.sj.values():
+            for k, n in j.recoveries.items():
+                rec[k] = rec.get(k, 0) + n
+        node_mtbf = s.node_failures.node_mtbf_h(s.regions[0].gpus_per_node, s.regions[0].node_mtbf_h)
+        out["variants"].append(metrics._r({
+            "name": v.name, "text": v.text,
+            "node_failures": None if v.failures is None else s.to_dict()["node_failures"],
+            "node_mtbf_h": node_mtbf,
+            "goodput": m["goodput"], "utilisation": m["utilisation"],
+            "jct_mean_h": m["jct_s"]["mean"] / 3600, "jct_p99_h": m["jct_s"]["p99"] / 3600,
+            "failures_under_jobs": dict(sorted(rec.items())),
+            "lost_gpu_h_node_failures": sum(m["lost_gpu_h"].get(b, 0.0) for b in FAILURE_BUCKETS),
+            "lost_gpu_h_total": m["lost_gpu_h_total"],
+        }))
+    return out, timing
+
+
+def markdown(res: dict, timing: dict) -> str:
+    t = res["trace"]
+    lines = [f"# Node failures and recovery tiers: {res['scenario']}", "",
+             f"Policy `{res['policy']}`, trace `{t['file']}` ({t['jobs']} jobs), seed {res['seed']}.",
+             "Lost GPU-h (failures): work redone and GPUs held without progress because of node"
+             " failures (queued-again attempts and in-place replacements).", "",
+             "| variant | node MTBF h | goodput | failures under jobs (requeue / replace store / replace memory)"
+             " | lost GPU-h (failures) | lost GPU-h (all) | JCT mean h | JCT p99 h | CPU s |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for v in res["variants"]:
+        f = v["failures_under_jobs"]
+        mtbf = "-" if v["node_failures"] is None else f"{v['node_mtbf_h']:.0f}"
+        lines.append(f"| {v['text']} | {mtbf} | {v['goodput'] * 100:.2f} % | {f.get('requeue', 0)} / "
+                     f"{f.get('replace_store', 0)} / {f.get('replace_memory', 0)} | "
+                     f"{v['lost_gpu_h_node_failures']:.1f} | {v['lost_gpu_h_total']:.0f} | "
+                     f"{v['jct_mean_h']:.2f} | {v['jct_p99_h']:.2f} | {timing.get(v['name'], 0):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--limit-jobs", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policy", default=PolicyKind.OURS.value)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    res, timing = run(a.trace, a.scenario, a.limit_jobs, a.seed, PolicyKind(a.policy))
+    d = Path(a.out)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "result.json").write_text(json.dumps(res, sort_keys=True, indent=1) + "\n")
+    (d / "timing.json").write_text(json.dumps(timing, sort_keys=True, indent=1) + "\n")
+    (d / "results.md").write_text(markdown(res, timing))
+    print(markdown(res, timing))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
