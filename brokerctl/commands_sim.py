@@ -22,9 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", required=True, metavar="FILE",
                    help="scenario YAML (e.g. simulator/scenarios/philly_3region.yaml)")
     p.add_argument("--policies", metavar="P[,P]", default="",
-                   help="comma-separated; default all: ours, static-quota, single-region-fifo,"
-                        " skypilot-failover, ours-no-migration, ours-no-topology, ours-defrag,"
-                        " ours-better-capacity")
+                   help="comma-separated; default all: ours, static-quota, kueue-region,"
+                        " single-region-fifo, skypilot-failover, ours-no-migration,"
+                        " ours-no-topology, ours-no-defrag, ours-better-capacity")
     p.add_argument("--out", default="sim-out", metavar="DIR", help="output directory (default sim-out)")
     p.add_argument("--seed", type=int, default=1, help="random seed of failures and interruptions")
     p.add_argument("--limit-jobs", type=int, default=None, metavar="N", help="only the first N jobs")

@@ -26,7 +26,7 @@ class PolicyKind(enum.StrEnum):
     FAILOVER = "skypilot-failover"
     NO_MIGRATION = "ours-no-migration"
     NO_TOPOLOGY = "ours-no-topology"
-    DEFRAG = "ours-defrag"
+    NO_DEFRAG = "ours-no-defrag"
     BETTER_CAPACITY = "ours-better-capacity"
 
 
@@ -58,8 +58,12 @@ class Policy:
 
 _R = POLICIES
 TABLE: dict[PolicyKind, Policy] = {p.kind: p for p in (
-    Policy(PolicyKind.OURS, Quotas.GLOBAL, False, True, _R["move-anywhere"],
-           summary="global quotas with borrowing, topology-aware, checkpoint-and-move on spot/plan end/drain"),
+    # ours moves a waiting gang's blockers (small jobs in the block it needs) when the gang's
+    # gain beats their move: without it one team's 32-GPU gangs waited 270 h on the whole
+    # trace (docs/simulator.md, "What ours changed")
+    Policy(PolicyKind.OURS, Quotas.GLOBAL, False, True, _R["defragment"], Proactive.DEFRAG,
+           summary="global quotas with borrowing, topology-aware, checkpoint-and-move on spot/plan end/drain,"
+                   " moves small jobs out of a block for a waiting gang when the gain beats the move"),
     Policy(PolicyKind.STATIC, Quotas.STATIC, True, True, _R["move-anywhere"],
            summary="each team's guarantee pinned to its home region, no borrowing"),
     Policy(PolicyKind.KUEUE, Quotas.REGION, True, True, _R["move-anywhere"],
@@ -72,17 +76,20 @@ TABLE: dict[PolicyKind, Policy] = {p.kind: p for p in (
            summary="SkyPilot-style: any region, home first; on interruption restart from the last"
                    " periodic checkpoint in the next region, same size"),
     Policy(PolicyKind.NO_MIGRATION, Quotas.GLOBAL, False, True, _R["no-migration"],
-           summary="ours, but interruptions kill and restart from the last periodic checkpoint"),
+           summary="ours, but no moves: interruptions kill and restart from the last periodic checkpoint"
+                   " (so no defragmentation either)"),
     Policy(PolicyKind.NO_TOPOLOGY, Quotas.GLOBAL, False, False, _R["move-anywhere"],
-           summary="ours, but the engine does not see UltraServers / network layers"),
-    Policy(PolicyKind.DEFRAG, Quotas.GLOBAL, False, True, _R["defragment"], Proactive.DEFRAG,
-           summary="ours + defragmentation by migration for waiting large gangs"),
+           summary="ours, but the engine does not see UltraServers / network layers (so no"
+                   " defragmentation either)"),
+    Policy(PolicyKind.NO_DEFRAG, Quotas.GLOBAL, False, True, _R["move-anywhere"],
+           summary="ours without defragmentation (the previous ours)"),
     Policy(PolicyKind.BETTER_CAPACITY, Quotas.GLOBAL, False, True, _R["better-capacity"], Proactive.BETTER,
-           summary="ours + move to free prepaid plan capacity when the saving beats the move cost"),
+           summary="ours without defragmentation + move to free prepaid plan capacity when the saving"
+                   " beats the move cost"),
 )}
 
 DEFAULT = (PolicyKind.OURS, PolicyKind.STATIC, PolicyKind.KUEUE, PolicyKind.FIFO, PolicyKind.FAILOVER,
-           PolicyKind.NO_MIGRATION, PolicyKind.NO_TOPOLOGY, PolicyKind.DEFRAG, PolicyKind.BETTER_CAPACITY)
+           PolicyKind.NO_MIGRATION, PolicyKind.NO_TOPOLOGY, PolicyKind.NO_DEFRAG, PolicyKind.BETTER_CAPACITY)
 
 
 def parse(names: str) -> tuple[PolicyKind, ...]:

@@ -86,11 +86,11 @@ def _defrag_case(tmp_path, policy: PolicyKind):
 
 
 def test_defragmentation_moves_small_jobs_for_the_gang(tmp_path):
-    # ours-defrag: at the 100 pass g cannot place; gain 16 GPUs x 9910 s left >> cost;
+    # ours (it defragments): at the 100 pass g cannot place; gain 16 GPUs x 9910 s left >> cost;
     # s1, s2 save 4 GB each (done 104) and leave block {n0, n1}. Pass at 110: s1, s2 -> n2,
     # g -> n0+n1 (one UltraServer, full speed): RUNNING 120, done 1120 -> JCT 1020.
     # s1/s2: 90 s saved; start-up 10 + read 4 -> RUNNING 124, 9910 s left -> done 10034.
-    sim = _defrag_case(tmp_path, PolicyKind.DEFRAG)
+    sim = _defrag_case(tmp_path, PolicyKind.OURS)
     assert {a.node_id for a in sim.sj["s1"].job.placement.nodes} == {"r1-n0002"}
     assert jct(sim, "g") == 1020
     assert jct(sim, "s1") == 10034 and jct(sim, "s2") == 10034
@@ -99,8 +99,8 @@ def test_defragmentation_moves_small_jobs_for_the_gang(tmp_path):
 
 
 def test_without_defragmentation_the_gang_waits_for_the_small_jobs(tmp_path):
-    # ours: s1, s2 RUNNING 10..10010; the pass at 10010 places g: RUNNING 10020, done 11020.
-    sim = _defrag_case(tmp_path, PolicyKind.OURS)
+    # ours-no-defrag: s1, s2 RUNNING 10..10010; the pass at 10010 places g: RUNNING 10020, done 11020.
+    sim = _defrag_case(tmp_path, PolicyKind.NO_DEFRAG)
     assert jct(sim, "g") == 10920
     assert jct(sim, "s1") == 10010
 
