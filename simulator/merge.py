@@ -62,7 +62,7 @@ def merge(into: dict, part: dict) -> dict:
     pols.update(part["policies"])
     for name, sec in pols.items():
         pols[name] = {**sec, "summary": TABLE[known[name]].summary}
-    out["policies"] = dict(sorted(pols.items()))
+    out["policies"] = pols  # INTO's order, then the new policies in PART's order
     return out
 
 
