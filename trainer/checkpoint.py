@@ -174,6 +174,11 @@ class CheckpointManager:
     # ------------------------------------------------------------------ state
     def _state(self, step: int, samples_seen: int) -> dict[str, Any]:
         msd, osd = get_state_dict(self.model, self.optim)
+        return {"model": msd, "optim": osd, "trainer": self.trainer_state(step, samples_seen)}
+
+    def trainer_state(self, step: int, samples_seen: int) -> dict[str, Any]:
+        """The small part of a checkpoint beside model and optimizer (step, data position,
+        scheduler, user state, every RNG); the in-memory tier takes it on its own."""
         extra: dict[str, Any] = {
             "step": step,
             "samples_seen": samples_seen,
@@ -184,7 +189,7 @@ class CheckpointManager:
             extra["lr_sched"] = self.sched.state_dict()
         if self.user_state is not None:
             extra["user"] = self.user_state()
-        return {"model": msd, "optim": osd, "trainer": extra}
+        return extra
 
     # ------------------------------------------------------------------- save
     def warm_staging(self) -> float:

@@ -28,6 +28,7 @@ import socketserver
 import struct
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,25 @@ TOKEN_ENV = "CB_MEMORY_TOKEN"
 MAX_HEADER = 64 * 1024
 
 
-def send_msg(sock: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
-    head = json.dumps({**header, "size": len(payload)}).encode()
+Payload = bytes | bytearray | memoryview
+
+
+def send_msg(sock: socket.socket, header: dict[str, Any],
+             payload: Payload | Sequence[Payload] = b"") -> None:
+    """`payload` may be a list of segments sent back to back as one payload: a rank sends
+    its snapshot straight from its tensors' memory, never joined into one buffer."""
+    segments = [payload] if isinstance(payload, bytes | bytearray | memoryview) else list(payload)
+    size = sum(memoryview(s).nbytes for s in segments)
+    head = json.dumps({**header, "size": size}).encode()
     sock.sendall(struct.pack(">I", len(head)) + head)
-    if payload:
-        sock.sendall(payload)
+    for seg in segments:
+        if memoryview(seg).nbytes:
+            sock.sendall(seg)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly `n` bytes, received in place into one buffer (kept as is: a snapshot of
+    gigabytes is not copied again after the socket's copy)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
@@ -51,16 +63,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise ConnectionError("connection closed mid-message")
         got += k
-    return bytes(buf)
+    return buf
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
     (n,) = struct.unpack(">I", _recv_exact(sock, 4))
     if n > MAX_HEADER:
         raise ValueError(f"header of {n} bytes is too large")
     header = json.loads(_recv_exact(sock, n))
     size = int(header.get("size", 0))
-    return header, _recv_exact(sock, size) if size else b""
+    return header, _recv_exact(sock, size) if size else bytearray()
 
 
 class Store:
@@ -68,16 +80,22 @@ class Store:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._data: dict[tuple[str, int], dict[int, bytes]] = {}
+        self._data: dict[tuple[str, int], dict[int, bytearray]] = {}
 
-    def put(self, job: str, rank: int, step: int, payload: bytes) -> None:
+    def put(self, job: str, rank: int, step: int, payload: bytearray) -> None:
+        """Hold `step`; drop what is older than the newest `KEEP`, and anything newer than
+        `step`: a job that went back (resumed from an older durable checkpoint after both
+        copies of a shard were lost) abandoned those, and they would otherwise push its
+        new steps out until it passed them again."""
         with self._lock:
             steps = self._data.setdefault((job, rank), {})
+            for newer in [s for s in steps if s > step]:
+                del steps[newer]
             steps[step] = payload
             for old in sorted(steps)[:-KEEP]:
                 del steps[old]
 
-    def get(self, job: str, rank: int, step: int) -> bytes | None:
+    def get(self, job: str, rank: int, step: int) -> bytearray | None:
         with self._lock:
             return self._data.get((job, rank), {}).get(step)
 
@@ -117,7 +135,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.token = token
         self.store = Store()
 
-    def answer(self, h: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def answer(self, h: dict[str, Any], payload: bytearray) -> tuple[dict[str, Any], Payload]:
         if not hmac.compare_digest(str(h.get("token", "")), self.token):
             return {"ok": False, "error": "wrong token"}, b""
         op = h["op"]

@@ -2,13 +2,17 @@
 its node's keeper and its buddy node's keeper; restore from them on a same-size restart.
 
 Why (docs/recovery.md): the store tier loses every step since the last periodic
-checkpoint and re-reads the whole checkpoint. Here every `K` steps each rank copies its
-own shard (FSDP local shards, not a full state dict) plus the trainer state (step,
-scheduler, data position, every RNG) into host buffers allocated once (the only work on
-the training thread), and a background thread serializes it and sends it to two keepers
-(trainer/memkeeper.py): its own node's and the next node's (a ring over nodes). A node
+checkpoint and re-reads the whole checkpoint. Here every `K` steps each rank takes the
+small state (step, scheduler, data position, every RNG, optimizer hyperparameters) on the
+training thread and copies its own shard (FSDP local shards, not a full state dict) into
+host buffers allocated once on the tier's thread, overlapping the next forward and
+backward: an optimizer step pre-hook fences it, so no update races the copy. The same
+thread then sends the buffers' bytes, unjoined, to two keepers (trainer/memkeeper.py):
+its own node's and the next node's (a ring over nodes). A node
 lost with its keeper leaves every shard it held on the buddy. Sending goes over plain
 TCP, never a collective, so it cannot interleave with FSDP's gloo/NCCL traffic.
+Parameters changed outside `optimizer.step()` between two steps would race the copy:
+nothing in the library does that; a script that does should not use the tier.
 
 Restore needs the same world size (replace in place: survivors plus a spare in the
 lost node's place, in any node order: keepers hold shards by rank and every keeper is
@@ -34,8 +38,10 @@ import copy
 import io
 import os
 import socket
+import struct
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,10 +50,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
 from trainer import rng
-from trainer.memkeeper import TOKEN_ENV, recv_msg, send_msg
+from trainer.memkeeper import TOKEN_ENV, Payload, recv_msg, send_msg
+from trainer.shardfile import byte_view
 
 if TYPE_CHECKING:
     from trainer.checkpoint import CheckpointManager
@@ -80,7 +88,8 @@ class KeeperClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
-    def request(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+    def request(self, header: dict[str, Any], payload: Payload | Sequence[Payload] = b""
+                ) -> tuple[dict[str, Any], bytearray]:
         with self._lock:
             for attempt in (0, 1):
                 try:
@@ -98,6 +107,58 @@ class KeeperClient:
         raise AssertionError("unreachable")
 
 
+MAGIC = b"CBMT\x01\x00\x00\x00"  # snapshot format 1: magic, head length, head, tensor bytes
+
+
+@dataclass
+class Layout:
+    """What a snapshot copies (see `MemoryTier._current_layout`): the live local tensors
+    by flattened key, the constant non-tensor items, and the optimizer hyperparameters
+    read afresh each time (key -> (param group, name))."""
+
+    fingerprint: tuple[int, ...] | None
+    tensors: list[tuple[str, torch.Tensor]]
+    const: dict[str, Any]
+    live: dict[str, tuple[int, str]]
+
+
+def encode(step: int, world_size: int, small: dict[str, Any],
+           tensors: list[tuple[str, torch.Tensor]]) -> list[memoryview]:
+    """A snapshot as segments sent back to back: the magic, a torch.save'd head (step,
+    world size, the small items, each tensor's key, dtype, shape and size), then every
+    tensor's raw bytes straight from its buffer. Why not torch.save of everything: it
+    copies every byte into a growing buffer and once more out of it (measured: the
+    rank's background CPU per snapshot), and the keeper stores the payload as is."""
+    head_buf = io.BytesIO()
+    torch.save({"step": step, "world_size": world_size, "small": small,
+                "tensors": [(k, str(t.dtype).removeprefix("torch."), list(t.shape), t.nbytes)
+                            for k, t in tensors]}, head_buf)
+    head = head_buf.getvalue()
+    return [memoryview(MAGIC + struct.pack(">Q", len(head)) + head),
+            *(byte_view(t) for _, t in tensors)]
+
+
+def decode(payload: bytearray) -> dict[str, Any]:
+    """`encode`'s segments back as {"step", "world_size", "state": key -> value}; the
+    tensors are views of `payload` (no copy: they are copied once, into the live ones)."""
+    mv = memoryview(payload)
+    if bytes(mv[:len(MAGIC)]) != MAGIC:
+        raise RuntimeError("not a snapshot of this format")
+    (n,) = struct.unpack(">Q", mv[len(MAGIC):len(MAGIC) + 8])
+    off = len(MAGIC) + 8
+    head = torch.load(io.BytesIO(mv[off:off + n]), weights_only=False)
+    off += n
+    state = dict(head["small"])
+    for key, dtype, shape, nbytes in head["tensors"]:
+        raw = (torch.frombuffer(mv[off:off + nbytes], dtype=torch.uint8) if nbytes
+               else torch.empty(0, dtype=torch.uint8))
+        state[key] = raw.view(getattr(torch, dtype)).reshape(shape)
+        off += nbytes
+    if off != len(mv):
+        raise RuntimeError(f"snapshot is {len(mv)} bytes, its head describes {off}")
+    return {"step": head["step"], "world_size": head["world_size"], "state": state}
+
+
 @dataclass
 class SnapshotStats:
     """What the tier reports (logged at the end, and per snapshot size once)."""
@@ -106,7 +167,9 @@ class SnapshotStats:
     skipped: int = 0  # the previous one was still sending
     failed: int = 0
     bytes: int = 0  # one snapshot of this rank, serialized
-    copy_s: float = 0.0  # total time on the training thread
+    copy_s: float = 0.0  # total time on the training thread in maybe_snapshot
+    fence_s: float = 0.0  # total time the training thread waited for the side copy
+    side_copy_s: float = 0.0  # total time of the shard copies on the tier's thread
     send_s: float = 0.0
     keeper_bytes: dict[str, int] = field(default_factory=dict)  # as the keepers reported
 
@@ -131,6 +194,15 @@ class MemoryTier:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cb-memtier")
         self._inflight: Future | None = None
         self._warned = False
+        self._layout: Layout | None = None
+        self._copied: threading.Event | None = None
+        # The shard copy overlaps the next forward/backward when an optimizer step can
+        # fence it; any other set-up (several optimizers, none) copies on this thread.
+        optim = manager.optim
+        self._single_optim = isinstance(optim, torch.optim.Optimizer)
+        self._overlap = self._single_optim
+        if self._overlap:
+            optim.register_step_pre_hook(lambda *_: self.fence())
 
     @classmethod
     def from_env(cls, run: Run, manager: CheckpointManager) -> MemoryTier | None:
@@ -152,42 +224,125 @@ class MemoryTier:
 
     # -------------------------------------------------------------- snapshot
     def maybe_snapshot(self, step: int, samples_seen: int) -> None:
-        """Every `every` steps: copy this rank's state now, send it in the background."""
+        """Every `every` steps: take this rank's state; the copy of its shards into the
+        host buffers and the send run on the tier's thread (see `_overlap`)."""
         if step % self.every:
             return
         if self._inflight is not None and not self._inflight.done():
             self.stats.skipped += 1
             return
         t0 = time.perf_counter()
-        flat, _ = flatten_state_dict(self.manager._state(step, samples_seen))
-        staged: dict[str, Any] = {}
-        for key, value in flat.items():
-            if isinstance(value, DTensor):
-                value = value.to_local()
-            if isinstance(value, torch.Tensor):
-                buf = self._bufs.get(key)
-                if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-                    buf = self._bufs[key] = torch.empty(value.shape, dtype=value.dtype)
-                buf.copy_(value.detach())
-                staged[key] = buf
-            else:
-                staged[key] = copy.deepcopy(value)
+        layout = self._current_layout()
+        small = self._small_items(layout, step, samples_seen)
+        copied = threading.Event()
+        if self._overlap:
+            self._copied = copied
+        else:  # nothing fences the next update: copy here
+            self._copy(layout)
+            copied.set()
         self.stats.copy_s += time.perf_counter() - t0
         self.stats.taken += 1
-        self._inflight = self._pool.submit(self._send, step, staged)
+        self._inflight = self._pool.submit(self._stage_and_send, step, layout, small, copied)
 
-    def _send(self, step: int, staged: dict[str, Any]) -> None:
+    def _current_layout(self) -> Layout:
+        """The flattened keys of the model's and optimizer's state with the live local
+        tensor behind each. Why cached: `get_state_dict` walks every parameter's name
+        and FSDP metadata (measured at 7+ ms a step for the small model, most of the
+        snapshot's cost on the training thread); the tensors it returns are the live
+        ones, updated in place, so the walk is redone only when a live tensor is
+        replaced (a restore, an optimizer whose state appears later)."""
+        fp = self._fingerprint()
+        if self._layout is None or fp is None or self._layout.fingerprint != fp:
+            msd, osd = get_state_dict(self.manager.model, self.manager.optim)
+            flat, mapping = flatten_state_dict({"model": msd, "optim": osd})
+            tensors: list[tuple[str, torch.Tensor]] = []
+            const: dict[str, Any] = {}
+            live: dict[str, tuple[int, str]] = {}
+            for key, value in flat.items():
+                if isinstance(value, DTensor):
+                    value = value.to_local()
+                if isinstance(value, torch.Tensor):
+                    tensors.append((key, value.detach()))
+                    continue
+                path = mapping[key]
+                if (fp is not None and path[:2] == ("optim", "param_groups")
+                        and path[3] != "params"):
+                    live[key] = (int(path[2]), str(path[3]))  # lr & co: a scheduler moves them
+                else:
+                    const[key] = copy.deepcopy(value)
+            self._layout = Layout(fp, tensors, const, live)
+        return self._layout
+
+    def _fingerprint(self) -> tuple[int, ...] | None:
+        """Where every live model/optimizer tensor is: changes when one is replaced
+        (None: not cached, e.g. several optimizers)."""
+        if not self._single_optim:
+            return None
+        ptrs: list[int] = []
+        for t in list(self.manager.model.parameters()) + list(self.manager.model.buffers()):
+            t = t._local_tensor if isinstance(t, DTensor) else t
+            ptrs.append(t.data_ptr())
+        if self.manager.optim is not None:
+            for st in self.manager.optim.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        v = v._local_tensor if isinstance(v, DTensor) else v
+                        ptrs.append(v.data_ptr())
+            ptrs.append(len(self.manager.optim.param_groups))
+        return tuple(ptrs)
+
+    def _small_items(self, layout: Layout, step: int, samples_seen: int) -> dict[str, Any]:
+        """Everything but the big tensors, taken now on the training thread (it changes
+        at the very next step): trainer state, RNGs, the optimizer's hyperparameters."""
+        flat, _ = flatten_state_dict({"trainer": self.manager.trainer_state(step, samples_seen)})
+        small = {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                 for k, v in flat.items()}
+        small.update(layout.const)
+        groups = self.manager.optim.param_groups if self.manager.optim is not None else []
+        for key, (i, name) in layout.live.items():
+            small[key] = copy.deepcopy(groups[i][name])
+        return small
+
+    def _copy(self, layout: Layout) -> None:
+        for key, value in layout.tensors:
+            buf = self._bufs.get(key)
+            if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                buf = self._bufs[key] = torch.empty(value.shape, dtype=value.dtype)
+            buf.copy_(value)
+
+    def fence(self) -> None:
+        """Wait until the snapshot's copy of the live shards is done. Runs before every
+        optimizer step (a pre-hook): the copy overlaps the next forward and backward,
+        which only read the parameters and optimizer state, never write them."""
+        ev = self._copied
+        if ev is not None:
+            t0 = time.perf_counter()
+            ev.wait()
+            self.stats.fence_s += time.perf_counter() - t0
+            self._copied = None
+
+    def _stage_and_send(self, step: int, layout: Layout, small: dict[str, Any],
+                        copied: threading.Event) -> None:
+        try:
+            if not copied.is_set():
+                t0 = time.perf_counter()
+                self._copy(layout)
+                self.stats.side_copy_s += time.perf_counter() - t0
+        finally:
+            copied.set()
+        self._send(step, encode(step, self.run.world_size, small,
+                                [(k, self._bufs[k]) for k, _ in layout.tensors]))
+
+    def _send(self, step: int, segments: list[memoryview]) -> None:
         t0 = time.perf_counter()
-        buf = io.BytesIO()
-        torch.save({"step": step, "world_size": self.run.world_size, "state": staged}, buf)
-        payload = buf.getvalue()
+        size = sum(s.nbytes for s in segments)
         header = {"op": "put", "job": self.run.env.job_id, "rank": self.run.rank, "step": step}
         ok = True
         for client in (self.own, self.buddy):
             if client is None:
                 continue
             try:
-                reply, _ = client.request(header, payload)
+                reply, _ = client.request(header, segments)
                 ok = ok and bool(reply.get("ok"))
                 self.stats.keeper_bytes[client.address] = int(reply.get("bytes", 0))
             except OSError as exc:
@@ -199,9 +354,9 @@ class MemoryTier:
         if not ok:
             self.stats.failed += 1
         if self.stats.bytes == 0 and self.run.rank == 0:
-            self.run.log(f"memory tier: snapshot of rank 0 is {len(payload) / 1e6:.1f} MB, "
+            self.run.log(f"memory tier: snapshot of rank 0 is {size / 1e6:.1f} MB, "
                          f"every {self.every} step(s), copied to 2 keepers")
-        self.stats.bytes = len(payload)
+        self.stats.bytes = size
         self.stats.send_s += time.perf_counter() - t0
         self.run.progress.update(lazy=True, memory_tier=self.report())  # rank 0's view
 
@@ -211,12 +366,16 @@ class MemoryTier:
         snapshot, and the bytes each keeper it sends to said it holds (all ranks)."""
         s = self.stats
         return {"every": self.every, "taken": s.taken, "skipped": s.skipped, "failed": s.failed,
-                "snapshot_bytes": s.bytes, "copy_s_per_snapshot": s.copy_s / max(1, s.taken),
+                "snapshot_bytes": s.bytes,
+                "copy_s_per_snapshot": (s.copy_s + s.fence_s) / max(1, s.taken),
+                "side_copy_s_per_snapshot": s.side_copy_s / max(1, s.taken),
                 "keeper_bytes": dict(s.keeper_bytes)}
 
     def wait(self) -> None:
+        """Until the last snapshot is copied and sent."""
         if self._inflight is not None:
             self._inflight.result()
+        self._copied = None
 
     # --------------------------------------------------------------- restore
     def _held(self) -> dict[int, KeeperClient]:
@@ -258,7 +417,7 @@ class MemoryTier:
                 {"op": "get", "job": self.run.env.job_id, "rank": self.run.rank, "step": step})
             if not reply.get("ok"):
                 raise RuntimeError(reply.get("error", "no payload"))
-            self._fill(torch.load(io.BytesIO(payload), weights_only=False), step)
+            self._fill(decode(payload), step)
         except Exception as exc:  # noqa: BLE001 - any failure: every rank falls back
             failure = f"rank {self.run.rank}: {exc}"
         outcomes: list[Any] = [None] * world
