@@ -13,7 +13,7 @@ Wire format, both ways: a 4-byte big-endian header length, a JSON header, then
 payload), `get` (job, rank, step), `steps` (job, rank), `stats`. Replies: `{"ok": true,
 ...}` or `{"ok": false, "error": "..."}`.
 
-    python -m trainer.memkeeper --port-file F [--host 127.0.0.1] [--port 0]
+    python -m trainer.memkeeper --port-file F [--host 127.0.0.1] [--port 0] [--keep 2]
     (token from CB_MEMORY_TOKEN)
 """
 
@@ -78,7 +78,10 @@ def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
 class Store:
     """The snapshots held, newest `KEEP` steps per (job, rank); thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = KEEP) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.keep = keep
         self._lock = threading.Lock()
         self._data: dict[tuple[str, int], dict[int, bytearray]] = {}
 
@@ -92,7 +95,7 @@ class Store:
             for newer in [s for s in steps if s > step]:
                 del steps[newer]
             steps[step] = payload
-            for old in sorted(steps)[:-KEEP]:
+            for old in sorted(steps)[:-self.keep]:
                 del steps[old]
 
     def get(self, job: str, rank: int, step: int) -> bytearray | None:
@@ -130,10 +133,10 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], token: str) -> None:
+    def __init__(self, addr: tuple[str, int], token: str, keep: int = KEEP) -> None:
         super().__init__(addr, _Handler)
         self.token = token
-        self.store = Store()
+        self.store = Store(keep)
 
     def answer(self, h: dict[str, Any], payload: bytearray) -> tuple[dict[str, Any], Payload]:
         if not hmac.compare_digest(str(h.get("token", "")), self.token):
@@ -152,9 +155,9 @@ class _Server(socketserver.ThreadingTCPServer):
         raise ValueError(f"unknown op {op!r}")
 
 
-def serve(host: str, port: int, token: str) -> _Server:
+def serve(host: str, port: int, token: str, keep: int = KEEP) -> _Server:
     """A keeper serving on a background thread (tests and the executor use the CLI)."""
-    server = _Server((host, port), token)
+    server = _Server((host, port), token, keep)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -164,11 +167,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--port-file", required=True, help="the bound port is written here")
+    p.add_argument("--keep", type=int, default=KEEP,
+                   help=f"steps held per (job, rank), default {KEEP}; 1 halves the memory "
+                        "but a snapshot half-sent by one rank when a node dies leaves no step "
+                        "every rank holds (the store is used then)")
     args = p.parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         sys.exit(f"memkeeper: {TOKEN_ENV} must be set (the job's token)")
-    server = _Server((args.host, args.port), token)
+    if args.keep < 1:
+        sys.exit(f"memkeeper: --keep must be at least 1, got {args.keep}")
+    server = _Server((args.host, args.port), token, args.keep)
     tmp = Path(args.port_file + ".tmp")
     tmp.write_text(str(server.server_address[1]))
     tmp.replace(args.port_file)

@@ -65,6 +65,11 @@ EVERY_ENV = "CB_MEMORY_EVERY"
 KEEPERS_ENV = "CB_MEMORY_KEEPERS"
 NODE_ID_ENV = "CB_NODE_ID"  # the node's name, as the launcher names keepers
 CONNECT_TIMEOUT_S = 5.0
+# Below this many shard bytes the copy stays on the training thread: a few MB copy in a
+# millisecond or two, while handing them to the tier's thread costs more (GIL hand-offs
+# over hundreds of small tensors; measured by benchmarks/bench_memtier.py on the small
+# model: 6-12 ms a snapshot on the side against ~2 ms in place).
+OVERLAP_MIN_BYTES = 64 << 20
 
 
 def parse_keepers(entries: list[str]) -> tuple[list[str], list[str]]:
@@ -120,6 +125,10 @@ class Layout:
     tensors: list[tuple[str, torch.Tensor]]
     const: dict[str, Any]
     live: dict[str, tuple[int, str]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for _, t in self.tensors)
 
 
 def encode(step: int, world_size: int, small: dict[str, Any],
@@ -201,6 +210,7 @@ class MemoryTier:
         optim = manager.optim
         self._single_optim = isinstance(optim, torch.optim.Optimizer)
         self._overlap = self._single_optim
+        self.overlap_min_bytes = OVERLAP_MIN_BYTES
         if self._overlap:
             optim.register_step_pre_hook(lambda *_: self.fence())
 
@@ -235,7 +245,7 @@ class MemoryTier:
         layout = self._current_layout()
         small = self._small_items(layout, step, samples_seen)
         copied = threading.Event()
-        if self._overlap:
+        if self._overlap and layout.nbytes >= self.overlap_min_bytes:
             self._copied = copied
         else:  # nothing fences the next update: copy here
             self._copy(layout)

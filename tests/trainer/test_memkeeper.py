@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from trainer.memkeeper import KEEP, recv_msg, send_msg, serve
+from trainer.memkeeper import KEEP, Store, recv_msg, send_msg, serve
 from trainer.memtier import KeeperClient
 
 
@@ -52,3 +52,31 @@ def test_wrong_token_and_bad_requests_are_refused_and_change_nothing(keeper: str
     with socket.create_connection((host, int(port))) as s:
         send_msg(s, {"op": "stats", "token": "tok"})
         assert recv_msg(s)[0]["ok"]
+
+
+def test_a_put_of_an_older_step_drops_the_newer_ones_of_that_rank(keeper: str) -> None:
+    """A job that went back (both copies of a shard lost, resumed from the store) must not
+    have its new steps pushed out by the abandoned ones it has not reached again."""
+    c = KeeperClient(keeper, "tok")
+    for step in (7, 8):
+        c.request({"op": "put", "job": "j", "rank": 0, "step": step}, b"old")
+    c.request({"op": "put", "job": "j", "rank": 1, "step": 8}, b"other rank")
+    c.request({"op": "put", "job": "j", "rank": 0, "step": 3}, [b"ne", memoryview(b"w")])
+    assert c.request({"op": "steps", "job": "j", "rank": 0})[0]["steps"] == [3]
+    assert c.request({"op": "get", "job": "j", "rank": 0, "step": 3})[1] == b"new"  # segments joined
+    assert c.request({"op": "steps", "job": "j", "rank": 1})[0]["steps"] == [8]
+
+
+def test_keep_one_holds_only_the_newest_step() -> None:
+    server = serve("127.0.0.1", 0, "tok", keep=1)
+    try:
+        c = KeeperClient(f"127.0.0.1:{server.server_address[1]}", "tok")
+        for step in (1, 2, 3):
+            c.request({"op": "put", "job": "j", "rank": 0, "step": step}, b"x" * step)
+        assert c.request({"op": "steps", "job": "j", "rank": 0})[0]["steps"] == [3]
+        assert c.request({"op": "stats"})[0]["bytes"] == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ValueError, match="at least 1"):
+        Store(0)
