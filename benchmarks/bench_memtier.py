@@ -9,8 +9,8 @@ same run:
   snapshots every K = 1, 2, 4, 8 steps (order rotated every round so drift on this
   shared machine hits all alike; durable checkpoints off in every phase). Per phase:
   process CPU time per step of rank 0 (all its threads, so the background send counts),
-  the keepers' CPU, and the training thread's time inside `step_done` (where the
-  snapshot is taken) plus the end-of-phase wait for the last send. Overheads are
+  the keepers' CPU, and the training thread's own CPU time (and wall time) inside
+  `step_done` (where the snapshot is taken) plus the end-of-phase wait for the last send. Overheads are
   medians of per-round ratios against the same round's tier-off phase.
 * **recovery** (--recovery-model, 3 nodes): one job, durable checkpoints every
   --ckpt-every steps to S3, snapshots every step; node 1 is killed (its rank and its
@@ -54,6 +54,11 @@ from tests.trainer.launch import Run, free_port, launch, read_log  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "memtier.json"
 TOKEN = "bench-token"
 KS = (1, 2, 4, 8)
+# Besides the trainer's presets: a model between "small" (1M params, ms steps, a
+# checkpoint that loads in no time) and "200m" (too large for 3 ranks plus their
+# keepers in this machine's memory), so recovery compares paths with real bytes.
+BENCH_MODELS = {"60m": {"vocab_size": 32000, "d_model": 512, "n_layers": 8, "n_heads": 8,
+                        "d_ff": 2048, "seq_len": 128}}
 BUCKET = "bench-memtier"
 
 
@@ -67,12 +72,13 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     import trainer as cb
-    from trainer.config import MODEL_PRESETS
+    from trainer.config import MODEL_PRESETS, ModelConfig
     from trainer.data import SyntheticTokens
     from trainer.model import build_model
 
     run = cb.init(heartbeat_s=2.0)
-    cfg = MODEL_PRESETS[args.model]
+    cfg = (ModelConfig(**BENCH_MODELS[args.model]) if args.model in BENCH_MODELS
+           else MODEL_PRESETS[args.model])
     model = run.shard(build_model(cfg, 0), blocks=None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sampler = cb.ResumableSampler(1 << 20, global_batch=args.batch, seed=0, micro_batch=args.batch)
@@ -119,9 +125,10 @@ def overhead_phases(args: argparse.Namespace, run: Any, ckpt: Any, one_step: Any
         step += 1
         run.step_done(step, loss=loss)
     mem.wait()
-    modes = ["off", *(f"k{k}" for k in KS)]
+    modes = ["off", *(f"k{k}" for k in args.ks)]
     out: dict[str, dict[str, list[float]]] = {
-        m: {"wall": [], "cpu": [], "inside": [], "keepers_cpu": [], "taken": [], "skipped": []}
+        m: {"wall": [], "cpu": [], "inside": [], "inside_cpu": [], "keepers_cpu": [], "taken": [],
+            "skipped": []}
         for m in modes}
     for r in range(args.rounds):
         order = modes[r % len(modes):] + modes[: r % len(modes)]
@@ -132,22 +139,25 @@ def overhead_phases(args: argparse.Namespace, run: Any, ckpt: Any, one_step: Any
             torch.distributed.barrier()
             k0 = sum(proc_cpu_s(p) for p in keeper_pids)
             t0, c0 = time.perf_counter(), time.process_time()
-            inside = 0.0
+            inside = inside_cpu = 0.0  # training thread in step_done: wall, its own CPU
             for _ in range(args.steps):
                 loss = one_step()
                 step += 1
-                t1 = time.perf_counter()
+                t1, u1 = time.perf_counter(), time.thread_time()
                 run.step_done(step, loss=loss)
                 inside += time.perf_counter() - t1
-            t1 = time.perf_counter()
+                inside_cpu += time.thread_time() - u1
+            t1, u1 = time.perf_counter(), time.thread_time()
             mem.wait()  # the last send belongs to this phase
             inside += time.perf_counter() - t1
+            inside_cpu += time.thread_time() - u1
             cpu = time.process_time() - c0
             torch.distributed.barrier()
             o = out[mode]
             o["wall"].append((time.perf_counter() - t0) / args.steps)
             o["cpu"].append(cpu / args.steps)
             o["inside"].append(inside / args.steps)
+            o["inside_cpu"].append(inside_cpu / args.steps)
             o["keepers_cpu"].append((sum(proc_cpu_s(p) for p in keeper_pids) - k0) / args.steps)
             o["taken"].append(mem.stats.taken - taken0)
             o["skipped"].append(mem.stats.skipped - skipped0)
@@ -157,18 +167,21 @@ def overhead_phases(args: argparse.Namespace, run: Any, ckpt: Any, one_step: Any
     ckpt.memory = mem
     if run.is_main:
         Path(args.out).write_text(json.dumps({"phases": out, "report": mem.report()}))
-    ckpt.memory = None  # finish() takes no snapshot
-    run.finish()
+    # no final checkpoint (run.finish() would write one: 3 GB for 200m, not measured)
+    torch.distributed.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------ keepers and ranks
 class Keeper:
     """One node's keeper process on an ephemeral loopback port."""
 
-    def __init__(self, tmp: Path, name: str) -> None:
+    def __init__(self, tmp: Path, name: str, keep: int = 2) -> None:
         port_file = tmp / f"keeper-{name}.port"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.memkeeper", "--port-file", str(port_file)],
+            [sys.executable, "-m", "trainer.memkeeper", "--port-file", str(port_file),
+             "--keep", str(keep)],
             env={**os.environ, "CB_MEMORY_TOKEN": TOKEN, "PYTHONPATH": str(REPO)}, cwd=REPO)
         deadline = time.monotonic() + 60
         while not port_file.exists():
@@ -195,23 +208,42 @@ def start_ranks(work: Path, args: argparse.Namespace, keepers: list[Keeper], *, 
                   env=env, rank_env={r: {"NODE_RANK": str(r)} for r in range(nodes)})
 
 
-def wait_codes(run: Run, timeout: float) -> None:
-    codes = run.wait(timeout)
+def mem_available_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
+def wait_codes(run: Run, timeout: float, min_free_gb: float = 1.5,
+               keepers: list[Keeper] | None = None) -> None:
+    """Wait for the ranks; stop them and their keepers first if the machine runs short of
+    memory (it is shared: the 200m model's snapshots take gigabytes per rank and keeper)."""
+    end = time.monotonic() + timeout
+    while any(p.poll() is None for p in run.procs) and time.monotonic() < end:
+        if mem_available_gb() < min_free_gb:
+            run.kill()
+            for k in keepers or []:
+                k.kill()
+            raise SystemExit(f"stopped: under {min_free_gb} GB of memory left on the machine")
+        time.sleep(0.5)
+    codes = run.wait(max(1.0, end - time.monotonic()))
     if codes != [0] * len(codes):
         raise SystemExit(f"bench ranks exited {codes}:\n{run.output()[-4000:]}")
 
 
 # ------------------------------------------------------------------ part (a): overhead
 def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    keepers = [Keeper(tmp, f"o{i}") for i in range(args.ranks)]
+    keepers = [Keeper(tmp, f"o{i}", args.keep) for i in range(args.ranks)]
     try:
         out = tmp / "overhead.json"
         run = start_ranks(tmp / "overhead", args, keepers, mode="overhead", model=args.model,
                           ckpt_uri=str(tmp / "ckpt-overhead"), attempt=0, env={},
-                          extra=["--ckpt-every", "0", "--rounds", str(args.rounds), "--steps",
+                          extra=["--ckpt-every", "0", "--ks", *map(str, args.ks), "--rounds",
+                                 str(args.rounds), "--steps",
                                  str(args.steps), "--out", str(out), "--keeper-pids",
                                  ",".join(str(k.proc.pid) for k in keepers)])
-        wait_codes(run, args.timeout)
+        wait_codes(run, args.timeout, keepers=keepers)
         raw = json.loads(out.read_text())
     finally:
         for k in keepers:
@@ -221,30 +253,34 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     res: dict[str, Any] = {
         "model": args.model, "ranks": args.ranks, "nodes": args.ranks, "rounds": args.rounds,
         "steps_per_phase": args.steps, "global_batch": args.batch,
+        "keeper_keep": args.keep, "keepers_per_snapshot": min(2, args.ranks),
         "off_cpu_ms_per_step": round(med(off["cpu"]) * 1e3, 2),
         "off_wall_ms_per_step": round(med(off["wall"]) * 1e3, 2),
         "snapshot_bytes_rank0": raw["report"]["snapshot_bytes"],
         "per_k": {},
         "raw": ph,
     }
-    for k in KS:
+    for k in args.ks:
         p = ph[f"k{k}"]
         cpu_ratio = med([b / a - 1 for a, b in zip(off["cpu"], p["cpu"], strict=True)])
         wall_ratio = med([b / a - 1 for a, b in zip(off["wall"], p["wall"], strict=True)])
         keepers_share = med([kc / a for a, kc in zip(off["cpu"], p["keepers_cpu"], strict=True)])
-        inside_off = med(off["inside"])
+        # the training thread's own CPU inside step_done (load-proof, unlike its wall time)
+        inside_off = med(off["inside_cpu"])
         inside_share = med([(i - io) / a for a, i, io in
-                            zip(off["cpu"], p["inside"], off["inside"], strict=True)])
+                            zip(off["cpu"], p["inside_cpu"], off["inside_cpu"], strict=True)])
         res["per_k"][str(k)] = {
             "cpu_ms_per_step": round(med(p["cpu"]) * 1e3, 2),
             "cpu_overhead": round(cpu_ratio, 4),
             "wall_overhead": round(wall_ratio, 4),
-            "training_thread_ms_per_step": round((med(p["inside"]) - inside_off) * 1e3, 3),
+            "training_thread_ms_per_step": round((med(p["inside_cpu"]) - inside_off) * 1e3, 3),
+            "training_thread_wall_ms_per_step": round((med(p["inside"]) - med(off["inside"]))
+                                                      * 1e3, 3),
             "training_thread_share": round(inside_share, 4),
             "keepers_cpu_share": round(keepers_share, 4),
             "snapshots": sum(p["taken"]), "skipped": sum(p["skipped"]),
         }
-    meets = [k for k in KS if res["per_k"][str(k)]["cpu_overhead"] <= args.goal]
+    meets = [k for k in args.ks if res["per_k"][str(k)]["cpu_overhead"] <= args.goal]
     res["smallest_k_meeting_goal_cpu"] = meets[0] if meets else None
     return res
 
@@ -354,9 +390,12 @@ def main() -> None:
     ap.add_argument("--model", default="small", help="model preset for the overhead part")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=16, help="steps per phase (a multiple of 8)")
+    ap.add_argument("--steps", type=int, default=16, help="steps per phase (a multiple of every K)")
+    ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help="snapshot intervals")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--goal", type=float, default=0.03)
+    ap.add_argument("--keep", type=int, default=2,
+                    help="steps each keeper holds in the overhead part (1: half the memory)")
     ap.add_argument("--recovery-model", default="small")
     ap.add_argument("--kills", type=int, default=3, help="kills per path (memory, store)")
     ap.add_argument("--ckpt-every-recovery", type=int, default=10)
@@ -376,8 +415,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    if args.steps % 8:
-        raise SystemExit("--steps must be a multiple of 8 (every K divides a phase)")
+    if any(args.steps % k for k in args.ks):
+        raise SystemExit("--steps must be a multiple of every K (each K divides a phase)")
 
     import boto3
     from botocore.config import Config
@@ -408,8 +447,9 @@ def main() -> None:
                          aws_access_key_id="bench", aws_secret_access_key="bench",
                          config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
             try:
-                result["recovery"] = recovery(args, tmp, env)
-                result["recovery"]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
+                key = f"recovery_{args.recovery_model}"
+                result[key] = recovery(args, tmp, env)
+                result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
             finally:
                 server.stop()
     finally:
@@ -426,10 +466,10 @@ def main() -> None:
             for k, v in d["per_k"].items():
                 print(f"  K={k}: CPU {v['cpu_overhead']:+.2%}, training thread "
                       f"{v['training_thread_share']:.2%}, keepers {v['keepers_cpu_share']:.2%}")
-    if "recovery" in merged:
-        r = merged["recovery"]
-        print(f"recovery: memory {r['memory']}, store {r['store']}, downtime ratio "
-              f"{r['downtime_ratio']}")
+    for key, r in merged.items():
+        if key.startswith("recovery_"):
+            print(f"{key}: memory {r['memory']}, store {r['store']}, downtime ratio "
+                  f"{r['downtime_ratio']}")
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

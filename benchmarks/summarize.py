@@ -864,6 +864,67 @@ def k8s(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def memtier(d: dict[str, Any]) -> list[str]:
+    """The in-memory recovery tier: snapshot cost per step, recovery vs the store path."""
+    la = d.get("load_average_1_5_15_start", ["?"])
+    out = [
+        "### In-memory recovery tier (`python benchmarks/bench_memtier.py`)",
+        "",
+        f"Real gloo ranks (one per node), a keeper process per node, {d['machine']}. 1-minute load "
+        f"average {f(la[0], 1)} at the start and {f(d.get('load_average_1_5_15_end', ['?'])[0], 1)} "
+        "at the end on 2 shared cores: CPU times are inflated and noisy.",
+    ]
+    for key in sorted(k for k in d if k.startswith("overhead_")):
+        o = d[key]
+        out += [
+            "",
+            f"Snapshot cost, model `{o['model']}` + AdamW, {o['ranks']} rank(s), snapshot "
+            f"{o['snapshot_bytes_rank0'] / 1e6:,.1f} MB per rank sent to "
+            f"{o.get('keepers_per_snapshot', 2)} keeper(s) (each holding {o.get('keeper_keep', 2)} step(s) per "
+            f"rank); median of {o['rounds']} rotated round(s) of {o['steps_per_phase']} steps per "
+            f"phase. Tier off: {f(o['off_cpu_ms_per_step'], 1)} ms CPU per step (rank 0, all "
+            "threads). Goal: at most "
+            f"{d['goal']['overhead_at_k1']:.0%} at K=1.",
+            "",
+            "| snapshot every K steps | rank CPU per step vs off | training thread CPU (small state, "
+            "copy or fence) | keepers' CPU (share of a step) | snapshots (skipped) |",
+            "|---|---|---|---|---|",
+        ]
+        for k, v in o["per_k"].items():
+            out.append(f"| {k} | {v['cpu_overhead']:+.1%} | {f(v['training_thread_ms_per_step'], 2)} ms "
+                       f"({v['training_thread_share']:.1%}) | {v['keepers_cpu_share']:.1%} | "
+                       f"{v['snapshots']} ({v['skipped']}) |")
+        best = o.get("smallest_k_meeting_goal_cpu")
+        out += ["", f"Smallest K within the goal (rank CPU): {best if best else 'none of 1, 2, 4, 8'}."]
+    for key in sorted(k for k in d if k.startswith("recovery_")):
+        r = d[key]
+        m, st = r["memory"], r["store"]
+        out += [
+            "",
+            f"Recovery after a node kill: model `{r['model']}`, {r['nodes']} nodes x 1 rank, a step "
+            f"takes {f(r['step_s_median'] * 1e3, 0)} ms, durable checkpoint every {r['checkpoint_every']} "
+            f"steps to S3 (moto), node killed {r['kill_offset_after_checkpoint']} steps after one; "
+            f"{r['kills_per_path']} kills per path, alternating, on one job; relaunch at once (no "
+            "detection delay in either path). Medians:",
+            "",
+            "| path | downtime (kill to first step) | restore inside it | lost steps (max) | "
+            "kill to a step past the lost ones |",
+            "|---|---|---|---|---|",
+            f"| memory (spare node; rank 1 from its buddy's keeper) | {f(m['downtime_s_median'], 2)} s | "
+            f"{f(m['restore_s_median'], 2)} s | {f(m['lost_steps_median'], 0)} ({m['lost_steps_max']}) | "
+            f"{f(m['regain_s_median'], 2)} s |",
+            f"| store (both copies of rank 1 lost) | {f(st['downtime_s_median'], 2)} s | "
+            f"{f(st['restore_s_median'], 2)} s | {f(st['lost_steps_median'], 0)} ({st['lost_steps_max']}) | "
+            f"{f(st['regain_s_median'], 2)} s |",
+            "",
+            f"Downtime ratio memory/store: {f(r['downtime_ratio'], 2)} (goal <= "
+            f"{d['goal']['downtime_ratio']}); to regain the lost progress: {f(r['regain_ratio'], 2)}. "
+            "Most of the downtime in both paths is starting the ranks again (interpreter, torch, "
+            "gloo, model build), which the restore tier does not change.",
+        ]
+    return out
+
+
 def render() -> str:
     lines = [
         BEGIN,
@@ -876,7 +937,7 @@ def render() -> str:
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
-                     ("library", library),
+                     ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):

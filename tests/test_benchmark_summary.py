@@ -25,7 +25,7 @@ def test_docs_benchmarks_match_committed_results() -> None:
     summarize = _summarize()
     rendered = summarize.render()
     for section in ("### Placement", "### Broker API", "### Checkpoints", "### Migration", "### State store",
-                    "### Workdir upload", "### TLS and authentication"):
+                    "### Workdir upload", "### TLS and authentication", "### In-memory recovery tier"):
         assert section in rendered, f"{section} missing: is its JSON in benchmarks/results/?"
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert rendered in page, (
