@@ -895,7 +895,8 @@ def memtier(d: dict[str, Any]) -> list[str]:
                        f"({v['training_thread_share']:.1%}) | {v['keepers_cpu_share']:.1%} | "
                        f"{v['snapshots']} ({v['skipped']}) |")
         best = o.get("smallest_k_meeting_goal_cpu")
-        out += ["", f"Smallest K within the goal (rank CPU): {best if best else 'none of 1, 2, 4, 8'}."]
+        out += ["", f"Smallest K within the goal on the rank's CPU (keepers not counted): "
+                f"{best if best else 'none measured'}."]
     for key in sorted(k for k in d if k.startswith("recovery_")):
         r = d[key]
         m, st = r["memory"], r["store"]
@@ -905,7 +906,7 @@ def memtier(d: dict[str, Any]) -> list[str]:
             f"takes {f(r['step_s_median'] * 1e3, 0)} ms, durable checkpoint every {r['checkpoint_every']} "
             f"steps to S3 (moto), node killed {r['kill_offset_after_checkpoint']} steps after one; "
             f"{r['kills_per_path']} kills per path, alternating, on one job; relaunch at once (no "
-            "detection delay in either path). Medians:",
+            "detection delay in either path). Medians (the upper middle value of an even count):",
             "",
             "| path | downtime (kill to first step) | restore inside it | lost steps (max) | "
             "kill to a step past the lost ones |",
