@@ -207,7 +207,7 @@ class MemoryTier:
         self._copied: threading.Event | None = None
         # The shard copy overlaps the next forward/backward when an optimizer step can
         # fence it; any other set-up (several optimizers, none) copies on this thread.
-        optim = manager.optim
+        optim = getattr(manager, "optim", None)  # None: no manager (address-only uses)
         self._single_optim = isinstance(optim, torch.optim.Optimizer)
         self._overlap = self._single_optim
         self.overlap_min_bytes = OVERLAP_MIN_BYTES
