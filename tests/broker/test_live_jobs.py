@@ -40,13 +40,15 @@ def big_job(jid: str, version: int = 1) -> pb.Job:
     j.spec.command.extend(["python", "-m", "train"])
     j.spec.resources.nodes = 2
     j.spec.allowed_regions.append("us-east-2")
-    j.spec.labels["computebroker.io/recovery-policy"] = "failover"
+    j.spec.labels["cb.recovery-policy"] = "failover"  # the broker's own label: a pass reads it
+    for k in range(12):
+        j.spec.labels[f"example.com/label-{k}"] = f"v{k}"  # the users': no pass reads them
     for k in range(40):
         j.spec.env[f"SECRET_{k}"] = "x" * 40
     return j
 
 
-def test_the_set_keeps_jobs_without_env() -> None:
+def test_the_set_keeps_jobs_without_env_and_users_labels() -> None:
     """What no pass reads is not held for every pending job (most of its memory,
     and the teams' secrets); everything else is the committed job's."""
     full = big_job("j-a")
@@ -56,14 +58,16 @@ def test_the_set_keeps_jobs_without_env() -> None:
     assert set(got) == {"j-a", "j-b"}
     for j in got.values():
         assert not j.spec.env and list(j.spec.command) == ["python", "-m", "train"]
-        assert j.spec.labels["computebroker.io/recovery-policy"] == "failover"
+        assert dict(j.spec.labels) == {"cb.recovery-policy": "failover"}
         assert j.spec.resources.nodes == 2 and list(j.spec.allowed_regions) == ["us-east-2"]
         assert j.spec.team == "ml" and j.spec.priority_class == "training"
     expected = pb.Job()
     expected.CopyFrom(full)
     expected.spec.ClearField("env")
+    expected.spec.ClearField("labels")
+    expected.spec.labels["cb.recovery-policy"] = "failover"
     assert got["j-a"] == expected
-    assert full.spec.env and full.spec.command  # the committed job (the caller's answer) untouched
+    assert full.spec.env and full.spec.command and len(full.spec.labels) == 13  # the committed job untouched
     assert got["j-a"].ByteSize() < full.ByteSize() / 3
 
 
