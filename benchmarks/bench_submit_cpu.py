@@ -53,6 +53,7 @@ from broker.auth.identity import Role  # noqa: E402
 from broker.config import BrokerConfig  # noqa: E402
 from broker.ids import new_job_id  # noqa: E402
 from broker.jobs import transitions  # noqa: E402
+from broker.malloc_arenas import TRIM_INTERVAL_S  # noqa: E402
 from broker.store import open_store  # noqa: E402
 from computebroker.v1 import common_pb2 as pb  # noqa: E402
 from computebroker.v1 import jobs_pb2 as jpb  # noqa: E402
@@ -273,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 out = asyncio.run(measure(broker, pki.ca.ca_pem, pki.tokens["bench"],
                                           pki.tokens["op"], 2.0, 0, say))
-                time.sleep(3)  # a scheduler pass over the backlog has run
+                # a scheduler pass over the backlog has run, and the broker's periodic
+                # return of freed memory (broker/malloc_arenas.py) after the warm-up
+                time.sleep(TRIM_INTERVAL_S + 1)
                 rss_loaded = rss_kb(broker.proc.pid)
                 out = asyncio.run(measure(broker, pki.ca.ca_pem, pki.tokens["bench"],
                                           pki.tokens["op"], args.seconds, args.runs, say))
