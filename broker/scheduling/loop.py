@@ -67,7 +67,8 @@ class SchedulerLoop:
         self.passes = 0
         self.last_snapshot: placement.Snapshot | None = None  # what the last pass decided on
         # Live jobs kept from the applier's commits between full reads (live_jobs.py).
-        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE))
+        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE),
+                             read_versions=lambda: self.jobs.versions(LIVE), read_one=self.jobs.find)
         self._requests = SnapshotMemo()
         self._nodes = NodeMemo()
         # The placement pass runs on a kept-alive capacity index and running-job

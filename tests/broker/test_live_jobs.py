@@ -82,3 +82,31 @@ def test_a_resync_keeps_the_copies_of_unchanged_jobs() -> None:
     assert live.full_reads == 2
     assert second["j-a"] is first["j-a"]  # same version: not copied again
     assert second["j-b"].version == 2 and not second["j-b"].spec.env
+
+
+def test_a_resync_parses_only_the_jobs_whose_version_moved() -> None:
+    """With the stored versions at hand, a re-read reads the changed and new jobs alone;
+    an unchanged job keeps its copy, a finished or deleted one leaves."""
+    store = {j.id: j for j in (big_job("j-a", 1), big_job("j-b", 1), big_job("j-c", 1))}
+    reads: list[str] = []
+
+    def read_one(jid: str) -> pb.Job | None:
+        reads.append(jid)
+        return store.get(jid)
+
+    now = [0.0]
+    live = LiveJobs(lambda: list(store.values()), resync_s=30.0, clock=lambda: now[0],
+                    read_versions=lambda: {j.id: j.version for j in store.values()
+                                           if j.phase == pb.JOB_PHASE_PENDING},
+                    read_one=read_one)
+    first = {j.id: j for j in live.current()}  # the first read is a full one
+    assert set(first) == {"j-a", "j-b", "j-c"} and live.rows_parsed == 3 and not reads
+    store["j-b"] = big_job("j-b", 2)  # written behind the applier's back
+    store["j-d"] = big_job("j-d", 1)  # created behind it
+    store["j-c"] = job("j-c", 2, pb.JOB_PHASE_SUCCEEDED)  # finished behind it
+    now[0] = 31.0
+    second = {j.id: j for j in live.current()}
+    assert sorted(reads) == ["j-b", "j-d"] and live.rows_parsed == 5 and live.full_reads == 2
+    assert set(second) == {"j-a", "j-b", "j-d"}
+    assert second["j-a"] is first["j-a"] and second["j-b"].version == 2
+    assert not second["j-d"].spec.env
