@@ -63,6 +63,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "submit_cpu.json"
 TEAM = "ml"
 CLIENTS = 16
 GOAL_CPU_MS, GOAL_BACKLOG_RATIO, GOAL_RSS_KB_PER_PENDING = 0.5, 1.2, 4.0
+GOAL_P99_MS, GOAL_P99_MS_BACKLOG, GOAL_RSS_MB_BACKLOG = 50.0, 100.0, 300.0
 
 
 def spec(i: int, rng: random.Random) -> pb.JobSpec:
@@ -256,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                   "spec_bytes": len(spec(0, random.Random(1)).SerializeToString()),
                   "transport": "TLS + bearer token (member of the team)", "store": "sqlite"},
         "goals": {"broker_cpu_ms_per_submit": GOAL_CPU_MS, "backlog_ratio": GOAL_BACKLOG_RATIO,
-                  "rss_kb_per_pending": GOAL_RSS_KB_PER_PENDING},
+                  "rss_kb_per_pending": GOAL_RSS_KB_PER_PENDING, "p99_ms": GOAL_P99_MS,
+                  "p99_ms_backlog": GOAL_P99_MS_BACKLOG, "rss_mb_backlog": GOAL_RSS_MB_BACKLOG},
         "backlogs": {},
     }
     empty_rss = 0
