@@ -25,7 +25,8 @@ job written behind the applier's back (an operator tool on the same SQLite file)
 seen within that time. Given ``read_versions`` and ``read_one``, the re-read takes
 the live jobs' versions alone and reads and parses only the jobs whose version
 moved: a full read parsed every row (~15 us each: ~0.75 s of CPU every 30 s at a
-50,000-job backlog, a share of every submit's CPU), nearly all to find it unchanged. Commits may be reported out of order by concurrent writers:
+50,000-job backlog, a share of every submit's CPU), nearly all to find it unchanged.
+Commits may be reported out of order by concurrent writers:
 the higher ``version`` of a job always wins.
 """
 
@@ -97,11 +98,11 @@ class LiveJobs:
         if live is None or not self.attached or self._clock() - self._synced_at >= self.resync_s:
             # Commits reported from here on are applied after the read (the higher
             # version wins), so none is lost between the read and the next pass.
-            # An unchanged job (same version) keeps its compact copy: a resync over a
-            # 50k backlog then parses the rows but copies only what changed.
+            # An unchanged job (same version) keeps its compact copy; with the versions
+            # at hand (_reread) only the changed and new jobs are read and parsed.
             kept = self._live or {}
             if kept and self.attached and self._read_versions is not None and self._read_one is not None:
-                live = self._reread(kept, self._read_versions(), self._read_one)
+                live = self._reread(kept, self._read_versions(), self._read_one, changes)
             else:
                 live = {}
                 for j in self._read_all():
@@ -122,15 +123,21 @@ class LiveJobs:
         return sorted(live.values(), key=_job_id)
 
     def _reread(self, kept: dict[str, pb.Job], versions: dict[str, int],
-                read_one: Callable[[str], pb.Job | None]) -> dict[str, pb.Job]:
+                read_one: Callable[[str], pb.Job | None],
+                changes: dict[str, pb.Job]) -> dict[str, pb.Job]:
         """The live set from the stored versions: kept copies where the version is the
-        same, a read of the job where it moved or is new (gone or finished: left out)."""
+        same, a read of the job where it moved or is new (gone or finished: left out).
+        A job whose commit since the last pass is at hand (``changes``, applied after
+        this) is not read again."""
         live: dict[str, pb.Job] = {}
         for jid, version in versions.items():
             prev = kept.get(jid)
             if prev is not None and prev.version == version:
                 live[jid] = prev
                 continue
+            told = changes.get(jid)
+            if told is not None and told.version >= version:
+                continue  # the reported commit is this version (or newer): applied below
             job = read_one(jid)
             self.rows_parsed += 1
             if job is not None and job.phase in LIVE:

@@ -110,3 +110,24 @@ def test_a_resync_parses_only_the_jobs_whose_version_moved() -> None:
     assert set(second) == {"j-a", "j-b", "j-d"}
     assert second["j-a"] is first["j-a"] and second["j-b"].version == 2
     assert not second["j-d"].spec.env
+
+
+def test_a_resync_does_not_read_a_job_whose_commit_was_reported() -> None:
+    store = {"j-a": big_job("j-a", 1)}
+    reads: list[str] = []
+
+    def read_one(jid: str) -> pb.Job | None:
+        reads.append(jid)
+        return store.get(jid)
+
+    now = [0.0]
+    live = LiveJobs(lambda: list(store.values()), resync_s=30.0, clock=lambda: now[0],
+                    read_versions=lambda: {j.id: j.version for j in store.values()}, read_one=read_one)
+    live.current()
+    store["j-a"] = big_job("j-a", 2)
+    store["j-b"] = big_job("j-b", 1)
+    live.committed(store["j-a"])  # reported by the applier: no read needed
+    live.committed(store["j-b"])
+    now[0] = 31.0
+    got = {j.id: j.version for j in live.current()}
+    assert got == {"j-a": 2, "j-b": 1} and reads == []
