@@ -89,7 +89,7 @@ from broker.jobs.hub import EventHub
 from broker.jobs.ops import JobOps
 from broker.jobs.views import JobsView, RecordsView
 from broker.leadership import Leadership, StandbyGate, advertised_address
-from broker.malloc_arenas import cap_malloc_arenas
+from broker.malloc_arenas import FreedMemoryReturner, cap_malloc_arenas
 from broker.scheduling.loop import SchedulerLoop
 from broker.stop_signals import StopSignals
 from broker.store import Store, open_store
@@ -391,6 +391,8 @@ def serve(config: BrokerConfig, ready_file: str = "") -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     setup_tracing("compute-broker")  # CB_TRACE_FILE / OTEL_EXPORTER_OTLP_ENDPOINT, else off
     cap_malloc_arenas()  # before the server's threads: broker/malloc_arenas.py
+    trimmer = FreedMemoryReturner()
+    trimmer.start()
     ready_file_mod.clear(ready_file)  # an earlier run's file must not say "ready" now
     server = BrokerServer(config)
     stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
@@ -407,3 +409,4 @@ def serve(config: BrokerConfig, ready_file: str = "") -> None:
     finally:
         ready_file_mod.clear(ready_file)  # not ready any more, from the first moment of stopping
         server.stop()
+        trimmer.stop()

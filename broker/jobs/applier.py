@@ -49,14 +49,17 @@ class Applier:
         self.clock = clock
         self.max_retries = max_retries
         self._poke: Callable[[], None] = lambda: None
+        self._queued: Callable[[], None] = self._poke  # a new job's wake-up (set_poke)
         # Concurrent submits share one store write (broker/store/group_commit.py).
         self.creates = GroupCommit(store)
         # Told every committed job (the scheduler's live-job set, broker/scheduling/live_jobs.py).
         self._listeners: list[Callable[[pb.Job], None]] = []
 
-    def set_poke(self, poke: Callable[[], None]) -> None:
-        """The scheduler loop's wake-up (a no-op while this replica is a standby)."""
+    def set_poke(self, poke: Callable[[], None], queued: Callable[[], None] | None = None) -> None:
+        """The scheduler loop's wake-up (a no-op while this replica is a standby);
+        ``queued``: its wake-up for new jobs alone (default: ``poke``)."""
         self._poke = poke
+        self._queued = queued or poke
 
     def poke(self) -> None:
         self._poke()
@@ -129,7 +132,7 @@ class Applier:
             # history from the store (in a storm of submits the echo was ~5% of the CPU).
             self.hub.notify(job.id, tap=False)
         if jobs:
-            self._poke()
+            self._queued()
 
     def _committed(self, out: Outcome) -> None:
         for fn in list(self._listeners):
@@ -148,7 +151,7 @@ class Applier:
     def run(self, cmd: Command, job: pb.Job) -> None:
         """Execute one command; its telemetry (launch/stop spans and counts) goes with it."""
         if isinstance(cmd, WakeScheduler):
-            self._poke()
+            (self._queued if cmd.new_job else self._poke)()
         elif isinstance(cmd, SendLaunch):
             msg = apb.BrokerMessage(launch=cmd.launch)
             self.telemetry.launched(job, msg.launch)  # span + TRACEPARENT in the Launch env

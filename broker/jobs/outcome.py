@@ -40,7 +40,14 @@ class SendStop:
 
 @dataclass(frozen=True)
 class WakeScheduler:
-    """Something placement cares about changed (a job queued, GPUs freed)."""
+    """Something placement cares about changed (a job queued, GPUs freed).
+
+    ``new_job``: only a new job was queued (a submit). It can change nothing while the
+    fleet has no usable node, so the scheduler takes such wake-ups only when its last
+    pass had one (broker/scheduling/loop.py ``job_queued``); its interval pass, and
+    the wake-up of an agent connecting, see the job anyway."""
+
+    new_job: bool = False
 
 
 # Watchers of the job (WatchJob) are woken by the applier whenever events were written.

@@ -193,7 +193,7 @@ def submit(inp: Submit, now: float, config: BrokerConfig) -> Outcome:
         message=f"submitted by {inp.actor}: {res.nodes} node(s) x {res.gpus_per_node} GPU(s),"
                 f" priority {job.spec.priority_class}",
     )
-    return Outcome(job=job, events=(ev,), commands=(WakeScheduler(),))
+    return Outcome(job=job, events=(ev,), commands=(WakeScheduler(new_job=True),))
 
 
 def cancel(job: pb.Job, inp: Cancel, now: float, config: BrokerConfig) -> Outcome | None:

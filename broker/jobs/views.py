@@ -72,6 +72,10 @@ class JobsView:
         return self._store.list_jobs(team=team, phases=list(phases), region=region,
                                      after_id=after_id, limit=limit)
 
+    def versions(self, phases: Iterable[int]) -> dict[str, int]:
+        """``{id: version}`` of the jobs in ``phases`` (no job parsed where the store can)."""
+        return self._store.job_versions(sorted(phases))
+
     def iter(self, *, phases: Iterable[int] = (), team: str = "") -> Iterator[pb.Job]:
         return iter_jobs(self._store, phases=phases, team=team)
 

@@ -67,7 +67,8 @@ class SchedulerLoop:
         self.passes = 0
         self.last_snapshot: placement.Snapshot | None = None  # what the last pass decided on
         # Live jobs kept from the applier's commits between full reads (live_jobs.py).
-        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE))
+        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE),
+                             read_versions=lambda: self.jobs.versions(LIVE), read_one=self.jobs.find)
         self._requests = SnapshotMemo()
         self._nodes = NodeMemo()
         # The placement pass runs on a kept-alive capacity index and running-job
@@ -76,7 +77,10 @@ class SchedulerLoop:
         self.admission = LiveAdmission()
         # Unforced moves (better capacity, defragmentation) for jobs whose policy asks.
         self.proactive = ProactiveWatch(ops)
-        ops.applier.set_poke(self.poke)
+        # Whether the last pass had a usable node: while it had none, a submit's
+        # wake-up is not taken (job_queued), the interval pass sees the new jobs.
+        self._capacity = True
+        ops.applier.set_poke(self.poke, self.job_queued)
         ops.applier.add_listener(self.live.committed)
         self.series = ops.telemetry.series  # usage over time (series.py)
         self._series_saved = time.monotonic()
@@ -125,6 +129,20 @@ class SchedulerLoop:
 
     def poke(self) -> None:
         self._wake.set()
+
+    def job_queued(self) -> None:
+        """A submit's wake-up: a pass only when the last one had a usable node.
+
+        Why: with no usable node (no agent connected yet, every region away) a pass
+        can place nothing; the new job already says why it waits (set at submit), and
+        each woken pass is O(queue) (the live set, the snapshot, the pending-reason
+        walk) paced to ``scheduler_busy_share`` of a core, i.e. a fixed share of the
+        CPU that every submit of a storm paid, more the larger the backlog. What can
+        make the job placeable wakes the loop itself (an agent connecting or
+        reporting nodes, quotas, plans, classes: ``poke``), and the interval pass
+        runs regardless, so nothing waits longer than ``scheduler_interval_s``."""
+        if self._capacity:
+            self._wake.set()
 
     def _run(self) -> None:
         interval = self.ops.config.scheduler_interval_s
@@ -177,6 +195,7 @@ class SchedulerLoop:
             live = merged(live, forgiven)
             snapshot = snapshot_of(live)
         self.last_snapshot = snapshot
+        self._capacity = bool(snapshot.nodes)
         self.passes += 1
         telemetry = ops.telemetry
         telemetry.observe(snapshot, live, ops.agents.all())

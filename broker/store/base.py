@@ -233,6 +233,15 @@ class Store(abc.ABC):
     ) -> list[pb.Job]:
         """Jobs ordered by id (ids sort by creation), after ``after_id``; filters AND."""
 
+    def job_versions(self, phases: Sequence[int]) -> dict[str, int]:
+        """``{id: version}`` of every job in ``phases``. Why: the scheduler's periodic
+        re-read of its live jobs needs to parse only the jobs whose version moved
+        (broker/scheduling/live_jobs.py); a store that can read the column alone
+        overrides this (SQLite), the default reads the jobs."""
+        from broker.store.jobs_query import iter_jobs  # the paging helper lives there
+
+        return {j.id: j.version for j in iter_jobs(self, phases=phases)}
+
     @abc.abstractmethod
     def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
                                ) -> list[str]:

@@ -438,6 +438,14 @@ class SQLiteStore(SQLiteLogs, Store):
                                   after_id=after_id, limit=limit)
         return decode_each(pb.Job, ((f"job {r[0]}", r[1]) for r in self._read(sql, args)))
 
+    def job_versions(self, phases: Sequence[int]) -> dict[str, int]:
+        """The version column alone (no job is parsed), through the phase index."""
+        if not phases:
+            return {}
+        marks = ",".join("?" * len(phases))
+        return dict(self._read(f"SELECT id, version FROM jobs INDEXED BY jobs_phase WHERE phase IN ({marks})",
+                               [int(p) for p in phases]))
+
     def list_events(self, job_id: str, after_seq: int = 0, limit: int = 0) -> list[pb.JobEvent]:
         sql = "SELECT seq, data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq"
         args: list[object] = [job_id, after_seq]

@@ -187,6 +187,19 @@ def test_list_filters_and_pagination(store: Store):
 
 
 # ---- records -------------------------------------------------------------------------
+def test_job_versions_by_phase(store: Store):
+    """The scheduler's re-read (broker/scheduling/live_jobs.py): every job in the
+    phases with its current version, nothing else."""
+    for i, ph in enumerate([P.JOB_PHASE_PENDING, P.JOB_PHASE_RUNNING, P.JOB_PHASE_SUCCEEDED] * 2):
+        store.create_job(make_job(f"j-{i:03d}", phase=ph))
+    cas_update(store, "j-000", lambda j: setattr(j, "pending_reason", "waiting"))  # version 2
+    cas_update(store, "j-003", lambda j: setattr(j, "phase", P.JOB_PHASE_CANCELLED))
+    live = [P.JOB_PHASE_PENDING, P.JOB_PHASE_RUNNING]
+    assert store.job_versions(live) == {"j-000": 2, "j-001": 1, "j-004": 1}
+    assert store.job_versions([P.JOB_PHASE_CANCELLED]) == {"j-003": 2}
+    assert store.job_versions(live) == {j.id: j.version for j in store.list_jobs(phases=live, limit=0)}
+
+
 def test_records_crud(store: Store):
     assert store.get_record(KIND_TEAM, "a", pb.JobSpec) is None
     assert store.list_records(KIND_TEAM, pb.JobSpec) == []
