@@ -9,8 +9,11 @@ writes made by another broker replica) and only then reads the new events.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Callable
+
+MAX_COUNTERS = 100_000
+"""Jobs whose counters are kept before the idle ones are dropped. Why a bound: a counter
+per job ever notified grew for the broker's whole life (one entry per submitted job)."""
 
 
 class EventHub:
@@ -23,7 +26,12 @@ class EventHub:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[str, int] = defaultdict(int)
+        self._counters: dict[str, int] = {}
+        # A dropped counter comes back at `_base`, above every value any job has shown
+        # (each is at most `_notified`), so a watcher's old `seen` never matches again:
+        # at worst it wakes once for nothing and re-reads.
+        self._base = 0
+        self._notified = 0
         self._conds: dict[str, tuple[threading.Condition, list[int]]] = {}  # job -> (cond, [waiters])
         self._closed = False
         # Told every notified job id (the API workers' link, broker/api/workers.py: the
@@ -44,7 +52,10 @@ class EventHub:
         """Wake ``job_id``'s watchers; ``tap=False``: not the taps (a worker's own
         creation, which that worker has already told its watchers)."""
         with self._lock:
-            self._counters[job_id] += 1
+            self._notified += 1
+            self._counters[job_id] = self._counters.get(job_id, self._base) + 1
+            if len(self._counters) > MAX_COUNTERS:
+                self._drop_idle()
             entry = self._conds.get(job_id)
             if entry is not None:
                 entry[0].notify_all()
@@ -52,9 +63,14 @@ class EventHub:
             for fn in self._taps:
                 fn(job_id)
 
+    def _drop_idle(self) -> None:
+        """Forget the counters of jobs nobody waits on (lock held)."""
+        self._base = self._notified + 1
+        self._counters = {j: n for j, n in self._counters.items() if j in self._conds}
+
     def counter(self, job_id: str) -> int:
         with self._lock:
-            return self._counters[job_id]
+            return self._counters.get(job_id, self._base)
 
     def wait(self, job_id: str, seen: int, timeout: float) -> int:
         """Block until ``job_id``'s counter differs from ``seen`` or ``timeout``; return it."""
@@ -65,8 +81,9 @@ class EventHub:
             cond, waiters = entry
             waiters[0] += 1
             try:
-                cond.wait_for(lambda: self._closed or self._counters[job_id] != seen, timeout=timeout)
-                return self._counters[job_id]
+                cond.wait_for(lambda: self._closed or self._counters.get(job_id, self._base) != seen,
+                              timeout=timeout)
+                return self._counters.get(job_id, self._base)
             finally:
                 waiters[0] -= 1
                 if not waiters[0]:
