@@ -25,10 +25,10 @@ import torch
 from checkpoint_layout import parse_step
 from trainer import standby, telemetry
 from trainer.agree import agree
-from trainer.checkpoint import CheckpointManager, find_resume_point
+from trainer.checkpoint import CheckpointManager, _outage_or, find_resume_point
 from trainer.errors import StoreUnavailable
 from trainer.memtier import MemoryTier
-from trainer.outage_wait import OutageWait, pause_or_raise
+from trainer.outage_wait import OutageWait, agreed_give_up, pause_or_raise
 from trainer.storage import step_name
 
 if TYPE_CHECKING:
@@ -115,6 +115,10 @@ class Checkpointer:
             user_state=self._user_state if (data is not None or self.extra) else None,
             load_user_state=self._load_user_state,
         )
+        # A store outage that saves are waiting out (None: the store answers), and the
+        # newest step every rank agreed is durable (what a dropped save falls back to).
+        self._outage: OutageWait | None = None
+        self._durable = -1
         # The in-memory tier (docs/recovery.md): on when the launcher configured keepers.
         self.memory = MemoryTier.from_env(run, self.manager)
 
@@ -260,9 +264,19 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, *, blocking: bool = False, deadline: float | None = None) -> bool:
-        """Checkpoint `step` (async unless `blocking`); False when there is nothing to
-        save: step 0 (no optimizer step yet) is never saved (issue 15: it is not a
-        training state). The last reported loss goes into the manifest."""
+        """Checkpoint `step` (async unless `blocking`); False when nothing was saved:
+        step 0 (no optimizer step yet) is never saved (issue 15: it is not a training
+        state), and a periodic save is skipped while the store is down. The last
+        reported loss goes into the manifest.
+
+        A store outage (trainer/outage_wait.py) does not end the attempt while the
+        ``CB_STORE_WAIT_S`` budget lasts: a failed periodic save is dropped and training
+        goes on (the next periodic save tries again); a blocking save (the final one, a
+        stop without a deadline) holds, every rank waiting with backoff, and saves once
+        the store answers. Past the budget the ranks exit 81 together. A save with a
+        ``deadline`` (a SIGTERM's emergency save) cannot wait: it fails as before.
+        Every save ends with the ranks agreeing on its outcome (trainer/agree.py): only
+        rank 0 commits, so only rank 0 may see the store refuse the manifest."""
         if step < 1:
             return False
         if not (self._warm or blocking) and step != self.manager.last_saved_step:
@@ -270,10 +284,94 @@ class Checkpointer:
             self._warm = True
             self.run.log(f"async checkpoint staging buffers ready in {self.warm():.2f}s")
         meta = {"loss": self.run.last_loss} if self.run.last_loss is not None else {}
-        self.manager.save(
-            step, self.samples_seen, blocking=blocking, deadline=deadline, meta=meta
-        )
+        if deadline is not None:
+            self.manager.save(
+                step, self.samples_seen, blocking=blocking, deadline=deadline, meta=meta
+            )
+            return True
+        self._settle()  # a previous save lost to the outage: this one tries again
+        while True:
+            failure: BaseException | None = None
+            try:
+                self.manager.save(step, self.samples_seen, blocking=blocking, meta=meta)
+            except Exception as exc:  # noqa: BLE001 - agreed below, raised on every rank
+                failure = _outage_or(self.run.store, exc)
+            try:
+                agree(failure, self.manager.group, self.run.world_size)
+            except StoreUnavailable as exc:
+                self._abandon(step)
+                if not blocking:
+                    self._train_on(exc, step)
+                    return False
+                pause_or_raise(self.run, self._outage_wait(), exc, f"saving step {step}")
+                continue
+            if blocking:
+                self._store_back(step)
+            return True
+
+    def _outage_wait(self) -> OutageWait:
+        if self._outage is None:
+            self._outage = OutageWait(self.run.env.store_wait_s)
+        return self._outage
+
+    def _settle(self) -> bool:
+        """Wait for the in-flight save and agree on how it ended; False when the store
+        was down for it (dropped, training goes on) -- past the budget StoreUnavailable
+        on every rank. Any other failure is raised on every rank (agree)."""
+        m = self.manager
+        failure: BaseException | None = None
+        try:
+            m.wait()
+        except Exception as exc:  # noqa: BLE001 - agreed below
+            failure = _outage_or(self.run.store, exc)
+        step = m._inflight_step
+        try:
+            agree(failure, m.group, self.run.world_size)
+        except StoreUnavailable as exc:
+            self._abandon(step)
+            self._train_on(exc, step)
+            return False
+        if step >= 0 and m.last_durable_step >= step:
+            self._store_back(step)
+        self._durable = m.last_durable_step
         return True
+
+    def _abandon(self, step: int) -> None:
+        """Forget a save the store refused on some rank: a retry of the same step must
+        not be taken for a no-op, and a rank whose own part was written (all but the
+        committing rank 0) must not count the step durable."""
+        m = self.manager
+        if m.last_durable_step >= step:
+            m.last_durable_step = self._durable
+        m.last_saved_step = m.last_durable_step
+
+    def _train_on(self, exc: StoreUnavailable, step: int) -> None:
+        """A periodic save failed on an outage: keep training while the budget lasts
+        (agreed), else raise ``exc`` on every rank (exit 81, the broker waits)."""
+        run = self.run
+        wait = self._outage_wait()
+        if agreed_give_up(wait.give_up(), run.ckpt_group, run.world_size):
+            run.log(f"checkpoint store still unreachable after {wait.waited():.1f}s"
+                    f" (CB_STORE_WAIT_S={wait.budget_s:g}): exiting for the broker to wait")
+            raise exc
+        wait.tries += 1
+        run.progress.update(store_wait_since=wait.since_wall, store_wait_message=str(exc)[:300])
+        nxt = f"the save at step {step + self.every} tries again" if self.every else \
+            "the final save waits for it"
+        run.log(f"checkpoint of step {step} not saved: {exc}; training on, {nxt}"
+                f" ({wait.waited():.0f}s of {wait.budget_s:g}s)")
+
+    def _store_back(self, step: int) -> None:
+        """A save was durable after an outage: say so once, clear the progress note."""
+        wait, self._outage = self._outage, None
+        if wait is None:
+            return
+        progress = self.run.progress
+        state = progress.snapshot().get("state")  # a held final save is still checkpointing
+        progress.update(state="checkpointing" if state == "store_wait" else state,
+                        store_wait_since=None, store_wait_message=None)
+        self.run.log(f"checkpoint store answered again after {wait.waited():.1f}s"
+                     f" ({wait.tries} tries); step {step} durable")
 
     def warm(self) -> float:
         """Allocate the async staging buffers (after the first step); seconds taken."""

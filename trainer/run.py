@@ -229,7 +229,8 @@ class Run:
         self.step = step
         samples = self._ckpt.samples_seen if self._ckpt is not None else 0
         self.progress.update(state="running", step=step, samples_seen=samples,
-                             resumed_time=time.time())  # training (re)starts: a move's downtime ends
+                             resumed_time=time.time(),  # training (re)starts: a move's downtime ends
+                             store_wait_since=None, store_wait_message=None)  # any wait is over
         self._t_last = time.perf_counter()
         self._agreed = None
 
