@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from checkpoint_layout.nofollow import read_small
-from computebroker.v1 import common_pb2
+from computebroker.v1 import agent_pb2, common_pb2
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,23 @@ class ProgressSnapshot:
     def signature(self) -> tuple:
         """What counts as *new* progress (heartbeat-only refreshes do not)."""
         p = self.progress
-        return (self.state, p.step, p.samples_seen, p.last_checkpoint_step, p.last_checkpoint_uri)
+        w = self.store_wait()
+        return (self.state, p.step, p.samples_seen, p.last_checkpoint_step, p.last_checkpoint_uri,
+                w.since if w is not None else 0.0)
+
+    def store_wait(self) -> agent_pb2.RanksStoreWait | None:
+        """The ranks' own wait for their checkpoint store (``store_wait_since``, written
+        by trainer/outage_wait.py and trainer/checkpointer.py), None when they do not
+        wait. Why the agent forwards it: a resume that waits looks like a slow start
+        (LAUNCHING, step 0) otherwise, and a save that waits like nothing at all."""
+        try:
+            since = float(self.raw.get("store_wait_since") or 0.0)
+        except (TypeError, ValueError):
+            return None
+        if since <= 0:
+            return None
+        msg = str(self.raw.get("store_wait_message") or "")[:300]
+        return agent_pb2.RanksStoreWait(since=since, message=msg)
 
 
 def read_progress(path: str) -> ProgressSnapshot | None:

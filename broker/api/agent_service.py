@@ -122,8 +122,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             # saw jobs fail at once). The agent re-sends the full JobUpdate of every
             # unacknowledged end right after this RegisterAck (contracts §9).
             if r.job_id not in stale and r.state not in ATTEMPT_TERMINAL:
-                self.ops.handle_update(agent, apb.JobUpdate(
-                    job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress))
+                self.ops.handle_update(agent, updates.listed(self.jobs.find(r.job_id), r))
         self.ops.poke()
         reader = threading.Thread(target=self._read, args=(agent, session, request_iterator),
                                   name=f"agent-{reg.agent_id}", daemon=True)
@@ -339,7 +338,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self.ops.fence(agent.agent_id, r.job_id, r.attempt)
                 continue
             self.ops.resend_go(job, agent.agent_id, r.attempt)  # a Go lost to a restart
-            u = apb.JobUpdate(job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress)
+            u = updates.listed(job, r)
             stored = updates.tells_nothing_new(job, u)
             if r.HasField("progress") and job.phase in (LAUNCHING, RUNNING) and not stored:
                 self.ops.handle_update(agent, u, job)  # news (it may wait for the throttle)

@@ -344,7 +344,8 @@ class JobOps:
 
     def _progress(self, job: pb.Job, inp: updates.AgentUpdate) -> None:
         """Progress writes are throttled (``progress_write_interval_s``) except when they
-        matter: a new durable checkpoint, LAUNCHING -> RUNNING, a move's first step."""
+        matter: a new durable checkpoint, LAUNCHING -> RUNNING, a move's first step, the
+        ranks beginning or ending a wait for their store."""
         u = inp.update
         if updates.tells_nothing_new(job, u):
             return  # e.g. a heartbeat re-listing progress already stored
@@ -369,7 +370,9 @@ class JobOps:
         due = now - last_write >= self.config.progress_write_interval_s
         first = has and migration.first_step_due(job, u.progress)
         new_ranks = 0 < u.ranks != job.placement.ranks  # the ranks it started: written once
-        if not (new_ckpt or started or due or first or new_ranks
+        # the ranks began or stopped waiting for their store: shown at once
+        waits = u.HasField("store_wait") != bool(job.store_wait.ranks_since)
+        if not (new_ckpt or started or due or first or new_ranks or waits
                 or (want_event and last_ev_step < 0)):
             return
         with self._progress_lock:

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.jobs.backoff import backoff_delay, seconds
+from computebroker.v1 import common_pb2
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
+    from computebroker.v1 import agent_pb2 as apb
     from computebroker.v1 import common_pb2 as pb
 
 
@@ -49,7 +51,9 @@ class WaitDecision:
 def decide(job: pb.Job, now: float, config: BrokerConfig) -> WaitDecision:
     """What one more attempt ended by a store outage does to ``job``."""
     w = job.store_wait
-    since = w.since if w.since else now
+    # the outage began when the ranks first found the store down, if they waited in
+    # the attempt (ranks_since) before it ended
+    since = w.since or w.ranks_since or now
     n = w.count + 1
     until = now + backoff_delay(n, config.store_outage_backoff_base_s,
                                 config.store_outage_backoff_max_s)
@@ -66,6 +70,7 @@ def record(job: pb.Job, region: str, message: str, d: WaitDecision) -> None:
     w.region = w.region if w.count and w.region else region
     w.since, w.until, w.count, w.move_time, w.last_time = d.since, d.until, d.count, d.move_time, d.at
     w.message = message[:500]
+    w.ranks_since, w.ranks_message = 0.0, ""  # the attempt ended: its ranks wait no longer
 
 
 def remember_checkpoint(job: pb.Job, region: str, step: int, uri: str) -> None:
@@ -148,6 +153,49 @@ def pending_note(job: pb.Job, now: float) -> str:
     when = (f"next try after {clock(w.until)}" if w.until > now else "next try when it answers")
     return (f"{where} unreachable since {clock(w.since)}; retrying ({when}; {w.count} attempt(s)"
             f" hit the outage, no restart counted): {w.message or 'unreachable'}")
+
+
+def ranks_waiting(job: pb.Job, wait: apb.RanksStoreWait | None, now: float) -> bool:
+    """Apply an attempt's report of its ranks' own wait for the store (``wait``, from
+    JobUpdate.store_wait; None = they do not wait); True if what the job shows changed.
+
+    Why: ranks that wait for their store while they start or resume used to show as
+    LAUNCHING with no reason, and ranks that hold a save as nothing at all. While they
+    wait the job's pending reason says so, with the step it resumes from (the step shown
+    stays there: broker/jobs/shown_progress.py); the reason goes when the report does."""
+    w = job.store_wait
+    if wait is not None:
+        since = wait.since or now
+        if w.ranks_since == since and w.ranks_message == wait.message[:500]:
+            return False
+        w.ranks_since, w.ranks_message = since, wait.message[:500]
+        job.pending_reason = ranks_note(job)
+        return True
+    if not w.ranks_since:
+        return False
+    w.ranks_since, w.ranks_message = 0.0, ""
+    if not w.count:
+        job.ClearField("store_wait")
+    job.pending_reason = ""
+    return True
+
+
+def ranks_note(job: pb.Job) -> str:
+    """The pending reason while the current attempt's ranks wait for their store."""
+    w = job.store_wait
+    region = job.placement.region
+    where = f"checkpoint store of {region}" if region else "checkpoint store"
+    durable = job.progress.last_checkpoint_step if job.progress.last_checkpoint_uri else 0
+    if job.phase == common_pb2.JOB_PHASE_RUNNING:
+        doing = (f"the ranks wait for it to save, in the attempt (newest durable checkpoint:"
+                 f" step {durable})")
+    elif durable:
+        doing = f"the ranks wait for it to resume from step {durable}"
+    else:
+        doing = "the ranks wait for it to start"
+    since = w.since if w.count and w.since else w.ranks_since  # attempts it ended came first
+    return (f"{where} unreachable since {clock(since)}; {doing}, no restart counted:"
+            f" {w.ranks_message or 'unreachable'}")
 
 
 def give_up_message(job: pb.Job, now: float, config: BrokerConfig) -> str:

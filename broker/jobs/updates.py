@@ -73,6 +73,17 @@ class AgentUpdate:
         return f"agent:{self.agent_id}"
 
 
+def listed(job: pb.Job | None, r: apb.RunningAttempt) -> apb.JobUpdate:
+    """The JobUpdate an agent's listing of a running attempt (Register, Heartbeat) stands
+    for. A listing says nothing of the ranks' wait for their store (only the attempt's
+    own JobUpdates do): it keeps what the job has, so a heartbeat cannot clear it."""
+    u = apb.JobUpdate(job_id=r.job_id, attempt=r.attempt, state=r.state, progress=r.progress)
+    if job is not None and job.attempt == r.attempt and job.store_wait.ranks_since:
+        u.store_wait.since = job.store_wait.ranks_since
+        u.store_wait.message = job.store_wait.ranks_message
+    return u
+
+
 def record_ranks(j: pb.Job, u: apb.JobUpdate) -> None:
     """The ranks the current attempt really runs (JobUpdate.ranks), on its placement and
     on the move that launched it: what `brokerctl job`, `migrations` and the log headers
@@ -93,6 +104,9 @@ def tells_nothing_new(job: pb.Job, u: apb.JobUpdate) -> bool:
     the leader's store writes (one fsync each), and each such write reset the
     progress throttle, holding back the next report that did carry a new step."""
     if 0 < u.ranks != job.placement.ranks:
+        return False
+    if u.HasField("store_wait") != bool(job.store_wait.ranks_since) or (
+            u.HasField("store_wait") and u.store_wait.since != job.store_wait.ranks_since):
         return False
     if job.phase == LAUNCHING and u.state in _STARTED:
         return False
@@ -124,10 +138,12 @@ def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
                         + (f" with {ranks} rank(s)" if ranks else ""),
                 details={"ranks": str(ranks)} if ranks else None)
         migration.running(j, now, u.timings if u.HasField("timings") else None)
-    elif j.phase == LAUNCHING and not u.HasField("progress") and not new_ranks:
+    elif j.phase == LAUNCHING and not u.HasField("progress") and not new_ranks and \
+            u.HasField("store_wait") == bool(j.store_wait.ranks_since):
         return None  # (a STARTING report with the ranks just started is kept: log headers)
     first_step_after_move(tx, u)
     apply_progress(tx, u, inp.actor)
+    store_wait.ranks_waiting(j, u.store_wait if u.HasField("store_wait") else None, now)
     loss_series.record(j.loss_series, inp.loss_points)
     if inp.progress_event and u.HasField("progress"):
         tx.note("progress", reason="progress", actor=inp.actor,

@@ -90,6 +90,8 @@ class AttemptEvent:
     message: str = ""
     failed_nodes: list[str] = field(default_factory=list)
     time: float = field(default_factory=time.time)
+    # The ranks wait for their checkpoint store (ProgressSnapshot.store_wait); None = not.
+    store_wait: agent_pb2.RanksStoreWait | None = None
 
     @property
     def terminal(self) -> bool:
@@ -107,6 +109,8 @@ class AttemptEvent:
         )
         if self.progress is not None:
             upd.progress.CopyFrom(self.progress)
+        if self.store_wait is not None and not self.terminal:
+            upd.store_wait.CopyFrom(self.store_wait)
         return upd
 
 

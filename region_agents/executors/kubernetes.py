@@ -652,8 +652,23 @@ class KubernetesExecutor(Executor):
         if att.state != state:
             att.state = state
             progress = att.last.progress if att.last is not None else None
+            wait = att.last.store_wait() if att.last is not None else None
             self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state,
-                                             progress, **kw))  # type: ignore[arg-type]
+                                             progress, store_wait=wait,
+                                             **kw))  # type: ignore[arg-type]
+
+    def _send_progress(self, att: _K8sAttempt, snap: ProgressSnapshot, now: float) -> None:
+        """Report ``snap`` when it is new, at most every progress_interval_s (a change of
+        the ranks' store wait is news at once)."""
+        sig = snap.signature()
+        if sig == att.last_sent_sig:
+            return
+        waits = (att.last_sent_sig or ())[-1:] != sig[-1:]
+        if not waits and now - att.last_sent_time < self.progress_interval_s:
+            return
+        att.last_sent_sig, att.last_sent_time = sig, now
+        self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, att.state,
+                                         snap.progress, store_wait=snap.store_wait()))
 
     def poll(self) -> list[AttemptEvent]:
         with self._lock:
@@ -751,11 +766,10 @@ class KubernetesExecutor(Executor):
             # a job's own command may not publish progress: its pods running is all we know
             if all_running and (said or att.spec.spec.command):
                 self._set(att, AS.ATTEMPT_STATE_RUNNING)
-        elif snap is not None and snap.signature() != att.last_sent_sig \
-                and now - att.last_sent_time >= self.progress_interval_s:
-            att.last_sent_sig, att.last_sent_time = snap.signature(), now
-            self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, att.state,
-                                             snap.progress))
+            elif snap is not None and snap.store_wait() is not None:
+                self._send_progress(att, snap, now)  # starting, waiting for the store
+        elif snap is not None:
+            self._send_progress(att, snap, now)
         if att.running_since and att.hang_timeout_s > 0:
             # The trainer's heartbeat (its clock; pods and agent keep NTP time) or, before
             # its first word, when its pods started running (image pulls do not count).

@@ -645,7 +645,8 @@ class LocalExecutor(Executor):
         att.state = state
         if progress is None and att.last is not None:
             progress = att.last.progress
-        att.events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state, progress))
+        att.events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, state, progress,
+                                       store_wait=att.last.store_wait() if att.last else None))
         if progress is not None and att.last is not None:
             att.last_sent_sig = att.last.signature()
             att.last_sent_time = time.time()
@@ -721,6 +722,11 @@ class LocalExecutor(Executor):
             if snap is not None and snap.state in ("running", "checkpointing", "done"):
                 self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
                 return
+            if snap is not None and snap.store_wait() is not None:
+                # still STARTING, but the ranks wait for their store: say so (and the
+                # broker shows the job waiting at its durable step, not launching at 0)
+                self._send_progress(att, snap, now)
+                return
             timeout = self._startup_timeout(att)
             if snap is None and timeout is not None and now - att.started >= timeout:
                 self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
@@ -736,12 +742,21 @@ class LocalExecutor(Executor):
             # save follows a step all ranks took), and every later launch resumes from
             # its own; the copy of what it started from is not needed any more
             self._drop_view(att)
-        if snap.signature() != att.last_sent_sig and now - att.last_sent_time >= self.progress_interval_s:
-            att.last_sent_sig = snap.signature()
-            att.last_sent_time = now
-            att.events.append(
-                AttemptEvent(att.spec.job_id, att.spec.attempt, att.state, snap.progress)
-            )
+        self._send_progress(att, snap, now)
+
+    def _send_progress(self, att: _Attempt, snap: ProgressSnapshot, now: float) -> None:
+        """Report ``snap`` when it says something new, at most every progress_interval_s
+        (a change of the ranks' store wait is news at once)."""
+        sig = snap.signature()
+        if sig == att.last_sent_sig:
+            return
+        waits = (att.last_sent_sig or ())[-1:] != sig[-1:]
+        if not waits and now - att.last_sent_time < self.progress_interval_s:
+            return
+        att.last_sent_sig = sig
+        att.last_sent_time = now
+        att.events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, att.state, snap.progress,
+                                       store_wait=snap.store_wait()))
 
     def _own_checkpoint(self, att: _Attempt, uri: str) -> bool:
         path = file_path(uri)

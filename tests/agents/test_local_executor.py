@@ -369,3 +369,49 @@ def test_ranks_get_torchruns_thread_default_unless_the_spec_sets_it(ex, tmp_path
     assert col.wait_terminal().state == AS.ATTEMPT_STATE_SUCCEEDED
     for rank in range(2):
         assert json.loads(Path(str(dump).format(rank=rank)).read_text()) == want
+
+
+STORE_WAIT_START = (
+    "import json, os, time\n"
+    "path = os.environ['CB_PROGRESS_FILE']\n"
+    "def write(state, step, **more):\n"
+    "    now = time.time()\n"
+    "    data = {'state': state, 'step': step, 'total_steps': 3, 'time': now, 'heartbeat': now,\n"
+    "            'last_checkpoint_step': 0, **more}\n"
+    "    open(path + '.tmp', 'w').write(json.dumps(data))\n"
+    "    os.replace(path + '.tmp', path)\n"
+    "since = time.time()\n"
+    "for _ in range(4):  # what trainer/outage_wait.py writes while the ranks wait\n"
+    "    write('store_wait', 0, store_wait_since=since,\n"
+    "          store_wait_message='checkpoint store unreachable: connection refused')\n"
+    "    time.sleep(0.3)\n"
+    "for step in (1, 2, 3):  # the store answered: the resume ends, training runs\n"
+    "    write('running', step, store_wait_since=None, store_wait_message=None)\n"
+    "    time.sleep(0.3)\n"
+    "write('done', 3)\n"
+)
+
+
+def test_ranks_waiting_for_their_store_are_reported_while_starting(quick_ex):
+    """The trainer's ranks wait for their checkpoint store before they resume (progress
+    state ``store_wait``): the attempt is still STARTING (a stop must not reach a
+    trainer that has not resumed), but the agent reports the wait (JobUpdate.store_wait)
+    so the broker can say why the job is not running yet; the first RUNNING report and
+    every later one carry no wait."""
+    col = Collector(quick_ex)
+    quick_ex.launch(make_spec([os.sys.executable, "-c", STORE_WAIT_START], nodes=1, gpus=1,
+                              options={"startup_timeout_s": "0"}))
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_SUCCEEDED
+    waiting = [e for e in col.events if e.store_wait is not None]
+    assert waiting, [(e.state, e.progress) for e in col.events]
+    assert all(e.state == AS.ATTEMPT_STATE_STARTING for e in waiting)
+    upd = waiting[0].to_proto()
+    assert upd.HasField("store_wait") and upd.store_wait.since > 0
+    assert "connection refused" in upd.store_wait.message
+    first_running = next(i for i, e in enumerate(col.events)
+                         if e.state == AS.ATTEMPT_STATE_RUNNING)
+    assert all(e.store_wait is None for e in col.events[first_running:])
+    assert not end.to_proto().HasField("store_wait")
+    assert col.states() == [AS.ATTEMPT_STATE_STARTING, AS.ATTEMPT_STATE_RUNNING,
+                            AS.ATTEMPT_STATE_SUCCEEDED]

@@ -142,7 +142,7 @@ class Heartbeat(_message.Message):
     def __init__(self, time: _Optional[float] = ..., node_health: _Optional[_Iterable[_Union[NodeHealth, _Mapping]]] = ..., spot_notices: _Optional[_Iterable[_Union[SpotNotice, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., store_probe: _Optional[_Union[StoreProbe, _Mapping]] = ...) -> None: ...
 
 class JobUpdate(_message.Message):
-    __slots__ = ("job_id", "attempt", "state", "progress", "exit_code", "message", "failed_nodes", "time", "transfer", "timings", "ranks")
+    __slots__ = ("job_id", "attempt", "state", "progress", "exit_code", "message", "failed_nodes", "time", "transfer", "timings", "ranks", "store_wait")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class JobUpdate(_message.Message):
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    STORE_WAIT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     state: AttemptState
@@ -165,7 +166,16 @@ class JobUpdate(_message.Message):
     transfer: _common_pb2.TransferStats
     timings: AttemptTimings
     ranks: int
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., failed_nodes: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., transfer: _Optional[_Union[_common_pb2.TransferStats, _Mapping]] = ..., timings: _Optional[_Union[AttemptTimings, _Mapping]] = ..., ranks: _Optional[int] = ...) -> None: ...
+    store_wait: RanksStoreWait
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., failed_nodes: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., transfer: _Optional[_Union[_common_pb2.TransferStats, _Mapping]] = ..., timings: _Optional[_Union[AttemptTimings, _Mapping]] = ..., ranks: _Optional[int] = ..., store_wait: _Optional[_Union[RanksStoreWait, _Mapping]] = ...) -> None: ...
+
+class RanksStoreWait(_message.Message):
+    __slots__ = ("since", "message")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    message: str
+    def __init__(self, since: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AttemptTimings(_message.Message):
     __slots__ = ("launch_received_time", "spawn_time", "stop_signal_time", "exit_time")

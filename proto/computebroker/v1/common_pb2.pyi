@@ -495,7 +495,7 @@ class RegionCheckpoint(_message.Message):
     def __init__(self, region: _Optional[str] = ..., step: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class StoreWait(_message.Message):
-    __slots__ = ("region", "since", "until", "count", "message", "move_time", "last_time")
+    __slots__ = ("region", "since", "until", "count", "message", "move_time", "last_time", "ranks_since", "ranks_message")
     REGION_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
@@ -503,6 +503,8 @@ class StoreWait(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MOVE_TIME_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_SINCE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     region: str
     since: float
     until: float
@@ -510,7 +512,9 @@ class StoreWait(_message.Message):
     message: str
     move_time: float
     last_time: float
-    def __init__(self, region: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., move_time: _Optional[float] = ..., last_time: _Optional[float] = ...) -> None: ...
+    ranks_since: float
+    ranks_message: str
+    def __init__(self, region: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., move_time: _Optional[float] = ..., last_time: _Optional[float] = ..., ranks_since: _Optional[float] = ..., ranks_message: _Optional[str] = ...) -> None: ...
 
 class LossPoint(_message.Message):
     __slots__ = ("step", "loss")
