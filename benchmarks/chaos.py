@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     report["faults_scheduled"] = opts.faults
     report["commit"] = _commit()
     report["api_workers"] = args.api_workers
+    report["step_sleep_s"] = args.step_sleep
     report["load_avg_1m"] = load.summary()
     report["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     report["work_dir"] = str(root)

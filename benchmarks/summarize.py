@@ -506,6 +506,7 @@ def chaos(d: dict[str, Any]) -> list[str]:
         f"--faults {d.get('faults_scheduled', len(d['faults']))} --seed {d['seed']}"
         f"{' --store ' + d['store'] if d['store'] != 'redis' else ''}"
         f"{'' if d.get('netns', True) else ' --no-netns'}{only}"
+        f"{' --step-sleep ' + format(d['step_sleep_s'], 'g') if d.get('step_sleep_s', 0.3) != 0.3 else ''}"
         f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}`)",
         "",
         f"{d['jobs']} mixed jobs (1-2 nodes, two teams, three priorities, spot, elastic; a checkpoint "
