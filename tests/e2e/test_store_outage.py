@@ -40,9 +40,12 @@ def test_store_refusing_connections_mid_run_is_waited_out(
     bucket = "cb-outage-us-east-2"
     store.client().create_bucket(Bucket=bucket)
     cluster.extra_env = dict(store.env)
+    # No wait in the attempt (store_outage_attempt_wait_s=0): the save's outage ends the
+    # attempt at once and the broker's own wait is what this test is about.
     cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
                            "--set", "store_outage_backoff_base_s=1",
-                           "--set", "store_outage_backoff_max_s=4", "--set", "max_restarts=1"]
+                           "--set", "store_outage_backoff_max_s=4", "--set", "max_restarts=1",
+                           "--set", "store_outage_attempt_wait_s=0"]
     cluster.start_broker()
     cluster.start_agent("us-east-2", "--store-probe-interval-s", "1", nodes=1, gpus=1,
                         checkpoint_bucket=f"s3://{bucket}")
@@ -75,6 +78,59 @@ def test_store_refusing_connections_mid_run_is_waited_out(
         reasons = [e.reason for e in events_of(client, job.id)]
         assert "store_outage" in reasons, reasons
         assert "config_error" not in reasons and "max_restarts" not in reasons, reasons
+    assert_equivalent(final_samples(log), reference)
+
+
+def test_a_save_during_an_outage_is_waited_out_in_the_attempt(
+        cluster: Cluster, stoppable_s3: StoppableS3, tmp_path: Path, reference: list[dict[str, Any]],
+) -> None:
+    """With the default wait in the attempt, a save that meets the outage does not end
+    the attempt: the ranks train on or hold the save, the job stays RUNNING and says why
+    (its pending reason), never shows a step below its durable checkpoint, and finishes
+    once the store answers with no restart, no requeue and an uninterrupted run's
+    samples and losses."""
+    store = stoppable_s3
+    bucket = "cb-outage-save-us-east-2"
+    store.client().create_bucket(Bucket=bucket)
+    cluster.extra_env = dict(store.env)
+    cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
+                           "--set", "store_outage_attempt_wait_s=300", "--set", "max_restarts=1"]
+    cluster.start_broker()
+    cluster.start_agent("us-east-2", "--store-probe-interval-s", "1", nodes=1, gpus=1,
+                        checkpoint_bucket=f"s3://{bucket}")
+    log = tmp_path / "samples.jsonl"
+    shown: list[tuple[int, int]] = []  # (step shown, durable step) as the job is polled
+
+    def status() -> pb.Job:
+        g = handle.status()
+        shown.append((g.progress.step, g.progress.last_checkpoint_step))
+        return g
+
+    with cluster.client() as client:
+        setup_team(client)
+        wait_regions(cluster, client, 1)
+        handle = client.submit(job_spec("outage-save", log=log))
+        wait_until(lambda: status().progress.last_checkpoint_step >= 10, 180,
+                   what=f"a durable checkpoint\n{cluster.logs()}")
+        store.down()
+        down_at = time.time()
+        j = wait_until(lambda: "wait for it to save" in (g := status()).pending_reason and g,
+                       180, what=f"the job saying its ranks wait\n{cluster.logs()}")
+        assert j.phase == pb.JOB_PHASE_RUNNING and j.restarts == 0, j
+        assert "checkpoint store of us-east-2 unreachable since" in j.pending_reason
+        assert j.progress.step >= j.progress.last_checkpoint_step >= 10, j.progress
+        time.sleep(max(0.0, 20 - (time.time() - down_at)))  # an outage of at least 20 s
+        assert status().phase == pb.JOB_PHASE_RUNNING
+        store.up()
+        job = handle.wait(timeout=300)
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
+        assert job.restarts == 0 and job.attempt == 1 and not job.pending_reason, job
+        reasons = [e.reason for e in events_of(client, job.id)]
+        assert "store_outage" not in reasons and "config_error" not in reasons, reasons
+    durable = 0
+    for step, ckpt in shown:
+        durable = max(durable, ckpt)
+        assert step >= durable, shown
     assert_equivalent(final_samples(log), reference)
 
 
@@ -112,7 +168,10 @@ def test_store_outage_in_one_region_resumes_in_the_region_of_an_older_checkpoint
     cluster.broker_args = ["--agent-timeout", "6", "--heartbeat-interval", "1",
                            "--set", "store_outage_backoff_base_s=1",
                            "--set", "store_outage_backoff_max_s=4",
-                           "--set", "store_outage_move_after_s=8", "--set", "max_restarts=1"]
+                           "--set", "store_outage_move_after_s=8", "--set", "max_restarts=1",
+                           # the ranks do not wait in the attempt (that is the test
+                           # above): the broker's wait and move are what this one is about
+                           "--set", "store_outage_attempt_wait_s=0"]
     log = tmp_path / "samples.jsonl"
     with FaultyProxy(s3_server.endpoint_url) as proxy:
         cluster.extra_env = dict(s3_server.env)  # eu-west-1: straight to the store
