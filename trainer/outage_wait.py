@@ -25,7 +25,10 @@ if TYPE_CHECKING:
     from trainer.run import Run
 
 FIRST_DELAY_S = 1.0
-MAX_DELAY_S = 15.0
+# At most this long between tries: how late the ranks may notice that the store is back.
+# A try is one listing, so trying every 5 s costs the store nothing; 15 s made the ranks
+# of a long outage's attempts step again up to 15 s after it ended (fault campaign).
+MAX_DELAY_S = 5.0
 
 
 @dataclass
