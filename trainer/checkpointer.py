@@ -290,23 +290,27 @@ class Checkpointer:
             )
             return True
         self._settle()  # a previous save lost to the outage: this one tries again
+        if not blocking:
+            # Started, not agreed: the save's own thread is now in collectives on the
+            # checkpoint group, and a collective of ours beside it could pair with one of
+            # them on another rank (a hang: seen in the store-outage campaign). Starting
+            # touches neither the store nor the group; how it ends is agreed by the next
+            # save's _settle, on an idle group.
+            self.manager.save(step, self.samples_seen, meta=meta)
+            return True
         while True:
             failure: BaseException | None = None
             try:
-                self.manager.save(step, self.samples_seen, blocking=blocking, meta=meta)
+                self.manager.save(step, self.samples_seen, blocking=True, meta=meta)
             except Exception as exc:  # noqa: BLE001 - agreed below, raised on every rank
                 failure = _outage_or(self.run.store, exc)
             try:
                 agree(failure, self.manager.group, self.run.world_size)
             except StoreUnavailable as exc:
                 self._abandon(step)
-                if not blocking:
-                    self._train_on(exc, step)
-                    return False
                 pause_or_raise(self.run, self._outage_wait(), exc, f"saving step {step}")
                 continue
-            if blocking:
-                self._store_back(step)
+            self._store_back(step)
             return True
 
     def _outage_wait(self) -> OutageWait:
