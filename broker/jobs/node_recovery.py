@@ -125,7 +125,10 @@ def resumed(tx: Tx, attempt: int, progress: pb.Progress, actor: str) -> None:
             ranks = ", ".join(str(r) for r in progress.resume.restored_from_peer)
             message += f"; rank(s) {ranks} restored from another node's copy"
     else:
-        step = progress.resume.step or progress.last_checkpoint_step
+        # the durable checkpoint it was launched from: the job's (never behind the
+        # report's; the first report after a store resume may not name it yet)
+        step = progress.resume.step or max(progress.last_checkpoint_step,
+                                           job.progress.last_checkpoint_step)
         lost_steps = max(0, rec.step_at_failure - step)
         why = (rec.why if rec.plan == Relaunch.FROM_STORE.value else
                "the memory keepers held no step of every rank's shard at or after the"

@@ -12,12 +12,25 @@ take them, and a job sent to the store path is placed in the same pass.
 
 from __future__ import annotations
 
+import logging
+
 import placement
 from broker.jobs import node_recovery
 from broker.jobs.ops import JobOps
-from broker.jobs.recovery import LostNodes, Relaunch, Signal, SpareNode, Trigger, policy_for
+from broker.jobs.recovery import (
+    Blocker,
+    LostNodes,
+    Relaunch,
+    RelaunchPlan,
+    Signal,
+    SpareNode,
+    Trigger,
+    policy_for,
+)
 from broker.scheduling.spares import block_of
 from computebroker.v1 import common_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 def lost_view(job: pb.Job, snapshot: placement.Snapshot, by_id: dict[str, placement.NodeInfo],
@@ -58,8 +71,13 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
     spares = set(snapshot.spares)
     changed = []
     for job in todo:
-        view = lost_view(job, snapshot, by_id, used, spares)
-        plan = policy_for(job, ops.config).relaunch(Signal(Trigger.NODE_LOST, nodes=view.lost), view)
+        try:
+            view = lost_view(job, snapshot, by_id, used, spares)
+            plan = policy_for(job, ops.config).relaunch(Signal(Trigger.NODE_LOST, nodes=view.lost), view)
+        except Exception:  # noqa: BLE001 - one odd record must not stop every pass
+            log.exception("node-loss plan for %s failed: relaunching it from the store", job.id)
+            plan = RelaunchPlan(Relaunch.FROM_STORE, Blocker.POLICY,
+                                "the in-place plan could not be computed (see the broker's log)")
         admission = None
         if plan.kind is Relaunch.REPLACE_IN_PLACE:
             swap = dict(plan.swaps)

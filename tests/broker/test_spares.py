@@ -11,7 +11,7 @@ from __future__ import annotations
 import placement
 from broker.agents.registry import AgentSession, AgentState
 from broker.jobs.lifecycle import PENDING, RUNNING
-from broker.jobs.recovery import Blocker, Relaunch, RecoveryPolicy, Signal, Trigger
+from broker.jobs.recovery import Blocker, RecoveryPolicy, Relaunch, Signal, Trigger
 from broker.scheduling import snapshot as snap
 from broker.scheduling.replacements import lost_view
 from broker.scheduling.spares import reserved

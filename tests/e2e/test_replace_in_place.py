@@ -55,10 +55,11 @@ def cli(cluster: Cluster, *args: str) -> str:
     return res.stdout
 
 
-def kill_node(root: Path, job_id: str, node: str, attempt: int) -> int:
+def kill_node(root: Path, job_id: str, node: str, attempt: int, keeper: bool = True) -> int:
     """Lose ``node`` for the job: SIGKILL its memory keeper, then its ranks (found by the
     keeper's port file path / the ranks' CB_* environment, under this test's root only).
-    Returns how many processes were killed."""
+    ``keeper``: the job has the memory tier (a keeper must be found). Returns how many
+    processes were killed."""
     keeper_mark = f"memory-keepers/{job_id}/{node}.port".encode()
     env_marks = (f"CB_JOB_ID={job_id}".encode(), f"CB_NODE_ID={node}".encode(),
                  f"CB_ATTEMPT={attempt}".encode())
@@ -78,7 +79,7 @@ def kill_node(root: Path, job_id: str, node: str, attempt: int) -> int:
     for pid in (*keepers, *ranks):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert keepers and ranks, (keepers, ranks)
+    assert ranks and bool(keepers) == keeper, (keepers, ranks)
     return len(keepers) + len(ranks)
 
 
@@ -127,7 +128,7 @@ def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nod
     assert [u.node.id for u in cap.nodes if u.spare] == [spare], cap.nodes
     wait_until(lambda: log.exists() and len(read_log(log)) >= 14, timeout=240,
                what=f"step 14\n{cluster.logs()}")
-    kill_node(cluster.root, handle.id, NODES[1], attempt=1)
+    kill_node(cluster.root, handle.id, NODES[1], attempt=1, keeper=memory_every > 0)
     last = read_log(log)[-1]["step"]
     wait_until(lambda: (j := handle.status()).attempt == 2 and j.phase == pb.JOB_PHASE_RUNNING,
                timeout=240, what=f"attempt 2 running\n{cluster.logs()}")
