@@ -130,3 +130,14 @@ def test_no_spare_or_a_survivor_taken_means_the_store_path() -> None:
     off.spec.trainer.options["memory_every"] = "0"
     plan, _ = plan_for([agent(4, spares=1)], off)
     assert (plan.kind, plan.blocker) == (Relaunch.FROM_STORE, Blocker.MEMORY_TIER_OFF)
+
+
+def test_a_registration_reserving_more_spares_than_nodes_is_refused() -> None:
+    import pytest
+
+    from broker.api.errors import InvalidArgument
+    from broker.api.validation import validate_register
+
+    validate_register(agent(3, spares=2).record)
+    with pytest.raises(InvalidArgument, match="pool 'p' reserves 4 spare nodes; 0 to the agent's 3"):
+        validate_register(agent(3, spares=4).record)
