@@ -128,10 +128,14 @@ def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nod
     assert [u.node.id for u in cap.nodes if u.spare] == [spare], cap.nodes
     wait_until(lambda: log.exists() and len(read_log(log)) >= 14, timeout=240,
                what=f"step 14\n{cluster.logs()}")
-    kill_node(cluster.root, handle.id, NODES[1], attempt=1, keeper=memory_every > 0)
+    # the attempt running now (on a loaded machine an agent may have self-fenced and
+    # relaunched attempt 1 before: the loss is then of a later attempt, on the same nodes)
+    lost_attempt = handle.status().attempt
+    kill_node(cluster.root, handle.id, NODES[1], attempt=lost_attempt, keeper=memory_every > 0)
     last = read_log(log)[-1]["step"]
-    wait_until(lambda: (j := handle.status()).attempt == 2 and j.phase == pb.JOB_PHASE_RUNNING,
-               timeout=240, what=f"attempt 2 running\n{cluster.logs()}")
+    wait_until(lambda: (j := handle.status()).attempt == lost_attempt + 1
+               and j.phase == pb.JOB_PHASE_RUNNING,
+               timeout=240, what=f"the relaunch running\n{cluster.logs()}")
     # the spares while attempt 2 runs (after the job, every node is free again)
     spares_during = [u.node.id for u in client.capacity(region=REGION, include_nodes=True).nodes
                      if u.spare]
@@ -155,7 +159,7 @@ def test_lost_node_replaced_in_place_by_a_spare_restores_from_memory(
         assert decided[0].reason == "replace_in_place", decided[0]
         assert decided[0].details["replaced"] == f"{NODES[1]}={NODES[3]}", decided[0]
         # survivors in their slots, the spare in the lost node's slot, same world size
-        assert job.attempt == 2 and job.restarts == 1, job
+        assert job.attempt == job.node_recovery.failed_attempt + 1, job
         assert [a.node_id for a in job.placement.nodes] == [NODES[0], NODES[3], NODES[2]]
         rec = job.node_recovery
         assert (rec.plan, rec.tier, list(rec.lost_nodes)) == ("replace_in_place", "memory", [NODES[1]])
@@ -181,7 +185,7 @@ def test_lost_node_replaced_in_place_by_a_spare_restores_from_memory(
     records = read_log(log)
     by_step = {r["step"]: r for r in records}  # the redone step: the later attempt's record
     assert sorted(by_step) == list(range(1, STEPS + 1))
-    assert {r["attempt"] for r in records} == {1, 2}
+    assert {job.attempt - 1, job.attempt} <= {r["attempt"] for r in records}
     assert_matches(reference, [by_step[s] for s in sorted(by_step)], exact=False)
 
 

@@ -30,6 +30,7 @@ def test_node_loss_kind_is_opt_in() -> None:
     assert FaultKind.NODE_RANKS_SIGKILL in available_kinds("sqlite", netns=False, opt_in=True)
 
 
+@pytest.mark.timeout(1200)  # two reference runs and a campaign: slow on a loaded machine
 def test_node_loss_campaign_replaces_in_place_and_loses_nothing(tmp_path: Path) -> None:
     lines: list[str] = []
     opts = Options(
