@@ -13,6 +13,9 @@ no INTERNAL and no traceback in logs outside the processes the campaign killed.
 
     .venv/bin/python benchmarks/chaos.py --jobs 40 --faults 40 --seed 1
         (root for network namespaces; --no-netns runs without partitions)
+    .venv/bin/python benchmarks/chaos.py --jobs 8 --no-netns --memory-every 1 --spares 1 \
+        --nodes-per-region 4 --kinds node_ranks_sigkill,rank_sigkill
+        (lost nodes replaced in place with spares, restored from the memory tier)
 
 Prints progress, the faults by kind with recovery time p50/p95/max, and one summary
 line; writes benchmarks/results/chaos_<store>_seed<seed>.json. Exit 0 only when every
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-workers", type=int, default=0,
                    help="each broker's API worker processes (--set api_workers=N; 0: one process)")
     p.add_argument("--step-sleep", type=float, default=0.3, help="seconds per training step")
+    p.add_argument("--memory-every", type=int, default=0,
+                   help="every job's in-memory tier (trainer option memory_every; 0 = off)")
+    p.add_argument("--spares", type=int, default=0,
+                   help="spare nodes per region for in-place replacement of a lost node")
     p.add_argument("--work-dir", default="", help="keep the run's files here (default: a temp dir)")
     p.add_argument("--out", default="", help="JSON path (default benchmarks/results/chaos_<store>_seed<seed>.json)")
     args = p.parse_args(argv)
@@ -105,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     if netns and (why := available()):
         print(f"error: {why}; run as root or pass --no-netns", file=sys.stderr)
         return 2
-    kinds = [FaultKind(k) for k in args.kinds.split(",") if k] or available_kinds(args.store, netns)
+    kinds = [FaultKind(k) for k in args.kinds.split(",") if k] or available_kinds(
+        args.store, netns, opt_in=bool(args.memory_every or args.spares))
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="chaos-"))
     opts = Options(root=root, seed=args.seed, jobs=args.jobs, faults=args.faults or args.jobs,
                    store=args.store, netns=netns, regions=args.regions,
                    nodes_per_region=args.nodes_per_region, kinds=kinds,
                    step_sleep_s=args.step_sleep, api_workers=args.api_workers,
+                   memory_every=args.memory_every, spares=args.spares,
                    finish_timeout_s=max(900.0, 30.0 * args.jobs),
                    say=lambda s: print(s, flush=True))
     t = time.monotonic()

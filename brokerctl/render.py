@@ -496,6 +496,16 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
             ("tokens/s", f"{pr.tokens_per_s:.0f}" if pr.tokens_per_s else "-"),
             ("checkpoint", f"step {pr.last_checkpoint_step} {pr.last_checkpoint_uri}".strip()),
         ]
+        if pr.resume.tier:  # where this attempt's state came from (docs/recovery.md)
+            prow.append(("resumed", f"from {pr.resume.tier}"
+                         + (f" (step {pr.resume.step})" if pr.resume.step else "")))
+        rec = job.node_recovery
+        if rec.failed_attempt and rec.plan:
+            swaps = ", ".join(f"{n} -> {s}" for n, s in sorted(rec.replaced.items()))
+            prow.append(("node loss", f"attempt {rec.failed_attempt} lost"
+                         f" {', '.join(rec.lost_nodes)}: "
+                         + (f"replaced in place ({swaps})" if swaps else "relaunched from the store")
+                         + (f", state from {rec.tier}" if rec.tier else "")))
         parts.append(Panel(_kv(prow), title="progress", box=box.ROUNDED, expand=False))
 
     src = job.spec.resume_source
@@ -690,16 +700,20 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
     ]
     if by_block:
         cols.append(("BLOCK", {"flex": True, "max_width": 16}))
+    # Spare GPUs (reserved for in-place replacement of lost nodes): a column only when
+    # some pool reserves spares, so fleets without them keep the narrower table.
+    spares = any(r.spare_gpus for r in resp.rows)
     cols += [
         ("TOTAL", {"justify": "right"}),
         ("ALLOC", {"justify": "right"}),
         ("FREE", {"justify": "right"}),
+        *([("SPARE", {"justify": "right"})] if spares else []),
         ("BORROW", {"justify": "right"}),
         ("BAD", {"justify": "right"}),
         ("$/GPU-h", {"justify": "right"}),
     ]
     table = _table(*cols)
-    totals = [0, 0, 0, 0, 0]
+    totals = [0, 0, 0, 0, 0, 0]
     for r in resp.rows:
         row = [r.region, r.zone or "-", capacity_cell(r.capacity_type, r.pool)]
         row.append(r.accelerator or "-")
@@ -710,20 +724,21 @@ def capacity_table(resp: capacity_pb2.GetCapacityResponse, by_block: bool = Fals
             str(r.total_gpus),
             str(r.allocated_gpus),
             Text(str(r.free_gpus), style=free_style),
+            *([str(r.spare_gpus)] if spares else []),
             str(r.borrowed_gpus),
             Text(str(r.unhealthy_gpus), style="red") if r.unhealthy_gpus else "0",
             f"{r.price_per_gpu_hour:.2f}",
         ]
         table.add_row(*row)
-        for i, v in enumerate(
-            (r.total_gpus, r.allocated_gpus, r.free_gpus, r.borrowed_gpus, r.unhealthy_gpus)
-        ):
+        for i, v in enumerate((r.total_gpus, r.allocated_gpus, r.free_gpus, r.spare_gpus,
+                               r.borrowed_gpus, r.unhealthy_gpus)):
             totals[i] += v
     if resp.rows:
         pad = ["", "", "", ""] + ([""] if by_block else [])
         pad[0] = "total"
         table.add_section()
-        table.add_row(*pad, *(str(t) for t in totals), "", style="bold")
+        shown = totals if spares else totals[:3] + totals[4:]
+        table.add_row(*pad, *(str(t) for t in shown), "", style="bold")
     return table
 
 
@@ -744,6 +759,8 @@ def nodes_table(nodes: Sequence[capacity_pb2.NodeUsage]) -> Table:
         state = "ok" if n.healthy else "unhealthy"
         if n.cordoned:
             state += ",cordoned"
+        if nu.spare:
+            state += ",spare"
         table.add_row(
             n.id,
             n.region,
@@ -752,7 +769,7 @@ def nodes_table(nodes: Sequence[capacity_pb2.NodeUsage]) -> Table:
             n.ultraserver_id or n.network_layer_3 or "-",
             str(n.gpus),
             str(nu.allocated_gpus),
-            Text(state, style="green" if state == "ok" else "red"),
+            Text(state, style="green" if state in ("ok", "ok,spare") else "red"),
             ",".join(nu.job_ids) or "-",
         )
     return table

@@ -147,6 +147,9 @@ class Snapshot:
     pending: tuple[JobRequest, ...]
     teams: tuple[TeamQuota, ...] = ()
     draining_regions: frozenset[str] = frozenset()
+    # Free nodes reserved as their pool's spares (broker/scheduling/spares.py): in
+    # ``nodes`` as cordoned, so no ordinary placement uses them.
+    spares: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ _COMMON_KEYS = {
     "zone",
     "labels",
 }
-_GROUP_KEYS = _COMMON_KEYS | {"name_prefix", "count", "start_index"}
+_GROUP_KEYS = _COMMON_KEYS | {"name_prefix", "count", "start_index", "spares"}
 _NODE_KEYS = _COMMON_KEYS | {"name"}
 _TOP_KEYS = {"region", "agent_id", "checkpoint_bucket", "node_groups", "nodes"}
 
@@ -51,6 +51,10 @@ class Inventory:
     agent_id: str
     checkpoint_bucket: str = ""
     nodes: list[common_pb2.Node] = field(default_factory=list)
+    # Spare nodes reserved per pool (a node group's `spares: N`, summed per pool): the
+    # broker keeps that many free nodes of the pool for in-place replacement of lost
+    # nodes (Register.pool_spares, docs/recovery.md).
+    spares: dict[str, int] = field(default_factory=dict)
 
     def node(self, node_id: str) -> common_pb2.Node | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -130,6 +134,13 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
         start = int(g.get("start_index", 0))
         for i in range(start, start + count):
             add(f"{prefix}-{i:03d}", g)
+        spares = g.get("spares", 0)
+        if not isinstance(spares, int) or isinstance(spares, bool) or not 0 <= spares < count:
+            raise err(g, f"node group {prefix!r}: 'spares' must be an integer from 0 to"
+                         f" count - 1 ({count - 1}), got {spares!r}")
+        if spares:
+            pool = inv.nodes[-1].pool
+            inv.spares[pool] = inv.spares.get(pool, 0) + spares
     for n in _entries(data, "nodes", _NODE_KEYS, "node", err):
         if not n.get("name"):
             raise err(n, "node needs 'name'")

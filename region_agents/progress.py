@@ -83,6 +83,15 @@ def parse_progress(data: object, mtime: float = 0.0) -> ProgressSnapshot | None:
         step_time=num("step_time"),
         resumed_time=num("resumed_time"),
     )
+    tier = data.get("resume_tier")
+    if tier in ("memory", "store"):  # the resume report (docs/contracts.md section 2)
+        peers = data.get("restored_from_peer")
+        progress.resume.tier = tier
+        progress.resume.step = max(0, int(num("resumed_step", int)))
+        if isinstance(peers, list):
+            progress.resume.restored_from_peer.extend(
+                int(r) for r in peers[:4096] if isinstance(r, int) and not isinstance(r, bool)
+                and 0 <= r < 2**31)
     return ProgressSnapshot(
         state=str(data.get("state") or "running"), heartbeat=heartbeat, progress=progress, raw=data
     )

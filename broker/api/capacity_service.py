@@ -194,12 +194,16 @@ class CapacityService(capacity_pb2_grpc.CapacityServiceServicer):
                 usable = n.healthy and not n.cordoned and a.connected
                 if not n.healthy:
                     row.unhealthy_gpus = sat32(row.unhealthy_gpus + n.gpus)
-                row.free_gpus = sat32(row.free_gpus + (max(0, n.gpus - used) if usable else 0))
+                spare = n.id in usage.spares  # free, but only for in-place replacements
+                if spare:
+                    row.spare_gpus = sat32(row.spare_gpus + n.gpus)
+                elif usable:
+                    row.free_gpus = sat32(row.free_gpus + max(0, n.gpus - used))
                 if request.include_nodes:
                     nodes_out.append(cpb.NodeUsage(
                         node=n, allocated_gpus=used,
                         job_ids=[j for j in usage.node_jobs.get(n.id, []) if shown is None or j in shown],
-                        borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0))))
+                        borrowed_gpus=min(used, usage.node_borrowed.get(n.id, 0)), spare=spare))
         return cpb.GetCapacityResponse(rows=[rows[k] for k in sorted(rows, key=str)], nodes=nodes_out)
 
     # ---- training plans -------------------------------------------------------------------

@@ -105,6 +105,11 @@ LIMITS: dict[str, FieldLimit] = {
     "region_caps": FieldLimit(max_items=256),
     "region_caps.key": ID,
     "region_caps.value": FieldLimit(lo=0, hi=MAX_GPU_COUNT),
+    "pool_spares": FieldLimit(max_items=1024),
+    "pool_spares.key": ID,
+    "pool_spares.value": FieldLimit(lo=0, hi=MAX_NODES_PER_AGENT),
+    "restored_from_peer": FieldLimit(max_items=100_000, lo=0, hi=INT32_MAX),
+    "tier": FieldLimit(max_len=16, kind=Kind.IDENTIFIER),
     # ---- repeated counts -------------------------------------------------------------
     "capacity_types": FieldLimit(max_items=8), "phases": FieldLimit(max_items=16),
     "quotas": FieldLimit(max_items=256),

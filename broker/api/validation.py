@@ -482,6 +482,10 @@ def validate_register(reg: apb.Register) -> None:
                                   f" registers region {reg.region!r}")
         if n.gpus > MAX_GPUS_PER_NODE:  # also a LIMITS row; kept for records from the store
             raise InvalidArgument(f"node {n.id!r} has {n.gpus} GPUs; at most {MAX_GPUS_PER_NODE}")
+    for pool, count in reg.pool_spares.items():
+        if not 0 <= count <= len(reg.nodes):
+            raise InvalidArgument(f"Register.pool_spares: pool {pool!r} reserves {count} spare"
+                                  f" nodes; 0 to the agent's {len(reg.nodes)} nodes")
     for root in reg.checkpoint_roots:
         try:
             canonical(root)

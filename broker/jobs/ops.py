@@ -23,6 +23,7 @@ from broker.jobs import (
     checkpoint_shares,
     loss_series,
     migration,
+    node_recovery,
     precopy,
     standby,
     transitions,
@@ -33,7 +34,7 @@ from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import FAILED, HOLDING, LAUNCHING, TERMINAL
 from broker.jobs.outcome import Outcome
 from broker.jobs.priority_classes import PriorityClasses
-from broker.jobs.recovery import Signal, StopPlan, Trigger, plan_stop
+from broker.jobs.recovery import RelaunchPlan, Signal, StopPlan, Trigger, plan_stop
 from broker.logs import JobLogs
 from broker.store.base import KIND_TEAM, AlreadyExists, NotFound
 from computebroker.v1 import agent_pb2 as apb
@@ -171,6 +172,22 @@ class JobOps:
             return transitions.admit(job, inp, now, self.config)
 
         out = self.applier.apply(job_id, step)
+        return out.job if out is not None and out.job.phase not in TERMINAL else None
+
+    def relaunch_after_node_loss(self, job_id: str, plan: RelaunchPlan,
+                                 admission: placement.Admission | None) -> pb.Job | None:
+        """Apply the recovery policy's NODE_LOST plan (broker/scheduling/replacements.py):
+        in place, the job is admitted on ``admission`` (survivors plus spares) and the
+        Launch goes out after the write; from the store, it stays queued."""
+        admit = None
+        if admission is not None:
+            agent = self.agents.get(admission.agent_id)
+            if agent is not None and agent.connected:
+                admit = transitions.Admit(admission=admission,
+                                          nodes={n.id: n for n in agent.record.nodes},
+                                          checkpoint_bucket=agent.record.checkpoint_bucket)
+        inp = node_recovery.Decided(plan=plan, admit=admit)
+        out = self._apply(job_id, node_recovery.decide, inp)
         return out.job if out is not None and out.job.phase not in TERMINAL else None
 
     def release_unplaced(self, job_id: str) -> pb.Job | None:

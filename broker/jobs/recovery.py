@@ -61,6 +61,9 @@ class Trigger(enum.Enum):
     NODE_UNHEALTHY = "node_unhealthy"
     BETTER_CAPACITY = "better_capacity"
     DEFRAGMENT = "defragment"
+    # An attempt failed and its agent blamed specific nodes (JobUpdate.failed_nodes): the
+    # relaunch may replace just those nodes in place (:meth:`RecoveryPolicy.relaunch`).
+    NODE_LOST = "node_lost"
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,129 @@ class RecoveryPolicy:
         """Nodes the agent blamed for a failure are avoided by the relaunch."""
         return failed_nodes
 
+    # Whether a NODE_LOST relaunch may replace the lost nodes in place (subclasses that
+    # model schedulers without spares turn it off).
+    replace_in_place: bool = True
+
+    def relaunch(self, sig: Signal, view: LostNodes) -> RelaunchPlan:
+        """Trigger.NODE_LOST (``sig.nodes`` = the blamed nodes, ``view`` = their pool now):
+        REPLACE_IN_PLACE when the memory tier is on, a survivor is left, every survivor is
+        still usable and the pool has a ready spare (same block when it has blocks) for
+        each lost node; else FROM_STORE, today's path. The first blocker found, in
+        :data:`RELAUNCH_RULES`' order of meaning, is the reason events give."""
+        assert sig.trigger is Trigger.NODE_LOST, sig
+        swaps: tuple[tuple[str, str], ...] = ()
+        if not self.replace_in_place:
+            blocker = Blocker.POLICY
+        elif view.memory_every <= 0:
+            blocker = Blocker.MEMORY_TIER_OFF
+        elif not view.survivors:
+            blocker = Blocker.ALL_NODES_LOST
+        elif view.survivors_gone:
+            blocker = Blocker.SURVIVOR_GONE
+        else:
+            swaps = match_spares(view) or ()
+            blocker = Blocker.NONE if swaps else Blocker.NO_SPARE
+        kind, text = RELAUNCH_RULES[blocker]
+        block = ""
+        if view.pool_has_blocks and blocker is Blocker.NO_SPARE:
+            block = " (block " + ", ".join(sorted({view.blocks.get(n, "") for n in view.lost})) + ")"
+        why = text.format(
+            swaps=", ".join(f"spare {s} takes the place of lost node {n}" for n, s in swaps),
+            pool=view.pool or "(default)", survivors=", ".join(view.survivors),
+            policy=self.name, gone=", ".join(view.survivors_gone), lost=", ".join(view.lost),
+            block=block)
+        return RelaunchPlan(kind, blocker, why, swaps)
+
+
+class Relaunch(enum.Enum):
+    """How a job whose attempt lost nodes comes back (Trigger.NODE_LOST)."""
+
+    # Survivors keep their nodes, a spare of the same pool (and block) takes each lost
+    # node's place, same world size: the ranks restore from the peers' memory keepers.
+    REPLACE_IN_PLACE = "replace_in_place"
+    # Today's path: queued again, placed wherever the scheduler finds room, resumed from
+    # the newest durable checkpoint (the store).
+    FROM_STORE = "from_store"
+
+
+class Blocker(enum.Enum):
+    """What keeps a NODE_LOST relaunch from replacing nodes in place (NONE: nothing)."""
+
+    NONE = "none"
+    POLICY = "policy"  # the job's recovery policy never replaces in place
+    MEMORY_TIER_OFF = "memory_tier_off"  # no peer copies to restore from
+    ALL_NODES_LOST = "all_nodes_lost"  # no survivor: every copy is gone
+    SURVIVOR_GONE = "survivor_gone"  # a survivor is no longer free and usable
+    NO_SPARE = "no_spare"  # the pool (block) has no ready spare for every lost node
+
+
+# The decision, as data: what each blocker means for the relaunch and how events say it.
+RELAUNCH_RULES: dict[Blocker, tuple[Relaunch, str]] = {
+    Blocker.NONE: (Relaunch.REPLACE_IN_PLACE, "{swaps} in pool {pool}; survivors {survivors}"
+                                               " keep their nodes and ranks restore from"
+                                               " their peers' memory"),
+    Blocker.POLICY: (Relaunch.FROM_STORE, "recovery policy {policy} does not replace nodes"
+                                          " in place"),
+    Blocker.MEMORY_TIER_OFF: (Relaunch.FROM_STORE, "the job's memory tier is off (trainer option"
+                                                   " memory_every)"),
+    Blocker.ALL_NODES_LOST: (Relaunch.FROM_STORE, "every node of the attempt was lost"),
+    Blocker.SURVIVOR_GONE: (Relaunch.FROM_STORE, "surviving node(s) {gone} are no longer usable"),
+    Blocker.NO_SPARE: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool {pool}{block}"),
+}
+
+
+@dataclass(frozen=True)
+class SpareNode:
+    """A free node its pool reserves as a spare (broker/scheduling/spares.py)."""
+
+    id: str
+    agent_id: str
+    pool: str
+    block: str = ""  # UltraServer or layer-3 block; "" when the pool has no blocks
+
+
+@dataclass(frozen=True)
+class LostNodes:
+    """What the scheduler's pass knows when a job that lost nodes is relaunched."""
+
+    lost: tuple[str, ...]  # in the failed placement's order
+    survivors: tuple[str, ...]
+    agent_id: str  # the failed attempt's agent (a gang never spans agents)
+    pool: str
+    blocks: dict[str, str] = field(default_factory=dict)  # lost node -> its block ("" = none)
+    pool_has_blocks: bool = False
+    survivors_gone: tuple[str, ...] = ()  # survivors now used by others, unhealthy or away
+    spares: tuple[SpareNode, ...] = ()  # the pool's ready spares on that agent
+    memory_every: int = 0  # the job's trainer option (0 = tier off)
+
+
+@dataclass(frozen=True)
+class RelaunchPlan:
+    """The policy's answer for Trigger.NODE_LOST: how, why (for events), and for
+    REPLACE_IN_PLACE which spare takes which lost node's place."""
+
+    kind: Relaunch
+    blocker: Blocker
+    why: str
+    swaps: tuple[tuple[str, str], ...] = ()  # (lost node, spare)
+
+
+def match_spares(view: LostNodes) -> tuple[tuple[str, str], ...] | None:
+    """One distinct spare per lost node, from the same block when the pool has blocks;
+    None when some lost node has none. Deterministic (spares in the view's order)."""
+    free = list(view.spares)
+    swaps = []
+    for node in view.lost:
+        want = view.blocks.get(node, "")
+        pick = next((s for s in free if s.agent_id == view.agent_id and s.pool == view.pool
+                     and (not view.pool_has_blocks or s.block == want)), None)
+        if pick is None:
+            return None
+        free.remove(pick)
+        swaps.append((node, pick.id))
+    return tuple(swaps)
+
 
 # Python errors that fail the same way on any node, every time: the program cannot start
 # (a missing module, a syntax error). Seen as the last traceback line of a failing rank's
@@ -245,6 +371,7 @@ class NoMigration(RecoveryPolicy):
     moves (better capacity, defragmentation) either."""
 
     name: str = "no-migration"
+    replace_in_place: bool = False  # the simulator's baselines have no spares either
     _KILL = {Trigger.SPOT_NOTICE: (StopKind.MIGRATE, Cause.SPOT_INTERRUPTION),
              Trigger.PLAN_ENDING: (StopKind.MIGRATE, Cause.PLAN_ENDING),
              Trigger.REGION_DRAIN: (StopKind.DRAIN, Cause.REGION_DRAIN)}

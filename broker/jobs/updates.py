@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import loss_series, migration, standby, store_wait
+from broker.jobs import loss_series, migration, node_recovery, standby, store_wait
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -401,6 +401,7 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
     j.restarts += 1
     avoid = policy.exclude_after_failure(tuple(u.failed_nodes))
     j.excluded_nodes.extend(n for n in avoid if n not in j.excluded_nodes)
+    node_recovery.lost(j, tuple(u.failed_nodes))
     requeue(tx, Family.FAILURE, reason=Cause.ATTEMPT_FAILED.value, actor=actor,
             message=f"attempt {j.attempt} failed (exit {u.exit_code}): relaunching"
                     f" ({j.restarts}/{config.max_restarts})"
@@ -479,6 +480,8 @@ def apply_progress(tx: Tx, u: apb.JobUpdate, actor: str) -> None:
         # later checkpoint was recorded: superseded_ended).
         job.progress.last_checkpoint_uri = old_uri
         job.progress.last_checkpoint_step = max(old_ckpt, p.last_checkpoint_step)
+    if p.HasField("resume"):
+        node_recovery.resumed(tx, u.attempt, p, actor)
     if p.last_checkpoint_uri and p.last_checkpoint_step >= old_ckpt and (
             p.last_checkpoint_step != old_ckpt or p.last_checkpoint_uri != old_uri):
         job.last_checkpoint_time = tx.now

@@ -28,7 +28,7 @@ from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import exclusions, plan_watch, preemption_rules
+from broker.scheduling import exclusions, plan_watch, preemption_rules, replacements
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.proactive_watch import ProactiveWatch
@@ -193,6 +193,12 @@ class SchedulerLoop:
         forgiven = ops.forgive_exclusions(exclusions.to_forgive(snapshot, excluding)) if excluding else []
         if forgiven:  # rare: rebuild so this pass already places them
             live = merged(live, forgiven)
+            snapshot = snapshot_of(live)
+        # Jobs that lost nodes: replaced in place on a spare, or sent to the store path,
+        # before placement can hand their survivors to anyone else (replacements.py).
+        relaunched = replacements.relaunch_lost(ops, live, snapshot)
+        if relaunched:
+            live = merged(live, relaunched)
             snapshot = snapshot_of(live)
         self.last_snapshot = snapshot
         self._capacity = bool(snapshot.nodes)

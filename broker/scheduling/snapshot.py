@@ -15,7 +15,7 @@ import placement
 from broker.agents.registry import AgentState
 from broker.jobs import backoff, standby, store_wait
 from broker.jobs.lifecycle import HOLDING, QUEUED, RUNNING
-from broker.scheduling import plan_binding, preemption_rules
+from broker.scheduling import plan_binding, preemption_rules, spares
 from checkpoint_layout.roots import RootError, under
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
@@ -221,6 +221,8 @@ class NodeMemo:
         self._key: tuple | None = None
         self._value: tuple | None = None
         self.builds = 0
+        # (the node tuple, its spare ids, the tuple with those spares cordoned)
+        self.spares: tuple[tuple, frozenset[str], tuple] | None = None
 
     def get(self, key: tuple, make):  # noqa: ANN001, ANN201
         if self._value is None or key != self._key:
@@ -282,6 +284,9 @@ def build(
             store = a.record.checkpoint_bucket
             roots_by_region.setdefault(a.region, []).extend(
                 [*a.record.checkpoint_roots, *([store] if store.startswith(("/", "s3://", "file://")) else [])])
+    per_pool = spares.per_pool(agents)
+    if per_pool:  # walked twice (below and for the spares)
+        jobs = list(jobs)
     pending, running = [], []
     # Per job, the body below is the pass's O(queue) part: kept to dict lookups for an
     # unchanged job (the memo inlined, no closure per job) and one priority lookup per
@@ -355,7 +360,36 @@ def build(
     if memo is not None:
         memo.rotate()
     pending.sort(key=lambda kv: kv[0])
+    reserved: frozenset[str] = frozenset()
+    if per_pool:  # only fleets whose operators reserve spares pay for this
+        nodes, reserved = _with_spares(nodes, per_pool, running, jobs, node_memo)
     return placement.Snapshot(
         now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),
         teams=tuple(team_quota(t) for t in teams), draining_regions=frozenset(draining),
+        spares=reserved,
     )
+
+
+def _with_spares(nodes: tuple, per_pool: dict[tuple[str, str], int],
+                 running: list[placement.RunningJob], jobs: Iterable[pb.Job],
+                 node_memo: NodeMemo | None) -> tuple[tuple, frozenset[str]]:
+    """``nodes`` with the reserved spares cordoned (the placement engine then leaves them
+    out, as it does any cordoned node), and the spare ids. The same tuple object is
+    returned while the spares do not change (the admission cache tests identity)."""
+    used = {node for r in running for node, _ in r.allocations}
+    held: set[str] = set()
+    blamed: set[str] = set()
+    for job in jobs:
+        blamed.update(job.excluded_nodes)
+        rec = job.node_recovery
+        if job.phase in QUEUED and rec.failed_attempt and not rec.plan:
+            held.update(rec.survivors)
+            held.update(rec.lost_nodes)
+    reserved = spares.reserved(nodes, per_pool, used, held, blamed)
+    cached = node_memo.spares if node_memo is not None else None
+    if cached is not None and cached[0] is nodes and cached[1] == reserved:
+        return cached[2], reserved
+    out = tuple(dataclasses.replace(n, cordoned=True) if n.id in reserved else n for n in nodes)
+    if node_memo is not None:
+        node_memo.spares = (nodes, reserved, out)
+    return out, reserved

@@ -34,6 +34,7 @@ class UsageView:
     team_running: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     team_pending: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     region_running: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    spares: frozenset[str] = frozenset()  # nodes reserved as their pool's spares
 
     def fill(self, q: cpb.TeamQuota) -> cpb.TeamQuota:
         """``q`` with its read-only usage fields filled (GetTeamQuota / ListTeams)."""
@@ -69,7 +70,7 @@ def build_snapshot(*, now: float, agents: Iterable[AgentState], jobs: Iterable[p
 def usage_view(snapshot: placement.Snapshot, jobs: Iterable[pb.Job]) -> UsageView:
     """Usage over ``snapshot``; ``jobs`` are the live jobs it was built from (for job
     counts by phase, which the snapshot does not carry)."""
-    view = UsageView(teams=placement.team_usage(snapshot))
+    view = UsageView(teams=placement.team_usage(snapshot), spares=snapshot.spares)
     holding: list[pb.Job] = []
     for job in jobs:
         if job.phase in QUEUED:

@@ -67,3 +67,35 @@ def test_errors_name_file_and_line(text, match):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(InventoryError, match="cannot read inventory file"):
         load_inventory(tmp_path / "nope.yaml")
+
+
+def test_spares_per_pool_add_up_and_are_checked():
+    text = """
+region: r
+node_groups:
+  - {name_prefix: a, count: 4, gpus: 8, pool: p5, spares: 1}
+  - {name_prefix: b, count: 2, gpus: 8, pool: p5, spares: 1}
+  - {name_prefix: c, count: 2, gpus: 8}
+"""
+    inv = parse_inventory(text)
+    assert inv.spares == {"p5": 2}  # the pool's groups add up; no `spares`, none
+    for bad in ("spares: 4", "spares: -1", "spares: one", "spares: true"):
+        with pytest.raises(InventoryError, match=r"<inventory>:4: .*'spares' must be an integer from 0 to"):
+            parse_inventory(text.replace("spares: 1}", bad + "}", 1))
+
+
+def test_the_resume_report_is_forwarded():
+    """The trainer's resume report (docs/contracts.md section 2) reaches Progress.resume;
+    junk in it is dropped, never an error."""
+    from region_agents.progress import parse_progress
+
+    snap = parse_progress({"step": 15, "resume_tier": "memory", "resumed_step": 14,
+                           "restored_from_peer": [1, "x", True, -2, 3]})
+    assert snap is not None
+    r = snap.progress.resume
+    assert (r.tier, r.step, list(r.restored_from_peer)) == ("memory", 14, [1, 3])
+    store = parse_progress({"step": 10, "resume_tier": "store"})
+    assert store is not None and store.progress.resume.tier == "store"
+    for other in ({"step": 3}, {"step": 3, "resume_tier": "tape"}):
+        got = parse_progress(other)
+        assert got is not None and not got.progress.HasField("resume")

@@ -58,6 +58,31 @@ def test_capacity_tables() -> None:
               ["NODE", "REGION", "ZONE", "TYPE", "BLOCK", "GPUS", "USED", "STATE", "JOBS"])
 
 
+def test_capacity_shows_spares_only_when_a_pool_reserves_them() -> None:
+    row = cpb.CapacityRow(region="ap-southeast-2", zone="apse2-az1", capacity_type=pb.CAPACITY_TYPE_ON_DEMAND,
+                          pool="on-demand", accelerator="h100", block="nn-l3-abcdefgh",
+                          total_gpus=72, allocated_gpus=48, free_gpus=16, spare_gpus=8,
+                          price_per_gpu_hour=4.1)
+    resp = cpb.GetCapacityResponse(rows=[row, row])
+    for width in (80, 100):
+        out = text_of(render.capacity_table(resp, by_block=True), width)
+        header_ok_at(out, ["REGION", "CAPACITY", "TOTAL", "ALLOC", "FREE", "SPARE", "BORROW"], width)
+        total = next(line for line in out.splitlines() if line.lstrip().startswith("total"))
+        assert total.split()[1:5] == ["144", "96", "32", "16"], total
+    row.spare_gpus = 0
+    assert "SPARE" not in text_of(render.capacity_table(cpb.GetCapacityResponse(rows=[row])))
+    spare = cpb.NodeUsage(node=pb.Node(id="use2-p5-008", region="us-east-2", gpus=8, healthy=True),
+                          spare=True)
+    assert "ok,spare" in text_of(render.nodes_table([spare]))
+
+
+def header_ok_at(out: str, headers: list[str], width: int) -> None:
+    header = next(line for line in out.splitlines() if headers[0] in line and headers[-1] in line)
+    for h in headers:
+        assert h in header, (h, header)
+    assert all(len(line) <= width for line in out.splitlines())
+
+
 def test_operator_tables() -> None:
     region = cpb.RegionInfo(name="us-east-2", agent_ids=["us-east-2-agent"], connected=True,
                             last_heartbeat_time=time.time(), nodes=4, total_gpus=32)

@@ -11,13 +11,18 @@ import pytest
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.recovery import (
     POLICIES,
+    RELAUNCH_RULES,
     BetterCapacity,
+    Blocker,
     Defragment,
     Failover,
+    LostNodes,
     NoMigration,
     RecoveryPolicy,
+    Relaunch,
     Restart,
     Signal,
+    SpareNode,
     StayInPlace,
     StopPlan,
     Trigger,
@@ -155,3 +160,75 @@ def test_proactive_policies_plan_like_move_anywhere() -> None:
         for sig in (Signal(Trigger.DEFRAGMENT, nodes=("b0",)), Signal(Trigger.BETTER_CAPACITY),
                     Signal(Trigger.SPOT_NOTICE, deadline=NOW + 120)):
             assert p.plan(sig, job, CFG, NOW) == RecoveryPolicy().plan(sig, job, CFG, NOW)
+
+
+# ---- Trigger.NODE_LOST: replace in place or relaunch from the store ------------------
+def lost_view(**kw: object) -> LostNodes:
+    """A 3-node job on agent a1, pool p, that lost n1; one spare s0 in n1's block."""
+    base: dict = dict(lost=("n1",), survivors=("n0", "n2"), agent_id="a1", pool="p",
+                      blocks={"n1": "b0"}, pool_has_blocks=True,
+                      spares=(SpareNode("s0", "a1", "p", "b0"),), memory_every=1)
+    base.update(kw)
+    return LostNodes(**base)
+
+
+NODE_LOST = Signal(Trigger.NODE_LOST, nodes=("n1",))
+
+# view changes -> (plan kind, blocker, spare swaps)
+RELAUNCH_CASES = [
+    ({}, (Relaunch.REPLACE_IN_PLACE, Blocker.NONE, (("n1", "s0"),))),
+    # no spare in the pool: the store path, as today
+    (dict(spares=()), (Relaunch.FROM_STORE, Blocker.NO_SPARE, ())),
+    # the memory tier is off: nothing to restore from, the store path
+    (dict(memory_every=0), (Relaunch.FROM_STORE, Blocker.MEMORY_TIER_OFF, ())),
+    # the only spare is in another block of a pool that has blocks: not used
+    (dict(spares=(SpareNode("s1", "a1", "p", "b1"),)), (Relaunch.FROM_STORE, Blocker.NO_SPARE, ())),
+    # ... but any block will do in a pool without blocks
+    (dict(spares=(SpareNode("s1", "a1", "p", ""),), blocks={"n1": ""}, pool_has_blocks=False),
+     (Relaunch.REPLACE_IN_PLACE, Blocker.NONE, (("n1", "s1"),))),
+    # a spare of another pool or another agent never takes the place
+    (dict(spares=(SpareNode("s2", "a1", "q", "b0"), SpareNode("s3", "a2", "p", "b0"))),
+     (Relaunch.FROM_STORE, Blocker.NO_SPARE, ())),
+    # two lost nodes need two spares, each from its own block
+    (dict(lost=("n1", "n2"), survivors=("n0",), blocks={"n1": "b0", "n2": "b1"},
+          spares=(SpareNode("s0", "a1", "p", "b0"), SpareNode("s1", "a1", "p", "b1"))),
+     (Relaunch.REPLACE_IN_PLACE, Blocker.NONE, (("n1", "s0"), ("n2", "s1")))),
+    (dict(lost=("n1", "n2"), survivors=("n0",), blocks={"n1": "b0", "n2": "b0"}),
+     (Relaunch.FROM_STORE, Blocker.NO_SPARE, ())),
+    # every node lost: both copies of every shard are gone
+    (dict(lost=("n0", "n1", "n2"), survivors=()), (Relaunch.FROM_STORE, Blocker.ALL_NODES_LOST, ())),
+    # a survivor was taken by another job (or went away) meanwhile
+    (dict(survivors_gone=("n2",)), (Relaunch.FROM_STORE, Blocker.SURVIVOR_GONE, ())),
+]
+
+
+@pytest.mark.parametrize(("kw", "want"), RELAUNCH_CASES, ids=[str(i) for i in range(len(RELAUNCH_CASES))])
+def test_node_lost_relaunch_plan(kw: dict, want: tuple) -> None:
+    plan = RecoveryPolicy().relaunch(NODE_LOST, lost_view(**kw))
+    assert (plan.kind, plan.blocker, plan.swaps) == want
+    assert RELAUNCH_RULES[plan.blocker][0] is plan.kind
+    assert plan.why and "{" not in plan.why  # every placeholder filled
+
+
+def test_node_lost_reasons_name_the_pool_block_and_spare() -> None:
+    inplace = RecoveryPolicy().relaunch(NODE_LOST, lost_view())
+    assert "spare s0 takes the place of lost node n1 in pool p" in inplace.why
+    assert "survivors n0, n2" in inplace.why
+    other_block = RecoveryPolicy().relaunch(NODE_LOST, lost_view(spares=(SpareNode("s1", "a1", "p", "b1"),)))
+    assert other_block.why == "no ready spare for n1 in pool p (block b0)"
+    off = RecoveryPolicy().relaunch(NODE_LOST, lost_view(memory_every=0))
+    assert "memory tier is off" in off.why
+
+
+def test_node_lost_policies_without_spares_use_the_store() -> None:
+    """Every policy has an answer; the simulator's no-migration baselines (and Failover)
+    never replace in place; the others do when they can."""
+    for name, policy in POLICIES.items():
+        plan = policy.relaunch(NODE_LOST, lost_view())
+        if isinstance(policy, NoMigration):
+            assert (plan.kind, plan.blocker) == (Relaunch.FROM_STORE, Blocker.POLICY), name
+        else:
+            assert plan.kind is Relaunch.REPLACE_IN_PLACE, name
+    assert all(r in RELAUNCH_RULES for r in Blocker)  # one row per blocker
+    # NODE_LOST is not a stop: plan() leaves the running attempt alone
+    assert RecoveryPolicy().plan(NODE_LOST, running(), CFG, NOW) is None

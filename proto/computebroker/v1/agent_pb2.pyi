@@ -70,7 +70,14 @@ class RunningAttempt(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[AttemptState, str]] = ..., progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots", "checkpoint_store_error_since", "checkpoint_store_ok_since", "checkpoint_store_outage")
+    __slots__ = ("agent_id", "region", "nodes", "running", "executor", "checkpoint_bucket", "version", "checkpoint_store_error", "checkpoint_roots", "checkpoint_store_error_since", "checkpoint_store_ok_since", "checkpoint_store_outage", "pool_spares")
+    class PoolSparesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +90,7 @@ class Register(_message.Message):
     CHECKPOINT_STORE_ERROR_SINCE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_OK_SINCE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_OUTAGE_FIELD_NUMBER: _ClassVar[int]
+    POOL_SPARES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     region: str
     nodes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Node]
@@ -95,7 +103,8 @@ class Register(_message.Message):
     checkpoint_store_error_since: float
     checkpoint_store_ok_since: float
     checkpoint_store_outage: bool
-    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ..., checkpoint_store_error_since: _Optional[float] = ..., checkpoint_store_ok_since: _Optional[float] = ..., checkpoint_store_outage: _Optional[bool] = ...) -> None: ...
+    pool_spares: _containers.ScalarMap[str, int]
+    def __init__(self, agent_id: _Optional[str] = ..., region: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[_common_pb2.Node, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAttempt, _Mapping]]] = ..., executor: _Optional[str] = ..., checkpoint_bucket: _Optional[str] = ..., version: _Optional[str] = ..., checkpoint_store_error: _Optional[str] = ..., checkpoint_roots: _Optional[_Iterable[str]] = ..., checkpoint_store_error_since: _Optional[float] = ..., checkpoint_store_ok_since: _Optional[float] = ..., checkpoint_store_outage: _Optional[bool] = ..., pool_spares: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StoreProbe(_message.Message):
     __slots__ = ("error", "since", "time", "outage")

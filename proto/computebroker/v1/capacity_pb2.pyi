@@ -81,7 +81,7 @@ class GetCapacityRequest(_message.Message):
     def __init__(self, region: _Optional[str] = ..., by_block: _Optional[bool] = ..., include_nodes: _Optional[bool] = ...) -> None: ...
 
 class CapacityRow(_message.Message):
-    __slots__ = ("region", "zone", "capacity_type", "pool", "accelerator", "block", "total_gpus", "allocated_gpus", "free_gpus", "borrowed_gpus", "price_per_gpu_hour", "unhealthy_gpus")
+    __slots__ = ("region", "zone", "capacity_type", "pool", "accelerator", "block", "total_gpus", "allocated_gpus", "free_gpus", "borrowed_gpus", "price_per_gpu_hour", "unhealthy_gpus", "spare_gpus")
     REGION_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class CapacityRow(_message.Message):
     BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
     PRICE_PER_GPU_HOUR_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_GPUS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_GPUS_FIELD_NUMBER: _ClassVar[int]
     region: str
     zone: str
     capacity_type: _common_pb2.CapacityType
@@ -106,19 +107,22 @@ class CapacityRow(_message.Message):
     borrowed_gpus: int
     price_per_gpu_hour: float
     unhealthy_gpus: int
-    def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., capacity_type: _Optional[_Union[_common_pb2.CapacityType, str]] = ..., pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., block: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., unhealthy_gpus: _Optional[int] = ...) -> None: ...
+    spare_gpus: int
+    def __init__(self, region: _Optional[str] = ..., zone: _Optional[str] = ..., capacity_type: _Optional[_Union[_common_pb2.CapacityType, str]] = ..., pool: _Optional[str] = ..., accelerator: _Optional[str] = ..., block: _Optional[str] = ..., total_gpus: _Optional[int] = ..., allocated_gpus: _Optional[int] = ..., free_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., unhealthy_gpus: _Optional[int] = ..., spare_gpus: _Optional[int] = ...) -> None: ...
 
 class NodeUsage(_message.Message):
-    __slots__ = ("node", "allocated_gpus", "job_ids", "borrowed_gpus")
+    __slots__ = ("node", "allocated_gpus", "job_ids", "borrowed_gpus", "spare")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_GPUS_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     node: _common_pb2.Node
     allocated_gpus: int
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     borrowed_gpus: int
-    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., borrowed_gpus: _Optional[int] = ...) -> None: ...
+    spare: bool
+    def __init__(self, node: _Optional[_Union[_common_pb2.Node, _Mapping]] = ..., allocated_gpus: _Optional[int] = ..., job_ids: _Optional[_Iterable[str]] = ..., borrowed_gpus: _Optional[int] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class GetCapacityResponse(_message.Message):
     __slots__ = ("rows", "nodes")

@@ -347,7 +347,7 @@ class Placement(_message.Message):
     def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ..., ranks: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time")
+    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time", "resume")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SEEN_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,7 @@ class Progress(_message.Message):
     UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     samples_seen: int
@@ -368,7 +369,18 @@ class Progress(_message.Message):
     updated_time: float
     step_time: float
     resumed_time: float
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ...) -> None: ...
+    resume: ResumeInfo
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ..., resume: _Optional[_Union[ResumeInfo, _Mapping]] = ...) -> None: ...
+
+class ResumeInfo(_message.Message):
+    __slots__ = ("tier", "step", "restored_from_peer")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_PEER_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    step: int
+    restored_from_peer: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tier: _Optional[str] = ..., step: _Optional[int] = ..., restored_from_peer: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("productive_s", "queued_s", "lost_failure_s", "lost_preemption_s", "lost_migration_s", "wall_s", "starting_s", "cost_usd", "cost_by_capacity", "cost_by_region", "saved_usd")
@@ -411,7 +423,7 @@ class Goodput(_message.Message):
     def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ..., cost_usd: _Optional[float] = ..., cost_by_capacity: _Optional[_Mapping[str, float]] = ..., cost_by_region: _Optional[_Mapping[str, float]] = ..., saved_usd: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions", "checkpoint_shares")
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions", "checkpoint_shares", "node_recovery")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +459,7 @@ class Job(_message.Message):
     REGION_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SHARES_FIELD_NUMBER: _ClassVar[int]
+    NODE_RECOVERY_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     phase: JobPhase
@@ -482,7 +495,37 @@ class Job(_message.Message):
     region_checkpoints: _containers.RepeatedCompositeFieldContainer[RegionCheckpoint]
     preemptions: int
     checkpoint_shares: _containers.RepeatedCompositeFieldContainer[CheckpointShare]
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ...) -> None: ...
+    node_recovery: NodeRecovery
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ..., node_recovery: _Optional[_Union[NodeRecovery, _Mapping]] = ...) -> None: ...
+
+class NodeRecovery(_message.Message):
+    __slots__ = ("failed_attempt", "lost_nodes", "survivors", "step_at_failure", "plan", "why", "relaunch_attempt", "replaced", "tier")
+    class ReplacedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FAILED_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LOST_NODES_FIELD_NUMBER: _ClassVar[int]
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    STEP_AT_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    failed_attempt: int
+    lost_nodes: _containers.RepeatedScalarFieldContainer[str]
+    survivors: _containers.RepeatedScalarFieldContainer[str]
+    step_at_failure: int
+    plan: str
+    why: str
+    relaunch_attempt: int
+    replaced: _containers.ScalarMap[str, str]
+    tier: str
+    def __init__(self, failed_attempt: _Optional[int] = ..., lost_nodes: _Optional[_Iterable[str]] = ..., survivors: _Optional[_Iterable[str]] = ..., step_at_failure: _Optional[int] = ..., plan: _Optional[str] = ..., why: _Optional[str] = ..., relaunch_attempt: _Optional[int] = ..., replaced: _Optional[_Mapping[str, str]] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class RegionCheckpoint(_message.Message):
     __slots__ = ("region", "step", "uri")
