@@ -687,7 +687,11 @@ class LocalExecutor(Executor):
         if att.failure is None and not att.stop_mode:
             crashed = [r for r in att.ranks if r.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
             if crashed:
-                first = crashed[0]
+                # One poll may find several dead: the node that was lost (its ranks killed
+                # by a signal) and peers that then failed their collective (an exit code).
+                # Blame the killed one: blaming a peer would replace a healthy node and
+                # relaunch on the lost one.
+                first = min(crashed, key=lambda r: (r.returncode >= 0, r.rank))
                 blamed = [] if first.returncode in NOT_THE_NODE else [first.node_id]
                 msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
                 stderr = tail(first.stderr_path)

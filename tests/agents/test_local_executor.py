@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -185,6 +186,31 @@ def test_hang_detection(ex, fake_trainer):
     assert end.state == AS.ATTEMPT_STATE_FAILED
     assert end.message.startswith("hang: no progress for ")
     assert end.progress.step == 5
+
+
+def _exited(pid: int) -> bool:
+    """The process is a zombie (exited, not yet reaped): the executor has not seen it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_rank_killed_by_a_signal_is_blamed_over_a_peer_that_then_exited(ex, fake_trainer):
+    """A lost node: its ranks die by a signal, and the peers then fail their collective
+    with an exit code. When one poll finds both, the killed rank's node is the one to
+    blame (the broker replaces the blamed node; blaming the peer's would keep the lost one)."""
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_STEP_S": "0.05",
+                                           "FAKE_FAIL_RANK": "0", "FAKE_FAIL_AT": "4",
+                                           "FAKE_FAIL_CODE": "1"}))
+    ranks = {r.rank: r for r in ex.get("j-1", 1).ranks}  # 2 per node: ranks 2, 3 on t1-p5-001
+    wait_for(lambda: _exited(ranks[0].pid), 60, what="rank 0's own exit 1")
+    os.kill(ranks[2].pid, signal.SIGKILL)
+    wait_for(lambda: _exited(ranks[2].pid), 30, what="rank 2 killed")
+    end = Collector(ex).wait_terminal()  # the first poll sees both
+    assert end.state == AS.ATTEMPT_STATE_FAILED and end.exit_code == -signal.SIGKILL, end
+    assert end.failed_nodes == ["t1-p5-001"], end
+    assert "rank 2 on t1-p5-001" in end.message
 
 
 def test_fail_marks_failed_nodes(ex, fake_trainer):
