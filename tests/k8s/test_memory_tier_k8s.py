@@ -2,7 +2,8 @@
 restored from the keepers' memory.
 
 Real: the API server (the namespace enforces the restricted Pod Security Standard), its
-scheduler, the executor authenticated as deploy/k8s/agent.yaml's
+Job controller (the keepers are one-pod Jobs) and scheduler, the executor authenticated as
+deploy/k8s/agent.yaml's
 service account, the built-in trainer's gloo ranks in pods and the keepers in pods of
 their own (region_agents/executors/k8s_keepers.py). Simulated: only the kubelet
 (tests/fixtures/k8s/kubelet.py; each pod has its own 127.x.y.z address).
