@@ -873,6 +873,10 @@ def k8s(d: dict[str, Any]) -> list[str]:
         f" {base['apiserver_cpu_fraction_of_core']:.1%} of a core |",
         "",
         f"Agent requests during the fill: {fill_reqs}."
+        + (" The `get pods` are `pods/log` reads: KWOK's nodes serve no logs, so each pod's"
+           " read fails and is retried with backoff (1 s doubling to a minute), a cost of the"
+           " fake nodes that a real kubelet (one stream per pod) does not have."
+           if fr.get("get pods", 0) > launched else "")
         + (f" The agent self-fenced {d['agent_self_fences']} time(s) (no broker answer within its"
            " deadline): the deletes are its kills, and the steady window's creates and patches are"
            " the broker's relaunches, so that window was not idle." if d.get("agent_self_fences") else ""),

@@ -189,7 +189,7 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
             assert sorted(where.values()) == sorted(["mk-n0", SPARE, "mk-n2"]), where
 
             rank0 = list(kubelet.root.glob(
-                f"pods/{ns}_{resource_name(JOB, 2)}-0-*/volumes/shared/progress.json"))
+                f"pods/{ns}_{resource_name(JOB, 2)}-0_*/volumes/shared/progress.json"))
             assert len(rank0) == 1, rank0
             prog = json.loads(rank0[0].read_text())
             assert prog["resume_tier"] == "memory", prog
