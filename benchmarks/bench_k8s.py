@@ -12,11 +12,15 @@ Measured:
 * agent start-up: process start -> its 2,000 nodes registered with the broker (list and
   watch set up, imports included);
 * Launch -> all pods bound, per attempt, from the API server's audit log (its clock): the
-  agent's first request for the Launch (creating the Secret) to the scheduler's binding
+  agent's first request for the Launch (creating the Service) to the scheduler's binding
   of the attempt's last pod; p50/p99, at a submit rate of ``--rate`` jobs/s until
-  ``--jobs`` 2-pod jobs (5,000 pods) run. Split at the Job's creation and at the Job
-  controller's pod creates; and, from the benchmark's own watches, submit -> bound
-  (which adds the broker's queueing and the Launch RPC);
+  ``--jobs`` 2-pod jobs (5,000 pods) run. Split at the agent's last pod create (the
+  agent makes the pods itself: no Job controller); and, from the benchmark's own
+  watches, submit -> bound (which adds the broker's queueing and the Launch RPC);
+* the rate at which Launches reach the cluster (the agent's Service creates per second
+  over the fill) and the longest pause between two of them: the broker's side;
+* with ``--profile-broker``, where the broker spends its time during the fill: py-spy
+  (if installed) samples it and the functions with the most samples are recorded;
 * the agent's CPU and RSS (from /proc) during the fill and over ``--steady`` seconds of
   steady state with every pod running; the baseline is the same agent over the same
   2,000 nodes with no pods (idle), measured first in the same run;
@@ -64,11 +68,11 @@ AGENT_SA = ("computebroker", "region-agent")  # deploy/k8s/agent.yaml
 NAMESPACE = "training"
 REGION = "us-east-2"
 # The controller manager's and scheduler's own client rate limits (defaults 20 and 50
-# requests/s) are sized for small clusters: at 20 Jobs/s the Job controller makes about
-# 4 writes per Job (2 pods, status with its pod-tracking finalizers) and the scheduler 2
-# per pod (binding, event), 80 writes/s each; the defaults would queue them client-side
-# and the queue, not the agent, would be what Launch -> bound measures. Large clusters
-# raise them (kwokctl --disable-qps-limits lifts them altogether).
+# requests/s) are sized for small clusters: at 20 attempts/s the scheduler makes 2 writes
+# per pod (binding, event), 80 writes/s; the default would queue them client-side and
+# the queue, not the agent, would be what Launch -> bound measures. Large clusters raise
+# them (kwokctl --disable-qps-limits lifts them altogether). The controller manager's
+# are raised alike (the node lifecycle and garbage collector share its client).
 CLIENT_QPS = ("--kube-api-qps=200", "--kube-api-burst=300")
 SCHEDULER = "system:kube-scheduler"  # its pods/binding creates: when each pod was bound
 MANAGED = "app.kubernetes.io/managed-by=computebroker-agent"  # k8s_manifests.selector
@@ -114,22 +118,19 @@ def cpu_shares(before: dict[str, float], after: dict[str, float], seconds: float
 
 class BindWatch:
     """Our own observer (JSON watches, not client models, to stay light beside the agent):
-    when each attempt's Secret and Job appeared and when each of its pods got a node."""
+    when each attempt's Secret appeared and when each of its pods got a node."""
 
     def __init__(self, cp: Any) -> None:
         from kubernetes import client
 
         self.api = client.ApiClient(cp.api_client().configuration)
         self.core = client.CoreV1Api(self.api)
-        self.batch = client.BatchV1Api(self.api)
         self.secret: dict[str, float] = {}
-        self.created: dict[str, float] = {}
         self.bound: dict[str, dict[str, float]] = {}
         self.pod_seen: dict[str, dict[str, float]] = {}
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(fn, on), daemon=True)
                          for fn, on in ((self.core.list_namespaced_secret, self._on_secret),
-                                        (self.batch.list_namespaced_job, self._on_job),
                                         (self.core.list_namespaced_pod, self._on_pod))]
         for t in self._threads:
             t.start()
@@ -168,15 +169,10 @@ class BindWatch:
     def _on_secret(self, obj: dict, now: float) -> None:
         self.secret.setdefault(obj["metadata"]["name"], now)
 
-    def _on_job(self, obj: dict, now: float) -> None:
-        self.created.setdefault(obj["metadata"]["name"], now)
-
     def _on_pod(self, obj: dict, now: float) -> None:
-        labels = obj["metadata"].get("labels") or {}
-        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
-        if job:  # first seen: the Job controller made it (wall clock, as the audit log's)
-            self.pod_seen.setdefault(job, {}).setdefault(obj["metadata"]["name"], time.time())
-        if job and (obj.get("spec") or {}).get("nodeName"):
+        job = attempt_of_pod(obj["metadata"]["name"])
+        self.pod_seen.setdefault(job, {}).setdefault(obj["metadata"]["name"], time.time())
+        if (obj.get("spec") or {}).get("nodeName"):
             self.bound.setdefault(job, {}).setdefault(obj["metadata"]["name"], now)
 
     def all_bound(self, pods_per_job: int) -> dict[str, float]:
@@ -198,43 +194,111 @@ def _stamp(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
-def server_side_latencies(events: list[dict], agent_user: str,
-                          pod_seen: dict[str, dict[str, float]]) -> dict[str, list[float]]:
+def attempt_of_pod(pod: str) -> str:
+    """``<attempt name>-<index>`` (k8s_manifests.pod_name) -> the attempt's name."""
+    return pod.rsplit("-", 1)[0]
+
+
+def server_side_latencies(events: list[dict], agent_user: str) -> dict[str, list[float]]:
     """Per attempt, from the API server's audit log (its clock, microseconds; the
     benchmark's own CPU starvation cannot skew it): the agent's first request for the
-    Launch (creating the Secret), its Job create, the Job controller's pod creates and
-    the scheduler's bindings. An attempt counts once all of its pods are bound. The Job
-    controller's creates carry no pod name at this audit level (generateName), so when
-    each pod appeared comes from the benchmark's pod watch (``pod_seen``, wall clock)."""
+    Launch (creating the Service, then the Secret), its pod creates and the scheduler's
+    bindings. An attempt counts once all of its (2) pods are bound."""
     launch: dict[str, float] = {}
-    job: dict[str, float] = {}
-    created = {j: list(pods.values()) for j, pods in pod_seen.items()}
+    created: dict[str, list[float]] = {}
     bound: dict[str, list[float]] = {}
     for e in events:
         ref, who = e.get("objectRef") or {}, e["user"]["username"]
         if e.get("verb") != "create" or (e.get("responseStatus") or {}).get("code", 0) >= 300:
             continue
-        name = ref.get("name") or ""
-        if who == agent_user and ref.get("resource") == "secrets":
-            launch.setdefault(name, _stamp(e["requestReceivedTimestamp"]))
-        elif who == agent_user and ref.get("resource") == "jobs":
-            job.setdefault(name, _stamp(e["stageTimestamp"]))
-        elif ref.get("resource") == "pods" and ref.get("subresource") == "binding" and name:
-            bound.setdefault(name.rsplit("-", 2)[0], []).append(_stamp(e["stageTimestamp"]))
-    out: dict[str, list[float]] = {"launch_to_bound": [], "job_created_to_bound": [],
-                                   "job_created_to_pods_created": [], "pods_created_to_bound": []}
+        name, resource = ref.get("name") or "", ref.get("resource")
+        if who == agent_user and resource in ("services", "secrets") and not ref.get("subresource"):
+            t = _stamp(e["requestReceivedTimestamp"])
+            launch[name] = min(t, launch.get(name, t))
+        elif who == agent_user and resource == "pods" and not ref.get("subresource") and name:
+            created.setdefault(attempt_of_pod(name), []).append(_stamp(e["stageTimestamp"]))
+        elif resource == "pods" and ref.get("subresource") == "binding" and name:
+            bound.setdefault(attempt_of_pod(name), []).append(_stamp(e["stageTimestamp"]))
+    out: dict[str, list[float]] = {"launch_to_bound": [], "launch_to_pods_created": [],
+                                   "pods_created_to_bound": []}
     for name, b in bound.items():
         if len(b) < 2:
             continue
         if name in launch:
             out["launch_to_bound"].append(max(b) - launch[name])
-        if name in job:
-            out["job_created_to_bound"].append(max(b) - job[name])
-            if len(created.get(name, [])) >= 2:
-                out["job_created_to_pods_created"].append(max(created[name]) - job[name])
         if len(created.get(name, [])) >= 2:
             out["pods_created_to_bound"].append(max(b) - max(created[name]))
+            if name in launch:
+                out["launch_to_pods_created"].append(max(created[name]) - launch[name])
     return out
+
+
+def launch_rate(events: list[dict], agent_user: str) -> dict[str, float]:
+    """How fast Launches reached the cluster: the agent's Service creates (one per
+    attempt) per second over the fill, and the longest pause between two (a stall of
+    the broker, or of the agent's stream, shows here)."""
+    ts = sorted(_stamp(e["requestReceivedTimestamp"]) for e in events
+                if e["user"]["username"] == agent_user and e.get("verb") == "create"
+                and (e.get("objectRef") or {}).get("resource") == "services")
+    if len(ts) < 2:
+        return {"n": len(ts)}
+    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    return {"n": len(ts), "per_s": round((len(ts) - 1) / (ts[-1] - ts[0]), 2),
+            "span_s": round(ts[-1] - ts[0], 1), "max_gap_s": round(max(gaps), 2),
+            "gaps_over_2s": sum(1 for g in gaps if g > 2.0)}
+
+
+class Profiler:
+    """py-spy sampling a process (``--profile-broker``): where its time goes, as the
+    functions with the most samples (self: on top of the stack; total: anywhere in it).
+    A development tool, not a dependency: without py-spy the result says so."""
+
+    def __init__(self, pid: int, out: Path, rate: int = 20) -> None:
+        import shutil
+        import subprocess
+
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        self.out = out
+        self.proc = None
+        if Path(exe).exists():
+            self.proc = subprocess.Popen(
+                [exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
+                 "--nonblocking", "--output", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self, top: int = 20) -> dict[str, Any]:
+        import signal
+
+        if self.proc is None:
+            return {"error": "py-spy not installed"}
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        try:
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001 - a profiler that hangs: no profile, say so
+            self.proc.kill()
+            return {"error": "py-spy did not stop"}
+        if not self.out.exists():
+            return {"error": f"py-spy wrote nothing (exit {self.proc.returncode})"}
+        own: Counter[str] = Counter()
+        total: Counter[str] = Counter()
+        samples = 0
+        for line in self.out.read_text(errors="replace").splitlines():
+            stack, _, n = line.rpartition(" ")
+            if not stack or not n.isdigit():
+                continue
+            count = int(n)
+            samples += count
+            frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")"
+                      if " (" in f else f for f in stack.split(";")]
+            frames = [f for f in frames if not f.startswith("process ") and not f.startswith("thread ")]
+            if not frames:
+                continue
+            own[frames[-1]] += count
+            for f in set(frames):
+                total[f] += count
+        return {"samples": samples,
+                "self": [[f, round(c / max(1, samples), 3)] for f, c in own.most_common(top)],
+                "total": [[f, round(c / max(1, samples), 3)] for f, c in total.most_common(top)]}
 
 
 def summary(lat: list[float]) -> dict[str, float]:
@@ -285,6 +349,8 @@ def main() -> int:
     ap.add_argument("--baseline-s", type=float, default=20.0, help="polling baseline window")
     ap.add_argument("--fill-timeout", type=float, default=900.0,
                     help="stop waiting for every job to be bound after this long (recorded)")
+    ap.add_argument("--profile-broker", action="store_true",
+                    help="sample the broker with py-spy during the fill (top functions recorded)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
 
@@ -315,6 +381,8 @@ def main() -> int:
     c = Cluster(root=root / "cb")
     out: dict[str, Any] = {"benchmark": "k8s", "nodes": args.nodes, "jobs": args.jobs,
                            "pods": 2 * args.jobs, "rate_per_s": args.rate,
+                           "fill_timeout_s": args.fill_timeout,
+                           "executor": "pods made by the agent (no Job controller)",
                            "cluster_tuning": {"heartbeat_factor": f, "node_lease_s": lease_s,
                                               "kube_controller_manager": list(kcm),
                                               "kube_scheduler": list(CLIENT_QPS)},
@@ -352,6 +420,8 @@ def main() -> int:
         watch = BindWatch(cp)
         submitted: dict[str, float] = {}
         t_fill = time.monotonic()
+        profiler = (Profiler(c.broker.popen.pid, root / "broker-profile.txt")
+                    if args.profile_broker and c.broker is not None else None)
         c_fill0, _ = proc_cpu_rss(pid)
         comp0 = component_cpu(cp)
         with c.client() as client:
@@ -371,6 +441,8 @@ def main() -> int:
         deadline = time.monotonic() + args.fill_timeout
         while len(watch.all_bound(2)) < args.jobs and time.monotonic() < deadline:
             time.sleep(1)
+        if profiler is not None:
+            out["broker_profile_fill"] = profiler.stop()
         out["jobs_bound"] = len(watch.all_bound(2))  # < jobs: the fill timed out (said, not hidden)
         out["all_bound"] = out["jobs_bound"] >= args.jobs
         c_fill1, rss = proc_cpu_rss(pid)
@@ -383,15 +455,15 @@ def main() -> int:
         out["control_plane_fill_cpu_fraction_of_core"] = cpu_shares(comp0, component_cpu(cp), fill_s)
         audit = cp.audited_requests()
         reqs = [r for r in audit[audit0:] if r["user"]["username"] == sa_user]
-        server = server_side_latencies(audit[audit0:], sa_user, watch.pod_seen)
+        server = server_side_latencies(audit[audit0:], sa_user)
         out["launch_to_bound_s"] = summary(server["launch_to_bound"])
-        out["job_created_to_bound_s"] = summary(server["job_created_to_bound"])
-        out["job_created_to_pods_created_s"] = summary(server["job_created_to_pods_created"])
+        out["launch_to_pods_created_s"] = summary(server["launch_to_pods_created"])
         out["pods_created_to_bound_s"] = summary(server["pods_created_to_bound"])
+        out["launches_reaching_cluster"] = launch_rate(audit[audit0:], sa_user)
         out["agent_requests_during_fill"] = dict(Counter(
             f"{r.get('verb', '?')} {(r.get('objectRef') or {}).get('resource', '?')}" for r in reqs))
         launched = sum(1 for r in reqs if r.get("verb") == "create"
-                       and (r.get("objectRef") or {}).get("resource") == "jobs")
+                       and (r.get("objectRef") or {}).get("resource") == "services")
         out["agent_requests_per_attempt"] = round(len(reqs) / max(1, launched), 2)  # launched ones
         audit1 = len(cp.audited_requests())
         comp1 = component_cpu(cp)

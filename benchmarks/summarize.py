@@ -826,15 +826,29 @@ def running(d: dict[str, Any]) -> list[str]:
 def k8s(d: dict[str, Any]) -> list[str]:
     """The Kubernetes scale benchmark (bench_k8s.py): real control plane, KWOK nodes, the
     real agent process; the polling baseline from the same run."""
-    lb, jb, sb = d["launch_to_bound_s"], d["job_created_to_bound_s"], d["submit_to_bound_s"]
-    jc, pb = d["job_created_to_pods_created_s"], d["pods_created_to_bound_s"]
+    lb, sb, pb = d["launch_to_bound_s"], d["submit_to_bound_s"], d["pods_created_to_bound_s"]
     idle, fill, steady, base = d["agent_idle"], d["agent_fill"], d["agent_steady"], d["baseline_polling"]
     tune = d["cluster_tuning"]
     cp_steady = d.get("control_plane_steady_cpu_fraction_of_core", {})
     g = d["goals"]
     fr = d["agent_requests_during_fill"]
-    launched = fr.get("create jobs", 0)
+    # one Service per attempt (the agent makes the pods); a Job per attempt in results of
+    # the executor before that
+    launched = fr.get("create services", 0) if "create jobs" not in fr else fr["create jobs"]
     launch_reqs = sum(v for k, v in fr.items() if k.split()[0] in ("create", "patch"))
+    if "launch_to_pods_created_s" in d:  # the agent makes the pods
+        lc = d["launch_to_pods_created_s"]
+        stages = [f"| of which: Launch -> its pods created (the agent's creates), p50 / p99 |"
+                  f" {f(lc['p50'], 2)} / {f(lc['p99'], 2)} s |"]
+    else:  # an indexed Job made them
+        jb, jc = d["job_created_to_bound_s"], d["job_created_to_pods_created_s"]
+        stages = [f"| of which: Job created -> all pods bound, p50 / p99 | {f(jb['p50'], 2)} / {f(jb['p99'], 2)} s |",
+                  f"| of which: Job created -> its pods created (Job controller), p50 / p99 |"
+                  f" {f(jc['p50'], 2)} / {f(jc['p99'], 2)} s |"]
+    rate = d.get("launches_reaching_cluster") or {}
+    rate_row = ([f"| Launches reaching the cluster (the agent's Service creates): rate, longest pause |"
+                 f" {f(rate['per_s'], 1)}/s over {f(rate['span_s'], 0)} s, {f(rate['max_gap_s'], 1)} s |"]
+                if rate.get("per_s") is not None else [])
     bound = (f" {d['jobs_bound']:,} of the {d['jobs']:,} jobs had every pod bound before the"
              " fill's time limit; the figures are theirs." if not d.get("all_bound", True) else "")
     fill_reqs = ", ".join(f"{k} {v:,}" for k, v in sorted(d["agent_requests_during_fill"].items()))
@@ -858,17 +872,16 @@ def k8s(d: dict[str, Any]) -> list[str]:
         f" {f(d['agent_startup_s'], 2)} s |",
         f"| Launch -> all pods bound (the agent's first request -> the last binding, audit log), p50 / p99 / max |"
         f" {f(lb['p50'], 2)} / {f(lb['p99'], 2)} / {f(lb['max'], 2)} s (n = {lb['n']:,}) |",
-        f"| of which: Job created -> all pods bound, p50 / p99 | {f(jb['p50'], 2)} / {f(jb['p99'], 2)} s |",
-        f"| of which: Job created -> its pods created (Job controller), p50 / p99 |"
-        f" {f(jc['p50'], 2)} / {f(jc['p99'], 2)} s |",
+        *stages,
         f"| of which: pods created -> bound (scheduler), p50 / p99 | {f(pb['p50'], 2)} / {f(pb['p99'], 2)} s |",
+        *rate_row,
         f"| submit -> all pods bound (adds the broker and the Launch), p50 / p99 |"
         f" {f(sb['p50'], 2)} / {f(sb['p99'], 2)} s |",
         f"| agent CPU: idle over the nodes (baseline) / during the fill / steady state |"
         f" {idle['cpu_fraction_of_core']:.1%} / {fill['cpu_fraction_of_core']:.1%} /"
         f" {steady['cpu_fraction_of_core']:.1%} of a core |",
         f"| agent RSS: idle / steady | {f(idle['rss_mb'], 0)} / {f(steady['rss_mb'], 0)} MB |",
-        f"| agent API requests per launched attempt (audit log: creates + owner patches) |"
+        f"| agent API requests per launched attempt (audit log: creates and patches) |"
         f" {f(launch_reqs / max(1, launched), 2)} ({launched:,} attempts launched) |",
         f"| agent API requests in {f(steady['seconds'], 0)} s of steady state | {steady_reqs} |",
         f"| API server CPU in steady state, agent watching | "
@@ -879,6 +892,10 @@ def k8s(d: dict[str, Any]) -> list[str]:
         f" {base['apiserver_cpu_fraction_of_core']:.1%} of a core |",
         "",
         f"Agent requests during the fill: {fill_reqs}."
+        + (" The `get pods` are `pods/log` reads: KWOK's nodes serve no logs, so each pod's"
+           " read fails and is retried with backoff (1 s doubling to a minute), a cost of the"
+           " fake nodes that a real kubelet (one stream per pod) does not have."
+           if fr.get("get pods", 0) > launched else "")
         + (f" The agent self-fenced {d['agent_self_fences']} time(s) (no broker answer within its"
            " deadline): the deletes are its kills, and the steady window's creates and patches are"
            " the broker's relaunches, so that window was not idle." if d.get("agent_self_fences") else ""),

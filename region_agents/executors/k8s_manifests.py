@@ -1,20 +1,28 @@
-"""The Kubernetes objects of one attempt (pure: no API calls): an indexed ``batch/v1``
-Job, its headless Service and a Secret holding the job's own environment.
+"""The Kubernetes objects of one attempt (pure: no API calls): one pod per placed node,
+the gang's headless Service and a Secret holding the job's own environment.
 
-Why an indexed Job and not a PyTorchJob: it needs no operator in the cluster.
-``completionMode: Indexed`` gives each pod a stable index (= node rank) and, with the
-headless Service as ``subdomain``, a stable DNS name, so pod 0 is the rendezvous
-(``<name>-0.<name>``) exactly like torchrun's c10d master. One pod per placed node (node
-affinity to the placed hostnames, plus the UltraServer / network layer-3 label when the
-gang shares one; anti-affinity keeps two pods of a gang off one node), each running a
-rank per GPU under :mod:`checkpoint_layout.pod_supervisor` (not torchrun: it would hide
-the ranks' exit 75); the env follows docs/contracts.md.
+Why pods made by the agent and not a ``batch/v1`` Job (or a PyTorchJob): the broker has
+already placed the gang on named nodes, and the Job controller only stood between the
+agent and the pods it wanted. At 2,000 nodes it was most of the Launch -> bound time
+(tens of seconds: one sync loop for every Job of the namespace), and it added nothing the
+agent does not do itself: ``backoffLimit: 0`` (the broker relaunches), an index per pod
+and a stable hostname. The Kubeflow and HyperPod training operators create their pods
+directly too (docs/kubernetes.md weighs it). Each pod is named ``<name>-<index>`` (the
+index = node rank), with ``hostname: <name>-<index>`` and the headless Service as
+``subdomain``, so pod 0 is the rendezvous (``<name>-0.<name>``) exactly like torchrun's
+c10d master; and the names being fixed makes a repeated create harmless (409). Each pod
+is pinned to its own placed node by node affinity on the hostname: the real scheduler
+still binds it (and checks that the GPUs are free and the taints tolerated) but has
+nothing left to choose, and no inter-pod anti-affinity is needed to keep a gang apart.
+Each pod runs a rank per GPU under :mod:`checkpoint_layout.pod_supervisor` (not
+torchrun: it would hide the ranks' exit 75); the env follows docs/contracts.md.
 
 Why a Secret: a job's ``env`` may carry credentials (tokens, keys). Inline in the pod spec
-they would be readable by anyone who may ``get`` pods or Jobs; in a Secret they are
-readable only by who may read Secrets (the agent creates it and never reads it back).
-The Secret is owned by the Job (ownerReference, set right after the Job exists), so the
-garbage collector removes it with the Job wherever the agent does not.
+they would be readable by anyone who may ``get`` pods; in a Secret they are readable only
+by who may read Secrets (the agent creates it and never reads it back). The Secret is
+owned by the attempt's Service (ownerReference, set at creation), so the garbage
+collector removes it with the Service wherever the agent does not. The Service also
+carries the Launch, so a restarted agent finds an attempt whose pods were never made.
 
 Why the restricted Pod Security Standard: trainer namespaces enforce it
 (deploy/k8s/namespace.yaml), and a cluster admin can trust that a job's code runs as a
@@ -64,6 +72,10 @@ ANNOTATION_GO = "computebroker.io/standby-go"  # make-before-break: the Go, as J
 ANNOTATION_PROGRESS = PROGRESS_ANNOTATION  # published by the pod (pod_supervisor.py)
 ANNOTATION_CHECKPOINT_NOW = CHECKPOINT_NOW_ANNOTATION  # set by the agent: SIGUSR1 the ranks
 FINALIZER = "computebroker.io/exit-code"  # see the module doc
+ANNOTATION_NODE_RANK = "computebroker.io/node-rank"  # the pod's index in the gang
+ANNOTATION_GANG_SIZE = "computebroker.io/pods"  # on the Service: how many pods it has
+# The index of pods an earlier version of the agent had a Job controller make (read only,
+# so an upgraded agent still knows the ranks of such a pod it re-adopts).
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 SHARED_DIR = "/var/run/computebroker"  # an emptyDir: progress, stop deadline, workdir
 PODINFO_DIR = "/etc/computebroker/podinfo"  # a downward-API volume (annotations, refreshed)
@@ -85,7 +97,8 @@ PORT_SPAN = 10000
 def resource_name(job_id: str, attempt: int) -> str:
     """A DNS-1123 label (<= 63 chars) unique per job attempt: ``cb-<job>-a<attempt>``.
 
-    Indexed pods are named ``<name>-<index>-<random>``, so leave room for that.
+    Its pods are named ``<name>-<index>`` (and hostnames must be labels too), so leave
+    room for that.
     """
     base = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-") or "job"
     suffix = f"-a{attempt}"
@@ -142,9 +155,21 @@ def decode_launch(text: str) -> AttemptSpec | None:
 
 @dataclass
 class Manifests:
-    job: k8s.V1Job
+    """An attempt's objects, in the order they are created: the Service (it carries the
+    Launch, and owns the Secret), the Secret (before any pod that reads it), the pods."""
+
     service: k8s.V1Service
     secret: k8s.V1Secret
+    pods: list[k8s.V1Pod]
+
+    @property
+    def name(self) -> str:
+        return str(self.service.metadata.name)
+
+
+def pod_name(name: str, index: int) -> str:
+    """The gang's pod ``index`` (= its node rank): fixed, so it is also its hostname."""
+    return f"{name}-{index}"
 
 
 def _field_env(name: str, path: str) -> k8s.V1EnvVar:
@@ -162,7 +187,7 @@ def build_manifests(
     service_account: str = "",
     run_as_user: int = DEFAULT_UID,
 ) -> Manifests:
-    """The Job, headless Service and env Secret for one attempt.
+    """The pods, headless Service and env Secret for one attempt.
     ``service_account``: the pods' (the preStop hook reads its own pod); "" = the
     namespace's default."""
     name = resource_name(spec.job_id, spec.attempt)
@@ -202,7 +227,7 @@ def build_manifests(
     env_vars += [_field_env(POD_NAME_ENV, "metadata.name"),
                  _field_env(POD_NAMESPACE_ENV, "metadata.namespace"),
                  _field_env("CB_NODE_ID", "spec.nodeName"),
-                 _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX}']")]
+                 _field_env("NODE_RANK", f"metadata.annotations['{ANNOTATION_NODE_RANK}']")]
     if spec.spec.command:  # the job's own command, once per pod (it may run torchrun)
         command = [*SUPERVISOR, "--ranks=0", "--", *spec.spec.command]
     else:  # a rank per GPU, static rendezvous at pod 0 (as the local executor's ranks)
@@ -240,43 +265,41 @@ def build_manifests(
             field_path=f"metadata.annotations['{key}']"))
         for path, key in (("standby-go", ANNOTATION_GO),
                           ("checkpoint-now", ANNOTATION_CHECKPOINT_NOW))])
-    pod_spec = k8s.V1PodSpec(
-        containers=[container],
-        restart_policy="Never",
-        subdomain=name,
-        service_account_name=service_account or None,
-        termination_grace_period_seconds=grace_s,
-        affinity=_affinity(placed, labels),
-        tolerations=[k8s.V1Toleration(key=L.RESOURCE_GPU, operator="Exists", effect="NoSchedule")],
-        security_context=k8s.V1PodSecurityContext(
-            run_as_non_root=True, run_as_user=run_as_user, run_as_group=run_as_user,
-            fs_group=run_as_user, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
-        volumes=[k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
-                 k8s.V1Volume(name="shared", empty_dir=k8s.V1EmptyDirVolumeSource()),
-                 k8s.V1Volume(name="podinfo", downward_api=podinfo)],
-    )
     annotations = {ANNOTATION_JOB: spec.job_id, ANNOTATION_LAUNCH: encode_launch(spec)}
-    job = k8s.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels,
-                                  annotations=dict(annotations)),
-        spec=k8s.V1JobSpec(
-            completion_mode="Indexed",
-            completions=n_nodes,
-            parallelism=n_nodes,
-            backoff_limit=0,  # gang: the broker relaunches (attempt+1), not the Job controller
-            ttl_seconds_after_finished=3600,
-            template=k8s.V1PodTemplateSpec(
-                metadata=k8s.V1ObjectMeta(labels=labels, annotations=dict(annotations),
-                                          finalizers=[FINALIZER]),
-                spec=pod_spec),
-        ),
-    )
+    pods = []
+    for index in range(n_nodes):
+        pname = pod_name(name, index)
+        pod_spec = k8s.V1PodSpec(
+            containers=[container],
+            restart_policy="Never",
+            hostname=pname,
+            subdomain=name,
+            service_account_name=service_account or None,
+            termination_grace_period_seconds=grace_s,
+            affinity=_affinity(placed[index].node_id if index < len(placed) else "", labels),
+            tolerations=[k8s.V1Toleration(key=L.RESOURCE_GPU, operator="Exists",
+                                          effect="NoSchedule")],
+            security_context=k8s.V1PodSecurityContext(
+                run_as_non_root=True, run_as_user=run_as_user, run_as_group=run_as_user,
+                fs_group=run_as_user, seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+            volumes=[k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
+                     k8s.V1Volume(name="shared", empty_dir=k8s.V1EmptyDirVolumeSource()),
+                     k8s.V1Volume(name="podinfo", downward_api=podinfo)],
+        )
+        pods.append(k8s.V1Pod(
+            api_version="v1",
+            kind="Pod",
+            metadata=k8s.V1ObjectMeta(
+                name=pname, namespace=namespace, labels=dict(labels),
+                annotations={**annotations, ANNOTATION_NODE_RANK: str(index)},
+                finalizers=[FINALIZER]),
+            spec=pod_spec))
     service = k8s.V1Service(
         api_version="v1",
         kind="Service",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels,
+                                  annotations={**annotations,
+                                               ANNOTATION_GANG_SIZE: str(n_nodes)}),
         spec=k8s.V1ServiceSpec(
             cluster_ip="None",  # headless: DNS records per pod, for rendezvous
             selector={LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]},
@@ -291,7 +314,7 @@ def build_manifests(
         type="Opaque",
         string_data=dict(sorted(user_env.items())),
     )
-    return Manifests(job, service, secret)
+    return Manifests(service, secret, pods)
 
 
 def workdir_env(spec: AttemptSpec) -> dict[str, str]:
@@ -310,35 +333,27 @@ def workdir_env(spec: AttemptSpec) -> dict[str, str]:
             workdir_store.WORK_DIR_ENV: SHARED_DIR}
 
 
-def owner_reference(job: dict) -> dict:
-    """Makes an object the Job's dependent (garbage-collected with it). ``job`` is the
-    created Job as the API server returned it (JSON)."""
-    return {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"], "blockOwnerDeletion": False}
+def owner_reference(service: dict) -> dict:
+    """Makes an object the attempt's Service's dependent (garbage-collected with it).
+    ``service`` is the created Service as the API server returned it (JSON)."""
+    return {"apiVersion": "v1", "kind": "Service", "name": service["metadata"]["name"],
+            "uid": service["metadata"]["uid"], "blockOwnerDeletion": False}
 
 
-def _affinity(placed: list[common_pb2.NodeAssignment], labels: dict[str, str]) -> k8s.V1Affinity:
-    exprs: list[k8s.V1NodeSelectorRequirement] = []
-    if placed:
-        exprs.append(k8s.V1NodeSelectorRequirement(
-            key=L.LABEL_HOSTNAME, operator="In", values=sorted({n.node_id for n in placed})))
-        ultra = {n.ultraserver_id for n in placed}
-        layer3 = {n.network_layer_3 for n in placed}
-        if len(ultra) == 1 and "" not in ultra:
-            exprs.append(k8s.V1NodeSelectorRequirement(
-                key=L.LABEL_ULTRASERVER, operator="In", values=sorted(ultra)))
-        elif len(layer3) == 1 and "" not in layer3:
-            exprs.append(k8s.V1NodeSelectorRequirement(
-                key=L.LABEL_LAYER_3, operator="In", values=sorted(layer3)))
-    node_affinity = None
-    if exprs:
-        node_affinity = k8s.V1NodeAffinity(
+def _affinity(node: str, labels: dict[str, str]) -> k8s.V1Affinity:
+    """Pinned to its placed node (the broker placed the gang, topology included), by node
+    affinity rather than ``nodeName``: the scheduler still checks that the GPUs are free
+    and the node's taints tolerated (docs/kubernetes.md). Without a placement (never from
+    the broker), anti-affinity keeps two pods of a gang apart instead."""
+    if node:
+        return k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
             required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=exprs)]))
-    # One pod per node: the gang is one pod per placed node.
+                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[
+                    k8s.V1NodeSelectorRequirement(key=L.LABEL_HOSTNAME, operator="In",
+                                                  values=[node])])])))
     anti = k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[
         k8s.V1PodAffinityTerm(
             topology_key=L.LABEL_HOSTNAME,
             label_selector=k8s.V1LabelSelector(match_labels={
                 LABEL_JOB: labels[LABEL_JOB], LABEL_ATTEMPT: labels[LABEL_ATTEMPT]}))])
-    return k8s.V1Affinity(node_affinity=node_affinity, pod_anti_affinity=anti)
+    return k8s.V1Affinity(pod_anti_affinity=anti)

@@ -1,16 +1,18 @@
-"""Kubernetes executor: one indexed Job + headless Service + env Secret per attempt
-(region_agents/executors/k8s_manifests.py), watched through the API server.
+"""Kubernetes executor: a headless Service, an env Secret and one pod per placed node
+per attempt (region_agents/executors/k8s_manifests.py), watched through the API server.
 
 How it maps to Kubernetes (docs/kubernetes.md says more):
 
-* **Launch**: Secret, Service, Job (the Secret and Service then get the Job as owner).
-  Before any pod of attempt N exists, every pod of an older attempt of the job still
-  running is killed and its end awaited: no two attempts of a job can write at once,
-  also when the older one was started by a previous agent process. The fencing and the
-  manifests happen in ``launch()``; the five API requests happen on a small pool of
-  creator threads (``launch_workers``), so ``launch()`` returns at once: the agent calls
-  it on the thread that reads the broker's stream and with its lock held, and at tens
-  of Launches a second five sequential requests each would back that stream up (the
+* **Launch**: Service, Secret (owned by the Service), then the gang's pods, made by the
+  agent itself: no Job controller between the Launch and the scheduler (at 2,000 nodes
+  it was most of the Launch -> bound time; k8s_manifests.py says why). Before any pod
+  of attempt N exists, every pod of an older attempt of the job still running is
+  killed and its end awaited: no two attempts of a job can write at once, also when
+  the older one was started by a previous agent process. The fencing and the
+  manifests happen in ``launch()``; the API requests happen on a small pool of creator
+  threads (``launch_workers``), so ``launch()`` returns at once: the agent calls it on
+  the thread that reads the broker's stream and with its lock held, and at tens of
+  Launches a second several sequential requests each would back that stream up (the
   broker's heartbeat answers queue behind the Launches and the agent self-fences). A
   refusal by the API server comes out of ``poll()`` as FAILED (exit -1, its message).
 * **Observe**: two watches (:mod:`region_agents.executors.k8s_watch`): our pods in the
@@ -22,17 +24,16 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
   pod of it has ended; then the finalizers go. Exit 75 from every pod that ran =
   CHECKPOINTED, all 0 = SUCCEEDED, a crash = FAILED with the pod's exit code and its
   node blamed (unless the code blames no node).
-* **Stop**: the Job is deleted with ``propagationPolicy: Orphan`` (its controller
-  neither replaces the pods nor lets the garbage collector delete them with their
-  launch-time grace; the Job controller still clears its own tracking finalizer from
-  orphaned pods: kubernetes/kubernetes#108752), then the attempt's pods are deleted
-  with the Stop's own grace, so the kubelet's SIGKILL comes at the Stop's deadline. The
+* **Stop**: the attempt's pods are deleted with the Stop's own grace (by name, off
+  the lock: ``_kill``; no controller replaces them), so the kubelet's SIGKILL comes
+  at the Stop's deadline. The
   container's ``preStop`` hook (``python -m checkpoint_layout.pod_deadline``) reads that
   deadline from its pod's ``deletionTimestamp`` and hands it to the trainer.
 * **Restart safety**: nothing lives only in this process. :meth:`recover` re-adopts
-  every attempt whose Job or pods exist (the Launch is an annotation on both), including
-  one stopped half-way (Job orphaned, pods terminating); pods whose attempt ended while
-  no agent ran still hold our finalizer, so their exit codes are read and reported.
+  every attempt whose Service or pods exist (the Launch is an annotation on both),
+  including one stopped half-way (pods terminating) and one whose pods were being made
+  when the agent died (the missing ones are made); pods whose attempt ended while no
+  agent ran still hold our finalizer, so their exit codes are read and reported.
 * **Nodes**: inventory, health and spot notices from the Node watch
   (:mod:`region_agents.executors.k8s_nodes`, labels through region_agents/labels.py).
 * **Rank output**: read from ``pods/log`` into per-rank files the agent's log shipper
@@ -85,9 +86,11 @@ from region_agents.executors.k8s_keepers import KeeperJobs
 from region_agents.executors.k8s_logs import DEFAULT_MAX_STREAMS, PodLogs, PodRanks
 from region_agents.executors.k8s_manifests import (
     ANNOTATION_CHECKPOINT_NOW,
+    ANNOTATION_GANG_SIZE,
     ANNOTATION_GO,
     ANNOTATION_JOB,
     ANNOTATION_LAUNCH,
+    ANNOTATION_NODE_RANK,
     ANNOTATION_PROGRESS,
     COMPLETION_INDEX,
     DEFAULT_IMAGE,
@@ -103,9 +106,9 @@ from region_agents.executors.k8s_manifests import (
     decode_launch,
     label_value,
     owner_reference,
+    pod_name,
     rendezvous_port,
     resource_name,
-    selector,
 )
 from region_agents.executors.k8s_nodes import health_of, spot_tainted
 from region_agents.executors.k8s_watch import ObjectCache
@@ -128,8 +131,13 @@ FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to 
 FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
 LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
-# attempts whose API objects are created at once; with the two watches and the poller's
-# patches this stays inside the client's connection pool (5 per CPU, 10 on two cores)
+# attempts whose API objects are created at once (and as many pod creates beside them:
+# a gang's pods are made in parallel once its Secret exists; and as many deleters). The
+# executor's own client has a connection for each of those, the two watches and the
+# poller (the kubernetes
+# client's default, 5 per CPU, would make the rest open and drop a TLS connection per
+# request); pods' logs are read through a client of their own, so that hundreds of log
+# streams (or, on KWOK's nodes, failing reads) never hold the connections launches need.
 LAUNCH_WORKERS = 6
 # threads making the requests that end things (kills, cleanups), off the lock
 KILL_WORKERS = 2
@@ -221,8 +229,8 @@ class _K8sAttempt:
     hang_timeout_s: float = 600.0
     # annotations every pod of the attempt must carry (set on pods created later too)
     wanted: dict[str, str] = field(default_factory=dict)
-    # its Secret/Service/Job are still being created (a creator thread): poll() leaves
-    # it alone, and a stop or failure meanwhile is applied by the creator once the Job exists
+    # its Service/Secret/pods are still being created (a creator thread): poll() leaves
+    # it alone, and a stop or failure meanwhile is applied by the creator (no more pods)
     created: Future | None = None
     # False when its creation was refused or abandoned (what it had made is undone): the
     # names may be someone else's objects, which the cleanup must not delete
@@ -230,7 +238,7 @@ class _K8sAttempt:
 
 
 class KubernetesExecutor(Executor):
-    """Creates, watches and deletes one Job per attempt; see the module docstring."""
+    """Creates, watches and deletes each attempt's pods; see the module docstring."""
 
     name = "kubernetes"
 
@@ -260,8 +268,9 @@ class KubernetesExecutor(Executor):
         self.grace_s = grace_s
         self.hang_timeout_s = hang_timeout_s
         self.progress_interval_s = progress_interval_s
-        self.core = k8s.CoreV1Api(api_client)
-        self.batch = k8s.BatchV1Api(api_client)
+        workers = max(1, launch_workers)
+        self.core = k8s.CoreV1Api(_sized_client(api_client, 3 * workers + 8))
+        self.batch = k8s.BatchV1Api(self.core.api_client)  # the memory keepers' Jobs
         self._lock = threading.RLock()
         self._nodes: dict[str, common_pb2.Node] = {}
         self._attempts: dict[tuple[str, int], _K8sAttempt] = {}
@@ -269,8 +278,10 @@ class KubernetesExecutor(Executor):
         self._released: dict[str, float] = {}  # pod uid -> when its finalizer was released
         self._spot_seen: dict[str, float] = {}  # node -> when its spot taint was first seen
         self.changed = threading.Event()  # set by the watches: something may have changed
-        self._creator = ThreadPoolExecutor(max(1, launch_workers), thread_name_prefix="k8s-create")
-        self._ender = ThreadPoolExecutor(KILL_WORKERS, thread_name_prefix="k8s-end")
+        self._creator = ThreadPoolExecutor(workers, thread_name_prefix="k8s-create")
+        self._pod_creator = ThreadPoolExecutor(workers, thread_name_prefix="k8s-create-pod")
+        # kills, cleanups (a request per pod, by name) and keepers' ends, off the lock
+        self._ender = ThreadPoolExecutor(max(KILL_WORKERS, workers), thread_name_prefix="k8s-end")
         self._last_pass = 0.0
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
@@ -278,7 +289,8 @@ class KubernetesExecutor(Executor):
         self.node_cache = ObjectCache(self.core.list_node, what="nodes",
                                       on_change=self.changed.set).start()
         self.owners = OwnerBook(owners_path) if owners_path else None
-        self.pod_logs = (PodLogs(self.core, namespace, Path(log_dir), CONTAINER,
+        logs_core = k8s.CoreV1Api(_sized_client(api_client, max_log_streams + 4))
+        self.pod_logs = (PodLogs(logs_core, namespace, Path(log_dir), CONTAINER,
                                  max_streams=max_log_streams, on_done=self.changed.set)
                          if log_dir else None)
         # keeper pods carry our managed-by label: the pod watch above sees them too
@@ -374,45 +386,49 @@ class KubernetesExecutor(Executor):
             m = build_manifests(spec, namespace=self.namespace, image=self.image,
                                 nodes=self._nodes, service_account=self.service_account,
                                 run_as_user=self.run_as_user, grace_s=self.grace_s)
-            att = _K8sAttempt(spec=spec, name=m.job.metadata.name,
-                              expected=m.job.spec.completions or 1,
+            att = _K8sAttempt(spec=spec, name=m.name, expected=len(m.pods),
                               hang_timeout_s=self._hang_timeout(spec))
             self._attempts[(spec.job_id, spec.attempt)] = att
             self._events.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
             att.created = self._creator.submit(self._create, att, m)
 
-    def _create(self, att: _K8sAttempt, m: Manifests) -> None:
+    def _create(self, att: _K8sAttempt, m: Manifests, adopted: bool = False) -> None:
         """A creator thread: the attempt's API objects (see the module doc), no lock held
-        while the requests are in flight."""
+        while the requests are in flight. ``adopted``: finishing what a previous agent
+        process began (its Service and Secret exist; pods already there are kept)."""
         created: list[tuple[str, str]] = []
-        core, batch, ns = self.core, self.batch, self.namespace
+        core, ns = self.core, self.namespace
         every = memory_every(dict(att.spec.spec.trainer.options))
         if every:
             self._with_keepers(att, m, every)
         try:
-            _raw(core.create_namespaced_secret, ns, m.secret)
-            created.append(("secret", m.secret.metadata.name))
-            _raw(core.create_namespaced_service, ns, m.service)
-            created.append(("service", m.service.metadata.name))
+            if not adopted:
+                service = json.loads(_raw(core.create_namespaced_service, ns, m.service))
+                created.append(("service", m.name))
+                m.secret.metadata.owner_references = [owner_reference(service)]
+                _raw(core.create_namespaced_secret, ns, m.secret)
+                created.append(("secret", m.name))
             with self._lock:
                 stopped = bool(att.stop_mode or att.failure)
-            if stopped:  # stopped before any pod could exist: make none
-                self._undo(created)
-                with self._lock:
-                    att.created, att.owns_objects = None, False
-                    self.changed.set()
-                return
-            job = json.loads(_raw(batch.create_namespaced_job, ns, m.job))
-            created.append(("job", m.job.metadata.name))
-            owned = {"metadata": {"ownerReferences": [owner_reference(job)]}}
-            _raw(core.patch_namespaced_secret, m.secret.metadata.name, ns, owned)
-            _raw(core.patch_namespaced_service, m.service.metadata.name, ns, owned)
+            if not stopped and m.pods:  # (stopped before its pods exist: make none)
+                # in parallel: a gang's pods are independent (the Secret exists)
+                others = [self._pod_creator.submit(self._create_pod, p, adopted)
+                          for p in m.pods[1:]]
+                errors = []
+                for pod, fut in zip(m.pods, [None, *others], strict=True):
+                    try:
+                        self._create_pod(pod, adopted) if fut is None else fut.result()
+                        created.append(("pod", pod.metadata.name))
+                    except Exception as e:  # noqa: BLE001 - every create is waited for
+                        errors.append(e)
+                if errors:
+                    raise errors[0]
         except Exception as e:  # noqa: BLE001 - any refusal ends the attempt as FAILED
             why = _api_error(e) if isinstance(e, k8s.ApiException) else f"{type(e).__name__}: {e}"
-            self._undo(created)
+            self._undo(att, created)
             with self._lock:
                 att.failure = att.failure or (-1, f"kubernetes refused the attempt: {why}", [])
-                att.created, att.owns_objects = None, False
+                att.created, att.owns_objects = None, adopted
                 self.changed.set()
             log.warning("%s attempt %d: kubernetes refused it: %s", att.spec.job_id,
                         att.spec.attempt, why)
@@ -422,7 +438,7 @@ class KubernetesExecutor(Executor):
             if att.stop_mode or att.failure:  # stopped while its objects were being made
                 self._kill(att.name, att.spec.job_id, att.spec.attempt, att.stop_grace_s)
             self.changed.set()
-        log.info("launched %s attempt %d: job %s/%s, %d pod(s)", att.spec.job_id,
+        log.info("launched %s attempt %d: %s/%s, %d pod(s)", att.spec.job_id,
                  att.spec.attempt, self.namespace, att.name, att.expected)
 
     def _with_keepers(self, att: _K8sAttempt, m: Manifests, every: int) -> None:
@@ -436,8 +452,16 @@ class KubernetesExecutor(Executor):
             log.warning("%s attempt %d: memory tier off for this attempt: %s",
                         att.spec.job_id, att.spec.attempt, e)
             return
-        container = m.job.spec.template.spec.containers[0]
-        container.env = [*(container.env or []), *env]
+        # the gang's pods share one container spec (build_manifests): extend each once
+        for container in {id(c): c for p in m.pods for c in p.spec.containers[:1]}.values():
+            container.env = [*(container.env or []), *env]
+
+    def _create_pod(self, pod: k8s.V1Pod, adopted: bool) -> None:
+        try:
+            _raw(self.core.create_namespaced_pod, self.namespace, pod)
+        except k8s.ApiException as e:
+            if not (adopted and e.status == 409):  # 409 when adopted: made before the restart
+                raise
 
     def wait_created(self, job_id: str, attempt: int, timeout: float = 60.0) -> None:
         """Until the attempt's API objects exist (or were refused): for callers that read
@@ -448,20 +472,23 @@ class KubernetesExecutor(Executor):
         if fut is not None:
             fut.result(timeout)
 
-    def _undo(self, created: list[tuple[str, str]]) -> None:
-        for kind, name in reversed(created):
-            with contextlib.suppress(k8s.ApiException):
-                if kind == "job":
-                    self.batch.delete_namespaced_job(name, self.namespace,
-                                                     propagation_policy="Background")
-                elif kind == "service":
-                    self.core.delete_namespaced_service(name, self.namespace)
-                else:
-                    self.core.delete_namespaced_secret(name, self.namespace)
+    def _undo(self, att: _K8sAttempt, created: list[tuple[str, str]]) -> None:
+        """Delete what a refused creation had made (its pods never ran: grace 0)."""
+        self._delete_pods(att.name, [n for kind, n in created if kind == "pod"], 0)
+        kinds = {kind for kind, _ in created}
+        with contextlib.suppress(k8s.ApiException):
+            if "secret" in kinds:
+                self.core.delete_namespaced_secret(att.name, self.namespace)
+            if "service" in kinds:
+                self.core.delete_namespaced_service(att.name, self.namespace)
 
     def _fence_older(self, job_id: str, attempt: int) -> None:
         """Kill every pod of an older attempt of ``job_id`` that may still run (ours or
-        a previous agent process's) and wait until each has ended."""
+        a previous agent process's) and wait until each has ended. Attempt 1 has none
+        (and is most Launches: no pass over every pod of the namespace for it)."""
+        if attempt <= 1:
+            return
+
         def older() -> list[dict]:
             now = time.time()
             return [p for p in self.pods.snapshot().values()
@@ -488,46 +515,54 @@ class KubernetesExecutor(Executor):
 
     # ---- control -----------------------------------------------------------------
     def _kill(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
-        """Orphan the Job, delete its pods with ``grace_s`` (see the module doc): queued
-        for the enders' pool, so the caller (holding the lock) never waits on the API
-        server. The attempt's end is still judged by ``poll()`` from the pods' states."""
+        """Delete the attempt's pods with ``grace_s`` (see the module doc), one request
+        per pod by name, on the deleter threads: callers hold the executor's lock, which
+        the broker stream's Launches wait for, and a delete may take long on a busy API
+        server. Not ``deletecollection``: the API server reads every pod of the namespace
+        for each one (thousands, at scale) to find the attempt's two."""
         self.changed.set()  # the next poll() looks at the attempt again
-        self._ender.submit(self._kill_now, name, job_id, attempt, grace_s)
+        self._ender.submit(self._delete_pods, name, self._pod_names(name, job_id, attempt),
+                             grace_s)
 
-    def _kill_now(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
-        """An enders' thread: the two requests of :meth:`_kill`, no lock held."""
-        try:
-            self.batch.delete_namespaced_job(name, self.namespace, propagation_policy="Orphan")
-        except k8s.ApiException as e:
-            if e.status != 404:
-                log.warning("delete job %s: %s", name, _api_error(e))
-        except Exception:  # noqa: BLE001 - a pool thread: say it, and still delete the pods
-            log.exception("delete job %s failed", name)
-        try:
-            self.core.delete_collection_namespaced_pod(
-                self.namespace, label_selector=selector(job_id, attempt),
-                grace_period_seconds=grace_s)
-        except k8s.ApiException as e:
-            log.warning("delete pods of %s: %s", name, _api_error(e))
-        except Exception:  # noqa: BLE001 - a pool thread: say it
-            log.exception("delete pods of %s failed", name)
-        self.changed.set()
+    def _pod_names(self, name: str, job_id: str, attempt: int) -> list[str]:
+        """The attempt's pods: their fixed names (``pod_name``), and for an adopted
+        attempt (made by an older agent, perhaps through a Job) the names in the cache."""
+        att = self._attempts.get((job_id, attempt))
+        names = {pod_name(name, i) for i in range(att.expected if att is not None else 0)}
+        if att is None or att.adopted:
+            names |= {n for n, p in self.pods.snapshot().items() if pod_key(p) == (job_id, attempt)}
+        return sorted(names)
 
-    def _cleanup(self, att: _K8sAttempt) -> None:
-        """After the end: the Job (if any: its pods have ended), Service and Secret, on
-        the enders' pool (off the lock, as kills)."""
-        self._ender.submit(self._cleanup_now, att.name)
-
-    def _cleanup_now(self, name: str) -> None:
-        for call in (self.batch.delete_namespaced_job, self.core.delete_namespaced_service,
-                     self.core.delete_namespaced_secret):
+    def _delete_pods(self, name: str, pods: list[str], grace_s: int) -> None:
+        for pod in pods:
             try:
-                call(name, self.namespace, propagation_policy="Background")
+                self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=grace_s,
+                                                _preload_content=False)
             except k8s.ApiException as e:
                 if e.status != 404:
-                    log.warning("delete %s: %s", name, _api_error(e))
-            except Exception:  # noqa: BLE001 - a pool thread: say it
-                log.exception("delete %s failed", name)
+                    log.warning("delete pod %s of %s: %s", pod, name, _api_error(e))
+
+    def _cleanup(self, att: _K8sAttempt) -> None:
+        """After the end: Service and Secret, then the pods (ended, read and released).
+        In this order, a Service without pods is always an attempt whose pods were never
+        made (recover() relies on it), and released pods are always an attempt already
+        reported."""
+        self._delete_objects(att.name, att.spec.job_id, att.spec.attempt)
+
+    def _delete_objects(self, name: str, job_id: str, attempt: int) -> None:
+        """Service, Secret, then pods, in that order, on a deleter thread (see _kill)."""
+        pods = self._pod_names(name, job_id, attempt)
+
+        def delete() -> None:
+            for call in (self.core.delete_namespaced_service, self.core.delete_namespaced_secret):
+                try:
+                    call(name, self.namespace, propagation_policy="Background",
+                         _preload_content=False)
+                except k8s.ApiException as e:
+                    if e.status != 404:
+                        log.warning("delete %s: %s", name, _api_error(e))
+            self._delete_pods(name, pods, 0)
+        self._ender.submit(delete)
 
     def _keepers_done(self, att: _K8sAttempt, state: int) -> None:
         """A job that succeeded, stopped or checkpointed needs its memory no more (a
@@ -725,8 +760,8 @@ class KubernetesExecutor(Executor):
         ended = all(pod_ended(p, now) for p in pods)
         codes = list(att.exit_codes.values())
         if att.failure or att.stop_mode:
-            # Pods may still be saving for their whole grace. The Job was orphaned, so
-            # no new pod comes; once none can run, the attempt is over.
+            # Pods may still be saving for their whole grace. No controller makes new
+            # ones; once none can run, the attempt is over.
             if not ended:
                 return
             if att.failure:
@@ -831,12 +866,12 @@ class KubernetesExecutor(Executor):
 
         def of(pod: dict) -> PodRanks | None:
             meta = pod.get("metadata") or {}
-            raw = ((meta.get("annotations") or {}).get(COMPLETION_INDEX)
-                   or (meta.get("labels") or {}).get(COMPLETION_INDEX))
+            ann = meta.get("annotations") or {}
+            raw = ann.get(ANNOTATION_NODE_RANK) or ann.get(COMPLETION_INDEX)
             try:
                 index = int(raw)  # type: ignore[arg-type]
             except (TypeError, ValueError):
-                return None  # not a pod of an indexed Job of ours
+                return None  # not a pod of a gang of ours
             return PodRanks(index, 1) if own_command else PodRanks(index * per_pod, per_pod)
         return of
 
@@ -873,6 +908,7 @@ class KubernetesExecutor(Executor):
         A restarted agent re-adopts them (:meth:`recover`) and reports them on Register;
         the broker keeps or stops them (RegisterAck.stale_job_ids)."""
         self._creator.shutdown(wait=True, cancel_futures=True)
+        self._pod_creator.shutdown(wait=True, cancel_futures=True)
         self._ender.shutdown(wait=True)  # the kills and cleanups asked for are made
         self.pods.stop()
         self.node_cache.stop()
@@ -881,61 +917,93 @@ class KubernetesExecutor(Executor):
 
     # ---- restart safety ----------------------------------------------------------
     def recover(self) -> list[AttemptEvent]:
-        """Re-adopt every attempt whose Job or pods are in the cluster; their outcomes
-        come out of ``poll()`` like those of attempts this process launched."""
+        """Re-adopt every attempt whose Service or pods are in the cluster; their outcomes
+        come out of ``poll()`` like those of attempts this process launched. An attempt
+        whose pods were being made when the previous process died gets the missing ones
+        (their names are fixed, so a pod made meanwhile is not made twice); one with a
+        Service but no pod at all is reported FAILED (its Secret may never have been
+        made, and the job's env is nowhere else)."""
         with self._lock:
             now = time.time()
             found: dict[tuple[str, int], dict] = {}
             try:
-                jobs = self.batch.list_namespaced_job(
-                    self.namespace, label_selector=f"{LABEL_MANAGED}={MANAGER}").items
+                services = json.loads(self.core.list_namespaced_service(
+                    self.namespace, label_selector=f"{LABEL_MANAGED}={MANAGER}",
+                    _preload_content=False).data).get("items") or []
             except k8s.ApiException as e:
-                raise ValueError(f"cannot list jobs: {_api_error(e)}") from None
-            for job in jobs:
-                obj = self.batch.api_client.sanitize_for_serialization(job)
+                raise ValueError(f"cannot list services: {_api_error(e)}") from None
+            for obj in services:
                 k = pod_key(obj)
                 if k is not None:
-                    found[k] = {"job": obj, "pods": []}
+                    found[k] = {"service": obj, "pods": []}
             for p in self.pods.snapshot().values():
                 k = pod_key(p)
                 if k is not None:
-                    found.setdefault(k, {"job": None, "pods": []})["pods"].append(p)
+                    found.setdefault(k, {"service": None, "pods": []})["pods"].append(p)
             for k, what in found.items():
                 if k in self._attempts:
                     continue
-                job, pods = what["job"], what["pods"]
-                jstatus = (job or {}).get("status") or {}
-                if job is not None and not pods and any(
-                        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                        for c in jstatus.get("conditions") or []):
-                    continue  # finished and its pods released: reported before
-                source = job or pods[0]
+                service, pods = what["service"], what["pods"]
+                if pods and all(pod_ended(p, now) and FINALIZER not in
+                                (p["metadata"].get("finalizers") or []) for p in pods):
+                    # released: its end was reported; the previous agent died cleaning up
+                    self._delete_objects(resource_name(*k), *k)
+                    continue
+                source = pods[0] if pods else service
                 ann = source["metadata"].get("annotations") or {}
                 spec = decode_launch(ann.get(ANNOTATION_LAUNCH, ""))
                 if spec is None:
                     log.warning("%s attempt %d: no readable launch annotation; adopted bare", *k)
                     spec = AttemptSpec(job_id=k[0], attempt=k[1], spec=common_pb2.JobSpec(),
                                        placement=common_pb2.Placement())
-                expected = ((job or {}).get("spec") or {}).get("completions") or len(pods) or 1
-                att = _K8sAttempt(spec=spec, name=resource_name(*k), expected=int(expected),
+                sann = (service or {}).get("metadata", {}).get("annotations") or {}
+                try:
+                    expected = int(sann.get(ANNOTATION_GANG_SIZE) or 0)
+                except ValueError:
+                    expected = 0
+                expected = expected or len(spec.placement.nodes) or len(pods) or 1
+                att = _K8sAttempt(spec=spec, name=resource_name(*k), expected=expected,
                                   adopted=True, hang_timeout_s=self._hang_timeout(spec))
                 self._read_progress(att, pods)
                 if pods and all(map(pod_running, pods)):
                     att.running_since = now
                 if pods and all(pod_running(p) for p in pods) and len(pods) >= att.expected:
                     att.state = AS.ATTEMPT_STATE_RUNNING
-                if job is None and pods:  # orphaned by a stop the previous agent began
+                deleting = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+                if deleting:  # a stop (or a failure) the previous agent began
                     graces = [int(p["metadata"].get("deletionGracePeriodSeconds") or 0)
-                              for p in pods if p["metadata"].get("deletionTimestamp")]
+                              for p in deleting]
                     att.stop_mode = "checkpoint" if any(graces) else "kill"
                     att.stop_grace_s = max(graces, default=0)
                     att.stop_time = now
-                    if not graces:  # orphaned but not yet deleted: finish the stop
-                        self._kill(att.name, k[0], k[1], 0)
+                    if len(deleting) < len(pods):  # finish the stop
+                        self._kill(att.name, k[0], k[1], att.stop_grace_s)
+                elif not pods:
+                    att.failure = (-1, "the agent restarted before any pod of the attempt"
+                                       " was made", [])
+                elif len(pods) < expected and service is not None and not any(
+                        pod_ended(p, now) for p in pods):
+                    self._complete_gang(att, spec, {p["metadata"]["name"] for p in pods})
                 self._attempts[k] = att
                 log.info("re-adopted %s attempt %d (%d pod(s), %s)", k[0], k[1], len(pods),
-                         att.stop_mode or "running")
+                         att.stop_mode or ("failed" if att.failure else "running"))
         return []
+
+    def _complete_gang(self, att: _K8sAttempt, spec: AttemptSpec, have: set[str]) -> None:
+        """Make the pods of an adopted attempt that its previous agent had not made yet
+        (the same manifests: the env is in the Secret, which exists once any pod does)."""
+        try:
+            m = build_manifests(spec, namespace=self.namespace, image=self.image,
+                                nodes=self._nodes, service_account=self.service_account,
+                                run_as_user=self.run_as_user, grace_s=self.grace_s)
+        except Exception as e:  # noqa: BLE001 - cannot rebuild: the gang is lost
+            att.failure = (-1, f"the attempt's missing pods cannot be made: {e}", [])
+            self._kill(att.name, spec.job_id, spec.attempt, 0)
+            return
+        m.pods = [p for p in m.pods if p.metadata.name not in have]
+        log.warning("%s attempt %d: making its %d missing pod(s)", spec.job_id, spec.attempt,
+                    len(m.pods))
+        att.created = self._creator.submit(self._create, att, m, True)
 
     def adopt_existing(self) -> list[RunningInfo]:
         """Compatibility: :meth:`recover`, then what runs."""
@@ -955,9 +1023,19 @@ class KubernetesExecutor(Executor):
         return out
 
 
+def _sized_client(api_client: k8s.ApiClient, connections: int) -> k8s.ApiClient:
+    """A client with the same cluster and credentials as ``api_client`` and a connection
+    pool of its own, of ``connections`` (see LAUNCH_WORKERS)."""
+    import copy
+
+    cfg = copy.deepcopy(api_client.configuration)
+    cfg.connection_pool_maxsize = max(connections, cfg.connection_pool_maxsize or 0)
+    return k8s.ApiClient(cfg)
+
+
 def _raw(call: Callable[..., Any], *args: Any) -> bytes:
     """A client call whose answer stays JSON bytes: turning each created object into the
-    client's models is most of a request's CPU, and only the Job's uid is ever read.
+    client's models is most of a request's CPU, and only the Service's uid is ever read.
     Reading the body also hands the connection back to the pool."""
     return call(*args, _preload_content=False).data
 

@@ -55,21 +55,24 @@ def attempt(job="Job_ABC.1", n=2, command=(), ultra="us-1", attempt_no=3) -> Att
 def test_manifests_round_trip_and_content():
     nodes = {"node-0": common_pb2.Node(id="node-0", efa=16), "node-1": common_pb2.Node(id="node-1", efa=16)}
     m = build_manifests(attempt(), namespace="ml", image="repo/trainer:1", nodes=nodes)
-    job, svc = m.job, m.service
+    svc = m.service
     api = k8s.ApiClient()
-    data = api.sanitize_for_serialization(job)
-    again = api.deserialize(json.dumps(data), "V1Job", "application/json")
+    assert len(m.pods) == 2  # one pod per placed node, made by the agent (no Job)
+    data = api.sanitize_for_serialization(m.pods[0])
+    again = api.deserialize(json.dumps(data), "V1Pod", "application/json")
     assert api.sanitize_for_serialization(again) == data  # schema-valid round trip
 
     name = resource_name("Job_ABC.1", 3)
-    assert name == "cb-job-abc-1-a3" and job.metadata.name == name == svc.metadata.name
-    assert job.metadata.labels["computebroker.io/job-id"] == "Job_ABC.1"
-    assert job.metadata.labels["computebroker.io/attempt"] == "3"
-    s = data["spec"]
-    assert s["completionMode"] == "Indexed" and s["completions"] == 2 and s["parallelism"] == 2
-    assert s["backoffLimit"] == 0
-    pod = s["template"]["spec"]
+    assert name == "cb-job-abc-1-a3" and m.name == name == svc.metadata.name
+    assert [p.metadata.name for p in m.pods] == [f"{name}-0", f"{name}-1"]
+    assert [p.metadata.annotations["computebroker.io/node-rank"] for p in m.pods] == ["0", "1"]
+    assert data["metadata"]["labels"]["computebroker.io/job-id"] == "Job_ABC.1"
+    assert data["metadata"]["labels"]["computebroker.io/attempt"] == "3"
+    assert svc.metadata.annotations["computebroker.io/pods"] == "2"
+    assert decode_launch(svc.metadata.annotations["computebroker.io/launch"]).attempt == 3
+    pod = data["spec"]
     assert pod["subdomain"] == name and pod["restartPolicy"] == "Never"
+    assert pod["hostname"] == f"{name}-0" and m.pods[1].spec.hostname == f"{name}-1"
     c = pod["containers"][0]
     assert c["image"] == "repo/trainer:1"
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "16"}
@@ -83,48 +86,52 @@ def test_manifests_round_trip_and_content():
     assert "USER_VAR" not in env and "TRACEPARENT" not in env
     assert m.secret.string_data == {"USER_VAR": "1", "TRACEPARENT": "00-abc"}
     assert c["envFrom"] == [{"secretRef": {"name": name}}]
-    launch = decode_launch(data["spec"]["template"]["metadata"]["annotations"]["computebroker.io/launch"])
+    launch = decode_launch(data["metadata"]["annotations"]["computebroker.io/launch"])
     assert launch is not None and launch.job_id == "Job_ABC.1" and not launch.spec.env
-    assert data["spec"]["template"]["metadata"]["finalizers"] == [FINALIZER]
+    assert data["metadata"]["finalizers"] == [FINALIZER]
     port = rendezvous_port("Job_ABC.1", 3)
     assert env["MASTER_PORT"] == str(port) != str(rendezvous_port("Job_ABC.1", 4))
     assert env["OMP_NUM_THREADS"] == "1"
     node_rank = next(e for e in c["env"] if e["name"] == "NODE_RANK")
-    assert "job-completion-index" in node_rank["valueFrom"]["fieldRef"]["fieldPath"]
+    assert "computebroker.io/node-rank" in node_rank["valueFrom"]["fieldRef"]["fieldPath"]
     assert c["command"] == ["python", "-m", "checkpoint_layout.pod_supervisor", "--ranks=4",
                             "--", "python", "-m", "trainer"]
     sc, psc = c["securityContext"], pod["securityContext"]  # restricted Pod Security
     assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0
     assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    exprs = {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
-    assert exprs["kubernetes.io/hostname"] == ["node-0", "node-1"]
-    assert exprs["topology.k8s.aws/ultraserver-id"] == ["us-1"]
-    assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
-        "topologyKey"] == "kubernetes.io/hostname"
+    # each pod pinned to its own placed node: the scheduler checks fit, chooses nothing
+    for i, p in enumerate(m.pods):
+        terms = p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
+            .node_selector_terms
+        assert [(e.key, e.values) for e in terms[0].match_expressions] == [
+            ("kubernetes.io/hostname", [f"node-{i}"])]
+        assert p.spec.affinity.pod_anti_affinity is None  # no inter-pod term to evaluate
     # The Stop's deadline: the preStop hook reads its own pod and writes the file.
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "checkpoint_layout.pod_deadline"]
     assert env["CB_STOP_DEADLINE_FILE"] == "/var/run/computebroker/stop-deadline.json"
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert refs["CB_POD_NAME"] == "metadata.name" and refs["CB_POD_NAMESPACE"] == "metadata.namespace"
     assert "serviceAccountName" not in pod  # none given: the namespace's default
-    job2 = build_manifests(attempt(), service_account="trainer").job
-    assert job2.spec.template.spec.service_account_name == "trainer"
+    pod2 = build_manifests(attempt(), service_account="trainer").pods[0]
+    assert pod2.spec.service_account_name == "trainer"
     svc_data = api.sanitize_for_serialization(svc)
     assert svc_data["spec"]["clusterIP"] == "None"
     assert svc_data["spec"]["selector"] == {"computebroker.io/job-id": "Job_ABC.1",
                                             "computebroker.io/attempt": "3"}
 
 
-def test_manifests_custom_command_and_layer3_affinity():
-    job = build_manifests(attempt(command=["python", "train.py"], ultra="")).job
-    c = job.spec.template.spec.containers[0]
+def test_manifests_custom_command_and_a_gang_without_placement():
+    pod = build_manifests(attempt(command=["python", "train.py"], ultra="")).pods[0]
+    c = pod.spec.containers[0]
     assert c.command[-3:] == ["--", "python", "train.py"] and "--ranks=0" in c.command
     assert "vpc.amazonaws.com/efa" not in c.resources.limits
-    exprs = job.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
-        .node_selector_terms[0].match_expressions
-    assert [e.key for e in exprs] == ["kubernetes.io/hostname", "topology.k8s.aws/network-node-layer-3"]
+    bare = attempt()
+    del bare.placement.nodes[:]  # never from the broker: the scheduler picks, kept apart
+    m = build_manifests(bare)
+    assert len(m.pods) == 2 and all(p.spec.affinity.node_affinity is None for p in m.pods)
+    assert m.pods[0].spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution[
+        0].topology_key == "kubernetes.io/hostname"
 
 
 def test_the_pod_exit_code_is_the_gangs_truth():
@@ -176,7 +183,7 @@ def test_node_health_and_spot_from_node_objects():
 def test_pods_get_torchruns_thread_default_unless_the_spec_sets_it():
     def pod_env(spec: AttemptSpec) -> tuple[dict[str, str], dict[str, str]]:
         m = build_manifests(spec)
-        inline = {e.name: e.value for e in m.job.spec.template.spec.containers[0].env}
+        inline = {e.name: e.value for e in m.pods[0].spec.containers[0].env}
         return inline, dict(m.secret.string_data)
 
     env, _ = pod_env(attempt(command=["python", "train.py"]))  # a user's command: no torchrun

@@ -1,13 +1,13 @@
 """The node-unhealthy kill path does not hold the executor up while the API server is slow.
 
 When a node turns unhealthy the agent calls ``executor.fail`` for each attempt on it,
-which kills the attempt's pods (deletes its Job, then its pods). Those requests used to
+which kills the attempt's pods (a DELETE per pod, by name). Those requests used to
 run with the executor's lock held, so one slow API server answer stalled ``poll()``,
 ``running()`` and Launches for as long as it took. Here a real validating admission
 webhook (an HTTPS server of the test's, called by the real API server) holds every
-DELETE of a Job in the test's namespace until the test lets it go: while the kill's
+DELETE of a pod in the test's namespace until the test lets it go: while the kill's
 first request is held, ``fail()`` has returned, and ``poll()``, ``running()`` and a
-Launch of another job (its Secret, Service and Job created) all complete; once the
+Launch of another job (its Service, Secret and pod created) all complete; once the
 webhook answers, the failed attempt ends FAILED blaming the node.
 """
 
@@ -45,7 +45,7 @@ HOLD_MAX_S = 25.0  # the webhook answers by then at the latest (its timeout is 3
 
 
 class SlowDeletes:
-    """A validating webhook that records the Job DELETEs it sees and, while ``hold`` is
+    """A validating webhook that records the pod DELETEs it sees and, while ``hold`` is
     on, answers each only when ``release`` is set."""
 
     def __init__(self, cp: ControlPlane) -> None:
@@ -91,10 +91,10 @@ class SlowDeletes:
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": name},
             "webhooks": [{
-                "name": "slow-job-delete.computebroker.test",
+                "name": "slow-pod-delete.computebroker.test",
                 "clientConfig": {"url": self.url, "caBundle": base64.b64encode(ca).decode()},
-                "rules": [{"apiGroups": ["batch"], "apiVersions": ["v1"],
-                           "operations": ["DELETE"], "resources": ["jobs"],
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                           "operations": ["DELETE"], "resources": ["pods"],
                            "scope": "Namespaced"}],
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                 "failurePolicy": "Ignore",
@@ -122,16 +122,22 @@ def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
 
 def _webhook_active(cp: ControlPlane, ns: str, hook: SlowDeletes) -> None:
     """Until the API server calls the webhook (it picks configurations up shortly after
-    they are created): create and delete a suspended Job until the webhook sees it."""
-    batch = client.BatchV1Api(cp.api_client())
-    probe = {"metadata": {"name": "probe"}, "spec": {"suspend": True, "template": {"spec": {
-        "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}
+    they are created): create and delete a pod no node takes until the webhook sees it."""
+    core = cp.core()
+    probe = {"metadata": {"name": "probe"}, "spec": {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "c", "image": "x", "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}],
+        "nodeSelector": {"computebroker.io/no-such-node": "x"}}}
     deadline = time.monotonic() + 60
     while "probe" not in hook.seen:
         assert time.monotonic() < deadline, "the webhook was never called"
-        batch.create_namespaced_job(ns, probe)
-        batch.delete_namespaced_job("probe", ns, propagation_policy="Background")
-        wait(lambda: not batch.list_namespaced_job(ns).items, timeout=30, what="probe gone")
+        core.create_namespaced_pod(ns, probe)
+        core.delete_namespaced_pod("probe", ns, grace_period_seconds=0)
+        wait(lambda: not [p for p in core.list_namespaced_pod(ns).items
+                          if p.metadata.name == "probe"], timeout=30, what="probe gone")
         time.sleep(0.5)
 
 
@@ -155,7 +161,7 @@ def test_node_unhealthy_kill_does_not_block_other_operations(cluster_a: ControlP
             t0 = time.monotonic()
             ex.fail("victim", 1, "node kl-n1 unhealthy: NotReady", ["kl-n1"])  # the agent's call
             fail_s = time.monotonic() - t0
-            assert hook.holding.wait(20), "the kill's Job DELETE never reached the API server"
+            assert hook.holding.wait(20), "the kill's pod DELETE never reached the API server"
             # the kill's first request is held by the API server's webhook call, now:
             t1 = time.monotonic()
             events.extend(ex.poll())
@@ -166,8 +172,8 @@ def test_node_unhealthy_kill_does_not_block_other_operations(cluster_a: ControlP
             assert hook.holding.is_set(), "the webhook let the DELETE go before the checks ended"
             assert fail_s < 2.0, f"fail() waited {fail_s:.1f} s for the API server"
             assert others_s < 15.0, f"poll/running/launch took {others_s:.1f} s meanwhile"
-            assert client.BatchV1Api(cluster_a.api_client()).read_namespaced_job(
-                "cb-other-a1", ns).metadata.name == "cb-other-a1"
+            assert cluster_a.core().read_namespaced_pod(
+                "cb-other-a1-0", ns).metadata.name == "cb-other-a1-0"
 
             hook.hold = False
             hook.release.set()
@@ -175,7 +181,7 @@ def test_node_unhealthy_kill_does_not_block_other_operations(cluster_a: ControlP
             end = state_of(events, "victim")
             assert end.state == AS.ATTEMPT_STATE_FAILED and end.failed_nodes == ["kl-n1"]
             assert "unhealthy" in end.message
-            assert "cb-victim-a1" in hook.seen  # the kill's DELETE was the one held
+            assert "cb-victim-a1-0" in hook.seen  # the kill's DELETE was the one held
             ex.stop("other", 1, False, 0)
             poll_until(ex, terminal("other"), what="other stopped", events=events)
     finally:

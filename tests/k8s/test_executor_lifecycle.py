@@ -51,10 +51,12 @@ def test_one_pod_trainer_runs_to_success_in_a_restricted_namespace(cluster_a, ku
             ex.launch(spec)
             ex.wait_created("solo", 1)  # launch() hands the API requests to a creator thread
             name = resource_name("solo", 1)
-            from kubernetes import client
-
-            job = client.BatchV1Api(cluster_a.api_client()).read_namespaced_job(name, ns)
-            pod_spec = job.spec.template.spec
+            pod = cluster_a.core().read_namespaced_pod(f"{name}-0", ns)  # made by the agent
+            assert FINALIZER in pod.metadata.finalizers
+            assert pod.metadata.annotations["computebroker.io/node-rank"] == "0"
+            assert not pod.metadata.owner_references  # no Job controller in between
+            pod_spec = pod.spec
+            assert pod_spec.hostname == f"{name}-0" and pod_spec.subdomain == name
             # restricted PSS (the API server enforced it at pod creation; spelled out here)
             assert pod_spec.security_context.run_as_non_root is True
             assert pod_spec.security_context.run_as_user != 0
@@ -62,12 +64,13 @@ def test_one_pod_trainer_runs_to_success_in_a_restricted_namespace(cluster_a, ku
             c = pod_spec.containers[0]
             assert c.security_context.allow_privilege_escalation is False
             assert c.security_context.capabilities.drop == ["ALL"]
-            # the job's env is in a Secret owned by the Job, never inline
+            # the job's env is in a Secret owned by the Service, never inline
             assert all(e.name != "API_TOKEN" for e in c.env)
-            assert "s3cr3t" not in str(job.to_dict())
+            assert "s3cr3t" not in str(pod.to_dict())
             sec = cluster_a.core().read_namespaced_secret(name, ns)
             assert base64.b64decode(sec.data["API_TOKEN"]).decode() == "s3cr3t"
-            assert sec.metadata.owner_references[0].uid == job.metadata.uid
+            svc = cluster_a.core().read_namespaced_service(name, ns)
+            assert sec.metadata.owner_references[0].uid == svc.metadata.uid
             env = {e.name: e.value for e in c.env}
             assert env["OMP_NUM_THREADS"] == "1"
             events = poll_until(ex, terminal("solo"), what="solo to finish")
@@ -125,7 +128,7 @@ def test_a_crashed_pod_fails_the_gang_with_its_exit_code_and_node(cluster_a, kub
             end = state_of(events, "crash")
             assert end.state == AS.ATTEMPT_STATE_FAILED
             assert end.exit_code == 3, end.message
-            pods = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"]: p
+            pods = {p.metadata.annotations["computebroker.io/node-rank"]: p
                     for p in cluster_a.core().list_namespaced_pod(ns).items}
             if "1" in pods:
                 assert end.failed_nodes == [pods["1"].spec.node_name]
@@ -191,9 +194,7 @@ def test_an_attempt_the_api_server_refuses_ends_failed_with_its_message(cluster_
             assert end.state == AS.ATTEMPT_STATE_FAILED
             assert end.exit_code == -1
             assert "kubernetes refused the attempt: 409" in end.message, end.message
-            from kubernetes import client
-
-            assert not client.BatchV1Api(cluster_a.api_client()).list_namespaced_job(ns).items
+            wait(lambda: not cluster_a.core().list_namespaced_pod(ns).items, what="pods deleted")
             assert not cluster_a.core().list_namespaced_service(ns).items
     finally:
         ex.shutdown()
@@ -202,8 +203,8 @@ def test_an_attempt_the_api_server_refuses_ends_failed_with_its_message(cluster_
 
 def test_a_stop_while_the_objects_are_being_created_still_stops_the_attempt(cluster_a,
                                                                            kubelet) -> None:
-    """A Stop that arrives before the creator thread has made the Job is applied once the
-    Job exists: the attempt ends STOPPED and none of its pods keeps running."""
+    """A Stop that arrives before the creator thread has made the pods is applied by it:
+    the attempt ends STOPPED and none of its pods keeps running."""
     ex, ns = executor_for(cluster_a)
     try:
         with shared_dir() as ckpt:

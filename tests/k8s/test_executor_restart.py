@@ -105,3 +105,49 @@ def test_a_stop_begun_by_a_dead_agent_is_reported_truthfully_by_its_successor(cl
                  what="finalizers released")
     finally:
         ex.shutdown()
+
+
+def test_a_gang_half_made_by_a_dead_agent_is_completed_by_its_successor(cluster_a,
+                                                                         kubelet) -> None:
+    """The agent makes a gang's pods itself (no Job controller finishes what it began):
+    an agent that died after the Service, the Secret and pod 0 leaves an attempt whose
+    successor makes pod 1 (the same manifest, from the Launch on the Service and pod 0)
+    and runs it to its end; one that died after the Service alone leaves an attempt its
+    successor reports FAILED (the env in the Secret may never have been written) and
+    cleans up."""
+    from region_agents.executors.k8s_manifests import build_manifests, owner_reference
+
+    ex, ns = executor_for(cluster_a)  # the dead agent: what it left is made by hand below
+    admin = cluster_a.core()
+    api = cluster_a.api_client()
+    successor = None
+    try:
+        with shared_dir() as ckpt:
+            half = build_manifests(trainer_attempt("half", NODES, ckpt, steps=8, every=4),
+                                   namespace=ns, service_account=TRAINER_SA, grace_s=30)
+            svc = api.sanitize_for_serialization(admin.create_namespaced_service(ns, half.service))
+            half.secret.metadata.owner_references = [owner_reference(svc)]
+            admin.create_namespaced_secret(ns, half.secret)
+            admin.create_namespaced_pod(ns, half.pods[0])
+            bare = build_manifests(trainer_attempt("bare", NODES[:1], ckpt), namespace=ns)
+            admin.create_namespaced_service(ns, bare.service)
+
+            successor = _successor(ex)
+            successor.recover()
+            assert sorted((r.job_id, r.attempt) for r in successor.running()) == [
+                ("bare", 1), ("half", 1)]
+            events = poll_until(successor, lambda evs: terminal("half")(evs)
+                                and terminal("bare")(evs), what="both ends", timeout=240)
+            end = state_of(events, "half")
+            assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end.message
+            assert steps_saved(ckpt)[-1] == 8
+            lost = state_of(events, "bare")
+            assert lost.state == AS.ATTEMPT_STATE_FAILED and lost.exit_code == -1
+            assert "before any pod" in lost.message
+            wait(lambda: not admin.list_namespaced_service(ns).items
+                 and not admin.list_namespaced_pod(ns).items, what="both cleaned up")
+            assert not admin.list_namespaced_secret(
+                ns, label_selector="app.kubernetes.io/managed-by=computebroker-agent").items
+    finally:
+        if successor is not None:
+            successor.shutdown()

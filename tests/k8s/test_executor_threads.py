@@ -51,7 +51,7 @@ def test_thread_defaults_reach_the_pods_process(cluster_a: ControlPlane, kubelet
             ex.launch(trainer_attempt(job, NODES, ckpt, command=PRINT, env=env))
             end = state_of(poll_until(ex, terminal(job), what=f"{job} to end"), job)
             assert end.state == AS.ATTEMPT_STATE_SUCCEEDED, end.message
-            logs = list(kubelet.root.glob(f"pods/{ns}_{resource_name(job, 1)}-0-*/trainer.cri.log"))
+            logs = list(kubelet.root.glob(f"pods/{ns}_{resource_name(job, 1)}-0_*/trainer.cri.log"))
             assert len(logs) == 1, logs
             lines = [ln for ln in logs[0].read_text().splitlines() if "threads " in ln]
             assert lines and lines[-1].endswith(want), lines

@@ -103,8 +103,7 @@ def test_a_workdir_job_runs_its_shipped_code_in_its_pod(cluster_a, kubelet) -> N
             stored = ckpt / "workdir" / f"sha256-{digest[7:]}.tar"
             assert stored.read_bytes() == tar.read_bytes()
             name = resource_name("wd-ok", 1)
-            # launch() hands the API requests to a creator thread; the Job controller then
-            # makes the pod
+            # launch() hands the API requests to a creator thread, which makes the pod
             ex.wait_created("wd-ok", 1)
             pod = wait(lambda: next(iter(cluster_a.core().list_namespaced_pod(ns).items), None),
                        what="the pod")

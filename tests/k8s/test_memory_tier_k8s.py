@@ -2,7 +2,8 @@
 restored from the keepers' memory.
 
 Real: the API server (the namespace enforces the restricted Pod Security Standard), its
-Job controller and scheduler, the executor authenticated as deploy/k8s/agent.yaml's
+Job controller (the keepers are one-pod Jobs) and scheduler, the executor authenticated as
+deploy/k8s/agent.yaml's
 service account, the built-in trainer's gloo ranks in pods and the keepers in pods of
 their own (region_agents/executors/k8s_keepers.py). Simulated: only the kubelet
 (tests/fixtures/k8s/kubelet.py; each pod has its own 127.x.y.z address).
@@ -34,7 +35,7 @@ from region_agents.executors.k8s_keepers import (
     keeper_selector,
     token_secret_name,
 )
-from region_agents.executors.k8s_manifests import COMPLETION_INDEX, resource_name
+from region_agents.executors.k8s_manifests import ANNOTATION_NODE_RANK, resource_name
 from tests.e2e.test_migration import assert_equivalent, final_samples
 from tests.fixtures.k8s.controlplane import ControlPlane
 from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
@@ -143,8 +144,8 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
                 assert c.security_context.allow_privilege_escalation is False
                 assert c.security_context.capabilities.drop == ["ALL"]
             # the ranks get the keepers by node name, the token only by reference
-            job = batch.read_namespaced_job(resource_name(JOB, 1), ns)
-            env = {e.name: e for e in job.spec.template.spec.containers[0].env}
+            job = cluster_a.core().read_namespaced_pod(f"{resource_name(JOB, 1)}-0", ns)
+            env = {e.name: e for e in job.spec.containers[0].env}
             assert env["CB_MEMORY_EVERY"].value == "1"
             assert env["CB_MEMORY_KEEPERS"].value == ",".join(
                 f"{n}={keepers[n].status.pod_ip}:{port}" for n in NODES)
@@ -179,7 +180,7 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
                     meta = p["metadata"]
                     if meta.get("labels", {}).get("computebroker.io/attempt") == "2" \
                             and p["spec"].get("nodeName"):
-                        where[int(meta["annotations"][COMPLETION_INDEX])] = p["spec"]["nodeName"]
+                        where[int(meta["annotations"][ANNOTATION_NODE_RANK])] = p["spec"]["nodeName"]
                 return terminal(JOB, 2)(evs)
 
             poll_until(ex, done, timeout=300, what="attempt 2 to end", events=events)
@@ -188,7 +189,7 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory_on_kubernetes(
             assert sorted(where.values()) == sorted(["mk-n0", SPARE, "mk-n2"]), where
 
             rank0 = list(kubelet.root.glob(
-                f"pods/{ns}_{resource_name(JOB, 2)}-0-*/volumes/shared/progress.json"))
+                f"pods/{ns}_{resource_name(JOB, 2)}-0_*/volumes/shared/progress.json"))
             assert len(rank0) == 1, rank0
             prog = json.loads(rank0[0].read_text())
             assert prog["resume_tier"] == "memory", prog

@@ -139,12 +139,16 @@ def test_the_agent_identity_has_no_more_than_its_manifest(cluster_a) -> None:
     ns = make_namespace(cluster_a)
     kc = agent_kubeconfig(cluster_a, ns)
     core = client.CoreV1Api(cluster_a.api_client(kc))
+    batch = client.BatchV1Api(cluster_a.api_client(kc))
     other = make_namespace(cluster_a)
     forbidden = [
         lambda: core.list_namespaced_secret(ns),  # it writes Secrets, never reads them
         lambda: core.read_namespaced_secret("x", ns),
-        lambda: core.create_namespaced_pod(ns, {"metadata": {"name": "p"}, "spec": {
-            "containers": [{"name": "c", "image": "x"}]}}),  # pods come from Jobs only
+        lambda: core.delete_collection_namespaced_pod(ns),  # by name only, never a sweep
+        lambda: core.patch_namespaced_service("s", ns, {"metadata": {"labels": {"x": "y"}}}),
+        lambda: batch.patch_namespaced_job("j", ns, {"metadata": {"labels": {"x": "y"}}}),
+        lambda: core.create_namespaced_pod(other, {"metadata": {"name": "p"}, "spec": {
+            "containers": [{"name": "c", "image": "x"}]}}),  # pods in its namespace only
         lambda: core.list_namespaced_pod(other),  # only its training namespace
         lambda: core.delete_node("nd-spot"),
         lambda: core.patch_node("nd-spot", {"metadata": {"labels": {"x": "y"}}}),
