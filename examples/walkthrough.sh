@@ -6,6 +6,10 @@
 # agent running until Ctrl-C, so you can try more commands from another shell.
 set -euo pipefail
 EXAMPLES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if ! command -v brokerctl >/dev/null; then  # not activated: use the checkout's .venv
+  [ -x "$EXAMPLES/../.venv/bin/brokerctl" ] || bash "$EXAMPLES/../scripts/bootstrap.sh"
+  PATH="$(cd "$EXAMPLES/.." && pwd)/.venv/bin:$PATH"
+fi
 PORT=${CB_WALKTHROUGH_PORT:-50051}              # TLS, for users' bearer tokens
 AGENT_PORT=${CB_WALKTHROUGH_AGENT_PORT:-50052}  # mutual TLS, for region agents
 trap 'kill $(jobs -p) 2>/dev/null || true; wait' EXIT
