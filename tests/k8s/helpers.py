@@ -14,6 +14,7 @@ from computebroker.v1 import agent_pb2, common_pb2
 from region_agents.executors.base import AttemptEvent, AttemptSpec
 from region_agents.executors.kubernetes import KubernetesExecutor
 from tests.fixtures.k8s.controlplane import ControlPlane
+from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
 from tests.k8s.agent_identity import TRAINER_SA, agent_kubeconfig
 from tests.k8s.conftest import make_namespace
 
@@ -130,3 +131,17 @@ def end_everything(cp: ControlPlane, ns: str, kubelet: object, timeout: float = 
         import logging
 
         logging.getLogger(__name__).warning("%s", e)
+
+
+@contextmanager
+def process_nodes(cp: ControlPlane, names: list[str]) -> Iterator[ProcessKubelet]:
+    """Nodes NAMES (1 GPU, 8 CPUs each) on CP, run by the process-backed kubelet (the one
+    simulated part, tests/fixtures/k8s/kubelet.py); their Node objects are deleted after,
+    so the next module's nodes are the only ones the scheduler sees."""
+    k = ProcessKubelet(cp, [NodeSpec(name=n, gpus=1, cpu="8") for n in names]).start()
+    try:
+        yield k
+    finally:
+        k.stop()
+        for n in names:
+            cp.core().delete_node(n)

@@ -25,11 +25,11 @@ from region_agents.executors.k8s_nodes import SPOT_TAINT
 from region_agents.fencing import DEFAULT_AGENT_TIMEOUT_S, SELF_FENCE_FRACTION
 from tests.agents.fake_broker import FakeBroker, wait_for
 from tests.fixtures.k8s.controlplane import REPO, ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.fixtures.pki import session_pki
 from tests.k8s.agent_identity import TRAINER_SA, agent_kubeconfig
 from tests.k8s.conftest import make_namespace
-from tests.k8s.helpers import shared_dir, steps_saved, trainer_attempt
+from tests.k8s.helpers import process_nodes, shared_dir, steps_saved, trainer_attempt
 from tests.k8s.helpers import wait as wait_until
 
 AS = agent_pb2.AttemptState
@@ -40,13 +40,8 @@ SELF_FENCE_S = SELF_FENCE_FRACTION * DEFAULT_AGENT_TIMEOUT_S  # a successor's, b
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def _agent(broker: FakeBroker, ns: str, kubeconfig: Path, work: Path, log: Path) -> subprocess.Popen:

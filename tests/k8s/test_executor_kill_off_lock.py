@@ -26,12 +26,13 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.helpers import (
     AS,
     end_everything,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     terminal,
@@ -111,13 +112,8 @@ class SlowDeletes:
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def _webhook_active(cp: ControlPlane, ns: str, hook: SlowDeletes) -> None:

@@ -15,11 +15,12 @@ import pytest
 
 from region_agents.executors.k8s_manifests import FINALIZER, resource_name
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.helpers import (
     AS,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     steps_saved,
@@ -33,13 +34,8 @@ NODES = ["lc-n1", "lc-n2"]
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def test_one_pod_trainer_runs_to_success_in_a_restricted_namespace(cluster_a, kubelet) -> None:

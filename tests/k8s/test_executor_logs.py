@@ -15,12 +15,13 @@ import pytest
 from region_agents.executors.kubernetes import KubernetesExecutor
 from region_agents.logship import LogShipper
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.agent_identity import TRAINER_SA
 from tests.k8s.helpers import (
     AS,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     terminal,
@@ -42,13 +43,8 @@ SPEAK = ("import os,sys,time\n"
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def _expected(node: int, lines: int) -> tuple[str, str]:

@@ -11,11 +11,12 @@ import pytest
 
 from checkpoint_layout.standby_go import Go, GoAction
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.helpers import (
     AS,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     steps_saved,
@@ -29,13 +30,8 @@ NODES = ["pg-n1", "pg-n2"]
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def _step(evs, at_least: int) -> bool:

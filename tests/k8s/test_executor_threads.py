@@ -12,11 +12,12 @@ import pytest
 
 from region_agents.executors.k8s_manifests import resource_name
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.helpers import (
     AS,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     terminal,
@@ -30,13 +31,8 @@ PRINT = ("python", "-c", "import os; print('threads', os.environ.get('OMP_NUM_TH
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 @pytest.mark.parametrize(("job", "env", "want"), [

@@ -23,11 +23,12 @@ from region_agents.executors.base import EXIT_WORKDIR_REFUSED, AttemptSpec
 from region_agents.executors.k8s_manifests import SHARED_DIR, resource_name
 from region_agents.executors.kubernetes import KubernetesExecutor
 from tests.fixtures.k8s.controlplane import ControlPlane
-from tests.fixtures.k8s.kubelet import NodeSpec, ProcessKubelet
+from tests.fixtures.k8s.kubelet import ProcessKubelet
 from tests.k8s.helpers import (
     AS,
     executor_for,
     poll_until,
+    process_nodes,
     shared_dir,
     state_of,
     steps_saved,
@@ -48,13 +49,8 @@ with open(os.environ["MARKER"] + os.environ.get("MARKER_SUFFIX", ""), "w") as f:
 
 @pytest.fixture(scope="module")
 def kubelet(cluster_a: ControlPlane) -> Iterator[ProcessKubelet]:
-    k = ProcessKubelet(cluster_a, [NodeSpec(name=n, gpus=1, cpu="8") for n in NODES]).start()
-    try:
+    with process_nodes(cluster_a, NODES) as k:
         yield k
-    finally:
-        k.stop()
-        for n in NODES:
-            cluster_a.core().delete_node(n)
 
 
 def code_tar(tmp: Path) -> tuple[Path, str]:
