@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,26 @@ def launch(
 
 def read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_clean(run: Any) -> None:
+    """No rank died in a traceback or in gloo ("Connection closed by peer"): what a store
+    outage the ranks did not agree on looks like."""
+    for rank in range(len(run.procs)):
+        err = run.stderr(rank)
+        assert "Traceback" not in err, f"rank {rank}:\n{err}"
+        assert "Connection closed by peer" not in err, f"rank {rank}:\n{err}"
+
+
+def reference_run(s3: Any, work: Path, spec_for: Callable[[Path], dict[str, Any]],
+                  steps: int) -> dict[str, Any]:
+    """The uninterrupted run on 2 ranks in its own bucket, that a faulted run is compared
+    with: {"bucket", "log" (its per-step records), "work"}."""
+    bucket = s3.unique_bucket(work.name[:20])
+    log = work / "ref.jsonl"
+    run = launch(work / "ref", 2, spec_for(log), f"s3://{bucket}/ref", env=s3.env)
+    codes = run.wait(300)
+    assert codes == [0, 0], f"{codes}\n{run.output()}\n{run.stderr(0)}\n{run.stderr(1)}"
+    records = read_log(log)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    return {"bucket": bucket, "log": records, "work": work}

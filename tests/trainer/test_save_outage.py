@@ -23,7 +23,7 @@ import pytest
 
 from checkpoint_layout.manifest import MANIFEST
 from tests.fixtures.faulty_proxy import FaultPlan, FaultyProxy
-from tests.trainer.launch import launch, read_log, tiny_spec
+from tests.trainer.launch import assert_clean, launch, read_log, reference_run, tiny_spec
 from trainer.storage import step_name
 
 pytestmark = pytest.mark.slow
@@ -43,25 +43,10 @@ def put_of(prefix: str, step: int, what: str = "") -> Any:
     return lambda method, path: method == "PUT" and needle in path
 
 
-def assert_clean(run: Any) -> None:
-    for rank in range(len(run.procs)):
-        err = run.stderr(rank)
-        assert "Traceback" not in err, f"rank {rank}:\n{err}"
-        assert "Connection closed by peer" not in err, f"rank {rank}:\n{err}"
-
-
 @pytest.fixture(scope="module")
 def reference(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The uninterrupted run on 2 ranks."""
-    work = tmp_path_factory.mktemp("save-outage")
-    bucket = s3_server.unique_bucket("save-outage")
-    log = work / "ref.jsonl"
-    run = launch(work / "ref", 2, spec(log), f"s3://{bucket}/ref", env=s3_server.env)
-    codes = run.wait(300)
-    assert codes == [0, 0], f"{codes}\n{run.output()}\n{run.stderr(0)}\n{run.stderr(1)}"
-    records = read_log(log)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    return {"bucket": bucket, "log": records, "work": work}
+    return reference_run(s3_server, tmp_path_factory.mktemp("save-outage"), spec, STEPS)
 
 
 def assert_same_as_reference(ref: list[dict[str, Any]], log: Path) -> None:
