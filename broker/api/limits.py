@@ -27,6 +27,7 @@ MAX_NODES_PER_AGENT = 10_000
 MAX_GPU_COUNT = 10_000_000  # quotas, plan sizes: any GPU total a request may name
 MAX_PRICE = 1_000_000.0  # $/GPU-hour; far above any real price, far below float trouble
 MAX_PRIORITY = 1_000_000_000  # |PriorityClass.value|
+MAX_EPOCH_S = 2.0**33  # epoch seconds (year 2242): every platform's gmtime can print it
 MAX_STEPS = 2**53  # exact in a float (progress ratios) and in every store
 
 # gRPC message size: the largest request the broker decodes (workdir chunks are 1 MiB).
@@ -105,6 +106,9 @@ LIMITS: dict[str, FieldLimit] = {
     "region_caps": FieldLimit(max_items=256),
     "region_caps.key": ID,
     "region_caps.value": FieldLimit(lo=0, hi=MAX_GPU_COUNT),
+    # when something began (a store outage, a node failure, an audit window): printed with
+    # gmtime, which overflows past time_t (an agent's since=1e300 raised in the update path)
+    "since": FieldLimit(lo=0, hi=MAX_EPOCH_S),
     "pool_spares": FieldLimit(max_items=1024),
     "pool_spares.key": ID,
     "pool_spares.value": FieldLimit(lo=0, hi=MAX_NODES_PER_AGENT),

@@ -394,3 +394,15 @@ def test_a_job_is_not_placed_where_its_checkpoint_uri_is_not_allowed(tmp_path: P
         strict.close()
         lax.close()
         b.stop()
+
+
+@pytest.mark.parametrize("since", [1e300, -1.0])
+def test_a_since_no_clock_can_print_is_refused(since: float) -> None:
+    """`since` fields are printed as a time ("unreachable since 12:03 UTC"); one past
+    time_t made the agent-update path raise OverflowError instead of refusing it."""
+    u = apb.JobUpdate(job_id="j-1", attempt=1)
+    u.store_wait.since, u.store_wait.message = since, "store down"
+    with pytest.raises(InvalidArgument, match="since"):
+        check_message(u)
+    u.store_wait.since = 1_795_000_000.0
+    check_message(u)  # a real time passes
