@@ -209,7 +209,8 @@ class RecoveryPolicy:
     def relaunch(self, sig: Signal, view: LostNodes) -> RelaunchPlan:
         """Trigger.NODE_LOST (``sig.nodes`` = the blamed nodes, ``view`` = their pool now):
         REPLACE_IN_PLACE when the memory tier is on, a survivor is left, every survivor is
-        still usable and the pool has a ready spare (same block when it has blocks) for
+        still usable, the team's quota has room for the job (as for any admission) and
+        the pool has a ready spare (same block when it has blocks) for
         each lost node; else FROM_STORE, today's path. The first blocker found, in
         :data:`RELAUNCH_RULES`' order of meaning, is the reason events give."""
         assert sig.trigger is Trigger.NODE_LOST, sig
@@ -222,6 +223,8 @@ class RecoveryPolicy:
             blocker = Blocker.ALL_NODES_LOST
         elif view.survivors_gone:
             blocker = Blocker.SURVIVOR_GONE
+        elif view.quota_short:
+            blocker = Blocker.QUOTA
         else:
             swaps = match_spares(view) or ()
             blocker = Blocker.NONE if swaps else Blocker.NO_SPARE
@@ -233,7 +236,7 @@ class RecoveryPolicy:
             swaps=", ".join(f"spare {s} takes the place of lost node {n}" for n, s in swaps),
             pool=view.pool or "(default)", survivors=", ".join(view.survivors),
             policy=self.name, gone=", ".join(view.survivors_gone), lost=", ".join(view.lost),
-            block=block)
+            block=block, quota=view.quota_short)
         return RelaunchPlan(kind, blocker, why, swaps)
 
 
@@ -256,6 +259,10 @@ class Blocker(enum.Enum):
     MEMORY_TIER_OFF = "memory_tier_off"  # no peer copies to restore from
     ALL_NODES_LOST = "all_nodes_lost"  # no survivor: every copy is gone
     SURVIVOR_GONE = "survivor_gone"  # a survivor is no longer free and usable
+    # the team's quota (guarantee, borrowing, region cap) has no room for the relaunch:
+    # checked exactly as any admission (placement/quota_check.py), so a team over its
+    # limits does not keep capacity by losing a node
+    QUOTA = "quota"
     NO_SPARE = "no_spare"  # the pool (block) has no ready spare for every lost node
 
 
@@ -270,6 +277,7 @@ RELAUNCH_RULES: dict[Blocker, tuple[Relaunch, str]] = {
                                                    " memory_every)"),
     Blocker.ALL_NODES_LOST: (Relaunch.FROM_STORE, "every node of the attempt was lost"),
     Blocker.SURVIVOR_GONE: (Relaunch.FROM_STORE, "surviving node(s) {gone} are no longer usable"),
+    Blocker.QUOTA: (Relaunch.FROM_STORE, "{quota}"),
     Blocker.NO_SPARE: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool {pool}{block}"),
 }
 
@@ -297,6 +305,9 @@ class LostNodes:
     survivors_gone: tuple[str, ...] = ()  # survivors now used by others, unhealthy or away
     spares: tuple[SpareNode, ...] = ()  # the pool's ready spares on that agent
     memory_every: int = 0  # the job's trainer option (0 = tier off)
+    # why the team's quota cannot take the relaunch now ("" = it can): the pending
+    # reason ordinary admission would give (placement/quota_check.py)
+    quota_short: str = ""
 
 
 @dataclass(frozen=True)

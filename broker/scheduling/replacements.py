@@ -5,7 +5,9 @@ the capacity *now* (are the survivors still free, does the pool have a ready spa
 the right block), which only the pass's snapshot knows. This module turns the snapshot
 into a :class:`broker.jobs.recovery.LostNodes` view for each job waiting for that
 decision, asks the job's recovery policy (:meth:`RecoveryPolicy.relaunch`), and applies
-the plan through :func:`broker.jobs.node_recovery.decide`. It runs before placement so
+the plan through :func:`broker.jobs.node_recovery.decide`. The relaunch is an
+admission like any other for the team's quota (:class:`placement.quota_check.QuotaCheck`,
+one per pass, charged by each relaunch it lets through). It runs before placement so
 that a job replaced in place is launched on its survivors before anything else could
 take them, and a job sent to the store path is placed in the same pass.
 """
@@ -16,6 +18,7 @@ import logging
 
 import placement
 from broker.jobs import node_recovery
+from broker.jobs.lifecycle import QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import (
     Blocker,
@@ -29,13 +32,20 @@ from broker.jobs.recovery import (
 )
 from broker.scheduling.spares import block_of
 from computebroker.v1 import common_pb2 as pb
+from placement.quota_check import QuotaCheck
 
 log = logging.getLogger(__name__)
 
 
+def job_gpus(job: pb.Job) -> int:
+    """The GPUs an in-place relaunch holds: the failed placement's, node for node."""
+    return sum(a.gpus for a in job.placement.nodes)
+
+
 def lost_view(job: pb.Job, snapshot: placement.Snapshot, by_id: dict[str, placement.NodeInfo],
-              used: set[str], spares: set[str]) -> LostNodes:
-    """What the policy needs to know about ``job``'s lost nodes and their pool now."""
+              used: set[str], spares: set[str], quota: QuotaCheck | None = None) -> LostNodes:
+    """What the policy needs to know about ``job``'s lost nodes and their pool now.
+    ``quota``: the pass's quota check (None: one is built for this job alone)."""
     rec, pl = job.node_recovery, job.placement
     assigned = {a.node_id: a for a in pl.nodes}
 
@@ -58,7 +68,9 @@ def lost_view(job: pb.Job, snapshot: placement.Snapshot, by_id: dict[str, placem
         lost=tuple(rec.lost_nodes), survivors=tuple(rec.survivors), agent_id=pl.agent_id,
         pool=pl.pool, blocks={n: block(n) for n in rec.lost_nodes},
         pool_has_blocks=any(block_of(n) for n in pool_nodes), survivors_gone=gone,
-        spares=ready, memory_every=node_recovery.memory_every(job))
+        spares=ready, memory_every=node_recovery.memory_every(job),
+        quota_short=(quota or QuotaCheck(snapshot)).short(
+            job.spec.team, job.spec.resources.accelerator, job_gpus(job), pl.region))
 
 
 def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot) -> list[pb.Job]:
@@ -69,10 +81,11 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
     by_id = {n.id: n for n in snapshot.nodes}
     used = {node for r in snapshot.running for node, _ in r.allocations}
     spares = set(snapshot.spares)
+    quota = QuotaCheck(snapshot)
     changed = []
     for job in todo:
         try:
-            view = lost_view(job, snapshot, by_id, used, spares)
+            view = lost_view(job, snapshot, by_id, used, spares, quota)
             plan = policy_for(job, ops.config).relaunch(Signal(Trigger.NODE_LOST, nodes=view.lost), view)
         except Exception:  # noqa: BLE001 - one odd record must not stop every pass
             log.exception("node-loss plan for %s failed: relaunching it from the store", job.id)
@@ -92,7 +105,9 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
         if out is None:
             continue
         changed.append(out)
-        if admission is not None:
+        if admission is not None and out.phase not in QUEUED:
+            quota.charge(job.spec.team, job.spec.resources.accelerator, job_gpus(job),
+                         admission.region)
             taken = {node for node, _ in admission.assignments}
             used |= taken
             spares -= taken

@@ -231,6 +231,7 @@ class FakeAgent:
     identity: tuple[str, str] | None = None
     error: grpc.RpcError | None = None  # how the broker ended the stream, if it did
     update_acks: list[apb.JobUpdateAck] = field(default_factory=list)  # committed updates
+    spares: dict[str, int] = field(default_factory=dict)  # Register.pool_spares: pool -> N
 
     def __post_init__(self) -> None:
         self._out: queue.Queue[apb.AgentMessage | None] = queue.Queue()
@@ -261,7 +262,8 @@ class FakeAgent:
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
             executor="fake", checkpoint_bucket=self.bucket,
-            checkpoint_store_error=self.store_error, checkpoint_roots=self.roots)))
+            checkpoint_store_error=self.store_error, checkpoint_roots=self.roots,
+            pool_spares=self.spares)))
         responses = stub.Connect(self._requests())
         t = threading.Thread(target=self._read, args=(responses, gen), daemon=True)
         t.start()
