@@ -113,11 +113,15 @@ class AdmissionCache:
     # ---- one pass ------------------------------------------------------------------------
 
     def schedule(self, now: float, pending: Iterable[JobRequest], teams: Iterable[TeamQuota] = (),
-                 draining_regions: frozenset[str] = frozenset()) -> Decisions:
+                 draining_regions: frozenset[str] = frozenset(),
+                 spares: frozenset[str] = frozenset()) -> Decisions:
         """``placement.schedule`` of the snapshot (now, the kept nodes and running
-        jobs, ``pending``, ``teams``, ``draining_regions``), same decisions."""
-        snap = Snapshot(now=now, nodes=(), running=(), pending=tuple(pending), teams=tuple(teams),
-                        draining_regions=frozenset(draining_regions))
+        jobs, ``pending``, ``teams``, ``draining_regions``, ``spares``), same decisions.
+        The pass reads no node list but the spares' (their pending-reason note)."""
+        nodes = self._nodes
+        snap = Snapshot(now=now, nodes=tuple(nodes[i] for i in sorted(spares) if i in nodes), running=(),
+                        pending=tuple(pending), teams=tuple(teams),
+                        draining_regions=frozenset(draining_regions), spares=frozenset(spares))
         with gc_paused():
             fleet = self._ready(now, snap.draining_regions)
             return _Pass(snap, fleet).run()

@@ -76,6 +76,7 @@ reads best top to bottom in one place; the capacity index is ``topology.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import defaultdict
@@ -106,6 +107,7 @@ from placement.topology import (
     Partition,
     Slot,
     level_of,
+    partition_key,
 )
 
 UNKNOWN_SAFE_POINT_S = 3600.0
@@ -262,6 +264,8 @@ class _Pass:
         self.no_room: dict[tuple, tuple[int, int, str]] = {}
         # jobs left pending for quota in phases 1-2: phase 3 (the surplus) tries them
         self.quota_blocked: set[str] = set()
+        # (index version, capacity with the reserved spares free): see _spare_note
+        self.spare_view: tuple[int, CapacityIndex] | None = None
 
     # ---- driver -----------------------------------------------------------------------
 
@@ -504,7 +508,8 @@ class _Pass:
                 return
         elig = self._eligible(job)
         if not elig:
-            self._pending(job, self._no_capacity_reason(job))
+            req = _LEVEL.get(job.required) or level_of(job.required)
+            self._pending(job, self._with_spare_note(job, req, self._no_capacity_reason(job)))
             return
         req = _LEVEL.get(job.required) or level_of(job.required)
         pref = (_LEVEL.get(job.preferred) or level_of(job.preferred)) if job.preferred else req
@@ -1102,7 +1107,64 @@ class _Pass:
         if capped:
             msg += "; team {} is at its region cap in {}".format(
                 job.team, ", ".join(f"{r} ({self.region_used[(job.team, r)]}/{caps[r]} GPUs)" for r in capped))
-        return msg
+        return self._with_spare_note(job, req, msg)
+
+    def _with_spare_note(self, job: JobRequest, req: int, msg: str) -> str:
+        """``msg``, led by :meth:`_spare_note` when there is one."""
+        if not self.snap.spares:
+            return msg
+        note = self._spare_note(job, req)
+        return f"{note}; {msg}" if note else msg
+
+    def _spare_note(self, job: JobRequest, req: int) -> str:
+        """Why a job that found no room would have found some: the free capacity it
+        needs includes its pools' reserved spares (free nodes kept for replacing lost
+        nodes in place, broker/scheduling/spares.py; cordoned in the snapshot, so the
+        ordinary reasons cannot tell a spare from a busy node). Empty when it would not
+        fit even with the spares, or would fit without them.
+
+        Asks the same ``find`` the placement does, on a second index of the spares'
+        partitions with the spares free (built once per index version: a busy pass
+        reuses it for every job left without room)."""
+        index = self._spare_index(job.excluded_nodes)
+        g = job.gpus_per_node
+        n = job.min_nodes if 0 < job.min_nodes < job.nodes else job.nodes
+        types = allowed_types(job)
+        t_safe = safe_point_s(job)
+        spares = self.snap.spares
+        for part in sorted(index.partitions, key=lambda p: self._rank(job, p)):
+            if not self._static_ok(job, part, 0.0, future=False, types=types):
+                continue
+            if (part.plan_start is not None or part.plan_end is not None) and not self._window_ok(part, t_safe):
+                continue
+            found = index.find(part, n, g, req)
+            if found is None:
+                continue
+            taken = sum(1 for s in found[2] if s.info.id in spares)
+            if not taken:
+                continue
+            held = sum(1 for s in index.slot_by_id.values() if s.part is part and s.info.id in spares)
+            return (f"only reserved spares are free in pool {part.pool or '(default)'} of"
+                    f" {part.region}/{part.agent_id}: {taken} of the {n} node(s) it needs would be"
+                    f" spares (the pool keeps {held} free for replacing lost nodes in place)")
+        return ""
+
+    def _spare_index(self, excluded: frozenset[str]) -> CapacityIndex:
+        """The free capacity of the partitions holding reserved spares, the spares free,
+        without ``excluded``; the one without exclusions cached per index version."""
+        cached = self.spare_view
+        if not excluded and cached is not None and cached[0] == self.index.version:
+            return cached[1]
+        spares = self.snap.spares
+        infos = [dataclasses.replace(n, cordoned=False) for n in self.snap.nodes
+                 if n.id in spares and n.healthy and n.id not in excluded]
+        keys = {partition_key(n) for n in infos}
+        free = [(s.info, s.free) for s in self.index.slot_by_id.values()
+                if s.info.id not in excluded and partition_key(s.info) in keys]
+        index = CapacityIndex(free + [(n, n.gpus) for n in infos])
+        if not excluded:
+            self.spare_view = (self.index.version, index)
+        return index
 
     def _no_capacity_reason(self, job: JobRequest) -> str:
         parts = []

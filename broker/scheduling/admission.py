@@ -78,7 +78,8 @@ class LiveAdmission:
         self.stats.passes += 1
         try:
             cache = self._feed(snap)
-            decisions = (cache.schedule(snap.now, snap.pending, snap.teams, snap.draining_regions)
+            decisions = (cache.schedule(snap.now, snap.pending, snap.teams, snap.draining_regions,
+                                        snap.spares)
                          if cache is not None else None)
         except Exception:  # noqa: BLE001 - a cache bug must cost speed, never a decision
             log.exception("admission cache failed; this pass is decided from scratch")

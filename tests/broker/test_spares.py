@@ -141,3 +141,28 @@ def test_a_registration_reserving_more_spares_than_nodes_is_refused() -> None:
     validate_register(agent(3, spares=2).record)
     with pytest.raises(InvalidArgument, match="pool 'p' reserves 4 spare nodes; 0 to the agent's 3"):
         validate_register(agent(3, spares=4).record)
+
+
+def test_a_job_that_only_spares_could_hold_says_so_in_its_pending_reason() -> None:
+    """4 nodes, 1 spare: a 4-node job would fit only on the spare too, and its reason
+    says so (ahead of the ordinary one); a 5-node job would not fit even with the spare,
+    so its reason is the ordinary one; a 3-node job is placed."""
+    fleet = [agent(4, spares=1)]
+    reasons = placement.schedule(build(fleet, [job("j4", 4), job("j5", 5)])).pending_reasons
+    assert reasons["j4"].startswith(
+        "only reserved spares are free in pool p of r/a1: 1 of the 4 node(s) it needs would be"
+        " spares (the pool keeps 1 free for replacing lost nodes in place); needs 4 GPUs")
+    assert "spare" not in reasons["j5"] and reasons["j5"].startswith("needs 5 GPUs")
+    assert not placement.schedule(build(fleet, [job("j3", 3)])).pending_reasons
+    # no spares reserved: the same job gets the ordinary reason only
+    plain = placement.schedule(build([agent(3, spares=0)], [job("j4", 4)])).pending_reasons
+    assert "spare" not in plain["j4"]
+
+
+def test_a_pool_whose_only_usable_node_is_its_spare_says_so() -> None:
+    """The pool's other node is unhealthy: no ordinary capacity matches at all."""
+    a = agent(2, spares=1)
+    a.record.nodes[0].healthy = False
+    reasons = placement.schedule(build([a], [job("j1", 1)])).pending_reasons
+    assert reasons["j1"].startswith("only reserved spares are free in pool p of r/a1: 1 of the 1")
+    assert "no usable capacity matches" in reasons["j1"]
