@@ -306,7 +306,7 @@ class RegionAgent:
                 checkpoint_store_outage=self.store_outage,
                 checkpoint_roots=self.config.checkpoint_allowed_roots,
                 version=AGENT_VERSION,
-                pool_spares=self.inventory.spares,
+                pool_spares=self.inventory.pool_spares(),
             )
         )
 

@@ -56,6 +56,21 @@ class Inventory:
     # nodes (Register.pool_spares, docs/recovery.md).
     spares: dict[str, int] = field(default_factory=dict)
 
+    def pool_spares(self) -> dict[str, int]:
+        """Spares per pool to register (``Register.pool_spares``): per pool, the node
+        groups' ``spares: N`` or the nodes the operator labelled spares
+        (``computebroker.io/spare=true``, ``Node.spare``: on Kubernetes the Node's own
+        label), whichever is more. Why the larger and not the sum: a label names *which*
+        nodes are the pool's spares, a count only how many; a pool given both keeps its
+        labelled nodes first (the broker's choice, broker/scheduling/spares.py) and
+        tops up to the count with other free nodes."""
+        labelled: dict[str, int] = {}
+        for n in self.nodes:
+            if n.spare:
+                labelled[n.pool] = labelled.get(n.pool, 0) + 1
+        pools = set(self.spares) | set(labelled)
+        return {p: max(self.spares.get(p, 0), labelled.get(p, 0)) for p in sorted(pools)}
+
     def node(self, node_id: str) -> common_pb2.Node | None:
         return next((n for n in self.nodes if n.id == node_id), None)
 

@@ -35,6 +35,9 @@ LABEL_PLAN = "computebroker.io/training-plan"
 LABEL_ACCELERATOR = "computebroker.io/accelerator"
 LABEL_INTERRUPTION_RISK = "computebroker.io/interruption-risk"
 LABEL_CAPACITY = "computebroker.io/capacity-type"
+# An operator's spare (`kubectl label node N computebroker.io/spare=true`): kept free for
+# replacing a lost node in place (Node.spare, Register.pool_spares, docs/recovery.md).
+LABEL_SPARE = "computebroker.io/spare"
 
 CT = common_pb2.CapacityType
 
@@ -154,6 +157,7 @@ def node_from_labels(
         healthy=healthy,
         cordoned=cordoned,
         labels=labels,
+        spare=labels.get(LABEL_SPARE, "").strip().lower() == "true",
     )
 
 

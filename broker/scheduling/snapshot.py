@@ -362,7 +362,8 @@ def build(
     pending.sort(key=lambda kv: kv[0])
     reserved: frozenset[str] = frozenset()
     if per_pool:  # only fleets whose operators reserve spares pay for this
-        nodes, reserved = _with_spares(nodes, per_pool, running, jobs, node_memo)
+        nodes, reserved = _with_spares(nodes, per_pool, running, jobs, node_memo,
+                                       spares.designated(agents))
     return placement.Snapshot(
         now=now, nodes=nodes, running=tuple(running), pending=tuple(r for _, r in pending),
         teams=tuple(team_quota(t) for t in teams), draining_regions=frozenset(draining),
@@ -372,7 +373,8 @@ def build(
 
 def _with_spares(nodes: tuple, per_pool: dict[tuple[str, str], int],
                  running: list[placement.RunningJob], jobs: Iterable[pb.Job],
-                 node_memo: NodeMemo | None) -> tuple[tuple, frozenset[str]]:
+                 node_memo: NodeMemo | None,
+                 designated: frozenset[str] = frozenset()) -> tuple[tuple, frozenset[str]]:
     """``nodes`` with the reserved spares cordoned (the placement engine then leaves them
     out, as it does any cordoned node), and the spare ids. The same tuple object is
     returned while the spares do not change (the admission cache tests identity)."""
@@ -385,7 +387,7 @@ def _with_spares(nodes: tuple, per_pool: dict[tuple[str, str], int],
         if job.phase in QUEUED and rec.failed_attempt and not rec.plan:
             held.update(rec.survivors)
             held.update(rec.lost_nodes)
-    reserved = spares.reserved(nodes, per_pool, used, held, blamed)
+    reserved = spares.reserved(nodes, per_pool, used, held, blamed, designated)
     cached = node_memo.spares if node_memo is not None else None
     if cached is not None and cached[0] is nodes and cached[1] == reserved:
         return cached[2], reserved

@@ -32,14 +32,18 @@ def block_of(node: placement.NodeInfo) -> str:
 
 def reserved(nodes: Iterable[placement.NodeInfo], spares_per_pool: Mapping[tuple[str, str], int],
              used: set[str] | frozenset[str], held: set[str] | frozenset[str] = frozenset(),
-             blamed: set[str] | frozenset[str] = frozenset()) -> frozenset[str]:
+             blamed: set[str] | frozenset[str] = frozenset(),
+             designated: set[str] | frozenset[str] = frozenset()) -> frozenset[str]:
     """The node ids reserved as spares now.
 
     ``spares_per_pool``: (agent id, pool) -> N. ``used``: nodes any running, stopping or
     reserved attempt holds. ``held``: nodes of jobs waiting for an in-place relaunch
     decision (their survivors and lost nodes), never spares (a spare must be a node
-    another job's replacement can take). A pool with fewer free usable nodes than N has
-    them all as spares."""
+    another job's replacement can take). ``designated``: nodes the operator labelled
+    spares (``Node.spare``): chosen first, so a labelled node is the spare whenever it
+    is free and usable; while it is not (busy when labelled, or broken), another free
+    node of its pool stands in. A pool with fewer free usable nodes than N has them all
+    as spares."""
     if not spares_per_pool:
         return frozenset()
     candidates: dict[tuple[str, str], list[placement.NodeInfo]] = defaultdict(list)
@@ -54,8 +58,15 @@ def reserved(nodes: Iterable[placement.NodeInfo], spares_per_pool: Mapping[tuple
     for key, free in candidates.items():
         free.sort(key=lambda n: n.id, reverse=True)
         free.sort(key=lambda n: n.id in blamed)  # stable: unblamed first, each by id desc
+        if designated:
+            free.sort(key=lambda n: n.id not in designated)  # labelled spares before all
         out.update(n.id for n in free[:spares_per_pool[key]])
     return frozenset(out)
+
+
+def designated(agents: Iterable[AgentState]) -> frozenset[str]:
+    """The nodes the agents report as labelled spares (``Node.spare``)."""
+    return frozenset(n.id for a in agents for n in a.record.nodes if n.spare)
 
 
 def per_pool(agents: Iterable[AgentState]) -> dict[tuple[str, str], int]:

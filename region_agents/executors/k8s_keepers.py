@@ -32,7 +32,8 @@ go when an attempt of it succeeds, is stopped or checkpointed (the executor call
 :meth:`KeeperJobs.stop_job`), and when none of its attempts has run here for
 ``IDLE_S`` (a failed job the broker did not relaunch); a failed attempt keeps them for
 its relaunch. Memory: each keeper holds at most ``trainer.memkeeper.KEEP`` snapshots of
-each rank it serves.
+each rank it serves, and its pod asks for that memory (:func:`keeper_resources`), so the
+scheduler counts it on the node like the ranks' own.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from region_agents.executors.k8s_manifests import (
     MANAGER,
     label_value,
 )
+from trainer.memkeeper import KEEP
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,16 @@ PORT_BASE = 30000  # above rendezvous_port's 20000-29999, below the ephemeral ra
 PORT_SPAN = 2000
 START_TIMEOUT_S = 120.0  # scheduling, image pull, the keeper listening
 IDLE_S = 900.0  # keepers of a job with no attempt here for this long are removed
+# The keeper's memory (keeper_resources). Base: the keeper process holding nothing
+# (Python, its sockets and threads; measured at about 17 MB RSS) with room to spare.
+BASE_BYTES = 64 * 2**20
+# Rank 0's snapshot size stands for every rank's: FSDP shards differ by a little (the
+# last rank's may be shorter or padded), so the limit leaves this much room on top.
+SLACK = 1.25
+# A job may declare one rank's snapshot size before it has taken any (TrainerSpec
+# option, MB): the first attempt's keepers are sized by it. Without it, they ask for the
+# base only, and every keeper made after the ranks reported their size is sized by that.
+SNAPSHOT_OPTION = "memory_snapshot_mb"
 
 
 def keeper_port(job_id: str) -> int:
@@ -96,8 +108,43 @@ def is_keeper(obj: dict) -> bool:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == ROLE
 
 
+def snapshot_bound(options: dict[str, str], reported: int) -> int:
+    """One rank's snapshot bytes for sizing a keeper: the larger of what the ranks
+    reported (``memory_tier.snapshot_bytes`` in their progress, trainer/memtier.py) and
+    the job's declared ``memory_snapshot_mb``; 0 when neither is known (a bad option
+    counts as undeclared, as the executors read ``memory_every``)."""
+    try:
+        declared = max(0, int(float(options.get(SNAPSHOT_OPTION, "0") or "0") * 1e6))
+    except ValueError:
+        declared = 0
+    return max(declared, max(0, int(reported)))
+
+
+def _mib(n: int) -> str:
+    return f"{-(-n // 2**20)}Mi"
+
+
+def keeper_resources(snapshot_bytes: int, ranks_per_node: int, keep: int = KEEP) -> k8s.V1ResourceRequirements:
+    """The keeper pod's memory, from the tier's own bound (docs/recovery.md): a keeper
+    serves the ranks of its node and of its ward node (the ring's previous node), each
+    rank's newest ``keep`` snapshots, so it holds ``keep x 2 x ranks_per_node x
+    snapshot`` bytes: that (plus the base) is the request. While a rank's next snapshot
+    arrives the keeper holds it beside the ``keep`` it has (it frees the oldest only once
+    the new one is complete): ``(keep + 1) x 2 x ranks_per_node x snapshot``, with
+    :data:`SLACK` for ranks whose shards are larger than rank 0's, is the limit -- above
+    it the tier's bound is broken and the kernel's OOM kill says so. Size unknown (0):
+    the base request alone, no limit (a limit would be a guess)."""
+    served = 2 * max(1, ranks_per_node)
+    if snapshot_bytes <= 0:
+        return k8s.V1ResourceRequirements(requests={"memory": _mib(BASE_BYTES)})
+    request = BASE_BYTES + keep * served * snapshot_bytes
+    limit = BASE_BYTES + int((keep + 1) * served * snapshot_bytes * SLACK)
+    return k8s.V1ResourceRequirements(requests={"memory": _mib(request)}, limits={"memory": _mib(limit)})
+
+
 def keeper_job(job_id: str, node: str, *, namespace: str, image: str = "",
-               service_account: str = "", run_as_user: int = DEFAULT_UID) -> k8s.V1Job:
+               service_account: str = "", run_as_user: int = DEFAULT_UID,
+               resources: k8s.V1ResourceRequirements | None = None) -> k8s.V1Job:
     """The one-pod Job of the keeper of ``job_id`` on ``node`` (restricted PSS, as the
     rank pods). Named by the API server (``generateName``): a keeper lost with its node
     may linger while its replacement on another node, or the same one back, is made."""
@@ -120,6 +167,7 @@ def keeper_job(job_id: str, node: str, *, namespace: str, image: str = "",
         ports=[k8s.V1ContainerPort(container_port=port, name="keeper")],
         readiness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port),
                                     period_seconds=2),
+        resources=resources or keeper_resources(0, 1),
         security_context=k8s.V1SecurityContext(
             allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])),
         volume_mounts=[k8s.V1VolumeMount(name="run", mount_path=KEEPER_DIR)],
@@ -207,6 +255,20 @@ class KeeperJobs:
         self.pods = pods
         self.image, self.service_account, self.run_as_user = image, service_account, run_as_user
         self.start_timeout_s = start_timeout_s
+        # job id -> the largest snapshot of one rank its ranks reported (saw())
+        self.reported: dict[str, int] = {}
+
+    def saw(self, job_id: str, progress: dict) -> None:
+        """A rank's progress file (its ``memory_tier`` report): remember the snapshot
+        size, so keepers made later for the job (a spare's, on a relaunch) ask for the
+        memory they will hold."""
+        tier = progress.get("memory_tier") if isinstance(progress, dict) else None
+        try:
+            size = int((tier or {}).get("snapshot_bytes") or 0)
+        except (TypeError, ValueError):
+            return
+        if size > self.reported.get(job_id, 0):
+            self.reported[job_id] = size
 
     def keepers_of(self, job_id: str) -> dict[str, list[dict]]:
         """The job's keeper pods by node (all of them, ended ones too)."""
@@ -222,17 +284,21 @@ class KeeperJobs:
         return {((p.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_JOB, "")
                 for p in self.pods().values() if is_keeper(p)} - {""}
 
-    def ensure(self, job_id: str, nodes: list[str], every: int, image: str = "") -> list[k8s.V1EnvVar]:
+    def ensure(self, job_id: str, nodes: list[str], every: int, image: str = "", *,
+               options: dict[str, str] | None = None, ranks_per_node: int = 1) -> list[k8s.V1EnvVar]:
         """A ready keeper on each of ``nodes`` (made where there is none, or only a dead
-        one), then the ranks' env. Blocks until they are ready: call it off the
-        executor's lock. KeeperError when they do not get ready in time."""
+        one, asking for the memory it will hold: :func:`keeper_resources` of
+        :func:`snapshot_bound`), then the ranks' env. Blocks until they are ready: call
+        it off the executor's lock. KeeperError when they do not get ready in time."""
         if not nodes:
             raise KeeperError("the placement names no nodes")
         self._ensure_secret(job_id)
         have = self.keepers_of(job_id)
+        resources = keeper_resources(snapshot_bound(options or {}, self.reported.get(job_id, 0)),
+                                     ranks_per_node)
         for node in nodes:
             if not any(not _pod_gone(p) for p in have.get(node, [])):
-                self._create(job_id, node, image)
+                self._create(job_id, node, image, resources)
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             have = self.keepers_of(job_id)
@@ -259,9 +325,11 @@ class KeeperJobs:
             if e.status != 409:  # 409: the job's token exists (an earlier attempt's)
                 raise KeeperError(f"cannot create the keepers' token Secret: {e.status} {e.reason}") from None
 
-    def _create(self, job_id: str, node: str, image: str) -> None:
+    def _create(self, job_id: str, node: str, image: str,
+                resources: k8s.V1ResourceRequirements | None = None) -> None:
         body = keeper_job(job_id, node, namespace=self.namespace, image=image or self.image,
-                          service_account=self.service_account, run_as_user=self.run_as_user)
+                          service_account=self.service_account, run_as_user=self.run_as_user,
+                          resources=resources)
         try:
             self.batch.create_namespaced_job(self.namespace, body, _preload_content=False)
         except k8s.ApiException as e:
@@ -271,6 +339,7 @@ class KeeperJobs:
 
     def stop_job(self, job_id: str) -> None:
         """Delete the job's keepers (their Jobs, pods with them) and its token Secret."""
+        self.reported.pop(job_id, None)
         try:
             jobs = self.batch.list_namespaced_job(self.namespace,
                                                   label_selector=keeper_selector(job_id)).items

@@ -447,7 +447,11 @@ class KubernetesExecutor(Executor):
         store tier alone (said in the log), as the local executor does."""
         nodes = [n.node_id for n in att.spec.placement.nodes]
         try:
-            env = self.keepers.ensure(att.spec.job_id, nodes, every, image=att.spec.spec.image)
+            placed = att.spec.placement.nodes
+            env = self.keepers.ensure(att.spec.job_id, nodes, every, image=att.spec.spec.image,
+                                      options=dict(att.spec.spec.trainer.options),
+                                      ranks_per_node=(placed[0].gpus if placed else 0)
+                                      or att.spec.spec.resources.gpus_per_node or 1)
         except Exception as e:  # noqa: BLE001 - KeeperError, or the API server unreachable
             log.warning("%s attempt %d: memory tier off for this attempt: %s",
                         att.spec.job_id, att.spec.attempt, e)
@@ -673,6 +677,7 @@ class KubernetesExecutor(Executor):
                     snap = parse_progress(json.loads(raw))
                     if snap is not None:
                         att.last = snap
+                        self.keepers.saw(att.spec.job_id, snap.raw)  # sizes later keepers
 
     def fail(self, job_id: str, attempt: int, message: str, failed_nodes: list[str]) -> None:
         with self._lock:

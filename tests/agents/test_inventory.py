@@ -84,6 +84,38 @@ node_groups:
             parse_inventory(text.replace("spares: 1}", bad + "}", 1))
 
 
+def test_labelled_spares_count_per_pool_and_the_larger_count_wins():
+    """An operator's labelled spares (computebroker.io/spare=true: a Kubernetes Node's
+    label, or a node's `labels` here) register as the pool's spares; a pool with a
+    `spares: N` count and labels gets the larger number (labels say which, counts how
+    many). Any value but "true" is no spare."""
+    from computebroker.v1 import common_pb2
+    from region_agents import labels as L
+    from region_agents.inventory import Inventory
+
+    text = """
+region: r
+node_groups:
+  - {name_prefix: a, count: 4, gpus: 8, pool: p5, spares: 1}
+nodes:
+  - {name: x1, gpus: 8, pool: p4, labels: {computebroker.io/spare: "true"}}
+  - {name: x2, gpus: 8, pool: p4, labels: {computebroker.io/spare: "True"}}
+  - {name: x3, gpus: 8, pool: p4, labels: {computebroker.io/spare: "no"}}
+  - {name: y1, gpus: 8, pool: p5, labels: {computebroker.io/spare: "true"}}
+"""
+    inv = parse_inventory(text)
+    assert [n.id for n in inv.nodes if n.spare] == ["x1", "x2", "y1"]
+    assert inv.pool_spares() == {"p4": 2, "p5": 1}
+    inv.spares["p5"] = 3
+    assert inv.pool_spares() == {"p4": 2, "p5": 3}
+    k8s_node = {"metadata": {"name": "n1", "labels": {L.LABEL_SPARE: "true", L.LABEL_POOL: "gpu"}},
+                "status": {"allocatable": {L.RESOURCE_GPU: "8"}}}
+    node = L.node_from_k8s(k8s_node)
+    assert node.spare and node.pool == "gpu"
+    assert Inventory(region="r", agent_id="a", nodes=[node, common_pb2.Node(id="n2", pool="gpu")]
+                     ).pool_spares() == {"gpu": 1}
+
+
 def test_the_resume_report_is_forwarded():
     """The trainer's resume report (docs/contracts.md section 2) reaches Progress.resume;
     junk in it is dropped, never an error."""

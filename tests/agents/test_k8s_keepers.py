@@ -94,3 +94,43 @@ def test_a_rank_finds_its_keeper_by_its_node_name(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CB_NODE_ID", "elsewhere")  # a launcher bug: the store tier, said
     assert MemoryTier.from_env(run, manager=None) is None  # type: ignore[arg-type]
     assert "memory tier off" in said[-1] and "elsewhere" in said[-1]
+
+
+def test_keeper_memory_is_the_tiers_own_bound() -> None:
+    """A keeper serves its node's ranks and its ward node's (2 x ranks per node), KEEP
+    snapshots each: that is the request; one more snapshot each while the next arrives,
+    with slack for larger shards, is the limit. 100 MiB per rank, 4 ranks per node."""
+    from region_agents.executors.k8s_keepers import BASE_BYTES, SLACK, keeper_resources
+    from trainer.memkeeper import KEEP
+
+    snap = 100 * 2**20
+    r = keeper_resources(snap, 4)
+    mib = 2**20
+    assert r.requests == {"memory": f"{(BASE_BYTES + KEEP * 8 * snap) // mib}Mi"}  # 1664Mi at KEEP=2
+    assert r.limits == {"memory": f"{(BASE_BYTES + int((KEEP + 1) * 8 * snap * SLACK)) // mib}Mi"}
+    assert KEEP == 2 and r.requests["memory"] == "1664Mi" and r.limits["memory"] == "3064Mi"
+    # size unknown: the base request, no limit (a limit would be a guess)
+    unknown = keeper_resources(0, 4)
+    assert unknown.requests == {"memory": "64Mi"} and not unknown.limits
+    # fewer steps kept (--keep 1) need less
+    assert keeper_resources(snap, 4, keep=1).requests == {"memory": "864Mi"}
+
+
+def test_the_snapshot_size_comes_from_the_ranks_report_or_the_jobs_declaration() -> None:
+    from region_agents.executors.k8s_keepers import snapshot_bound
+
+    assert snapshot_bound({}, 0) == 0
+    assert snapshot_bound({"memory_snapshot_mb": "50"}, 0) == 50_000_000
+    assert snapshot_bound({"memory_snapshot_mb": "50"}, 80_000_000) == 80_000_000  # the larger
+    assert snapshot_bound({"memory_snapshot_mb": "lots"}, 7) == 7  # a bad value: undeclared
+
+
+def test_the_manifest_carries_the_memory() -> None:
+    from region_agents.executors.k8s_keepers import keeper_resources
+
+    job = keeper_job("j", "n0", namespace="t", resources=keeper_resources(10 * 2**20, 1))
+    c = client.ApiClient().sanitize_for_serialization(job)["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"] == {"requests": {"memory": "104Mi"}, "limits": {"memory": "139Mi"}}
+    plain = client.ApiClient().sanitize_for_serialization(keeper_job("j", "n0", namespace="t"))
+    assert plain["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"memory": "64Mi"}}

@@ -43,9 +43,22 @@ def test_spares_are_the_highest_free_usable_nodes_of_each_pool() -> None:
     assert reserved(nodes, {("a2", "p"): 1}, used=set()) == frozenset()
 
 
-def agent(count: int, spares: int) -> AgentState:
+def test_labelled_spares_come_first_and_a_busy_one_has_a_stand_in() -> None:
+    """Nodes the operator labelled spares (Node.spare) are the spares whenever they are
+    free; one that is busy (labelled under a running job) or broken leaves its place to
+    the pool's next free node until it is free again."""
+    nodes = [node(i) for i in range(5)]
+    per_pool = {("a1", "p"): 2}
+    assert reserved(nodes, per_pool, used=set(), designated={"n0", "n1"}) == {"n0", "n1"}
+    assert reserved(nodes, per_pool, used={"n0"}, designated={"n0", "n1"}) == {"n1", "n4"}
+    sick = [node(0, healthy=False), *nodes[1:]]
+    assert reserved(sick, per_pool, used=set(), designated={"n0", "n1"}) == {"n1", "n4"}
+
+
+def agent(count: int, spares: int, labelled: tuple[str, ...] = ()) -> AgentState:
     nodes = [pb.Node(id=f"n{i}", region="r", zone="z", gpus=1, accelerator="sim", pool="p",
-                     healthy=True, network_layer_3="b0", capacity_type=pb.CAPACITY_TYPE_ON_DEMAND)
+                     healthy=True, network_layer_3="b0", capacity_type=pb.CAPACITY_TYPE_ON_DEMAND,
+                     spare=f"n{i}" in labelled)
              for i in range(count)]
     rec = apb.Register(agent_id="a1", region="r", nodes=nodes, pool_spares={"p": spares})
     return AgentState("a1", rec, last_seen=T0, session=AgentSession("a1"))
@@ -81,6 +94,11 @@ def test_the_scheduler_never_places_ordinary_ranks_on_a_spare() -> None:
     # running on n0..n2: n3 stays the spare; no spares asked: nothing is reserved
     assert build(fleet, [job("r", 3, RUNNING, ("n0", "n1", "n2"))]).spares == {"n3"}
     assert build([agent(4, spares=0)], [job("j4", 4)]).spares == frozenset()
+    # the operator labelled n0 a spare: it is the one kept, the job gets n1..n3
+    s = build([agent(4, spares=1, labelled=("n0",))], [job("j3", 3)])
+    assert s.spares == {"n0"}
+    decided = placement.schedule(s)
+    assert [sorted(n for n, _ in a.assignments) for a in decided.admissions] == [["n1", "n2", "n3"]]
 
 
 def test_unchanged_spares_keep_the_same_node_tuple() -> None:

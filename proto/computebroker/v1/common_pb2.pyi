@@ -109,7 +109,7 @@ MIGRATION_STATE_FAILED: MigrationState
 MIGRATION_STATE_CANCELLED: MigrationState
 
 class Node(_message.Message):
-    __slots__ = ("id", "region", "zone", "instance_type", "accelerator", "gpus", "efa", "network_layer_1", "network_layer_2", "network_layer_3", "ultraserver_id", "capacity_type", "pool", "price_per_gpu_hour", "interruption_risk", "healthy", "cordoned", "labels")
+    __slots__ = ("id", "region", "zone", "instance_type", "accelerator", "gpus", "efa", "network_layer_1", "network_layer_2", "network_layer_3", "ultraserver_id", "capacity_type", "pool", "price_per_gpu_hour", "interruption_risk", "healthy", "cordoned", "labels", "spare")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class Node(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     CORDONED_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     id: str
     region: str
     zone: str
@@ -153,7 +154,8 @@ class Node(_message.Message):
     healthy: bool
     cordoned: bool
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., instance_type: _Optional[str] = ..., accelerator: _Optional[str] = ..., gpus: _Optional[int] = ..., efa: _Optional[int] = ..., network_layer_1: _Optional[str] = ..., network_layer_2: _Optional[str] = ..., network_layer_3: _Optional[str] = ..., ultraserver_id: _Optional[str] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., price_per_gpu_hour: _Optional[float] = ..., interruption_risk: _Optional[float] = ..., healthy: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    spare: bool
+    def __init__(self, id: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., instance_type: _Optional[str] = ..., accelerator: _Optional[str] = ..., gpus: _Optional[int] = ..., efa: _Optional[int] = ..., network_layer_1: _Optional[str] = ..., network_layer_2: _Optional[str] = ..., network_layer_3: _Optional[str] = ..., ultraserver_id: _Optional[str] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., price_per_gpu_hour: _Optional[float] = ..., interruption_risk: _Optional[float] = ..., healthy: _Optional[bool] = ..., cordoned: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class Resources(_message.Message):
     __slots__ = ("nodes", "gpus_per_node", "accelerator")
