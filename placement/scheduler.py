@@ -266,6 +266,9 @@ class _Pass:
         self.quota_blocked: set[str] = set()
         # (index version, capacity with the reserved spares free): see _spare_note
         self.spare_view: tuple[int, CapacityIndex] | None = None
+        # partition key -> its spares' GPUs, and the index's partitions by key (once a pass)
+        self.spare_sizes: dict[tuple, list[int]] | None = None
+        self.parts_by_key: dict[tuple, Partition] = {}
 
     # ---- driver -----------------------------------------------------------------------
 
@@ -1125,10 +1128,15 @@ class _Pass:
 
         Asks the same ``find`` the placement does, on a second index of the spares'
         partitions with the spares free (built once per index version: a busy pass
-        reuses it for every job left without room)."""
-        index = self._spare_index(job.excluded_nodes)
+        reuses it for every job left without room). First a count that cannot be wrong
+        the other way: a partition whose free nodes plus spares of at least ``g`` GPUs
+        are fewer than the job's nodes cannot hold it, and when none can, the second
+        index is not built (the common case of a full fleet: no rebuild per admission)."""
         g = job.gpus_per_node
         n = job.min_nodes if 0 < job.min_nodes < job.nodes else job.nodes
+        if not self._spares_could_hold(n, g):
+            return ""
+        index = self._spare_index(job.excluded_nodes)
         types = allowed_types(job)
         t_safe = safe_point_s(job)
         spares = self.snap.spares
@@ -1148,6 +1156,27 @@ class _Pass:
                     f" {part.region}/{part.agent_id}: {taken} of the {n} node(s) it needs would be"
                     f" spares (the pool keeps {held} free for replacing lost nodes in place)")
         return ""
+
+    def _spares_could_hold(self, n: int, g: int) -> bool:
+        """Some partition with spares has at least ``n`` nodes of ``g`` free GPUs when its
+        spares count as free (topology and eligibility aside: a necessary condition)."""
+        if self.spare_sizes is None:
+            sizes: dict[tuple, list[int]] = defaultdict(list)
+            spares = self.snap.spares
+            for node in self.snap.nodes:
+                if node.id in spares and node.healthy:
+                    sizes[partition_key(node)].append(node.gpus)
+            self.spare_sizes = sizes
+            self.parts_by_key = {p.key: p for p in self.index.partitions}
+        for key, gpus in self.spare_sizes.items():
+            k = sum(1 for x in gpus if x >= g)
+            if not k:
+                continue
+            part = self.parts_by_key.get(key)
+            have = part.root.cnt[g] if part is not None and g <= part.maxg else 0
+            if have + k >= n:
+                return True
+        return False
 
     def _spare_index(self, excluded: frozenset[str]) -> CapacityIndex:
         """The free capacity of the partitions holding reserved spares, the spares free,

@@ -172,6 +172,12 @@ def test_a_job_that_only_spares_could_hold_says_so_in_its_pending_reason() -> No
         " spares (the pool keeps 1 free for replacing lost nodes in place); needs 4 GPUs")
     assert "spare" not in reasons["j5"] and reasons["j5"].startswith("needs 5 GPUs")
     assert not placement.schedule(build(fleet, [job("j3", 3)])).pending_reasons
+    # a job the spares cannot complete never builds the second index (a full fleet
+    # pays nothing per admission for the note)
+    from placement.scheduler import _Pass
+
+    too_big = _Pass(build(fleet, [job("j5", 5)]))
+    assert "spare" not in too_big.run().pending_reasons["j5"] and too_big.spare_view is None
     # no spares reserved: the same job gets the ordinary reason only
     plain = placement.schedule(build([agent(3, spares=0)], [job("j4", 4)])).pending_reasons
     assert "spare" not in plain["j4"]
