@@ -25,6 +25,7 @@ Why these choices:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -166,6 +167,7 @@ CREATE TABLE IF NOT EXISTS leases (
 
 log = logging.getLogger(__name__)
 
+
 class _RetryCarefully(Exception):  # noqa: N818 - a signal, not an error
     """A batch of job creations written whole failed (a duplicate, most likely): roll
     the transaction back and write the group again with a savepoint per member."""
@@ -177,6 +179,7 @@ _INSERT_RECORDS = "INSERT INTO records (kind, key, data) VALUES "
 _BATCH_ROWS = 64  # rows per multi-row INSERT: few distinct statements to cache and prepare
 
 
+@functools.lru_cache(maxsize=256)
 def _multi_row(head: str, width: int, rows: int) -> str:
     """``head`` + ``rows`` placeholders groups of ``width``; with the records' upsert."""
     one = "(" + ", ".join("?" * width) + ")"
