@@ -52,6 +52,25 @@ and 910/s (0.60-0.79x); called directly on the event loop 625 and 675/s against 
 944/s (0.64-0.71x: the loop serializes the blocking store write, so group commit has
 almost nobody to group with, 1.8 jobs per write). The servicers, the store and the group
 commit are synchronous, so an event loop only adds a hop; the sync server stays.
+
+Measured again (2026-11-27, benchmarks/bench_submit_cpu.py's load: TLS, a token, 3.5 KB
+specs, 16 clients; ``perf record`` and per-thread /proc counters on the broker): about
+half of the broker's CPU per submit was the kernel switching threads (futex waits and
+wake-ups: ~20-30 context switches per SubmitJob, ~9 per no-op), the Python
+interpreter ~25%, protobuf and gRPC's core ~7% each. Every release of the GIL under 16
+callers is a switch or two: gRPC's poller handing each call to a worker and the request
+back to it, group-commit waits, and each SQLite statement (the module releases the GIL
+per step) and os.urandom call. What was removed: a job batch is three multi-row INSERTs
+without savepoints or reads (~25 statements per group of 5 before), ids and audit ids
+draw random bytes a block at a time, a token's cache entry is renewed without argon2
+(every 10 s all 16 callers hashed at once: under load that stall was most of the
+measured 1.6 ms and the p99 of seconds), and a spec's env is checked in one pass.
+A bare servicer echoing the spec (no auth, no store) costs
+0.40-0.50 ms per call on this sync server and 0.31-0.40 ms on grpc.aio, so the 0.5 ms
+goal is at the floor of either framework in Python on these cores; an aio server (its
+submit path never blocking: the group commit on its own thread, answers resolved per
+group) would save the hand-offs, not the floor, and every servicer, stream and layer
+would have to move with it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -36,6 +36,8 @@ from computebroker.v1 import common_pb2 as pb
 TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 S3_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every key of a spec's env at once, joined by newlines (see _env_ok).
+_ENV_KEYS_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*\n)*[A-Za-z_][A-Za-z0-9_]*")
 MAX_NODES = 10_000
 MAX_NAME = 200
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
@@ -371,14 +373,29 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
                 "spec.trainer.global_batch_size must be >= 1: it is the number of samples per "
                 "global step, fixed whatever the world size"
             )
-    for key in spec.env:
-        if not ENV_KEY_RE.match(key):
-            raise InvalidArgument(f"spec.env key {key!r} is not a valid environment variable name")
-        if key.startswith("CB_"):
-            raise InvalidArgument(f"spec.env key {key!r}: CB_* variables are set by the broker")
-        if "\x00" in spec.env[key]:  # execve cannot pass it: every launch would fail
-            raise InvalidArgument(f"spec.env[{key!r}] contains a NUL character, which no"
-                                  " process environment can hold")
+    if not _env_ok(spec.env):
+        for key in spec.env:
+            if not ENV_KEY_RE.match(key):
+                raise InvalidArgument(f"spec.env key {key!r} is not a valid environment variable name")
+            if key.startswith("CB_"):
+                raise InvalidArgument(f"spec.env key {key!r}: CB_* variables are set by the broker")
+            if "\x00" in spec.env[key]:  # execve cannot pass it: every launch would fail
+                raise InvalidArgument(f"spec.env[{key!r}] contains a NUL character, which no"
+                                      " process environment can hold")
+
+
+def _env_ok(env: Mapping[str, str]) -> bool:
+    """True when every key of ``env`` is a variable name not starting ``CB_`` and no
+    value holds a NUL: one regex and two scans over the joined keys and values instead
+    of three Python steps per variable (a spec of 40 variables: ~2/3 of the spec check).
+    False means "look at each one", which names the first bad variable."""
+    if not env:
+        return True
+    keys = list(env)
+    joined = "\n".join(keys)
+    return (joined.count("\n") == len(keys) - 1 and _ENV_KEYS_RE.fullmatch(joined) is not None
+            and not joined.startswith("CB_") and "\nCB_" not in joined
+            and "\x00" not in "".join([env[k] for k in keys]))
 
 
 def check_feasible(spec: pb.JobSpec, clusters: Iterable[list[pb.Node]]) -> None:

@@ -10,7 +10,6 @@ keeps between operator exports. A dedicated index is the upgrade path.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from contextvars import ContextVar
 from typing import Any
@@ -19,6 +18,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from broker.auth.identity import Principal
+from broker.ids import random_hex
 from broker.store.base import Rider, Store, StoreError
 from computebroker.v1 import auth_pb2 as apb
 
@@ -75,7 +75,7 @@ def _target_plan(desc: Any) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[str
 def _build(principal: Principal | None, method: str, target: str, peer: str, result: str,
            message: str = "") -> apb.AuditRecord:
     return apb.AuditRecord(
-        id=f"{time.time_ns():020d}-{secrets.token_hex(3)}", time=time.time(),
+        id=f"{time.time_ns():020d}-{random_hex(3)}", time=time.time(),
         actor=principal.actor if principal else "anonymous",
         role=principal.role.value if principal else "", team=principal.team if principal else "",
         method=method, target=target[:200], peer=peer, result=result, message=message[:300])

@@ -102,3 +102,47 @@ def test_mutations_are_audited_and_only_operators_read_the_log(tls_broker: Broke
     assert all(r.actor == "user:frank" and r.role == "member" and r.peer.startswith("ipv4:127.0.0.1")
                and r.time > 0 for r in recs)
     assert not [r for r in recs if "GetJob" in r.method]  # reads are not audited
+
+
+def test_a_renewed_cache_entry_rereads_the_record_but_does_not_hash_again(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Past the cache TTL a token's entry is renewed by reading its record (a revocation
+    or a rotation elsewhere is seen), not by argon2 again (16 concurrent callers used to
+    hash 16 times every TTL); a rotated secret (new hash) is verified in full, and fails."""
+    import time
+    import types
+
+    from broker.auth import tokens as tokens_mod
+    from broker.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "s.sqlite"))
+    now = [1000.0]
+    monkeypatch.setattr(tokens_mod, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    mgr = TokenManager(store, cache_ttl_s=10.0)
+    other = TokenManager(store, cache_ttl_s=10.0)  # another replica, same store
+    issued = mgr.create("ana", "ml", Role.MEMBER, "op")
+    hashes: list[str] = []
+    real = tokens_mod._HASHER  # noqa: SLF001
+
+    class Counting:
+        hash = staticmethod(real.hash)
+
+        def verify(self, h: str, secret: str) -> bool:
+            hashes.append(h)
+            return real.verify(h, secret)
+
+    monkeypatch.setattr(tokens_mod, "_HASHER", Counting())
+    assert other.verify(issued.secret).name == "ana" and len(hashes) == 1
+    assert other.verify(issued.secret).name == "ana" and len(hashes) == 1  # cached
+    now[0] += 11
+    assert other.verify(issued.secret).name == "ana" and len(hashes) == 1  # renewed, no hash
+    rotated = mgr.rotate(issued.token.id)
+    now[0] += 11
+    with pytest.raises(TokenError, match="wrong secret"):
+        other.verify(issued.secret)  # the new hash: verified in full, and refused
+    assert len(hashes) == 2
+    assert other.verify(rotated.secret).name == "ana" and len(hashes) == 3
+    mgr.revoke(issued.token.id)
+    now[0] += 11
+    with pytest.raises(TokenError, match="revoked"):
+        other.verify(rotated.secret)

@@ -120,3 +120,85 @@ def test_sqlite_sigkill_mid_writes_loses_no_acknowledged_write(tmp_path):
     for jid, job in jobs.items():
         assert job["events"] == list(range(1, len(job["events"]) + 1)), jid
         assert len(job["events"]) in (job["version"], job["version"] + 1), jid
+
+
+BATCH_WRITER = textwrap.dedent(
+    """
+    import sys
+    from broker.store.sqlite import SQLiteStore
+    from computebroker.v1 import common_pb2 as pb
+
+    store = SQLiteStore(sys.argv[1])
+    i = int(sys.argv[2])
+    while True:
+        ids = [f"j-{i + k:07d}" for k in range(5)]
+        # every 7th batch repeats a request id: written again member by member
+        crid = [f"r-{i + k}" if (i // 5) % 7 or k != 4 else f"r-{i}" for k in range(5)]
+        out = store.create_jobs([
+            (pb.Job(id=jid, client_request_id=c, spec=pb.JobSpec(team="t")),
+             [pb.JobEvent(type="submitted"), pb.JobEvent(type="note")],
+             [("audit", "a-" + jid, pb.JobEvent(type="audit"))])
+            for jid, c in zip(ids, crid)])
+        for jid, r in zip(ids, out):
+            if isinstance(r, pb.Job):
+                print(f"create {jid}", flush=True)
+        i += 5
+    """
+)
+
+BATCH_CHECKER = textwrap.dedent(
+    """
+    import json, sqlite3, sys
+    from broker.store.sqlite import SQLiteStore
+    from computebroker.v1 import common_pb2 as pb
+
+    path = sys.argv[1]
+    con = sqlite3.connect(path)
+    integrity = con.execute("PRAGMA integrity_check").fetchone()[0]
+    con.close()
+    store = SQLiteStore(path)
+    jobs = {j.id: {"events": [e.seq for e in store.list_events(j.id)],
+                   "audit": store.get_record("audit", "a-" + j.id, pb.JobEvent) is not None}
+            for j in store.list_jobs(limit=0)}
+    audits = len(store.list_records("audit", pb.JobEvent))
+    print(json.dumps({"integrity": integrity, "jobs": jobs, "audits": audits}))
+    """
+)
+
+
+def test_sqlite_sigkill_mid_batched_creates_loses_no_acknowledged_job(tmp_path):
+    """Job creations written as batches (Store.create_jobs: multi-row INSERTs, and the
+    careful rewrite when a batch holds a repeated request id): every job acknowledged
+    before a SIGKILL is there with its events and its audit rider, and nothing is half
+    written (a job without its events or rider, or a rider without its job)."""
+    db = str(tmp_path / "broker.sqlite")
+    acked: list[str] = []
+    for round_, target in enumerate((60, 95)):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", BATCH_WRITER, db, str(round_ * 1_000_000)],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=_env(),
+        )
+        assert writer.stdout is not None
+        deadline = time.monotonic() + 180
+        for _ in range(target):
+            line = writer.stdout.readline()
+            assert line, f"writer exited early (rc={writer.poll()})"
+            assert time.monotonic() < deadline, "writer made no progress"
+            acked.append(line.split()[1])
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=30)
+        acked += [line.split()[1] for line in writer.stdout.read().splitlines() if line.strip()]
+        writer.stdout.close()
+
+    out = subprocess.run([sys.executable, "-c", BATCH_CHECKER, db], capture_output=True,
+                         text=True, cwd=ROOT, env=_env(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout)
+    assert state["integrity"] == "ok"
+    jobs = state["jobs"]
+    assert len(acked) >= 60 + 95
+    for jid in acked:
+        assert jid in jobs, f"acknowledged create of {jid} lost"
+    for jid, job in jobs.items():
+        assert job["events"] == [1, 2] and job["audit"], (jid, job)
+    assert state["audits"] == len(jobs)  # no rider of a job that was not written

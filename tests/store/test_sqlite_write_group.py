@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker.store.base import NotFound, VersionConflict
+from broker.store.base import AlreadyExists, NotFound, VersionConflict
 from broker.store.sqlite import SQLiteStore
 from computebroker.v1 import common_pb2 as pb
 from computebroker.v1 import logs_pb2 as lpb
@@ -86,3 +86,47 @@ def test_updates_and_log_chunks_share_one_commit_and_fail_alone(tmp_path: Path) 
     assert again.get_job("j-5").progress.step == 105
     assert len(again.read_logs("j-5", 1)[0]) == 2
     again.close()
+
+
+def test_job_creations_without_savepoints_fall_back_when_a_member_fails_after_its_row(
+        tmp_path: Path) -> None:
+    """Creations are written whole, without a savepoint per member; when that fails
+    (here: an events row of one new job's id already stored, left by hand, and a
+    repeated request id) the group is written again with a savepoint per member: the
+    stray row's job is numbered after it, the repeat fails alone, and the others are
+    written once each, with their riders."""
+    store = SQLiteStore(str(tmp_path / "broker.sqlite"))
+    with store._lock:  # noqa: SLF001 - a stray events row, as an operator tool might leave
+        store._conn.execute("INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)",  # noqa: SLF001
+                            ("j-2", 1, pb.JobEvent(job_id="j-2", seq=1, type="stray").SerializeToString()))
+    rider = ("audit", "k-1", pb.JobEvent(type="rider"))
+    results = store.create_jobs([
+        (make_job("j-1", team="a", crid="r-1"), [ev("submitted")], [rider]),
+        (make_job("j-2", team="a", crid="r-2"), [ev("submitted")]),
+        (make_job("j-3", team="a", crid="r-1"), [ev("submitted")]),  # repeats j-1's request id
+    ])
+    assert [type(r) for r in results] == [pb.Job, pb.Job, AlreadyExists]
+    assert [e.type for e in store.list_events("j-2")] == ["stray", "submitted"]
+    assert [e.seq for e in store.list_events("j-2")] == [1, 2]
+    assert [e.seq for e in store.list_events("j-1")] == [1]
+    assert store.list_events("j-3") == []
+    assert {j.id for j in store.list_jobs(limit=0)} == {"j-1", "j-2"}
+    assert store.get_record("audit", "k-1", pb.JobEvent).type == "rider"
+
+
+def test_a_batch_of_new_jobs_is_three_inserts(tmp_path: Path) -> None:
+    """A batch without duplicates: one INSERT each for the jobs, their events and their
+    riders, no savepoint and no MAX(seq) read (new jobs' events are numbered from 1)."""
+    store = SQLiteStore(str(tmp_path / "broker.sqlite"))
+    traced: list[str] = []
+    store._conn.set_trace_callback(traced.append)  # noqa: SLF001 - the statements it ran
+    out = store.create_jobs([(make_job(f"j-{i}", team="a", crid=f"r-{i}"), [ev("submitted"), ev("note")],
+                              [("audit", f"k-{i}", pb.JobEvent(type=f"rider-{i}"))]) for i in range(5)])
+    store._conn.set_trace_callback(None)  # noqa: SLF001
+    assert all(isinstance(j, pb.Job) for j in out)
+    for i in range(5):
+        assert [e.seq for e in store.list_events(f"j-{i}")] == [1, 2]
+        assert store.get_record("audit", f"k-{i}", pb.JobEvent).type == f"rider-{i}"
+        assert store.find_job_by_request_id("a", f"r-{i}").id == f"j-{i}"
+    assert not [s for s in traced if "MAX(seq)" in s or "SAVEPOINT" in s], traced
+    assert len([s for s in traced if s.startswith("INSERT")]) == 3, traced
