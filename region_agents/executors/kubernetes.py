@@ -7,8 +7,9 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
   agent itself: no Job controller between the Launch and the scheduler (at 2,000 nodes
   it was most of the Launch -> bound time; k8s_manifests.py says why). Before any pod
   of attempt N exists, every pod of an older attempt of the job still running is
-  killed and its end awaited: no two attempts of a job can write at once, also when
-  the older one was started by a previous agent process. The fencing and the
+  killed and its end awaited (on a thread of its own, k8s_fence.py: never on the
+  broker's stream): no two attempts of a job can write at once, also when the older
+  one was started by a previous agent process. The fencing and the
   manifests happen in ``launch()``; the API requests happen on a small pool of creator
   threads (``launch_workers``), so ``launch()`` returns at once: the agent calls it on
   the thread that reads the broker's stream and with its lock held, and at tens of
@@ -81,6 +82,7 @@ from region_agents.executors.base import (
     Executor,
     RunningInfo,
 )
+from region_agents.executors.k8s_fence import Fence, Fences, FenceWait
 from region_agents.executors.k8s_keepers import IDLE_S as KEEPER_IDLE_S
 from region_agents.executors.k8s_keepers import KeeperJobs
 from region_agents.executors.k8s_logs import DEFAULT_MAX_STREAMS, PodLogs, PodRanks
@@ -127,7 +129,9 @@ log = logging.getLogger(__name__)
 # (its node is gone or its kubelet dead) has ended for us: nothing of it can still
 # write once its node is reclaimed, and the node is reported unhealthy separately.
 VANISH_TIMEOUT_S = 60.0
-FENCE_TIMEOUT_S = 60.0  # launch waits this long for an older attempt's pods to end
+# a Launch waits this long for an older attempt's pods to end (k8s_fence.py), longer
+# than a pod on a lost node takes to count as ended (VANISH_TIMEOUT_S)
+FENCE_TIMEOUT_S = VANISH_TIMEOUT_S + 30.0
 FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
 LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
@@ -235,6 +239,7 @@ class _K8sAttempt:
     # False when its creation was refused or abandoned (what it had made is undone): the
     # names may be someone else's objects, which the cleanup must not delete
     owns_objects: bool = True
+    made: set[str] = field(default_factory=set)  # pods its creator made (a fence reads it)
 
 
 class KubernetesExecutor(Executor):
@@ -288,6 +293,7 @@ class KubernetesExecutor(Executor):
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
         self.node_cache = ObjectCache(self.core.list_node, what="nodes",
                                       on_change=self.changed.set).start()
+        self.fences = Fences(self.pods.get, lambda p: pod_ended(p, time.time()))
         self.owners = OwnerBook(owners_path) if owners_path else None
         logs_core = k8s.CoreV1Api(_sized_client(api_client, max_log_streams + 4))
         self.pod_logs = (PodLogs(logs_core, namespace, Path(log_dir), CONTAINER,
@@ -382,7 +388,7 @@ class KubernetesExecutor(Executor):
         if spec.attempt <= 0:
             raise ValueError(f"attempt must be >= 1, got {spec.attempt}")
         with self._lock:
-            self._fence_older(spec.job_id, spec.attempt)
+            waits = self._fence_older(spec.job_id, spec.attempt)
             m = build_manifests(spec, namespace=self.namespace, image=self.image,
                                 nodes=self._nodes, service_account=self.service_account,
                                 run_as_user=self.run_as_user, grace_s=self.grace_s)
@@ -390,7 +396,37 @@ class KubernetesExecutor(Executor):
                               hang_timeout_s=self._hang_timeout(spec))
             self._attempts[(spec.job_id, spec.attempt)] = att
             self._events.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
-            att.created = self._creator.submit(self._create, att, m)
+            if not waits:
+                att.created = self._creator.submit(self._create, att, m)
+                return
+            # the older pods end first (k8s_fence.py): held here, off the broker's stream
+            att.created = Future()
+            self.fences.add(Fence(f"{spec.job_id} attempt {spec.attempt}", waits,
+                                  go=lambda: self._fence_cleared(att, m),
+                                  give_up=lambda: self._fence_failed(att),
+                                  timeout_s=FENCE_TIMEOUT_S))
+
+    def _fence_cleared(self, att: _K8sAttempt, m: Manifests) -> None:
+        """The fence thread: every older pod has ended; the attempt's objects are made."""
+        with self._lock:
+            held, att.created = att.created, self._creator.submit(self._create, att, m)
+        if held is not None and not held.done():
+            held.set_result(None)
+
+    def _fence_failed(self, att: _K8sAttempt) -> None:
+        """The fence thread: an older attempt's pods did not end in time: this attempt
+        fails (nothing of it was made), as a refused Launch did before."""
+        with self._lock:
+            held = att.created
+            att.failure = att.failure or (
+                -1, f"an older attempt of {att.spec.job_id} could not be stopped in"
+                    f" {FENCE_TIMEOUT_S:g} s", [])
+            att.created, att.owns_objects = None, False
+            self.changed.set()
+        log.warning("%s attempt %d: an older attempt's pods did not end in %.0f s",
+                    att.spec.job_id, att.spec.attempt, FENCE_TIMEOUT_S)
+        if held is not None and not held.done():
+            held.set_result(None)
 
     def _create(self, att: _K8sAttempt, m: Manifests, adopted: bool = False) -> None:
         """A creator thread: the attempt's API objects (see the module doc), no lock held
@@ -419,6 +455,7 @@ class KubernetesExecutor(Executor):
                     try:
                         self._create_pod(pod, adopted) if fut is None else fut.result()
                         created.append(("pod", pod.metadata.name))
+                        att.made.add(pod.metadata.name)
                     except Exception as e:  # noqa: BLE001 - every create is waited for
                         errors.append(e)
                 if errors:
@@ -470,11 +507,17 @@ class KubernetesExecutor(Executor):
     def wait_created(self, job_id: str, attempt: int, timeout: float = 60.0) -> None:
         """Until the attempt's API objects exist (or were refused): for callers that read
         them right after ``launch()``."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             att = self._attempts.get((job_id, attempt))
-            fut = att.created if att is not None else None
-        if fut is not None:
-            fut.result(timeout)
+        while att is not None:
+            with self._lock:
+                fut = att.created
+            if fut is None:
+                return
+            fut.result(max(0.0, deadline - time.monotonic()))  # a fence's, then the creator's
+            if fut.done() and att.created is fut:
+                return
 
     def _undo(self, att: _K8sAttempt, created: list[tuple[str, str]]) -> None:
         """Delete what a refused creation had made (its pods never ran: grace 0)."""
@@ -486,22 +529,22 @@ class KubernetesExecutor(Executor):
             if "service" in kinds:
                 self.core.delete_namespaced_service(att.name, self.namespace)
 
-    def _fence_older(self, job_id: str, attempt: int) -> None:
+    def _fence_older(self, job_id: str, attempt: int) -> list[FenceWait]:
         """Kill every pod of an older attempt of ``job_id`` that may still run (ours or
-        a previous agent process's) and wait until each has ended. Attempt 1 has none
-        (and is most Launches: no pass over every pod of the namespace for it)."""
+        a previous agent process's, or one still being made) and return the pods the
+        new attempt must see end first (k8s_fence.py); [] when there is none. Attempt
+        1 has none (and is most Launches: no pass over every pod of the namespace)."""
         if attempt <= 1:
-            return
-
-        def older() -> list[dict]:
-            now = time.time()
-            return [p for p in self.pods.snapshot().values()
-                    if (k := pod_key(p)) and k[0] == job_id and k[1] < attempt
-                    and not pod_ended(p, now)]
-        live = older()
-        if not live:
-            return
-        for a in sorted({pod_key(p)[1] for p in live}):  # type: ignore[index]
+            return []
+        now = time.time()
+        live = [p for p in self.pods.snapshot().values()
+                if (k := pod_key(p)) and k[0] == job_id and k[1] < attempt
+                and not pod_ended(p, now)]
+        making = [a for (j, n), a in self._attempts.items()
+                  if j == job_id and n < attempt and a.created is not None]
+        if not live and not making:
+            return []
+        for a in sorted({pod_key(p)[1] for p in live} | {a.spec.attempt for a in making}):  # type: ignore[index]
             log.warning("%s attempt %d supersedes attempt %d, still running: killing it",
                         job_id, attempt, a)
             att = self._attempts.get((job_id, a))
@@ -509,13 +552,13 @@ class KubernetesExecutor(Executor):
                 att.stop_mode = att.stop_mode or "kill"
                 att.stop_time = att.stop_time or time.time()
             self._kill(resource_name(job_id, a), job_id, a, 0)
-        deadline = time.monotonic() + FENCE_TIMEOUT_S
-        while older():
-            if time.monotonic() > deadline:
-                raise ValueError(f"an older attempt of {job_id} could not be stopped")
-            self.changed.wait(0.2)
-            self.changed.clear()
-        self.changed.set()  # poll() has not seen these changes yet
+        waits = {p["metadata"]["name"]: FenceWait(p["metadata"]["name"]) for p in live}
+        for a in making:  # its pods may not exist yet, or not be in the cache yet
+            for i in range(a.expected):
+                name = pod_name(a.name, i)
+                waits.setdefault(name, FenceWait(
+                    name, lambda a=a, n=name: (a.created is None, n in a.made)))
+        return list(waits.values())
 
     # ---- control -----------------------------------------------------------------
     def _kill(self, name: str, job_id: str, attempt: int, grace_s: int) -> None:
@@ -912,6 +955,7 @@ class KubernetesExecutor(Executor):
         """The attempts belong to the cluster, not to this process: they keep running.
         A restarted agent re-adopts them (:meth:`recover`) and reports them on Register;
         the broker keeps or stops them (RegisterAck.stale_job_ids)."""
+        self.fences.stop()  # a held Launch is not made: a successor's recover() sees no pod of it
         self._creator.shutdown(wait=True, cancel_futures=True)
         self._pod_creator.shutdown(wait=True, cancel_futures=True)
         self._ender.shutdown(wait=True)  # the kills and cleanups asked for are made

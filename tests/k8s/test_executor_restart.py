@@ -66,6 +66,13 @@ def test_a_restarted_agent_readopts_and_fences_before_the_next_attempt(cluster_a
             # the broker relaunches (attempt 2) while attempt 1 still trains: it is fenced
             ex.launch(trainer_attempt("adopt", NODES[:1], ckpt, attempt=2, steps=100000,
                                       every=100000, sleep=0.3))
+            # launch() returns at once (the fence waits on a thread of its own); once
+            # attempt 2's pods exist, every pod of attempt 1 had ended
+            assert ex.known_attempts()["adopt"] == 2
+            ex.wait_created("adopt", 2, timeout=150)
+            new = [p for p in cluster_a.core().list_namespaced_pod(ns).items
+                   if p.metadata.labels["computebroker.io/attempt"] == "2"]
+            assert new, "attempt 2's pods were made"
             old = [p for p in cluster_a.core().list_namespaced_pod(ns).items
                    if p.metadata.labels["computebroker.io/attempt"] == "1"]
             for p in old:  # every pod of attempt 1 had ended before attempt 2 existed
