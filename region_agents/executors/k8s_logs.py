@@ -35,8 +35,12 @@ threads (started as needed) -- for hundreds of pods, a stream and a thread each.
 others wait, then resumes later from its journal, losing nothing): connections and
 threads stay bounded at thousands of pods, at the price of lines arriving up to about
 ``pods / max_streams * SLICE_S`` late. A pod whose log cannot be read (an error from the
-API server or the kubelet) is retried with exponential backoff up to ``BACKOFF_MAX_S``,
-so a node without a log endpoint costs a request a minute, not a request a second. What can be lost: lines the kubelet no
+API server or the kubelet) is retried with exponential backoff; after ``PARK_AFTER``
+failed reads in a row its stream is parked while the container runs: read again when
+the container has ended (the rest of its log, before the attempt's end is reported) or
+every ``PARKED_S``. A node that serves no logs at all (KWOK's fake nodes; a virtual
+kubelet) then costs a few requests per pod, not one a minute for the pod's whole life
+(71,000 failed reads in one run of the scale benchmark). What can be lost: lines the kubelet no
 longer has (log rotation while a pod waited, a node gone before its log was read),
 as with ``kubectl logs``.
 """
@@ -71,6 +75,8 @@ SINCE_MARGIN_S = 120  # resume this far before the last journalled line (clock s
 READ_TIMEOUT_S = 300.0  # a silent stream is re-opened after this (a half-dead connection)
 RETRY_S = 1.0  # a stream that ended while its container runs is re-opened after this
 BACKOFF_MAX_S = 60.0  # a failing pod's retries back off up to this
+PARK_AFTER = 4  # failed reads in a row (1 + 2 + 4 s of backoff) that park a running pod's stream
+PARKED_S = 600.0  # a parked stream is tried again this often, or when its container ends
 KEEP_S = 600.0  # an ended attempt's files stay this long (the shipper resends for 120 s)
 # Files of attempts no agent wrote for this long are removed at start-up (attempts that
 # ended while no agent ran). Should one still run, its stream starts over from the
@@ -190,7 +196,7 @@ class PodLogs:
         self.slice_s = SLICE_S
         # The readers' queue: (not before, seq, stream); a pool of reader threads.
         self._ready = threading.Condition()
-        self._queue: list[tuple[float, int, _PodStream]] = []
+        self._queue: list[tuple[float, int, _PodStream, int]] = []  # (due, seq, stream, its gen)
         self._seq = itertools.count()
         self._readers = 0
         self._idle = 0
@@ -239,13 +245,29 @@ class PodLogs:
             self._enqueue(ps, 0.0)
         for pod in pods:  # a stream must know its container ended (EOF is then final)
             ps = att.pods.get((pod.get("metadata") or {}).get("name", ""))
-            if ps is not None and _ended(pod, self.container):
+            if ps is not None and _ended(pod, self.container) and not ps.container_ended.is_set():
                 ps.container_ended.set()
+                self._unpark(ps)
+
+    def _unpark(self, ps: _PodStream) -> None:
+        """A parked stream's container ended: its turn is now (the rest of its log is
+        read before the attempt's end is reported). Its parked entry in the queue is
+        made stale (``gen``), so one stream never has two turns at once."""
+        with self._ready:
+            if not ps.parked:
+                return  # not waiting out a park (reading, or due soon): it sees the end itself
+            ps.parked = False
+            ps.gen += 1
+            heapq.heappush(self._queue, (time.monotonic(), next(self._seq), ps, ps.gen))
+            self._ready.notify()
 
     # ---- the reader pool ---------------------------------------------------------------
     def _enqueue(self, ps: _PodStream, delay: float) -> None:
         with self._ready:
-            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), ps))
+            if delay >= PARKED_S and ps.container_ended.is_set():
+                delay = 0.0  # it ended while its reader was parking it: read the rest now
+            ps.parked = delay >= PARKED_S
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._seq), ps, ps.gen))
             if self._idle == 0 and self._readers < self.max_streams:
                 self._readers += 1
                 self._idle += 1  # it starts idle: a burst of pods starts no more readers than due
@@ -265,13 +287,16 @@ class PodLogs:
             with self._ready:
                 while not self._stop.is_set():
                     now = time.monotonic()
+                    while self._queue and self._queue[0][3] != self._queue[0][2].gen:
+                        heapq.heappop(self._queue)  # a stale turn (its stream was unparked)
                     if self._queue and self._queue[0][0] <= now:
                         break
                     self._ready.wait(min(5.0, self._queue[0][0] - now) if self._queue else 5.0)
                 self._idle -= 1
                 if self._stop.is_set():
                     return
-                _, _, ps = heapq.heappop(self._queue)
+                ps = heapq.heappop(self._queue)[2]
+                ps.parked = False
             delay = ps.turn()
             with self._ready:
                 self._idle += 1
@@ -393,6 +418,8 @@ class _PodStream:
             self.container_ended.set()
         self.opens = 0  # streams opened (tests: resumes)
         self.failures = 0  # failed opens in a row (the backoff)
+        self.parked = False  # queued PARKED_S ahead (PodLogs._ready guards it)
+        self.gen = 0  # its valid entry in the readers' queue (older ones are stale)
 
     def prepare(self) -> None:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
@@ -421,7 +448,14 @@ class _PodStream:
                 return None
             self.failures += 1
             delay = min(BACKOFF_MAX_S, RETRY_S * 2 ** (self.failures - 1))
-            log.info("log of pod %s: %s (again in %.0f s)", self.name, _why(e), delay)
+            if self.failures >= PARK_AFTER and not self.container_ended.is_set():
+                delay = PARKED_S  # until its container ends (PodLogs._unpark) or PARKED_S
+                if self.failures == PARK_AFTER:
+                    log.info("log of pod %s: %s, %d times in a row: read again when its"
+                             " container ends (or in %.0f s)", self.name, _why(e),
+                             self.failures, delay)
+                return delay
+            log.debug("log of pod %s: %s (again in %.0f s)", self.name, _why(e), delay)
             return delay
         if finished:
             return None
