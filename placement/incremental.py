@@ -19,10 +19,18 @@ and node changes against from-scratch passes). What makes that exact:
   free-GPU buckets it sits in are put back in node order
   (:meth:`CapacityIndex.restore`): domain counts are sums, so bucket order is the
   only place history could survive, and best fit takes a bucket's first node.
+* A node added, removed or changed (an agent's inventory update: health, a cordon)
+  builds again only the capacity partitions (agent, capacity type, pool, ...) its old
+  and new version belong to (:meth:`CapacityIndex.rebuild_partition`): a partition's
+  slots, domains and buckets depend on its own nodes alone, so the result is the index
+  a full build makes (tests/placement/test_node_deltas.py compares them). At 2,000
+  nodes an agent's node health changing every few seconds rebuilt the whole index
+  each time.
 * What the cheap path cannot follow rebuilds the index from the kept nodes and
   running jobs through the same :func:`placement.scheduler.build_fleet`: a node
-  added, removed or changed; the draining regions changing; the clock crossing a
-  training plan's start or end (a node enters or leaves the usable set).
+  change that makes a partition appear or vanish, or touches a training plan's nodes;
+  the draining regions changing; the clock crossing a training plan's start or end
+  (a node enters or leaves the usable set).
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ from collections.abc import Iterable
 
 from placement.gc_pause import gc_paused
 from placement.model import Decisions, JobRequest, NodeInfo, RunningJob, Snapshot, TeamQuota
-from placement.scheduler import Fleet, _Pass, build_fleet
-from placement.topology import Slot
+from placement.scheduler import Fleet, _by_id, _Pass, build_fleet, usable_nodes
+from placement.topology import Slot, partition_key
 
 
 class AdmissionCache:
@@ -48,7 +56,9 @@ class AdmissionCache:
         self._draining: frozenset[str] = frozenset()
         self._bounds: list[float] = []  # plan starts and ends: crossing one rebuilds
         self._dirty: set[str] = set()  # nodes whose ``used`` changed since the last pass
+        self._changed_nodes: set[str] = set()  # node ids added, removed or changed since
         self.rebuilds = 0  # full index builds so far (for benchmarks and tests)
+        self.partition_rebuilds = 0  # partitions built again for node changes
         for r in running:
             self.add_running(r)
 
@@ -56,11 +66,21 @@ class AdmissionCache:
 
     def set_nodes(self, nodes: Iterable[NodeInfo]) -> None:
         """The fleet's nodes now (an agent registered, a node changed or went away).
-        Rare next to job changes, so any difference rebuilds the index."""
+        The next pass builds again only the partitions the changed nodes are in (or the
+        whole index, when that cannot be exact: see the module doc)."""
         new = {n.id: n for n in nodes}
-        if new != self._nodes:
-            self._nodes = new
-            self._fleet = None
+        old = self._nodes
+        if new == old:
+            return
+        self._nodes = new
+        if self._fleet is None:
+            return
+        changed = {i for i in old.keys() | new.keys() if old.get(i) != new.get(i)}
+        if any(n is not None and (n.plan_start is not None or n.plan_end is not None)
+               for i in changed for n in (old.get(i), new.get(i))):
+            self._fleet = None  # a plan's window bounds the kept index (_bounds): build afresh
+            return
+        self._changed_nodes |= changed
 
     def add_running(self, r: RunningJob) -> None:
         """A job now holds GPUs (admitted, or a new copy of a running job's state)."""
@@ -138,7 +158,35 @@ class AdmissionCache:
         if fleet is None or not self.fleet_ready(now, draining):
             return self._rebuild(now, draining)
         self._undo(fleet)
+        if self._changed_nodes and not self._apply_node_changes(fleet, now, draining):
+            return self._rebuild(now, draining)
         return fleet
+
+    def _apply_node_changes(self, fleet: Fleet, now: float, draining: frozenset[str]) -> bool:
+        """Build again the partitions the changed nodes were or are in (after
+        ``_undo``: every other slot is at its from-scratch state). False when that
+        cannot give a full build's index: a partition would appear or vanish."""
+        changed, self._changed_nodes = self._changed_nodes, set()
+        index = fleet.index
+        usable, _ = usable_nodes(sorted(self._nodes.values(), key=_by_id), self._used, now, draining)
+        keys = [partition_key(n) for n, _ in usable]
+        if set(keys) != {p.key for p in index.partitions}:
+            return False
+        was = (index.slot_by_id.get(i) for i in changed)
+        affected = {partition_key(s.info) for s in was if s is not None}
+        affected |= {k for (n, _), k in zip(usable, keys, strict=True) if n.id in changed}
+        for key in affected:
+            index.rebuild_partition([m for m, k in zip(usable, keys, strict=True) if k == key])
+            self.partition_rebuilds += 1
+        index.journal = []
+        region_of = fleet.region_of
+        for i in changed:
+            n = self._nodes.get(i)
+            if n is None:
+                region_of.pop(i, None)
+            else:
+                region_of[i] = n.region
+        return True
 
     def _rebuild(self, now: float, draining: frozenset[str]) -> Fleet:
         full = Snapshot(now=now, nodes=tuple(self._nodes.values()), running=tuple(self._running.values()),
@@ -151,6 +199,7 @@ class AdmissionCache:
         self._bounds = sorted({t for n in self._nodes.values() for t in (n.plan_start, n.plan_end)
                                if t is not None})
         self._dirty.clear()
+        self._changed_nodes.clear()
         self.rebuilds += 1
         return fleet
 

@@ -155,6 +155,24 @@ class CapacityIndex:
             members = [group[i] for i in sorted(range(len(group)), key=topo.__getitem__)]
             self.partitions.append(self._build(key, members, future, order))
 
+    def rebuild_partition(self, members: list[tuple[NodeInfo, int]]) -> None:
+        """Build again the one partition ``members`` (every usable node of it, with its
+        free GPUs) belong to, in place: what ``CapacityIndex(...)`` over the whole
+        fleet builds for it, since a partition's slots, domains, orders and buckets
+        depend on its own nodes alone. The partition must exist (a partition appearing
+        or vanishing changes the others' order: build the index afresh then)."""
+        key = partition_key(members[0][0])
+        i = next(i for i, p in enumerate(self.partitions) if p.key == key)
+        old = self.partitions[i]
+        for slot in old.slots:
+            if self.slot_by_id.get(slot.info.id) is slot:
+                del self.slot_by_id[slot.info.id]
+        topo = [_topo_key(info) for info, _ in members]
+        ordered = [members[j] for j in sorted(range(len(members)), key=topo.__getitem__)]
+        self.partitions[i] = self._build(key, ordered, old.future, old.order)
+        self.version += 1
+        self._found.clear()
+
     def _build(self, key: tuple, members: list[tuple[NodeInfo, int]], future: bool, order: int) -> Partition:
         maxg = max(info.gpus for info, _ in members)
         part = Partition(key, members[0][0], maxg, future, order)

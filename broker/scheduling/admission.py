@@ -22,9 +22,11 @@ only avoids recomputing its fleet input, and its decisions are identical to
 ``placement.schedule`` on the same snapshot (tests/placement/test_incremental.py,
 tests/broker/test_admission_cache.py). What it cannot follow falls back:
 
-* a node list that differs in any way rebuilds the capacity index (``set_nodes``);
-  so do a change of draining regions and the clock crossing a plan's start or end
-  (``AdmissionCache`` itself);
+* a node list that differs (an agent's inventory: a node's health or cordon, nodes
+  added or removed) builds again the capacity partitions of the changed nodes only
+  (``set_nodes``), or the whole index when a partition appears or vanishes or a
+  plan's node changed; a change of draining regions and the clock crossing a plan's
+  start or end rebuild the index (``AdmissionCache`` itself);
 * a snapshot it cannot represent (two running entries with one id) or any error in
   the cached path drops the cache and decides from scratch for that pass.
 
@@ -56,6 +58,7 @@ class AdmissionStats:
 
     passes: int = 0
     index_rebuilds: int = 0  # the capacity index built from every node (first pass included)
+    partition_rebuilds: int = 0  # partitions built again for changed nodes (not the whole index)
     running_changes: int = 0  # running entries added, replaced or removed by delta
     from_scratch: dict[Fallback, int] = field(default_factory=dict)
 
@@ -78,9 +81,12 @@ class LiveAdmission:
         self.stats.passes += 1
         try:
             cache = self._feed(snap)
-            decisions = (cache.schedule(snap.now, snap.pending, snap.teams, snap.draining_regions,
-                                        snap.spares)
-                         if cache is not None else None)
+            decisions = None
+            if cache is not None:
+                built, parts = cache.rebuilds, cache.partition_rebuilds
+                decisions = cache.schedule(snap.now, snap.pending, snap.teams, snap.draining_regions,
+                                           snap.spares)
+                self._count(cache, built, parts, len(snap.nodes))
         except Exception:  # noqa: BLE001 - a cache bug must cost speed, never a decision
             log.exception("admission cache failed; this pass is decided from scratch")
             decisions = None
@@ -130,10 +136,12 @@ class LiveAdmission:
             self.stats.running_changes += changes
         self._nodes = snap.nodes
         self._running = running
-        before = cache.rebuilds
-        fleet_ready = cache.fleet_ready(snap.now, snap.draining_regions)
-        if not fleet_ready:
-            self.stats.index_rebuilds += 1
-            log.info("admission cache: capacity index rebuilt from %d nodes (rebuild %d)",
-                     len(snap.nodes), before + 1)
         return cache
+
+    def _count(self, cache: AdmissionCache, built: int, parts: int, nodes: int) -> None:
+        """What the pass just did to the index (stats, and a log line for a full build)."""
+        if cache.rebuilds > built:
+            self.stats.index_rebuilds += cache.rebuilds - built
+            log.info("admission cache: capacity index rebuilt from %d nodes (rebuild %d)",
+                     nodes, cache.rebuilds)
+        self.stats.partition_rebuilds += cache.partition_rebuilds - parts
