@@ -157,7 +157,7 @@ class JobOps:
         agent = self.agents.get(admission.agent_id)
         if agent is None or not agent.connected:
             return None
-        inp = transitions.Admit(admission=admission, nodes={n.id: n for n in agent.record.nodes},
+        inp = transitions.Admit(admission=admission, nodes=agent.nodes_by_id(),
                                 checkpoint_bucket=agent.record.checkpoint_bucket,
                                 explanation=explanation)
 
@@ -184,7 +184,7 @@ class JobOps:
             agent = self.agents.get(admission.agent_id)
             if agent is not None and agent.connected:
                 admit = transitions.Admit(admission=admission,
-                                          nodes={n.id: n for n in agent.record.nodes},
+                                          nodes=agent.nodes_by_id(),
                                           checkpoint_bucket=agent.record.checkpoint_bucket)
         inp = node_recovery.Decided(plan=plan, admit=admit)
         out = self._apply(job_id, node_recovery.decide, inp)
@@ -200,7 +200,7 @@ class JobOps:
         agent = self.agents.get(admission.agent_id)
         if agent is None or not agent.connected:
             return None
-        inp = standby.ReserveStandby(admission=admission, nodes={n.id: n for n in agent.record.nodes},
+        inp = standby.ReserveStandby(admission=admission, nodes=agent.nodes_by_id(),
                                      checkpoint_bucket=agent.record.checkpoint_bucket)
         out = self._apply(job_id, standby.reserve, inp)
         return out.job if out is not None else None
