@@ -384,6 +384,7 @@ def main() -> int:
                            "fill_timeout_s": args.fill_timeout,
                            "executor": "pods made by the agent (no Job controller)",
                            "cluster_tuning": {"heartbeat_factor": f, "node_lease_s": lease_s,
+                                              "kwok_parallelism": kwok.parallelism,
                                               "kube_controller_manager": list(kcm),
                                               "kube_scheduler": list(CLIENT_QPS)},
                            "host": platform.node(), "cpus": os.cpu_count(),
@@ -477,7 +478,9 @@ def main() -> int:
         out["baseline_polling"] = polling_baseline(cp, args.baseline_s)
         out["nodes_ready_at_end"] = _ready_nodes(cp)
         out["agent_alive_at_end"] = agent.alive()
-        out["agent_self_fences"] = agent.log.read_text(errors="replace").count("self-fence:")
+        agent_log = agent.log.read_text(errors="replace")
+        out["agent_self_fences"] = agent_log.count("self-fence:")
+        out["agent_registrations"] = agent_log.count("registered as")  # 1: never reconnected
     finally:
         out["load_after"] = [round(x, 2) for x in os.getloadavg()]
         c.stop()

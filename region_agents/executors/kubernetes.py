@@ -145,6 +145,7 @@ CONTAINER = "trainer"
 LAUNCH_WORKERS = 6
 # threads making the requests that end things (kills, cleanups), off the lock
 KILL_WORKERS = 2
+KILL_AGAIN_S = 10.0  # a kill repeated sooner than this adds no request (see stop())
 KEEPER_SWEEP_S = 10.0  # how often poll() looks for keepers of jobs no attempt uses
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
             AS.ATTEMPT_STATE_CHECKPOINTED, AS.ATTEMPT_STATE_STOPPED)
@@ -650,6 +651,10 @@ class KubernetesExecutor(Executor):
                 att.stop_mode = "checkpoint"
                 att.stop_grace_s = max(0, math.ceil(grace_s))
             else:
+                if att.stop_mode == "kill" and time.time() - att.stop_time < KILL_AGAIN_S:
+                    return  # its pods' deletes were just asked for (a self-fence repeats
+                    # the kill every tick while the broker is silent: thousands of
+                    # DELETEs a second at scale)
                 att.stop_mode = "kill"
                 att.stop_grace_s = 0
             att.stop_time = time.time()
