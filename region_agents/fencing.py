@@ -7,6 +7,7 @@ tests, free of threads and sockets.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -98,22 +99,28 @@ class BrokerContact:
     def __init__(self, now: float) -> None:
         self.last = now  # start-up counts as contact: adopted attempts get a full deadline
         self._unanswered: deque[float] = deque(maxlen=MAX_UNANSWERED)
+        # the stream's reader credits acks at once, without the agent's lock
+        self._lock = threading.Lock()
 
     def new_session(self) -> None:
         """Acks come in order on one stream; a new stream starts a new sequence."""
-        self._unanswered.clear()
+        with self._lock:
+            self._unanswered.clear()
 
     def registered(self, register_sent: float) -> None:
-        self.last = max(self.last, register_sent)
+        with self._lock:
+            self.last = max(self.last, register_sent)
 
     def heartbeat_sent(self, now: float) -> None:
-        self._unanswered.append(now)
+        with self._lock:
+            self._unanswered.append(now)
 
     def heartbeat_acked(self) -> None:
         """The oldest unanswered heartbeat was answered (an ack lost in between makes us
         credit an older send time: the safe direction)."""
-        if self._unanswered:
-            self.last = max(self.last, self._unanswered.popleft())
+        with self._lock:
+            if self._unanswered:
+                self.last = max(self.last, self._unanswered.popleft())
 
     def silent_for(self, now: float) -> float:
         return now - self.last

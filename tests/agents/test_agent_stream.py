@@ -222,3 +222,22 @@ def test_reregister_lists_only_the_newest_attempt_of_a_job(broker, agent, fake_t
     reg = wait_for(lambda: broker.of("register"), 60, what="re-register")[0]
     # Listing attempt 1 too could make the broker name j-1 stale and kill attempt 2.
     assert [(r.job_id, r.attempt) for r in reg.running] == [("j-1", 2)]
+
+
+def test_heartbeat_acks_are_credited_while_commands_wait_for_the_agent(broker, agent, fake_trainer):
+    """A burst of commands waits for the agent's lock (at scale the ticker holds it for a
+    pass over thousands of attempts); the broker's heartbeat answers behind them in the
+    stream are credited at once, so the agent does not self-fence while its broker is
+    answering (it did in the Kubernetes scale benchmark)."""
+    wait_for(lambda: agent.connected, 30, what="connected")
+    with agent._lock:  # a slow tick
+        cid = broker.send(launch=launch_msg(fake_trainer, env=LONG))
+        time.sleep(0.3)  # the Launch is read and waits for the lock
+        sent = time.monotonic()
+        agent.contact.heartbeat_sent(sent)
+        agent._session.send(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(time=time.time())))
+        wait_for(lambda: agent.contact.last >= sent, 10, what="the ack credited behind the Launch")
+        assert broker.ack(cid) is None  # the Launch itself still waits for the lock
+    assert broker.wait_ack(cid).accepted  # and is applied once the tick is over
+    broker.send(stop=agent_pb2.Stop(job_id="j-1", attempt=1, checkpoint_first=False, grace_s=0))
+    broker.wait_terminal("j-1", 1)
