@@ -16,7 +16,7 @@ Why a keeper Job per (job, node), and not a sidecar or a DaemonSet:
   keeper that died took its memory with it, and a restarted one is a new, empty keeper
   that the agent makes itself (a new name) when an attempt needs one on that node.
 
-Where: node affinity to the node's hostname (the scheduler places it, honouring taints
+Where: node affinity to the Node by name (the scheduler places it, honouring taints
 as for the rank pods). Bound to its own pod IP (``status.podIP``; never loopback: ranks
 on other nodes must reach it), on a port derived from the job (:func:`keeper_port`; any
 port does on a cluster, where each pod has its own network namespace; the tests' node
@@ -57,6 +57,7 @@ from region_agents.executors.k8s_manifests import (
     LABEL_MANAGED,
     MANAGER,
     label_value,
+    pinned_to_node,
 )
 from trainer.memkeeper import KEEP
 
@@ -172,11 +173,7 @@ def keeper_job(job_id: str, node: str, *, namespace: str, image: str = "",
             allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])),
         volume_mounts=[k8s.V1VolumeMount(name="run", mount_path=KEEPER_DIR)],
     )
-    affinity = k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
-        required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-            node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[
-                k8s.V1NodeSelectorRequirement(key=L.LABEL_HOSTNAME, operator="In",
-                                              values=[node])])])))
+    affinity = pinned_to_node(node)
     pod_spec = k8s.V1PodSpec(
         containers=[container],
         restart_policy="Never",

@@ -340,17 +340,26 @@ def owner_reference(service: dict) -> dict:
             "uid": service["metadata"]["uid"], "blockOwnerDeletion": False}
 
 
+def pinned_to_node(node: str) -> k8s.V1Affinity:
+    """Required node affinity to exactly one Node, by ``matchFields`` on
+    ``metadata.name`` (how DaemonSet pods are pinned): the agent's node ids are Node names,
+    and a field term lets the scheduler narrow to that one node before it filters, where a
+    label term (``kubernetes.io/hostname``) makes it evaluate every node for every pod --
+    the stage that held Launch -> bound at 2,000 nodes (docs/kubernetes.md, "At scale")."""
+    return k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+            node_selector_terms=[k8s.V1NodeSelectorTerm(match_fields=[
+                k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In",
+                                              values=[node])])])))
+
+
 def _affinity(node: str, labels: dict[str, str]) -> k8s.V1Affinity:
     """Pinned to its placed node (the broker placed the gang, topology included), by node
     affinity rather than ``nodeName``: the scheduler still checks that the GPUs are free
     and the node's taints tolerated (docs/kubernetes.md). Without a placement (never from
     the broker), anti-affinity keeps two pods of a gang apart instead."""
     if node:
-        return k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[
-                    k8s.V1NodeSelectorRequirement(key=L.LABEL_HOSTNAME, operator="In",
-                                                  values=[node])])])))
+        return pinned_to_node(node)
     anti = k8s.V1PodAntiAffinity(required_during_scheduling_ignored_during_execution=[
         k8s.V1PodAffinityTerm(
             topology_key=L.LABEL_HOSTNAME,

@@ -27,7 +27,8 @@ def test_keeper_job_is_restricted_pinned_to_its_node_and_bound_to_its_pod_ip() -
     assert d["spec"]["backoffLimit"] == 0
     pod = d["spec"]["template"]["spec"]
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["ip-10-0-0-1.ec2.internal"]
+    req = term["nodeSelectorTerms"][0]["matchFields"][0]
+    assert (req["key"], req["values"]) == ("metadata.name", ["ip-10-0-0-1.ec2.internal"])
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 1234
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["automountServiceAccountToken"] is False
