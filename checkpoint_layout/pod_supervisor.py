@@ -34,7 +34,10 @@ checkpointed, else 0.
   once per pod) the prefix carries the pod's node rank.
 * **Checkpoint-now in**: the agent sets the annotation ``computebroker.io/checkpoint-now``
   to a new value; the kubelet refreshes the pod's downward-API file
-  (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks.
+  (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks. A value
+  present when this process starts is a request too (made while the pod was starting).
+  The ranks start with SIGUSR1 blocked (checkpoint_layout/held_signals.py): one that
+  comes before the trainer's handler is in waits for it instead of killing the rank.
 * **Users' code**: with ``CB_WORKDIR_URI`` set, before any rank starts, the job's workdir
   is fetched from the job's checkpoint store, its size and sha256 checked, and unpacked
   into ``<CB_WORK_DIR>/workdir``, the ranks' cwd (checkpoint_layout/workdir_store.py
@@ -63,6 +66,7 @@ from pathlib import Path
 
 from checkpoint_layout import rank_lines
 from checkpoint_layout.faults import EXIT_STORE_UNAVAILABLE
+from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
 from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED, URI_ENV
 
@@ -246,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     for env in envs:
         rank = int(env.get("RANK", first)) if args.ranks > 0 else first
         try:
-            pr = subprocess.Popen(command, env=env, cwd=cwd or None, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+            with held_for_children():  # SIGUSR1 pending until the trainer's handler is in
+                pr = subprocess.Popen(command, env=env, cwd=cwd or None, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
         except OSError as e:
             out.say(first, f"cannot start {command[0]!r}: {e}")
             for pr in procs:
@@ -265,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         publisher.start()
     podinfo = os.environ.get(PODINFO_ENV, "")
     ckpt_file = Path(podinfo, "checkpoint-now") if podinfo else None
-    seen = _read(ckpt_file)
+    # A value already there was set since this attempt's pod was made (the agent annotates
+    # its pods once they exist): a request made while the pod started, to pass on now.
+    seen = ""
     killed = False
     while [pr.poll() for pr in procs].count(None):  # polls every rank (any() would stop early)
         time.sleep(TICK_S)

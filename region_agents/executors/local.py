@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.nofollow import read_small
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, GoAction, write_go
 from checkpoint_layout.stop_deadline import (
@@ -493,21 +494,24 @@ class LocalExecutor(Executor):
                             argv, env, env_fd = isolate.isolated(command, env, self.proc_tools,
                                                                  self.python)
                         try:
-                            proc = subprocess.Popen(
-                                argv,
-                                env=env,
-                                pass_fds=(env_fd,) if env_fd >= 0 else (),
-                                cwd=cwd,
-                                stdin=subprocess.DEVNULL,
-                                stdout=out,
-                                stderr=err,
-                                # Rank 0 leads a new process group, the others join it. (Not a
-                                # new *session* per rank: setpgid cannot join a group in
-                                # another session.) A terminal's Ctrl-C to the agent's group
-                                # does not reach the ranks; one killpg reaches them all.
-                                process_group=0 if rank == 0 else pgid,
-                                **drop,  # type: ignore[arg-type]
-                            )
+                            # SIGUSR1 blocked in the rank until the trainer's handler is
+                            # in (held_signals.py): an early checkpoint-now is not fatal
+                            with held_for_children():
+                                proc = subprocess.Popen(
+                                    argv,
+                                    env=env,
+                                    pass_fds=(env_fd,) if env_fd >= 0 else (),
+                                    cwd=cwd,
+                                    stdin=subprocess.DEVNULL,
+                                    stdout=out,
+                                    stderr=err,
+                                    # Rank 0 leads a new process group, the others join it. (Not a
+                                    # new *session* per rank: setpgid cannot join a group in
+                                    # another session.) A terminal's Ctrl-C to the agent's group
+                                    # does not reach the ranks; one killpg reaches them all.
+                                    process_group=0 if rank == 0 else pgid,
+                                    **drop,  # type: ignore[arg-type]
+                                )
                         finally:
                             out.close()
                             err.close()
