@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from checkpoint_layout.crash_blame import culprit
 from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.nofollow import read_small
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, GoAction, write_go
@@ -693,9 +694,8 @@ class LocalExecutor(Executor):
             if crashed:
                 # One poll may find several dead: the node that was lost (its ranks killed
                 # by a signal) and peers that then failed their collective (an exit code).
-                # Blame the killed one: blaming a peer would replace a healthy node and
-                # relaunch on the lost one.
-                first = min(crashed, key=lambda r: (r.returncode >= 0, r.rank))
+                # Which one is blamed is the rule every executor shares (crash_blame.py).
+                first = culprit(crashed, code=lambda r: r.returncode, order=lambda r: r.rank)
                 blamed = [] if first.returncode in NOT_THE_NODE else [first.node_id]
                 msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
                 stderr = tail(first.stderr_path)
@@ -811,7 +811,8 @@ class LocalExecutor(Executor):
         elif all(c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes):
             state, code, msg = AS.ATTEMPT_STATE_CHECKPOINTED, EXIT_CHECKPOINTED, "checkpointed"
         else:
-            bad = next(r for r in att.ranks if r.returncode not in (EXIT_OK, EXIT_CHECKPOINTED))
+            bad = culprit((r for r in att.ranks if r.returncode not in (EXIT_OK, EXIT_CHECKPOINTED)),
+                          code=lambda r: r.returncode, order=lambda r: r.rank)
             state, code = AS.ATTEMPT_STATE_FAILED, bad.returncode or 1
             msg = f"rank {bad.rank} exited with code {bad.returncode}\n" + tail(bad.stderr_path)
         att.state = state
