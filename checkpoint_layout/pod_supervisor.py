@@ -11,8 +11,8 @@ death by the SIGTERM), so the kubelet would never report 75 and no stop could en
 CHECKPOINTED. This launcher does what the local executor does on a host: one process per
 rank with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_*`` (static rendezvous: pod 0's
 headless-Service name), the whole pod stopped when one rank crashes, and an exit code
-aggregated the local executor's way: the first crash's code, else 75 if any rank
-checkpointed, else 0.
+aggregated the local executor's way: the crash the shared blame rule picks
+(checkpoint_layout/crash_blame.py), else 75 if any rank checkpointed, else 0.
 
 * **Signals**: the kubelet's SIGTERM (a Stop) and SIGUSR1 are passed to every rank. (In
   the tests' node fixture the kubelet signals the whole process group, so ranks may get a
@@ -34,7 +34,10 @@ checkpointed, else 0.
   once per pod) the prefix carries the pod's node rank.
 * **Checkpoint-now in**: the agent sets the annotation ``computebroker.io/checkpoint-now``
   to a new value; the kubelet refreshes the pod's downward-API file
-  (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks.
+  (``CB_PODINFO_DIR/checkpoint-now``) and this process SIGUSR1s the ranks. A value
+  present when this process starts is a request too (made while the pod was starting).
+  The ranks start with SIGUSR1 blocked (checkpoint_layout/held_signals.py): one that
+  comes before the trainer's handler is in waits for it instead of killing the rank.
 * **Users' code**: with ``CB_WORKDIR_URI`` set, before any rank starts, the job's workdir
   is fetched from the job's checkpoint store, its size and sha256 checked, and unpacked
   into ``<CB_WORK_DIR>/workdir``, the ranks' cwd (checkpoint_layout/workdir_store.py
@@ -62,7 +65,9 @@ import urllib.request
 from pathlib import Path
 
 from checkpoint_layout import rank_lines
+from checkpoint_layout.crash_blame import culprit
 from checkpoint_layout.faults import EXIT_STORE_UNAVAILABLE
+from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.pod_deadline import POD_NAME_ENV, POD_NAMESPACE_ENV, SA_DIR
 from checkpoint_layout.workdir_store import EXIT_WORKDIR_REFUSED, URI_ENV
 
@@ -246,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     for env in envs:
         rank = int(env.get("RANK", first)) if args.ranks > 0 else first
         try:
-            pr = subprocess.Popen(command, env=env, cwd=cwd or None, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE)
+            with held_for_children():  # SIGUSR1 pending until the trainer's handler is in
+                pr = subprocess.Popen(command, env=env, cwd=cwd or None, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
         except OSError as e:
             out.say(first, f"cannot start {command[0]!r}: {e}")
             for pr in procs:
@@ -265,8 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         publisher.start()
     podinfo = os.environ.get(PODINFO_ENV, "")
     ckpt_file = Path(podinfo, "checkpoint-now") if podinfo else None
-    seen = _read(ckpt_file)
-    killed = False
+    # A value already there was set since this attempt's pod was made (the agent annotates
+    # its pods once they exist): a request made while the pod started, to pass on now.
+    seen = ""
+    killed: set[int] = set()  # ranks (indexes) this process SIGKILLed after a crash
     while [pr.poll() for pr in procs].count(None):  # polls every rank (any() would stop early)
         time.sleep(TICK_S)
         value = _read(ckpt_file)
@@ -275,19 +283,32 @@ def main(argv: list[str] | None = None) -> int:
             forward(signal.SIGUSR1, None)
         crashed = [pr for pr in procs if pr.returncode not in (None, EXIT_OK, EXIT_CHECKPOINTED)]
         if crashed and not killed and not terminating.is_set():
-            killed = True  # one rank is gone: the others would wait in a collective forever
-            for pr in procs:
+            # one rank is gone: the others would wait in a collective forever
+            for i, pr in enumerate(procs):
                 if pr.poll() is None:
+                    killed.add(i)
                     pr.kill()
     out.drain(DRAIN_S)
     stop.set()
     if publisher is not None:
         publisher.join(timeout=10)  # the final progress, before the pod's end is seen
-    # ranks SIGKILLed by us after a crash do not count: the crash's code is the pod's
-    codes = [_code(pr.returncode) for pr in procs]
-    first_crash = [c for pr, c in zip(procs, codes, strict=True)
-                   if pr.returncode not in (EXIT_OK, EXIT_CHECKPOINTED, -signal.SIGKILL)]
-    return first_crash[0] if killed and first_crash else aggregate(codes)
+    return pod_code([pr.returncode for pr in procs], killed)
+
+
+def pod_code(returncodes: list[int], killed: set[int]) -> int:
+    """The pod's exit code from its ranks' Popen return codes (in rank order).
+
+    Ranks this process SIGKILLed after a crash (``killed``, by index) do not count: the
+    crash's code is the pod's. Of several crashes, the one the shared rule blames
+    (checkpoint_layout/crash_blame.py: a rank killed from outside, e.g. by the OOM
+    killer, before a peer that then failed its collective), so that the agent, applying
+    the same rule across pods, blames the right node. Without a crash, as ``aggregate``."""
+    codes = [_code(rc) for rc in returncodes]
+    crashes = [i for i, c in enumerate(codes)
+               if i not in killed and c not in (EXIT_OK, EXIT_CHECKPOINTED)]
+    if crashes:
+        return codes[culprit(crashes, code=lambda i: codes[i], order=lambda i: i)]
+    return aggregate(codes)
 
 
 def _workdir(env: dict[str, str]) -> str | int | None:

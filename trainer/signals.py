@@ -5,15 +5,24 @@ per step the flags are combined with `all_reduce(MAX)`, so if any rank got SIGTE
 ranks stop after the *same* step and take the emergency checkpoint together (a rank
 that decided alone would deadlock the others in the next collective). SIGUSR1 asks
 for a checkpoint at the next step boundary and training continues.
+
+Ranks start with SIGUSR1 blocked (checkpoint_layout/held_signals.py says why): it is
+unblocked here, right after its handler is in, so a request that came while the rank
+was starting is delivered now instead of having killed it. torch is imported only where
+the flags are combined, so that `python -m trainer` installs the handlers before torch
+loads.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+from checkpoint_layout.held_signals import release
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SignalFlags:
@@ -25,6 +34,7 @@ class SignalFlags:
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_usr1)
+        release()  # an early checkpoint-now, held since the start, is delivered now
 
     def request_stop(self) -> None:
         """Stop after the current step as if SIGTERM had come, but without its grace
@@ -54,6 +64,9 @@ class SignalFlags:
 
     def agree(self, device: torch.device) -> tuple[bool, bool]:
         """(stop, checkpoint_now) as agreed by all ranks (one all_reduce MAX)."""
+        import torch
+        import torch.distributed as dist
+
         t = torch.tensor(self.local(), dtype=torch.int32, device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -24,7 +24,8 @@ How it maps to Kubernetes (docs/kubernetes.md says more):
   this executor has read how its container ended. An attempt is terminal once every
   pod of it has ended; then the finalizers go. Exit 75 from every pod that ran =
   CHECKPOINTED, all 0 = SUCCEEDED, a crash = FAILED with the pod's exit code and its
-  node blamed (unless the code blames no node).
+  node blamed (unless the code blames no node); of several crashes seen at once, the
+  one :mod:`checkpoint_layout.crash_blame` picks, as the local executor does.
 * **Stop**: the attempt's pods are deleted with the Stop's own grace (by name, off
   the lock: ``_kill``; no controller replaces them), so the kubelet's SIGKILL comes
   at the Stop's deadline. The
@@ -69,6 +70,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from checkpoint_layout import workdir_store
+from checkpoint_layout.crash_blame import culprit
 from checkpoint_layout.standby_go import Go
 from computebroker.v1 import common_pb2
 from region_agents import labels as L
@@ -199,6 +201,20 @@ def pod_running(pod: dict) -> bool:
         if cs.get("name") == CONTAINER and (cs.get("state") or {}).get("running") is not None:
             return True
     return False
+
+
+def pod_index(pod: dict) -> int | None:
+    """The pod's index in its gang (= its node rank) from the annotation it was made with
+    (or a Job's completion index); None: not a pod of a gang of ours."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    try:
+        return int(ann.get(ANNOTATION_NODE_RANK) or ann.get(COMPLETION_INDEX))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _or_last(index: int | None) -> int:
+    return index if index is not None else 1 << 30
 
 
 def pod_key(pod: dict) -> tuple[str, int] | None:
@@ -793,6 +809,7 @@ class KubernetesExecutor(Executor):
 
     def _poll_one(self, att: _K8sAttempt, pods: list[dict], now: float) -> None:
         self._read_progress(att, pods)
+        crashed: list[tuple[dict, int, str]] = []  # (pod, exit code, why) newly seen
         for pod in pods:
             name = pod["metadata"]["name"]
             att.seen.add(name)
@@ -800,9 +817,15 @@ class KubernetesExecutor(Executor):
             if code is None or name in att.exit_codes:
                 continue
             att.exit_codes[name] = code
-            if code in (EXIT_OK, EXIT_CHECKPOINTED) or att.failure or att.stop_mode:
-                continue
-            node = (pod.get("spec") or {}).get("nodeName") or ""
+            if code not in (EXIT_OK, EXIT_CHECKPOINTED):
+                crashed.append((pod, code, why))
+        if crashed and not att.failure and not att.stop_mode:
+            # One pass may find several: a lost node's pod (killed by a signal, 128+N) and
+            # peers that then failed their collective. The rule every executor shares
+            # (crash_blame.py) says which is blamed: the killed one, then the lowest index.
+            pod, code, why = culprit(crashed, code=lambda c: c[1],
+                                     order=lambda c: _or_last(pod_index(c[0])))
+            name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or ""
             blamed = [] if code in NOT_THE_NODE or not node else [node]
             msg = f"pod {name} on node {node or '?'} exited with code {code}"
             if why:
@@ -918,12 +941,8 @@ class KubernetesExecutor(Executor):
         own_command = bool(att.spec.spec.command)
 
         def of(pod: dict) -> PodRanks | None:
-            meta = pod.get("metadata") or {}
-            ann = meta.get("annotations") or {}
-            raw = ann.get(ANNOTATION_NODE_RANK) or ann.get(COMPLETION_INDEX)
-            try:
-                index = int(raw)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
+            index = pod_index(pod)
+            if index is None:
                 return None  # not a pod of a gang of ours
             return PodRanks(index, 1) if own_command else PodRanks(index * per_pod, per_pod)
         return of

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from checkpoint_layout.crash_blame import culprit
+from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.nofollow import read_small
 from checkpoint_layout.standby_go import GO_ENV, GO_NAME, Go, GoAction, write_go
 from checkpoint_layout.stop_deadline import (
@@ -493,21 +495,24 @@ class LocalExecutor(Executor):
                             argv, env, env_fd = isolate.isolated(command, env, self.proc_tools,
                                                                  self.python)
                         try:
-                            proc = subprocess.Popen(
-                                argv,
-                                env=env,
-                                pass_fds=(env_fd,) if env_fd >= 0 else (),
-                                cwd=cwd,
-                                stdin=subprocess.DEVNULL,
-                                stdout=out,
-                                stderr=err,
-                                # Rank 0 leads a new process group, the others join it. (Not a
-                                # new *session* per rank: setpgid cannot join a group in
-                                # another session.) A terminal's Ctrl-C to the agent's group
-                                # does not reach the ranks; one killpg reaches them all.
-                                process_group=0 if rank == 0 else pgid,
-                                **drop,  # type: ignore[arg-type]
-                            )
+                            # SIGUSR1 blocked in the rank until the trainer's handler is
+                            # in (held_signals.py): an early checkpoint-now is not fatal
+                            with held_for_children():
+                                proc = subprocess.Popen(
+                                    argv,
+                                    env=env,
+                                    pass_fds=(env_fd,) if env_fd >= 0 else (),
+                                    cwd=cwd,
+                                    stdin=subprocess.DEVNULL,
+                                    stdout=out,
+                                    stderr=err,
+                                    # Rank 0 leads a new process group, the others join it. (Not a
+                                    # new *session* per rank: setpgid cannot join a group in
+                                    # another session.) A terminal's Ctrl-C to the agent's group
+                                    # does not reach the ranks; one killpg reaches them all.
+                                    process_group=0 if rank == 0 else pgid,
+                                    **drop,  # type: ignore[arg-type]
+                                )
                         finally:
                             out.close()
                             err.close()
@@ -689,9 +694,8 @@ class LocalExecutor(Executor):
             if crashed:
                 # One poll may find several dead: the node that was lost (its ranks killed
                 # by a signal) and peers that then failed their collective (an exit code).
-                # Blame the killed one: blaming a peer would replace a healthy node and
-                # relaunch on the lost one.
-                first = min(crashed, key=lambda r: (r.returncode >= 0, r.rank))
+                # Which one is blamed is the rule every executor shares (crash_blame.py).
+                first = culprit(crashed, code=lambda r: r.returncode, order=lambda r: r.rank)
                 blamed = [] if first.returncode in NOT_THE_NODE else [first.node_id]
                 msg = f"rank {first.rank} on {first.node_id} exited with code {first.returncode}"
                 stderr = tail(first.stderr_path)
@@ -807,7 +811,8 @@ class LocalExecutor(Executor):
         elif all(c in (EXIT_OK, EXIT_CHECKPOINTED) for c in codes):
             state, code, msg = AS.ATTEMPT_STATE_CHECKPOINTED, EXIT_CHECKPOINTED, "checkpointed"
         else:
-            bad = next(r for r in att.ranks if r.returncode not in (EXIT_OK, EXIT_CHECKPOINTED))
+            bad = culprit((r for r in att.ranks if r.returncode not in (EXIT_OK, EXIT_CHECKPOINTED)),
+                          code=lambda r: r.returncode, order=lambda r: r.rank)
             state, code = AS.ATTEMPT_STATE_FAILED, bad.returncode or 1
             msg = f"rank {bad.rank} exited with code {bad.returncode}\n" + tail(bad.stderr_path)
         att.state = state

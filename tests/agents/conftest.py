@@ -13,7 +13,14 @@ from tests.agents.fake_broker import FakeBroker
 
 # A tiny stand-in for `python -m trainer` that honours docs/contracts.md: rank 0 writes
 # the progress file atomically each step, SIGTERM -> "checkpoint" + exit 75, SIGUSR1 ->
-# checkpoint and continue, exit 0 at the end. Knobs (env): FAKE_STEPS, FAKE_STEP_S,
+# checkpoint and continue, exit 0 at the end. As the trainer library does, it unblocks
+# SIGUSR1 right after installing its handlers (ranks start with it blocked:
+# checkpoint_layout/held_signals.py), and no rank takes a step before every rank has
+# its handlers in (the real trainer's first step is a collective of all ranks; here each
+# rank leaves a ready file in CB_WORK_DIR and rank 0 waits for all of them): "running"
+# means what it means with the real trainer, so a test's stop or checkpoint-now that
+# follows RUNNING reaches handlers, however slowly the machine starts the other ranks.
+# Knobs (env): FAKE_STEPS, FAKE_STEP_S,
 # FAKE_FAIL_RANK + FAKE_FAIL_AT (exit 3 with a message on stderr), FAKE_IGNORE_TERM
 # (ignore SIGTERM: forces a SIGKILL after grace), FAKE_HANG_AT (stop writing progress),
 # FAKE_RANK0_END_DELAY (rank 0 ends last), FAKE_WRITE_EXIT (write CB_EXIT_FILE at exit).
@@ -54,8 +61,19 @@ FAKE_TRAINER = textwrap.dedent(
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("FAKE_IGNORE_TERM") else on_term)
     signal.signal(signal.SIGUSR1, on_usr1)
+    from checkpoint_layout.held_signals import release
+    release()  # a checkpoint-now that came while this rank started is delivered here
     print(f"rank {rank}/{world} env ok: job={os.environ['CB_JOB_ID']} port={os.environ['MASTER_PORT']}", flush=True)
     write("starting")
+    ready = os.path.join(os.environ["CB_WORK_DIR"], ".fake-ready-{}")
+    open(ready.format(rank), "w").close()
+    if rank == 0:  # the first step's "collective": every rank has its handlers in
+        deadline = time.monotonic() + 120
+        while not all(os.path.exists(ready.format(r)) for r in range(world)):
+            if time.monotonic() > deadline:
+                print("fake trainer: a peer never got ready", file=sys.stderr, flush=True)
+                sys.exit(4)
+            time.sleep(0.02)
     while state["step"] < steps:
         if state["term"]:
             state["ckpt"] = state["step"]

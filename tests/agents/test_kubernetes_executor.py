@@ -158,6 +158,32 @@ def test_the_pod_supervisor_passes_signals_and_keeps_exit_75(tmp_path):
     assert r.returncode == 3  # the crash, not the SIGKILL of its peer
 
 
+def test_the_pod_supervisor_passes_an_early_checkpoint_now_to_ranks_that_hold_it(tmp_path):
+    """A checkpoint-now set while the pod started (its downward-API file already holds a
+    value) is passed on, and ranks started with SIGUSR1 blocked (held_signals.py) keep it
+    pending until their handler is in: none dies of it."""
+    podinfo = tmp_path / "podinfo"
+    podinfo.mkdir()
+    (podinfo / "checkpoint-now").write_text("1700000000000000000")
+    ranks = ("import signal,sys,time\n"
+             "deadline = time.monotonic() + 60\n"
+             "while signal.SIGUSR1 not in signal.sigpending():\n"
+             "    if time.monotonic() > deadline: sys.exit(5)\n"
+             "    time.sleep(0.01)\n"
+             "got = []\n"
+             "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+             "from checkpoint_layout.held_signals import release\n"
+             "release()\n"
+             "print('usr1' if got else 'lost', flush=True)\n")
+    env = {"PATH": "/usr/bin:/bin", "NODE_RANK": "0", "PYTHONPATH": ":".join(sys.path),
+           "CB_PODINFO_DIR": str(podinfo)}
+    r = subprocess.run([sys.executable, "-m", "checkpoint_layout.pod_supervisor", "--ranks=2",
+                        "--", sys.executable, "-c", ranks], env=env, capture_output=True,
+                       text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] usr1", "[rank 1] usr1"]
+
+
 def test_node_health_and_spot_from_node_objects():
     ready = {"metadata": {"name": "n", "labels": {}}, "spec": {},
              "status": {"conditions": [{"type": "Ready", "status": "True"}]}}

@@ -149,7 +149,11 @@ def test_stop_with_checkpoint_exits_75(ex, fake_trainer):
 
 def test_stop_checkpoint_first_but_ignored_is_killed_after_grace(ex, fake_trainer):
     col = Collector(ex)
-    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_IGNORE_TERM": "1"}))
+    # startup_timeout_s=0: the fake has the progress contract, so RUNNING is its own word
+    # (every rank ignores SIGTERM by then), never assumed after the executor's start-up
+    # timeout while a rank, on a loaded machine, still starts Python and would die of it
+    ex.launch(make_spec(fake_trainer, env={"FAKE_STEPS": "100000", "FAKE_IGNORE_TERM": "1"},
+                        options={"startup_timeout_s": "0"}))
     col.wait_state(AS.ATTEMPT_STATE_RUNNING)
     ex.stop("j-1", 1, checkpoint_first=True, grace_s=0.5)
     end = col.wait_terminal()
@@ -364,7 +368,10 @@ def test_stop_grace_reaches_the_ranks_through_the_deadline_file(ex, tmp_path):
               f"json.dump(d, open({str(dump)!r} + os.environ['RANK'], 'w'))\n"
               "sys.exit(75)\n")
     col = Collector(ex)
-    ex.launch(make_spec([sys.executable, "-c", script], nodes=2, gpus=1))
+    # RUNNING from the script's own word only (it has the progress contract): never
+    # assumed after the start-up timeout while a rank still starts and would die of SIGTERM
+    ex.launch(make_spec([sys.executable, "-c", script], nodes=2, gpus=1,
+                        options={"startup_timeout_s": "0"}))
     col.wait_state(AS.ATTEMPT_STATE_RUNNING)
     before = time.time()
     ex.stop("j-1", 1, checkpoint_first=True, grace_s=600)

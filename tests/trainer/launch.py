@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkpoint_layout.held_signals import held_for_children
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -135,15 +137,16 @@ def launch(
         e.update((rank_env or {}).get(rank, {}))  # e.g. NODE_RANK for a multi-node layout
         out = workdir / f"rank{rank}.log"
         logs.append(out)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *(argv or ["-m", "trainer"])],
-                env=e,
-                cwd=REPO,
-                stdout=open(out, "w"),  # noqa: SIM115 - closed when the process exits
-                stderr=open(out.with_suffix(".err"), "w"),  # noqa: SIM115
+        with held_for_children():  # SIGUSR1 blocked until the library's handler is in, as
+            procs.append(  # every launcher of ranks does (docs/contracts.md section 1)
+                subprocess.Popen(
+                    [sys.executable, *(argv or ["-m", "trainer"])],
+                    env=e,
+                    cwd=REPO,
+                    stdout=open(out, "w"),  # noqa: SIM115 - closed when the process exits
+                    stderr=open(out.with_suffix(".err"), "w"),  # noqa: SIM115
+                )
             )
-        )
     return Run(procs, workdir, progress, logs)
 
 
