@@ -507,7 +507,8 @@ def chaos(d: dict[str, Any]) -> list[str]:
         f"{' --store ' + d['store'] if d['store'] != 'redis' else ''}"
         f"{'' if d.get('netns', True) else ' --no-netns'}{only}"
         f"{' --step-sleep ' + format(d['step_sleep_s'], 'g') if d.get('step_sleep_s', 0.3) != 0.3 else ''}"
-        f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}`)",
+        f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}"
+        f"{' --spread-outages' if d.get('spread_outages') else ''}`)",
         "",
         f"{d['jobs']} mixed jobs (1-2 nodes, two teams, three priorities, spot, elastic; a checkpoint "
         "every 4 steps) on 3 regions, two broker replicas with leader election "
