@@ -220,7 +220,7 @@ class _AgentKeeper:
                 down = True
             if self.hold.is_set():
                 continue
-            if down or agent.error is not None:  # type: ignore[attr-defined]
+            if down or agent.error is not None or agent.ended:  # type: ignore[attr-defined]
                 try:
                     agent.connect()  # type: ignore[attr-defined]
                 except Exception:  # noqa: BLE001 - refused while the store is down: again
@@ -365,25 +365,9 @@ def main() -> None:
     args = ap.parse_args()
     load_start = os.getloadavg()
     runs: dict[str, list[dict[str, object]]] = {"wait": [], "baseline_no_wait": []}
-    with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
-        for i in range(args.reps):
-            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
-            runs["wait"].append(asdict(o))
-            print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
-        for i in range(args.baseline_reps):
-            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
-            runs["baseline_no_wait"].append(asdict(o))
-            print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
-        broker_runs = []
-        for i in range(args.broker_reps):
-            bo = run_broker_once(Path(tmp) / f"k{i}", reconnect=i % 2 == 1)
-            broker_runs.append(asdict(bo))
-            print(f"broker {i + 1}/{args.broker_reps}: {asdict(bo)}", flush=True)
-        broker_baseline = []
-        for i in range(args.broker_baseline_reps):
-            bo = run_broker_once(Path(tmp) / f"kb{i}", reconnect=True, lists_unacked_ends=False)
-            broker_baseline.append(asdict(bo))
-            print(f"broker baseline {i + 1}/{args.broker_baseline_reps}: {asdict(bo)}", flush=True)
+    broker_runs: list[dict[str, object]] = []
+    broker_baseline: list[dict[str, object]] = []
+    broker_errors: list[str] = []  # a repetition that could not finish: said, not hidden
 
     def summary(rs: list[dict[str, object]]) -> dict[str, object]:
         fo = sorted(float(r["failover_s"]) for r in rs)  # type: ignore[arg-type]
@@ -423,26 +407,59 @@ def main() -> None:
             "reps_within_failover_plus_lease": sum(1 for r in rs if r["within_failover_plus_lease"]),
         }
 
-    result = {
-        "benchmark": "store_failover",
-        "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
-                     "quorum": 2, "replicas": 2, "sentinels": 3},
-        "writers": args.writers,
-        "summary": {k: summary(v) for k, v in runs.items()},
-        "runs": runs,
-        "broker_runs": broker_runs,
-        "broker_summary": broker_summary(broker_runs),
-        "broker_baseline_runs": broker_baseline,
-        "broker_baseline_summary": broker_summary(broker_baseline),
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "note": "shared machine: other engineers' tests ran beside this one",
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["summary"], indent=2))
+    def result(complete: bool) -> dict[str, object]:
+        return {
+            "benchmark": "store_failover",
+            "complete": complete,
+            "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
+                         "quorum": 2, "replicas": 2, "sentinels": 3},
+            "writers": args.writers,
+            "summary": {k: summary(v) for k, v in runs.items()},
+            "runs": runs,
+            "broker_runs": broker_runs,
+            "broker_summary": broker_summary(broker_runs),
+            "broker_baseline_runs": broker_baseline,
+            "broker_baseline_summary": broker_summary(broker_baseline),
+            "loadavg_start": load_start,
+            "loadavg_end": os.getloadavg(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "broker_errors": broker_errors,
+            "note": "shared machine: other engineers' tests ran beside this one",
+        }
+
+    def write(complete: bool) -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result(complete), indent=2) + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
+        for i in range(args.reps):
+            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
+            runs["wait"].append(asdict(o))
+            print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
+        for i in range(args.baseline_reps):
+            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
+            runs["baseline_no_wait"].append(asdict(o))
+            print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
+
+        def broker_rep(into: list[dict[str, object]], label: str, **kw: object) -> None:
+            try:
+                bo = asdict(run_broker_once(Path(tmp) / f"k{label}", **kw))  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - recorded in the JSON and printed
+                broker_errors.append(f"{label}: {type(e).__name__}: {e}"[:500])
+                print(f"broker {label}: ERROR {broker_errors[-1]}", flush=True)
+            else:
+                into.append(bo)
+                print(f"broker {label}: {bo}", flush=True)
+            write(complete=False)
+
+        for i in range(args.broker_baseline_reps):
+            broker_rep(broker_baseline, f"baseline-{i + 1}", reconnect=True, lists_unacked_ends=False)
+        for i in range(args.broker_reps):
+            broker_rep(broker_runs, f"{i + 1}", reconnect=i % 2 == 1)
+
+    write(complete=True)
+    print(json.dumps(result(True)["summary"], indent=2))
 
 
 if __name__ == "__main__":

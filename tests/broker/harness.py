@@ -230,6 +230,7 @@ class FakeAgent:
     # (region, agent id) its certificate names; None = its own region and agent id.
     identity: tuple[str, str] | None = None
     error: grpc.RpcError | None = None  # how the broker ended the stream, if it did
+    ended: bool = False  # the broker closed the stream (e.g. it stopped leading): dial again
     update_acks: list[apb.JobUpdateAck] = field(default_factory=list)  # committed updates
     spares: dict[str, int] = field(default_factory=dict)  # Register.pool_spares: pool -> N
     # Terminal updates sent and not acknowledged yet, by (job, attempt). As the real agent
@@ -264,6 +265,7 @@ class FakeAgent:
         self._out = queue.Queue()
         self.ack = None
         self.error = None
+        self.ended = False
         self.channel = agent_channel(self.address, self.region, self.agent_id, self.identity)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         running = [apb.RunningAttempt(job_id=j, attempt=a,
@@ -343,6 +345,9 @@ class FakeAgent:
         except grpc.RpcError as e:
             if getattr(self, "_gen", None) is gen:
                 self.error = e
+            return
+        if getattr(self, "_gen", None) is gen:
+            self.ended = True
 
     def _beat(self) -> None:
         while not self._stop.wait(0.2):
