@@ -189,8 +189,12 @@ class BrokerOutcome:
     relaunched: int = 0  # jobs whose ended attempt the broker declared missing
     reconnects: int = 0  # agent streams opened after the first
     failover_s: float = 0.0
+    # SIGKILL -> the new primary has a replica online again (until then WAIT 1 cannot be
+    # met: writes, the lease included, answer UNAVAILABLE by design)
+    replica_attached_s: float = 0.0
     schedule_resume_s: float = 0.0  # SIGKILL -> Launch of a job submitted after it
     within_failover_plus_lease: bool = False
+    within_replica_attached_plus_lease: bool = False
     lost_detail: list[str] = field(default_factory=list)  # a lost update's job events
 
 
@@ -236,6 +240,26 @@ class _AgentKeeper:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def _time_replica(port: int, t_kill: float, out: BrokerOutcome, timeout: float = 120.0) -> None:
+    """Set ``out.replica_attached_s``: SIGKILL until the primary on ``port`` has a replica
+    online (-1 if not within ``timeout``)."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    out.replica_attached_s = -1.0
+    while time.monotonic() < deadline:
+        try:
+            with redis.Redis(port=port, socket_timeout=2) as r:
+                info = r.info("replication")
+        except redis.RedisError:
+            info = {}
+        if any(k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+               for k, v in info.items()):
+            out.replica_attached_s = round(time.monotonic() - t_kill, 3)
+            return
+        time.sleep(0.05)
 
 
 def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_s: float = 5.0,
@@ -309,15 +333,20 @@ def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_
             time.sleep(0.3)
             keeper.hold.set()
             keeper.cut.set()
-        cluster.wait_promoted(old)
+        new = cluster.wait_promoted(old)
         keeper.hold.clear()
         out.failover_s = round(time.monotonic() - t_kill, 3)
+        attached = threading.Thread(target=_time_replica, args=(new, t_kill, out), daemon=True)
+        attached.start()
         probe = wait_until(lambda: b.submit(spec("after-failover")), timeout=120,
                            what="a submit acknowledged after the failover", interval=0.05)
         wait_until(lambda: agent.commands("launch", probe.id), timeout=120,
                    what="the scheduler launches again", interval=0.02)
         out.schedule_resume_s = round(time.monotonic() - t_kill, 3)
         out.within_failover_plus_lease = out.schedule_resume_s <= out.failover_s + lease_s
+        attached.join(timeout=120)
+        out.within_replica_attached_plus_lease = (
+            out.replica_attached_s >= 0 and out.schedule_resume_s <= out.replica_attached_s + lease_s)
         wait_until(lambda: all(agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED, attempts[j]) for j in ids),
                    timeout=90, what="every terminal update acknowledged")
         stop.set()
@@ -402,9 +431,13 @@ def main() -> None:
             "schedule_resume_s_median": resume[len(resume) // 2] if resume else None,
             "schedule_resume_s_max": resume[-1] if resume else None,
             "failover_s_max": max((float(r["failover_s"]) for r in rs), default=None),  # type: ignore[arg-type]
+            "replica_attached_s_max": max((float(r["replica_attached_s"])  # type: ignore[arg-type]
+                                           for r in rs), default=None),
             "failover_plus_lease_s_min": min((float(r["failover_s"]) + float(r["lease_s"])  # type: ignore[arg-type]
                                               for r in rs), default=None),
             "reps_within_failover_plus_lease": sum(1 for r in rs if r["within_failover_plus_lease"]),
+            "reps_within_replica_attached_plus_lease": sum(
+                1 for r in rs if r["within_replica_attached_plus_lease"]),
         }
 
     def result(complete: bool) -> dict[str, object]:

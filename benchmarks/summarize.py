@@ -397,6 +397,28 @@ def store_failover(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def store_failover_broker(d: dict[str, Any]) -> list[str]:
+    """The broker-level failover run alone (its own JSON; the store-level one is above)."""
+    sn = d["sentinel"]
+    errors = d.get("broker_errors") or []
+    out = ["### State store failover through a broker (`python benchmarks/store_failover.py "
+           f"--reps 0 --baseline-reps 0 --broker-reps {d['broker_summary']['reps'] + len(errors)} "
+           f"--broker-baseline-reps {d['broker_baseline_summary']['reps']}`)", "",
+           f"Redis primary SIGKILLed during a submit burst and running jobs' terminal updates; primary + "
+           f"{sn['replicas']} replicas + {sn['sentinels']} Sentinels (down-after {sn['down_after_ms']} ms), "
+           "a fresh cluster and broker per repetition."]
+    out += _broker_failover_lines(d)
+    b = d["broker_summary"]
+    out += ["", f"Failover (SIGKILL until the Sentinels name a writable primary) at most "
+            f"{f(b['failover_s_max'], 2)} s. Load average {d['loadavg_start'][0]:.1f} at start, "
+            f"{d['loadavg_end'][0]:.1f} at end ({d['cpus']} CPUs, shared)."
+            + ("" if d.get("complete", True) else " The run was cut short: these are the repetitions"
+               " it finished.")
+            + (f" Repetitions that could not finish: {len(errors)} ({'; '.join(errors)[:300]})."
+               if errors else "")]
+    return out
+
+
 def _broker_failover_lines(d: dict[str, Any]) -> list[str]:
     """The broker-level repetitions: a real broker, clients submitting, a scripted agent
     ending jobs across the SIGKILL (half of them with its stream cut mid-failover), and
@@ -1036,6 +1058,7 @@ def render() -> str:
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
+                     ("store_failover_broker", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),
