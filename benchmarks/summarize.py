@@ -409,8 +409,13 @@ def store_failover_broker(d: dict[str, Any]) -> list[str]:
            "a fresh cluster and broker per repetition."]
     out += _broker_failover_lines(d)
     b = d["broker_summary"]
+    attached = (f"; the promoted primary had a replica online again (from then on writes can be "
+                f"confirmed) at most {f(b['replica_attached_s_max'], 2)} s after the SIGKILL, and the "
+                f"scheduler resumed within that + one lease in "
+                f"{b['reps_within_replica_attached_plus_lease']} of {b['reps']}"
+                if b.get("replica_attached_s_max") is not None else "")
     out += ["", f"Failover (SIGKILL until the Sentinels name a writable primary) at most "
-            f"{f(b['failover_s_max'], 2)} s. Load average {d['loadavg_start'][0]:.1f} at start, "
+            f"{f(b['failover_s_max'], 2)} s{attached}. Load average {d['loadavg_start'][0]:.1f} at start, "
             f"{d['loadavg_end'][0]:.1f} at end ({d['cpus']} CPUs, shared)."
             + ("" if d.get("complete", True) else " The run was cut short: these are the repetitions"
                " it finished.")
