@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="every job's in-memory tier (trainer option memory_every; 0 = off)")
     p.add_argument("--spares", type=int, default=0,
                    help="spare nodes per region for in-place replacement of a lost node")
+    p.add_argument("--spread-outages", action="store_true",
+                   help="store outages' durations evenly spaced over their whole range"
+                        " (10-120 s: the shortest and the longest included)")
     p.add_argument("--work-dir", default="", help="keep the run's files here (default: a temp dir)")
     p.add_argument("--out", default="", help="JSON path (default benchmarks/results/chaos_<store>_seed<seed>.json)")
     args = p.parse_args(argv)
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                    nodes_per_region=args.nodes_per_region, kinds=kinds,
                    step_sleep_s=args.step_sleep, api_workers=args.api_workers,
                    memory_every=args.memory_every, spares=args.spares,
+                   spread_outages=args.spread_outages,
                    finish_timeout_s=max(900.0, 30.0 * args.jobs),
                    say=lambda s: print(s, flush=True))
     t = time.monotonic()
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     report["commit"] = _commit()
     report["api_workers"] = args.api_workers
     report["step_sleep_s"] = args.step_sleep
+    report["spread_outages"] = args.spread_outages
     report["load_avg_1m"] = load.summary()
     report["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
     report["work_dir"] = str(root)

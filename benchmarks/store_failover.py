@@ -18,10 +18,15 @@ TLS, in this process) on the Sentinel URL, with a scripted region agent
 running jobs SUCCEEDED across the kill, and a job submitted after the kill must be
 launched. It records the acknowledged submits and terminal updates (JobUpdateAck) lost and
 how long after the SIGKILL the scheduler launched again, next to the failover time and the
-leader lease.
+leader lease. Every other repetition also cuts the agent's stream mid-failover; it dials
+again as soon as the new primary is up and re-sends unacknowledged ends (as
+region_agents/agent.py does). ``--broker-baseline-reps`` runs that reconnect with the
+scripted agent's old Register, which omitted ended attempts not yet acknowledged: the
+broker then relaunched them as missing and acked the re-sent ends as a superseded
+attempt's, the "lost" updates that harness reported.
 
-    .venv/bin/python benchmarks/store_failover.py [--reps 20] [--broker-reps 5] \
-        [--out benchmarks/results/store_failover.json]
+    .venv/bin/python benchmarks/store_failover.py [--reps 20] [--broker-reps 20] \
+        [--broker-baseline-reps 3] [--out benchmarks/results/store_failover.json]
 """
 
 from __future__ import annotations
@@ -174,18 +179,98 @@ class BrokerOutcome:
     """One broker-level repetition; ``*_lost`` must be 0."""
 
     lease_s: float
+    reconnect: bool  # the agent's stream was cut mid-failover and it dialled again
+    lists_unacked_ends: bool = True  # False: the scripted agent's old Register (baseline)
     acked_submits: int = 0
     refused_submits: int = 0
     acked_terminal: int = 0
     submits_lost: int = 0
     terminal_lost: int = 0
+    relaunched: int = 0  # jobs whose ended attempt the broker declared missing
+    reconnects: int = 0  # agent streams opened after the first
     failover_s: float = 0.0
+    # SIGKILL -> the new primary has a replica online again (until then WAIT 1 cannot be
+    # met: writes, the lease included, answer UNAVAILABLE by design)
+    replica_attached_s: float = 0.0
     schedule_resume_s: float = 0.0  # SIGKILL -> Launch of a job submitted after it
+    within_failover_plus_lease: bool = False
+    within_replica_attached_plus_lease: bool = False
+    lost_detail: list[str] = field(default_factory=list)  # a lost update's job events
+
+
+class _AgentKeeper:
+    """What a real agent does with a broken stream and unacknowledged ends, for the
+    scripted one: dial again while the stream is down (the broker drops agents' streams
+    when it loses its lease; Connect answers UNAVAILABLE while the store is down) and
+    re-send unacknowledged terminal updates every 2 s (region_agents/agent.py)."""
+
+    def __init__(self, agent: object) -> None:
+        self.agent = agent
+        self.reconnects = 0
+        self.cut = threading.Event()  # set: drop the stream now, then dial again
+        self.hold = threading.Event()  # set: do not dial yet
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        agent = self.agent
+        down = False
+        last_resend = time.monotonic()
+        while not self._stop.wait(0.1):
+            if self.cut.is_set():
+                self.cut.clear()
+                agent.close()  # type: ignore[attr-defined]
+                down = True
+            if self.hold.is_set():
+                continue
+            if down or agent.error is not None or agent.ended:  # type: ignore[attr-defined]
+                try:
+                    agent.connect()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - refused while the store is down: again
+                    down = True
+                    continue
+                down = False
+                self.reconnects += 1
+                last_resend = time.monotonic()
+            elif time.monotonic() - last_resend >= 2.0:
+                agent.resend_unacked()  # type: ignore[attr-defined]
+                last_resend = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _time_replica(port: int, t_kill: float, out: BrokerOutcome, timeout: float = 120.0) -> None:
+    """Set ``out.replica_attached_s``: SIGKILL until the primary on ``port`` has a replica
+    online (-1 if not within ``timeout``)."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    out.replica_attached_s = -1.0
+    while time.monotonic() < deadline:
+        try:
+            with redis.Redis(port=port, socket_timeout=2) as r:
+                info = r.info("replication")
+        except redis.RedisError:
+            info = {}
+        if any(k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+               for k, v in info.items()):
+            out.replica_attached_s = round(time.monotonic() - t_kill, 3)
+            return
+        time.sleep(0.05)
 
 
 def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_s: float = 5.0,
-                    before_s: float = 1.0) -> BrokerOutcome:
-    """The broker-level repetition (see the module docstring)."""
+                    before_s: float = 1.0, reconnect: bool = False,
+                    lists_unacked_ends: bool = True) -> BrokerOutcome:
+    """The broker-level repetition (see the module docstring). ``reconnect``: the agent
+    loses its stream right after the terminal updates sent into the failover and dials
+    again as soon as the new primary is up (while those updates may still be retrying
+    inside the broker), until a broker takes it. ``lists_unacked_ends=False`` is the scripted agent as
+    it was (its Register omitted ended attempts the broker had not acknowledged): the
+    baseline that shows where the "lost" updates of that harness came from."""
     import grpc
 
     from computebroker.v1 import agent_pb2 as apb
@@ -193,13 +278,16 @@ def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_
     from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
 
     cluster = start_sentinel_cluster(workdir / "redis")
-    out = BrokerOutcome(lease_s)
+    out = BrokerOutcome(lease_s, reconnect, lists_unacked_ends)
     prefix = f"b{uuid.uuid4().hex[:8]}"
     b = Broker(fast_config(workdir, store=cluster.url(prefix=prefix), leader_lease_s=lease_s))
-    agent = FakeAgent(b.address, "a1", "us-east-2", nodes_for("us-east-2", "a1", running + 2, 1))
+    agent = FakeAgent(b.address, "a1", "us-east-2", nodes_for("us-east-2", "a1", running + 2, 1),
+                      list_unacked_ends=lists_unacked_ends)
+    keeper: _AgentKeeper | None = None
     try:
         b.team(gpus=1000)
         agent.connect()
+        keeper = _AgentKeeper(agent)
         attempts: dict[str, int] = {}
         for i in range(running):
             job = b.submit(spec(f"run-{i}"))
@@ -241,29 +329,50 @@ def run_broker_once(workdir: Path, *, clients: int = 3, running: int = 6, lease_
         old = cluster.kill_primary()
         for job_id in ids[running // 2:]:
             agent.update(job_id, attempts[job_id], apb.ATTEMPT_STATE_SUCCEEDED, step=100)
-        cluster.wait_promoted(old)
+        if reconnect:  # cut mid-failover; the agent's next dial lands just after it
+            time.sleep(0.3)
+            keeper.hold.set()
+            keeper.cut.set()
+        new = cluster.wait_promoted(old)
+        keeper.hold.clear()
         out.failover_s = round(time.monotonic() - t_kill, 3)
+        attached = threading.Thread(target=_time_replica, args=(new, t_kill, out), daemon=True)
+        attached.start()
         probe = wait_until(lambda: b.submit(spec("after-failover")), timeout=120,
                            what="a submit acknowledged after the failover", interval=0.05)
         wait_until(lambda: agent.commands("launch", probe.id), timeout=120,
                    what="the scheduler launches again", interval=0.02)
         out.schedule_resume_s = round(time.monotonic() - t_kill, 3)
-        wait_until(lambda: all(agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED) for j in ids),
-                   timeout=60, what="every terminal update acknowledged")
+        out.within_failover_plus_lease = out.schedule_resume_s <= out.failover_s + lease_s
+        attached.join(timeout=120)
+        out.within_replica_attached_plus_lease = (
+            out.replica_attached_s >= 0 and out.schedule_resume_s <= out.replica_attached_s + lease_s)
+        wait_until(lambda: all(agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED, attempts[j]) for j in ids),
+                   timeout=90, what="every terminal update acknowledged")
         stop.set()
         for t in threads:
             t.join(timeout=120)
-        ended = [j for j in ids if agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED)]
+        ended = [j for j in ids if agent.acked(j, apb.ATTEMPT_STATE_SUCCEEDED, attempts[j])]
         check = RedisStore(cluster.url(prefix=prefix, min_replicas=0))
         try:
-            present = {j.id: j.phase for j in check.list_jobs(limit=0)}
+            present = {j.id: j for j in check.list_jobs(limit=0)}
+            lost_end = [i for i in ended if i not in present
+                        or present[i].phase != pb.JOB_PHASE_SUCCEEDED]
+            for i in lost_end[:3]:  # why: the job's own account of it
+                evs = check.list_events(i) if i in present else []
+                out.lost_detail.append(f"{i}: " + "; ".join(
+                    f"{e.type}/{e.reason} #{e.attempt}" for e in evs[-4:]))
         finally:
             check.close()
         out.acked_submits, out.acked_terminal = len(acked), len(ended)
         out.submits_lost = sum(1 for i in acked if i not in present)
-        out.terminal_lost = sum(1 for i in ended if present.get(i) != pb.JOB_PHASE_SUCCEEDED)
+        out.terminal_lost = len(lost_end)
+        out.relaunched = sum(1 for i in ids if i in present and present[i].attempt != attempts[i])
+        out.reconnects = keeper.reconnects
         return out
     finally:
+        if keeper is not None:
+            keeper.stop()
         agent.close()
         b.stop()
         cluster.stop()
@@ -276,25 +385,18 @@ def main() -> None:
                     help="repetitions without replica confirmation (min_replicas=0)")
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--broker-reps", type=int, default=0,
-                    help="repetitions under a real broker with a scripted agent")
+                    help="repetitions under a real broker with a scripted agent (every other"
+                         " one with the agent's stream cut mid-failover and dialled again)")
+    ap.add_argument("--broker-baseline-reps", type=int, default=0,
+                    help="broker repetitions with a reconnect and the scripted agent's old"
+                         " Register (it omitted unacknowledged ended attempts)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "store_failover.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()
     runs: dict[str, list[dict[str, object]]] = {"wait": [], "baseline_no_wait": []}
-    with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
-        for i in range(args.reps):
-            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
-            runs["wait"].append(asdict(o))
-            print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
-        for i in range(args.baseline_reps):
-            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
-            runs["baseline_no_wait"].append(asdict(o))
-            print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
-        broker_runs = []
-        for i in range(args.broker_reps):
-            bo = run_broker_once(Path(tmp) / f"k{i}")
-            broker_runs.append(asdict(bo))
-            print(f"broker {i + 1}/{args.broker_reps}: {asdict(bo)}", flush=True)
+    broker_runs: list[dict[str, object]] = []
+    broker_baseline: list[dict[str, object]] = []
+    broker_errors: list[str] = []  # a repetition that could not finish: said, not hidden
 
     def summary(rs: list[dict[str, object]]) -> dict[str, object]:
         fo = sorted(float(r["failover_s"]) for r in rs)  # type: ignore[arg-type]
@@ -312,32 +414,85 @@ def main() -> None:
                 float(r["submit_rate_before_kill"]) for r in rs)[len(rs) // 2] if rs else None,  # type: ignore[arg-type]
         }
 
-    result = {
-        "benchmark": "store_failover",
-        "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
-                     "quorum": 2, "replicas": 2, "sentinels": 3},
-        "writers": args.writers,
-        "summary": {k: summary(v) for k, v in runs.items()},
-        "runs": runs,
-        "broker_runs": broker_runs,
-        "broker_summary": {
-            "reps": len(broker_runs),
-            "acked_lost": sum(int(r["submits_lost"]) + int(r["terminal_lost"])  # type: ignore[call-overload]
-                              for r in broker_runs),
-            "schedule_resume_s_max": max((float(r["schedule_resume_s"])  # type: ignore[arg-type]
-                                          for r in broker_runs), default=None),
+    def broker_summary(rs: list[dict[str, object]]) -> dict[str, object]:
+        def total(key: str) -> int:
+            return sum(int(r[key]) for r in rs)  # type: ignore[call-overload]
+
+        resume = sorted(float(r["schedule_resume_s"]) for r in rs)  # type: ignore[arg-type]
+        return {
+            "reps": len(rs),
+            "reps_with_reconnect": sum(1 for r in rs if r["reconnect"]),
+            "acked_submits": total("acked_submits"),
+            "acked_terminal": total("acked_terminal"),
+            "submits_lost": total("submits_lost"),
+            "terminal_lost": total("terminal_lost"),
+            "acked_lost": total("submits_lost") + total("terminal_lost"),
+            "relaunched": total("relaunched"),
+            "schedule_resume_s_median": resume[len(resume) // 2] if resume else None,
+            "schedule_resume_s_max": resume[-1] if resume else None,
+            "failover_s_max": max((float(r["failover_s"]) for r in rs), default=None),  # type: ignore[arg-type]
+            "replica_attached_s_max": max((float(r["replica_attached_s"])  # type: ignore[arg-type]
+                                           for r in rs), default=None),
             "failover_plus_lease_s_min": min((float(r["failover_s"]) + float(r["lease_s"])  # type: ignore[arg-type]
-                                              for r in broker_runs), default=None),
-        },
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "note": "shared machine: other engineers' tests ran beside this one",
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["summary"], indent=2))
+                                              for r in rs), default=None),
+            "reps_within_failover_plus_lease": sum(1 for r in rs if r["within_failover_plus_lease"]),
+            "reps_within_replica_attached_plus_lease": sum(
+                1 for r in rs if r["within_replica_attached_plus_lease"]),
+        }
+
+    def result(complete: bool) -> dict[str, object]:
+        return {
+            "benchmark": "store_failover",
+            "complete": complete,
+            "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
+                         "quorum": 2, "replicas": 2, "sentinels": 3},
+            "writers": args.writers,
+            "summary": {k: summary(v) for k, v in runs.items()},
+            "runs": runs,
+            "broker_runs": broker_runs,
+            "broker_summary": broker_summary(broker_runs),
+            "broker_baseline_runs": broker_baseline,
+            "broker_baseline_summary": broker_summary(broker_baseline),
+            "loadavg_start": load_start,
+            "loadavg_end": os.getloadavg(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "broker_errors": broker_errors,
+            "note": "shared machine: other engineers' tests ran beside this one",
+        }
+
+    def write(complete: bool) -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result(complete), indent=2) + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
+        for i in range(args.reps):
+            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
+            runs["wait"].append(asdict(o))
+            print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
+        for i in range(args.baseline_reps):
+            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
+            runs["baseline_no_wait"].append(asdict(o))
+            print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
+
+        def broker_rep(into: list[dict[str, object]], label: str, **kw: object) -> None:
+            try:
+                bo = asdict(run_broker_once(Path(tmp) / f"k{label}", **kw))  # type: ignore[arg-type]
+            except Exception as e:  # noqa: BLE001 - recorded in the JSON and printed
+                broker_errors.append(f"{label}: {type(e).__name__}: {e}"[:500])
+                print(f"broker {label}: ERROR {broker_errors[-1]}", flush=True)
+            else:
+                into.append(bo)
+                print(f"broker {label}: {bo}", flush=True)
+            write(complete=False)
+
+        for i in range(args.broker_baseline_reps):
+            broker_rep(broker_baseline, f"baseline-{i + 1}", reconnect=True, lists_unacked_ends=False)
+        for i in range(args.broker_reps):
+            broker_rep(broker_runs, f"{i + 1}", reconnect=i % 2 == 1)
+
+    write(complete=True)
+    print(json.dumps(result(True)["summary"], indent=2))
 
 
 if __name__ == "__main__":

@@ -386,12 +386,65 @@ def store_failover(d: dict[str, Any]) -> list[str]:
                        f"{r['acked_lost']} | {f(r['failover_s_median'], 2)} / {f(r['failover_s_max'], 2)} | "
                        f"{f(r['writes_resume_s_max'], 2)} | {f(r['submit_rate_before_kill_median'], 0)} |")
     b = d.get("broker_summary") or {}
-    if b.get("reps"):
+    if b.get("reps") and "terminal_lost" not in b:  # an older run: totals only
         out += ["", f"Through a real broker ({b['reps']} repetitions, scripted agent, leader lease "
                 f"{d['broker_runs'][0]['lease_s']:.0f} s): {b['acked_lost']} acknowledged submits or "
                 f"terminal updates lost; the scheduler launched a job submitted after the kill at most "
                 f"{b['schedule_resume_s_max']:.2f} s after it (failover + one lease, smallest: "
                 f"{b['failover_plus_lease_s_min']:.2f} s)."]
+    elif b.get("reps"):
+        out += _broker_failover_lines(d)
+    return out
+
+
+def store_failover_broker(d: dict[str, Any]) -> list[str]:
+    """The broker-level failover run alone (its own JSON; the store-level one is above)."""
+    sn = d["sentinel"]
+    errors = d.get("broker_errors") or []
+    out = ["### State store failover through a broker (`python benchmarks/store_failover.py "
+           f"--reps 0 --baseline-reps 0 --broker-reps {d['broker_summary']['reps'] + len(errors)} "
+           f"--broker-baseline-reps {d['broker_baseline_summary']['reps']}`)", "",
+           f"Redis primary SIGKILLed during a submit burst and running jobs' terminal updates; primary + "
+           f"{sn['replicas']} replicas + {sn['sentinels']} Sentinels (down-after {sn['down_after_ms']} ms), "
+           "a fresh cluster and broker per repetition."]
+    out += _broker_failover_lines(d)
+    b = d["broker_summary"]
+    attached = (f"; the promoted primary had a replica online again (from then on writes can be "
+                f"confirmed) at most {f(b['replica_attached_s_max'], 2)} s after the SIGKILL, and the "
+                f"scheduler resumed within that + one lease in "
+                f"{b['reps_within_replica_attached_plus_lease']} of {b['reps']}"
+                if b.get("replica_attached_s_max") is not None else "")
+    out += ["", f"Failover (SIGKILL until the Sentinels name a writable primary) at most "
+            f"{f(b['failover_s_max'], 2)} s{attached}. Load average {d['loadavg_start'][0]:.1f} at start, "
+            f"{d['loadavg_end'][0]:.1f} at end ({d['cpus']} CPUs, shared)."
+            + ("" if d.get("complete", True) else " The run was cut short: these are the repetitions"
+               " it finished.")
+            + (f" Repetitions that could not finish: {len(errors)} ({'; '.join(errors)[:300]})."
+               if errors else "")]
+    return out
+
+
+def _broker_failover_lines(d: dict[str, Any]) -> list[str]:
+    """The broker-level repetitions: a real broker, clients submitting, a scripted agent
+    ending jobs across the SIGKILL (half of them with its stream cut mid-failover), and
+    the baseline with the scripted agent's old Register."""
+    lease = d["broker_runs"][0]["lease_s"]
+    out = ["", f"Through a real broker (TLS gRPC, leader lease {lease:g} s), 3 clients submitting and "
+           "a scripted agent ending 6 running jobs, 3 of them after the kill; in the reconnect "
+           "repetitions the agent's stream is cut mid-failover and it dials again once the new "
+           "primary is up, re-sending unacknowledged ends as the real agent does. \"scheduler "
+           "resumes\": SIGKILL until a job submitted after it is launched.", "",
+           "| scenario | reps | acked submits | acked ends | submits lost | ends lost "
+           "| relaunched as missing | scheduler resumes median / max s | within failover + lease |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for key, label in (("broker_summary", "real broker (half with a reconnect)"),
+                       ("broker_baseline_summary", "baseline: old scripted Register, reconnect")):
+        r = d.get(key) or {}
+        if r.get("reps"):
+            out.append(f"| {label} | {r['reps']} | {r['acked_submits']:,} | {r['acked_terminal']} | "
+                       f"{r['submits_lost']} | {r['terminal_lost']} | {r['relaunched']} | "
+                       f"{f(r['schedule_resume_s_median'], 2)} / {f(r['schedule_resume_s_max'], 2)} | "
+                       f"{r['reps_within_failover_plus_lease']} of {r['reps']} |")
     return out
 
 
@@ -507,7 +560,8 @@ def chaos(d: dict[str, Any]) -> list[str]:
         f"{' --store ' + d['store'] if d['store'] != 'redis' else ''}"
         f"{'' if d.get('netns', True) else ' --no-netns'}{only}"
         f"{' --step-sleep ' + format(d['step_sleep_s'], 'g') if d.get('step_sleep_s', 0.3) != 0.3 else ''}"
-        f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}`)",
+        f"{' --api-workers ' + str(d['api_workers']) if d.get('api_workers') else ''}"
+        f"{' --spread-outages' if d.get('spread_outages') else ''}`)",
         "",
         f"{d['jobs']} mixed jobs (1-2 nodes, two teams, three priorities, spot, elastic; a checkpoint "
         "every 4 steps) on 3 regions, two broker replicas with leader election "
@@ -1009,6 +1063,7 @@ def render() -> str:
     for name, fn in (("placement", placement), ("api", api), ("checkpoint", checkpoint), ("hash", digests),
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
+                     ("store_failover_broker", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),

@@ -295,7 +295,10 @@ class CheckpointManager:
 
     def _commit(self, step: int, samples_seen: int, hashes: dict[str, str]) -> int:
         name = step_name(step)
-        files = self.store.list_files(name)
+        # A manifest already there is this step's own earlier commit: the ranks agreed that
+        # save failed on an outage after rank 0 had written it, and the step is saved again.
+        # A manifest never lists itself; it is rewritten for the files as they are now.
+        files = {n: size for n, size in self.store.list_files(name).items() if n != MANIFEST}
         try:
             manifest = manifest_format.build(
                 # + this save's loss; "rng" tells a resume each rank saved its generators

@@ -275,7 +275,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         log.warning("agent %s sent Register twice on one stream; ignored", agent.agent_id)
 
     def _job_update(self, agent: AgentState, u: apb.JobUpdate) -> None:
-        job = self.jobs.find(u.job_id)  # read once for the check and the update
+        # An end is acknowledged (the agent then forgets it), so what the broker judges it
+        # on must be on a replica: a re-sent end whose first write reached only the primary
+        # (its WAIT timed out: not acknowledged) reads as already applied, and acking that
+        # read acknowledged an end a failover would lose. The read is confirmed, and so is
+        # whatever the handling read after it (a re-read on a write conflict).
+        terminal = u.state in ATTEMPT_TERMINAL
+        job = self.jobs.find_confirmed(u.job_id) if terminal else self.jobs.find(u.job_id)
         if not self._assigned(agent.agent_id, u.job_id, u.attempt, job):
             log.warning("agent %s sent an update for %s attempt %d, which it never ran: ignored",
                         agent.agent_id, u.job_id, u.attempt)
@@ -283,6 +289,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self.ops.fence(agent.agent_id, u.job_id, u.attempt)  # tells only the sender
             return
         self.ops.handle_update(agent, u, job)
+        if terminal:
+            self.jobs.confirm_replicated()
 
     def _heartbeat(self, agent: AgentState, hb: apb.Heartbeat) -> None:
         health = {h.node_id: h for h in hb.node_health}

@@ -99,6 +99,7 @@ class JobOps:
             existing = (store.find_job_by_request_id(spec.team, client_request_id)
                         if client_request_id else None)
             if existing is not None:
+                store.confirm_replicated()  # answered as submitted: on a replica first
                 return existing, False
             raise
         out = transitions.submit(
@@ -112,6 +113,9 @@ class JobOps:
             existing = store.find_job_by_request_id(spec.team, client_request_id)
             if existing is None:
                 raise
+            # A retried submit whose first create reached only the primary (its WAIT timed
+            # out: UNAVAILABLE) finds its job here; answering it acknowledges that create.
+            store.confirm_replicated()
             return existing, False
 
     def _admissible(self, spec: pb.JobSpec) -> None:

@@ -56,6 +56,18 @@ class JobsView:
         except NotFound:
             return None
 
+    def find_confirmed(self, job_id: str) -> pb.Job | None:
+        """:meth:`find`, once the store's replicas hold what it read (Store.get_job_confirmed):
+        for a decision the broker acknowledges."""
+        try:
+            return self._store.get_job_confirmed(job_id)
+        except NotFound:
+            return None
+
+    def confirm_replicated(self) -> None:
+        """Wait until the replicas hold all the store held now (Store.confirm_replicated)."""
+        self._store.confirm_replicated()
+
     def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
                                ) -> list[pb.Job]:
         """The jobs the store's checkpoint-prefix index names for ``keys`` / ``inside``

@@ -210,6 +210,21 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_job_by_request_id(self, team: str, client_request_id: str) -> pb.Job | None: ...
 
+    # ---- acknowledging what was read ---------------------------------------------
+    def get_job_confirmed(self, job_id: str) -> pb.Job:
+        """:meth:`get_job`, returned only once the store's replicas hold everything the
+        read saw. Why: a broker that acknowledges on the strength of a read (an agent's
+        re-sent end found already applied) must not acknowledge a write that reached the
+        primary but no replica (its own WAIT timed out, so it was never acknowledged);
+        a failover would lose it. One server, nothing to confirm: the plain read."""
+        return self.get_job(job_id)
+
+    def confirm_replicated(self) -> None:
+        """Return once the replicas hold everything the store held when called, else
+        raise :class:`StoreUnavailable`: the barrier before an acknowledgement that rests
+        on reads. One server: nothing to wait for."""
+        return None
+
     @abc.abstractmethod
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()

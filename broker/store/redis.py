@@ -290,6 +290,23 @@ class RedisStore(RedisLogs, Store):
             raise NotFound(f"job {job_id!r} not found")
         return decode(pb.Job, data, f"job {job_id}")
 
+    def get_job_confirmed(self, job_id: str) -> pb.Job:
+        """The read, then a barrier write and ``WAIT`` on the same connection in one
+        pipeline: the replicas' offset passing the barrier means they hold all the read
+        saw (a write after the barrier is not in the read). A primary lost between the
+        two fails the pipeline; the retry reads the promoted primary afresh."""
+        if not self._min_replicas:
+            return self.get_job(job_id)
+        data, _ = self._write(lambda c: (c.hget(self._k("job", job_id), "d"),  # type: ignore[attr-defined]
+                                         c.incr(self._k("barrier"))))  # type: ignore[attr-defined]
+        if data is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return decode(pb.Job, data, f"job {job_id}")
+
+    def confirm_replicated(self) -> None:
+        if self._min_replicas:
+            self._write(lambda c: c.incr(self._k("barrier")))  # type: ignore[attr-defined]
+
     def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
                                ) -> list[str]:
         self._ensure_prefix_index()

@@ -158,6 +158,33 @@ def test_terminal_update_is_resent_until_acknowledged(brokers, inventory_file, t
         agent.stop()
 
 
+def test_a_reconnect_lists_an_unacknowledged_end_and_sends_it_again(brokers, inventory_file,
+                                                                   tmp_path, fake_trainer):
+    """What the broker's reconcile relies on (and tests/broker/harness.py's scripted agent
+    now copies): an attempt whose end the broker has not acknowledged is still listed in
+    the next Register, with its end state, and its JobUpdate follows the RegisterAck. An
+    agent that left it out would have the broker relaunch the attempt as missing and then
+    ignore the re-sent end as a superseded attempt's (the store-failover benchmark's
+    scripted agent did, and read it as lost acknowledged updates)."""
+    first, second = brokers
+    first.ack_updates = False  # its store is down: the end is never acknowledged
+    agent = make_agent(f"{first.address},{second.address}", inventory_file, tmp_path)
+    agent.start()
+    try:
+        wait_for(lambda: agent.connected, 30, what="connected")
+        first.send(launch=launch_msg(fake_trainer, env={"FAKE_STEPS": "2", "FAKE_STEP_S": "0.05"}))
+        first.wait_terminal("j-1", 1)
+        first.stop()  # the stream ends with the end unacknowledged; the agent dials the next
+        regs = wait_for(lambda: second.of("register"), 60, what="Register with the second broker")
+        listed = [(r.job_id, r.attempt, r.state) for r in regs[0].running]
+        assert listed == [("j-1", 1, AS.ATTEMPT_STATE_SUCCEEDED)], listed
+        end = second.wait_terminal("j-1", 1, timeout=30)
+        assert end.state == AS.ATTEMPT_STATE_SUCCEEDED
+        wait_for(lambda: not agent._unacked, 30, what="the second broker's ack received")
+    finally:
+        agent.stop()
+
+
 def test_trainer_refuses_to_commit_a_checkpoint_once_fenced(tmp_path, monkeypatch):
     """Defect 2, trainer half of the fence contract (docs/contracts.md section 1): once
     the agent created CB_FENCE_FILE, the manifest commit path raises instead of writing."""

@@ -230,8 +230,19 @@ class FakeAgent:
     # (region, agent id) its certificate names; None = its own region and agent id.
     identity: tuple[str, str] | None = None
     error: grpc.RpcError | None = None  # how the broker ended the stream, if it did
+    ended: bool = False  # the broker closed the stream (e.g. it stopped leading): dial again
     update_acks: list[apb.JobUpdateAck] = field(default_factory=list)  # committed updates
     spares: dict[str, int] = field(default_factory=dict)  # Register.pool_spares: pool -> N
+    # Terminal updates sent and not acknowledged yet, by (job, attempt). As the real agent
+    # (region_agents/agent.py) does, a reconnect lists these attempts in its Register with
+    # their end state and re-sends them after the RegisterAck. Without that, a Register
+    # sent while an end was unacknowledged omitted the attempt, the broker (rightly)
+    # relaunched it as missing, and the re-sent end was acked as a superseded attempt's:
+    # a scripted-agent artifact that read as "lost acknowledged terminal updates".
+    unacked: dict[tuple[str, int], apb.JobUpdate] = field(default_factory=dict)
+    # False: Register omits them as this class once did (benchmarks/store_failover.py
+    # runs that as its baseline, to show what the omission produced).
+    list_unacked_ends: bool = True
 
     def __post_init__(self) -> None:
         self._out: queue.Queue[apb.AgentMessage | None] = queue.Queue()
@@ -254,11 +265,18 @@ class FakeAgent:
         self._out = queue.Queue()
         self.ack = None
         self.error = None
+        self.ended = False
         self.channel = agent_channel(self.address, self.region, self.agent_id, self.identity)
         stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         running = [apb.RunningAttempt(job_id=j, attempt=a,
                                       state=self.states.get(j, apb.ATTEMPT_STATE_RUNNING))
                    for j, a in self.running.items()]
+        with self._lock:
+            ended = [u for (j, a), u in self.unacked.items()
+                     if self.list_unacked_ends and j not in self.running and a >= max(
+                         (b for (k, b) in self.unacked if k == j), default=0)]
+        running += [apb.RunningAttempt(job_id=u.job_id, attempt=u.attempt, state=u.state,
+                                       progress=u.progress) for u in ended]
         self._out.put(apb.AgentMessage(register=apb.Register(
             agent_id=self.agent_id, region=self.region, nodes=self.nodes, running=running,
             executor="fake", checkpoint_bucket=self.bucket,
@@ -276,7 +294,17 @@ class FakeAgent:
                    f"RegisterAck for {self.agent_id}")
         if self.ack is None and self.error is not None:
             raise self.error  # refused (e.g. PERMISSION_DENIED for another identity)
+        self.resend_unacked()  # ends the broker has not acknowledged (contracts §9)
         return self
+
+    def resend_unacked(self) -> int:
+        """Send again every terminal update not acknowledged yet (the real agent does on
+        each reconnect and every few heartbeats); returns how many."""
+        with self._lock:
+            pending = list(self.unacked.values())
+        for u in pending:
+            self.send(apb.AgentMessage(job_update=u))
+        return len(pending)
 
     def _read(self, responses: Iterator[apb.BrokerMessage], gen: object = None) -> None:
         try:
@@ -289,8 +317,12 @@ class FakeAgent:
                             self.running.pop(j, None)
                     continue
                 if kind == "update_ack":  # the broker committed a JobUpdate to the store
+                    a = msg.update_ack
                     with self._lock:
-                        self.update_acks.append(msg.update_ack)
+                        self.update_acks.append(a)
+                        u = self.unacked.get((a.job_id, a.attempt))
+                        if u is not None and u.state == a.state:
+                            del self.unacked[(a.job_id, a.attempt)]
                     continue
                 if kind == "heartbeat_ack":  # liveness, not a command
                     continue
@@ -313,6 +345,9 @@ class FakeAgent:
         except grpc.RpcError as e:
             if getattr(self, "_gen", None) is gen:
                 self.error = e
+            return
+        if getattr(self, "_gen", None) is gen:
+            self.ended = True
 
     def _beat(self) -> None:
         while not self._stop.wait(0.2):
@@ -333,10 +368,12 @@ class FakeAgent:
             self.channel.close()
 
     # ---- test helpers ------------------------------------------------------------------
-    def acked(self, job_id: str, state: int) -> bool:
-        """Did the broker acknowledge (commit) this job's update to ``state``?"""
+    def acked(self, job_id: str, state: int, attempt: int | None = None) -> bool:
+        """Did the broker acknowledge this job's update to ``state`` (of ``attempt``, or
+        any)? An ack means committed, or ignored as a superseded attempt's (contracts §9)."""
         with self._lock:
-            return any(a.job_id == job_id and a.state == state for a in self.update_acks)
+            return any(a.job_id == job_id and a.state == state
+                       and (attempt is None or a.attempt == attempt) for a in self.update_acks)
 
     def commands(self, kind: str, job_id: str | None = None) -> list[Any]:
         with self._lock:
@@ -360,11 +397,13 @@ class FakeAgent:
                failed_nodes: list[str] | None = None, ranks: int = 0) -> None:
         prog = pb.Progress(step=step, total_steps=100, last_checkpoint_step=ckpt_step,
                            last_checkpoint_uri=ckpt_uri)
-        self.send(apb.AgentMessage(job_update=apb.JobUpdate(
+        upd = apb.JobUpdate(
             job_id=job_id, attempt=attempt, state=state, progress=prog, exit_code=exit_code,
-            message=message, failed_nodes=failed_nodes or [], time=time.time(), ranks=ranks)))
+            message=message, failed_nodes=failed_nodes or [], time=time.time(), ranks=ranks)
         if state in (apb.ATTEMPT_STATE_SUCCEEDED, apb.ATTEMPT_STATE_FAILED,
                      apb.ATTEMPT_STATE_CHECKPOINTED, apb.ATTEMPT_STATE_STOPPED):
             with self._lock:
+                self.unacked[(job_id, attempt)] = upd  # before sending: the ack may be quick
                 if self.running.get(job_id) == attempt:
                     self.running.pop(job_id, None)
+        self.send(apb.AgentMessage(job_update=upd))

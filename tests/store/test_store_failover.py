@@ -1,7 +1,8 @@
 """Store HA (broker/store/redis.py with a ``redis+sentinel://`` URL): real redis-server
 primaries and replicas, real redis-sentinel processes, real SIGKILLs.
 
-- A write the replicas did not confirm is UNAVAILABLE, never acknowledged.
+- A write the replicas did not confirm is UNAVAILABLE, never acknowledged; so is a read
+  the broker would acknowledge on.
 - The hazard that WAIT closes, shown on the same cluster: a write acknowledged without
   it, while no replica got it, is gone after the failover; with it, it was never
   acknowledged, and the store writes again on the promoted primary.
@@ -52,6 +53,29 @@ def test_a_write_no_replica_confirms_is_unavailable_not_acknowledged(
         assert plain.create_job(_job("j2")).version == 1
     finally:
         plain.close()
+
+
+def test_a_read_to_acknowledge_on_is_confirmed_by_a_replica_too(redis_server: RedisServer) -> None:
+    """What the broker acknowledges on the strength of a read (an agent's re-sent end found
+    already applied, a retried submit's job) must be on a replica: with none to confirm,
+    the confirmed read and the barrier are UNAVAILABLE, like a write."""
+    prefix = f"c{uuid.uuid4().hex[:8]}"
+    plain = RedisStore(f"{redis_server.url}?prefix={prefix}")
+    confirming = RedisStore(f"{redis_server.url}?prefix={prefix}&min_replicas=1&replica_wait_ms=100")
+    try:
+        plain.create_job(_job("j1"))  # on the primary, no replica has it
+        assert confirming.get_job("j1").id == "j1"  # a plain read sees it
+        with pytest.raises(StoreUnavailable, match="replica did not confirm"):
+            confirming.get_job_confirmed("j1")
+        with pytest.raises(StoreUnavailable, match="replica did not confirm"):
+            confirming.confirm_replicated()
+        assert plain.get_job_confirmed("j1").id == "j1"  # nothing to confirm: a plain read
+        plain.confirm_replicated()
+        with pytest.raises(NotFound):
+            plain.get_job_confirmed("nope")
+    finally:
+        plain.close()
+        confirming.close()
 
 
 def test_failover_loses_what_wait_refused_to_acknowledge(sentinel_cluster: SentinelCluster) -> None:

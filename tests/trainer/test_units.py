@@ -183,3 +183,22 @@ def test_checkpoint_pruned_while_loading_is_retryable(tmp_path) -> None:
     (tmp_path / step_name(4) / "manifest.json").unlink()
     with pytest.raises(ResumeUnavailable, match="disappeared before it could be loaded"):
         make_manager(str(tmp_path), width=32).load(step_name(4))
+
+
+def test_a_save_made_again_after_its_manifest_was_written_commits_again(tmp_path) -> None:
+    """A save tried again once its manifest is already in the store (the ranks agreed it
+    failed on an outage, but rank 0's manifest had been written) finds manifest.json
+    among the step's files. It
+    was taken for a foreign file ("no digest for files ['manifest.json']"): the attempt
+    exited 79 (a storage failure, a restart) in the store-outage campaign. A manifest
+    never lists itself: the commit is simply made again."""
+    m = make_manager(str(tmp_path), width=32)
+    m.save(1, 8, blocking=True)
+    m.save(2, 16, blocking=True)
+    # The ranks agreed the save failed (another rank saw the outage; or rank 0's answer
+    # was lost): trainer/checkpointer.py's _abandon forgets it, and step 2 is saved again.
+    m.last_durable_step = m.last_saved_step = 1
+    m.save(2, 16, blocking=True)
+    manifest = json.loads((tmp_path / step_name(2) / "manifest.json").read_text())
+    assert "manifest.json" not in {f["name"] for f in manifest["files"]}
+    assert make_manager(str(tmp_path), width=32).load(step_name(2))["step"] == 2
