@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from computebroker.v1 import common_pb2 as pb
 from simulator import estimates, fleet, node_recovery, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
+from simulator.streams import Process, Streams
 from simulator.trace import TraceJob
 
 # Event kinds; at equal times the scheduler tick runs last (after GPUs were freed).
@@ -129,7 +129,9 @@ class Simulation:
         self.scn, self.policy, self.seed, self.check = scn, policy, seed, check
         self.progress = progress
         self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name,
-                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget)
+                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget,
+                                preempt_gain_factor=scn.preempt_gain_factor if policy.gain_rule else 0.0,
+                                preempt_requeue_s=scn.preempt_requeue_s)
         self.rules = preemption_rules.from_config(self.cfg)
         self.now = T0
         self.heap: list[tuple[float, int, int, int, object]] = []
@@ -167,7 +169,8 @@ class Simulation:
         self.holding: dict[str, SimJob] = {}
         self.trace = jobs
         self.tick_at = -1.0
-        self.rng = random.Random(seed)
+        # one generator per (process, node), keyed by names (simulator/streams.py)
+        self.streams = Streams(seed, scn.name)
         self.samples: list[dict] = []
         self.region_gpus = defaultdict(int)
         for s in self.snodes:
@@ -273,8 +276,8 @@ class Simulation:
         self.tick_at = t
         self.push(t, TICK)
 
-    def _exp(self, rate_per_h: float) -> float:
-        return self.rng.expovariate(rate_per_h / 3600.0) if rate_per_h > 0 else math.inf
+    def _exp(self, process: Process, node_id: str, rate_per_h: float) -> float:
+        return self.streams.exp_s(process, node_id, rate_per_h)
 
     def _seed_processes(self) -> None:
         for tj in self.trace:
@@ -282,11 +285,12 @@ class Simulation:
         for s in self.snodes:
             r, p = s.region, s.pool
             if self._mtbf(s) > 0:
-                self.push(T0 + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, s.node.id)
+                self.push(T0 + self._exp(Process.NODE_FAIL, s.node.id, 1.0 / self._mtbf(s)), NODE_FAIL, s.node.id)
             if r.hang_mtbf_h > 0:
-                self.push(T0 + self._exp(1.0 / r.hang_mtbf_h), HANG, s.node.id)
+                self.push(T0 + self._exp(Process.HANG, s.node.id, 1.0 / r.hang_mtbf_h), HANG, s.node.id)
             if p.kind is PoolKind.SPOT and p.interruptions_per_node_hour > 0:
-                self.push(T0 + self._exp(p.interruptions_per_node_hour) + p.notice_s, SPOT_NOTICE, s.node.id)
+                self.push(T0 + self._exp(Process.SPOT, s.node.id, p.interruptions_per_node_hour) + p.notice_s,
+                          SPOT_NOTICE, s.node.id)
         for plan in self.plans:
             self.push(plan.start_time, PLAN_START, plan.id)
             self.push(max(plan.start_time, plan.end_time - PLAN_LEAD_S), PLAN_ENDING, plan.id)
@@ -710,7 +714,8 @@ class Simulation:
     def _spot_notice(self, node_id: str) -> None:
         s = self.node[node_id]
         if node_id not in self.present or not s.node.healthy:
-            self.push(self.now + self._exp(s.pool.interruptions_per_node_hour), SPOT_NOTICE, node_id)
+            self.push(self.now + self._exp(Process.SPOT, node_id, s.pool.interruptions_per_node_hour), SPOT_NOTICE,
+                      node_id)
             return
         deadline = self.now + s.pool.notice_s
         self._set_node(node_id, cordoned=True)
@@ -733,7 +738,7 @@ class Simulation:
         s = self.node[node_id]
         self._set_node(node_id, healthy=s.region.name not in self.down_regions, cordoned=False)
         if again:
-            self.push(self.now + self._exp(s.pool.interruptions_per_node_hour) + s.pool.notice_s,
+            self.push(self.now + self._exp(Process.SPOT, node_id, s.pool.interruptions_per_node_hour) + s.pool.notice_s,
                       SPOT_NOTICE, node_id)
 
     def _reclaim_on(self, w) -> None:  # noqa: ANN001 - a scheduled reclaim of a region's spot nodes
@@ -761,7 +766,7 @@ class Simulation:
                 self._recover(sj, node_id)
             self.push(self.now + s.region.repair_s, NODE_REPAIR, node_id)
         elif self._mtbf(s) > 0:
-            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
+            self.push(self.now + self._exp(Process.NODE_FAIL, node_id, 1.0 / self._mtbf(s)), NODE_FAIL, node_id)
 
     def _node_repair(self, node_id: str) -> None:
         s = self.node[node_id]
@@ -771,7 +776,7 @@ class Simulation:
             self.to_spare.discard(node_id)
             self.spares[s.node.pool].append(node_id)
         if self._mtbf(s) > 0:
-            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
+            self.push(self.now + self._exp(Process.NODE_FAIL, node_id, 1.0 / self._mtbf(s)), NODE_FAIL, node_id)
 
     def _recover(self, sj: SimJob, node_id: str) -> None:
         """A node failed under ``sj``: replace it in place (``node_recovery.plan``) or
@@ -872,7 +877,7 @@ class Simulation:
                 sj.hang_t = self.now
                 sj.epoch += 1  # no FINISH: no progress while hung
                 self.push(self.now + s.region.hang_detect_s, HANG_DETECT, (sj, sj.epoch))
-        self.push(self.now + self._exp(1.0 / s.region.hang_mtbf_h), HANG, node_id)
+        self.push(self.now + self._exp(Process.HANG, node_id, 1.0 / s.region.hang_mtbf_h), HANG, node_id)
 
     def _hang_detect(self, payload) -> None:  # noqa: ANN001
         sj, epoch = payload
