@@ -96,6 +96,10 @@ class Scenario:
     # preempt_min_run_s / preempt_budget), applied by the same code (0 = no bound).
     preempt_min_run_s: float = 0.0
     preempt_budget: int = 0
+    # Preempt only when it pays (BrokerConfig preempt_gain_factor / preempt_requeue_s,
+    # broker/scheduling/preemption_rules.py ``spared``; 0 = off).
+    preempt_gain_factor: float = 0.0
+    preempt_requeue_s: float = 600.0
     inter_region_gbps: float = 1.0  # a link's GB/s, shared by every transfer on it (in turn)
     bandwidth_gbps: tuple[tuple[str, str, float], ...] = ()  # (from, to, GB/s) overrides
     # gang shaping: jobs above gpus_per_node span ceil(gpus / gpus_per_node) nodes
