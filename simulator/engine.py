@@ -1011,10 +1011,11 @@ class Simulation:
         pass's snapshot, applied through ``node_recovery.decide`` (in place: admitted on
         its survivors plus spares; from the store: left queued for placement)."""
         live = [self.sj[j].job for j in sorted(self.undecided)]
+        snap = self.snapshot()  # while they are undecided: their nodes are never spares
         self.undecided.clear()
         self.in_tick = True
         try:
-            replacements.relaunch_lost(_RelaunchOps(self), live, self.snapshot())
+            replacements.relaunch_lost(_RelaunchOps(self), live, snap)
         finally:
             self.in_tick = False
 
