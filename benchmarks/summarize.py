@@ -615,7 +615,7 @@ def sim(d: dict[str, Any]) -> list[str]:
         "### Fleet simulator (`python benchmarks/bench_sim.py`)",
         "",
         f"Policies `{d['policy']}` on `{d['trace']}` with scenario `{d['scenario']}`; CPU time of one"
-        " simulation (the 8-policy comparison is docs/sim/results.md; `static-quota` has the longest"
+        " simulation (the policy comparison is docs/sim/results.md; `static-quota` has the longest"
         " queues, so it is the slowest policy)."
         + (f" 1-minute load average {d['load_avg_1m']['start']} at the start, {d['load_avg_1m']['end']} at the end"
            " (a shared 2-core machine: CPU time is the measure)." if "load_avg_1m" in d else ""),

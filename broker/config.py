@@ -104,9 +104,11 @@ class BrokerConfig(BaseModel):
     newer_checkpoint_restart_s: float = Field(120.0, ge=0)
     preempt_grace_s: float = Field(120.0, gt=0)  # SIGTERM -> SIGKILL for checkpoint-first stops
     # Bounds on preemption (broker/scheduling/preemption_rules.py); the fleet simulator's
-    # scenarios set the same two settings.
+    # scenarios set the same four settings.
     preempt_min_run_s: float = Field(0.0, ge=0)  # an attempt runs this long before it may be preempted (0 = off)
     preempt_budget: int = Field(0, ge=0)  # preemptions after which a job is never a victim again (0 = no limit)
+    preempt_gain_factor: float = Field(0.0, ge=0)  # not a victim while its stated end is nearer than this x its cost (0 = off)
+    preempt_requeue_s: float = Field(600.0, ge=0)  # a victim's restore and wait to run again, in its cost (with its move estimate)
     cancel_timeout_s: float = Field(30.0, gt=0)  # cancel of a running job completes anyway after this
     # A checkpoint-first stop with no answer after grace + this is treated as a plain stop.
     stop_timeout_s: float = Field(30.0, gt=0)

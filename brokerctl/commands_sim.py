@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", metavar="P[,P]", default="",
                    help="comma-separated; default all: ours, static-quota, kueue-region,"
                         " single-region-fifo, skypilot-failover, ours-no-migration,"
-                        " ours-no-topology, ours-no-defrag, ours-better-capacity")
+                        " ours-no-topology, ours-no-defrag, ours-no-gain-rule, ours-better-capacity")
     p.add_argument("--out", default="sim-out", metavar="DIR", help="output directory (default sim-out)")
     p.add_argument("--seed", type=int, default=1, help="random seed of failures and interruptions")
     p.add_argument("--limit-jobs", type=int, default=None, metavar="N", help="only the first N jobs")

@@ -114,6 +114,9 @@ class RunningJob:
     # Not a victim before this time (math.inf: never again): the broker's minimum run
     # time between preemptions and per-job budget (broker/scheduling/preemption_rules.py).
     protected_until: float = 0.0
+    # Not a victim in [spared[0], spared[1]): it is expected to end by itself sooner than
+    # preempting it would pay (broker/scheduling/preemption_rules.py ``spared``).
+    spared: tuple[float, float] = (0.0, 0.0)
     # The broker is already checkpointing/suspending it (a victim from an earlier pass):
     # its GPUs count as soon-free victims at no extra cost and it is not re-announced.
     stopping: bool = False
@@ -121,6 +124,11 @@ class RunningJob:
     @property
     def gpus(self) -> int:
         return sum(g for _, g in self.allocations)
+
+    def victim_at(self, now: float) -> bool:
+        """May this job be chosen as a preemption victim at ``now`` (already stopping
+        jobs aside)? Preemptible, past its protection, outside its spared interval."""
+        return self.preemptible and self.protected_until <= now and not (self.spared[0] <= now < self.spared[1])
 
 
 @dataclass(frozen=True, slots=True)

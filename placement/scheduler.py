@@ -400,7 +400,7 @@ class _Pass:
             led = self.ledger
             lower = self.lower_gpus[lk] = sum(
                 self.rgpus[id(r)] for r in self.by_team.get(team, ())
-                if r.priority < priority and ((r.preemptible and r.protected_until <= self.now) or r.stopping)
+                if r.priority < priority and (r.victim_at(self.now) or r.stopping)
                 and led.key(r.team, r.accelerator) == key
             )
         return lower
@@ -998,7 +998,7 @@ class _Pass:
             out = []
             for r in self.by_team.get(team, ()):
                 # a job already stopping counts as soon-free, whatever its preemptible flag
-                if not ((r.preemptible and r.protected_until <= now) or r.stopping) \
+                if not (r.victim_at(now) or r.stopping) \
                         or led_key(r.team, r.accelerator) != key:
                     continue
                 gpus = rg[id(r)]

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,19 +35,22 @@ from dataclasses import dataclass, field
 import placement
 from broker.agents.registry import AgentSession, AgentState
 from broker.config import BrokerConfig
+from broker.jobs import node_recovery as live_node_recovery
 from broker.jobs import proactive, transitions, updates
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING, TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler
-from broker.jobs.recovery import Signal, Trigger, plan_stop
-from broker.scheduling import preemption_rules
+from broker.jobs.recovery import Relaunch, RelaunchPlan, Signal, Trigger, plan_stop
+from broker.scheduling import exclusions, preemption_rules, replacements
 from broker.scheduling import snapshot as snapmod
+from broker.scheduling import spares as spares_mod
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
-from simulator import estimates, fleet, node_recovery, quota_filter
+from simulator import estimates, fleet, quota_filter
 from simulator.policies import Policy, Proactive, Quotas
 from simulator.scenario import PoolKind, Scenario
+from simulator.streams import Process, Streams
 from simulator.trace import TraceJob
 
 # Event kinds; at equal times the scheduler tick runs last (after GPUs were freed).
@@ -110,7 +112,11 @@ class SimJob:
     wait_s: float = 0.0  # every interval spent queued (first queue and every re-queue)
     queued_t: float = -1.0  # when the current queued interval began (-1 = not queued)
     unplaceable: str = ""  # why no state of the fleet could ever run it ("" = it can run)
-    recoveries: dict[str, int] = field(default_factory=dict)  # node_recovery.Kind -> count
+    # NODE_LOST relaunch plans the broker's policy chose: blocker ("none" = in place) -> count
+    recoveries: dict[str, int] = field(default_factory=dict)
+    # a running job's failure: (failure time, periodic checkpoint wall, memory snapshot wall,
+    # memory snapshot work, lost-time bucket), for an in-place relaunch from memory
+    mem_point: tuple[float, float, float, float, str] | None = None
 
     @property
     def gpus(self) -> int:
@@ -129,7 +135,9 @@ class Simulation:
         self.scn, self.policy, self.seed, self.check = scn, policy, seed, check
         self.progress = progress
         self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name,
-                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget)
+                                preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget,
+                                preempt_gain_factor=scn.preempt_gain_factor if policy.gain_rule else 0.0,
+                                preempt_requeue_s=scn.preempt_requeue_s)
         self.rules = preemption_rules.from_config(self.cfg)
         self.now = T0
         self.heap: list[tuple[float, int, int, int, object]] = []
@@ -141,23 +149,15 @@ class Simulation:
         self.plan_map = {p.id: p for p in self.plans}
         self.present = {s.node.id for s in self.snodes if s.pool.kind is not PoolKind.TRAINING_PLAN}
         self.nf = scn.node_failures
-        # reserved spares per pool (the last nodes of each on-demand pool): not schedulable
-        self.spares: dict[str, list[str]] = defaultdict(list)
-        by_pool: dict[str, list[str]] = defaultdict(list)
-        for s in self.snodes:
-            if s.pool.kind is PoolKind.ON_DEMAND:
-                by_pool[s.node.pool].append(s.node.id)
-        for pool, ids in by_pool.items():
-            for nid in ids[len(ids) - min(self.nf.spares_per_pool, len(ids)):]:
-                self.spares[pool].append(nid)
-                self.present.discard(nid)
-        self.to_spare: set[str] = set()  # failed nodes a spare replaced: spares once repaired
-        self.buddy = _buddies(self.snodes)
         self.used: dict[str, int] = defaultdict(int)
         self.on_node: dict[str, set[str]] = defaultdict(set)
         self.agents = {r.name: AgentState(fleet.agent_of(r.name), apb.Register(
-            agent_id=fleet.agent_of(r.name), region=r.name, checkpoint_bucket=f"sim://{r.name}"),
-            last_seen=0.0) for r in scn.regions}
+            agent_id=fleet.agent_of(r.name), region=r.name, checkpoint_bucket=f"sim://{r.name}",
+            pool_spares=self._pool_spares(r.name)), last_seen=0.0) for r in scn.regions}
+        # the broker's spares: N free nodes per pool, chosen every pass (spares.reserved)
+        self.per_pool = spares_mod.per_pool(self.agents.values())
+        self._spares_memo: tuple = ()
+        self.undecided: set[str] = set()  # queued jobs waiting for their NODE_LOST plan
         self.ninfo: dict[str, placement.NodeInfo] = {}
         self.nodes_t: tuple[placement.NodeInfo, ...] | None = None
         self.draining: set[str] = set()
@@ -167,7 +167,8 @@ class Simulation:
         self.holding: dict[str, SimJob] = {}
         self.trace = jobs
         self.tick_at = -1.0
-        self.rng = random.Random(seed)
+        # one generator per (process, node), keyed by names (simulator/streams.py)
+        self.streams = Streams(seed, scn.name)
         self.samples: list[dict] = []
         self.region_gpus = defaultdict(int)
         for s in self.snodes:
@@ -205,6 +206,14 @@ class Simulation:
             q = cpb.TeamQuota(team=name, cohort=cohort, quotas=[e])
             out.append(snapmod.team_quota(q))
         return tuple(out)
+
+    def _pool_spares(self, region: str) -> dict[str, int]:
+        """What a region's agent registers as ``pool_spares``: the scenario's spares per
+        on-demand pool (the broker then reserves that many free nodes of each)."""
+        if self.nf.spares_per_pool <= 0:
+            return {}
+        return {s.node.pool: self.nf.spares_per_pool for s in self.snodes
+                if s.region.name == region and s.pool.kind is PoolKind.ON_DEMAND}
 
     def _home(self, name: str) -> str:
         known = {t.name for t in self.scn.teams}
@@ -245,6 +254,8 @@ class Simulation:
             sigma=scn.estimate_sigma, padding=scn.estimate_padding)
         spec.trainer.checkpoint_every = max(1, int(scn.checkpoint.interval_s))
         spec.trainer.step_sleep_s = 1.0
+        if self.nf.memory_every:  # the memory tier: the broker's relaunch rule reads it
+            spec.trainer.options[live_node_recovery.MEMORY_OPTION] = str(self.nf.memory_every)
         return spec, nodes, gpn
 
     def _auto_team(self, name: str):  # noqa: ANN202 - a Team for a trace team the scenario omits
@@ -273,8 +284,8 @@ class Simulation:
         self.tick_at = t
         self.push(t, TICK)
 
-    def _exp(self, rate_per_h: float) -> float:
-        return self.rng.expovariate(rate_per_h / 3600.0) if rate_per_h > 0 else math.inf
+    def _exp(self, process: Process, node_id: str, rate_per_h: float) -> float:
+        return self.streams.exp_s(process, node_id, rate_per_h)
 
     def _seed_processes(self) -> None:
         for tj in self.trace:
@@ -282,11 +293,12 @@ class Simulation:
         for s in self.snodes:
             r, p = s.region, s.pool
             if self._mtbf(s) > 0:
-                self.push(T0 + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, s.node.id)
+                self.push(T0 + self._exp(Process.NODE_FAIL, s.node.id, 1.0 / self._mtbf(s)), NODE_FAIL, s.node.id)
             if r.hang_mtbf_h > 0:
-                self.push(T0 + self._exp(1.0 / r.hang_mtbf_h), HANG, s.node.id)
+                self.push(T0 + self._exp(Process.HANG, s.node.id, 1.0 / r.hang_mtbf_h), HANG, s.node.id)
             if p.kind is PoolKind.SPOT and p.interruptions_per_node_hour > 0:
-                self.push(T0 + self._exp(p.interruptions_per_node_hour) + p.notice_s, SPOT_NOTICE, s.node.id)
+                self.push(T0 + self._exp(Process.SPOT, s.node.id, p.interruptions_per_node_hour) + p.notice_s,
+                          SPOT_NOTICE, s.node.id)
         for plan in self.plans:
             self.push(plan.start_time, PLAN_START, plan.id)
             self.push(max(plan.start_time, plan.end_time - PLAN_LEAD_S), PLAN_ENDING, plan.id)
@@ -398,6 +410,10 @@ class Simulation:
         ck = self.scn.checkpoint
         region = sj.job.placement.region
         t = self.now
+        if sj.mem_point is not None and sj.job.node_recovery.plan == Relaunch.REPLACE_IN_PLACE.value:
+            self._launch_from_memory(sj)
+            return
+        sj.mem_point = None
         if sj.durable > 0:
             if sj.ckpt_region and sj.ckpt_region != region:
                 gbps = self.scn.bandwidth(sj.ckpt_region, region)
@@ -405,6 +421,20 @@ class Simulation:
             t = self._shared(("store", region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps, t)
         delay = t - self.now + ck.process_start_s
         self._charge(sj, sj.next_cost, delay * sj.gpus)
+        self.push(self.now + delay, RUN, (sj, sj.epoch))
+
+    def _launch_from_memory(self, sj: SimJob) -> None:
+        """An in-place relaunch after a node loss: the survivors and the spare resume from
+        the last in-memory snapshot (the spare reads the lost node's shard from its buddy
+        after joining), not from the periodic checkpoint the failure was charged back to."""
+        fail_t, wall_ckpt, wall_mem, work_mem, bucket = sj.mem_point
+        sj.mem_point = None
+        sj.lost[bucket] = sj.lost.get(bucket, 0.0) - (fail_t - wall_ckpt) * sj.gpus  # not lost after all
+        self._charge(sj, NODE_REPLACED, (fail_t - wall_mem) * sj.gpus)
+        sj.durable = max(sj.durable, work_mem)
+        shard = sj.ckpt_bytes / max(1, sj.nodes)
+        delay = self.nf.rejoin_s + shard / (self.nf.peer_gbps * 1e9)
+        self._charge(sj, NODE_REPLACED, delay * sj.gpus)
         self.push(self.now + delay, RUN, (sj, sj.epoch))
 
     def _agent_stop(self, sj: SimJob, c: SendStop, old_phase: int) -> None:
@@ -710,7 +740,8 @@ class Simulation:
     def _spot_notice(self, node_id: str) -> None:
         s = self.node[node_id]
         if node_id not in self.present or not s.node.healthy:
-            self.push(self.now + self._exp(s.pool.interruptions_per_node_hour), SPOT_NOTICE, node_id)
+            self.push(self.now + self._exp(Process.SPOT, node_id, s.pool.interruptions_per_node_hour), SPOT_NOTICE,
+                      node_id)
             return
         deadline = self.now + s.pool.notice_s
         self._set_node(node_id, cordoned=True)
@@ -733,7 +764,7 @@ class Simulation:
         s = self.node[node_id]
         self._set_node(node_id, healthy=s.region.name not in self.down_regions, cordoned=False)
         if again:
-            self.push(self.now + self._exp(s.pool.interruptions_per_node_hour) + s.pool.notice_s,
+            self.push(self.now + self._exp(Process.SPOT, node_id, s.pool.interruptions_per_node_hour) + s.pool.notice_s,
                       SPOT_NOTICE, node_id)
 
     def _reclaim_on(self, w) -> None:  # noqa: ANN001 - a scheduled reclaim of a region's spot nodes
@@ -753,117 +784,34 @@ class Simulation:
         s = self.node[node_id]
         if s.node.healthy:
             self._set_node(node_id, healthy=False)
-            spares = self.spares[s.node.pool]
-            if node_id in spares:  # a reserved spare failed: it is a spare again once repaired
-                spares.remove(node_id)
-                self.to_spare.add(node_id)
             for sj in self._jobs_on(node_id):
                 self._recover(sj, node_id)
             self.push(self.now + s.region.repair_s, NODE_REPAIR, node_id)
         elif self._mtbf(s) > 0:
-            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
+            self.push(self.now + self._exp(Process.NODE_FAIL, node_id, 1.0 / self._mtbf(s)), NODE_FAIL, node_id)
 
     def _node_repair(self, node_id: str) -> None:
         s = self.node[node_id]
         if s.region.name not in self.down_regions:
             self._set_node(node_id, healthy=True)
-        if node_id in self.to_spare and not self.on_node.get(node_id):
-            self.to_spare.discard(node_id)
-            self.spares[s.node.pool].append(node_id)
         if self._mtbf(s) > 0:
-            self.push(self.now + self._exp(1.0 / self._mtbf(s)), NODE_FAIL, node_id)
+            self.push(self.now + self._exp(Process.NODE_FAIL, node_id, 1.0 / self._mtbf(s)), NODE_FAIL, node_id)
 
     def _recover(self, sj: SimJob, node_id: str) -> None:
-        """A node failed under ``sj``: replace it in place (``node_recovery.plan``) or
-        fail the attempt (the broker's path: back through the queue, store tier)."""
+        """A node failed under ``sj``: the agent reports the attempt FAILED, blaming the
+        node (the broker records the loss and queues the job); the next pass asks the
+        broker's recovery policy how it comes back (:meth:`_relaunch_lost`). A running job
+        with the memory tier keeps what an in-place relaunch would restore from memory."""
         running = sj.job.phase == RUNNING and not sj.job.stop_reason and sj.hang_t < 0 and sj.run_t0 >= 0
-        spare = self._spare_for(sj, node_id) if running and self.nf.replace_in_place else None
-        buddy = self._buddy_of(sj, node_id)
-        p = node_recovery.plan(self.nf, spare=spare is not None,
-                               buddy_alive=bool(buddy) and self.node[buddy].node.healthy,
-                               ckpt_bytes=sj.ckpt_bytes, nodes=sj.nodes)
-        sj.recoveries[p.kind.value] = sj.recoveries.get(p.kind.value, 0) + 1
-        if p.kind is node_recovery.Kind.REQUEUE or spare is None:
-            self.failed(sj, node_id)
-            return
-        self._replace(sj, node_id, spare, p)
-
-    def _buddy_of(self, sj: SimJob, node_id: str) -> str:
-        """Where the failed node's memory copy lives: the next node of the gang (a ring),
-        or for a one-node job the next node of its layer-3 block."""
-        nodes = [n for n, _ in sj.alloc]
-        if len(nodes) > 1 and node_id in nodes:
-            return nodes[(nodes.index(node_id) + 1) % len(nodes)]
-        return self.buddy.get(node_id, "")
-
-    def _spare_for(self, sj: SimJob, failed: str) -> str | None:
-        """A reserved spare of the failed node's pool, else an idle node of that pool;
-        inside the job's required topology domain; same layer-3 block first."""
-        f = self.node[failed].node
-        attr = {int(placement.TopologyLevel.ULTRASERVER): "ultraserver_id",
-                int(placement.TopologyLevel.LAYER_3): "network_layer_3",
-                int(placement.TopologyLevel.LAYER_2): "network_layer_2"}.get(sj.job.spec.topology.required)
-        mine = {n for n, _ in sj.alloc}
-
-        def ok(nid: str) -> bool:
-            n = self.node[nid].node
-            return (n.healthy and not n.cordoned and nid not in mine and n.gpus >= sj.gpn
-                    and (attr is None or getattr(n, attr) == getattr(f, attr)))
-
-        def best(ids: list[str]) -> str | None:
-            c = sorted((self.node[n].node.network_layer_3 != f.network_layer_3, n) for n in ids if ok(n))
-            return c[0][1] if c else None
-
-        hit = best(self.spares[f.pool])
-        if hit is not None:
-            return hit
-        if f.region in self.draining:
-            return None
-        idle = [n for n in self.present if self.node[n].node.pool == f.pool and not self.used[n]]
-        return best(idle)
-
-    def _replace(self, sj: SimJob, failed: str, spare: str, p: node_recovery.Plan) -> None:
-        """Survivors stay, ``spare`` joins: the job keeps its GPUs and queue place, loses
-        the work since its last snapshot (memory) or periodic checkpoint (store), and holds
-        its GPUs without progress while the spare joins and the state is restored."""
-        memory = p.kind is node_recovery.Kind.REPLACE_MEMORY
-        wall, keep = self._periodic(sj, self.now, self.nf.memory_snapshot_s if memory else None)
-        self._charge(sj, NODE_REPLACED, (self.now - wall) * sj.gpus)
-        if memory:
-            back = self.now + p.downtime_s
-        else:  # every rank re-reads the whole checkpoint through the region's store
-            ck = self.scn.checkpoint
-            back = self._shared(("store", sj.region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps,
-                                self.now + p.downtime_s)
-        # held without progress until back (from an earlier replacement's end if it fails again
-        # while that one is still restoring: that time is charged already)
-        self._charge(sj, NODE_REPLACED, (back - max(self.now, sj.run_t0)) * sj.gpus)
-        g = dict(sj.alloc)[failed]
-        self.used[failed] -= g
-        self.on_node[failed].discard(sj.tj.id)
-        self.used[spare] += g
-        self.on_node[spare].add(sj.tj.id)
-        spares = self.spares[self.node[failed].node.pool]
-        if spare in spares:  # a reserved spare joins the fleet; the failed node becomes one
-            spares.remove(spare)
-            self.present.add(spare)
-            self.present.discard(failed)
-            self.to_spare.add(failed)
-            self.ninfo.pop(spare, None)
-            self.nodes_t = None
-        sj.alloc = tuple((spare if n == failed else n, gg) for n, gg in sj.alloc)
-        for a in sj.job.placement.nodes:
-            if a.node_id == failed:
-                a.node_id = spare
-        sj.durable = keep
-        sj.ckpt_region = sj.region
-        sj.job.last_checkpoint_time = back
-        sj.run = None
-        sj.epoch += 1
-        sj.run_t0 = back
-        sj.speed = self._speed(sj)
-        self.push(back + (sj.tj.duration_s - keep) / sj.speed, FINISH, (sj, sj.epoch))
-        self.wake()
+        point = None
+        if running and self.nf.memory_every:
+            wall_ckpt, _ = self._periodic(sj, self.now)
+            wall_mem, work_mem = self._periodic(sj, self.now, self.nf.memory_snapshot_s)
+            point = (self.now, wall_ckpt, wall_mem, work_mem, Cause.ATTEMPT_FAILED.value)
+        self.failed(sj, node_id)
+        sj.mem_point = point
+        if live_node_recovery.undecided(sj.job):
+            self.undecided.add(sj.tj.id)
 
     def _hang(self, node_id: str) -> None:
         s = self.node[node_id]
@@ -872,7 +820,7 @@ class Simulation:
                 sj.hang_t = self.now
                 sj.epoch += 1  # no FINISH: no progress while hung
                 self.push(self.now + s.region.hang_detect_s, HANG_DETECT, (sj, sj.epoch))
-        self.push(self.now + self._exp(1.0 / s.region.hang_mtbf_h), HANG, node_id)
+        self.push(self.now + self._exp(Process.HANG, node_id, 1.0 / s.region.hang_mtbf_h), HANG, node_id)
 
     def _hang_detect(self, payload) -> None:  # noqa: ANN001
         sj, epoch = payload
@@ -972,9 +920,32 @@ class Simulation:
             if sj.run is None:
                 sj.run = snapmod.running_job(sj.job, sj.prio, self.rules)
             running.append(sj.run)
-        return placement.Snapshot(now=self.now, nodes=self.node_infos(), running=tuple(running),
+        nodes, reserved = self.node_infos(), frozenset()
+        if self.per_pool:
+            nodes, reserved = self._with_spares(nodes, running)
+        return placement.Snapshot(now=self.now, nodes=nodes, running=tuple(running),
                                   pending=tuple(pending), teams=self.teams,
-                                  draining_regions=frozenset(self.draining))
+                                  draining_regions=frozenset(self.draining), spares=reserved)
+
+    def _with_spares(self, nodes: tuple[placement.NodeInfo, ...],
+                     running: list[placement.RunningJob]) -> tuple[tuple[placement.NodeInfo, ...], frozenset[str]]:
+        """The live builder's spares (``spares.reserved`` with the same inputs: nodes in
+        use, the nodes of jobs waiting for a relaunch plan, the nodes jobs blame), cordoned
+        so that ordinary placement leaves them alone."""
+        used = {n for r in running for n, _ in r.allocations}
+        held: set[str] = set()
+        for jid in self.undecided:
+            rec = self.sj[jid].job.node_recovery
+            held.update(rec.survivors)
+            held.update(rec.lost_nodes)
+        blamed = {n for js in (self.queued, self.holding) for sj in js.values() for n in sj.job.excluded_nodes}
+        reserved = spares_mod.reserved(nodes, self.per_pool, used, held, blamed)
+        memo = self._spares_memo
+        if memo and memo[0] is nodes and memo[1] == reserved:
+            return memo[2], reserved
+        out = tuple(dataclasses.replace(n, cordoned=True) if n.id in reserved else n for n in nodes)
+        self._spares_memo = (nodes, reserved, out)
+        return out, reserved
 
     def _interned(self, req: placement.JobRequest) -> placement.JobRequest:
         """The same request with its region / capacity sets shared with every equal one:
@@ -994,7 +965,8 @@ class Simulation:
         for r in self.scn.regions:
             rec = apb.Register(agent_id=fleet.agent_of(r.name), region=r.name,
                                nodes=[self.node[n].node for n in sorted(self.present)
-                                      if self.node[n].region.name == r.name])
+                                      if self.node[n].region.name == r.name],
+                               pool_spares=self._pool_spares(r.name))
             agents.append(AgentState(rec.agent_id, rec, last_seen=self.now, session=AgentSession(rec.agent_id)))
         jobs = [sj.job for sj in self.sj.values() if sj.job.phase not in TERMINAL]
         return snapmod.build(now=self.now, agents=agents, jobs=jobs, teams=self.team_records(),
@@ -1008,6 +980,9 @@ class Simulation:
         self.tick_at = -1.0
         if self.check:
             self.check_conservation()
+        self._forgive_exclusions()
+        if self.undecided:
+            self._relaunch_lost()
         if not self.queued and (self.policy.proactive is Proactive.NONE or not self.holding):
             return  # nothing to place (a proactive policy still looks for better homes)
         snap = self.snapshot()
@@ -1018,6 +993,49 @@ class Simulation:
             self.apply_decisions(snap, dec)
         finally:
             self.in_tick = False
+
+    def _forgive_exclusions(self) -> None:
+        """The live pass's first step (``exclusions.to_forgive``, then
+        ``transitions.exclusions_forgiven``): a pending job whose avoided nodes are all that
+        could ever hold it tries the longest-avoided of them again."""
+        excluding = {j: sj.job for j, sj in self.queued.items() if sj.job.excluded_nodes}
+        if not excluding:
+            return
+        for job_id, nodes in sorted(exclusions.to_forgive(self.snapshot(), excluding).items()):
+            sj = self.sj[job_id]
+            self.apply(sj, transitions.exclusions_forgiven(sj.job, nodes, self.now, self.cfg))
+
+    def _relaunch_lost(self) -> None:
+        """The live pass's step before placement (``replacements.relaunch_lost``, called
+        as is): each job that lost nodes gets its recovery policy's NODE_LOST plan on this
+        pass's snapshot, applied through ``node_recovery.decide`` (in place: admitted on
+        its survivors plus spares; from the store: left queued for placement)."""
+        live = [self.sj[j].job for j in sorted(self.undecided)]
+        snap = self.snapshot()  # while they are undecided: their nodes are never spares
+        self.undecided.clear()
+        self.in_tick = True
+        try:
+            replacements.relaunch_lost(_RelaunchOps(self), live, snap)
+        finally:
+            self.in_tick = False
+
+    def relaunch_after_node_loss(self, job_id: str, plan: RelaunchPlan,
+                                 admission: placement.Admission | None) -> pb.Job | None:
+        """What ``JobOps.relaunch_after_node_loss`` does live: write the plan with
+        ``node_recovery.decide`` (an in-place plan admits the job on ``admission``)."""
+        sj = self.sj[job_id]
+        admit = (transitions.Admit(admission, {}, f"sim://{admission.region}") if admission is not None
+                 else None)
+        out = live_node_recovery.decide(sj.job, live_node_recovery.Decided(plan=plan, admit=admit),
+                                        self.now, self.cfg)
+        if out is None:
+            return None
+        key = plan.blocker.value if out.job.node_recovery.plan == plan.kind.value else "agent"
+        sj.recoveries[key] = sj.recoveries.get(key, 0) + 1
+        if admission is not None and out.job.phase not in QUEUED:
+            self._hold(sj, admission)
+        self.apply(sj, out)
+        return sj.job
 
     def decide(self, snap: placement.Snapshot) -> placement.Decisions:
         """``placement.schedule`` of the pass; under static quotas without the jobs it
@@ -1089,18 +1107,13 @@ class Simulation:
                 self.moving.add(sj.tj.id)
 
 
-def _buddies(snodes: list[fleet.SimNode]) -> dict[str, str]:
-    """Each node's memory buddy for one-node jobs: the next node of its layer-3 block
-    (a ring; none in a block of one)."""
-    blocks: dict[str, list[str]] = defaultdict(list)
-    for s in snodes:
-        blocks[s.node.network_layer_3].append(s.node.id)
-    out = {}
-    for ids in blocks.values():
-        for i, nid in enumerate(ids):
-            if len(ids) > 1:
-                out[nid] = ids[(i + 1) % len(ids)]
-    return out
+class _RelaunchOps:
+    """What ``replacements.relaunch_lost`` needs of the live ``JobOps``: the config and
+    the write of a plan (the simulation applies it)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.config = sim.cfg
+        self.relaunch_after_node_loss = sim.relaunch_after_node_loss
 
 
 _LEVEL = {"none": pb.TOPOLOGY_LEVEL_UNSPECIFIED if hasattr(pb, "TOPOLOGY_LEVEL_UNSPECIFIED") else 0,

@@ -6,9 +6,12 @@
 Runs one policy (``ours`` by default) on the same trace, scenario and seed under a list of
 node-failure settings (:data:`VARIANTS`, applied to the scenario as data): no node
 failures; Meta's rate (1.8 h MTTF per 16,384 GPUs, scaled to the fleet) with the store
-tier only (what the broker does today), with in-place replacement from the store, with one
-reserved spare per on-demand pool, and with the in-memory tier; and the same at ten times
-Meta's rate (a stress row: the fleet is small, so at Meta's rate it sees few failures).
+tier only (what a job without the memory tier gets), with one reserved spare per
+on-demand pool, with the memory tier but no spares, and with both; and the same at ten
+times Meta's rate (a stress row: the fleet is small, so at Meta's rate it sees few
+failures). How each job that lost a node comes back is the live broker's decision
+(``RecoveryPolicy.relaunch``, see :mod:`simulator.node_recovery`): in place only with the
+memory tier and a ready spare in the lost node's block, and never for a one-node job.
 Writes ``result.json`` (deterministic: same inputs and seed, same bytes), ``timing.json``
 and ``results.md``.
 """
@@ -40,23 +43,24 @@ class Variant:
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("none", "no node failures", None),
-    Variant("meta-store", "Meta's rate; store tier, the job queues again (today)",
+    Variant("meta-store", "Meta's rate; store tier (the job queues again)",
             NodeFailures(mttf_h_per_16k_gpus=META)),
-    Variant("meta-store-replace", "Meta's rate; store tier, replaced in place (idle nodes only)",
-            NodeFailures(mttf_h_per_16k_gpus=META, replace_in_place=True)),
-    Variant("meta-store-spares", "Meta's rate; store tier, replaced in place, 1 spare per pool",
-            NodeFailures(mttf_h_per_16k_gpus=META, replace_in_place=True, spares_per_pool=1)),
-    Variant("meta-memory-spares", "Meta's rate; memory tier (60 s), replaced in place, 1 spare per pool",
-            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, replace_in_place=True, spares_per_pool=1)),
-    Variant("10x-store", "10x Meta's rate; store tier, the job queues again",
+    Variant("meta-store-spares", "Meta's rate; store tier, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META, spares_per_pool=1)),
+    Variant("meta-memory", "Meta's rate; memory tier (60 s), no spares",
+            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY)),
+    Variant("meta-memory-spares", "Meta's rate; memory tier (60 s), 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, spares_per_pool=1)),
+    Variant("10x-store", "10x Meta's rate; store tier",
             NodeFailures(mttf_h_per_16k_gpus=META / 10)),
-    Variant("10x-store-spares", "10x Meta's rate; store tier, replaced in place, 1 spare per pool",
-            NodeFailures(mttf_h_per_16k_gpus=META / 10, replace_in_place=True, spares_per_pool=1)),
-    Variant("10x-memory-spares", "10x Meta's rate; memory tier (60 s), replaced in place, 1 spare per pool",
-            NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, replace_in_place=True,
-                         spares_per_pool=1)),
+    Variant("10x-store-spares", "10x Meta's rate; store tier, 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, spares_per_pool=1)),
+    Variant("10x-memory-spares", "10x Meta's rate; memory tier (60 s), 1 spare per pool",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, spares_per_pool=1)),
 )
 
+# RELAUNCH_RULES' blockers as the study's columns ("none" = replaced in place)
+IN_PLACE = "none"
 FAILURE_BUCKETS = ("auto_resume", "node_replaced")  # lost GPU-hours a node failure caused
 
 
@@ -105,14 +109,19 @@ def markdown(res: dict, timing: dict) -> str:
              f"Policy `{res['policy']}`, trace `{t['file']}` ({t['jobs']} jobs), seed {res['seed']}.",
              "Lost GPU-h (failures): work redone and GPUs held without progress because of node"
              " failures (queued-again attempts and in-place replacements).", "",
-             "| variant | node MTBF h | goodput | failures under jobs (requeue / replace store / replace memory)"
+             "Failures under jobs: how the broker's recovery policy relaunched each job that lost a"
+             " node (in place, or from the store and why: the rule that blocked the in-place plan).",
+             "",
+             "| variant | node MTBF h | goodput | failures under jobs: in place / from store (why)"
              " | lost GPU-h (failures) | lost GPU-h (all) | JCT mean h | JCT p99 h | CPU s |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for v in res["variants"]:
         f = v["failures_under_jobs"]
         mtbf = "-" if v["node_failures"] is None else f"{v['node_mtbf_h']:.0f}"
-        lines.append(f"| {v['text']} | {mtbf} | {v['goodput'] * 100:.2f} % | {f.get('requeue', 0)} / "
-                     f"{f.get('replace_store', 0)} / {f.get('replace_memory', 0)} | "
+        why = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in sorted(f.items()) if k != IN_PLACE)
+        store = sum(n for k, n in f.items() if k != IN_PLACE)
+        lines.append(f"| {v['text']} | {mtbf} | {v['goodput'] * 100:.2f} % | {f.get(IN_PLACE, 0)} / "
+                     f"{store}{f' ({why})' if why else ''} | "
                      f"{v['lost_gpu_h_node_failures']:.1f} | {v['lost_gpu_h_total']:.0f} | "
                      f"{v['jct_mean_h']:.2f} | {v['jct_p99_h']:.2f} | {timing.get(v['name'], 0):.1f} |")
     return "\n".join(lines) + "\n"

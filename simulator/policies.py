@@ -27,6 +27,7 @@ class PolicyKind(enum.StrEnum):
     NO_MIGRATION = "ours-no-migration"
     NO_TOPOLOGY = "ours-no-topology"
     NO_DEFRAG = "ours-no-defrag"
+    NO_GAIN_RULE = "ours-no-gain-rule"
     BETTER_CAPACITY = "ours-better-capacity"
 
 
@@ -53,6 +54,9 @@ class Policy:
     proactive: Proactive = Proactive.NONE
     spot: bool = True  # small jobs may use spot
     rotate_region_on_failure: bool = False  # SkyPilot: next region first after a failure
+    # the scenario's preempt_gain_factor applies (preempt only when it pays); off = the
+    # ablation that preempts whenever the bounds allow
+    gain_rule: bool = True
     summary: str = ""
 
 
@@ -83,13 +87,17 @@ TABLE: dict[PolicyKind, Policy] = {p.kind: p for p in (
                    " defragmentation either)"),
     Policy(PolicyKind.NO_DEFRAG, Quotas.GLOBAL, False, True, _R["move-anywhere"],
            summary="ours without defragmentation (the previous ours)"),
+    Policy(PolicyKind.NO_GAIN_RULE, Quotas.GLOBAL, False, True, _R["defragment"], Proactive.DEFRAG,
+           gain_rule=False,
+           summary="ours, but a job near its stated end is preempted too (no preempt-only-when-it-pays rule)"),
     Policy(PolicyKind.BETTER_CAPACITY, Quotas.GLOBAL, False, True, _R["better-capacity"], Proactive.BETTER,
            summary="ours without defragmentation + move to free prepaid plan capacity when the saving"
                    " beats the move cost"),
 )}
 
 DEFAULT = (PolicyKind.OURS, PolicyKind.STATIC, PolicyKind.KUEUE, PolicyKind.FIFO, PolicyKind.FAILOVER,
-           PolicyKind.NO_MIGRATION, PolicyKind.NO_TOPOLOGY, PolicyKind.NO_DEFRAG, PolicyKind.BETTER_CAPACITY)
+           PolicyKind.NO_MIGRATION, PolicyKind.NO_TOPOLOGY, PolicyKind.NO_DEFRAG, PolicyKind.NO_GAIN_RULE,
+           PolicyKind.BETTER_CAPACITY)
 
 
 def parse(names: str) -> tuple[PolicyKind, ...]:

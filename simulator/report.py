@@ -20,6 +20,7 @@ POLICY_COLOURS = {
     "ours": "#D55E00", "skypilot-failover": "#0072B2", "kueue-region": "#56B4E9",
     "static-quota": "#000000", "single-region-fifo": "#E69F00", "ours-no-migration": "#CC79A7",
     "ours-no-topology": "#009E73", "ours-no-defrag": "#999999", "ours-better-capacity": "#F0E442",
+    "ours-no-gain-rule": "#332288",  # Paul Tol indigo: Okabe-Ito has no ninth colour
 }
 # Paul Tol "muted" (+ black): one colour per cause of lost time, the same in every figure
 CAUSE_COLOURS = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99",

@@ -96,6 +96,10 @@ class Scenario:
     # preempt_min_run_s / preempt_budget), applied by the same code (0 = no bound).
     preempt_min_run_s: float = 0.0
     preempt_budget: int = 0
+    # Preempt only when it pays (BrokerConfig preempt_gain_factor / preempt_requeue_s,
+    # broker/scheduling/preemption_rules.py ``spared``; 0 = off).
+    preempt_gain_factor: float = 0.0
+    preempt_requeue_s: float = 600.0
     inter_region_gbps: float = 1.0  # a link's GB/s, shared by every transfer on it (in turn)
     bandwidth_gbps: tuple[tuple[str, str, float], ...] = ()  # (from, to, GB/s) overrides
     # gang shaping: jobs above gpus_per_node span ceil(gpus / gpus_per_node) nodes
@@ -235,8 +239,10 @@ def parse(raw: dict, where: str = "scenario") -> Scenario:
         except ValueError:
             raise ScenarioError(f"{where}: node_failures.tier must be one of "
                                 f"{', '.join(t.value for t in Tier)}") from None
-    if "replace_in_place" in nf and not isinstance(nf["replace_in_place"], bool):
-        raise ScenarioError(f"{where}: node_failures.replace_in_place must be true or false")
+    if "replace_in_place" in nf:  # the broker's recovery policy decides, as live
+        raise ScenarioError(f"{where}: node_failures.replace_in_place is no longer a setting: the broker's"
+                            " recovery policy replaces a lost node in place when the memory tier is on"
+                            " (tier: memory) and the pool has a ready spare (spares_per_pool)")
     failures = _build(NodeFailures, nf, f"{where}: node_failures")
     if failures.spares_per_pool < 0 or failures.memory_snapshot_s <= 0 or failures.peer_gbps <= 0:
         raise ScenarioError(f"{where}: node_failures: spares_per_pool must be >= 0, memory_snapshot_s"

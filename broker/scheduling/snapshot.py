@@ -147,6 +147,9 @@ def running_job(job: pb.Job, priority: int,
     until = preemption_rules.protected_until(job, rules)
     if until and "protected_until" in _RUN_FIELDS:
         kw["protected_until"] = until
+    window = preemption_rules.spared(job, rules)
+    if window[1] and "spared" in _RUN_FIELDS:
+        kw["spared"] = window
     if "stopping" in _RUN_FIELDS:
         kw["stopping"] = bool(job.stop_reason)
     return placement.RunningJob(**kw)  # type: ignore[arg-type]

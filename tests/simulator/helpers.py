@@ -65,12 +65,12 @@ def busy_scenario() -> dict:
         "checkpoint": {"bytes_per_gpu": 2e9, "interval_s": 900, "write_gbps": 2.0, "read_gbps": 4.0,
                        "process_start_s": 30},
         "regions": [
-            {"name": "a", "node_mtbf_h": 200, "hang_mtbf_h": 400, "pools": [
+            {"name": "a", "node_mtbf_h": 60, "hang_mtbf_h": 400, "pools": [
                 {"kind": "on_demand", "nodes": 6, "price_per_gpu_hour": 3.0},
                 {"kind": "spot", "nodes": 2, "price_per_gpu_hour": 1.0, "interruptions_per_node_hour": 0.2},
                 {"kind": "training_plan", "name": "p", "nodes": 4, "price_per_gpu_hour": 1.5,
                  "start_s": 0.1 * day, "end_s": 0.4 * day}]},
-            {"name": "b", "node_mtbf_h": 200, "pools": [
+            {"name": "b", "node_mtbf_h": 60, "pools": [
                 {"kind": "on_demand", "nodes": 4, "price_per_gpu_hour": 3.5},
                 {"kind": "spot", "nodes": 2, "price_per_gpu_hour": 1.2, "interruptions_per_node_hour": 0.3}]},
             {"name": "c", "pools": [{"kind": "on_demand", "nodes": 4, "price_per_gpu_hour": 4.0}]},
