@@ -495,8 +495,11 @@ def refusals_forgotten(job: pb.Job, agent_id: str, now: float, config: BrokerCon
 def exclusions_forgiven(job: pb.Job, nodes: tuple[str, ...], now: float,
                         config: BrokerConfig) -> Outcome | None:
     """Nodes avoided after a failure are all that could ever hold this job
-    (broker/scheduling/exclusions.py): they may be tried again, said in one event."""
-    if job.phase != PENDING:
+    (broker/scheduling/exclusions.py): they may be tried again, said in one event. Any
+    job waiting for placement: a moved gang (MIGRATING) whose avoided nodes and the
+    reserved spares leave no pool big enough would otherwise wait forever (found by the
+    fleet simulator, which runs this code)."""
+    if job.phase not in QUEUED:
         return None
     keep = [n for n in job.excluded_nodes if n not in nodes]
     if len(keep) == len(job.excluded_nodes):

@@ -11,6 +11,8 @@ import placement
 from broker.scheduling.exclusions import to_forgive
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
+from broker.config import BrokerConfig
+from broker.jobs.transitions import exclusions_forgiven
 from placement.model import CapacityType
 from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
 
@@ -115,3 +117,15 @@ def test_broker_relaunches_on_a_forgiven_node_and_says_why(tmp_path: Path) -> No
         for a in agents:
             a.close()
         b.stop()
+
+
+def test_a_moved_job_waiting_for_its_new_home_is_forgiven_too() -> None:
+    # MIGRATING waits for placement as PENDING does; before, only PENDING was forgiven and a
+    # moved gang blocked by its own exclusions waited forever.
+    for phase in (pb.JOB_PHASE_PENDING, pb.JOB_PHASE_MIGRATING):
+        job = pb.Job(id="j", phase=phase, excluded_nodes=["a-n0", "b-n1"])
+        out = exclusions_forgiven(job, ("a-n0",), 10.0, BrokerConfig())
+        assert out is not None, phase
+        assert list(out.job.excluded_nodes) == ["b-n1"]
+    running = pb.Job(id="j", phase=pb.JOB_PHASE_RUNNING, excluded_nodes=["a-n0"])
+    assert exclusions_forgiven(running, ("a-n0",), 10.0, BrokerConfig()) is None
