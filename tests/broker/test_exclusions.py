@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import placement
+from broker.config import BrokerConfig
+from broker.jobs.transitions import exclusions_forgiven
 from broker.scheduling.exclusions import to_forgive
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
-from broker.config import BrokerConfig
-from broker.jobs.transitions import exclusions_forgiven
 from placement.model import CapacityType
 from tests.broker.harness import Broker, FakeAgent, fast_config, nodes_for, spec, wait_until
 
