@@ -27,7 +27,7 @@ from trainer import standby, telemetry
 from trainer.agree import agree
 from trainer.checkpoint import CheckpointManager, _outage_or, find_resume_point
 from trainer.errors import StoreUnavailable
-from trainer.memtier import MemoryTier
+from trainer.memtier import MemoryTier, Restored
 from trainer.outage_wait import OutageWait, agreed_give_up, pause_or_raise
 from trainer.storage import step_name
 
@@ -182,7 +182,7 @@ class Checkpointer:
 
     def _resume_once(
         self, resume_from: str
-    ) -> tuple[int, tuple[Any, str] | None, tuple[int, Any] | None, float, float]:
+    ) -> tuple[int, tuple[Any, str] | None, Restored | None, float, float]:
         """One try at the whole resume; every failure agreed by all ranks."""
         run, m = self.run, self.manager
         step = 0
@@ -200,8 +200,10 @@ class Checkpointer:
             t0 = time.perf_counter()
             restored = self.memory.restore(min_step=max(1, durable))
             if restored is not None:
-                step, from_peer = restored
-                run.log(f"resumed from the memory tier (step {step}; shards of ranks "
+                step, from_peer = restored.step, restored.from_peer
+                how = ("" if restored.saved_world == run.world_size else
+                       f", resharded from {restored.saved_world} ranks to {run.world_size}")
+                run.log(f"resumed from the memory tier (step {step}{how}; shards of ranks "
                         f"{from_peer or 'none'} from another node's keeper, the others "
                         f"from their own node's) in {time.perf_counter() - t0:.2f}s; newest "
                         f"durable checkpoint: step {durable}")
@@ -209,7 +211,8 @@ class Checkpointer:
                     run.progress.checkpoint_durable(durable, found[0].uri(found[1]))
                 m.last_durable_step = durable if found is not None else -1
                 run.progress.update(resume_tier="memory", resumed_step=step,
-                                    restored_from_peer=from_peer)
+                                    restored_from_peer=from_peer,
+                                    resumed_from_world_size=restored.saved_world)
             elif found is not None:
                 run.log("memory tier: no step every rank holds at or after the newest durable "
                         f"checkpoint (step {durable}); resuming from the store")

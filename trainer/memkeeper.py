@@ -9,9 +9,12 @@ it receives. It stores opaque payloads (what the ranks serialized) under
 answers only requests carrying the job's token.
 
 Wire format, both ways: a 4-byte big-endian header length, a JSON header, then
-`header["size"]` payload bytes (0 when none). Requests: `put` (job, rank, step, size +
-payload), `get` (job, rank, step), `steps` (job, rank), `stats`. Replies: `{"ok": true,
-...}` or `{"ok": false, "error": "..."}`.
+`header["size"]` payload bytes (0 when none). Requests: `put` (job, rank, step, world,
+size + payload), `get` (job, rank, step; optional `ranges` [[offset, length], ...]: only
+those bytes, back to back: a rank resharding to another world size reads only the shard
+parts it needs), `steps` (job, rank), `index` (job: every rank's held steps with the
+world size each was taken on), `stats`. Replies: `{"ok": true, ...}` or `{"ok": false,
+"error": "..."}`.
 
     python -m trainer.memkeeper --port-file F [--host 127.0.0.1] [--port 0] [--keep 2]
     (token from CB_MEMORY_TOKEN)
@@ -35,6 +38,7 @@ from typing import Any
 KEEP = 2  # steps held per (job, rank): the newest complete one survives a half-sent next
 TOKEN_ENV = "CB_MEMORY_TOKEN"
 MAX_HEADER = 64 * 1024
+MAX_RANGES = 4096  # per ranged get (the header's size bounds it too)
 
 
 Payload = bytes | bytearray | memoryview
@@ -84,19 +88,39 @@ class Store:
         self.keep = keep
         self._lock = threading.Lock()
         self._data: dict[tuple[str, int], dict[int, bytearray]] = {}
+        self._world: dict[tuple[str, int, int], int] = {}  # (job, rank, step) -> world size
 
-    def put(self, job: str, rank: int, step: int, payload: bytearray) -> None:
+    def put(self, job: str, rank: int, step: int, payload: bytearray, world: int = 0) -> None:
         """Hold `step`; drop what is older than the newest `KEEP`, and anything newer than
         `step`: a job that went back (resumed from an older durable checkpoint after both
         copies of a shard were lost) abandoned those, and they would otherwise push its
-        new steps out until it passed them again."""
+        new steps out until it passed them again. `world` (0 = not said): the world size
+        the snapshot was taken on. Once this rank's held steps are all of a world of `W`
+        ranks, the steps of ranks >= `W` (a larger world the job shrank from) older than
+        them can never be restored again (no rank < `W` still holds their step): dropped,
+        so memory stays bounded across a shrink."""
         with self._lock:
             steps = self._data.setdefault((job, rank), {})
             for newer in [s for s in steps if s > step]:
-                del steps[newer]
+                self._drop(job, rank, newer)
             steps[step] = payload
+            self._world[(job, rank, step)] = world
             for old in sorted(steps)[:-self.keep]:
-                del steps[old]
+                self._drop(job, rank, old)
+            worlds = {self._world.get((job, rank, s), 0) for s in steps}
+            if world > 0 and worlds == {world} and len(steps) >= self.keep:
+                oldest = min(steps)
+                for (j, r), held in list(self._data.items()):
+                    if j == job and r >= world:
+                        for s in [s for s in held if s < oldest or s > step]:
+                            self._drop(j, r, s)
+
+    def _drop(self, job: str, rank: int, step: int) -> None:
+        held = self._data.get((job, rank), {})
+        held.pop(step, None)
+        self._world.pop((job, rank, step), None)
+        if not held:
+            self._data.pop((job, rank), None)
 
     def get(self, job: str, rank: int, step: int) -> bytearray | None:
         with self._lock:
@@ -105,6 +129,12 @@ class Store:
     def steps(self, job: str, rank: int) -> list[int]:
         with self._lock:
             return sorted(self._data.get((job, rank), {}))
+
+    def index(self, job: str) -> dict[str, dict[str, int]]:
+        """Every rank of `job` held: {rank: {step: world size}} (JSON keys are strings)."""
+        with self._lock:
+            return {str(r): {str(s): self._world.get((j, r, s), 0) for s in sorted(held)}
+                    for (j, r), held in sorted(self._data.items()) if j == job}
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -143,16 +173,40 @@ class _Server(socketserver.ThreadingTCPServer):
             return {"ok": False, "error": "wrong token"}, b""
         op = h["op"]
         if op == "put":
-            self.store.put(str(h["job"]), int(h["rank"]), int(h["step"]), payload)
+            self.store.put(str(h["job"]), int(h["rank"]), int(h["step"]), payload,
+                           int(h.get("world", 0)))
             return {"ok": True, **self.store.stats()}, b""
         if op == "get":
             data = self.store.get(str(h["job"]), int(h["rank"]), int(h["step"]))
-            return ({"ok": True}, data) if data is not None else ({"ok": False, "error": "missing"}, b"")
+            if data is None:
+                return {"ok": False, "error": "missing"}, b""
+            if "ranges" not in h:
+                return {"ok": True}, data
+            return {"ok": True}, _ranges(data, h["ranges"])
         if op == "steps":
             return {"ok": True, "steps": self.store.steps(str(h["job"]), int(h["rank"]))}, b""
+        if op == "index":
+            return {"ok": True, "ranks": self.store.index(str(h["job"]))}, b""
         if op == "stats":
             return {"ok": True, **self.store.stats()}, b""
         raise ValueError(f"unknown op {op!r}")
+
+
+def _ranges(data: bytearray, ranges: Any) -> list[memoryview]:
+    """The requested byte ranges of a payload as views (sent back to back, no copy);
+    ValueError for anything but a list of in-bounds [offset, length] pairs."""
+    if not isinstance(ranges, list) or len(ranges) > MAX_RANGES:
+        raise ValueError(f"ranges must be a list of at most {MAX_RANGES} [offset, length]")
+    view, out = memoryview(data), []
+    for pair in ranges:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in pair)):
+            raise ValueError(f"range {pair!r} is not [offset, length]")
+        off, n = pair
+        if off < 0 or n < 0 or off + n > len(data):
+            raise ValueError(f"range [{off}, {n}] is outside the {len(data)}-byte snapshot")
+        out.append(view[off:off + n])
+    return out
 
 
 def serve(host: str, port: int, token: str, keep: int = KEEP) -> _Server:

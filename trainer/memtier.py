@@ -14,12 +14,14 @@ TCP, never a collective, so it cannot interleave with FSDP's gloo/NCCL traffic.
 Parameters changed outside `optimizer.step()` between two steps would race the copy:
 nothing in the library does that; a script that does should not use the tier.
 
-Restore needs the same world size (replace in place: survivors plus a spare in the
-lost node's place, in any node order: keepers hold shards by rank and every keeper is
-asked): ranks agree on the newest step every rank can fetch,
-copy the shards into their live tensors, and report `resume_tier: memory`. Anything
-else (another world size, a shard with both copies gone, a keeper unreachable) falls
-back to the store, which reshards N -> M as before.
+Restore: ranks ask every keeper (keepers hold shards by rank, so any node order works)
+which steps of which old ranks they hold, and agree on the newest step whose every old
+rank's shard some keeper holds. On the same world size (replace in place: survivors
+plus a spare in the lost node's place) each rank copies its own old shard into its live
+tensors. On another world size (shrink in place: the survivors only) the snapshots are
+read as a DCP checkpoint and DCP reshards them (trainer/memreshard.py), exactly as a
+store resume reshards N -> M. Either way `resume_tier: memory`. A shard with both
+copies gone, a keeper unreachable or any failure on any rank: the store.
 
 Uses torch's private DCP helpers `flatten_state_dict` / `set_element` (as DCP itself
 does) so a snapshot's keys are exactly the store's. Configured by the launcher
@@ -48,12 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer import rng
+from trainer import memreshard, rng
 from trainer.memkeeper import TOKEN_ENV, Payload, recv_msg, send_msg
 from trainer.shardfile import byte_view
 
@@ -125,6 +129,9 @@ class Layout:
     tensors: list[tuple[str, torch.Tensor]]
     const: dict[str, Any]
     live: dict[str, tuple[int, str]]
+    # DTensor key -> (global offsets, global size) of this rank's chunk: what a restore
+    # on another world size needs to reshard (trainer/memreshard.py)
+    chunks: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -132,30 +139,45 @@ class Layout:
 
 
 def encode(step: int, world_size: int, small: dict[str, Any],
-           tensors: list[tuple[str, torch.Tensor]]) -> list[memoryview]:
+           tensors: list[tuple[str, torch.Tensor]],
+           chunks: dict[str, tuple[list[int], list[int]]] | None = None) -> list[memoryview]:
     """A snapshot as segments sent back to back: the magic, a torch.save'd head (step,
-    world size, the small items, each tensor's key, dtype, shape and size), then every
+    world size, the small items, each tensor's key, dtype, shape and size, each sharded
+    tensor's global offsets and size), then every
     tensor's raw bytes straight from its buffer. Why not torch.save of everything: it
     copies every byte into a growing buffer and once more out of it (measured: the
     rank's background CPU per snapshot), and the keeper stores the payload as is."""
     head_buf = io.BytesIO()
     torch.save({"step": step, "world_size": world_size, "small": small,
                 "tensors": [(k, str(t.dtype).removeprefix("torch."), list(t.shape), t.nbytes)
-                            for k, t in tensors]}, head_buf)
+                            for k, t in tensors], "chunks": dict(chunks or {})}, head_buf)
     head = head_buf.getvalue()
     return [memoryview(MAGIC + struct.pack(">Q", len(head)) + head),
             *(byte_view(t) for _, t in tensors)]
+
+
+PREFIX = len(MAGIC) + 8  # the magic and the head's length
+
+
+def head_length(prefix: Payload) -> int:
+    """The head's length from a snapshot's first `PREFIX` bytes."""
+    mv = memoryview(prefix)
+    if bytes(mv[:len(MAGIC)]) != MAGIC:
+        raise RuntimeError("not a snapshot of this format")
+    return struct.unpack(">Q", mv[len(MAGIC):PREFIX])[0]
+
+
+def load_head(raw: Payload) -> dict[str, Any]:
+    return torch.load(io.BytesIO(memoryview(raw)), weights_only=False)
 
 
 def decode(payload: bytearray) -> dict[str, Any]:
     """`encode`'s segments back as {"step", "world_size", "state": key -> value}; the
     tensors are views of `payload` (no copy: they are copied once, into the live ones)."""
     mv = memoryview(payload)
-    if bytes(mv[:len(MAGIC)]) != MAGIC:
-        raise RuntimeError("not a snapshot of this format")
-    (n,) = struct.unpack(">Q", mv[len(MAGIC):len(MAGIC) + 8])
-    off = len(MAGIC) + 8
-    head = torch.load(io.BytesIO(mv[off:off + n]), weights_only=False)
+    n = head_length(mv[:PREFIX])
+    off = PREFIX
+    head = load_head(mv[off:off + n])
     off += n
     state = dict(head["small"])
     for key, dtype, shape, nbytes in head["tensors"]:
@@ -166,6 +188,31 @@ def decode(payload: bytearray) -> dict[str, Any]:
     if off != len(mv):
         raise RuntimeError(f"snapshot is {len(mv)} bytes, its head describes {off}")
     return {"step": head["step"], "world_size": head["world_size"], "state": state}
+
+
+RANGES_PER_GET = 1000  # byte ranges per keeper request (its header size is bounded)
+
+
+def newest_complete(views: list[set[tuple[int, int, int]]], min_step: int
+                    ) -> tuple[int, int] | None:
+    """(step, world size) of the newest step >= `min_step` that every restoring rank sees
+    for every old rank 0..W-1 of one world size W; `views` are the ranks' sets of
+    (old rank, step, world size) the keepers hold. None: nothing complete (a shard with
+    both copies gone), the store it is."""
+    common = set.intersection(*views) if views else set()
+    complete = {(s, w) for _, s, w in common
+                if s >= min_step and all((q, s, w) in common for q in range(w))}
+    return max(complete) if complete else None
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore from memory did: the step, the world size it was saved on, and the
+    (new) ranks that read any of it from another node's keeper."""
+
+    step: int
+    saved_world: int
+    from_peer: list[int]
 
 
 @dataclass
@@ -268,8 +315,10 @@ class MemoryTier:
             tensors: list[tuple[str, torch.Tensor]] = []
             const: dict[str, Any] = {}
             live: dict[str, tuple[int, str]] = {}
+            chunks: dict[str, tuple[list[int], list[int]]] = {}
             for key, value in flat.items():
                 if isinstance(value, DTensor):
+                    chunks[key] = memreshard.chunk_of(key, value)
                     value = value.to_local()
                 if isinstance(value, torch.Tensor):
                     tensors.append((key, value.detach()))
@@ -280,7 +329,7 @@ class MemoryTier:
                     live[key] = (int(path[2]), str(path[3]))  # lr & co: a scheduler moves them
                 else:
                     const[key] = copy.deepcopy(value)
-            self._layout = Layout(fp, tensors, const, live)
+            self._layout = Layout(fp, tensors, const, live, chunks)
         return self._layout
 
     def _fingerprint(self) -> tuple[int, ...] | None:
@@ -341,12 +390,13 @@ class MemoryTier:
         finally:
             copied.set()
         self._send(step, encode(step, self.run.world_size, small,
-                                [(k, self._bufs[k]) for k, _ in layout.tensors]))
+                                [(k, self._bufs[k]) for k, _ in layout.tensors], layout.chunks))
 
     def _send(self, step: int, segments: list[memoryview]) -> None:
         t0 = time.perf_counter()
         size = sum(s.nbytes for s in segments)
-        header = {"op": "put", "job": self.run.env.job_id, "rank": self.run.rank, "step": step}
+        header = {"op": "put", "job": self.run.env.job_id, "rank": self.run.rank, "step": step,
+                  "world": self.run.world_size}
         ok = True
         for client in (self.own, self.buddy):
             if client is None:
@@ -388,59 +438,103 @@ class MemoryTier:
         self._copied = None
 
     # --------------------------------------------------------------- restore
-    def _held(self) -> dict[int, KeeperClient]:
-        """Steps of this rank's shard the keepers hold: step -> a keeper that has it (the
-        own node's when it has it). A keeper that does not answer holds nothing."""
-        held: dict[int, KeeperClient] = {}
-        header = {"op": "steps", "job": self.run.env.job_id, "rank": self.run.rank}
+    def _index(self) -> dict[tuple[int, int, int], KeeperClient]:
+        """(old rank, step, world size it was taken on) -> a keeper holding that shard (the
+        own node's when it does). A keeper that does not answer holds nothing."""
+        held: dict[tuple[int, int, int], KeeperClient] = {}
+        header = {"op": "index", "job": self.run.env.job_id}
         for client in reversed(self.all):  # the own node's last, so it wins
             try:
                 reply, _ = client.request(header)
             except OSError:
                 continue
-            for step in reply.get("steps", []):
-                held[int(step)] = client
+            for rank, steps in (reply.get("ranks") or {}).items():
+                for step, world in steps.items():
+                    if int(world) > 0:
+                        held[(int(rank), int(step), int(world))] = client
         return held
 
-    def restore(self, min_step: int) -> tuple[int, list[int]] | None:
-        """Restore the newest step >= `min_step` that every rank can fetch; returns
-        (step, the ranks whose shard came from another node's keeper) or None (all
-        ranks fall back to the store).
-        Collective: every rank calls it."""
-        held = self._held()
+    def _gather(self, obj: Any) -> list[Any]:
         world = self.run.world_size
-        gathered: list[Any] = [None] * world
-        if world > 1:
-            dist.all_gather_object(gathered, sorted(held))
-        else:
-            gathered = [sorted(held)]
-        common = set.intersection(*(set(g) for g in gathered)) if gathered else set()
-        candidates = [s for s in common if s >= max(1, min_step)]
-        if not candidates:
+        if world == 1:
+            return [obj]
+        out: list[Any] = [None] * world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def restore(self, min_step: int) -> Restored | None:
+        """Restore the newest step >= `min_step` whose every old rank's shard the keepers
+        hold, on this world size or resharded from another; None: every rank falls back
+        to the store. Collective: every rank calls it."""
+        held = self._index()
+        views = self._gather(sorted(held))
+        choice = newest_complete([{tuple(x) for x in v} for v in views], max(1, min_step))
+        if choice is None:
             return None
-        step = max(candidates)
-        client = held[step]
-        source = "own" if client is self.own else "peer"
-        failure = ""
+        step, saved_world = choice
+        failure, peer = "", False
         try:
-            reply, payload = client.request(
-                {"op": "get", "job": self.run.env.job_id, "rank": self.run.rank, "step": step})
-            if not reply.get("ok"):
-                raise RuntimeError(reply.get("error", "no payload"))
-            self._fill(decode(payload), step)
-        except Exception as exc:  # noqa: BLE001 - any failure: every rank falls back
-            failure = f"rank {self.run.rank}: {exc}"
-        outcomes: list[Any] = [None] * world
-        if world > 1:
-            dist.all_gather_object(outcomes, (failure, source))
-        else:
-            outcomes = [(failure, source)]
+            if saved_world == self.run.world_size:
+                client = held[(self.run.rank, step, saved_world)]
+                peer = client is not self.own
+                reply, payload = client.request(
+                    {"op": "get", "job": self.run.env.job_id, "rank": self.run.rank, "step": step})
+                if not reply.get("ok"):
+                    raise RuntimeError(reply.get("error", "no payload"))
+                self._fill(decode(payload), step)
+            else:
+                peer = self._reshard(step, saved_world, held)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back
+            failure = f"rank {self.run.rank}: {(str(exc).strip().splitlines() or [repr(exc)])[-1]}"
+        outcomes = self._gather((failure, peer))
         bad = [f for f, _ in outcomes if f]
         if bad:
             self.run.log(f"memory tier: restore of step {step} failed ({bad[0]}); using the store")
             self.manager._prepared = None
             return None
-        return step, [r for r, (_, src) in enumerate(outcomes) if src == "peer"]
+        return Restored(step, saved_world, [r for r, (_, p) in enumerate(outcomes) if p])
+
+    def _reshard(self, step: int, saved_world: int,
+                 held: dict[tuple[int, int, int], KeeperClient]) -> bool:
+        """Load step `step` of a `saved_world`-rank run onto this world size through DCP
+        (trainer/memreshard.py); True when any bytes came from another node's keeper."""
+        from trainer.checkpoint import RNG_PER_RANK
+
+        job = self.run.env.job_id
+        sources = {q: held[(q, step, saved_world)] for q in range(saved_world)}
+
+        def get(q: int, ranges: list[tuple[int, int]]) -> list[memoryview]:
+            out: list[memoryview] = []
+            for i in range(0, len(ranges), RANGES_PER_GET):
+                part = ranges[i:i + RANGES_PER_GET]
+                reply, data = sources[q].request({"op": "get", "job": job, "rank": q, "step": step,
+                                                  "ranges": [list(r) for r in part]})
+                if not reply.get("ok"):
+                    raise RuntimeError(f"rank {q}'s step {step}: {reply.get('error')}")
+                view, off = memoryview(data), 0
+                for _, n in part:
+                    out.append(view[off:off + n])
+                    off += n
+            return out
+
+        heads = []
+        for q in range(saved_world):
+            n = head_length(get(q, [(0, PREFIX)])[0])
+            head = load_head(get(q, [(PREFIX, n)])[0])
+            if int(head["step"]) != step or int(head["world_size"]) != saved_world \
+                    or "chunks" not in head:
+                raise RuntimeError(f"rank {q}'s snapshot is not step {step} of {saved_world} ranks")
+            heads.append(memreshard.Head(q, head["tensors"], head["small"], head["chunks"],
+                                         PREFIX + n))
+        prepared = self.manager.prepare_load()
+        prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.run.rank, saved_world)
+        reader = memreshard.SnapshotReader(memreshard.global_metadata(heads), heads, get)
+        dcp.load(prepared, storage_reader=reader, no_dist=True)
+        self.manager._prepared = None
+        extra = self.manager.apply_state(prepared, {"rng": RNG_PER_RANK, "step": step})
+        if int(extra["step"]) != step:
+            raise RuntimeError(f"snapshot says step {extra['step']}, expected {step}")
+        return any(sources[q] is not self.own for q in reader.read_from)
 
     def _fill(self, saved: dict[str, Any], step: int) -> None:
         """Copy a snapshot into the live state (same world size, same shard shapes)."""

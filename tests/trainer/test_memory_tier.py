@@ -10,7 +10,11 @@ the gang is relaunched on the survivors plus a spare node with an empty keeper:
   every step's samples and loss equal an uninterrupted 3-rank run;
 * when both copies of a shard are gone (node 1's and node 2's keepers killed), every rank
   falls back to the newest durable checkpoint, and the progress file says which tier;
-* each keeper holds at most 2 steps of each rank it serves (bounded memory).
+* each keeper holds at most 2 steps of each rank it serves (bounded memory);
+* with no spare, the gang shrinks to the 2 survivors: their ranks read the 3 old shards
+  from the keepers (node 1's from its buddy copy on node 2) and DCP reshards them
+  3 -> 2; at most one step lost, then every step's samples and loss equal the
+  uninterrupted 3-rank run.
 """
 
 from __future__ import annotations
@@ -74,15 +78,15 @@ def keepers(tmp_path: Path):
 
 
 def run_job(workdir: Path, ckpt: Path, log: Path, keepers: list[Keeper] | None, *,
-            attempt: int, sleep: float) -> Run:
+            attempt: int, sleep: float, nodes: int = NODES) -> Run:
     argv = [SCRIPT, "--steps", str(STEPS), "--checkpoint-every", "5", "--loss-log", str(log),
             "--step-sleep", str(sleep), "--seed", "4"]
     env = {}
     if keepers is not None:
         env = {"CB_MEMORY_EVERY": "1", "CB_MEMORY_KEEPERS": ",".join(k.address for k in keepers),
                TOKEN_ENV: TOKEN}
-    return launch(workdir, NODES, "{}", str(ckpt), attempt=attempt, argv=argv, job_id="j-mem",
-                  env=env, rank_env={r: {"NODE_RANK": str(r)} for r in range(NODES)})
+    return launch(workdir, nodes, "{}", str(ckpt), attempt=attempt, argv=argv, job_id="j-mem",
+                  env=env, rank_env={r: {"NODE_RANK": str(r)} for r in range(nodes)})
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +166,31 @@ def test_both_copies_lost_falls_back_to_the_durable_checkpoint(
     records = final_records(log)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_matches(reference, records, exact=False)
+
+
+def test_no_spare_the_survivors_reshard_from_memory(
+    tmp_path: Path, keepers, reference: list[dict[str, Any]]
+) -> None:
+    ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
+    ks = [keepers(f"n{i}") for i in range(NODES)]
+    last = kill_node_mid_run(tmp_path, ckpt, log, ks, lost=[1])
+    a2 = run_job(tmp_path / "a2", ckpt, log, [ks[0], ks[2]], attempt=2, sleep=0.0, nodes=2)
+    wait_codes(a2, 0)
+    prog = a2.progress()
+    assert prog["state"] == "done" and prog["resume_tier"] == "memory", (prog, a2.output())
+    assert prog["resumed_from_world_size"] == 3 and prog["world_size"] == 2, prog
+    resumed = prog["resumed_step"]
+    assert last - 1 <= resumed <= last, f"lost {last - resumed} steps (last logged {last})"
+    durable = int(re.search(r"newest durable checkpoint: step (\d+)", a2.output(0)).group(1))
+    assert 0 < durable < resumed, "the memory tier must have saved steps the store lacks"
+    assert "resharded from 3 ranks to 2" in a2.output(0)
+    # old rank 1's shard survives only as node 2's buddy copy: a new rank read it there
+    assert prog["restored_from_peer"], prog
+    records = final_records(log)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert {r["world_size"] for r in records if r["step"] > resumed} == {2}
+    assert_matches(reference, records, exact=False)
+    # the survivors' keepers now hold the 2-rank run's steps; the old rank 2's are gone
+    for k in (ks[0], ks[2]):
+        index = KeeperClient(k.address, TOKEN).request({"op": "index", "job": "j-mem"})[0]
+        assert set(index["ranks"]) <= {"0", "1"}, index

@@ -1,0 +1,194 @@
+"""Restore from the in-memory tier onto another world size: the keepers' snapshots as a
+DCP checkpoint, so DCP reshards them exactly as it reshards a store checkpoint.
+
+Why through DCP and not by hand: which bytes of which old shard a new rank needs
+depends on FSDP/HSDP placements, uneven shards and replicated items; DCP's load planner
+already works that out for store checkpoints (and is what every store resume on
+another world size uses). A snapshot (trainer/memtier.py) holds what one rank's part of
+a DCP save holds: its local shards (with each DTensor's global size and chunk offsets,
+computed by DCP's own `_create_write_items` when the snapshot layout is built) and the
+small items. So here:
+
+* each old rank's snapshot head becomes that rank's DCP `SavePlan` (its write items);
+* `DefaultSavePlanner.create_global_plan` merges them into the checkpoint `Metadata`
+  and deduplicates replicated items (the trainer state every rank holds, plain tensors
+  such as AdamW's `step`) to the lowest rank, as a store save does;
+* `SnapshotReader` is a DCP `StorageReader` over the keepers: `dcp.load` plans the
+  reads for the new rank's state dict against that metadata, and the reader fetches
+  only the stored chunks those reads touch (ranged gets: one request per old rank),
+  narrows them to the requested boxes and hands them to the planner.
+
+The same shape as torch's `FileSystemReader.read_data`; what differs is where bytes
+come from (keepers, by old rank) and that the small items are already in the heads.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint import StorageReader
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import _create_write_items
+from torch.distributed.tensor import DTensor
+from torch.futures import Future
+
+# (old rank, [(offset, length), ...]) -> those bytes of its snapshot, in order
+Fetch = Callable[[int, list[tuple[int, int]]], Sequence[memoryview]]
+
+
+def chunk_of(key: str, value: DTensor) -> tuple[list[int], list[int]]:
+    """A DTensor's local chunk as DCP saves it: (global offsets, global size)."""
+    item = _create_write_items(key, value)[0]
+    assert item.tensor_data is not None and item.tensor_data.chunk is not None
+    return list(item.tensor_data.chunk.offsets), list(item.tensor_data.size)
+
+
+@dataclass(frozen=True)
+class Head:
+    """One old rank's snapshot head (trainer/memtier.py `encode`) and where its tensor
+    bytes start in the payload."""
+
+    rank: int
+    tensors: list[tuple[str, str, list[int], int]]  # key, dtype, local shape, bytes
+    small: dict[str, Any]
+    chunks: dict[str, tuple[list[int], list[int]]]  # DTensor key -> (offsets, global size)
+    data_start: int
+
+    def spans(self) -> dict[str, tuple[int, int, str, list[int]]]:
+        """key -> (payload offset, bytes, dtype, shape) of each tensor."""
+        out, off = {}, self.data_start
+        for key, dtype, shape, nbytes in self.tensors:
+            out[key] = (off, nbytes, dtype, shape)
+            off += nbytes
+        return out
+
+
+def save_plan(head: Head) -> SavePlan:
+    """The write items a DCP save of this rank's state would have planned."""
+    items: list[WriteItem] = []
+    for key, dtype, shape, _ in head.tensors:
+        offsets, size = head.chunks.get(key, ([0] * len(shape), list(shape)))
+        sharded = key in head.chunks
+        items.append(WriteItem(
+            index=MetadataIndex(key, torch.Size(offsets)),
+            type=WriteItemType.SHARD if sharded else WriteItemType.TENSOR,
+            tensor_data=TensorWriteData(
+                chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape)),
+                properties=TensorProperties(dtype=getattr(torch, dtype)),
+                size=torch.Size(size))))
+    for key in head.small:
+        if isinstance(head.small[key], torch.Tensor):  # a plain tensor: a full chunk
+            items.extend(_create_write_items(key, head.small[key]))
+        else:
+            items.append(WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO))
+    return SavePlan(items, planner_data={})
+
+
+def global_metadata(heads: list[Head]) -> Metadata:
+    """The checkpoint metadata of all old ranks' snapshots (DCP's own global planning,
+    replicated items kept on the lowest rank); `storage_data` maps each stored item to
+    the old rank holding it."""
+    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+    plans, metadata = planner.create_global_plan([save_plan(h) for h in heads])
+    metadata.storage_data = {item.index: heads[i].rank
+                             for i, plan in enumerate(plans) for item in plan.items}
+    return metadata
+
+
+class SnapshotReader(StorageReader):
+    """A DCP StorageReader over the keepers' snapshots of one step (see the module
+    docstring). Used with ``dcp.load(..., no_dist=True)``: ranks plan their reads alone
+    and agree on the outcome afterwards, as the store path does."""
+
+    def __init__(self, metadata: Metadata, heads: list[Head], fetch: Fetch) -> None:
+        super().__init__()
+        self.metadata = metadata
+        self.heads = {h.rank: h for h in heads}
+        self.fetch = fetch
+        self.read_from: set[int] = set()  # old ranks whose bytes this rank read
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        """Nothing to reset: one reader per restore."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self.metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        self.metadata = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        by_rank: dict[int, list[ReadItem]] = {}
+        for item in plan.items:
+            by_rank.setdefault(self.metadata.storage_data[item.storage_index], []).append(item)
+        for rank, items in sorted(by_rank.items()):
+            head = self.heads[rank]
+            tensor_items = [i for i in items if i.type != LoadItemType.BYTE_IO]
+            for item in items:
+                if item.type == LoadItemType.BYTE_IO:
+                    buf = io.BytesIO()
+                    torch.save(head.small[item.storage_index.fqn], buf)
+                    buf.seek(0)
+                    planner.load_bytes(item, buf)
+            plain = [i for i in tensor_items if i.storage_index.fqn in head.small]
+            for item in plain:  # small plain tensors travelled in the head
+                self._copy(planner, item, head.small[item.storage_index.fqn])
+            stored = [i for i in tensor_items if i.storage_index.fqn not in head.small]
+            if not stored:
+                continue
+            spans = head.spans()
+            keys = sorted({i.storage_index.fqn for i in stored}, key=lambda k: spans[k][0])
+            views = self.fetch(rank, [(spans[k][0], spans[k][1]) for k in keys])
+            self.read_from.add(rank)
+            chunks = {}
+            for key, view in zip(keys, views, strict=True):
+                _, nbytes, dtype, shape = spans[key]
+                raw = (torch.frombuffer(view, dtype=torch.uint8) if nbytes
+                       else torch.empty(0, dtype=torch.uint8))
+                chunks[key] = raw.view(getattr(torch, dtype)).reshape(shape)
+            for item in stored:
+                self._copy(planner, item, chunks[item.storage_index.fqn])
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    @staticmethod
+    def _copy(planner: LoadPlanner, item: ReadItem, stored: torch.Tensor) -> None:
+        part = narrow_tensor_by_index(stored, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != part.size():
+            raise RuntimeError(f"{item.storage_index.fqn}: stored part {tuple(part.size())} "
+                               f"!= target {tuple(target.size())}")
+        target.copy_(part)
+        planner.commit_tensor(item, target)
