@@ -92,6 +92,8 @@ def parse_progress(data: object, mtime: float = 0.0) -> ProgressSnapshot | None:
             progress.resume.restored_from_peer.extend(
                 int(r) for r in peers[:4096] if isinstance(r, int) and not isinstance(r, bool)
                 and 0 <= r < 2**31)
+        progress.resumed_from_world_size = min(2**31 - 1, max(0, int(num("resumed_from_world_size", int))))
+        progress.world_size = min(2**31 - 1, max(0, int(num("world_size", int))))
     return ProgressSnapshot(
         state=str(data.get("state") or "running"), heartbeat=heartbeat, progress=progress, raw=data
     )

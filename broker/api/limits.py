@@ -113,6 +113,8 @@ LIMITS: dict[str, FieldLimit] = {
     "pool_spares.key": ID,
     "pool_spares.value": FieldLimit(lo=0, hi=MAX_NODES_PER_AGENT),
     "restored_from_peer": FieldLimit(max_items=100_000, lo=0, hi=INT32_MAX),
+    "resumed_from_world_size": FieldLimit(lo=0, hi=INT32_MAX),
+    "Progress.world_size": FieldLimit(lo=0, hi=INT32_MAX),
     "tier": FieldLimit(max_len=16, kind=Kind.IDENTIFIER),
     # ---- repeated counts -------------------------------------------------------------
     "capacity_types": FieldLimit(max_items=8), "phases": FieldLimit(max_items=16),

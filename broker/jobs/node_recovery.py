@@ -70,7 +70,8 @@ class Decided:
 def decide(job: pb.Job, inp: Decided, now: float, config: BrokerConfig) -> Outcome | None:
     """Write the policy's plan. REPLACE_IN_PLACE admits the job at once on the survivors
     plus the spares (same world size, same node order: each spare in its lost node's
-    slot); FROM_STORE leaves it queued for ordinary placement, as before."""
+    slot); SHRINK_IN_PLACE at once on the survivors alone (fewer ranks: they reshard
+    from memory); FROM_STORE leaves it queued for ordinary placement, as before."""
     if not undecided(job):
         return None
     tx = begin(job, now)
@@ -80,16 +81,19 @@ def decide(job: pb.Job, inp: Decided, now: float, config: BrokerConfig) -> Outco
     lost_text = ", ".join(rec.lost_nodes)
     details = {"plan": rec.plan, "blocker": inp.plan.blocker.value, "lost_nodes": lost_text,
                "survivors": ",".join(rec.survivors)}
-    if inp.plan.kind is Relaunch.REPLACE_IN_PLACE and inp.admit is None:
+    if inp.plan.kind.in_place and inp.admit is None:
         rec.plan, rec.why = Relaunch.FROM_STORE.value, "its agent is not connected"
         details["plan"] = rec.plan
-    if inp.plan.kind is Relaunch.REPLACE_IN_PLACE and inp.admit is not None:
+    if inp.plan.kind.in_place and inp.admit is not None:
         for node, spare in inp.plan.swaps:
             rec.replaced[node] = spare
         rec.relaunch_attempt = tx.job.attempt + 1
-        details["replaced"] = ",".join(f"{n}={s}" for n, s in inp.plan.swaps)
+        if inp.plan.swaps:
+            details["replaced"] = ",".join(f"{n}={s}" for n, s in inp.plan.swaps)
+        doing = ("replacing in place" if inp.plan.kind is Relaunch.REPLACE_IN_PLACE
+                 else "shrinking in place")
         tx.note("node_recovery", reason=rec.plan, actor="scheduler",
-                message=f"attempt {rec.failed_attempt} lost {lost_text}: replacing in place"
+                message=f"attempt {rec.failed_attempt} lost {lost_text}: {doing}"
                         f" ({inp.plan.why})", details=details)
         out = transitions.admit(tx.job, inp.admit, now, config)
         if out is not None:
@@ -120,7 +124,11 @@ def resumed(tx: Tx, attempt: int, progress: pb.Progress, actor: str) -> None:
     if tier == TIER_MEMORY:
         step = progress.resume.step
         lost_steps = max(0, rec.step_at_failure - step)
-        message = f"recovered from memory (step {step}, lost {lost_steps} steps)"
+        world = ""
+        saved, now_world = progress.resumed_from_world_size, progress.world_size
+        if saved and now_world and saved != now_world:
+            world = f", world {saved} -> {now_world}"
+        message = f"recovered from memory (step {step}, lost {lost_steps} steps{world})"
         if progress.resume.restored_from_peer:
             ranks = ", ".join(str(r) for r in progress.resume.restored_from_peer)
             message += f"; rank(s) {ranks} restored from another node's copy"

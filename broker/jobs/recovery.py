@@ -205,14 +205,19 @@ class RecoveryPolicy:
     # Whether a NODE_LOST relaunch may replace the lost nodes in place (subclasses that
     # model schedulers without spares turn it off).
     replace_in_place: bool = True
+    # Whether an elastic job that lost nodes and finds no spare may go on, at once, on
+    # its survivors alone (fewer ranks, resharded from the peers' memory).
+    shrink_in_place: bool = True
 
     def relaunch(self, sig: Signal, view: LostNodes) -> RelaunchPlan:
         """Trigger.NODE_LOST (``sig.nodes`` = the blamed nodes, ``view`` = their pool now):
         REPLACE_IN_PLACE when the memory tier is on, a survivor is left, every survivor is
         still usable, the team's quota has room for the job (as for any admission) and
-        the pool has a ready spare (same block when it has blocks) for
-        each lost node; else FROM_STORE, today's path. The first blocker found, in
-        :data:`RELAUNCH_RULES`' order of meaning, is the reason events give."""
+        the pool has a ready spare (same block when it has blocks) for each lost node;
+        with no spare, SHRINK_IN_PLACE when the job is elastic and its survivors are at
+        least its ``min_nodes`` (and the policy shrinks); else FROM_STORE, today's path.
+        The first blocker found, in :data:`RELAUNCH_RULES`' order of meaning, is the
+        reason events give."""
         assert sig.trigger is Trigger.NODE_LOST, sig
         swaps: tuple[tuple[str, str], ...] = ()
         if not self.replace_in_place:
@@ -227,17 +232,28 @@ class RecoveryPolicy:
             blocker = Blocker.QUOTA
         else:
             swaps = match_spares(view) or ()
-            blocker = Blocker.NONE if swaps else Blocker.NO_SPARE
+            blocker = Blocker.NONE if swaps else self._no_spare(view)
         kind, text = RELAUNCH_RULES[blocker]
         block = ""
-        if view.pool_has_blocks and blocker is Blocker.NO_SPARE:
+        if view.pool_has_blocks and blocker in NO_SPARE_BLOCKERS:
             block = " (block " + ", ".join(sorted({view.blocks.get(n, "") for n in view.lost})) + ")"
         why = text.format(
             swaps=", ".join(f"spare {s} takes the place of lost node {n}" for n, s in swaps),
             pool=view.pool or "(default)", survivors=", ".join(view.survivors),
             policy=self.name, gone=", ".join(view.survivors_gone), lost=", ".join(view.lost),
-            block=block, quota=view.quota_short)
+            block=block, quota=view.quota_short, nodes=len(view.lost) + len(view.survivors),
+            left=len(view.survivors), min_nodes=view.min_nodes)
         return RelaunchPlan(kind, blocker, why, swaps)
+
+    def _no_spare(self, view: LostNodes) -> Blocker:
+        """No spare for every lost node: may the job go on with its survivors alone?"""
+        if not view.elastic:
+            return Blocker.NO_SPARE
+        if not self.shrink_in_place:
+            return Blocker.NO_SPARE_NO_SHRINK
+        if len(view.survivors) < view.min_nodes:
+            return Blocker.BELOW_MIN_NODES
+        return Blocker.SHRINK
 
 
 class Relaunch(enum.Enum):
@@ -246,9 +262,17 @@ class Relaunch(enum.Enum):
     # Survivors keep their nodes, a spare of the same pool (and block) takes each lost
     # node's place, same world size: the ranks restore from the peers' memory keepers.
     REPLACE_IN_PLACE = "replace_in_place"
+    # No spare: an elastic job goes on at once on its survivors alone (fewer ranks); the
+    # ranks reshard the peers' memory copies to the new world size.
+    SHRINK_IN_PLACE = "shrink_in_place"
     # Today's path: queued again, placed wherever the scheduler finds room, resumed from
     # the newest durable checkpoint (the store).
     FROM_STORE = "from_store"
+
+    @property
+    def in_place(self) -> bool:
+        """Admitted at once on the survivors (and spares), restored from memory."""
+        return self is not Relaunch.FROM_STORE
 
 
 class Blocker(enum.Enum):
@@ -264,6 +288,11 @@ class Blocker(enum.Enum):
     # limits does not keep capacity by losing a node
     QUOTA = "quota"
     NO_SPARE = "no_spare"  # the pool (block) has no ready spare for every lost node
+    # No spare, but the job is elastic and its survivors are enough: nothing blocks a
+    # shrink in place (the replacement is what is blocked).
+    SHRINK = "shrink"
+    NO_SPARE_NO_SHRINK = "no_spare_no_shrink"  # no spare; the policy never shrinks in place
+    BELOW_MIN_NODES = "below_min_nodes"  # no spare; fewer survivors than the job's min_nodes
 
 
 # The decision, as data: what each blocker means for the relaunch and how events say it.
@@ -278,8 +307,22 @@ RELAUNCH_RULES: dict[Blocker, tuple[Relaunch, str]] = {
     Blocker.ALL_NODES_LOST: (Relaunch.FROM_STORE, "every node of the attempt was lost"),
     Blocker.SURVIVOR_GONE: (Relaunch.FROM_STORE, "surviving node(s) {gone} are no longer usable"),
     Blocker.QUOTA: (Relaunch.FROM_STORE, "{quota}"),
-    Blocker.NO_SPARE: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool {pool}{block}"),
+    Blocker.NO_SPARE: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool {pool}{block},"
+                                            " and the job's size is fixed (no elasticity)"),
+    Blocker.SHRINK: (Relaunch.SHRINK_IN_PLACE, "no ready spare for {lost} in pool {pool}{block};"
+                                               " the elastic job goes on with its survivors"
+                                               " {survivors} ({nodes} -> {left} nodes) and ranks"
+                                               " reshard their peers' memory copies"),
+    Blocker.NO_SPARE_NO_SHRINK: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool"
+                                                      " {pool}{block}, and recovery policy"
+                                                      " {policy} does not shrink in place"),
+    Blocker.BELOW_MIN_NODES: (Relaunch.FROM_STORE, "no ready spare for {lost} in pool {pool}"
+                                                   "{block}, and {left} surviving node(s) are"
+                                                   " fewer than the job's min_nodes"
+                                                   " {min_nodes}"),
 }
+NO_SPARE_BLOCKERS = frozenset({Blocker.NO_SPARE, Blocker.SHRINK, Blocker.NO_SPARE_NO_SHRINK,
+                               Blocker.BELOW_MIN_NODES})
 
 
 @dataclass(frozen=True)
@@ -308,12 +351,15 @@ class LostNodes:
     # why the team's quota cannot take the relaunch now ("" = it can): the pending
     # reason ordinary admission would give (placement/quota_check.py)
     quota_short: str = ""
+    elastic: bool = False  # the job may run on another node count (:func:`is_elastic`)
+    min_nodes: int = 0  # its elasticity's lower bound (0: none beyond one node)
 
 
 @dataclass(frozen=True)
 class RelaunchPlan:
     """The policy's answer for Trigger.NODE_LOST: how, why (for events), and for
-    REPLACE_IN_PLACE which spare takes which lost node's place."""
+    REPLACE_IN_PLACE which spare takes which lost node's place (SHRINK_IN_PLACE: none,
+    the survivors alone)."""
 
     kind: Relaunch
     blocker: Blocker
@@ -383,6 +429,7 @@ class NoMigration(RecoveryPolicy):
 
     name: str = "no-migration"
     replace_in_place: bool = False  # the simulator's baselines have no spares either
+    shrink_in_place: bool = False  # nor a memory tier to shrink from
     _KILL = {Trigger.SPOT_NOTICE: (StopKind.MIGRATE, Cause.SPOT_INTERRUPTION),
              Trigger.PLAN_ENDING: (StopKind.MIGRATE, Cause.PLAN_ENDING),
              Trigger.REGION_DRAIN: (StopKind.DRAIN, Cause.REGION_DRAIN)}

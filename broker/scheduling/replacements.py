@@ -28,6 +28,7 @@ from broker.jobs.recovery import (
     Signal,
     SpareNode,
     Trigger,
+    is_elastic,
     policy_for,
 )
 from broker.scheduling.spares import block_of
@@ -68,7 +69,8 @@ def lost_view(job: pb.Job, snapshot: placement.Snapshot, by_id: dict[str, placem
         lost=tuple(rec.lost_nodes), survivors=tuple(rec.survivors), agent_id=pl.agent_id,
         pool=pl.pool, blocks={n: block(n) for n in rec.lost_nodes},
         pool_has_blocks=any(block_of(n) for n in pool_nodes), survivors_gone=gone,
-        spares=ready, memory_every=node_recovery.memory_every(job),
+        spares=ready, memory_every=node_recovery.memory_every(job), elastic=is_elastic(job),
+        min_nodes=job.spec.elasticity.min_nodes,
         quota_short=(quota or QuotaCheck(snapshot)).short(
             job.spec.team, job.spec.resources.accelerator, job_gpus(job), pl.region))
 
@@ -92,12 +94,15 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
             plan = RelaunchPlan(Relaunch.FROM_STORE, Blocker.POLICY,
                                 "the in-place plan could not be computed (see the broker's log)")
         admission = None
-        if plan.kind is Relaunch.REPLACE_IN_PLACE:
+        if plan.kind.in_place:
+            # each spare in its lost node's slot; shrinking: the survivors alone, in order
             swap = dict(plan.swaps)
             pl = job.placement
+            lost = set(job.node_recovery.lost_nodes) - set(swap)
             admission = placement.Admission(
                 job_id=job.id, agent_id=pl.agent_id, region=pl.region,
-                assignments=tuple((swap.get(a.node_id, a.node_id), a.gpus) for a in pl.nodes),
+                assignments=tuple((swap.get(a.node_id, a.node_id), a.gpus) for a in pl.nodes
+                                  if a.node_id not in lost),
                 capacity_type=placement.CapacityType(pl.capacity_type or pb.CAPACITY_TYPE_ON_DEMAND),
                 pool=pl.pool, price_per_gpu_hour=pl.price_per_gpu_hour,
                 explanation=f"in place after a node loss: {plan.why}")
@@ -106,8 +111,9 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
             continue
         changed.append(out)
         if admission is not None and out.phase not in QUEUED:
-            quota.charge(job.spec.team, job.spec.resources.accelerator, job_gpus(job),
-                         admission.region)
+            # what the relaunch holds (a shrink holds only its survivors' GPUs)
+            quota.charge(job.spec.team, job.spec.resources.accelerator,
+                         sum(g for _, g in admission.assignments), admission.region)
             taken = {node for node, _ in admission.assignments}
             used |= taken
             spares -= taken

@@ -5,6 +5,8 @@ resume report turns into."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import placement
 from broker.jobs import node_recovery as nr
 from broker.jobs import transitions as t
@@ -24,9 +26,11 @@ from computebroker.v1 import agent_pb2 as apb
 from tests.jobs.helpers import AGENT, CFG, admission, must, spec, submitted, update
 
 
-def failed_after_losing_n1(memory_every: str = "1"):  # noqa: ANN201
+def failed_after_losing_n1(memory_every: str = "1", min_nodes: int = 0):  # noqa: ANN201
     s = spec(nodes=3)
     s.trainer.options["memory_every"] = memory_every
+    if min_nodes:
+        s.elasticity.min_nodes, s.elasticity.max_nodes = min_nodes, 3
     j = must(t.admit(submitted(s), admission(3), 110.0, CFG))
     j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=14, ckpt=10), 120.0, CFG))
     return must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=-9,
@@ -82,6 +86,31 @@ def test_in_place_launches_on_the_survivors_with_the_spare_in_the_lost_slot() ->
     again = updates.progress(out.job, update(out.job, apb.ATTEMPT_STATE_RUNNING, step=15, ckpt=10),
                              151.0, CFG)
     assert again is None or not [e for e in again.events if e.type == "recovered"]
+
+
+def test_no_spare_an_elastic_job_shrinks_on_its_survivors_and_says_the_world_sizes() -> None:
+    j = failed_after_losing_n1(min_nodes=2)
+    v = view(j)
+    v = dataclasses.replace(v, spares=(), elastic=True, min_nodes=2)
+    plan = RecoveryPolicy().relaunch(Signal(Trigger.NODE_LOST, nodes=("n1",)), v)
+    assert (plan.kind, plan.blocker, plan.swaps) == (Relaunch.SHRINK_IN_PLACE, Blocker.SHRINK, ())
+    adm = placement.Admission(job_id=j.id, agent_id=AGENT, region="us-east-2",
+                              assignments=(("n0", 8), ("n2", 8)))
+    out = nr.decide(j, nr.Decided(plan, t.Admit(admission=adm, nodes={}, checkpoint_bucket="s3://b")),
+                    140.0, CFG)
+    assert out is not None
+    job = out.job
+    assert job.phase == LAUNCHING and job.attempt == 2 and not job.node_recovery.replaced
+    assert [a.node_id for a in job.placement.nodes] == ["n0", "n2"]
+    assert out.events[0].reason == "shrink_in_place"
+    assert "lost n1: shrinking in place (no ready spare for n1" in out.events[0].message
+    u = update(job, apb.ATTEMPT_STATE_RUNNING, step=14, ckpt=10)
+    u.update.progress.resume.tier, u.update.progress.resume.step = "memory", 13
+    u.update.progress.resumed_from_world_size, u.update.progress.world_size = 3, 2
+    out = updates.progress(job, u, 150.0, CFG)
+    assert out is not None
+    assert [e.message for e in out.events if e.type == "recovered"] == [
+        "recovered from memory (step 13, lost 1 steps, world 3 -> 2)"]
 
 
 def test_from_the_store_stays_queued_and_says_why() -> None:

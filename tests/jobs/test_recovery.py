@@ -6,6 +6,8 @@ The newcomer's path for a new trigger (docs/architecture.md): a member of
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from broker.jobs.causes import Cause, Family, StopKind
@@ -199,6 +201,21 @@ RELAUNCH_CASES = [
     (dict(lost=("n0", "n1", "n2"), survivors=()), (Relaunch.FROM_STORE, Blocker.ALL_NODES_LOST, ())),
     # a survivor was taken by another job (or went away) meanwhile
     (dict(survivors_gone=("n2",)), (Relaunch.FROM_STORE, Blocker.SURVIVOR_GONE, ())),
+    # no spare, but the job is elastic: it goes on with its survivors, from memory
+    (dict(spares=(), elastic=True, min_nodes=2), (Relaunch.SHRINK_IN_PLACE, Blocker.SHRINK, ())),
+    (dict(spares=(), elastic=True), (Relaunch.SHRINK_IN_PLACE, Blocker.SHRINK, ())),
+    # ... a spare still wins: the job keeps its size
+    (dict(elastic=True, min_nodes=2), (Relaunch.REPLACE_IN_PLACE, Blocker.NONE, (("n1", "s0"),))),
+    # ... but not below its min_nodes
+    (dict(spares=(), elastic=True, min_nodes=3), (Relaunch.FROM_STORE, Blocker.BELOW_MIN_NODES, ())),
+    (dict(lost=("n1", "n2"), survivors=("n0",), blocks={"n1": "b0", "n2": "b0"}, elastic=True,
+          min_nodes=2), (Relaunch.FROM_STORE, Blocker.BELOW_MIN_NODES, ())),
+    # ... and never without the memory tier, a survivor, or a survivor still free
+    (dict(spares=(), elastic=True, memory_every=0), (Relaunch.FROM_STORE, Blocker.MEMORY_TIER_OFF, ())),
+    (dict(spares=(), elastic=True, lost=("n0", "n1", "n2"), survivors=()),
+     (Relaunch.FROM_STORE, Blocker.ALL_NODES_LOST, ())),
+    (dict(spares=(), elastic=True, survivors_gone=("n0",)),
+     (Relaunch.FROM_STORE, Blocker.SURVIVOR_GONE, ())),
 ]
 
 
@@ -215,7 +232,14 @@ def test_node_lost_reasons_name_the_pool_block_and_spare() -> None:
     assert "spare s0 takes the place of lost node n1 in pool p" in inplace.why
     assert "survivors n0, n2" in inplace.why
     other_block = RecoveryPolicy().relaunch(NODE_LOST, lost_view(spares=(SpareNode("s1", "a1", "p", "b1"),)))
-    assert other_block.why == "no ready spare for n1 in pool p (block b0)"
+    assert other_block.why == ("no ready spare for n1 in pool p (block b0), and the job's size"
+                               " is fixed (no elasticity)")
+    shrink = RecoveryPolicy().relaunch(NODE_LOST, lost_view(spares=(), elastic=True))
+    assert shrink.why == ("no ready spare for n1 in pool p (block b0); the elastic job goes on"
+                          " with its survivors n0, n2 (3 -> 2 nodes) and ranks reshard their"
+                          " peers' memory copies")
+    low = RecoveryPolicy().relaunch(NODE_LOST, lost_view(spares=(), elastic=True, min_nodes=3))
+    assert low.why.endswith("and 2 surviving node(s) are fewer than the job's min_nodes 3")
     off = RecoveryPolicy().relaunch(NODE_LOST, lost_view(memory_every=0))
     assert "memory tier is off" in off.why
 
@@ -225,10 +249,18 @@ def test_node_lost_policies_without_spares_use_the_store() -> None:
     never replace in place; the others do when they can."""
     for name, policy in POLICIES.items():
         plan = policy.relaunch(NODE_LOST, lost_view())
+        shrink = policy.relaunch(NODE_LOST, lost_view(spares=(), elastic=True))
         if isinstance(policy, NoMigration):
             assert (plan.kind, plan.blocker) == (Relaunch.FROM_STORE, Blocker.POLICY), name
+            assert (shrink.kind, shrink.blocker) == (Relaunch.FROM_STORE, Blocker.POLICY), name
         else:
             assert plan.kind is Relaunch.REPLACE_IN_PLACE, name
+            assert shrink.kind is Relaunch.SHRINK_IN_PLACE, name
     assert all(r in RELAUNCH_RULES for r in Blocker)  # one row per blocker
+    # a policy that replaces in place but never shrinks: the store, saying why
+    no_shrink = dataclasses.replace(RecoveryPolicy(), name="no-shrink", shrink_in_place=False)
+    plan = no_shrink.relaunch(NODE_LOST, lost_view(spares=(), elastic=True))
+    assert (plan.kind, plan.blocker) == (Relaunch.FROM_STORE, Blocker.NO_SPARE_NO_SHRINK)
+    assert plan.why.endswith("recovery policy no-shrink does not shrink in place")
     # NODE_LOST is not a stop: plan() leaves the running attempt alone
     assert RecoveryPolicy().plan(NODE_LOST, running(), CFG, NOW) is None
