@@ -100,9 +100,9 @@ class Store:
         them can never be restored again (no rank < `W` still holds their step): dropped,
         so memory stays bounded across a shrink."""
         with self._lock:
-            steps = self._data.setdefault((job, rank), {})
-            for newer in [s for s in steps if s > step]:
+            for newer in [s for s in self._data.get((job, rank), {}) if s > step]:
                 self._drop(job, rank, newer)
+            steps = self._data.setdefault((job, rank), {})
             steps[step] = payload
             self._world[(job, rank, step)] = world
             for old in sorted(steps)[:-self.keep]:

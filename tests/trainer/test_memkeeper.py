@@ -80,3 +80,47 @@ def test_keep_one_holds_only_the_newest_step() -> None:
         server.server_close()
     with pytest.raises(ValueError, match="at least 1"):
         Store(0)
+
+
+def test_index_and_ranged_gets_serve_a_reshard(keeper: str) -> None:
+    """A restore onto another world size asks which steps of which ranks (and taken on
+    which world size) a keeper holds, then reads only byte ranges of a snapshot."""
+    c = KeeperClient(keeper, "tok")
+    c.request({"op": "put", "job": "j", "rank": 0, "step": 4, "world": 3}, b"0123456789")
+    c.request({"op": "put", "job": "j", "rank": 2, "step": 4, "world": 3}, b"abc")
+    c.request({"op": "put", "job": "other", "rank": 0, "step": 9, "world": 1}, b"x")
+    assert c.request({"op": "index", "job": "j"})[0]["ranks"] == {"0": {"4": 3}, "2": {"4": 3}}
+    reply, data = c.request({"op": "get", "job": "j", "rank": 0, "step": 4,
+                             "ranges": [[0, 2], [7, 3], [5, 0]]})
+    assert reply["ok"] and data == b"01789"
+    for bad in ([[8, 3]], [[-1, 2]], [["0", 1]], [[0, 1, 2]], "0-4", [[True, 1]]):
+        reply, data = c.request({"op": "get", "job": "j", "rank": 0, "step": 4, "ranges": bad})
+        assert not reply["ok"] and "bad request" in reply["error"] and data == b"", bad
+
+
+def test_a_shrunk_world_drops_the_larger_worlds_ranks_once_they_cannot_be_restored() -> None:
+    """Bounded memory across a shrink 3 -> 2: old rank 2's steps stay while rank 0 still
+    holds a 3-rank step (a restore may need them), and go once every step rank 0 holds
+    is of the 2-rank world."""
+    store = Store(keep=2)
+    for rank in (0, 2):
+        store.put("j", rank, 10, bytearray(b"old"), world=3)
+    store.put("j", 0, 11, bytearray(b"new"), world=2)  # rank 0 holds steps 10 (3) and 11 (2)
+    assert store.index("j") == {"0": {"10": 3, "11": 2}, "2": {"10": 3}}
+    store.put("j", 0, 12, bytearray(b"new"), world=2)
+    assert store.index("j") == {"0": {"11": 2, "12": 2}}
+    assert store.stats() == {"bytes": 6, "snapshots": 2}
+
+
+def test_newest_complete_step_needs_every_old_rank_of_one_world() -> None:
+    """The step a restore picks: newest, >= the durable one, every old rank of its world
+    size held, as every restoring rank sees it."""
+    from trainer.memtier import newest_complete
+
+    three = {(q, 12, 3) for q in range(3)} | {(q, 13, 3) for q in (0, 2)}  # 13: rank 1 lost
+    assert newest_complete([three, three], 1) == (12, 3)
+    assert newest_complete([three, three], 13) is None  # older than the durable checkpoint
+    assert newest_complete([three, three - {(1, 12, 3)}], 1) is None  # one rank cannot see it
+    mixed = three | {(0, 14, 2), (1, 14, 2), (2, 14, 3)}
+    assert newest_complete([mixed], 1) == (14, 2)
+    assert newest_complete([], 1) is None
