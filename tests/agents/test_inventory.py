@@ -126,6 +126,15 @@ def test_the_resume_report_is_forwarded():
     assert snap is not None
     r = snap.progress.resume
     assert (r.tier, r.step, list(r.restored_from_peer)) == ("memory", 14, [1, 3])
+    # a shrink in place: the world sizes travel too (bad values are 0 = not reported)
+    shrunk = parse_progress({"step": 15, "resume_tier": "memory", "resumed_step": 14,
+                             "resumed_from_world_size": 3, "world_size": 2})
+    assert shrunk is not None
+    assert (shrunk.progress.resumed_from_world_size, shrunk.progress.world_size) == (3, 2)
+    bad = parse_progress({"step": 1, "resume_tier": "memory", "resumed_from_world_size": "x",
+                          "world_size": -4})
+    assert bad is not None
+    assert (bad.progress.resumed_from_world_size, bad.progress.world_size) == (0, 0)
     store = parse_progress({"step": 10, "resume_tier": "store"})
     assert store is not None and store.progress.resume.tier == "store"
     for other in ({"step": 3}, {"step": 3, "resume_tier": "tape"}):
