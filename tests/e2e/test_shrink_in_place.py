@@ -1,0 +1,102 @@
+"""A lost node and no spare: an elastic job shrinks in place, resharded from memory.
+
+Real broker, one real agent (local executor, one rank per node) whose inventory has 3
+nodes and no spare, real gloo ranks of examples/byo/train_plain.py with the trainer
+option `memory_every=1` (one memory keeper per node). The job asks for 3 nodes and may
+run on 2 (`min_nodes: 2`). One node is lost mid-run (its keeper and its rank
+SIGKILLed). Asserted:
+
+* the recovery policy finds no spare and chooses SHRINK_IN_PLACE: attempt 2 runs at once
+  on the two survivors, in their order, with 2 ranks;
+* the 2 ranks reshard the 3 old ranks' snapshots from the survivors' keepers (the lost
+  node's shard from its buddy copy), losing at most 1 step, newer than the durable
+  checkpoint; the event says "recovered from memory (step S, lost L steps, world 3 -> 2)";
+* every step's sample ids and loss equal the same script run uninterrupted on 3 ranks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from computebroker.v1 import common_pb2 as pb
+from tests.e2e import test_replace_in_place as rip
+from tests.e2e.test_replace_in_place import (
+    NODES,
+    REGION,
+    SCRIPT,
+    STEPS,
+    TRAIN_ARGS,
+    cli,
+    events_of,
+    kill_node,
+)
+from tests.fixtures.cluster import Cluster, wait_until
+from tests.trainer.launch import read_log
+from tests.trainer.test_trainer_processes import assert_matches
+
+pytestmark = pytest.mark.slow
+reference = rip.reference  # the same uninterrupted 3-rank run (a module-scoped fixture)
+
+
+def test_lost_node_without_a_spare_shrinks_in_place_from_memory(
+        cluster: Cluster, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
+    cluster.start_broker()
+    cluster.start_agent(REGION, nodes=3, gpus=1)
+    code = tmp_path / "project"
+    code.mkdir()
+    shutil.copy(SCRIPT, code / "train_plain.py")
+    log = tmp_path / "loss.jsonl"
+    with cluster.client() as client:
+        client.set_team_quota(team="ml", guaranteed_gpus=8)
+        wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
+                   what=f"agent connected\n{cluster.logs()}")
+        handle = client.submit({
+            "name": "shrink", "team": "ml", "nodes": 3, "gpus_per_node": 1,
+            "min_nodes": 2, "max_nodes": 3, "workdir": str(code),
+            "run": ["python", "train_plain.py", *TRAIN_ARGS, "--step-sleep", "0.3",
+                    "--loss-log", str(log)],
+            "trainer": {"total_steps": STEPS, "options": {"memory_every": "1"}}})
+        first = wait_until(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING and j,
+                           timeout=240, what=f"attempt 1 running\n{cluster.logs()}")
+        assert [a.node_id for a in first.placement.nodes] == NODES[:3], first.placement
+        wait_until(lambda: log.exists() and len(read_log(log)) >= 14, timeout=240,
+                   what=f"step 14\n{cluster.logs()}")
+        lost_attempt = handle.status().attempt
+        kill_node(cluster.root, handle.id, NODES[1], attempt=lost_attempt)
+        last = read_log(log)[-1]["step"]
+        job = handle.wait(timeout=400)
+        assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
+
+        events = events_of(client, job.id)
+        decided = [e for e in events if e.type == "node_recovery"]
+        assert [e.reason for e in decided] == ["shrink_in_place"], [(e.type, e.message) for e in events]
+        assert f"no ready spare for {NODES[1]}" in decided[0].message, decided[0]
+        assert "goes on with its survivors" in decided[0].message, decided[0]
+        # the survivors alone, in their order, at once (the attempt right after the loss)
+        assert job.attempt == job.node_recovery.failed_attempt + 1, job
+        assert [a.node_id for a in job.placement.nodes] == [NODES[0], NODES[2]], job.placement
+        rec = job.node_recovery
+        assert (rec.plan, rec.tier, list(rec.lost_nodes)) == ("shrink_in_place", "memory", [NODES[1]])
+        recovered = [e for e in events if e.type == "recovered"]
+        assert len(recovered) == 1, [(e.type, e.message) for e in events]
+        ev = recovered[0]
+        step, lost_steps = int(ev.details["step"]), int(ev.details["lost_steps"])
+        assert ev.message.startswith(
+            f"recovered from memory (step {step}, lost {lost_steps} steps, world 3 -> 2)"), ev
+        assert lost_steps <= 1, ev  # at most one snapshot interval (memory_every=1)
+        assert last - 1 <= step <= last, (last, step)
+        assert step > 10, step  # newer than the durable checkpoint (every 10 steps)
+        assert job.progress.resume.tier == "memory"
+        assert (job.progress.resumed_from_world_size, job.progress.world_size) == (3, 2)
+        shown = " ".join(cli(cluster, "events", job.id).split())  # lines wrap at 100 columns
+        assert f"recovered from memory (step {step}, lost {lost_steps} steps, world 3 -> 2)" in shown
+
+    records = read_log(log)
+    by_step = {r["step"]: r for r in records}  # the redone step: the later attempt's record
+    assert sorted(by_step) == list(range(1, STEPS + 1))
+    assert {by_step[s]["world_size"] for s in by_step if s > step} == {2}
+    assert_matches(reference, [by_step[s] for s in sorted(by_step)], exact=False)
