@@ -104,8 +104,8 @@ def test_manifests_round_trip_and_content():
     for i, p in enumerate(m.pods):
         terms = p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution \
             .node_selector_terms
-        assert [(e.key, e.values) for e in terms[0].match_expressions] == [
-            ("kubernetes.io/hostname", [f"node-{i}"])]
+        assert [(e.key, e.operator, e.values) for e in terms[0].match_fields] == [
+            ("metadata.name", "In", [f"node-{i}"])]
         assert p.spec.affinity.pod_anti_affinity is None  # no inter-pod term to evaluate
     # The Stop's deadline: the preStop hook reads its own pod and writes the file.
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "checkpoint_layout.pod_deadline"]
