@@ -359,7 +359,8 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
     nodes, c, off = 3, args.ckpt_every_recovery, args.kill_offset
     steps = 10**5  # cancelled at the end
     cluster = Cluster(root=tmp / f"cluster-{'warm' if warm else 'cold'}")
-    cluster.start_broker()
+    # every kill is a failed attempt, which counts against max_restarts (3 by default)
+    cluster.start_broker("--set", "max_restarts=1000")
     cluster.start_agent(REGION, nodes=nodes + 1, gpus=1, spares=1)
     code = tmp / f"project-{warm}"
     code.mkdir()
@@ -532,6 +533,9 @@ def main() -> None:
             for warm in (False, True):  # the same job, without then with warm starters
                 name = "warm rank starters" if warm else "spawned ranks (warm_ranks=0)"
                 runs[name] = recovery(args, tmp, warm)
+                # a later failure keeps it (outside results/: not a result of its own)
+                partial = Path(tempfile.gettempdir()) / "bench-memtier-recovery.partial.json"
+                partial.write_text(json.dumps(runs, indent=2) + "\n")
             result["recovery_small"] = {
                 "method": "real broker + agent (local executor, one rank per node, 1 spare);"
                           " downtime = SIGKILL of node 1's rank, keeper and starter -> the"

@@ -92,6 +92,7 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Pat
     assert ex.keepers.addresses("j-mem") == {}  # stopped when the job succeeded
 
 
+@pytest.mark.timeout(1500)  # a reference run, a start, starters importing: slow under load
 def test_survivors_ranks_start_warm_from_their_nodes_starters(ex, tmp_path: Path) -> None:
     """A job with the memory tier gets a warm rank starter per node once it runs
     (trainer/warm_start.py); the relaunch after a node loss forks the survivors' ranks
