@@ -499,6 +499,8 @@ def main() -> None:
     ap.add_argument("--kill-offset", type=int, default=7)
     ap.add_argument("--skip-recovery", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--reuse-runs", default="",
+                    help="recovery: a partial file of runs already measured (not run again)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other parts of an existing result file")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -529,10 +531,12 @@ def main() -> None:
             result[key] = overhead(args, tmp)
             result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
         if not args.skip_recovery:
-            runs = {}
+            runs = json.loads(Path(args.reuse_runs).read_text()) if args.reuse_runs else {}
             for warm in (False, True):  # the same job, without then with warm starters
                 name = "warm rank starters" if warm else "spawned ranks (warm_ranks=0)"
-                runs[name] = recovery(args, tmp, warm)
+                if name not in runs:
+                    runs[name] = recovery(args, tmp, warm)
+                    runs[name]["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                 # a later failure keeps it (outside results/: not a result of its own)
                 partial = Path(tempfile.gettempdir()) / "bench-memtier-recovery.partial.json"
                 partial.write_text(json.dumps(runs, indent=2) + "\n")

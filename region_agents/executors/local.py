@@ -250,6 +250,7 @@ class _Attempt:
     view_dropped: bool = False  # its copy of a shared checkpoint is gone (or never was)
     # (environment, cwd, identity) for the job's warm rank starters; None = none for it
     warm: tuple[dict[str, str], str, dict] | None = None
+    warmed_up: bool = False  # its starters were asked for (once the trainer said running)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -797,6 +798,8 @@ class LocalExecutor(Executor):
             return
         if snap is None:
             return
+        if snap.state == "running" and not att.warmed_up:  # also after an assumed RUNNING
+            self._warm_up(att)
         if not att.view_dropped and self._own_checkpoint(att, snap.progress.last_checkpoint_uri):
             # the attempt saved a checkpoint of its own: every rank is past its start (a
             # save follows a step all ranks took), and every later launch resumes from
@@ -809,6 +812,7 @@ class LocalExecutor(Executor):
         its nodes and on its pool's spares (Launch.spare_nodes: where a lost node's
         replacement would run), after the ranks' own start so that their imports do
         not compete with it."""
+        att.warmed_up = True
         if att.warm is None:
             return
         env, cwd, drop = att.warm
