@@ -85,6 +85,8 @@ class Forked:
 
 
 class RankZygotes:
+    """The agent's starters, by (job, node)."""
+
     def __init__(self, work_dir: Path, python: str) -> None:
         self.work_dir = work_dir
         self.python = python
@@ -166,26 +168,27 @@ class RankZygotes:
 
     @staticmethod
     def _stop(s: _Starter) -> None:
-        s.sock.close()  # EOF: it exits (its running ranks are not its to stop)
-        try:
-            s.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        """Stop a starter now: it holds nothing worth a wait (a starter still importing
+        would not read its socket's EOF for minutes), and SIGKILL reaches only the
+        starter, not the ranks it forked (their own process groups)."""
+        s.sock.close()
+        if s.proc.poll() is None:
             s.proc.kill()
-            s.proc.wait()
+        s.proc.wait()
 
     def kill_node(self, job_id: str, node_id: str) -> None:
         with self._lock:
             s = self._starters.pop((job_id, node_id), None)
         if s is not None:
-            s.proc.kill()
-            s.proc.wait()
-            s.sock.close()
+            self._stop(s)
 
     def stop_job(self, job_id: str) -> None:
         with self._lock:
             mine = [self._starters.pop(k) for k in list(self._starters) if k[0] == job_id]
         for s in mine:
             self._stop(s)
+        if mine:
+            log.info("%s: %d warm rank starter(s) stopped", job_id, len(mine))
 
     def shutdown(self) -> None:
         with self._lock:
