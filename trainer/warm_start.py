@@ -39,6 +39,8 @@ import sys
 import time
 import traceback
 
+from checkpoint_layout.held_signals import HELD_AT_START
+
 MAX_REQUEST = 1 << 20  # argv + environment of one rank
 READY = b'{"ready": true}'
 READY_LINE = "warm rank starter ready"  # its log's line once its imports are done
@@ -207,6 +209,10 @@ def main() -> None:
     ap.add_argument("--fd", type=int, required=True, help="the agent's SEQPACKET socket")
     args = ap.parse_args()
     sock = socket.socket(fileno=args.fd)
+    # its ranks start with SIGUSR1 blocked, as a spawned rank does (a mask is inherited
+    # over fork): an early checkpoint-now waits for the trainer's handler, never kills
+    # (checkpoint_layout/held_signals.py); the starter itself never needs it
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_AT_START)
     t0 = time.monotonic()
     print("warm rank starter: importing", flush=True)
     preload()

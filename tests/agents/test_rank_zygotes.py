@@ -2,7 +2,7 @@
 
 One real starter process (it imports torch once) forks real children. Asserted: a
 forked rank runs its program with its own argv, environment, cwd and stdio, in the
-process group it was given; its exit status, a signal's included, reaches its exit
+process group it was given, with SIGUSR1 held as a spawned rank has it; its exit status, a signal's included, reaches its exit
 file before the agent can see it gone; a rank is held until the agent's go and never
 runs if the go does not come (cancelled, or the agent died before its attempt record
 held the pid: no rank the agent cannot find runs); non-Python commands are not warm.
@@ -66,8 +66,10 @@ def test_forked_rank_runs_its_program_and_reports_its_exit(starters: RankZygotes
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent("""
         import os, sys, torch
+        from checkpoint_layout.held_signals import held_now
         print("argv", sys.argv[1:], "env", os.environ["FOO"], "cwd", os.getcwd(),
-              "rank", os.environ.get("RANK"), "warm", "torch" in sys.modules)
+              "rank", os.environ.get("RANK"), "warm", "torch" in sys.modules,
+              "held", sorted(s.name for s in held_now()))
         print("to stderr", file=sys.stderr)
         sys.exit(7)
     """))
@@ -78,7 +80,8 @@ def test_forked_rank_runs_its_program_and_reports_its_exit(starters: RankZygotes
     forked.go()
     assert wait_file(tmp_path / "rank.exit").strip() == "7"
     out = (tmp_path / "out").read_text()
-    assert f"argv ['x', '--y'] env bar cwd {tmp_path} rank 1 warm True" in out, out
+    # SIGUSR1 held, as for a spawned rank (checkpoint_layout/held_signals.py)
+    assert f"argv ['x', '--y'] env bar cwd {tmp_path} rank 1 warm True held ['SIGUSR1']" in out, out
     assert "to stderr" in (tmp_path / "err").read_text()
 
 
