@@ -12,28 +12,31 @@ same run:
   the keepers' CPU, and the training thread's own CPU time (and wall time) inside
   `step_done` (where the snapshot is taken) plus the end-of-phase wait for the last send. Overheads are
   medians of per-round ratios against the same round's tier-off phase.
-* **recovery** (--recovery-model, 3 nodes): one job, durable checkpoints every
-  --ckpt-every steps to S3, snapshots every step; node 1 is killed (its rank and its
-  keeper, SIGKILL) --kill-offset steps after a durable checkpoint, the rest of the gang
-  is killed as the agent does, and the job is relaunched at once on the survivors plus
-  a spare node with an empty keeper. Alternately the *memory* path (node 1 lost: its
-  shard is on node 2's keeper) and the *store* path (node 1's and node 2's keepers lost,
-  so rank 1's both copies are gone and every rank resumes from the durable checkpoint).
-  Downtime = SIGKILL -> the relaunch's first step done; lost work = the last step done
-  before the kill - the step resumed from; time to regain = SIGKILL -> a step past the
-  last one done before the kill. No failure-detection delay is in either path.
+* **recovery** (3 nodes, through a real broker and agent: the local executor, one rank
+  per node, a spare in the pool): one job (examples/byo/train_plain.py, snapshots every
+  step, durable checkpoints every --ckpt-every-recovery steps); node 1 is lost (its
+  rank, keeper and warm starter SIGKILLed) --kill-offset steps after a durable
+  checkpoint, and the agent, the broker and the relaunch do the rest. Alternately the
+  *memory* path (rank 1's shard is on node 2's keeper) and the *store* path (node 2's
+  keeper lost too, so every rank resumes from the durable checkpoint). Downtime =
+  SIGKILL -> the relaunch's first step done, split into stages (STAGES) from the
+  agent's log, the job's events and the relaunch's Progress.startup
+  (trainer/startup.py). Run twice in one invocation: with every rank spawned
+  (trainer option warm_ranks=0, the path before warm starters) and with the job's warm
+  rank starters (trainer/warm_start.py) ready, so the two are measured under the same
+  load.
 
 Writes benchmarks/results/memtier.json.
 
     .venv/bin/python benchmarks/bench_memtier.py [--model small] [--ranks 2] [--rounds 6]
-        [--steps 16] [--recovery-model small] [--kills 3] [--skip-recovery]
+        [--steps 16] [--kills 2] [--skip-recovery] [--skip-overhead] [--merge]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import os
 import platform
 import re
@@ -49,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.procstats import proc_cpu_s  # noqa: E402
-from tests.trainer.launch import Run, free_port, launch, read_log  # noqa: E402
+from tests.trainer.launch import Run, launch, read_log  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "memtier.json"
 TOKEN = "bench-token"
@@ -59,7 +62,6 @@ KS = (1, 2, 4, 8)
 # keepers in this machine's memory), so recovery compares paths with real bytes.
 BENCH_MODELS = {"60m": {"vocab_size": 32000, "d_model": 512, "n_layers": 8, "n_heads": 8,
                         "d_ff": 2048, "seq_len": 128}}
-BUCKET = "bench-memtier"
 
 
 def med(xs: list[float]) -> float:
@@ -98,16 +100,6 @@ def worker(args: argparse.Namespace) -> None:
         opt.step()
         return run.all_sum(loss) / args.batch
 
-    if args.mode == "train":
-        log = Path(args.steps_log)
-        for step in range(ckpt.resume() + 1, 10**9):
-            loss = one_step()
-            if run.is_main:
-                with log.open("a") as fh:
-                    fh.write(json.dumps({"step": step, "t": time.time(), "loss": loss,
-                                         "attempt": run.attempt}) + "\n")
-            run.step_done(step, loss=loss)
-        return
     overhead_phases(args, run, ckpt, one_step)
 
 
@@ -286,103 +278,207 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ part (b): recovery
-def _wait_log(log: Path, pred: Any, run: Run, timeout: float) -> dict[str, Any]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if log.exists():
-            for rec in reversed(read_log(log)):
-                if pred(rec):
-                    return rec
-        if any(p.poll() is not None for p in run.procs):
-            raise SystemExit(f"a rank exited early:\n{run.output()[-4000:]}")
-        time.sleep(0.02)
-    raise SystemExit(f"timed out waiting for the steps log:\n{run.output()[-4000:]}")
+# The stages of one recovery, in order, and the mark that ends each one (see
+# docs/recovery.md "Where a recovery's time goes"). Marks: "kill" (this script),
+# "agent_noticed" (the agent's log: the attempt finished, the survivors' ranks killed),
+# "broker_failed"/"decided"/"admitted" (the job's events), "agent_launched" (the agent's
+# log: every rank spawned), the rest the relaunch's rank 0 (Progress.startup,
+# trainer/startup.py).
+STAGES = (
+    ("notice", "kill", "agent_noticed"),  # the dead rank seen, the survivors stopped
+    ("report", "agent_noticed", "broker_failed"),  # the agent's update reaches the broker
+    ("decide_admit", "broker_failed", "admitted"),  # the recovery plan and the admission
+    ("launch", "admitted", "spawned"),  # Launch to the agent, its prepare, the spawn
+    ("imports", "spawned", "imported"),  # interpreter start, torch and the script's imports
+    ("process_group", "imported", "process_group"),  # rendezvous, mesh, checkpoint group
+    ("setup", "process_group", "resuming"),  # the script: model, FSDP, optimizer, tier
+    ("restore", "resuming", "restored"),  # memory or store, agreed
+    ("first_step", "restored", "first_step"),
+)
+AGENT_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?: (\S+) attempt (\d+) "
+                        r"(finished|launched|warm)")
+SCRIPT = REPO / "examples" / "byo" / "train_plain.py"
+REGION = "us-east-2"
 
 
-def _restore_seconds(text: str) -> float | None:
-    m = (re.search(r"resumed from the memory tier \(step \d+.*? in ([\d.]+)s", text)
-         or re.search(r"resumed from s3://\S+ \(step .*? in ([\d.]+)s", text))
-    return float(m.group(1)) if m else None
+def _agent_marks(log: Path, job_id: str) -> dict[tuple[str, int], float]:
+    """(what, attempt) -> epoch time of the agent's log lines for ``job_id``."""
+    out: dict[tuple[str, int], float] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = AGENT_LINE.match(line)
+        if m and m.group(3) == job_id:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+            out.setdefault((m.group(5), int(m.group(4))), t)
+    return out
 
 
-def recovery(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+def _breakdown(marks: dict[str, float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, a, b in STAGES:
+        out[name] = round(marks[b] - marks[a], 3) if a in marks and b in marks else None
+    return out
+
+
+def warm_nodes(root: Path, job_id: str) -> set[str]:
+    """Nodes with a live warm rank starter for ``job_id`` whose imports are done (its
+    log's last line; a restarted starter first writes that it is importing)."""
+    from trainer.warm_start import READY_LINE
+
+    live = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmdline = (d / "cmdline").read_bytes()
+                environ = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"trainer.warm_start" in cmdline and f"CB_JOB_ID={job_id}".encode() in environ:
+                live |= {e.split(b"=", 1)[1].decode() for e in environ
+                         if e.startswith(b"CB_NODE_ID=")}
+    ready = set()
+    for p in root.glob(f"agents/*/rank-starters/{job_id}/*.log"):
+        lines = p.read_text(errors="replace").strip().splitlines()
+        if p.stem in live and lines and lines[-1].startswith(READY_LINE):
+            ready.add(p.stem)
+    return ready
+
+
+def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
+    """The whole path through a real broker and agent (the local executor, one rank per
+    node, a spare in the pool): kill node 1 (its rank, keeper and warm starter: SIGKILL),
+    let the agent, the broker and the relaunch do the rest, and read every stage's end
+    from the logs, the job's events and the relaunch's Progress.startup. ``warm``: the
+    job's warm rank starters on (the kill waits until its nodes' and the spare's are
+    ready, the steady state of a running job), else ``warm_ranks=0``."""
+    from computebroker.v1 import common_pb2 as pb
+    from tests.e2e.test_replace_in_place import kill_node
+    from tests.fixtures.cluster import Cluster, wait_until
+    from tests.fixtures.pki import install
+
+    install()  # a dev CA and an operator token for this process's clients (as the tests do)
     nodes, c, off = 3, args.ckpt_every_recovery, args.kill_offset
-    ckpt_uri = f"s3://{BUCKET}/jobs/j-memtier"
-    log = tmp / "steps.jsonl"
-    keepers = [Keeper(tmp, f"r{i}") for i in range(nodes)]
-    every_keeper = list(keepers)
-    extra = ["--ckpt-every", str(c), "--steps-log", str(log)]
-    attempt = 1
-    run = start_ranks(tmp / f"a{attempt}", args, keepers, mode="train", model=args.recovery_model,
-                      ckpt_uri=ckpt_uri, attempt=attempt, env=env, extra=extra)
+    steps = 10**5  # cancelled at the end
+    cluster = Cluster(root=tmp / f"cluster-{'warm' if warm else 'cold'}")
+    # every kill is a failed attempt, which counts against max_restarts (3 by default)
+    cluster.start_broker("--set", "max_restarts=1000")
+    cluster.start_agent(REGION, nodes=nodes + 1, gpus=1, spares=1)
+    code = tmp / f"project-{warm}"
+    code.mkdir()
+    shutil.copy(SCRIPT, code / "train_plain.py")
+    log = tmp / f"loss-{warm}.jsonl"
     samples: list[dict[str, Any]] = []
     try:
-        start = 0
-        for i in range(2 * args.kills):
-            path = "memory" if i % 2 == 0 else "store"
-            # kill `off` steps after a durable checkpoint at least one interval ahead
-            target = (start // c + 1) * c + off
-            _wait_log(log, lambda r, t=target, a=attempt: r["attempt"] == a and r["step"] >= t,
-                      run, args.timeout)
-            run.procs[1].send_signal(signal.SIGKILL)
-            t_kill = time.time()
-            lost_keepers = [1] if path == "memory" else [1, 2]
-            for n in lost_keepers:
-                keepers[n].kill()
-            run.kill()  # the agent stops the rest of the gang
-            last = max(r["step"] for r in read_log(log) if r["attempt"] == attempt)
-            for n in lost_keepers:  # spare nodes with empty keepers
-                keepers[n] = Keeper(tmp, f"r{n}-{i}")
-                every_keeper.append(keepers[n])
-            attempt += 1
-            run = start_ranks(tmp / f"a{attempt}", args, keepers, mode="train",
-                              model=args.recovery_model, ckpt_uri=ckpt_uri, attempt=attempt,
-                              env=env, extra=extra)
-            first = _wait_log(log, lambda r, a=attempt: r["attempt"] == a, run, args.timeout)
-            regained = _wait_log(log, lambda r, a=attempt, s=last: r["attempt"] == a
-                                 and r["step"] > s, run, args.timeout)
-            prog = run.progress() or {}
-            resumed = int(first["step"]) - 1
-            tier = prog.get("resume_tier")
-            if tier != path:
-                raise SystemExit(f"kill {i}: expected the {path} path, the job used {tier}:\n"
-                                 f"{run.output(0)[-3000:]}")
-            samples.append({
-                "path": path, "killed_after_step": last, "resumed_step": resumed,
-                "lost_steps": last - resumed, "downtime_s": round(first["t"] - t_kill, 3),
-                "regain_s": round(regained["t"] - t_kill, 3),
-                "restore_s": _restore_seconds(run.output(0)),
-                "restored_from_peer": prog.get("restored_from_peer"),
-            })
-            print(f"kill {i} ({path}): after step {last}, resumed {resumed}, downtime "
-                  f"{samples[-1]['downtime_s']:.2f}s, regained in {samples[-1]['regain_s']:.2f}s, "
-                  f"restore {samples[-1]['restore_s']}s", flush=True)
-            start = int(regained["step"])
+        with cluster.client() as client:
+            client.set_team_quota(team="ml", guaranteed_gpus=8)
+            wait_until(lambda: any(r.connected for r in client.regions()), timeout=300,
+                       what="agent connected")
+            handle = client.submit({
+                "name": "bench-recovery", "team": "ml", "nodes": nodes, "gpus_per_node": 1,
+                "workdir": str(code),
+                "run": ["python", "train_plain.py", "--steps", str(steps), "--checkpoint-every",
+                        str(c), "--step-sleep", str(args.step_sleep), "--loss-log", str(log),
+                        "--log-every", str(10**6)],
+                "trainer": {"total_steps": steps, "options": {"memory_every": "1",
+                                                              "warm_ranks": "1" if warm else "0"}}})
+            start = 0
+            for i in range(2 * args.kills):
+                path = "memory" if i % 2 == 0 else "store"
+                job = wait_until(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING
+                                 and j, timeout=args.timeout, what=f"running\n{cluster.logs()}")
+                attempt = job.attempt
+                ready: set[str] = set()
+                if warm:  # the attempt's nodes and the spare: nodes + 1 starters
+                    ready = wait_until(lambda: len(r := warm_nodes(cluster.root, handle.id))
+                                       >= nodes + 1 and r, timeout=args.timeout,
+                                       what=f"warm starters\n{cluster.logs()}")
+                    done = [r["step"] for r in read_log(log) if r["attempt"] == attempt]
+                    start = max(start, *done) if done else start
+                target = (start // c + 1) * c + off
+                wait_until(lambda a=attempt, t=target: log.exists() and any(
+                    r["attempt"] == a and r["step"] >= t for r in read_log(log)),
+                    timeout=args.timeout, what=f"step {target}\n{cluster.logs()}")
+                placed = [a.node_id for a in handle.status().placement.nodes]
+                victim = placed[1]
+                t_kill = time.time()
+                kill_node(cluster.root, handle.id, victim, attempt=attempt)
+                if path == "store":  # rank 1's other copy (node 2's keeper) lost too
+                    _kill_keeper(cluster.root, handle.id, placed[2])
+                last = max(r["step"] for r in read_log(log) if r["attempt"] == attempt)
+                job = wait_until(lambda a=attempt, t=t_kill: (j := handle.status()).attempt > a
+                                 and j.progress.startup.get("first_step", 0) > t and j,
+                                 timeout=args.timeout, what=f"the relaunch\n{cluster.logs()}")
+                events = client.events(handle.id)
+                marks: dict[str, float] = {"kill": t_kill}
+                for e in events:
+                    if e.attempt == attempt and e.type in ("failed", "requeued", "attempt_failed") \
+                            and "broker_failed" not in marks:
+                        marks["broker_failed"] = e.time
+                    if e.type == "node_recovery" and e.time >= t_kill and "decided" not in marks:
+                        marks["decided"] = e.time
+                    if e.attempt == job.attempt and e.type in ("admitted", "launched") \
+                            and "admitted" not in marks:
+                        marks["admitted"] = e.time
+                agent = _agent_marks(cluster.root / "logs" / f"agent-{REGION}.log", handle.id)
+                if ("finished", attempt) in agent:
+                    marks["agent_noticed"] = agent[("finished", attempt)]
+                if ("launched", job.attempt) in agent:
+                    marks["agent_launched"] = agent[("launched", job.attempt)]
+                marks.update(dict(job.progress.startup))
+                tier = job.progress.resume.tier
+                first_new = min(r["step"] for r in read_log(log) if r["attempt"] == job.attempt)
+                resumed = first_new - 1
+                if tier != path:
+                    raise SystemExit(f"kill {i}: expected the {path} path, the job used {tier}:\n"
+                                     f"{cluster.logs()}")
+                sample = {
+                    "path": path, "killed_after_step": last, "resumed_step": resumed,
+                    "lost_steps": last - resumed,
+                    "downtime_s": round(marks["first_step"] - t_kill, 3),
+                    "plan": job.node_recovery.plan,
+                    "replaced": dict(job.node_recovery.replaced),
+                    "stages_s": _breakdown(marks),
+                    "marks": {k: round(v - t_kill, 3) for k, v in sorted(marks.items(),
+                                                                       key=lambda kv: kv[1])},
+                    "load_average_1": round(os.getloadavg()[0], 2),
+                    "warm_starters_at_kill": sorted(ready),
+                }
+                samples.append(sample)
+                print(f"kill {i} ({path}): after step {last}, resumed {resumed}, downtime "
+                      f"{sample['downtime_s']:.2f}s; {sample['stages_s']}", flush=True)
+                start = max(r["step"] for r in read_log(log) if r["attempt"] == job.attempt)
+            client.cancel(handle.id, reason="benchmark over")
     finally:
-        run.kill()
-        for k in every_keeper:
-            k.kill()
-    steps = [r for r in read_log(log)]
-    step_s = med([b["t"] - a["t"] for a, b in zip(steps, steps[1:], strict=False)
-                  if b["attempt"] == a["attempt"] and b["step"] == a["step"] + 1])
+        cluster.stop()
     by = {p: [s for s in samples if s["path"] == p] for p in ("memory", "store")}
     summary = {p: {"downtime_s_median": round(med([s["downtime_s"] for s in v]), 3),
-                   "regain_s_median": round(med([s["regain_s"] for s in v]), 3),
                    "lost_steps_max": max(s["lost_steps"] for s in v),
                    "lost_steps_median": med([s["lost_steps"] for s in v]),
-                   "restore_s_median": med([s["restore_s"] for s in v if s["restore_s"] is not None])}
+                   "stages_s_median": {name: (round(med(xs), 3) if (xs := [
+                       s["stages_s"][name] for s in v if s["stages_s"][name] is not None])
+                       else None) for name, _, _ in STAGES}}
                for p, v in by.items()}
     return {
-        "model": args.recovery_model, "nodes": nodes, "ranks": nodes, "global_batch": args.batch,
-        "checkpoint_every": c, "kill_offset_after_checkpoint": off, "kills_per_path": args.kills,
-        "step_s_median": round(step_s, 4),
+        "warm_ranks": warm,
         "memory": summary["memory"], "store": summary["store"],
         "downtime_ratio": round(summary["memory"]["downtime_s_median"]
                                 / summary["store"]["downtime_s_median"], 3),
-        "regain_ratio": round(summary["memory"]["regain_s_median"]
-                              / summary["store"]["regain_s_median"], 3),
         "samples": samples,
+        "load_average_1_during": [s["load_average_1"] for s in samples],
     }
+
+
+def _kill_keeper(root: Path, job_id: str, node: str) -> None:
+    """SIGKILL ``node``'s memory keeper for ``job_id`` (under ``root`` only)."""
+    mark = f"memory-keepers/{job_id}/{node}.port".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmdline = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(root).encode() in cmdline and mark in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(d.name), signal.SIGKILL)
 
 
 def main() -> None:
@@ -396,12 +492,15 @@ def main() -> None:
     ap.add_argument("--goal", type=float, default=0.03)
     ap.add_argument("--keep", type=int, default=2,
                     help="steps each keeper holds in the overhead part (1: half the memory)")
-    ap.add_argument("--recovery-model", default="small")
-    ap.add_argument("--kills", type=int, default=3, help="kills per path (memory, store)")
+    ap.add_argument("--step-sleep", type=float, default=0.2,
+                    help="recovery: the job's pause per step (a steady step time to kill at)")
+    ap.add_argument("--kills", type=int, default=2, help="kills per path (memory, store)")
     ap.add_argument("--ckpt-every-recovery", type=int, default=10)
     ap.add_argument("--kill-offset", type=int, default=7)
     ap.add_argument("--skip-recovery", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--reuse-runs", default="",
+                    help="recovery: a partial file of runs already measured (not run again)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other parts of an existing result file")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -418,11 +517,6 @@ def main() -> None:
     if any(args.steps % k for k in args.ks):
         raise SystemExit("--steps must be a multiple of every K (each K divides a phase)")
 
-    import boto3
-    from botocore.config import Config
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-memtier-"))
     prev = json.loads(RESULTS.read_text()) if args.merge and RESULTS.exists() else {}
@@ -437,21 +531,25 @@ def main() -> None:
             result[key] = overhead(args, tmp)
             result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
         if not args.skip_recovery:
-            port = free_port()
-            server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            server.start()
-            env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
-                   "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                   "AWS_REGION": "us-east-1"}
-            boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                         aws_access_key_id="bench", aws_secret_access_key="bench",
-                         config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=BUCKET)
-            try:
-                key = f"recovery_{args.recovery_model}"
-                result[key] = recovery(args, tmp, env)
-                result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
-            finally:
-                server.stop()
+            runs = json.loads(Path(args.reuse_runs).read_text()) if args.reuse_runs else {}
+            for warm in (False, True):  # the same job, without then with warm starters
+                name = "warm rank starters" if warm else "spawned ranks (warm_ranks=0)"
+                if name not in runs:
+                    runs[name] = recovery(args, tmp, warm)
+                    runs[name]["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+                # a later failure keeps it (outside results/: not a result of its own)
+                partial = Path(tempfile.gettempdir()) / "bench-memtier-recovery.partial.json"
+                partial.write_text(json.dumps(runs, indent=2) + "\n")
+            result["recovery_small"] = {
+                "method": "real broker + agent (local executor, one rank per node, 1 spare);"
+                          " downtime = SIGKILL of node 1's rank, keeper and starter -> the"
+                          " relaunch's first step done, detection and decision included",
+                "model": "examples/byo/train_plain.py", "nodes": 3, "ranks": 3,
+                "checkpoint_every": args.ckpt_every_recovery,
+                "kill_offset_after_checkpoint": args.kill_offset, "kills_per_path": args.kills,
+                "step_sleep_s": args.step_sleep, "stages": [name for name, _, _ in STAGES],
+                "runs": runs,
+                "load_average_1_5_15_end": [round(x, 2) for x in os.getloadavg()]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["load_average_1_5_15_start"] = [round(x, 2) for x in load_start]
@@ -467,9 +565,9 @@ def main() -> None:
                 print(f"  K={k}: CPU {v['cpu_overhead']:+.2%}, training thread "
                       f"{v['training_thread_share']:.2%}, keepers {v['keepers_cpu_share']:.2%}")
     for key, r in merged.items():
-        if key.startswith("recovery_"):
-            print(f"{key}: memory {r['memory']}, store {r['store']}, downtime ratio "
-                  f"{r['downtime_ratio']}")
+        for name, run in r.get("runs", {}).items() if key.startswith("recovery_") else ():
+            print(f"{key} {name}: memory {run['memory']}, store {run['store']}, downtime "
+                  f"ratio {run['downtime_ratio']}")
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

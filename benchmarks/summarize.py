@@ -1023,31 +1023,57 @@ def memtier(d: dict[str, Any]) -> list[str]:
         out += ["", f"Smallest K within the goal on the rank's CPU (keepers not counted): "
                 f"{best if best else 'none measured'}."]
     for key in sorted(k for k in d if k.startswith("recovery_")):
-        r = d[key]
-        m, st = r["memory"], r["store"]
-        out += [
-            "",
-            f"Recovery after a node kill: model `{r['model']}`, {r['nodes']} nodes x 1 rank, a step "
-            f"takes {f(r['step_s_median'] * 1e3, 0)} ms, durable checkpoint every {r['checkpoint_every']} "
-            f"steps to S3 (moto), node killed {r['kill_offset_after_checkpoint']} steps after one; "
-            f"{r['kills_per_path']} kills per path, alternating, on one job; relaunch at once (no "
-            "detection delay in either path). Medians (the upper middle value of an even count):",
-            "",
-            "| path | downtime (kill to first step) | restore inside it | lost steps (max) | "
-            "kill to a step past the lost ones |",
-            "|---|---|---|---|---|",
-            f"| memory (spare node; rank 1 from its buddy's keeper) | {f(m['downtime_s_median'], 2)} s | "
-            f"{f(m['restore_s_median'], 2)} s | {f(m['lost_steps_median'], 0)} ({m['lost_steps_max']}) | "
-            f"{f(m['regain_s_median'], 2)} s |",
-            f"| store (both copies of rank 1 lost) | {f(st['downtime_s_median'], 2)} s | "
-            f"{f(st['restore_s_median'], 2)} s | {f(st['lost_steps_median'], 0)} ({st['lost_steps_max']}) | "
-            f"{f(st['regain_s_median'], 2)} s |",
-            "",
-            f"Downtime ratio memory/store: {f(r['downtime_ratio'], 2)} (goal <= "
-            f"{d['goal']['downtime_ratio']}); to regain the lost progress: {f(r['regain_ratio'], 2)}. "
-            "Most of the downtime in both paths is starting the ranks again (interpreter, torch, "
-            "gloo, model build), which the restore tier does not change.",
-        ]
+        out += _recovery_lines(d, d[key])
+    return out
+
+
+STAGE_TEXT = {
+    "notice": "the agent sees the dead rank, stops the survivors",
+    "report": "its update reaches the broker",
+    "decide_admit": "recovery plan and admission (same pass)",
+    "launch": "Launch to the agent, prepare, spawn or fork",
+    "imports": "interpreter, torch, the script's imports",
+    "process_group": "rendezvous (waits for the slowest rank), mesh",
+    "setup": "the script: model, FSDP, optimizer, tier",
+    "restore": "the restore (memory or store), agreed",
+    "first_step": "the first step",
+}
+
+
+def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
+    """The recovery part: downtime per path and where it goes, stage by stage."""
+    runs = r.get("runs") or {"": r}
+    out = [
+        "",
+        f"Recovery after a node kill: {r['method']}. "
+        f"`{r['model']}`, {r['nodes']} nodes x 1 rank, durable checkpoint every "
+        f"{r['checkpoint_every']} steps (local store), node 1 killed "
+        f"{r['kill_offset_after_checkpoint']} steps after one; {r['kills_per_path']} kill(s) "
+        "per path alternating on one job (memory: node 1's rank and keeper lost; store: "
+        "node 2's keeper too, so rank 1's both copies are gone). Medians per stage (the upper "
+        "middle value of an even count), seconds; a tiny model, so the store's read is cheap "
+        "here and the memory path's gain is the lost steps:",
+        "",
+    ]
+    cols = [(name, run, path) for name, run in runs.items() for path in ("memory", "store")]
+    head = " | ".join(f"{(name + ': ') if name else ''}{path}" for name, _, path in cols)
+    out += [f"| stage | {head} |", "|---|" + "---|" * len(cols)]
+    for stage in r["stages"]:
+        vals = " | ".join(f(x, 2) if (x := run[path]["stages_s_median"].get(stage)) is not None
+                          else "-" for _, run, path in cols)
+        out.append(f"| {stage} ({STAGE_TEXT.get(stage, '')}) | {vals} |")
+    vals = " | ".join(f"**{f(run[path]['downtime_s_median'], 2)}**" for _, run, path in cols)
+    out.append(f"| downtime (kill to the first step) | {vals} |")
+    vals = " | ".join(f"{f(run[path]['lost_steps_median'], 0)} ({run[path]['lost_steps_max']})"
+                      for _, run, path in cols)
+    out.append(f"| lost steps, median (max) | {vals} |")
+    out.append("")
+    for name, run in runs.items():
+        la = run.get("load_average_1_during") or []
+        when = f" (measured {run['measured']})" if run.get("measured") else ""
+        out.append(f"- {name or 'run'}{when}: downtime ratio memory/store "
+                   f"{f(run['downtime_ratio'], 2)} (goal <= {d['goal']['downtime_ratio']}); "
+                   f"1-minute load average {', '.join(f(x, 1) for x in la) or '?'} at the kills.")
     return out
 
 

@@ -94,6 +94,11 @@ def parse_progress(data: object, mtime: float = 0.0) -> ProgressSnapshot | None:
                 and 0 <= r < 2**31)
         progress.resumed_from_world_size = min(2**31 - 1, max(0, int(num("resumed_from_world_size", int))))
         progress.world_size = min(2**31 - 1, max(0, int(num("world_size", int))))
+    stages = data.get("startup")
+    if isinstance(stages, dict):  # the ranks' start stages (trainer/startup.py)
+        progress.startup.update({str(k)[:32]: float(v) for k, v in list(stages.items())[:16]
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                 and 0 <= v < 1e11})
     return ProgressSnapshot(
         state=str(data.get("state") or "running"), heartbeat=heartbeat, progress=progress, raw=data
     )

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from checkpoint_layout import parse_step
-from trainer import standby, telemetry
+from trainer import standby, startup, telemetry
 from trainer.agree import agree
 from trainer.checkpoint import CheckpointManager, _outage_or, find_resume_point
 from trainer.errors import StoreUnavailable
 from trainer.memtier import MemoryTier, Restored
 from trainer.outage_wait import OutageWait, agreed_give_up, pause_or_raise
+from trainer.startup import Stage
 from trainer.storage import step_name
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ class Checkpointer:
         try the whole resume again, for at most CB_STORE_WAIT_S (trainer/outage_wait.py);
         past that they all raise StoreUnavailable (exit 81) and the broker waits.
         """
+        startup.mark(Stage.RESUMING)
         run = self.run
         resume_from = run.env.resume_from
         if standby.go_file():

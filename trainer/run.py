@@ -42,6 +42,7 @@ from torch import nn
 
 from checkpoint_layout.faults import describe, is_outage
 from checkpoint_layout.stop_deadline import read_stop_deadline
+from trainer import startup
 from trainer.agree import agree
 from trainer.checkpoint import GraceExceeded
 from trainer.config import RunEnv, load_run_env
@@ -68,6 +69,7 @@ from trainer.parallel import (
 )
 from trainer.progress import ProgressReporter
 from trainer.signals import SignalFlags, install_flags
+from trainer.startup import Stage
 from trainer.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -226,6 +228,7 @@ class Run:
             self.progress.update(loss=self.last_loss)
 
     def _started(self, step: int) -> None:
+        startup.mark(Stage.RESTORED)
         self.step = step
         samples = self._ckpt.samples_seen if self._ckpt is not None else 0
         self.progress.update(state="running", step=step, samples_seen=samples,
@@ -262,6 +265,8 @@ class Run:
             tokens_per_s=tokens / max(dt, 1e-9) if tokens else 0.0,
             step_time=time.time(),
         )
+        if not startup.reached(Stage.FIRST_STEP):
+            self._first_step_done()
         if self.total_steps and step >= self.total_steps:
             return
         if ck is not None and not ck._warm:
@@ -276,6 +281,14 @@ class Run:
             ck.save(step)
         if ck is not None and ck.memory is not None:
             ck.memory.maybe_snapshot(step, ck.samples_seen)
+
+    def _first_step_done(self) -> None:
+        """This attempt's start is over: its stages go to the progress file (the
+        recovery breakdown, trainer/startup.py) and one log line."""
+        startup.mark(Stage.FIRST_STEP)
+        stages = startup.times()
+        self.progress.update(startup=stages)
+        self.log(f"started: {startup.summary(stages)}")
 
     def _stop(self, step: int) -> NoReturn:
         self.progress.update(state="checkpointing")
@@ -401,6 +414,7 @@ def init(
     `handle_exit` (default): map uncaught TrainerError/CheckpointSaveError to the
     contract's exit codes with one stderr line; `python -m trainer` does that itself.
     """
+    startup.mark(Stage.IMPORTED)
     flags = install_flags()
     # DCP warns about defaults and single-process loads; not actionable in a job's log
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\..*")
@@ -430,6 +444,7 @@ def init(
         sys.excepthook = run._excepthook
         atexit.register(run._atexit)
     _agree_store_up(run, down)
+    startup.mark(Stage.PROCESS_GROUP)
     return run
 
 

@@ -156,14 +156,15 @@ class JobOps:
         return next(s for s in job.checkpoint_shares if s.id == share_id)
 
     # ---- scheduler ---------------------------------------------------------------------------
-    def launch(self, job_id: str, admission: placement.Admission, explanation: str = "") -> pb.Job | None:
+    def launch(self, job_id: str, admission: placement.Admission, explanation: str = "",
+               spare_nodes: tuple[str, ...] = ()) -> pb.Job | None:
         """Admit a queued job on ``admission``; the Launch goes out after the write."""
         agent = self.agents.get(admission.agent_id)
         if agent is None or not agent.connected:
             return None
         inp = transitions.Admit(admission=admission, nodes=agent.nodes_by_id(),
                                 checkpoint_bucket=agent.record.checkpoint_bucket,
-                                explanation=explanation)
+                                explanation=explanation, spare_nodes=spare_nodes)
 
         def step(job: pb.Job, now: float) -> Outcome | None:
             # a job starting from another job's checkpoints: the share must still be in
@@ -179,7 +180,8 @@ class JobOps:
         return out.job if out is not None and out.job.phase not in TERMINAL else None
 
     def relaunch_after_node_loss(self, job_id: str, plan: RelaunchPlan,
-                                 admission: placement.Admission | None) -> pb.Job | None:
+                                 admission: placement.Admission | None,
+                                 spare_nodes: tuple[str, ...] = ()) -> pb.Job | None:
         """Apply the recovery policy's NODE_LOST plan (broker/scheduling/replacements.py):
         in place, the job is admitted on ``admission`` (survivors plus spares) and the
         Launch goes out after the write; from the store, it stays queued."""
@@ -189,7 +191,8 @@ class JobOps:
             if agent is not None and agent.connected:
                 admit = transitions.Admit(admission=admission,
                                           nodes=agent.nodes_by_id(),
-                                          checkpoint_bucket=agent.record.checkpoint_bucket)
+                                          checkpoint_bucket=agent.record.checkpoint_bucket,
+                                          spare_nodes=spare_nodes)
         inp = node_recovery.Decided(plan=plan, admit=admit)
         out = self._apply(job_id, node_recovery.decide, inp)
         return out.job if out is not None and out.job.phase not in TERMINAL else None

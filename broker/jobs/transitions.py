@@ -61,6 +61,7 @@ class Admit:
     nodes: dict[str, pb.Node]
     checkpoint_bucket: str
     explanation: str = ""
+    spare_nodes: tuple[str, ...] = ()  # its pool's spares now (Launch.spare_nodes)
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,8 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     j.stop_requested_time = 0.0
     launch = apb.Launch(job_id=j.id, attempt=j.attempt, spec=j.spec, placement=j.placement,
                         checkpoint_uri=ckpt, resume_from=resume,
-                        transfer_mode=config.migration_transfer_mode)
+                        transfer_mode=config.migration_transfer_mode,
+                        spare_nodes=inp.spare_nodes)
     launch.env[store_wait.STORE_WAIT_ENV] = f"{store_wait.attempt_wait_s(j, now, config):g}"
     return seal(tx, SendLaunch(agent_id=adm.agent_id, launch=launch))
 

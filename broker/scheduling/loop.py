@@ -29,7 +29,7 @@ from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import exclusions, plan_watch, preemption_rules, replacements
+from broker.scheduling import exclusions, plan_watch, preemption_rules, replacements, warm_spares
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.proactive_watch import ProactiveWatch
@@ -250,9 +250,14 @@ class SchedulerLoop:
                 continue
             launches.append(adm)
         # several at once (LAUNCH_THREADS): their writes share commits; each Launch is
-        # still sent only after its own job's write committed (the applier)
-        launched = (list(self._launcher.map(lambda a: ops.launch(a.job_id, a), launches))
-                    if len(launches) > 1 else [ops.launch(a.job_id, a) for a in launches])
+        # still sent only after its own job's write committed (the applier); each names
+        # its pool's spares (warm_spares.py)
+        def launch(a: placement.Admission) -> pb.Job | None:
+            return ops.launch(a.job_id, a,
+                              spare_nodes=warm_spares.of_pool(snapshot, a.agent_id, a.pool))
+
+        launched = (list(self._launcher.map(launch, launches))
+                    if len(launches) > 1 else [launch(a) for a in launches])
         for adm, out in zip(launches, launched, strict=True):
             if out is not None:
                 admitted.add(adm.job_id)

@@ -31,6 +31,7 @@ from broker.jobs.recovery import (
     is_elastic,
     policy_for,
 )
+from broker.scheduling import warm_spares
 from broker.scheduling.spares import block_of
 from computebroker.v1 import common_pb2 as pb
 from placement.quota_check import QuotaCheck
@@ -106,7 +107,11 @@ def relaunch_lost(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot)
                 capacity_type=placement.CapacityType(pl.capacity_type or pb.CAPACITY_TYPE_ON_DEMAND),
                 pool=pl.pool, price_per_gpu_hour=pl.price_per_gpu_hour,
                 explanation=f"in place after a node loss: {plan.why}")
-        out = ops.relaunch_after_node_loss(job.id, plan, admission)
+        taken = {node for node, _ in admission.assignments} if admission is not None else set()
+        out = ops.relaunch_after_node_loss(
+            job.id, plan, admission,
+            spare_nodes=warm_spares.of_pool(snapshot, job.placement.agent_id, job.placement.pool,
+                                            among=spares - taken))
         if out is None:
             continue
         changed.append(out)

@@ -60,6 +60,7 @@ class AttemptSpec:
     workdir_tar: str = ""  # the job's verified workdir tarball on this host (agent's cache)
     workdir_size: int = 0  # its size in bytes (what a pod checks its copy against)
     standby: bool = False  # make-before-break: hold the ranks before their first step (Go)
+    spare_nodes: tuple[str, ...] = ()  # its pool's spares at admission (Launch.spare_nodes)
 
     @classmethod
     def from_launch(cls, launch: agent_pb2.Launch) -> AttemptSpec:
@@ -72,6 +73,7 @@ class AttemptSpec:
             resume_from=launch.resume_from,
             env=dict(launch.env),
             standby=launch.standby,
+            spare_nodes=tuple(launch.spare_nodes),
         )
 
     def node_ids(self) -> list[str]:

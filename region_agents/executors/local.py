@@ -63,6 +63,7 @@ from region_agents.executors.job_dirs import JobDirError, make_job_dir, open_job
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
 from region_agents.executors.memory_keepers import KeeperPool, memory_every
 from region_agents.executors.rank_threads import rank_thread_env
+from region_agents.executors.rank_zygotes import WARM_OPTION, Forked, RankZygotes, warm_command
 from region_agents.logship import LogSource
 from region_agents.progress import ProgressSnapshot, read_progress
 from region_agents.resume_views import (
@@ -163,6 +164,8 @@ class _Rank:
     returncode: int | None = None
     pid: int = 0
     start_ticks: int = 0
+    forked: bool = False  # started by a warm starter (rank_zygotes.py): not our child
+    gone_since: float = 0.0
 
     @property
     def exit_path(self) -> Path:
@@ -177,8 +180,18 @@ class _Rank:
             if self.proc is not None:
                 self.returncode = self.proc.poll()
             elif not records.same_process_alive(self.pid, self.start_ticks):
-                self.returncode = _written_exit_code(self.exit_path)
+                code = _written_exit_code(self.exit_path)
+                if code == ADOPTED_EXITED and self.forked and self._starter_may_write():
+                    return None  # its starter writes the status as it reaps it
+                self.returncode = code
         return self.returncode
+
+    def _starter_may_write(self) -> bool:
+        """A forked rank's starter writes its exit status within moments of its end
+        (trainer/warm_start.py reaps every 20 ms): wait that long, not forever."""
+        now = time.monotonic()
+        self.gone_since = self.gone_since or now
+        return now - self.gone_since < STARTER_EXIT_WAIT_S
 
 
     def signal(self, sig: int) -> None:
@@ -191,6 +204,7 @@ class _Rank:
                 os.kill(self.pid, sig)
 
 
+STARTER_EXIT_WAIT_S = 2.0
 ADOPTED_EXITED = -1000  # exit code of a re-adopted rank that has exited (see _Rank.poll)
 
 
@@ -234,6 +248,9 @@ class _Attempt:
     events: list[AttemptEvent] = field(default_factory=list)
     record: records.AttemptRecord | None = None
     view_dropped: bool = False  # its copy of a shared checkpoint is gone (or never was)
+    # (environment, cwd, identity) for the job's warm rank starters; None = none for it
+    warm: tuple[dict[str, str], str, dict] | None = None
+    warmed_up: bool = False  # its starters were asked for (once the trainer said running)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -288,6 +305,8 @@ class LocalExecutor(Executor):
         self._lock = threading.RLock()
         # The in-memory recovery tier's keepers (jobs with trainer option memory_every).
         self.keepers = KeeperPool(self.work_dir, python)
+        # Warm rank starters per (job, node) for jobs with the memory tier (rank_zygotes.py)
+        self.zygotes = RankZygotes(self.work_dir, python)
 
     # ---- launch ---------------------------------------------------------------
     def resolve_command(self, command: list[str]) -> list[str]:
@@ -461,6 +480,11 @@ class LocalExecutor(Executor):
             with contextlib.suppress(ValueError, TypeError):
                 hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
             ranks: list[_Rank] = []
+            held: list[Forked] = []  # forked ranks, released once the record has their pids
+            # a job with the memory tier recovers in place: its ranks start warm where
+            # the node has a starter (opt out: trainer option warm_ranks=0)
+            warm = (bool(every) and isolate is None and warm_command(command, self.python)
+                    and spec.spec.trainer.options.get(WARM_OPTION, "1") != "0")
             pgid = 0
             rank = 0
             # Durable before the first spawn (an agent dying mid-launch leaves a record;
@@ -494,6 +518,21 @@ class LocalExecutor(Executor):
                         if isolate is not None:  # root's steps see none of the job's env
                             argv, env, env_fd = isolate.isolated(command, env, self.proc_tools,
                                                                  self.python)
+                        forked = self.zygotes.fork(
+                            spec.job_id, node_id, argv=command, env=env, cwd=str(cwd),
+                            pgid=pgid, exit_file=env["CB_EXIT_FILE"], stdout_fd=out.fileno(),
+                            stderr_fd=err.fileno()) if warm else None
+                        if forked is not None:
+                            out.close()
+                            err.close()
+                            held.append(forked)
+                            if rank == 0:
+                                pgid = forked.pid
+                            ticks = records.proc_start_ticks(forked.pid) or 0
+                            ranks.append(_Rank(rank, node_id, None, err_path, pid=forked.pid,
+                                               start_ticks=ticks, forked=True))
+                            rank += 1
+                            continue
                         try:
                             # SIGUSR1 blocked in the rank until the trainer's handler is
                             # in (held_signals.py): an early checkpoint-now is not fatal
@@ -525,13 +564,25 @@ class LocalExecutor(Executor):
                                            start_ticks=ticks))
                         rank += 1
             except OSError as e:
+                for f in held:
+                    f.cancel()
                 if pgid:
                     self._killpg(pgid, signal.SIGKILL)
                 raise ValueError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
             record.pgid = pgid
             record.ranks = [records.RankRecord(r.rank, r.node_id, r.pid, r.start_ticks)
                             for r in ranks]
-            record.save()
+            try:
+                record.save()
+            except BaseException:
+                for f in held:
+                    f.cancel()  # never run a rank the record does not hold
+                raise
+            for f in held:
+                f.go()
+            if held:
+                log.info("%s attempt %d: %d of %d ranks started warm", spec.job_id,
+                         spec.attempt, len(held), world)
             att = _Attempt(
                 spec=spec,
                 dir=adir,
@@ -541,6 +592,7 @@ class LocalExecutor(Executor):
                 started=record.started,
                 hang_timeout_s=hang,
                 record=record,
+                warm=(base_env, str(cwd), drop) if warm else None,
             )
             self._attempts[att.key] = att
             self._pending.append(AttemptEvent(spec.job_id, spec.attempt, AS.ATTEMPT_STATE_STARTING))
@@ -729,6 +781,7 @@ class LocalExecutor(Executor):
             # not a real training state. ``starting`` in the file means not yet.
             if snap is not None and snap.state in ("running", "checkpointing", "done"):
                 self._set_state(att, AS.ATTEMPT_STATE_RUNNING)
+                self._warm_up(att)
                 return
             if snap is not None and snap.store_wait() is not None:
                 # still STARTING, but the ranks wait for their store: say so (and the
@@ -745,12 +798,26 @@ class LocalExecutor(Executor):
             return
         if snap is None:
             return
+        if snap.state == "running" and not att.warmed_up:  # also after an assumed RUNNING
+            self._warm_up(att)
         if not att.view_dropped and self._own_checkpoint(att, snap.progress.last_checkpoint_uri):
             # the attempt saved a checkpoint of its own: every rank is past its start (a
             # save follows a step all ranks took), and every later launch resumes from
             # its own; the copy of what it started from is not needed any more
             self._drop_view(att)
         self._send_progress(att, snap, now)
+
+    def _warm_up(self, att: _Attempt) -> None:
+        """The attempt runs: start the job's warm rank starters for its next attempt on
+        its nodes and on its pool's spares (Launch.spare_nodes: where a lost node's
+        replacement would run), after the ranks' own start so that their imports do
+        not compete with it."""
+        att.warmed_up = True
+        if att.warm is None:
+            return
+        env, cwd, drop = att.warm
+        for node in dict.fromkeys([*(r.node_id for r in att.ranks), *att.spec.spare_nodes]):
+            self.zygotes.start(att.spec.job_id, node, env, cwd, drop)
 
     def _send_progress(self, att: _Attempt, snap: ProgressSnapshot, now: float) -> None:
         """Report ``snap`` when it says something new, at most every progress_interval_s
@@ -831,6 +898,7 @@ class LocalExecutor(Executor):
         self._drop_view(att)  # the ranks are gone: nobody reads the copy any more
         if state != AS.ATTEMPT_STATE_FAILED:  # done, stopped or durably saved: memory not needed
             self.keepers.stop_job(att.spec.job_id)
+            self.zygotes.stop_job(att.spec.job_id)
         if att.record is not None:
             att.record.final = {"state": int(state), "exit_code": int(code),
                                 "message": msg.strip(), "failed_nodes": list(failed_nodes),
@@ -865,6 +933,7 @@ class LocalExecutor(Executor):
                     self._signal_live(a, signal.SIGKILL)
         deadline = time.time() + grace_s
         self.keepers.shutdown()
+        self.zygotes.shutdown()
         for a in atts:
             for r in a.ranks:
                 if r.proc is None:  # adopted: not our child, poll /proc
@@ -987,4 +1056,5 @@ def _launch_of(spec: AttemptSpec) -> agent_pb2.Launch:
     """The Launch an AttemptSpec came from (stored in the attempt record)."""
     return agent_pb2.Launch(job_id=spec.job_id, attempt=spec.attempt, spec=spec.spec,
                             placement=spec.placement, checkpoint_uri=spec.checkpoint_uri,
-                            resume_from=spec.resume_from, env=spec.env, standby=spec.standby)
+                            resume_from=spec.resume_from, env=spec.env, standby=spec.standby,
+                            spare_nodes=spec.spare_nodes)

@@ -13,6 +13,7 @@ stopped when it succeeds.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -88,3 +89,69 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Pat
     assert sorted(by_step) == list(range(1, STEPS + 1))
     assert_matches(read_log(ref_log), [by_step[s] for s in sorted(by_step)], exact=False)
     assert ex.keepers.addresses("j-mem") == {}  # stopped when the job succeeded
+
+
+@pytest.mark.timeout(1500)  # a reference run, a start, starters importing: slow under load
+def test_survivors_ranks_start_warm_from_their_nodes_starters(ex, tmp_path: Path) -> None:
+    """A job with the memory tier gets a warm rank starter per node once it runs
+    (trainer/warm_start.py); the relaunch after a node loss forks the survivors' ranks
+    from their nodes' starters (no interpreter start, no torch import), spawns the
+    spare's rank as before, and trains on exactly as an uninterrupted run. The lost
+    node's starter is gone with it; the job's starters stop when it succeeds."""
+    ref_log = tmp_path / "ref.jsonl"
+    ref = launch(tmp_path / "ref", 3, "{}", str(tmp_path / "ref-ckpt"), argv=args(ref_log, 0.0),
+                 job_id="j-ref")
+    assert ref.wait(300) == [0, 0, 0], ref.output()
+
+    log, ckpt = tmp_path / "loss.jsonl", tmp_path / "ckpt"
+    col = Collector(ex)
+    # slow steps: the starters import torch while attempt 1 still trains
+    ex.launch(spec(["n0", "n1", "n2"], 1, log, ckpt, sleep=20.0))
+    # the starters start once the trainer says it runs; the executor is polled meanwhile,
+    # as the agent does
+    starters = tmp_path / "work" / "rank-starters" / "j-mem"
+    wait_for(lambda: col.pump() is not None and all(
+        ex.zygotes.ready("j-mem", n) for n in ("n0", "n1", "n2")), 900,
+        what=f"warm starters ready: {[p.read_text() for p in starters.glob('*.log')]}")
+    att = ex.get("j-mem", 1)
+    assert att is not None and not any(r.forked for r in att.ranks)  # attempt 1: spawned
+    wait_for(lambda: log.exists() and len(read_log(log)) >= 2, 300, what="step 2")
+    assert len(read_log(log)) < STEPS, "attempt 1 ended before its node was lost"
+    att.ranks[1].signal(9)  # node n1 is lost: its rank, its memory, its starter
+    ex.keepers.kill_node("j-mem", "n1")
+    ex.zygotes.kill_node("j-mem", "n1")
+    end = col.wait_terminal()
+    assert end.state == AS.ATTEMPT_STATE_FAILED and end.failed_nodes == ["n1"], end.message
+
+    col2 = Collector(ex)
+    ex.launch(spec(["n0", "spare", "n2"], 2, log, ckpt, sleep=0.0))
+    att2 = ex.get("j-mem", 2)
+    assert att2 is not None
+    assert [r.forked for r in att2.ranks] == [True, False, True], att2.ranks
+    starters = {n: s.proc.pid for (j, n), s in ex.zygotes._starters.items() if j == "j-mem"}
+    for r in (att2.ranks[0], att2.ranks[2]):  # children of their own node's starter
+        ppid = int(Path(f"/proc/{r.pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid == starters[r.node_id], (r, starters)
+    assert os.getpgid(att2.ranks[2].pid) == att2.pgid == att2.ranks[0].pid  # one group
+    done = col2.wait_terminal(timeout=300)
+    assert done.state == AS.ATTEMPT_STATE_SUCCEEDED, done.message
+    prog = json.loads((tmp_path / "work" / "jobs" / "j-mem" / "attempt-2" / "progress.json").read_text())
+    assert prog["resume_tier"] == "memory", prog
+    assert set(prog["startup"]) >= {"spawned", "imported", "process_group", "restored",
+                                    "first_step"}, prog
+    by_step = {r["step"]: r for r in read_log(log)}
+    assert sorted(by_step) == list(range(1, STEPS + 1))
+    assert_matches(read_log(ref_log), [by_step[s] for s in sorted(by_step)], exact=False)
+    assert ex.zygotes.nodes("j-mem") == []  # stopped when the job succeeded
+
+
+def test_warm_ranks_off_by_option(ex, tmp_path: Path) -> None:
+    """``warm_ranks=0``: no starter, every rank of every attempt spawned."""
+    log, ckpt = tmp_path / "loss.jsonl", tmp_path / "ckpt"
+    s = spec(["n0", "n1"], 1, log, ckpt, sleep=0.0)
+    s.spec.trainer.options["warm_ranks"] = "0"
+    col = Collector(ex)
+    ex.launch(s)
+    done = col.wait_terminal(timeout=300)
+    assert done.state == AS.ATTEMPT_STATE_SUCCEEDED, done.message
+    assert not (tmp_path / "work" / "rank-starters").exists()

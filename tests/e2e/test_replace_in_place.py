@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,9 +35,12 @@ from typing import Any
 import pytest
 
 from computebroker.v1 import common_pb2 as pb
+from region_agents.executors import attempt_records as records
+from region_agents.executors.attempt_records import AttemptRecord
 from tests.fixtures.cluster import ROOT, Cluster, wait_until
 from tests.trainer.launch import launch, read_log
 from tests.trainer.test_trainer_processes import assert_matches
+from trainer.warm_start import READY_LINE
 
 pytestmark = pytest.mark.slow
 
@@ -56,14 +60,20 @@ def cli(cluster: Cluster, *args: str) -> str:
 
 
 def kill_node(root: Path, job_id: str, node: str, attempt: int, keeper: bool = True) -> int:
-    """Lose ``node`` for the job: SIGKILL its memory keeper, then its ranks (found by the
-    keeper's port file path / the ranks' CB_* environment, under this test's root only).
-    ``keeper``: the job has the memory tier (a keeper must be found). Returns how many
-    processes were killed."""
+    """Lose ``node`` for the job: SIGKILL its memory keeper and warm rank starter, then
+    its ranks (found by the keeper's port file path / the starter's module and CB_*
+    environment / the agent's attempt record for ranks a starter forked (their /proc
+    environment is the starter's) or the ranks' CB_* environment, under this test's root
+    only). ``keeper``: the job has the memory tier (a keeper must be found). Returns how
+    many processes were killed."""
     keeper_mark = f"memory-keepers/{job_id}/{node}.port".encode()
     env_marks = (f"CB_JOB_ID={job_id}".encode(), f"CB_NODE_ID={node}".encode(),
                  f"CB_ATTEMPT={attempt}".encode())
-    keepers, ranks = [], []
+    keepers, starters, ranks = [], [], []
+    for adir in root.glob(f"agents/*/jobs/{job_id}/attempt-{attempt}"):
+        rec = AttemptRecord.load(records.record_path(adir))
+        ranks += [r.pid for r in (rec.ranks if rec else []) if r.node_id == node
+                  and records.same_process_alive(r.pid, r.start_ticks)]
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -74,13 +84,17 @@ def kill_node(root: Path, job_id: str, node: str, attempt: int, keeper: bool = T
             continue
         if str(root).encode() in cmdline and keeper_mark in cmdline:
             keepers.append(int(d.name))
+        elif b"trainer.warm_start" in cmdline and all(m in environ for m in env_marks[:2]) \
+                and any(str(root).encode() in e for e in environ):
+            starters.append(int(d.name))
         elif all(m in environ for m in env_marks) and any(str(root).encode() in e for e in environ):
             ranks.append(int(d.name))
-    for pid in (*keepers, *ranks):
+    ranks = sorted(set(ranks))
+    for pid in (*keepers, *starters, *ranks):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert ranks and bool(keepers) == keeper, (keepers, ranks)
-    return len(keepers) + len(ranks)
+    return len(keepers) + len(starters) + len(ranks)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +112,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nodes: int = 4
-                        ) -> tuple[Any, pb.Job, Path, int, Any, list[str]]:
+                        ) -> tuple[Any, pb.Job, Path, int, Any, list[str], set[str]]:
     """Submit the 3-node job on ``nodes`` nodes (the highest one the spare), lose its
     second node at step >= 14; the final job."""
     cluster.start_broker()
@@ -131,6 +145,7 @@ def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nod
     # the attempt running now (on a loaded machine an agent may have self-fenced and
     # relaunched attempt 1 before: the loss is then of a later attempt, on the same nodes)
     lost_attempt = handle.status().attempt
+    warm_at_kill = ready_starters(cluster.root, handle.id)
     kill_node(cluster.root, handle.id, NODES[1], attempt=lost_attempt, keeper=memory_every > 0)
     last = read_log(log)[-1]["step"]
     wait_until(lambda: (j := handle.status()).attempt == lost_attempt + 1
@@ -141,7 +156,24 @@ def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nod
                      if u.spare]
     job = handle.wait(timeout=400)
     assert job.phase == pb.JOB_PHASE_SUCCEEDED, f"{job}\n{cluster.logs()}"
-    return client_cm, job, log, last, client, spares_during
+    return client_cm, job, log, last, client, spares_during, warm_at_kill
+
+
+def starter_logs(root: Path, job_id: str) -> dict[str, str]:
+    """Node -> its warm rank starter's log for the job (the agent's rank-starters dir)."""
+    return {p.stem: p.read_text(errors="replace")
+            for p in root.glob(f"agents/*/rank-starters/{job_id}/*.log")}
+
+
+def ready_starters(root: Path, job_id: str) -> set[str]:
+    return {n for n, text in starter_logs(root, job_id).items() if READY_LINE in text}
+
+
+def warm_ranks_of(cluster: Cluster, job_id: str, attempt: int) -> int:
+    """How many ranks of the attempt the agent started warm (its log says so)."""
+    text = (cluster.root / "logs" / f"agent-{REGION}.log").read_text(errors="replace")
+    m = re.search(rf"{job_id} attempt {attempt}: (\d+) of \d+ ranks started warm", text)
+    return int(m.group(1)) if m else 0
 
 
 def events_of(client: Any, job_id: str) -> list[pb.JobEvent]:
@@ -150,7 +182,7 @@ def events_of(client: Any, job_id: str) -> list[pb.JobEvent]:
 
 def test_lost_node_replaced_in_place_by_a_spare_restores_from_memory(
         cluster: Cluster, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
-    client_cm, job, log, last, client, spares_during = run_and_lose_a_node(
+    client_cm, job, log, last, client, spares_during, warm_at_kill = run_and_lose_a_node(
         cluster, tmp_path, memory_every=1)
     try:
         events = events_of(client, job.id)
@@ -179,6 +211,12 @@ def test_lost_node_replaced_in_place_by_a_spare_restores_from_memory(
         shown = cli(cluster, "capacity")
         assert "SPARE" in shown, shown
         assert "recovered from memory" in cli(cluster, "job", job.id)
+        # warm rank starters: on the job's nodes and on the spare its Launch named
+        # (Launch.spare_nodes), started once attempt 1 ran; the relaunch forked its ranks
+        # from every one that had finished its imports when the node was lost
+        assert set(starter_logs(cluster.root, job.id)) >= {NODES[0], NODES[2], NODES[3]}
+        relaunch_nodes = {NODES[0], NODES[2], NODES[3]}
+        assert warm_ranks_of(cluster, job.id, job.attempt) >= len(warm_at_kill & relaunch_nodes)
     finally:
         client_cm.__exit__(None, None, None)
 
@@ -192,7 +230,7 @@ def test_lost_node_replaced_in_place_by_a_spare_restores_from_memory(
 def test_lost_node_without_the_memory_tier_relaunches_from_the_store(
         cluster: Cluster, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
     # 5 nodes: the relaunch from the store needs 3 ordinary nodes besides the spare
-    client_cm, job, log, last, client, spares_during = run_and_lose_a_node(
+    client_cm, job, log, last, client, spares_during, warm_at_kill = run_and_lose_a_node(
         cluster, tmp_path, memory_every=0, nodes=5)
     try:
         events = events_of(client, job.id)
@@ -210,6 +248,8 @@ def test_lost_node_without_the_memory_tier_relaunches_from_the_store(
         assert ev.message.endswith("the job's memory tier is off (trainer option memory_every)"), ev
         assert int(ev.details["lost_steps"]) >= 3, ev  # the durable interval, not one step
         assert job.node_recovery.tier == "store"
+        assert starter_logs(cluster.root, job.id) == {}  # no memory tier: nothing warm
+        assert not warm_at_kill
     finally:
         client_cm.__exit__(None, None, None)
     records = read_log(log)

@@ -223,7 +223,7 @@ class RegisterAck(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., stale_job_ids: _Optional[_Iterable[str]] = ..., log_offsets: _Optional[_Iterable[_Union[_logs_pb2.LogOffset, _Mapping]]] = ..., agent_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode", "standby", "precopy_from")
+    __slots__ = ("job_id", "attempt", "spec", "placement", "checkpoint_uri", "resume_from", "env", "transfer_mode", "standby", "precopy_from", "spare_nodes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,7 @@ class Launch(_message.Message):
     TRANSFER_MODE_FIELD_NUMBER: _ClassVar[int]
     STANDBY_FIELD_NUMBER: _ClassVar[int]
     PRECOPY_FROM_FIELD_NUMBER: _ClassVar[int]
+    SPARE_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     spec: _common_pb2.JobSpec
@@ -251,7 +252,8 @@ class Launch(_message.Message):
     transfer_mode: str
     standby: bool
     precopy_from: str
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., transfer_mode: _Optional[str] = ..., standby: _Optional[bool] = ..., precopy_from: _Optional[str] = ...) -> None: ...
+    spare_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., placement: _Optional[_Union[_common_pb2.Placement, _Mapping]] = ..., checkpoint_uri: _Optional[str] = ..., resume_from: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., transfer_mode: _Optional[str] = ..., standby: _Optional[bool] = ..., precopy_from: _Optional[str] = ..., spare_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Go(_message.Message):
     __slots__ = ("job_id", "attempt", "resume_from", "abort", "reason")

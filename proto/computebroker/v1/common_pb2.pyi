@@ -349,7 +349,14 @@ class Placement(_message.Message):
     def __init__(self, region: _Optional[str] = ..., agent_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ..., capacity_type: _Optional[_Union[CapacityType, str]] = ..., pool: _Optional[str] = ..., world_size: _Optional[int] = ..., price_per_gpu_hour: _Optional[float] = ..., explanation: _Optional[str] = ..., ranks: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time", "resume", "resumed_from_world_size", "world_size")
+    __slots__ = ("step", "total_steps", "samples_seen", "loss", "tokens_per_s", "last_checkpoint_step", "last_checkpoint_uri", "updated_time", "step_time", "resumed_time", "resume", "startup", "resumed_from_world_size", "world_size")
+    class StartupEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SEEN_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +368,7 @@ class Progress(_message.Message):
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TIME_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     step: int
@@ -374,9 +382,10 @@ class Progress(_message.Message):
     step_time: float
     resumed_time: float
     resume: ResumeInfo
+    startup: _containers.ScalarMap[str, float]
     resumed_from_world_size: int
     world_size: int
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ..., resume: _Optional[_Union[ResumeInfo, _Mapping]] = ..., resumed_from_world_size: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., samples_seen: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., last_checkpoint_step: _Optional[int] = ..., last_checkpoint_uri: _Optional[str] = ..., updated_time: _Optional[float] = ..., step_time: _Optional[float] = ..., resumed_time: _Optional[float] = ..., resume: _Optional[_Union[ResumeInfo, _Mapping]] = ..., startup: _Optional[_Mapping[str, float]] = ..., resumed_from_world_size: _Optional[int] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class ResumeInfo(_message.Message):
     __slots__ = ("tier", "step", "restored_from_peer")
