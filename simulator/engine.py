@@ -1020,9 +1020,12 @@ class Simulation:
             self.in_tick = False
 
     def relaunch_after_node_loss(self, job_id: str, plan: RelaunchPlan,
-                                 admission: placement.Admission | None) -> pb.Job | None:
+                                 admission: placement.Admission | None,
+                                 spare_nodes: tuple[str, ...] = ()) -> pb.Job | None:
         """What ``JobOps.relaunch_after_node_loss`` does live: write the plan with
-        ``node_recovery.decide`` (an in-place plan admits the job on ``admission``)."""
+        ``node_recovery.decide`` (an in-place plan admits the job on ``admission``).
+        ``spare_nodes`` (the pool's spares that get warm rank starters live) changes no
+        decision and the simulator models no process start-up, so it is not used."""
         sj = self.sj[job_id]
         admit = (transitions.Admit(admission, {}, f"sim://{admission.region}") if admission is not None
                  else None)

@@ -149,9 +149,9 @@ def test_the_simulators_relaunch_plans_are_the_live_brokers(tmp_path):
     applied = {}
     apply_plan = sim.relaunch_after_node_loss
 
-    def recorded(job_id, plan, admission):  # noqa: ANN001, ANN202
+    def recorded(job_id, plan, admission, spare_nodes=()):  # noqa: ANN001, ANN202
         applied[job_id] = (plan.kind, plan.blocker, plan.swaps)
-        return apply_plan(job_id, plan, admission)
+        return apply_plan(job_id, plan, admission, spare_nodes)
 
     sim.relaunch_after_node_loss = recorded
 
@@ -159,7 +159,7 @@ def test_the_simulators_relaunch_plans_are_the_live_brokers(tmp_path):
         def __init__(self, config) -> None:  # noqa: ANN001
             self.config, self.plans = config, {}
 
-        def relaunch_after_node_loss(self, job_id, plan, admission):  # noqa: ANN001, ANN201
+        def relaunch_after_node_loss(self, job_id, plan, admission, spare_nodes=()):  # noqa: ANN001, ANN201
             self.plans[job_id] = (plan.kind, plan.blocker, plan.swaps)
             return None
 
