@@ -75,37 +75,44 @@ def _env() -> dict[str, str]:
     return env
 
 
-def test_sqlite_sigkill_mid_writes_loses_no_acknowledged_write(tmp_path):
-    db = str(tmp_path / "broker.sqlite")
-    acked: list[tuple[str, str]] = []
-    # Kill at several points; each new writer also reopens a file left by a SIGKILL.
-    for round_, target in enumerate((40, 57, 74)):
-        writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, db, str(round_ * 1_000_000)],
+def _acked_through_kills(writer: str, db: str, targets: tuple[int, ...]) -> list[list[str]]:
+    """Runs ``writer`` once per target, SIGKILLs it after that many acknowledged lines
+    (each new writer also reopens a file left by a SIGKILL), and returns every line it
+    acknowledged, split: the lines flushed before the kill but not read yet included."""
+    acked: list[list[str]] = []
+    for round_, target in enumerate(targets):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", writer, db, str(round_ * 1_000_000)],
             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=_env(),
         )
-        assert writer.stdout is not None
+        assert proc.stdout is not None
         deadline = time.monotonic() + 180
         for _ in range(target):
-            line = writer.stdout.readline()
-            assert line, f"writer exited early (rc={writer.poll()})"
+            line = proc.stdout.readline()
+            assert line, f"writer exited early (rc={proc.poll()})"
             assert time.monotonic() < deadline, "writer made no progress"
-            op, jid = line.split()
-            acked.append((op, jid))
-        os.kill(writer.pid, signal.SIGKILL)
-        writer.wait(timeout=30)
-        # lines flushed before the kill but not read yet were acknowledged too
-        for line in writer.stdout.read().splitlines():
-            if line.strip():
-                op, jid = line.split()
-                acked.append((op, jid))
-        writer.stdout.close()
+            acked.append(line.split())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        acked += [line.split() for line in proc.stdout.read().splitlines() if line.strip()]
+        proc.stdout.close()
+    return acked
 
-    out = subprocess.run([sys.executable, "-c", CHECKER, db], capture_output=True, text=True,
+
+def _state(checker: str, db: str) -> dict:
+    """What ``checker`` reads from the store left behind (integrity checked first)."""
+    out = subprocess.run([sys.executable, "-c", checker, db], capture_output=True, text=True,
                          cwd=ROOT, env=_env(), timeout=120)
     assert out.returncode == 0, out.stderr
     state = json.loads(out.stdout)
     assert state["integrity"] == "ok"
+    return state
+
+
+def test_sqlite_sigkill_mid_writes_loses_no_acknowledged_write(tmp_path):
+    db = str(tmp_path / "broker.sqlite")
+    acked = [(op, jid) for op, jid in _acked_through_kills(WRITER, db, (40, 57, 74))]
+    state = _state(CHECKER, db)
     jobs = state["jobs"]
     assert len(acked) >= 40 + 57 + 74
     for op, jid in acked:
@@ -172,29 +179,8 @@ def test_sqlite_sigkill_mid_batched_creates_loses_no_acknowledged_job(tmp_path):
     before a SIGKILL is there with its events and its audit rider, and nothing is half
     written (a job without its events or rider, or a rider without its job)."""
     db = str(tmp_path / "broker.sqlite")
-    acked: list[str] = []
-    for round_, target in enumerate((60, 95)):
-        writer = subprocess.Popen(
-            [sys.executable, "-c", BATCH_WRITER, db, str(round_ * 1_000_000)],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=_env(),
-        )
-        assert writer.stdout is not None
-        deadline = time.monotonic() + 180
-        for _ in range(target):
-            line = writer.stdout.readline()
-            assert line, f"writer exited early (rc={writer.poll()})"
-            assert time.monotonic() < deadline, "writer made no progress"
-            acked.append(line.split()[1])
-        os.kill(writer.pid, signal.SIGKILL)
-        writer.wait(timeout=30)
-        acked += [line.split()[1] for line in writer.stdout.read().splitlines() if line.strip()]
-        writer.stdout.close()
-
-    out = subprocess.run([sys.executable, "-c", BATCH_CHECKER, db], capture_output=True,
-                         text=True, cwd=ROOT, env=_env(), timeout=120)
-    assert out.returncode == 0, out.stderr
-    state = json.loads(out.stdout)
-    assert state["integrity"] == "ok"
+    acked = [jid for _, jid in _acked_through_kills(BATCH_WRITER, db, (60, 95))]
+    state = _state(BATCH_CHECKER, db)
     jobs = state["jobs"]
     assert len(acked) >= 60 + 95
     for jid in acked:
