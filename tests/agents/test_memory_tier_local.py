@@ -49,6 +49,18 @@ def spec(nodes: list[str], attempt: int, log: Path, ckpt: Path, sleep: float) ->
                        checkpoint_uri=str(ckpt))
 
 
+@pytest.fixture(scope="module")
+def ref_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 3-rank run both loss tests compare with (run once per module:
+    it depends only on the script's arguments)."""
+    base = tmp_path_factory.mktemp("ref")
+    log = base / "ref.jsonl"
+    ref = launch(base / "ref", 3, "{}", str(base / "ref-ckpt"), argv=args(log, 0.0),
+                 job_id="j-ref")
+    assert ref.wait(300) == [0, 0, 0], ref.output()
+    return log
+
+
 @pytest.fixture
 def ex(tmp_path: Path):
     executor = LocalExecutor(tmp_path / "work", ranks_per_node=1, hang_timeout_s=120,
@@ -57,12 +69,8 @@ def ex(tmp_path: Path):
     executor.shutdown(0)
 
 
-def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Path) -> None:
-    ref_log = tmp_path / "ref.jsonl"
-    ref = launch(tmp_path / "ref", 3, "{}", str(tmp_path / "ref-ckpt"), argv=args(ref_log, 0.0),
-                 job_id="j-ref")
-    assert ref.wait(300) == [0, 0, 0], ref.output()
-
+def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Path,
+                                                                 ref_log: Path) -> None:
     log, ckpt = tmp_path / "loss.jsonl", tmp_path / "ckpt"
     col = Collector(ex)
     ex.launch(spec(["n0", "n1", "n2"], 1, log, ckpt, sleep=0.25))
@@ -92,17 +100,13 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Pat
 
 
 @pytest.mark.timeout(1500)  # a reference run, a start, starters importing: slow under load
-def test_survivors_ranks_start_warm_from_their_nodes_starters(ex, tmp_path: Path) -> None:
+def test_survivors_ranks_start_warm_from_their_nodes_starters(ex, tmp_path: Path,
+                                                               ref_log: Path) -> None:
     """A job with the memory tier gets a warm rank starter per node once it runs
     (trainer/warm_start.py); the relaunch after a node loss forks the survivors' ranks
     from their nodes' starters (no interpreter start, no torch import), spawns the
     spare's rank as before, and trains on exactly as an uninterrupted run. The lost
     node's starter is gone with it; the job's starters stop when it succeeds."""
-    ref_log = tmp_path / "ref.jsonl"
-    ref = launch(tmp_path / "ref", 3, "{}", str(tmp_path / "ref-ckpt"), argv=args(ref_log, 0.0),
-                 job_id="j-ref")
-    assert ref.wait(300) == [0, 0, 0], ref.output()
-
     log, ckpt = tmp_path / "loss.jsonl", tmp_path / "ckpt"
     col = Collector(ex)
     # slow steps: the starters import torch while attempt 1 still trains
