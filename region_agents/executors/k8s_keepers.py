@@ -114,9 +114,9 @@ def snapshot_bound(options: dict[str, str], reported: int) -> int:
     reported (``memory_tier.snapshot_bytes`` in their progress, trainer/memtier.py) and
     the job's declared ``memory_snapshot_mb``; 0 when neither is known (a bad option
     counts as undeclared, as the executors read ``memory_every``)."""
-    try:
+    try:  # "inf" overflows int(); "nan" is a ValueError: both undeclared, never a crash
         declared = max(0, int(float(options.get(SNAPSHOT_OPTION, "0") or "0") * 1e6))
-    except ValueError:
+    except (ValueError, OverflowError):
         declared = 0
     return max(declared, max(0, int(reported)))
 

@@ -124,6 +124,8 @@ def test_the_snapshot_size_comes_from_the_ranks_report_or_the_jobs_declaration()
     assert snapshot_bound({"memory_snapshot_mb": "50"}, 0) == 50_000_000
     assert snapshot_bound({"memory_snapshot_mb": "50"}, 80_000_000) == 80_000_000  # the larger
     assert snapshot_bound({"memory_snapshot_mb": "lots"}, 7) == 7  # a bad value: undeclared
+    for bad in ("inf", "-inf", "nan", "1e400"):  # never a traceback in the executor
+        assert snapshot_bound({"memory_snapshot_mb": bad}, 7) == 7, bad
 
 
 def test_the_manifest_carries_the_memory() -> None:
