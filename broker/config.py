@@ -164,6 +164,13 @@ class BrokerConfig(BaseModel):
     # (plaintext loopback under insecure_dev). Needs a store processes share: a SQLite
     # file or Redis.
     api_workers: int = Field(0, ge=0, le=32)
+    # API front-end mode (`brokerctl serve --frontend`; broker/api/frontend.py,
+    # docs/operator/frontends.md): this process never leads or schedules; it serves
+    # SubmitJob, the job reads and WatchJob from the shared Redis store on another host
+    # and wakes the leader over the store's pub/sub. Needs a redis:// store.
+    frontend: bool = False
+    # Distinct per front-end (0..191): its job ids come from their own stream.
+    frontend_id: int = Field(0, ge=0, le=191)
     # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
     # Watch; broker/api/streams.py): each open one holds a server thread, so each kind of
     # caller draws from a pool of its own and nobody can fill another's. This one: all
@@ -267,6 +274,18 @@ class BrokerConfig(BaseModel):
             return ""
         return ("TLS is required: set tls_cert, tls_key and tls_ca (`brokerctl dev-ca DIR` makes"
                 " them), or insecure_dev: true (--insecure-dev) for a loopback-only dev broker")
+
+    def frontend_problem(self) -> str:
+        """Why this config cannot run as an API front-end ("" = fine or not one)."""
+        if not self.frontend:
+            return ""
+        if not self.store.startswith(("redis://", "rediss://", "redis+sentinel://")):
+            return ("an API front-end needs the leader's shared Redis store (redis:// or"
+                    " redis+sentinel://); a SQLite file is one host's")
+        if self.api_workers:
+            return ("an API front-end is one process: set api_workers to 0 and run more"
+                    " front-ends (each with its own frontend_id) for more cores")
+        return ""
 
     def workers_problem(self) -> str:
         """Why ``api_workers`` cannot be used with this config ("" = fine)."""

@@ -53,5 +53,6 @@ def info_of(server: Any) -> dict[str, Any]:
     leading = server.leadership is not None and server.leadership.is_leader
     return {"address": f"{host}:{server.port}", "port": server.port,
             "agent_port": server.agent_port, "metrics_port": server.metrics_port,
-            "pid": os.getpid(), "role": "leader" if leading else "standby",
+            "pid": os.getpid(),
+            "role": getattr(server, "role", None) or ("leader" if leading else "standby"),
             "tls": not cfg.insecure_dev}

@@ -78,9 +78,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -170,6 +172,7 @@ class BrokerServer:
         self._link_server: grpc.Server | None = None
         self._reserved: socket.socket | None = None
         self._gate: PeerGate | None = None  # per-address connection cap (peer_gate.py)
+        self._bus: Any = None  # LeaderBus: API front-ends' wake-ups (Redis; store_bus.py)
 
     @property
     def scheduler(self) -> SchedulerLoop | None:
@@ -258,6 +261,13 @@ class BrokerServer:
         self.port = port
         self.leadership.address = advertised_address(self.config.listen, port,
                                                      self.config.advertise_address)
+        redis_mod = sys.modules.get("broker.store.redis")  # loaded iff a Redis store exists
+        if redis_mod is not None and isinstance(store, redis_mod.RedisStore):
+            from broker.api.store_bus import LeaderBus  # API front-ends wake us here
+
+            self._bus = LeaderBus(store, ops.applier.hub, lambda: leadership.is_leader,
+                                  ops.applier.created_elsewhere, self._reread)
+            self._bus.start()
         self.leadership.start()  # leader now, or a standby that keeps polling the lease
         if self._pool is not None:
             self._pool.start()
@@ -283,12 +293,8 @@ class BrokerServer:
         ops = self.ops
         assert ops is not None and self.leadership is not None
         def reread(slot: int, rc: int = 0) -> None:
-            # A worker gone or frozen may have committed jobs it never reported: the next
-            # pass reads the store.
-            sched = self.scheduler
-            if sched is not None:
-                sched.live.forget()
-                sched.poke()
+            # A worker gone or frozen may have committed jobs it never reported.
+            self._reread()
 
         self._link_service = LinkService(link.key, self.leadership, ops.applier.created_elsewhere,
                                          ops.applier.hub, on_silent=reread)
@@ -314,6 +320,14 @@ class BrokerServer:
 
         self._pool = WorkerPool(public, link.path, link.key, reread)
         return port
+
+    def _reread(self) -> None:
+        """The next scheduler pass reads every live job from the store: creations made
+        elsewhere (an API worker, a front-end) may have gone unreported."""
+        sched = self.scheduler
+        if sched is not None:
+            sched.live.forget()
+            sched.poke()
 
     def _wait_workers(self) -> None:
         """Until every worker serves (or 60 s): start() returning means the port answers."""
@@ -376,6 +390,8 @@ class BrokerServer:
             self._link.close()
         if self._reserved is not None:
             self._reserved.close()
+        if self._bus is not None:
+            self._bus.stop()
         if self.leadership is not None:
             self.leadership.stop()  # stops the scheduler, closes agent streams, frees the lease
         if self.ops is not None:
@@ -413,7 +429,12 @@ def serve(config: BrokerConfig, ready_file: str = "") -> None:
     trimmer = FreedMemoryReturner()
     trimmer.start()
     ready_file_mod.clear(ready_file)  # an earlier run's file must not say "ready" now
-    server = BrokerServer(config)
+    if config.frontend:  # never leads: broker/api/frontend.py
+        from broker.api.frontend import FrontendServer
+
+        server: BrokerServer | FrontendServer = FrontendServer(config)
+    else:
+        server = BrokerServer(config)
     stops = StopSignals().install()  # no lock in a handler: broker/stop_signals.py
     server.start()
     try:

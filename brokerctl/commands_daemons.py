@@ -42,6 +42,8 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         ("tls_ca", "tls_ca"),
         ("static_tokens", "static_tokens_file"),
         ("insecure_dev", "insecure_dev"),
+        ("frontend", "frontend"),
+        ("frontend_id", "frontend_id"),
     )))
     for key, value in kv_pairs(args.set, "--set").items():
         data[key] = value
@@ -56,7 +58,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> int:
         config = BrokerConfig(**data)
     except ValidationError as e:
         raise UsageError(f"bad broker configuration: {_pydantic_message(e)}") from None
-    problem = config.tls_problem()
+    problem = config.tls_problem() or config.frontend_problem()
     if problem:
         raise UsageError(problem)
     try:

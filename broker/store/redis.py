@@ -510,5 +510,20 @@ class RedisStore(RedisLogs, Store):
     def fence_writes(self, name: str, epoch: int | None) -> None:
         self._fence = ("", "") if epoch is None else (self._k("lease", name, "epoch"), str(epoch))
 
+    # ---- the bus between replicas and front-ends (broker/api/store_bus.py) ----------
+    def bus_channel(self, topic: str) -> str:
+        """The pub/sub channel of ``topic`` under this store's prefix: brokers sharing a
+        server under different prefixes never hear each other."""
+        return self._k("bus", topic)
+
+    def publish(self, topic: str, data: bytes) -> int:
+        """Fire-and-forget ``data`` to ``topic``'s subscribers (how many heard it). Not a
+        write: nothing durable rides on it (the store already holds what it announces)."""
+        return int(self._call(lambda: self._r.publish(self.bus_channel(topic), data)))
+
+    def subscriber(self) -> redis.client.PubSub:
+        """A pub/sub connection from this store's pool (with Sentinel: the primary's)."""
+        return self._r.pubsub()
+
     def close(self) -> None:
         self._pool.disconnect()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from computebroker.v1 import common_pb2 as computebroker_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"computebroker/v1/worker_link.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\",\n\rFollowRequest\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x03\"\x0f\n\rReadyResponse\"`\n\tCoreState\x12\x0f\n\x07leading\x18\x01 \x01(\x08\x12\x17\n\x0fstandby_message\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x03 \x01(\x03\x12\x14\n\x0c\x63hanged_jobs\x18\x04 \x03(\t\"I\n\x12JobsCreatedRequest\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12#\n\x04jobs\x18\x02 \x03(\x0b\x32\x15.computebroker.v1.Job\"\x15\n\x13JobsCreatedResponse2\xfd\x01\n\nWorkerLink\x12H\n\x06\x46ollow\x12\x1f.computebroker.v1.FollowRequest\x1a\x1b.computebroker.v1.CoreState0\x01\x12I\n\x05Ready\x12\x1f.computebroker.v1.FollowRequest\x1a\x1f.computebroker.v1.ReadyResponse\x12Z\n\x0bJobsCreated\x12$.computebroker.v1.JobsCreatedRequest\x1a%.computebroker.v1.JobsCreatedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"computebroker/v1/worker_link.proto\x12\x10\x63omputebroker.v1\x1a\x1d\x63omputebroker/v1/common.proto\",\n\rFollowRequest\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12\x0b\n\x03pid\x18\x02 \x01(\x03\"\x0f\n\rReadyResponse\"`\n\tCoreState\x12\x0f\n\x07leading\x18\x01 \x01(\x08\x12\x17\n\x0fstandby_message\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_epoch\x18\x03 \x01(\x03\x12\x14\n\x0c\x63hanged_jobs\x18\x04 \x03(\t\"Y\n\x12JobsCreatedRequest\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12#\n\x04jobs\x18\x02 \x03(\x0b\x32\x15.computebroker.v1.Job\x12\x0e\n\x06sender\x18\x03 \x01(\t\"\x15\n\x13JobsCreatedResponse2\xfd\x01\n\nWorkerLink\x12H\n\x06\x46ollow\x12\x1f.computebroker.v1.FollowRequest\x1a\x1b.computebroker.v1.CoreState0\x01\x12I\n\x05Ready\x12\x1f.computebroker.v1.FollowRequest\x1a\x1f.computebroker.v1.ReadyResponse\x12Z\n\x0bJobsCreated\x12$.computebroker.v1.JobsCreatedRequest\x1a%.computebroker.v1.JobsCreatedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,9 +39,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CORESTATE']._serialized_start=150
   _globals['_CORESTATE']._serialized_end=246
   _globals['_JOBSCREATEDREQUEST']._serialized_start=248
-  _globals['_JOBSCREATEDREQUEST']._serialized_end=321
-  _globals['_JOBSCREATEDRESPONSE']._serialized_start=323
-  _globals['_JOBSCREATEDRESPONSE']._serialized_end=344
-  _globals['_WORKERLINK']._serialized_start=347
-  _globals['_WORKERLINK']._serialized_end=600
+  _globals['_JOBSCREATEDREQUEST']._serialized_end=337
+  _globals['_JOBSCREATEDRESPONSE']._serialized_start=339
+  _globals['_JOBSCREATEDRESPONSE']._serialized_end=360
+  _globals['_WORKERLINK']._serialized_start=363
+  _globals['_WORKERLINK']._serialized_end=616
 # @@protoc_insertion_point(module_scope)

@@ -32,12 +32,14 @@ class CoreState(_message.Message):
     def __init__(self, leading: _Optional[bool] = ..., standby_message: _Optional[str] = ..., fence_epoch: _Optional[int] = ..., changed_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobsCreatedRequest(_message.Message):
-    __slots__ = ("worker", "jobs")
+    __slots__ = ("worker", "jobs", "sender")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
     worker: int
     jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
-    def __init__(self, worker: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ...) -> None: ...
+    sender: str
+    def __init__(self, worker: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class JobsCreatedResponse(_message.Message):
     __slots__ = ()
