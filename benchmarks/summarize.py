@@ -827,6 +827,46 @@ def submit_cpu(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def frontends(d: dict[str, Any]) -> list[str]:
+    """SubmitJob rate by API front-end count (bench_frontends.py), with where the CPU went."""
+    st = d["setup"]
+    out = [
+        "### API front-ends on other hosts (`python benchmarks/bench_frontends.py`, as root)",
+        "",
+        f"`brokerctl serve --frontend` processes, each in its own network namespace, over one"
+        f" redis-server ({st['store']}) that shares a namespace with the leader;"
+        f" {st['clients']} clients in {st['client_processes']} processes ({st['transport']},"
+        f" {st['spec_bytes']:,}-byte specs) spread over the front-ends; the same load for each"
+        f" count, 1 front-end the baseline of the same run. Median of {st['runs']} runs of"
+        f" {st['seconds_per_phase']:g} s. Cores = CPU seconds per second from /proc; *box* ="
+        f" the whole machine's busy cores ({d['machine']['cpus']} in all): every process of"
+        " the run and every neighbour's share one machine.",
+        "",
+        "| front-ends | submit / s | vs 1 | p99 ms | Redis cores | Redis ms / submit |"
+        " front-end cores (each) | front-end ms / submit | leader cores | client cores |"
+        " box busy cores | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in d["configs"]:
+        m = c["median"]
+        loads = [r["loadavg_1m_after"] for r in c["runs"]]
+        out.append(
+            f"| {c['frontends']} | {f(m['rate_per_s'], 0)} | {f(c.get('rate_vs_one', 1.0), 2)} |"
+            f" {f(m['p99_ms'], 0)} | {f(m['redis_cores'], 2)} | {f(m['redis_cpu_ms_per_submit'], 3)} |"
+            f" {f(m['frontend_cores_each'], 2)} | {f(m['frontend_cpu_ms_per_submit'], 3)} |"
+            f" {f(m['leader_cores'], 2)} | {f(m['client_cores'], 2)} | {f(m['box_busy_cores'], 2)} |"
+            f" {min(loads):.0f}-{max(loads):.0f} |")
+    sa = d.get("store_alone")
+    if sa:
+        m = sa["median"]
+        out += ["", f"Redis alone ({sa['driver']}, straight through the store's group-commit"
+                f" path, no API): {f(m['rate_per_s'], 0)} submits/s written at"
+                f" {f(m['redis_cores'], 2)} Redis cores, {f(m['redis_cpu_ms_per_submit'], 3)} ms"
+                f" of Redis CPU per submit (one full core: ~{f(m['redis_one_core_rate_per_s'], 0)}/s),"
+                f" box {f(m['box_busy_cores'], 2)} busy cores."]
+    return out
+
+
 def running(d: dict[str, Any]) -> list[str]:
     """The live broker with many running attempts (bench_running.py): this build, and the
     build before the agent-path changes when ``running_before.json`` is committed too."""
@@ -1092,7 +1132,8 @@ def render() -> str:
                      ("store_failover_broker", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
-                     ("submit_cpu", submit_cpu), ("running", running), ("k8s", k8s),
+                     ("submit_cpu", submit_cpu), ("frontends", frontends), ("running", running),
+                     ("k8s", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)

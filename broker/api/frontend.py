@@ -183,7 +183,6 @@ class FrontendServer:
         applier = Applier(store, hub, agents, BrokerTelemetry(), cfg)
         applier.add_listener(self.bus.add)
         ops = self.ops = WorkerJobOps(applier)
-        threading.Thread(target=self._refresh_loop, name="refresh", daemon=True).start()
         jobs = JobsView(store, hub)
         tokens = TokenManager.for_config(store, cfg)
         auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev, CertRevocations(
@@ -245,14 +244,30 @@ class FrontendServer:
         grpc_server.start()
         self._server = grpc_server
         self.port = port
+        threading.Thread(target=self._refresh_loop, name="refresh", daemon=True).start()
         log.info("API front-end %s serving %s (port %d, %s), store %s; never leads", self.name,
                  cfg.listen, port, "INSECURE" if cfg.insecure_dev else "TLS", cfg.store)
         return port
 
     def _refresh_loop(self) -> None:
-        """Agents' inventories are read from the store (a submit naming an unknown region
-        is checked against them), every 5 s as in an API worker."""
-        while not self._stopped.wait(5.0):
+        """Every second: the health status a load balancer probes follows the store bus
+        (NOT_SERVING while calls would be refused, so it sends them elsewhere); every
+        5 s, agents' inventories are read from the store (a submit naming an unknown
+        region is checked against them), as in an API worker."""
+        from grpc_health.v1 import health_pb2
+
+        serving, ticks = True, 0
+        while not self._stopped.wait(1.0):
+            if self.bus.connected != serving:
+                serving = self.bus.connected
+                status = (health_pb2.HealthCheckResponse.SERVING if serving
+                          else health_pb2.HealthCheckResponse.NOT_SERVING)
+                self.health.set("", status)  # type: ignore[attr-defined]
+                log.warning("front-end %s: %s", self.name, "the store bus is back: serving" if serving
+                            else "lost the store bus: NOT_SERVING until it is back")
+            ticks += 1
+            if ticks % 5:
+                continue
             try:
                 self.ops.agents.reload()
             except Exception as e:  # noqa: BLE001 - keep the last view; the next try may work
