@@ -452,6 +452,23 @@ def measure(world: World, n: int, args: argparse.Namespace, say) -> dict:  # noq
         world.procs = [p for p in world.procs if p not in started]
 
 
+def capacity(result: dict) -> dict:
+    """What the measured CPU per submit implies when each process has a core of its own
+    (derived from this run's figures, labelled as such; the rate columns are what was
+    measured): a front-end's rate is 1000 / its ms per submit, Redis's one thread stops at
+    1000 / its ms per submit, so past ``frontends_to_redis_limit`` front-ends the rate
+    stops growing. CPU per call moves much less with a shared machine's load than the
+    rate does (bench_submit_cpu.py says why)."""
+    fe_ms = statistics.median(c["median"]["frontend_cpu_ms_per_submit"] for c in result["configs"])
+    redis_ms = statistics.median(c["median"]["redis_cpu_ms_per_submit"] for c in result["configs"])
+    per_fe = 1000 / fe_ms if fe_ms else 0.0
+    redis_limit = 1000 / redis_ms if redis_ms else 0.0
+    return {"derived_not_measured": True,
+            "frontend_cpu_ms_per_submit": round(fe_ms, 3), "redis_cpu_ms_per_submit": round(redis_ms, 3),
+            "rate_per_frontend_core": round(per_fe, 0), "redis_one_core_rate": round(redis_limit, 0),
+            "frontends_to_redis_limit": round(redis_limit / per_fe, 1) if per_fe else 0.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--frontends", default="1,2,3", help="front-end counts (1 = the baseline)")
@@ -499,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["store_alone"] = store_ceiling(world, args, say)
         finally:
             world.close()
+    result["capacity"] = capacity(result)
     base = next((c for c in result["configs"] if c["frontends"] == 1), None)
     if base:
         for c in result["configs"]:

@@ -864,6 +864,14 @@ def frontends(d: dict[str, Any]) -> list[str]:
                 f" {f(m['redis_cores'], 2)} Redis cores, {f(m['redis_cpu_ms_per_submit'], 3)} ms"
                 f" of Redis CPU per submit (one full core: ~{f(m['redis_one_core_rate_per_s'], 0)}/s),"
                 f" box {f(m['box_busy_cores'], 2)} busy cores."]
+    cap = d.get("capacity")
+    if cap:
+        out += ["", f"Derived from the CPU per submit above (not measured as a rate): with a core"
+                f" each, a front-end would take ~{f(cap['rate_per_frontend_core'], 0)} submits/s"
+                f" ({f(cap['frontend_cpu_ms_per_submit'], 3)} ms each) and Redis's one thread"
+                f" ~{f(cap['redis_one_core_rate'], 0)}/s ({f(cap['redis_cpu_ms_per_submit'], 3)} ms"
+                f" each): the rate grows with front-ends up to about"
+                f" {f(cap['frontends_to_redis_limit'], 1)} of them, where Redis becomes the limit."]
     return out
 
 
