@@ -12,10 +12,14 @@ store, a ~3.5 KB spec, a fresh client request id per call), spread evenly over t
 front-ends of the configuration. The same client load for every configuration;
 1 front-end is the baseline, measured in the same run.
 
-Per configuration: a fresh store prefix, a fresh leader and front-ends (no agent: the
-jobs stay pending, the leader still hears every creation on the bus and keeps them in
-its live set), a warm-up, then ``--runs`` phases of ``--seconds``; the median phase is
-reported with every run. Each phase reads from /proc: the CPU of redis-server, the
+One leader and as many front-ends as the largest count, over an empty store (no agent:
+the jobs stay pending; the leader still hears every creation on the bus and keeps them
+in its live set). Each of ``--runs`` rounds measures every count in turn (1, 2, 3, 1, 2,
+3, ...: a shared machine's load drifting meanwhile weighs on each alike), each phase
+``--seconds`` after a 1 s warm-up on fresh connections; the median phase is reported
+with every run. Then Redis alone: ``--procs`` processes write the same submits straight
+through the store's group-commit path (no gRPC, TLS or auth), which shows Redis's own
+CPU per submit when nothing else is in the way. Each phase reads from /proc: the CPU of redis-server, the
 leader, each front-end and the client processes, and the whole box's busy time
 (/proc/stat), so the JSON says where the limit is: Redis's one thread (its CPU near
 1 core), the front-ends (near 1 core each), or the box (busy near ``cpus``). The load
@@ -377,79 +381,94 @@ def member_token(world: World, address: str) -> str:
     return issued.secret
 
 
-# ---- one configuration --------------------------------------------------------------------
-def measure(world: World, n: int, args: argparse.Namespace, say) -> dict:  # noqa: ANN001
-    world.redis_client.flushall()  # the same empty store for every configuration
-    store = f"redis://{world.core.ip}:6379/0?prefix=fe{n}{secrets.token_hex(3)}"
-    leader = world.broker("core", store, "--set", f"broker_id=bench-leader-{n}")
+# ---- the configurations, interleaved --------------------------------------------------------
+def one_phase(world: World, clients: Clients, leader: subprocess.Popen[bytes],
+              fes: list[subprocess.Popen[bytes]], seconds: float) -> dict:
+    """One measured phase on the front-ends ``fes`` the clients are connected to."""
+    assert world.redis is not None
+    pids = {"redis": world.redis.pid, "leader": leader.pid,
+            **{f"frontend{i + 1}": p.pid for i, p in enumerate(fes)}}
+    cpu0 = {k: proc_cpu_s(v) for k, v in pids.items()}
+    busy0, total0 = box_busy_s()
+    load0 = os.getloadavg()[0]
+    t0 = time.monotonic()
+    out = clients.ask(("phase", seconds))
+    wall = time.monotonic() - t0
+    busy1, total1 = box_busy_s()
+    cpu = {k: proc_cpu_s(v) - cpu0[k] for k, v in pids.items()}
+    lat = [x for o in out for x in o["lat"]]
+    errors: dict[str, int] = {}
+    for o in out:
+        for k, v in o["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    calls = max(1, len(lat))
+    fe_cpu = [cpu[k] for k in cpu if k.startswith("frontend")]
+    return {
+        "calls": len(lat), "errors": errors,
+        "rate_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(pct(lat, 50) * 1000, 1), "p99_ms": round(pct(lat, 99) * 1000, 1),
+        "redis_cores": round(cpu["redis"] / wall, 3),
+        "redis_cpu_ms_per_submit": round(cpu["redis"] * 1000 / calls, 3),
+        "leader_cores": round(cpu["leader"] / wall, 3),
+        "leader_cpu_ms_per_submit": round(cpu["leader"] * 1000 / calls, 3),
+        "frontend_cores": [round(c / wall, 3) for c in fe_cpu],
+        "frontend_cpu_ms_per_submit": round(sum(fe_cpu) * 1000 / calls, 3),
+        "client_cores": round(sum(o["cpu_s"] for o in out) / wall, 3),
+        "box_busy_cores": round((busy1 - busy0) / ((total1 - total0) / (os.cpu_count() or 1)), 3),
+        "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def measure(world: World, counts: list[int], args: argparse.Namespace, say) -> list[dict]:  # noqa: ANN001
+    """One leader and max(counts) front-ends; each run measures every count in turn
+    (1, 2, 3, 1, 2, 3, ...), so a shared machine's load drifting during the benchmark
+    weighs on every count alike. The pending jobs of the earlier phases stay (no agent):
+    the leader keeps them in its live set."""
+    world.redis_client.flushall()
+    store = f"redis://{world.core.ip}:6379/0?prefix=fe{secrets.token_hex(3)}"
+    leader = world.broker("core", store, "--set", "broker_id=bench-leader")
     leader_addr = f"{world.core.ip}:{BROKER_PORT}"
     started = [leader]
     try:
         world.wait_serving(leader_addr, leader)
+        n_max = max(counts)
         fes = [world.broker(h.name, store, "--frontend", "--frontend-id", str(i),
                             "--set", f"broker_id=bench-{h.name}")
-               for i, h in enumerate(world.fes[:n])]
+               for i, h in enumerate(world.fes[:n_max])]
         started += fes
-        addrs = [f"{h.ip}:{BROKER_PORT}" for h in world.fes[:n]]
+        addrs = [f"{h.ip}:{BROKER_PORT}" for h in world.fes[:n_max]]
         for a, p in zip(addrs, fes, strict=True):
             world.wait_serving(a, p)
         token = member_token(world, leader_addr)
         clients = Clients(args.procs, args.clients_per_proc, world.ca_pem, token)
+        runs: dict[int, list[dict]] = {n: [] for n in counts}
         try:
-            clients.ask(("connect", addrs))
-            clients.ask(("phase", 2.0))  # warm-up: token caches, connections, first passes
-            runs = []
             for r in range(args.runs):
-                assert world.redis is not None
-                pids = {"redis": world.redis.pid, "leader": leader.pid,
-                        **{f"frontend{i + 1}": p.pid for i, p in enumerate(fes)}}
-                cpu0 = {k: proc_cpu_s(v) for k, v in pids.items()}
-                busy0, total0 = box_busy_s()
-                load0 = os.getloadavg()[0]
-                t0 = time.monotonic()
-                out = clients.ask(("phase", args.seconds))
-                wall = time.monotonic() - t0
-                busy1, total1 = box_busy_s()
-                cpu = {k: proc_cpu_s(v) - cpu0[k] for k, v in pids.items()}
-                lat = [x for o in out for x in o["lat"]]
-                errors: dict[str, int] = {}
-                for o in out:
-                    for k, v in o["errors"].items():
-                        errors[k] = errors.get(k, 0) + v
-                calls = max(1, len(lat))
-                fe_cpu = [cpu[k] for k in cpu if k.startswith("frontend")]
-                run = {
-                    "calls": len(lat), "errors": errors,
-                    "rate_per_s": round(len(lat) / wall, 1),
-                    "p50_ms": round(pct(lat, 50) * 1000, 1), "p99_ms": round(pct(lat, 99) * 1000, 1),
-                    "redis_cores": round(cpu["redis"] / wall, 3),
-                    "redis_cpu_ms_per_submit": round(cpu["redis"] * 1000 / calls, 3),
-                    "leader_cores": round(cpu["leader"] / wall, 3),
-                    "leader_cpu_ms_per_submit": round(cpu["leader"] * 1000 / calls, 3),
-                    "frontend_cores": [round(c / wall, 3) for c in fe_cpu],
-                    "frontend_cpu_ms_per_submit": round(sum(fe_cpu) * 1000 / calls, 3),
-                    "client_cores": round(sum(o["cpu_s"] for o in out) / wall, 3),
-                    "box_busy_cores": round((busy1 - busy0) / ((total1 - total0) / (os.cpu_count() or 1)), 3),
-                    "loadavg_1m_before": round(load0, 2), "loadavg_1m_after": round(os.getloadavg()[0], 2),
-                }
-                runs.append(run)
-                say(f"  {n} front-end(s), run {r + 1}: {run['rate_per_s']:.0f}/s, p99 "
-                    f"{run['p99_ms']:.0f} ms; cores: redis {run['redis_cores']:.2f}, front-ends "
-                    f"{'+'.join(f'{c:.2f}' for c in run['frontend_cores'])}, leader "
-                    f"{run['leader_cores']:.2f}, clients {run['client_cores']:.2f}, box "
-                    f"{run['box_busy_cores']:.2f}; load {run['loadavg_1m_after']:.1f}")
+                for n in counts:
+                    clients.ask(("connect", addrs[:n]))
+                    clients.ask(("phase", 1.0))  # warm-up: fresh connections, token caches
+                    run = one_phase(world, clients, leader, fes[:n], args.seconds)
+                    runs[n].append(run)
+                    say(f"  {n} front-end(s), run {r + 1}: {run['rate_per_s']:.0f}/s, p99 "
+                        f"{run['p99_ms']:.0f} ms; cores: redis {run['redis_cores']:.2f}, front-ends "
+                        f"{'+'.join(f'{c:.2f}' for c in run['frontend_cores'])}, leader "
+                        f"{run['leader_cores']:.2f}, clients {run['client_cores']:.2f}, box "
+                        f"{run['box_busy_cores']:.2f}; load {run['loadavg_1m_after']:.1f}")
         finally:
             clients.close()
-        keys = ("rate_per_s", "p50_ms", "p99_ms", "redis_cores", "redis_cpu_ms_per_submit",
-                "leader_cores", "leader_cpu_ms_per_submit", "frontend_cpu_ms_per_submit",
-                "client_cores", "box_busy_cores")
-        med = {k: statistics.median(r[k] for r in runs) for k in keys}
-        med["frontend_cores_each"] = round(statistics.median(
-            statistics.mean(r["frontend_cores"]) for r in runs), 3)
-        return {"frontends": n, "runs": runs, "median": med}
     finally:
         world.stop(list(reversed(started)))
         world.procs = [p for p in world.procs if p not in started]
+    keys = ("rate_per_s", "p50_ms", "p99_ms", "redis_cores", "redis_cpu_ms_per_submit",
+            "leader_cores", "leader_cpu_ms_per_submit", "frontend_cpu_ms_per_submit",
+            "client_cores", "box_busy_cores")
+    out = []
+    for n in counts:
+        med = {k: statistics.median(r[k] for r in runs[n]) for k in keys}
+        med["frontend_cores_each"] = round(statistics.median(
+            statistics.mean(r["frontend_cores"]) for r in runs[n]), 3)
+        out.append({"frontends": n, "runs": runs[n], "median": med})
+    return out
 
 
 def capacity(result: dict) -> dict:
@@ -510,8 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         world = World(Path(tmp), max(counts))
         try:
             world.start_redis(args.appendfsync)
-            for n in counts:
-                result["configs"].append(measure(world, n, args, say))
+            result["configs"] = measure(world, counts, args, say)
             if not args.no_store_ceiling:
                 result["store_alone"] = store_ceiling(world, args, say)
         finally:
