@@ -154,3 +154,9 @@ def test_cost_command_against_the_broker(capsys, broker_address: str) -> None:
 def test_serve_suggests_a_mistyped_setting(capsys) -> None:
     rc, _, err = run_cli(capsys, "serve", "--insecure-dev", "--set", "schedular_interval_s=1")
     assert rc == 2 and "schedular_interval_s (did you mean 'scheduler_interval_s'?)" in err, err
+
+
+def test_serve_frontend_refuses_a_store_other_hosts_cannot_share(capsys, tmp_path) -> None:
+    rc, _, err = run_cli(capsys, "serve", "--insecure-dev", "--frontend", "--frontend-id", "2",
+                         "--store", f"sqlite:///{tmp_path / 'b.sqlite'}")
+    assert rc == 2 and "API front-end needs the leader's shared Redis store" in err, err
