@@ -831,7 +831,9 @@ def frontends(d: dict[str, Any]) -> list[str]:
     """SubmitJob rate by API front-end count (bench_frontends.py), with where the CPU went."""
     st = d["setup"]
     out = [
-        "### API front-ends on other hosts (`python benchmarks/bench_frontends.py`, as root)",
+        "### API front-ends on other hosts (`python benchmarks/bench_frontends.py"
+        + ("" if "always" in st["store"] else " --appendfsync everysec --no-store-ceiling")
+        + "`, as root)",
         "",
         f"`brokerctl serve --frontend` processes, each in its own network namespace, over one"
         f" redis-server ({st['store']}) that shares a namespace with the leader;"
@@ -1140,7 +1142,8 @@ def render() -> str:
                      ("store_failover_broker", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
-                     ("submit_cpu", submit_cpu), ("frontends", frontends), ("running", running),
+                     ("submit_cpu", submit_cpu), ("frontends", frontends),
+                     ("frontends_everysec", frontends), ("running", running),
                      ("k8s", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
