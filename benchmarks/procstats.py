@@ -13,6 +13,23 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """:func:`proc_cpu_s` of ``pid`` plus its live children's (a broker with API worker
+    processes is the core and its workers: the broker's CPU is all of theirs)."""
+    total = proc_cpu_s(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                total += proc_cpu_s(int(kid))
+            except OSError:  # it exited meanwhile
+                pass
+    return total
+
+
 def rss_kb(pid: int) -> int:
     """Resident set size of ``pid`` in KiB (0 if /proc does not say)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

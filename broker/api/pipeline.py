@@ -21,7 +21,7 @@ we do not generate, gets the same layers, outermost first as listed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -34,14 +34,15 @@ class Layer(Protocol):
         ...
 
 
-class _Methods(grpc.GenericRpcHandler):
-    """The generic-handler lookup of a service's already wrapped handlers."""
+class MethodTable(grpc.GenericRpcHandler):
+    """The generic-handler lookup of a service's already wrapped handlers (``handlers``:
+    full method name -> handler; broker/api/aio_server.py converts them again)."""
 
     def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._handlers = handlers
+        self.handlers = handlers
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self._handlers.get(handler_call_details.method)
+        return self.handlers.get(handler_call_details.method)
 
 
 class LayeredServer:
@@ -49,7 +50,7 @@ class LayeredServer:
     method. Pass it where a generated ``add_XServicer_to_server(servicer, server)``
     expects the server."""
 
-    def __init__(self, server: grpc.Server, layers: Sequence[Layer]) -> None:
+    def __init__(self, server: Any, layers: Sequence[Layer]) -> None:  # grpc.Server or LoopServer
         self.server = server
         self._layers = list(layers)
         self.methods: dict[str, grpc.RpcMethodHandler] = {}  # full name -> wrapped handler
@@ -65,7 +66,7 @@ class LayeredServer:
             table = getattr(h, "_method_handlers", None)  # grpc's DictionaryGenericHandler
             if isinstance(table, dict):
                 wrapped = {m: self._wrapped(m, hd) for m, hd in table.items()}
-                out.append(_Methods(wrapped))
+                out.append(MethodTable(wrapped))
             else:  # every generated add_*_to_server passes grpc's dictionary handler
                 raise TypeError(f"{type(h).__name__} is not a method table the call pipeline"
                                 " can wrap; register services through their generated"

@@ -20,6 +20,7 @@ from concurrent import futures
 import grpc
 
 from broker.agents.registry import AgentRegistry
+from broker.api.aio_server import SUBMIT_METHOD, AsyncSubmit, LoopServer
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.errors import BrokerError
 from broker.api.forwarding import Forwarder, link_metadata
@@ -218,7 +219,7 @@ class ApiWorker:
             ("grpc.max_send_message_length", config.max_message_bytes)])
         self.link = wgrpc.WorkerLinkStub(self.channel)
         self.stopped = threading.Event()
-        self.server: grpc.Server | None = None
+        self.server: LoopServer | None = None
 
     def start(self) -> None:
         cfg = self.config
@@ -237,14 +238,17 @@ class ApiWorker:
         threading.Thread(target=self._refresh_loop, name="refresh", daemon=True).start()
         jobs = JobsView(store, applier.hub)
         tokens = TokenManager.for_config(store, cfg)
-        auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev, CertRevocations(
-            cfg.tls_crl, cfg.cert_deny_list, cfg.tls_ca)), AuditLog(store))
+        authn = Authenticator(tokens, cfg.insecure_dev, CertRevocations(
+            cfg.tls_crl, cfg.cert_deny_list, cfg.tls_ca))
+        audit = AuditLog(store)
+        auth = AuthInterceptor(authn, audit)
         idle = IdleWatch(cfg.stream_idle_timeout_s)
         budget = StreamBudget(StreamLimits.from_config(cfg))
-        grpc_server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=budget.limits.threads() + cfg.max_workers,
-                                       thread_name_prefix="rpc"),
-            options=[*server_options(cfg), ("grpc.so_reuseport", 1)])
+        # grpc.aio (broker/api/aio_server.py): SubmitJob on the event loop; every other
+        # method's synchronous code on this pool (as many threads as the sync server had).
+        pool = futures.ThreadPoolExecutor(max_workers=budget.limits.threads() + cfg.max_workers,
+                                          thread_name_prefix="rpc")
+        grpc_server = LoopServer([*server_options(cfg), ("grpc.so_reuseport", 1)], pool)
         server = LayeredServer(grpc_server, [
             auth, EdgeGate(budget, idle),
             StandbyGate(self.core)])  # type: ignore[arg-type]
@@ -260,6 +264,9 @@ class ApiWorker:
                     raise
                 submit_check(spec, who)
 
+        grpc_server.on_loop[SUBMIT_METHOD] = AsyncSubmit(
+            authn=authn, audit=audit, leadership=self.core, applier=applier, ops=ops,
+            check=submit_check, checked=checked, pool=pool).handler
         fwd = Forwarder(self.key)
         job_service = JobService(ops, jobs, cfg, checked)
         jobs_desc = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
@@ -307,6 +314,7 @@ class ApiWorker:
         if self.server is not None:
             self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
             self.server.stop(grace).wait(grace + 5)
+            self.server.pool.shutdown(wait=False, cancel_futures=True)
         self.reports.close()
         self.channel.close()
         self.store.close()

@@ -184,6 +184,16 @@ class TokenManager:
         return issued
 
     # ---- every RPC --------------------------------------------------------------------
+    def cached(self, token: str) -> Principal | None:
+        """The token's principal if a verification younger than ``cache_ttl_s`` holds it
+        (an expired token still raises TokenError), else None: no store read, no argon2,
+        so a caller on an event loop may ask it and hand only a miss to a thread."""
+        hit = self._cache.get(hashlib.sha256(token.encode()).digest())  # a dict read: atomic
+        if hit is None or hit[0] <= time.monotonic():
+            return None
+        _refuse_expired(hit[2].token_id, hit[1])
+        return hit[2]
+
     def verify(self, token: str) -> Principal:
         """The token's principal. A cached verification younger than ``cache_ttl_s`` is
         the answer; an older one re-reads the token's record (revoked? expired?) and, if

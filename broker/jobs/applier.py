@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
-from broker.auth.audit import pending_audit
+from broker.auth.audit import PendingAudit, pending_audit
 from broker.jobs.outcome import Command, Outcome, SendGo, SendLaunch, SendStop, WakeScheduler
 from broker.store.base import NotFound, Store, StoreError, VersionConflict
-from broker.store.group_commit import GroupCommit
+from broker.store.group_commit import GroupCommit, LoopSink
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 
@@ -113,6 +113,20 @@ class Applier:
         commit to wait for, not two: broker/auth/audit.py ``PendingAudit``)."""
         pending = pending_audit()
         stored = self.creates.create(out.job, out.events, (pending.rider(),) if pending else ())
+        if pending is not None:
+            pending.committed()
+        done = Outcome(job=stored, events=out.events, commands=out.commands)
+        self._committed(done)
+        return done
+
+    async def create_soon(self, out: Outcome, pending: PendingAudit | None,
+                          sink: LoopSink) -> Outcome:
+        """:meth:`create` for a caller on an event loop (the API workers' grpc.aio
+        server): the write joins the group commit through the writer's own thread and
+        this coroutine resumes once the group is committed, so the loop never blocks on
+        the store. ``pending``: the call's audit record, committed with the job."""
+        stored = await self.creates.create_soon(sink, out.job, out.events,
+                                                (pending.rider(),) if pending else ())
         if pending is not None:
             pending.committed()
         done = Outcome(job=stored, events=out.events, commands=out.commands)

@@ -117,6 +117,12 @@ class PriorityClasses:
                 self._read_at = now
             return self._cached
 
+    def fresh(self) -> bool:
+        """True when the next read is answered from the cache (no store read): a caller
+        on an event loop reads the classes itself only then."""
+        with self._lock:
+            return self._cached is not None and self._clock() - self._read_at < REFRESH_S
+
     def values(self) -> dict[str, int]:
         """name -> value of every live class (what SubmitJob validates against)."""
         return {n: pc.value for n, pc in self._current().items()}

@@ -16,10 +16,19 @@ request id raises AlreadyExists for that member only, as ``Store.create_job``
 would); a failure of the whole write (Fenced, StoreUnavailable) goes to every
 member of that group. Leader fencing is kept: the store checks the lease epoch
 inside each group's transaction / script.
+
+Callers on an event loop (the API workers' grpc.aio server) must never block, so
+they cannot lead: :meth:`GroupWriter.submit_soon` queues a member with a sink instead
+of a lock, and a group whose oldest member is such a one is led by the writer's own
+thread (started on first use). Members of the same group share the write whichever
+way they came; results for loop callers go back one call per sink per group
+(:class:`LoopSink`: one ``call_soon_threadsafe`` wake-up of the loop for the whole
+group, not one per member).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -38,15 +47,41 @@ class _Member(Generic[T, R]):
     to wake its caller: the cheapest wake-up CPython has (an Event is a Condition, a
     second lock and a waiter list; at thousands of submits a second that showed)."""
 
-    __slots__ = ("item", "done", "result", "error", "lead")
+    __slots__ = ("item", "done", "result", "error", "lead", "sink", "future")
 
-    def __init__(self, item: T) -> None:
+    def __init__(self, item: T, sink: LoopSink | None = None,
+                 future: asyncio.Future | None = None) -> None:
         self.item = item
+        self.sink = sink  # set: a loop caller (no lock; its result goes through the sink)
+        self.future = future
         self.done = threading.Lock()
-        self.done.acquire()
+        if sink is None:
+            self.done.acquire()
         self.result: R | None = None
         self.error: BaseException | None = None
         self.lead = False  # woken to lead the next group rather than with a result
+
+
+class LoopSink:
+    """Hands results to callers on one asyncio loop: one thread-safe wake-up per group."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def deliver(self, members: list[_Member]) -> None:
+        self.loop.call_soon_threadsafe(_resolve, members)
+
+
+def _resolve(members: list[_Member]) -> None:
+    """On the loop: each member's future gets its result or its error."""
+    for m in members:
+        f = m.future
+        if f is None or f.done():  # its caller was cancelled meanwhile: the write stands
+            continue
+        if m.error is not None:
+            f.set_exception(m.error)
+        else:
+            f.set_result(m.result)
 
 
 class GroupWriter(Generic[T, R]):
@@ -63,6 +98,34 @@ class GroupWriter(Generic[T, R]):
         self._busy = False
         self.groups = 0  # writes made (for tests and benchmarks)
         self.members = 0  # items written through them
+        self._leader_wake: threading.Semaphore | None = None  # the writer thread's (submit_soon)
+
+    def submit_soon(self, item: T, sink: LoopSink) -> asyncio.Future:
+        """Queue ``item`` without blocking (call on ``sink``'s loop): the returned future
+        gets ``write``'s result for it, or its error. If the writer is idle its own
+        thread leads the group; else the item rides with the next group."""
+        fut = sink.loop.create_future()
+        me: _Member[T, R] = _Member(item, sink, fut)
+        with self._lock:
+            self._queue.append(me)
+            lead = not self._busy
+            self._busy = True
+            if lead:
+                self._writer_thread().release()
+        return fut
+
+    def _writer_thread(self) -> threading.Semaphore:
+        """The thread that leads groups for loop callers (under ``_lock``)."""
+        if self._leader_wake is None:
+            self._leader_wake = threading.Semaphore(0)
+            threading.Thread(target=self._lead_for_loops, args=(self._leader_wake,),
+                             name="group-commit", daemon=True).start()
+        return self._leader_wake
+
+    def _lead_for_loops(self, wake: threading.Semaphore) -> None:
+        while True:
+            wake.acquire()
+            self._lead()
 
     def submit(self, item: T) -> R:
         me: _Member[T, R] = _Member(item)
@@ -102,10 +165,19 @@ class GroupWriter(Generic[T, R]):
             nxt = self._queue[0] if self._queue else None
             if nxt is None:
                 self._busy = False
+            elif nxt.sink is not None:  # a loop caller cannot lead: the writer thread does
+                self._writer_thread().release()
+                nxt = None
             else:
                 nxt.lead = True
+        sinks: dict[int, tuple[LoopSink, list[_Member[T, R]]]] = {}
         for m in group:  # each lock is held here (the leader holds its own): one release each
-            m.done.release()
+            if m.sink is None:
+                m.done.release()
+            else:
+                sinks.setdefault(id(m.sink), (m.sink, []))[1].append(m)
+        for sink, members in sinks.values():
+            sink.deliver(members)
         if nxt is not None:
             nxt.done.release()
 
@@ -128,3 +200,9 @@ class GroupCommit(GroupWriter[CreateItem, pb.Job]):
     def create(self, job: pb.Job, events: Sequence[pb.JobEvent] = (),
                riders: Sequence[Rider] = ()) -> pb.Job:
         return self.submit((job, events, riders) if riders else (job, events))
+
+    def create_soon(self, sink: LoopSink, job: pb.Job, events: Sequence[pb.JobEvent] = (),
+                    riders: Sequence[Rider] = ()) -> asyncio.Future:
+        """:meth:`create` for a caller on an event loop: await the future (the job as
+        stored, once its group is committed)."""
+        return self.submit_soon((job, events, riders) if riders else (job, events), sink)
