@@ -3,6 +3,7 @@ the same validated object (a typo in a field name is an error, not a silent defa
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +27,13 @@ def _known_policy(name: str) -> str:
 def _loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class ApiWorkerServer(StrEnum):
+    """How an API worker process serves its calls (broker/api/aio_server.py)."""
+
+    THREADS = "threads"  # gRPC's synchronous server: one pool thread per running call
+    AIO = "aio"  # grpc.aio: SubmitJob on the event loop, every other call on a pool
 
 
 class BrokerConfig(BaseModel):
@@ -171,6 +179,12 @@ class BrokerConfig(BaseModel):
     frontend: bool = False
     # Distinct per front-end (0..191): its job ids come from their own stream.
     frontend_id: int = Field(0, ge=0, le=191)
+    # The workers' server. "aio" serves SubmitJob on an event loop (no thread per call;
+    # the group commit awaited) and every other method's code on a thread pool; measured
+    # on the 2-core benchmark box it used no less CPU per submit than "threads" and more
+    # per pooled call (docs/architecture.md "API worker processes"), so it is not the
+    # default.
+    api_worker_server: ApiWorkerServer = ApiWorkerServer.THREADS
     # Long-lived streams (WatchJob, StreamJobLogs, agent Connect, workdir transfers, health
     # Watch; broker/api/streams.py): each open one holds a server thread, so each kind of
     # caller draws from a pool of its own and nobody can fill another's. This one: all

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -35,7 +36,7 @@ from broker.auth.interceptor import Authenticator, AuthInterceptor
 from broker.auth.revocation import CertRevocations
 from broker.auth.tls import server_credentials
 from broker.auth.tokens import TokenManager
-from broker.config import BrokerConfig
+from broker.config import ApiWorkerServer, BrokerConfig
 from broker.ids import set_stream
 from broker.jobs.applier import Applier
 from broker.jobs.hub import EventHub
@@ -219,7 +220,7 @@ class ApiWorker:
             ("grpc.max_send_message_length", config.max_message_bytes)])
         self.link = wgrpc.WorkerLinkStub(self.channel)
         self.stopped = threading.Event()
-        self.server: LoopServer | None = None
+        self.server: Any = None  # grpc.Server or LoopServer (api_worker_server)
 
     def start(self) -> None:
         cfg = self.config
@@ -244,11 +245,14 @@ class ApiWorker:
         auth = AuthInterceptor(authn, audit)
         idle = IdleWatch(cfg.stream_idle_timeout_s)
         budget = StreamBudget(StreamLimits.from_config(cfg))
-        # grpc.aio (broker/api/aio_server.py): SubmitJob on the event loop; every other
-        # method's synchronous code on this pool (as many threads as the sync server had).
         pool = futures.ThreadPoolExecutor(max_workers=budget.limits.threads() + cfg.max_workers,
                                           thread_name_prefix="rpc")
-        grpc_server = LoopServer([*server_options(cfg), ("grpc.so_reuseport", 1)], pool)
+        options = [*server_options(cfg), ("grpc.so_reuseport", 1)]
+        aio = cfg.api_worker_server is ApiWorkerServer.AIO
+        # grpc.aio (broker/api/aio_server.py): SubmitJob on the event loop, every other
+        # method's code on the pool; else gRPC's sync server on the same pool.
+        grpc_server: Any = LoopServer(options, pool) if aio else grpc.server(pool, options=options)
+        self.pool = pool
         server = LayeredServer(grpc_server, [
             auth, EdgeGate(budget, idle),
             StandbyGate(self.core)])  # type: ignore[arg-type]
@@ -264,9 +268,10 @@ class ApiWorker:
                     raise
                 submit_check(spec, who)
 
-        grpc_server.on_loop[SUBMIT_METHOD] = AsyncSubmit(
-            authn=authn, audit=audit, leadership=self.core, applier=applier, ops=ops,
-            check=submit_check, checked=checked, pool=pool).handler
+        if aio:
+            grpc_server.on_loop[SUBMIT_METHOD] = AsyncSubmit(
+                authn=authn, audit=audit, leadership=self.core, applier=applier, ops=ops,
+                check=submit_check, checked=checked, pool=pool).handler
         fwd = Forwarder(self.key)
         job_service = JobService(ops, jobs, cfg, checked)
         jobs_desc = jobs_pb2.DESCRIPTOR.services_by_name["JobService"]
@@ -314,7 +319,7 @@ class ApiWorker:
         if self.server is not None:
             self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
             self.server.stop(grace).wait(grace + 5)
-            self.server.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
         self.reports.close()
         self.channel.close()
         self.store.close()
