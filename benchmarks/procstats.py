@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -23,10 +24,8 @@ def tree_cpu_s(pid: int) -> float:
         except OSError:
             continue
         for kid in kids:
-            try:
+            with contextlib.suppress(OSError):  # it exited meanwhile
                 total += proc_cpu_s(int(kid))
-            except OSError:  # it exited meanwhile
-                pass
     return total
 
 

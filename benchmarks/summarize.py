@@ -783,15 +783,29 @@ def proactive_rules(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def submit_cpu(d: dict[str, Any]) -> list[str]:
+def submit_cpu_workers(d: dict[str, Any]) -> list[str]:
+    """The same benchmark with one API worker process, its server on grpc.aio
+    (``submit_cpu_workers_aio.json``) against the threaded server measured just before it
+    in the same tree (``submit_cpu_workers_threads.json``)."""
+    return submit_cpu(d, before_name="submit_cpu_workers_threads", title=(
+        "### Broker CPU per SubmitJob, one API worker: threads against grpc.aio"
+        " (`python benchmarks/bench_submit_cpu.py --set api_workers=1"
+        " --set api_worker_server=threads|aio`)"), who=(
+        "the broker (`brokerctl serve` and its one API worker process, which serves the"
+        " public port; CPU of both"))
+
+
+def submit_cpu(d: dict[str, Any], before_name: str = "submit_cpu_before",
+               title: str = "### Broker CPU per SubmitJob (`python benchmarks/bench_submit_cpu.py`)",
+               who: str = "the broker process (`brokerctl serve`") -> list[str]:
     """Broker CPU per SubmitJob (bench_submit_cpu.py): this build, and the build before
     the backlog changes when its JSON (``submit_cpu_before.json``) is committed too."""
-    before = load("submit_cpu_before")
+    before = load(before_name)
     st = d["setup"]
     out = [
-        "### Broker CPU per SubmitJob (`python benchmarks/bench_submit_cpu.py`)",
+        title,
         "",
-        f"CPU time of the broker process (`brokerctl serve`, SQLite, {st['transport']}) per"
+        f"CPU time of {who}, SQLite, {st['transport']}) per"
         f" answered SubmitJob of a {st['spec_bytes']:,}-byte spec, {st['clients']} clients,"
         " read from /proc around each phase: robust to the shared machine's load, unlike the"
         " rate. The calibration no-op (`GetJob` with an empty id, refused after TLS and"
@@ -1142,7 +1156,8 @@ def render() -> str:
                      ("store_failover_broker", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
-                     ("submit_cpu", submit_cpu), ("frontends", frontends),
+                     ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
+                     ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
                      ("k8s", k8s),
                      ("node_deltas", node_deltas),

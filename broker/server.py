@@ -71,6 +71,14 @@ goal is at the floor of either framework in Python on these cores; an aio server
 submit path never blocking: the group commit on its own thread, answers resolved per
 group) would save the hand-offs, not the floor, and every servicer, stream and layer
 would have to move with it.
+
+That aio server exists for the API workers (``api_worker_server: aio``,
+broker/api/aio_server.py) and was measured against the sync one in the same tree, same
+minutes (bench_submit_cpu.py, one worker, benchmarks/results/submit_cpu_workers_*.json):
+context switches per submit in the worker fell from ~28 to ~15-19, its CPU per submit
+did not (a cProfile of the loop: ~17 of gRPC aio's callbacks and ~6 loop wake-ups per
+SubmitJob), and every method left on the pool pays a loop -> pool -> loop crossing
+(the calibration no-op ~0.25 -> ~0.45 ms). So the sync server stays the default.
 """
 
 from __future__ import annotations

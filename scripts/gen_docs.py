@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import enum
 import importlib.util
 import inspect
 import io
@@ -56,6 +57,8 @@ def show_default(value: Any) -> str:
         return "the running Python"
     if value is argparse.SUPPRESS:
         return ""
+    if isinstance(value, enum.Enum):  # what a config file says, not the Python repr
+        return f"`{value.value!r}`"
     return f"`{value!r}`" if not isinstance(value, bool) else f"`{value}`"
 
 

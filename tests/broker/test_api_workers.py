@@ -43,9 +43,10 @@ from tests.broker.test_agent_flow import (
 )
 
 
-@pytest.fixture
-def wbroker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(fast_config(tmp_path, api_workers=2))
+@pytest.fixture(params=["threads", "aio"])
+def wbroker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """Two workers, on either server (``api_worker_server``): every behaviour holds on both."""
+    b = Broker(fast_config(tmp_path, api_workers=2, api_worker_server=request.param))
     yield b
     b.stop()
 
