@@ -347,6 +347,7 @@ class AsyncSubmit:
         target = "" if isinstance(request, Refused) else target_of(request)
         pending = PendingAudit(principal, SUBMIT_METHOD, target, actx.peer())
         code = grpc.StatusCode.UNKNOWN
+        writing: list[bool] = []  # non-empty once the job (and this record) is being written
         try:
             # 2. the edge (decode + limits) and 3. the standby gate, as on every method
             if isinstance(request, Refused):
@@ -356,7 +357,7 @@ class AsyncSubmit:
                 code = grpc.StatusCode.UNAVAILABLE
                 await ctx.abort(code, self.leadership.standby_message())
             try:
-                out = await self._submit(request, principal, pending, ctx)
+                out = await self._submit(request, principal, pending, ctx, writing)
                 code = grpc.StatusCode.OK
                 return out
             except grpc.aio.AbortError:
@@ -370,12 +371,15 @@ class AsyncSubmit:
         finally:
             # every call leaves one record: a new job's rode with it, any other ending
             # (refusal, an idempotent repeat, a failed write) is written here
-            if not pending.written and code is not grpc.StatusCode.UNAVAILABLE:
+            # (a caller that left while its job was being written: the record rides with
+            # the job, which is written all the same)
+            left_mid_write = bool(writing) and code is grpc.StatusCode.UNKNOWN
+            if not pending.written and not left_mid_write and code is not grpc.StatusCode.UNAVAILABLE:
                 await self._blocking(self.audit.record, principal, SUBMIT_METHOD,
                                      target_of(request), actx.peer(), code.name)
 
     async def _submit(self, request: jpb.SubmitJobRequest, who: Principal, pending: PendingAudit,
-                      ctx: grpc.aio.ServicerContext) -> jpb.SubmitJobResponse:
+                      ctx: grpc.aio.ServicerContext, writing: list[bool]) -> jpb.SubmitJobResponse:
         """JobService.SubmitJob on the loop (its checks in its order)."""
         if not request.HasField("spec"):
             raise InvalidArgument("spec is missing")
@@ -391,11 +395,12 @@ class AsyncSubmit:
             except BrokerError:
                 await self._blocking(self.checked, spec, who)  # its retry on a fresh view
         with self.ops.telemetry.job_span(ctx.invocation_metadata()):
-            job, created = await self._create(spec, request.client_request_id, who.actor, pending)
+            job, created = await self._create(spec, request.client_request_id, who.actor, pending,
+                                              writing)
         return jpb.SubmitJobResponse(job=visible(job, who), created=created)
 
     async def _create(self, spec: pb.JobSpec, request_id: str, actor: str,
-                      pending: PendingAudit) -> tuple[pb.Job, bool]:
+                      pending: PendingAudit, writing: list[bool]) -> tuple[pb.Job, bool]:
         """JobOps.submit: the new job through the group commit, awaited. A spec the live
         view refuses, a team or class view that would need a store read, and a repeated
         request id take JobOps.submit's own code on the pool (with this call's audit
@@ -412,10 +417,12 @@ class AsyncSubmit:
                                actor=actor, regions_known=ops.agents.any_registered()),
             ops.clock(), ops.config)
         ops.telemetry.stamp_job(out.job)
+        writing.append(True)
         try:
             done = await self.applier.create_soon(out, pending, self._sink(asyncio.get_running_loop()))
             return done.job, True
         except AlreadyExists:
+            writing.clear()  # answered below: the interceptor's record, as for any repeat
             store = self.applier.store
             existing = await self._blocking(store.find_job_by_request_id, spec.team, request_id)
             if existing is None:

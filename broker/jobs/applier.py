@@ -10,6 +10,7 @@ returned to the caller, so nothing leaves the retry loop through side channels.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -125,13 +126,22 @@ class Applier:
         server): the write joins the group commit through the writer's own thread and
         this coroutine resumes once the group is committed, so the loop never blocks on
         the store. ``pending``: the call's audit record, committed with the job."""
-        stored = await self.creates.create_soon(sink, out.job, out.events,
-                                                (pending.rider(),) if pending else ())
-        if pending is not None:
-            pending.committed()
-        done = Outcome(job=stored, events=out.events, commands=out.commands)
-        self._committed(done)
-        return done
+        fut = self.creates.create_soon(sink, out.job, out.events,
+                                       (pending.rider(),) if pending else ())
+
+        def committed(f: asyncio.Future) -> None:
+            # On the loop, whether or not the caller still waits (a cancelled or timed-out
+            # caller's job is stored all the same: the core must hear of it, and its
+            # audit record rode along), before the caller resumes.
+            if f.cancelled() or f.exception() is not None:
+                return
+            if pending is not None:
+                pending.committed()
+            self._committed(Outcome(job=f.result(), events=out.events, commands=out.commands))
+
+        fut.add_done_callback(committed)
+        stored = await asyncio.shield(fut)
+        return Outcome(job=stored, events=out.events, commands=out.commands)
 
     def created_elsewhere(self, jobs: list[pb.Job]) -> None:
         """Jobs an API worker process created in the store (broker/api/workers.py): told

@@ -16,6 +16,7 @@ import pytest
 
 from broker.api.aio_server import LoopServer
 from broker.api.errors import RETRY_PUSHBACK_KEY, Unavailable, rpc
+from broker.auth.identity import Role
 
 SERVICE = "test.Probe"
 
@@ -119,3 +120,54 @@ def test_a_slow_call_on_the_pool_never_delays_a_call_on_the_loop(
     assert channel.unary_unary(f"/{SERVICE}/Fast")(b"", timeout=10) == b"fast"
     assert time.monotonic() - t0 < 0.5
     assert [f.result() for f in slow] == [b"slow"] * 4
+
+
+def test_a_caller_that_leaves_mid_write_still_has_its_job_reported_and_audited(tmp_path) -> None:  # noqa: ANN001
+    """The sync server finished a submit whose caller had left; so must the loop: the
+    job is committed with its audit record and the core hears of it (the listener)."""
+    import asyncio
+
+    from broker.agents.registry import AgentRegistry
+    from broker.auth.audit import KIND_AUDIT, PendingAudit
+    from broker.auth.identity import Principal
+    from broker.config import BrokerConfig
+    from broker.jobs.applier import Applier
+    from broker.jobs.hub import EventHub
+    from broker.jobs.outcome import Outcome
+    from broker.store import open_store
+    from broker.store.group_commit import LoopSink
+    from broker.telemetry import BrokerTelemetry
+    from computebroker.v1 import auth_pb2 as aupb
+    from tests.store.test_conformance import ev, make_job
+    from tests.store.test_group_commit_loop import _SlowStore
+
+    store = open_store(f"sqlite:///{tmp_path / 'b.sqlite'}")
+    try:
+        slow = _SlowStore(store, 0.4)
+        applier = Applier(slow, EventHub(), AgentRegistry(store), BrokerTelemetry(),  # type: ignore[arg-type]
+                          BrokerConfig(checkpoint_root=str(tmp_path / "ckpt")))
+        heard: list[str] = []
+        applier.add_listener(lambda job: heard.append(job.id))
+        pending = PendingAudit(Principal("erin", Role.MEMBER, team="a"),
+                               "/computebroker.v1.JobService/SubmitJob", "spec:n-j-left", "ipv4:127.0.0.1:1")
+        out = Outcome(job=make_job("j-left", team="a", crid="r-left"), events=(ev("submitted"),))
+
+        async def main() -> None:
+            task = asyncio.create_task(applier.create_soon(out, pending, LoopSink(asyncio.get_running_loop())))
+            await asyncio.sleep(0.1)
+            task.cancel()  # the caller's deadline passed, mid-write
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if heard:
+                    break
+                await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        assert heard == ["j-left"]
+        assert pending.written
+        assert store.get_job("j-left").client_request_id == "r-left"
+        records = store.list_records(KIND_AUDIT, aupb.AuditRecord)
+        assert [r.target for r in records] == ["spec:n-j-left"]
+    finally:
+        store.close()
