@@ -8,6 +8,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from broker.jobs.budgets import MAX_NODE_FAILURE_WINDOW_S, MAX_NODE_FAILURES
+
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
     "inference": 100,
     "experimentation": 80,
@@ -82,7 +84,16 @@ class BrokerConfig(BaseModel):
     # Off: a job for an unknown team is refused with a hint to create the team
     # (quotas are the point of teams; silently inventing one would bypass governance).
     auto_create_teams: bool = False
-    max_restarts: int = Field(3, ge=0)  # auto-resume attempts after reported failures
+    max_restarts: int = Field(3, ge=0)  # auto-resume attempts after the job's own failures
+    # Node losses (a failure laid on a node whose rank died by a signal: lost, unhealthy,
+    # killed) spend this budget instead, never max_restarts: the job fails when more than
+    # max_node_failures happened within node_failure_window_s seconds (0 = its whole life).
+    # A job's spec may set its own. Why 10 per hour (docs/recovery.md "Restart budgets"):
+    # at Meta's 1.8 h mean time to failure per 16k GPUs even a 100k-GPU job loses about 3
+    # nodes an hour (more than 10 in one hour: about once in 1,300 hours), while ranks killed
+    # at every start (the OOM killer looks the same) stop within minutes.
+    max_node_failures: int = Field(10, ge=0, le=MAX_NODE_FAILURES)
+    node_failure_window_s: float = Field(3600.0, ge=0, le=MAX_NODE_FAILURE_WINDOW_S)  # 0 = life
     # Launch refusal backoff (broker/jobs/backoff.py; like Kueue's requeuingStrategy
     # backoffBaseSeconds / backoffMaxSeconds / backoffLimitCount): an agent that refused a
     # job's Launch is left out for that job for base x 2^(n-1) seconds (n = refusals in a

@@ -395,7 +395,8 @@ def job_story(job: common_pb2.Job) -> str:
     if name == "pending" and job.pending_reason:
         head += f": {job.pending_reason}"
     if not job.migrations:
-        return head + ("" if job.restarts == 0 else f"; {job.restarts} restart(s)")
+        return head + ("" if job.restarts == 0 else f"; {job.restarts} restart(s)") + (
+            "" if job.node_failures == 0 else f"; {job.node_failures} node failure(s)")
     # A job that moved opens with its last move (phase and place are in the panel below).
     earlier = len(job.migrations) - 1
     return move_story(job, job.migrations[-1]) + (f" (+{earlier} earlier)" if earlier else "")
@@ -408,6 +409,28 @@ def _kv(rows: Sequence[tuple[str, object]]) -> Table:
     for key, value in rows:
         table.add_row(key, value if isinstance(value, Text) else str(value))
     return table
+
+
+def budget_counts(job: common_pb2.Job) -> str:
+    """``restarts: 1, node failures: 2`` (the job's own failures and its nodes', which
+    spend two budgets: docs/recovery.md "Restart budgets"); a budget the spec sets is
+    shown with its limit (the broker's defaults are its settings, not known here)."""
+    spec = job.spec
+    nodes = f"node failures: {job.node_failures}"
+    if spec.HasField("max_node_failures"):
+        window = spec.node_failure_window_s if spec.HasField("node_failure_window_s") else None
+        nodes += f" (max {spec.max_node_failures}" + (
+            "" if window is None else " over the job's life" if not window
+            else f" per {seconds_text(window)}") + ")"
+    return f"restarts: {job.restarts}, {nodes}"
+
+
+def seconds_text(s: float) -> str:
+    """``1h``, ``30m``, ``90s``: a window as people say it."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s / size:g}{unit}"
+    return f"{s:g}s"
 
 
 def restart_note(job: common_pb2.Job) -> str:
@@ -432,7 +455,7 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         ("team", spec.team or "-"),
         ("priority", spec.priority_class or "-"),
         ("phase", phase_text(job.phase)),
-        ("attempt", f"{job.attempt} (restarts: {job.restarts})"),
+        ("attempt", f"{job.attempt} ({budget_counts(job)})"),
         ("resources", f"{shape(job)} {spec.resources.accelerator or 'any accelerator'}"),
         ("created", f"{when(job.created_time)} ({age(job.created_time, now)} ago)"),
     ]

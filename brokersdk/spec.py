@@ -78,6 +78,11 @@ class JobSpec(BaseModel):
     min_nodes: int = 0
     max_nodes: int = 0
     expected_duration_s: float = 0.0
+    # Node losses the job may survive within node_failure_window_s seconds (0 = its whole
+    # life); they never spend the broker's max_restarts. Unset = the broker's settings.
+    max_node_failures: int | None = Field(None, ge=0, le=10_000, strict=True)
+    # The window of max_node_failures in seconds (0 = the job's whole life).
+    node_failure_window_s: float | None = Field(None, ge=0, le=366 * 86_400.0, allow_inf_nan=False)
     # Your program: ``run`` (argv list, or a command line split with shlex, or a
     # multi-line script for ``bash -c``); ``command`` is its older name (same field).
     run: list[str] | str = Field(default_factory=list)
@@ -148,6 +153,8 @@ class JobSpec(BaseModel):
             max_price_per_gpu_hour=self.max_price_per_gpu_hour,
             elasticity=common_pb2.Elasticity(min_nodes=self.min_nodes, max_nodes=self.max_nodes),
             expected_duration_s=self.expected_duration_s,
+            max_node_failures=self.max_node_failures,
+            node_failure_window_s=self.node_failure_window_s,
             env={k: str(v) for k, v in self.env.items()},
             trainer=self.trainer.to_proto(),
             labels={k: str(v) for k, v in self.labels.items()},

@@ -134,7 +134,9 @@ class Simulation:
                  progress: Callable[[float], None] | None = None, check: bool = False) -> None:
         self.scn, self.policy, self.seed, self.check = scn, policy, seed, check
         self.progress = progress
-        self.cfg = BrokerConfig(max_restarts=1_000_000, recovery_policy=policy.recovery.name,
+        # no budget ends a simulated job: it measures goodput, not give-ups
+        self.cfg = BrokerConfig(max_restarts=1_000_000, max_node_failures=10_000,
+                                recovery_policy=policy.recovery.name,
                                 preempt_min_run_s=scn.preempt_min_run_s, preempt_budget=scn.preempt_budget,
                                 preempt_gain_factor=scn.preempt_gain_factor if policy.gain_rule else 0.0,
                                 preempt_requeue_s=scn.preempt_requeue_s)
@@ -714,7 +716,9 @@ class Simulation:
                                                 self.now, self.cfg))
 
     def failed(self, sj: SimJob, node_id: str) -> None:
-        """A node failed under the job: the agent reports the attempt FAILED (exit 1)."""
+        """A node failed under the job: the agent reports the attempt FAILED, its rank on
+        that node killed (exit -9, the node blamed), as a real agent does; it spends the
+        job's max_node_failures, not max_restarts (broker/jobs/budgets.py)."""
         if sj.job.phase not in HOLDING:
             return
         self._note_checkpoint(sj)
@@ -722,7 +726,7 @@ class Simulation:
         self._lose(sj, sj.job.phase)
         agent = sj.job.placement.agent_id
         u = apb.JobUpdate(job_id=sj.tj.id, attempt=sj.job.attempt, state=apb.ATTEMPT_STATE_FAILED,
-                          exit_code=1, failed_nodes=[node_id], message="node failed")
+                          exit_code=-9, failed_nodes=[node_id], message="node failed")
         self._release(sj)
         self.apply(sj, updates.attempt_ended(sj.job, updates.AgentUpdate(agent, u), self.now, self.cfg))
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from broker.jobs.budgets import MAX_NODE_FAILURE_WINDOW_S, MAX_NODE_FAILURES
+
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Counters the broker sums into int32 proto fields (RegionInfo.total_gpus etc.) stay far
@@ -147,6 +149,9 @@ LIMITS: dict[str, FieldLimit] = {
     "TrainerSpec.checkpoint_every": FieldLimit(lo=0, hi=MAX_STEPS),
     "step_sleep_s": FieldLimit(lo=0, hi=86_400),
     "expected_duration_s": FieldLimit(lo=0, hi=1e9),
+    # restart budgets (broker/jobs/budgets.py; its MAX_* are these bounds)
+    "JobSpec.max_node_failures": FieldLimit(lo=0, hi=MAX_NODE_FAILURES),
+    "JobSpec.node_failure_window_s": FieldLimit(lo=0, hi=MAX_NODE_FAILURE_WINDOW_S),
     "ttl_s": FieldLimit(lo=0, hi=10 * 366 * 86_400),  # token lifetimes; the broker's max is lower
     # Measurements an agent reports, never used in sums or comparisons: a training run
     # whose loss diverged to NaN must still have its updates applied.

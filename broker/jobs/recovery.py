@@ -25,6 +25,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker.jobs import budgets
+from broker.jobs.budgets import (  # noqa: F401  (re-exported: the exit codes' one home)
+    DETERMINISTIC_ERRORS,
+    EXIT_CONFIG_ERROR,
+    EXIT_ERROR,
+    EXIT_STORE_UNAVAILABLE,
+    Budget,
+    deterministic_failure,
+)
 from broker.jobs.causes import Cause, Family, StopKind
 
 if TYPE_CHECKING:
@@ -34,12 +43,8 @@ if TYPE_CHECKING:
 POLICY_LABEL = "cb.recovery-policy"
 
 # Trainer exit codes (docs/contracts.md section 1).
-EXIT_ERROR = 1
-EXIT_CONFIG_ERROR = 2
 EXIT_CHECKPOINTED = 75
 EXIT_GRACE_MISSED = 76
-# The checkpoint store is down (checkpoint_layout/faults.py): weather, not a failure.
-EXIT_STORE_UNAVAILABLE = 81
 # Reported by the agent, not the trainer: it could not start the attempt (staging, the
 # checkpoint copy, the workdir fetch or the spawn failed). Backed off like a refused
 # launch (broker/jobs/backoff.py), not counted against max_restarts.
@@ -81,8 +86,8 @@ class Signal:
 @dataclass(frozen=True)
 class StopPlan:
     """How to stop the current attempt, and what the relaunch must avoid. The relaunch
-    budget is :meth:`RecoveryPolicy.restart`'s (``max_restarts`` counts failures; moves
-    and losses do not use it up)."""
+    budgets are :meth:`RecoveryPolicy.restart`'s (``max_restarts`` counts the job's own
+    failures, ``max_node_failures`` its nodes'; moves and losses use up neither)."""
 
     kind: StopKind  # what the Stop asks; its family is the goodput bucket and requeue cause
     cause: Cause
@@ -98,18 +103,12 @@ class StopPlan:
 class Restart(enum.Enum):
     """What to do when an attempt ends by itself (no stop was asked)."""
 
-    RETRY = "retry"  # relaunch elsewhere from the last durable checkpoint
-    FAIL_CONFIG = "fail_config"  # exit 2: retrying will not help
-    GIVE_UP = "give_up"  # restarts exhausted
+    RETRY = "retry"  # relaunch from the last durable checkpoint; one of max_restarts spent
+    RETRY_NODE = "retry_node"  # a node's failure: relaunch, one of max_node_failures spent
+    FAIL_CONFIG = "fail_config"  # exit 2 or a deterministic error: retrying will not help
+    GIVE_UP = "give_up"  # max_restarts exhausted
+    GIVE_UP_NODES = "give_up_nodes"  # max_node_failures exhausted (within its window)
     WAIT_STORE = "wait_store"  # the checkpoint store is down: wait with backoff, no restart spent
-
-
-# Exit codes whose meaning does not depend on the job's restarts (docs/contracts.md,
-# "Store faults"); every other exit is retried until max_restarts.
-EXIT_DECISIONS: dict[int, Restart] = {
-    EXIT_CONFIG_ERROR: Restart.FAIL_CONFIG,
-    EXIT_STORE_UNAVAILABLE: Restart.WAIT_STORE,
-}
 
 
 @dataclass(frozen=True)
@@ -178,25 +177,31 @@ class RecoveryPolicy:
                  Trigger.LAUNCH_REFUSED: Cause.LAUNCH_REFUSED}[sig.trigger]
         return StopPlan(inflight or StopKind.MIGRATE, cause, False, 0.0)
 
-    def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig,
-                message: str = "") -> Restart:
-        """An attempt FAILED on its own: exit 2 is a configuration error, exit 81 a store
-        outage (waited out, no restart spent: broker/jobs/store_wait.py), an exit whose
-        message names a deterministic failure (an ImportError) is a configuration error too;
-        anything else
-        (1, 76 = the emergency save missed its grace, a signal) is retried until
-        ``max_restarts``, from the last durable checkpoint. Exit code 0 on a FAILED attempt
-        means "unknown" (e.g. an attempt that ended while its agent was down, its ranks'
-        codes unreadable): a failure like any other, never a success and never final
-        (the fault campaign found such attempts failing their job at once)."""
-        fixed = EXIT_DECISIONS.get(exit_code)
-        if fixed is not None:
-            return fixed
-        if deterministic_failure(exit_code, message):
+    def restart(self, exit_code: int, job: pb.Job, config: BrokerConfig, message: str = "",
+                failed_nodes: tuple[str, ...] = (), now: float = 0.0) -> Restart:
+        """An attempt FAILED on its own: which budget its failure spends, and whether the
+        budget has room (:data:`broker.jobs.budgets.FAILURE_BUDGETS`, the one table).
+
+        Exit 2 or a message naming a deterministic failure (an ImportError) is a
+        configuration error; exit 81 a store outage (waited out, no restart spent:
+        broker/jobs/store_wait.py); a blamed node whose rank died by a signal is a node
+        failure, relaunched until ``max_node_failures`` within ``node_failure_window_s``
+        (``now`` places it in that window); anything else (1, 76 = the emergency save
+        missed its grace, a signal on no blamed node) is retried until ``max_restarts``,
+        from the last durable checkpoint. Exit code 0 on a FAILED attempt means "unknown"
+        (e.g. an attempt that ended while its agent was down, its ranks' codes
+        unreadable): a failure like any other, never a success and never final (the
+        fault campaign found such attempts failing their job at once)."""
+        kind = budgets.classify(exit_code, message, failed_nodes)
+        budget = budgets.FAILURE_BUDGETS[kind]
+        if budget is Budget.NONE:
             return Restart.FAIL_CONFIG
-        if job.restarts >= config.max_restarts:
-            return Restart.GIVE_UP
-        return Restart.RETRY
+        if budget is Budget.STORE_WAIT:
+            return Restart.WAIT_STORE
+        if budget is Budget.NODE_FAILURES:
+            return (Restart.RETRY_NODE if budgets.node_budget_left(job, config, now)
+                    else Restart.GIVE_UP_NODES)
+        return Restart.RETRY if job.restarts < config.max_restarts else Restart.GIVE_UP
 
     def exclude_after_failure(self, failed_nodes: tuple[str, ...]) -> tuple[str, ...]:
         """Nodes the agent blamed for a failure are avoided by the relaunch."""
@@ -381,27 +386,6 @@ def match_spares(view: LostNodes) -> tuple[tuple[str, str], ...] | None:
         free.remove(pick)
         swaps.append((node, pick.id))
     return tuple(swaps)
-
-
-# Python errors that fail the same way on any node, every time: the program cannot start
-# (a missing module, a syntax error). Seen as the last traceback line of a failing rank's
-# stderr (JobUpdate.message); retrying them only delays the failure (3 x the launch time).
-DETERMINISTIC_ERRORS = ("ModuleNotFoundError:", "ImportError:", "SyntaxError:",
-                        "IndentationError:", "TabError:")
-
-
-def deterministic_failure(exit_code: int, message: str) -> str:
-    """The error line when ``message`` (a failed rank's stderr tail) ends in an error that
-    no retry can fix, else "". Only exit 1 (Python's exit for an uncaught exception)."""
-    if exit_code != EXIT_ERROR:
-        return ""
-    for line in reversed(message.strip().splitlines()[-20:]):
-        text = line.strip()
-        for name in DETERMINISTIC_ERRORS:
-            at = text.find(name)
-            if at >= 0 and (at == 0 or not text[at - 1].isalnum()):
-                return text[at:]
-    return ""
 
 
 @dataclass(frozen=True)

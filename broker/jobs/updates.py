@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import loss_series, migration, node_recovery, standby, store_wait
+from broker.jobs import budgets, loss_series, migration, node_recovery, standby, store_wait
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -381,7 +381,8 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
         m.message = f"attempt {j.attempt} failed: {detail}"[:500]
         requeue_open(j)
     policy = policy_for(j, config)
-    decision = policy.restart(u.exit_code, j, config, u.message)
+    failed_nodes = tuple(u.failed_nodes)
+    decision = policy.restart(u.exit_code, j, config, u.message, failed_nodes, tx.now)
     code = {"exit_code": str(u.exit_code)}
     if decision is Restart.FAIL_CONFIG:
         error = deterministic_failure(u.exit_code, u.message)
@@ -393,21 +394,40 @@ def _failed(tx: Tx, u: apb.JobUpdate, detail: str, actor: str, config: BrokerCon
         return seal(tx, WakeScheduler())
     if decision is Restart.WAIT_STORE:
         return _wait_for_store(tx, u, detail, actor, config)
-    if decision is not Restart.RETRY:
+    if decision is Restart.GIVE_UP_NODES:
+        limit, window = budgets.node_limits(j, config)
+        count = budgets.recent_node_failures(j, config, tx.now)
+        tx.move(FAILED, "failed", reason="max_node_failures", actor=actor,
+                message=f"attempt {j.attempt} failed (exit {u.exit_code}) on lost node(s)"
+                        f" {', '.join(failed_nodes)} and the job already lost nodes {count}"
+                        f" time(s) {budgets.window_text(window)} (max_node_failures {limit}):"
+                        f" giving up: {detail}",
+                details={**code, "failed_nodes": ",".join(failed_nodes),
+                         "node_failures": str(count), "max_node_failures": str(limit),
+                         "node_failure_window_s": f"{window:g}"})
+        return seal(tx, WakeScheduler())
+    if decision is Restart.GIVE_UP:
         tx.move(FAILED, "failed", reason="max_restarts", actor=actor,
                 message=f"attempt {j.attempt} failed (exit {u.exit_code}) and the job"
-                        f" already restarted {j.restarts} time(s): giving up: {detail}", details=code)
+                        f" already restarted {j.restarts} time(s) (max_restarts"
+                        f" {config.max_restarts}): giving up: {detail}",
+                details={**code, "restarts": str(j.restarts),
+                         "max_restarts": str(config.max_restarts)})
         return seal(tx, WakeScheduler())
-    j.restarts += 1
-    avoid = policy.exclude_after_failure(tuple(u.failed_nodes))
+    if decision is Restart.RETRY_NODE:
+        budgets.spend_node_failure(j, config, tx.now)
+        budget = f"node failure {budgets.node_budget_text(j, config, tx.now)}"
+    else:
+        j.restarts += 1
+        budget = f"restart {j.restarts}/{config.max_restarts}"
+    avoid = policy.exclude_after_failure(failed_nodes)
     j.excluded_nodes.extend(n for n in avoid if n not in j.excluded_nodes)
-    node_recovery.lost(j, tuple(u.failed_nodes))
+    node_recovery.lost(j, failed_nodes)
     requeue(tx, Family.FAILURE, reason=Cause.ATTEMPT_FAILED.value, actor=actor,
-            message=f"attempt {j.attempt} failed (exit {u.exit_code}): relaunching"
-                    f" ({j.restarts}/{config.max_restarts})"
+            message=f"attempt {j.attempt} failed (exit {u.exit_code}): relaunching ({budget})"
                     + (f" avoiding {', '.join(avoid)}" if avoid else "")
                     + (f": {detail}" if detail else ""),
-            details={**code, "failed_nodes": ",".join(u.failed_nodes)})
+            details={**code, "failed_nodes": ",".join(failed_nodes), "budget": decision.value})
     return seal(tx, WakeScheduler())
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from broker.jobs import store_wait, updates
 from broker.jobs import transitions as t
+from broker.jobs.budgets import FAILURE_BUDGETS, Budget, FailureKind, classify
 from broker.jobs.lifecycle import FAILED, PENDING, RUNNING
-from broker.jobs.recovery import EXIT_DECISIONS, RecoveryPolicy, Restart
+from broker.jobs.recovery import RecoveryPolicy, Restart
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import common_pb2 as pb
 from tests.jobs.helpers import CFG, admission, launching, must, running, submitted, update
@@ -26,7 +27,9 @@ def _fail(job, now: float, code: int = 81):  # noqa: ANN001, ANN202
 
 
 def test_exit_decisions_are_data() -> None:
-    assert EXIT_DECISIONS == {2: Restart.FAIL_CONFIG, 81: Restart.WAIT_STORE}
+    assert classify(81, "", ()) is FailureKind.STORE_OUTAGE
+    assert classify(81, "", ("n1",)) is FailureKind.STORE_OUTAGE  # even with a node blamed
+    assert FAILURE_BUDGETS[FailureKind.STORE_OUTAGE] is Budget.STORE_WAIT
     job = running()
     job.restarts = 99  # even with the budget spent: an outage is waited out
     assert RecoveryPolicy().restart(81, job, CONF) is Restart.WAIT_STORE

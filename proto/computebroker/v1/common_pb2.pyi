@@ -209,7 +209,7 @@ class TrainerSpec(_message.Message):
     def __init__(self, total_steps: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., model: _Optional[str] = ..., step_sleep_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels", "workdir", "resume_from", "resume_source")
+    __slots__ = ("name", "team", "priority_class", "command", "image", "resources", "topology", "allowed_regions", "denied_regions", "preferred_regions", "dataset_uri", "dataset_region", "checkpoint_uri", "capacity_types", "max_price_per_gpu_hour", "elasticity", "expected_duration_s", "env", "trainer", "labels", "workdir", "resume_from", "resume_source", "max_node_failures", "node_failure_window_s")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,8 @@ class JobSpec(_message.Message):
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FAILURE_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     team: str
     priority_class: str
@@ -270,7 +272,9 @@ class JobSpec(_message.Message):
     workdir: WorkdirRef
     resume_from: str
     resume_source: ResumeSource
-    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[_Union[WorkdirRef, _Mapping]] = ..., resume_from: _Optional[str] = ..., resume_source: _Optional[_Union[ResumeSource, _Mapping]] = ...) -> None: ...
+    max_node_failures: int
+    node_failure_window_s: float
+    def __init__(self, name: _Optional[str] = ..., team: _Optional[str] = ..., priority_class: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., image: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., topology: _Optional[_Union[TopologyConstraint, _Mapping]] = ..., allowed_regions: _Optional[_Iterable[str]] = ..., denied_regions: _Optional[_Iterable[str]] = ..., preferred_regions: _Optional[_Iterable[str]] = ..., dataset_uri: _Optional[str] = ..., dataset_region: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., capacity_types: _Optional[_Iterable[_Union[CapacityType, str]]] = ..., max_price_per_gpu_hour: _Optional[float] = ..., elasticity: _Optional[_Union[Elasticity, _Mapping]] = ..., expected_duration_s: _Optional[float] = ..., env: _Optional[_Mapping[str, str]] = ..., trainer: _Optional[_Union[TrainerSpec, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[_Union[WorkdirRef, _Mapping]] = ..., resume_from: _Optional[str] = ..., resume_source: _Optional[_Union[ResumeSource, _Mapping]] = ..., max_node_failures: _Optional[int] = ..., node_failure_window_s: _Optional[float] = ...) -> None: ...
 
 class ResumeSource(_message.Message):
     __slots__ = ("job_id", "team", "prefix", "uri", "share_id")
@@ -438,7 +442,7 @@ class Goodput(_message.Message):
     def __init__(self, productive_s: _Optional[float] = ..., queued_s: _Optional[float] = ..., lost_failure_s: _Optional[float] = ..., lost_preemption_s: _Optional[float] = ..., lost_migration_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., starting_s: _Optional[float] = ..., cost_usd: _Optional[float] = ..., cost_by_capacity: _Optional[_Mapping[str, float]] = ..., cost_by_region: _Optional[_Mapping[str, float]] = ..., saved_usd: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions", "checkpoint_shares", "node_recovery")
+    __slots__ = ("id", "spec", "phase", "version", "attempt", "client_request_id", "created_time", "updated_time", "started_time", "finished_time", "placement", "progress", "message", "pending_reason", "excluded_nodes", "goodput", "restarts", "stop_reason", "stop_requested_time", "phase_time", "last_checkpoint_time", "requeue_cause", "attempt_started_time", "relaunches", "migrations", "trace_parent", "standby", "launch_refusals", "refusals", "loss_series", "owner", "store_wait", "region_checkpoints", "preemptions", "checkpoint_shares", "node_recovery", "node_failures", "node_failure_times")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +479,8 @@ class Job(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SHARES_FIELD_NUMBER: _ClassVar[int]
     NODE_RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FAILURE_TIMES_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: JobSpec
     phase: JobPhase
@@ -511,7 +517,9 @@ class Job(_message.Message):
     preemptions: int
     checkpoint_shares: _containers.RepeatedCompositeFieldContainer[CheckpointShare]
     node_recovery: NodeRecovery
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ..., node_recovery: _Optional[_Union[NodeRecovery, _Mapping]] = ...) -> None: ...
+    node_failures: int
+    node_failure_times: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ..., node_recovery: _Optional[_Union[NodeRecovery, _Mapping]] = ..., node_failures: _Optional[int] = ..., node_failure_times: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NodeRecovery(_message.Message):
     __slots__ = ("failed_attempt", "lost_nodes", "survivors", "step_at_failure", "plan", "why", "relaunch_attempt", "replaced", "tier")
