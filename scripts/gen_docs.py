@@ -284,6 +284,7 @@ def spec_page() -> str:
         *TABLE,
         *pydantic_rows(TrainerSpec),
         "",
+        *options_section(),
         "Example (`examples/spec.yaml`):",
         "",
         "```yaml",
@@ -292,6 +293,35 @@ def spec_page() -> str:
         "",
     ]
     return HEADER.format(source="`brokersdk/spec.py`") + "\n".join(lines)
+
+
+def options_section() -> list[str]:
+    """The ``trainer.options`` table, from the one table the broker, agents and trainer
+    use (``checkpoint_layout/job_options.py``)."""
+    from checkpoint_layout import job_options
+
+    rows = []
+    for opt in job_options.OPTIONS.values():
+        default = "the agent's setting" if opt.default is None else f"`{opt.default!r}`"
+        readers = ", ".join(r.value for r in job_options.Reader if r in opt.readers)
+        rows.append(f"| `{opt.name}` | {cell(opt.allowed())} | {cell(default)} | {cell(readers)} |"
+                    f" {cell(opt.doc)} |")
+    return [
+        "## Trainer options (the `trainer.options` map)",
+        "",
+        _doc(job_options).split("\n\n")[0].replace("\n", " "),
+        "",
+        "Values are text in the spec (`options: {memory_every: \"1\"}`, or"
+        " `brokerctl submit --trainer-option memory_every=1`). SubmitJob refuses an unknown"
+        " option (with a did-you-mean) or a value outside what is allowed, naming the option,"
+        " the value and what is allowed; the trainer and the agents read every option through"
+        " the same table.",
+        "",
+        "| option | allowed | default | read by | what |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 # --------------------------------------------------------------------------- SDK

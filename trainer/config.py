@@ -6,8 +6,9 @@ as strings and names may be camelCase. Pydantic coerces both and gives a precise
 message for anything else, which we turn into exit code 2 (docs/contracts.md).
 
 `options` is a `map<string,string>` in the proto, so every option value may arrive as a
-string; `TrainerOptions` parses them into typed fields and rejects unknown keys (a typo
-such as `keep_lats` should fail loudly, not be silently ignored).
+string; `TrainerOptions` parses them through the one options table
+(checkpoint_layout/job_options.py) and rejects unknown keys (a typo such as `keep_lats`
+should fail loudly, not be silently ignored; the broker already refuses it at submit).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import json
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from checkpoint_layout import job_options
 from trainer.errors import TrainerError
 
 
@@ -49,40 +51,57 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def _default(name: str) -> Any:
+    return job_options.OPTIONS[name].default
+
+
 class TrainerOptions(BaseModel):
-    """Free-form `TrainerSpec.options`, typed. All have defaults; unknown keys are errors."""
+    """`TrainerSpec.options`, typed, for the built-in trainer. Which options exist, their
+    types, ranges and defaults are one table, `checkpoint_layout/job_options.py` (the
+    broker checks it at submit; the agents read their options through it too): an
+    unknown key or a bad value is an error here as well (exit 2), and options only the
+    agents read (``hang_timeout_s``, ``warm_ranks``, ...) are accepted and ignored.
+    The fields below are the trainer's own rows; a test keeps them equal to the table."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
-    keep_last: int = Field(3, ge=1, description="complete checkpoints to keep")
-    micro_batch_size: int = Field(
-        8, ge=1, description="samples per forward pass per rank; more = gradient accumulation"
-    )
-    parallelism: Literal["fsdp", "hsdp"] = "fsdp"
-    hsdp_replicate: int = Field(2, ge=1, description="replica groups of the HSDP mesh")
-    mixed_precision: Literal["none", "bf16"] = "none"
-    activation_checkpointing: bool = False
-    async_checkpoint: bool = True
-    sample_log: str = Field("", description="rank 0 appends one JSON line per step here")
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(5, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    seq_len: int = Field(0, ge=0, description="override the preset's sequence length")
-    dataset_size: int = Field(65536, ge=1, description="samples per epoch")
-    heartbeat_s: float = Field(2.0, gt=0)
-    stop_at_step: int = Field(
-        0, ge=0, description="stop this attempt after this step with a checkpoint, exit 75"
-    )
-    storage_threads: int = Field(
-        2, ge=1, le=64, description="big-shard files (and writer threads) per rank"
-    )
-    s3_max_concurrency: int = Field(8, ge=1, le=64, description="S3 parts in flight per file")
-    dist_timeout_s: float = Field(300.0, gt=0)
-    log_every: int = Field(10, ge=1)
-    memory_every: int = Field(
-        0, ge=0, description="in-memory recovery tier: the executor starts a keeper per node "
-        "and the ranks snapshot every K steps (0 = off; docs/recovery.md)"
-    )
+    keep_last: int = _default("keep_last")
+    micro_batch_size: int = _default("micro_batch_size")
+    parallelism: Literal["fsdp", "hsdp"] = _default("parallelism")
+    hsdp_replicate: int = _default("hsdp_replicate")
+    mixed_precision: Literal["none", "bf16"] = _default("mixed_precision")
+    activation_checkpointing: bool = _default("activation_checkpointing")
+    async_checkpoint: bool = _default("async_checkpoint")
+    sample_log: str = _default("sample_log")
+    lr: float = _default("lr")
+    warmup_steps: int = _default("warmup_steps")
+    weight_decay: float = _default("weight_decay")
+    seq_len: int = _default("seq_len")
+    dataset_size: int = _default("dataset_size")
+    heartbeat_s: float = _default("heartbeat_s")
+    stop_at_step: int = _default("stop_at_step")
+    storage_threads: int = _default("storage_threads")
+    s3_max_concurrency: int = _default("s3_max_concurrency")
+    dist_timeout_s: float = _default("dist_timeout_s")
+    log_every: int = _default("log_every")
+    memory_every: int = _default("memory_every")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _by_the_table(cls, raw: Any) -> Any:
+        """Strings (the proto map) are parsed by the table; a value already typed (a
+        test's dict, a TrainerOptions) is checked by the table through its text."""
+        if isinstance(raw, TrainerOptions):
+            return raw.model_dump()
+        if not isinstance(raw, dict):
+            return raw
+        text = {str(k): _as_text(v) for k, v in raw.items()}
+        return job_options.parse(text, reader=job_options.Reader.TRAINER)
+
+
+def _as_text(v: Any) -> str:
+    """How a value travels in the proto's map<string,string> (``True`` -> ``true``)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 class TrainerSpec(BaseModel):

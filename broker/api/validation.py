@@ -28,6 +28,7 @@ from broker.api.limits import (
     Kind,
 )
 from broker.jobs.recovery import POLICIES, POLICY_LABEL
+from checkpoint_layout import job_options
 from checkpoint_layout.roots import RootError, canonical, check_under
 from computebroker.v1 import agent_pb2 as apb
 from computebroker.v1 import capacity_pb2 as cpb
@@ -360,6 +361,10 @@ def validate_spec(spec: pb.JobSpec, priority_classes: dict[str, int]) -> None:
     for fname in ("total_steps", "checkpoint_every", "global_batch_size", "step_sleep_s"):
         if getattr(t, fname) < 0:
             raise InvalidArgument(f"spec.trainer.{fname} must be >= 0 (got {getattr(t, fname)})")
+    try:  # the one options table: every reader parses them the same way
+        job_options.parse(t.options)
+    except job_options.OptionError as e:
+        raise InvalidArgument(f"spec.trainer.options: {e}") from None
     if not spec.command:
         # Our trainer runs the job: catch at submit what it would refuse only after a
         # placement and a launch (it exits 2 on these).

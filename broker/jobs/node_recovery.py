@@ -19,6 +19,7 @@ from broker.jobs import transitions
 from broker.jobs.lifecycle import QUEUED
 from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
 from broker.jobs.recovery import Relaunch, RelaunchPlan
+from checkpoint_layout import job_options
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -31,13 +32,9 @@ TIER_STORE = "store"
 
 
 def memory_every(job: pb.Job) -> int:
-    """The job's snapshot interval K (0 = its memory tier is off; a bad value is off,
-    as the executors read it)."""
-    raw = job.spec.trainer.options.get(MEMORY_OPTION, "0") or "0"
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        return 0
+    """The job's snapshot interval K (0 = its memory tier is off), read through the one
+    options table (checkpoint_layout/job_options.py; SubmitJob refused a bad value)."""
+    return job_options.value(job.spec.trainer.options, MEMORY_OPTION, strict=False)
 
 
 def lost(job: pb.Job, failed_nodes: tuple[str, ...]) -> None:

@@ -44,10 +44,11 @@ import re
 import secrets
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kubernetes import client as k8s
 
+from checkpoint_layout import job_options
 from region_agents import labels as L
 from region_agents.executors.k8s_manifests import (
     ANNOTATION_JOB,
@@ -109,15 +110,13 @@ def is_keeper(obj: dict) -> bool:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) == ROLE
 
 
-def snapshot_bound(options: dict[str, str], reported: int) -> int:
+def snapshot_bound(options: Mapping[str, str], reported: int) -> int:
     """One rank's snapshot bytes for sizing a keeper: the larger of what the ranks
     reported (``memory_tier.snapshot_bytes`` in their progress, trainer/memtier.py) and
-    the job's declared ``memory_snapshot_mb``; 0 when neither is known (a bad option
-    counts as undeclared, as the executors read ``memory_every``)."""
-    try:  # "inf" overflows int(); "nan" is a ValueError: both undeclared, never a crash
-        declared = max(0, int(float(options.get(SNAPSHOT_OPTION, "0") or "0") * 1e6))
-    except (ValueError, OverflowError):
-        declared = 0
+    the job's declared ``memory_snapshot_mb`` (read through the one options table,
+    checkpoint_layout/job_options.py, which bounds it; a bad value counts as undeclared);
+    0 when neither is known."""
+    declared = int(job_options.value(options, SNAPSHOT_OPTION, strict=False) * 1e6)
     return max(declared, max(0, int(reported)))
 
 

@@ -69,7 +69,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from checkpoint_layout import workdir_store
+from checkpoint_layout import job_options, workdir_store
 from checkpoint_layout.crash_blame import culprit
 from checkpoint_layout.standby_go import Go
 from computebroker.v1 import common_pb2
@@ -679,9 +679,9 @@ class KubernetesExecutor(Executor):
                 self._set(att, AS.ATTEMPT_STATE_CHECKPOINTING)
 
     def _hang_timeout(self, spec: AttemptSpec) -> float:
-        with contextlib.suppress(ValueError, TypeError):
-            return float(spec.spec.trainer.options.get("hang_timeout_s", self.hang_timeout_s))
-        return self.hang_timeout_s
+        """The job's option ``hang_timeout_s`` (checkpoint_layout/job_options.py), else ours."""
+        return job_options.value(spec.spec.trainer.options, "hang_timeout_s", self.hang_timeout_s,
+                                 strict=False)
 
     def checkpoint(self, job_id: str, attempt: int) -> None:
         """Checkpoint-now: a new value of the pods' checkpoint-now annotation; the pod's

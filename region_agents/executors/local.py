@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from checkpoint_layout import job_options
 from checkpoint_layout.crash_blame import culprit
 from checkpoint_layout.held_signals import held_for_children
 from checkpoint_layout.nofollow import read_small
@@ -476,15 +477,14 @@ class LocalExecutor(Executor):
                 base_env.update(HOME=str(adir), USER=user.name, LOGNAME=user.name)
             drop = user.popen_kwargs() if user is not None and self.proc_tools is None else {}
             isolate = user if self.proc_tools is not None else None
-            hang = self.hang_timeout_s
-            with contextlib.suppress(ValueError, TypeError):
-                hang = float(spec.spec.trainer.options.get("hang_timeout_s", hang))
+            options = spec.spec.trainer.options  # one table: checkpoint_layout/job_options.py
+            hang = job_options.value(options, "hang_timeout_s", self.hang_timeout_s, strict=False)
             ranks: list[_Rank] = []
             held: list[Forked] = []  # forked ranks, released once the record has their pids
             # a job with the memory tier recovers in place: its ranks start warm where
             # the node has a starter (opt out: trainer option warm_ranks=0)
             warm = (bool(every) and isolate is None and warm_command(command, self.python)
-                    and spec.spec.trainer.options.get(WARM_OPTION, "1") != "0")
+                    and job_options.value(options, WARM_OPTION, strict=False))
             pgid = 0
             rank = 0
             # Durable before the first spawn (an agent dying mid-launch leaves a record;
@@ -859,9 +859,8 @@ class LocalExecutor(Executor):
         spec = att.spec.spec
         if not spec.command:
             return None
-        timeout = self.starting_grace_s
-        with contextlib.suppress(ValueError, TypeError):
-            timeout = float(spec.trainer.options.get("startup_timeout_s", timeout))
+        timeout = job_options.value(spec.trainer.options, "startup_timeout_s",
+                                    self.starting_grace_s, strict=False)
         return timeout if timeout > 0 else None
 
     def _finish(self, att: _Attempt) -> None:

@@ -24,8 +24,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from checkpoint_layout import job_options
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +36,10 @@ OPTION = "memory_every"  # TrainerSpec.options key
 START_TIMEOUT_S = 30.0
 
 
-def memory_every(options: dict[str, str]) -> int:
-    """The job's snapshot interval K (0 = the tier is off); a bad value is off, logged."""
-    raw = options.get(OPTION, "0") or "0"
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        log.warning("trainer option %s=%r is not an integer: memory tier off", OPTION, raw)
-        return 0
+def memory_every(options: Mapping[str, str]) -> int:
+    """The job's snapshot interval K (0 = the tier is off), read through the one options
+    table (checkpoint_layout/job_options.py; SubmitJob refused a bad value)."""
+    return job_options.value(options, OPTION, strict=False)
 
 
 @dataclass
