@@ -359,8 +359,9 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
     nodes, c, off = 3, args.ckpt_every_recovery, args.kill_offset
     steps = 10**5  # cancelled at the end
     cluster = Cluster(root=tmp / f"cluster-{'warm' if warm else 'cold'}")
-    # every kill is a failed attempt, which counts against max_restarts (3 by default)
-    cluster.start_broker("--set", "max_restarts=1000")
+    # every kill is a node failure, which counts against max_node_failures (10 an hour by
+    # default; never against max_restarts)
+    cluster.start_broker("--set", "max_restarts=1000", "--set", "max_node_failures=1000")
     cluster.start_agent(REGION, nodes=nodes + 1, gpus=1, spares=1)
     code = tmp / f"project-{warm}"
     code.mkdir()

@@ -193,3 +193,21 @@ def test_job_page_renders_for_a_queued_job_and_for_a_job_without_loss() -> None:
                            events=events, layout="fragment.html", identity=None, csrf="")
     assert "this job reports no loss" in html and "loss 0.0000" not in html
     assert html.count('class="ev-progress') == 39  # every event, none cut
+
+
+def test_job_page_shows_both_restart_budgets_counters() -> None:
+    """A job's own failures (restarts) and its nodes' (node failures) spend two budgets
+    (broker/jobs/budgets.py): the job page shows each counter once it is not zero."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from console.app import HERE
+    from console.pages import template_globals
+
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    env.globals.update(template_globals())
+    job = pb.Job(id="b", phase=pb.JOB_PHASE_RUNNING, created_time=100, attempt=4, restarts=1,
+                 node_failures=2, spec=pb.JobSpec(name="b", team="ml"))
+    html = env.get_template("job.html").render(view=build_job_view(job, [], [], now=160),
+                                               events=[], layout="fragment.html", identity=None,
+                                               csrf="")
+    assert "restarts 1" in html and "node failures 2" in html
