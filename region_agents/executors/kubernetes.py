@@ -138,15 +138,19 @@ FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watc
 LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
 # attempts whose API objects are created at once (and as many pod creates beside them:
-# a gang's pods are made in parallel once its Secret exists; and as many deleters). The
-# executor's own client has a connection for each of those, the two watches and the
-# poller (the kubernetes
-# client's default, 5 per CPU, would make the rest open and drop a TLS connection per
-# request); pods' logs are read through a client of their own, so that hundreds of log
-# streams (or, on KWOK's nodes, failing reads) never hold the connections launches need.
-LAUNCH_WORKERS = 6
-# threads making the requests that end things (kills, cleanups), off the lock
-KILL_WORKERS = 2
+# a gang's pods are made in parallel once its Secret exists). Each attempt is three
+# round trips, each waiting on the API server, not on us: with 6 in flight the creators
+# were the queue of the scale benchmark (a Launch waited up to 54 s for a free thread
+# while the API server answered each request in under a second), so there are enough
+# for tens of Launches a second at a second per round trip. The executor's own client
+# has a connection for each of those, the deleters, the two watches and the poller (the
+# kubernetes client's default, 5 per CPU, would make the rest open and drop a TLS
+# connection per request); pods' logs are read through a client of their own, so that
+# hundreds of log streams (or, on KWOK's nodes, failing reads) never hold the
+# connections launches need.
+LAUNCH_WORKERS = 32
+END_WORKERS = 6  # threads making the requests that end things (kills, cleanups)
+KILL_WORKERS = 2  # at least this many enders, whatever launch_workers says
 KILL_AGAIN_S = 10.0  # a kill repeated sooner than this adds no request (see stop())
 KEEPER_SWEEP_S = 10.0  # how often poll() looks for keepers of jobs no attempt uses
 TERMINAL = (AS.ATTEMPT_STATE_SUCCEEDED, AS.ATTEMPT_STATE_FAILED,
@@ -257,6 +261,10 @@ class _K8sAttempt:
     # names may be someone else's objects, which the cleanup must not delete
     owns_objects: bool = True
     made: set[str] = field(default_factory=set)  # pods its creator made (a fence reads it)
+    # when launch() took the Launch (monotonic): the "launched" log line says how long it
+    # then waited (a fence, a free creator thread) and how long the API server's answers
+    # took, so a slow Launch -> pods shows which of the agent's stages held it
+    received: float = field(default_factory=time.monotonic)
 
 
 class KubernetesExecutor(Executor):
@@ -291,7 +299,8 @@ class KubernetesExecutor(Executor):
         self.hang_timeout_s = hang_timeout_s
         self.progress_interval_s = progress_interval_s
         workers = max(1, launch_workers)
-        self.core = k8s.CoreV1Api(_sized_client(api_client, 3 * workers + 8))
+        enders = max(KILL_WORKERS, min(workers, END_WORKERS))
+        self.core = k8s.CoreV1Api(_sized_client(api_client, 2 * workers + enders + 8))
         self.batch = k8s.BatchV1Api(self.core.api_client)  # the memory keepers' Jobs
         self._lock = threading.RLock()
         self._nodes: dict[str, common_pb2.Node] = {}
@@ -303,7 +312,7 @@ class KubernetesExecutor(Executor):
         self._creator = ThreadPoolExecutor(workers, thread_name_prefix="k8s-create")
         self._pod_creator = ThreadPoolExecutor(workers, thread_name_prefix="k8s-create-pod")
         # kills, cleanups (a request per pod, by name) and keepers' ends, off the lock
-        self._ender = ThreadPoolExecutor(max(KILL_WORKERS, workers), thread_name_prefix="k8s-end")
+        self._ender = ThreadPoolExecutor(enders, thread_name_prefix="k8s-end")
         self._last_pass = 0.0
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
@@ -451,6 +460,7 @@ class KubernetesExecutor(Executor):
         process began (its Service and Secret exist; pods already there are kept)."""
         created: list[tuple[str, str]] = []
         core, ns = self.core, self.namespace
+        began = time.monotonic()
         every = memory_every(dict(att.spec.spec.trainer.options))
         if every:
             self._with_keepers(att, m, every)
@@ -492,8 +502,10 @@ class KubernetesExecutor(Executor):
             if att.stop_mode or att.failure:  # stopped while its objects were being made
                 self._kill(att.name, att.spec.job_id, att.spec.attempt, att.stop_grace_s)
             self.changed.set()
-        log.info("launched %s attempt %d: %s/%s, %d pod(s)", att.spec.job_id,
-                 att.spec.attempt, self.namespace, att.name, att.expected)
+        done = time.monotonic()
+        log.info("launched %s attempt %d: %s/%s, %d pod(s) (waited %.3f s, API requests"
+                 " %.3f s)", att.spec.job_id, att.spec.attempt, self.namespace, att.name,
+                 att.expected, began - att.received, done - began)
 
     def _with_keepers(self, att: _K8sAttempt, m: Manifests, every: int) -> None:
         """A creator thread: ready keepers on the attempt's nodes, their addresses and
