@@ -971,8 +971,10 @@ def k8s(d: dict[str, Any]) -> list[str]:
              " fill's time limit; the figures are theirs." if not d.get("all_bound", True) else "")
     fill_reqs = ", ".join(f"{k} {v:,}" for k, v in sorted(d["agent_requests_during_fill"].items()))
     steady_reqs = ", ".join(f"{k} {v:,}" for k, v in sorted(d["agent_requests_steady"].items())) or "none"
+    probe_rows, stage_table = k8s_stages(d)
+    note = f" {d['note']}" if d.get("note") else ""
     return [
-        "### Kubernetes scale (`python benchmarks/bench_k8s.py`)",
+        f"### Kubernetes scale, {d['nodes']:,} nodes (`python benchmarks/bench_k8s.py`)",
         "",
         f"A real control plane (etcd, kube-apiserver with audit, controller manager, scheduler),"
         f" KWOK keeping {d['nodes']:,} fake 8-GPU nodes Ready, a real broker and the real agent"
@@ -982,13 +984,14 @@ def k8s(d: dict[str, Any]) -> list[str]:
         f" (KWOK's scale setting: the kubelet's intervals x {f(tune['heartbeat_factor'], 0)}) and the"
         " controller manager's and scheduler's client rate limits are raised; nothing in the agent"
         f" is tuned. Load average before / after: {' / '.join(f(x, 2) for x in d['load_before'])}"
-        f" -> {' / '.join(f(x, 2) for x in d['load_after'])} (2 cores, shared)." + bound,
+        f" -> {' / '.join(f(x, 2) for x in d['load_after'])} (2 cores, shared)." + bound + note,
         "",
         "| measure | value |",
         "|---|---|",
         f"| agent start-up (process start -> {d['nodes']:,} nodes registered: list + watch) |"
         f" {f(d['agent_startup_s'], 2)} s |",
-        f"| Launch -> all pods bound (the agent's first request -> the last binding, audit log), p50 / p99 / max |"
+        *probe_rows,
+        f"| fill: Launch -> all pods bound (the agent's first request -> the last binding, audit log), p50 / p99 / max |"
         f" {f(lb['p50'], 2)} / {f(lb['p99'], 2)} / {f(lb['max'], 2)} s (n = {lb['n']:,}) |",
         *stages,
         f"| of which: pods created -> bound (scheduler), p50 / p99 | {f(pb['p50'], 2)} / {f(pb['p99'], 2)} s |",
@@ -1004,10 +1007,11 @@ def k8s(d: dict[str, Any]) -> list[str]:
         f"| agent API requests in {f(steady['seconds'], 0)} s of steady state | {steady_reqs} |",
         f"| API server CPU in steady state, agent watching | "
         f"{cp_steady.get('kube-apiserver', float('nan')):.1%} of a core |",
-        f"| polling baseline ({base['what']}): list time p50, size | {f(base['list_s']['p50'], 2)} s,"
-        f" {f(base['mb_per_list'], 1)} MB ({f(base['requests_per_s'], 2)} lists/s achieved) |",
-        f"| polling baseline: poller CPU / API server CPU | {base['poller_cpu_fraction_of_core']:.1%} /"
-        f" {base['apiserver_cpu_fraction_of_core']:.1%} of a core |",
+        *([f"| polling baseline | failed: {base['error']} |"] if "error" in base else [
+            f"| polling baseline ({base['what']}): list time p50, size | {f(base['list_s']['p50'], 2)} s,"
+            f" {f(base['mb_per_list'], 1)} MB ({f(base['requests_per_s'], 2)} lists/s achieved) |",
+            f"| polling baseline: poller CPU / API server CPU | {base['poller_cpu_fraction_of_core']:.1%} /"
+            f" {base['apiserver_cpu_fraction_of_core']:.1%} of a core |"]),
         "",
         f"Agent requests during the fill: {fill_reqs}."
         + (" The `get pods` are `pods/log` reads: KWOK's nodes serve no logs, so each pod's"
@@ -1022,9 +1026,42 @@ def k8s(d: dict[str, Any]) -> list[str]:
         + (f" The agent registered {d['agent_registrations']} time(s) (1: it never lost its stream)."
            if "agent_registrations" in d else ""),
         "",
+        *stage_table,
         f"Goals: Launch -> bound p99 <= 2 s: {'met' if g['launch_to_bound_p99_le_2s'] else 'missed'};"
         f" agent steady-state CPU <= 10% of a core: {'met' if g['agent_steady_cpu_le_10pct'] else 'missed'}.",
     ]
+
+
+def k8s_stages(d: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The probe's headline rows (launches one at a time into the full cluster) and the
+    table of where Launch -> bound goes, stage by stage, for the fill and the probe
+    (results from before the breakdown have neither)."""
+    pr = d.get("probe") or {}
+    fs, ps = d.get("fill_stages") or {}, pr.get("stages") or {}
+    rows = []
+    if ps.get("attempts"):
+        a, r = ps["admitted_to_bound"], ps["agent_received_to_bound"]
+        rows = [f"| probe ({pr['jobs']} launches at {f(pr['rate_per_s'], 1)}/s into the full cluster,"
+                f" {pr['pods_bound_before']:,} pods bound): broker's Launch decision -> all pods bound,"
+                f" p50 / p99 / max | {f(a['p50'], 2)} / {f(a['p99'], 2)} / {f(a['max'], 2)} s"
+                f" (n = {a['n']}) |",
+                f"| probe: the agent took the Launch -> all pods bound, p50 / p99 |"
+                f" {f(r['p50'], 2)} / {f(r['p99'], 2)} s |"]
+    if not fs.get("attempts") and not ps.get("attempts"):
+        return rows, []
+    keys = [k for k in fs if isinstance(fs.get(k), dict) and "what" in fs[k]] or \
+        [k for k in ps if isinstance(ps.get(k), dict) and "what" in ps[k]]
+
+    def cell(st: dict[str, Any], k: str) -> str:
+        v = st.get(k) or {}
+        return f"{f(v['p50'], 2)} / {f(v['p99'], 2)}" if v.get("n") else "-"
+
+    table = ["Where Launch -> bound goes, per attempt, p50 / p99 in seconds (host clock: the"
+             " broker's events, the agent's log, the API server's audit log):", "",
+             f"| stage | fill ({fs.get('attempts', 0):,} attempts) | probe ({ps.get('attempts', 0):,}) |",
+             "|---|---|---|"]
+    table += [f"| {(fs.get(k) or ps.get(k))['what']} | {cell(fs, k)} | {cell(ps, k)} |" for k in keys]
+    return rows, [*table, ""]
 
 
 def node_deltas(d: dict[str, Any]) -> list[str]:
@@ -1159,7 +1196,7 @@ def render() -> str:
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
-                     ("k8s", k8s),
+                     ("k8s", k8s), ("k8s_400", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
