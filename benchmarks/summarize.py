@@ -974,7 +974,8 @@ def k8s(d: dict[str, Any]) -> list[str]:
     probe_rows, stage_table = k8s_stages(d)
     note = f" {d['note']}" if d.get("note") else ""
     return [
-        f"### Kubernetes scale, {d['nodes']:,} nodes (`python benchmarks/bench_k8s.py`)",
+        f"### Kubernetes scale, {d['nodes']:,} nodes{', ' + d['label'] if d.get('label') else ''}"
+        " (`python benchmarks/bench_k8s.py`)",
         "",
         f"A real control plane (etcd, kube-apiserver with audit, controller manager, scheduler),"
         f" KWOK keeping {d['nodes']:,} fake 8-GPU nodes Ready, a real broker and the real agent"
@@ -1196,7 +1197,7 @@ def render() -> str:
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
-                     ("k8s", k8s), ("k8s_400", k8s),
+                     ("k8s", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
