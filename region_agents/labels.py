@@ -164,7 +164,8 @@ def node_from_labels(
 def node_from_k8s(node: object, *, region: str = "") -> common_pb2.Node:
     """Map a ``kubernetes.client.V1Node`` (or its dict form) to a ``Node``.
 
-    Health is the ``Ready`` condition; cordoned is ``spec.unschedulable``.
+    Health is the ``Ready`` condition; cordoned is ``spec.unschedulable`` or a lifecycle
+    taint still on a node that is Ready again (the scheduler refuses it until it clears).
     """
     data = node if isinstance(node, dict) else _to_dict(node)
     meta = data.get("metadata") or {}
@@ -181,9 +182,24 @@ def node_from_k8s(node: object, *, region: str = "") -> common_pb2.Node:
         allocatable.get(RESOURCE_GPU, 0),
         efa=allocatable.get(RESOURCE_EFA, 0),
         healthy=ready,
-        cordoned=bool(spec.get("unschedulable")),
+        cordoned=bool(spec.get("unschedulable")) or _scheduler_refuses(spec),
         region=region,
     )
+
+
+# The node lifecycle controller's taints. It sets them from the Ready condition and
+# clears them some time after Ready turns True -- at 2,000 nodes with a busy controller
+# manager, minutes later. Until then kube-scheduler refuses every pod on the node (our
+# pods do not tolerate them), so the node takes no new placement: cordoned, not unhealthy
+# (running pods stay; a NoExecute copy is the controller's, which evicts them itself).
+_LIFECYCLE_TAINT_KEYS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
+
+def _scheduler_refuses(spec: dict) -> bool:
+    """Does a lifecycle taint still keep kube-scheduler from binding pods here?"""
+    return any(t.get("key") in _LIFECYCLE_TAINT_KEYS
+               and t.get("effect") in ("NoSchedule", "NoExecute")
+               for t in spec.get("taints") or [])
 
 
 def _to_dict(obj: object) -> dict:

@@ -103,3 +103,20 @@ def test_labels_for_node_round_trips():
     for f in ("region", "zone", "instance_type", "network_layer_1", "network_layer_3",
               "ultraserver_id", "capacity_type", "pool", "price_per_gpu_hour"):
         assert getattr(again, f) == getattr(node, f), f
+
+
+def test_a_ready_node_still_carrying_a_lifecycle_taint_takes_no_new_placement():
+    """kube-scheduler refuses pods on a node whose not-ready taint has not cleared yet, even
+    after Ready turned True (seen at 2,000 KWOK nodes for minutes): cordoned, yet healthy."""
+    def node(taints):
+        return {"metadata": {"name": "n1", "labels": EKS_LABELS},
+                "spec": {"taints": taints},
+                "status": {"allocatable": {"nvidia.com/gpu": "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+    stale = L.node_from_k8s(node([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]))
+    assert stale.healthy and stale.cordoned
+    gone = L.node_from_k8s(node([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]))
+    assert gone.cordoned
+    other = L.node_from_k8s(node([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
+    assert other.healthy and not other.cordoned
+    assert not L.node_from_k8s(node([])).cordoned
