@@ -13,7 +13,7 @@ echo ">> ruff check"
 .venv/bin/ruff check .
 echo ">> pytest"
 set +e
-.venv/bin/python -m pytest -ra --durations=15 "$@"
+.venv/bin/python -m pytest -ra --durations=60 --durations-min=1.0 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

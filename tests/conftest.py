@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fixtures.redis_sentinel",
     "tests.fixtures.cluster",
     "tests.fixtures.stoppable_s3",
+    "tests.fixtures.file_durations",  # per-file and per-directory times in the summary
 ]
 
 
