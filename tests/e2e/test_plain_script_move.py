@@ -47,8 +47,11 @@ def test_plain_script_restarts_from_zero_in_the_other_region(cluster: Cluster,
     with cluster.client() as client:
         wait_until(lambda: len(client.regions()) == 2, 120, what="two regions")
         client.set_team_quota(team="ml", guaranteed_gpus=8)
+        # A plain script has no progress file: the agent calls it RUNNING once it has
+        # lived startup_timeout_s (default 30 s, twice here); 1 s is the same path.
         h = client.submit({"name": "plain", "team": "ml", "workdir": str(code),
-                           "run": ["python", "loop.py"]})
+                           "run": ["python", "loop.py"],
+                           "trainer": {"options": {"startup_timeout_s": "1"}}})
         job = wait_until(lambda: (j := h.status()).phase == pb.JOB_PHASE_RUNNING and j, 180,
                          what=f"job running\n{cluster.logs()}")
         first = job.placement.region
