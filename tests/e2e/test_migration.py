@@ -26,6 +26,7 @@ from computebroker.v1 import capacity_pb2 as cpb
 from computebroker.v1 import common_pb2 as pb
 from tests.e2e.test_foundation import events_of, setup_team, spec, wait_regions
 from tests.fixtures.cluster import Cluster, _kill_leftover_trainers, live_attempts, wait_until
+from tests.fixtures.once import key_of, once_per_session
 from tests.trainer.launch import launch, read_log
 
 pytestmark = pytest.mark.slow
@@ -70,15 +71,20 @@ def job_spec(name: str, *, steps: int = STEPS, nodes: int = 1, log: Path | None 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The same training run, uninterrupted, launched directly (python -m trainer, 2 ranks)."""
-    work = tmp_path_factory.mktemp("reference")
-    log = work / "samples.jsonl"
-    run = launch(work / "run", 2, trainer_spec(log=log), str(work / "ckpt"), job_id="j-ref")
-    codes = run.wait(240)
-    assert codes == [0, 0], run.output()
-    records = read_log(log)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    return records
+    """The same training run, uninterrupted, launched directly (python -m trainer, 2 ranks).
+    Run once per session (tests/fixtures/once.py): tests/e2e/test_store_outage.py
+    compares with the same run."""
+    def run_it() -> list[dict[str, Any]]:
+        work = tmp_path_factory.mktemp("reference")
+        log = work / "samples.jsonl"
+        run = launch(work / "run", 2, trainer_spec(log=log), str(work / "ckpt"), job_id="j-ref")
+        codes = run.wait(240)
+        assert codes == [0, 0], run.output()
+        records = read_log(log)
+        assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+        return records
+
+    return once_per_session(key_of("e2e reference", 2, trainer_spec()), run_it)
 
 
 def final_samples(log: Path) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from computebroker.v1 import common_pb2 as pb
 from region_agents.executors import attempt_records as records
 from region_agents.executors.attempt_records import AttemptRecord
 from tests.fixtures.cluster import ROOT, Cluster, wait_until
+from tests.fixtures.once import key_of, once_per_session
 from tests.trainer.launch import launch, read_log
 from tests.trainer.test_trainer_processes import assert_matches
 from trainer.warm_start import READY_LINE
@@ -99,16 +100,21 @@ def kill_node(root: Path, job_id: str, node: str, attempt: int, keeper: bool = T
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The same script, uninterrupted, on 3 ranks started directly (no broker)."""
-    d = tmp_path_factory.mktemp("rip-reference")
-    log = d / "loss.jsonl"
-    run = launch(d / "run", 3, "{}", str(d / "ckpt"), job_id="j-ref",
-                 argv=[str(SCRIPT), *TRAIN_ARGS, "--loss-log", str(log)])
-    codes = run.wait(300)
-    assert codes == [0, 0, 0], f"{codes}\n{run.output()}\n{run.stderr()}"
-    records = read_log(log)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    return records
+    """The same script, uninterrupted, on 3 ranks started directly (no broker). Run once
+    per session (tests/fixtures/once.py): tests/e2e/test_shrink_in_place.py compares
+    with the same run."""
+    def run_it() -> list[dict[str, Any]]:
+        d = tmp_path_factory.mktemp("rip-reference")
+        log = d / "loss.jsonl"
+        run = launch(d / "run", 3, "{}", str(d / "ckpt"), job_id="j-ref",
+                     argv=[str(SCRIPT), *TRAIN_ARGS, "--loss-log", str(log)])
+        codes = run.wait(300)
+        assert codes == [0, 0, 0], f"{codes}\n{run.output()}\n{run.stderr()}"
+        records = read_log(log)
+        assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+        return records
+
+    return once_per_session(key_of("byo plain reference", 3, str(SCRIPT), TRAIN_ARGS), run_it)
 
 
 def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nodes: int = 4

@@ -39,7 +39,7 @@ from tests.trainer.launch import read_log
 from tests.trainer.test_trainer_processes import assert_matches
 
 pytestmark = pytest.mark.slow
-reference = rip.reference  # the same uninterrupted 3-rank run (a module-scoped fixture)
+reference = rip.reference  # the same uninterrupted 3-rank run, once per session (tests/fixtures/once.py)
 
 
 def test_lost_node_without_a_spare_shrinks_in_place_from_memory(

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 # The same uninterrupted run the migration tests compare against (python -m trainer).
-reference = mig.reference
+reference = mig.reference  # computed once per session (tests/fixtures/once.py)
 
 
 def test_store_refusing_connections_mid_run_is_waited_out(
