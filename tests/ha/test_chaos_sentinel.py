@@ -33,8 +33,10 @@ def test_kinds_follow_the_store() -> None:
 def test_redis_primary_loss_campaign_loses_nothing(tmp_path: Path) -> None:
     lines: list[str] = []
     opts = Options(
+        # Seed 29's three jobs are 2-node on-demand jobs; the second region is spot: 4
+        # nodes per region let two of them run at once (with 2, one after the other).
         root=tmp_path, seed=29, jobs=3, faults=2, store="redis-sentinel", netns=False,
-        regions=2, nodes_per_region=2, kinds=[FaultKind.REDIS_PRIMARY_LOSS],
+        regions=2, nodes_per_region=4, kinds=[FaultKind.REDIS_PRIMARY_LOSS],
         forced=[(FaultKind.REDIS_PRIMARY_LOSS, 3.0), (FaultKind.REDIS_PRIMARY_LOSS, 3.0)],
         # test_chaos.py's trainer configurations: the uninterrupted reference runs are
         # shared by the session's campaigns (tests/fixtures/once.py)
