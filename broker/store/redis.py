@@ -29,8 +29,10 @@ Why it is built this way:
 - **Replica confirmation** (``min_replicas``): every acknowledged write to jobs, events,
   records and the lease is followed on the same connection by ``WAIT n ms``; fewer
   confirmations than ``n`` is :class:`StoreUnavailable` ("state store replica did not
-  confirm"), so an acknowledged write is on a replica a failover could promote. The
-  write itself may have happened on the primary: it is simply not acknowledged, and
+  confirm"), so an acknowledged write is on every replica a failover could promote
+  (``n`` from broker/store/replica_quorum.py: with Sentinels, by default, every
+  replica they may promote; ``WAIT 1`` with two replicas let them promote the one that
+  lacked the write). The write itself may have happened on the primary: it is simply not acknowledged, and
   every write is safe to retry (request tokens, client request ids).
 
 Thread safety: ``redis.Redis`` over a ``ConnectionPool`` is thread-safe; each call
@@ -41,8 +43,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import redis
 import redis.sentinel
@@ -77,6 +79,7 @@ from broker.store.checkpoint_index import job_prefix_key
 from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from broker.store.redis_url import RedisTarget, parse_redis_url
+from broker.store.replica_quorum import ReplicaQuorum, ReplicaRule
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -131,11 +134,14 @@ class RedisStore(RedisLogs, Store):
         target = parse_redis_url(url)
         self.prefix = prefix or target.prefix
         self.target = target
-        self._min_replicas = target.min_replicas
         self._wait_ms = target.replica_wait_ms
         # A WAIT blocks the socket for up to replica_wait_ms: never time it out first.
         socket_timeout_s = max(socket_timeout_s, target.replica_wait_ms / 1000 + 5)
         self._pool = self._open_pool(target, socket_timeout_s)
+        self._replicas = ReplicaQuorum(
+            target.replica_rule, target.min_replicas,
+            self._ask_sentinels if target.replica_rule is ReplicaRule.ALL else None)
+        self._min_replicas = self._replicas.enabled  # confirm writes at all
         self._r = redis.Redis(connection_pool=self._pool)
         self._create = self._r.register_script(scripts.CREATE)
         self._update = self._r.register_script(scripts.UPDATE)
@@ -196,21 +202,43 @@ class RedisStore(RedisLogs, Store):
         """Run the write(s) ``queue`` adds to a client, then, when replicas must confirm,
         ``WAIT`` on the same connection (one pipeline: WAIT counts only this
         connection's writes). Returns the writes' replies."""
+        needed = self.replicas_needed()
+
         def run() -> list[object]:
             pipe = self._r.pipeline(transaction=False)  # built per try: execute() empties it
             queue(pipe)
-            if self._min_replicas:
-                pipe.execute_command("WAIT", self._min_replicas, self._wait_ms)
+            if needed:
+                pipe.execute_command("WAIT", needed, self._wait_ms)
             return pipe.execute()
 
-        if not self._min_replicas:
+        if not needed:
             return self._call(run)
         *replies, acks = self._call(run)
-        if int(acks) < self._min_replicas:
+        if int(acks) < needed:
+            self._replicas.stale()  # a replica flagged down since stops counting at once
             raise StoreUnavailable(
                 f"state store replica did not confirm the write ({acks} of "
-                f"{self._min_replicas} within {self._wait_ms} ms); not acknowledged, retry later")
+                f"{needed} within {self._wait_ms} ms); not acknowledged, retry later")
         return replies
+
+    def replicas_needed(self) -> int:
+        """How many replicas the next write waits for (0 = writes are not confirmed)."""
+        return self._replicas.needed() if self._min_replicas else 0
+
+    def _ask_sentinels(self) -> list[Sequence[Mapping[str, Any]]]:
+        """Each answering Sentinel's list of the primary's replicas (``min_replicas=all``).
+        Raises when none answers (the quorum keeps its last count)."""
+        manager = self._pool.sentinel_manager  # type: ignore[attr-defined]
+        views: list[Sequence[Mapping[str, Any]]] = []
+        last: Exception | None = None
+        for s in manager.sentinels:
+            try:
+                views.append(s.sentinel_slaves(self.target.service))
+            except redis.RedisError as e:
+                last = e
+        if not views and last is not None:
+            raise last
+        return views
 
     def _write_one(self, script: redis.commands.core.Script, args: list[object],
                    keys: list[str] | None = None) -> object:

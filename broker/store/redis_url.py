@@ -10,9 +10,10 @@ Options of both forms, removed here because redis-py would reject them:
 
 - ``prefix``: key namespace (default ``cb``).
 - ``min_replicas``: replicas that must confirm each job write (``WAIT``) before the
-  broker acknowledges it. Default 0 for one server (nothing to wait for), 1 for a
-  Sentinel URL: a failover promotes a replica, so a write only the old primary held would
-  be an acknowledged write lost.
+  broker acknowledges it: a number, or ``all`` (Sentinel URLs only): every replica the
+  Sentinels may promote (broker/store/replica_quorum.py). Default 0 for one server
+  (nothing to wait for), ``all`` for a Sentinel URL: a failover promotes a replica, so a
+  write that replica lacked would be an acknowledged write lost.
 - ``replica_wait_ms``: how long a write waits for those confirmations before it is
   answered UNAVAILABLE instead (default 1000).
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from broker.store.replica_quorum import ReplicaRule
 
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_PREFIX = "cb"
@@ -44,6 +47,8 @@ class RedisTarget:
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""
     db: int = 0
+    # ALL: every replica the Sentinels may promote (min_replicas is then its floor, 1)
+    replica_rule: ReplicaRule = ReplicaRule.FIXED
 
     @property
     def is_sentinel(self) -> bool:
@@ -58,6 +63,18 @@ def _int_option(url: str, name: str, raw: str, low: int) -> int:
     if value < low:
         raise ValueError(f"store URL {url!r}: {name} must be >= {low}, got {value}")
     return value
+
+
+def _replicas_option(url: str, raw: str, sentinel: bool) -> tuple[ReplicaRule, int]:
+    """``min_replicas``: a count, or ``all`` (only with Sentinels, who say what "all" is)."""
+    if raw.strip().lower() == ReplicaRule.ALL.value:
+        if not sentinel:
+            raise ValueError(f"store URL {url!r}: min_replicas=all needs a redis+sentinel:// URL "
+                             "(the Sentinels say which replicas may be promoted); give a number")
+        return ReplicaRule.ALL, 1
+    if not raw.strip().lstrip("+-").isdigit():
+        raise ValueError(f"store URL {url!r}: min_replicas={raw!r} is not an integer or 'all'")
+    return ReplicaRule.FIXED, _int_option(url, "min_replicas", raw, 0)
 
 
 def _sentinel_hosts(url: str, netloc: str) -> tuple[tuple[str, int], ...]:
@@ -84,7 +101,7 @@ def parse_redis_url(url: str) -> RedisTarget:
     wait_ms = _int_option(url, "replica_wait_ms",
                           ours.get("replica_wait_ms", str(DEFAULT_REPLICA_WAIT_MS)), 1)
     if parts.scheme != SENTINEL_SCHEME:
-        replicas = _int_option(url, "min_replicas", ours.get("min_replicas", "0"), 0)
+        _, replicas = _replicas_option(url, ours.get("min_replicas", "0"), sentinel=False)
         return RedisTarget(urlunsplit(parts._replace(query=urlencode(rest))), prefix,
                            replicas, wait_ms)
     if not parts.netloc:
@@ -99,6 +116,7 @@ def parse_redis_url(url: str) -> RedisTarget:
     if extra:
         raise ValueError(f"store URL {url!r}: unknown option(s) {sorted(extra)} "
                          f"(known: db, {', '.join(_OURS)})")
-    replicas = _int_option(url, "min_replicas", ours.get("min_replicas", "1"), 0)
+    rule, replicas = _replicas_option(url, ours.get("min_replicas", ReplicaRule.ALL.value),
+                                      sentinel=True)
     return RedisTarget("", prefix, replicas, wait_ms, _sentinel_hosts(url, parts.netloc),
-                       service, db)
+                       service, db, rule)

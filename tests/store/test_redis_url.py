@@ -7,6 +7,7 @@ import pytest
 
 from broker.store import open_store
 from broker.store.redis_url import DEFAULT_REPLICA_WAIT_MS, parse_redis_url
+from broker.store.replica_quorum import ReplicaRule
 
 
 def test_single_server_needs_no_replica_unless_asked() -> None:
@@ -22,8 +23,14 @@ def test_sentinel_url_names_hosts_service_db_and_confirms_by_default() -> None:
     assert t.is_sentinel
     assert t.sentinels == (("a", 26379), ("b", 26380))
     assert (t.service, t.db, t.prefix) == ("mymaster", 3, "p")
-    assert (t.min_replicas, t.replica_wait_ms) == (1, DEFAULT_REPLICA_WAIT_MS)
-    assert parse_redis_url("redis+sentinel://a:1/m?min_replicas=0").min_replicas == 0
+    # every replica the Sentinels may promote confirms, by default (at least one)
+    assert (t.replica_rule, t.min_replicas, t.replica_wait_ms) == (
+        ReplicaRule.ALL, 1, DEFAULT_REPLICA_WAIT_MS)
+    t = parse_redis_url("redis+sentinel://a:1/m?min_replicas=0")
+    assert (t.replica_rule, t.min_replicas) == (ReplicaRule.FIXED, 0)
+    t = parse_redis_url("redis+sentinel://a:1/m?min_replicas=2")
+    assert (t.replica_rule, t.min_replicas) == (ReplicaRule.FIXED, 2)
+    assert parse_redis_url("redis+sentinel://a:1/m?min_replicas=ALL").replica_rule is ReplicaRule.ALL
 
 
 @pytest.mark.parametrize(("url", "says"), [
@@ -35,7 +42,9 @@ def test_sentinel_url_names_hosts_service_db_and_confirms_by_default() -> None:
     ("redis+sentinel://u:pw@a:1/m", "credentials"),
     ("redis+sentinel://a:1/m?db=-1", "db must be >= 0"),
     ("redis+sentinel://a:1/m?socket_timeout=3", "unknown option"),
-    ("redis+sentinel://a:1/m?min_replicas=one", "min_replicas='one' is not an integer"),
+    ("redis+sentinel://a:1/m?min_replicas=one", "min_replicas='one' is not an integer or 'all'"),
+    ("redis+sentinel://a:1/m?min_replicas=-1", "min_replicas must be >= 0"),
+    ("redis://h:1/0?min_replicas=all", "min_replicas=all needs a redis.sentinel:// URL"),
     ("redis://h:1/0?replica_wait_ms=0", "replica_wait_ms must be >= 1"),
     ("redis://h:1/0?prefix=", "prefix must not be empty"),
 ])
