@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import redis
 import redis.sentinel
@@ -79,7 +79,7 @@ from broker.store.checkpoint_index import job_prefix_key
 from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from broker.store.redis_url import RedisTarget, parse_redis_url
-from broker.store.replica_quorum import ReplicaQuorum, ReplicaRule
+from broker.store.replica_quorum import Answers, ReplicaQuorum, ReplicaRule
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -225,20 +225,24 @@ class RedisStore(RedisLogs, Store):
         """How many replicas the next write waits for (0 = writes are not confirmed)."""
         return self._replicas.needed() if self._min_replicas else 0
 
-    def _ask_sentinels(self) -> list[Sequence[Mapping[str, Any]]]:
-        """Each answering Sentinel's list of the primary's replicas (``min_replicas=all``).
-        Raises when none answers (the quorum keeps its last count)."""
+    def _ask_sentinels(self) -> Answers:
+        """Each answering Sentinel's primary and its list of the primary's replicas
+        (``min_replicas=all``). Raises when none answers (the quorum keeps its count)."""
         manager = self._pool.sentinel_manager  # type: ignore[attr-defined]
-        views: list[Sequence[Mapping[str, Any]]] = []
+        answers: Answers = []
         last: Exception | None = None
         for s in manager.sentinels:
             try:
-                views.append(s.sentinel_slaves(self.target.service))
+                addr = s.sentinel_get_master_addr_by_name(self.target.service)
+                host = addr[0].decode() if addr and isinstance(addr[0], bytes) else \
+                    (addr[0] if addr else "")
+                primary = f"{host}:{addr[1]}" if addr else ""
+                answers.append((primary, s.sentinel_slaves(self.target.service)))
             except redis.RedisError as e:
                 last = e
-        if not views and last is not None:
+        if not answers and last is not None:
             raise last
-        return views
+        return answers
 
     def _write_one(self, script: redis.commands.core.Script, args: list[object],
                    keys: list[str] | None = None) -> object:

@@ -40,6 +40,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 REFRESH_S = 1.0
+# each answering Sentinel's (primary ip:port, SENTINEL REPLICAS list)
+Answers = list[tuple[str, Sequence[Mapping[str, Any]]]]
 _DOWN_FLAGS = frozenset({"s_down", "o_down", "disconnected"})
 
 
@@ -52,7 +54,8 @@ class ReplicaRule(enum.Enum):
 
 def replica_key(entry: Mapping[str, Any]) -> str:
     """``ip:port`` of one replica in a ``SENTINEL REPLICAS`` answer."""
-    return f"{entry.get('ip')}:{entry.get('port')}"
+    ip = entry.get("ip")
+    return f"{ip.decode() if isinstance(ip, bytes) else ip}:{entry.get('port')}"
 
 
 def _flags(entry: Mapping[str, Any]) -> frozenset[str]:
@@ -74,13 +77,31 @@ def promotable(views: Iterable[Sequence[Mapping[str, Any]]]) -> set[str]:
     return up
 
 
+def current_views(answers: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+                  ) -> list[Sequence[Mapping[str, Any]]]:
+    """The replica lists to count from, given each answering Sentinel's (primary
+    ``ip:port``, replica list): only those of Sentinels naming the primary most of them
+    name, without that primary. Why: right after a failover a Sentinel not yet
+    reconfigured still lists the old primary's replicas, the promoted one among them
+    (counted, it would have the new primary wait for a confirmation from itself)."""
+    votes: dict[str, int] = {}
+    for primary, _ in answers:
+        if primary:
+            votes[primary] = votes.get(primary, 0) + 1
+    if not votes:
+        return []
+    primary = max(votes.items(), key=lambda kv: kv[1])[0]
+    return [[e for e in view if replica_key(e) != primary]
+            for named, view in answers if named == primary]
+
+
 class ReplicaQuorum:
     """``needed()``: the number for ``WAIT``. ``FIXED`` answers its number; ``ALL``
-    asks ``ask_sentinels`` (each Sentinel's replica list, or an exception per Sentinel
-    that did not answer) at most every :data:`REFRESH_S` and after :meth:`stale`."""
+    asks ``ask_sentinels`` (each answering Sentinel's primary and replica list; raises
+    when none answers) at most every :data:`REFRESH_S` and after :meth:`stale`."""
 
     def __init__(self, rule: ReplicaRule, fixed: int,
-                 ask_sentinels: Callable[[], list[Sequence[Mapping[str, Any]]]] | None = None,
+                 ask_sentinels: Callable[[], Answers] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if rule is ReplicaRule.ALL and ask_sentinels is None:
             raise ValueError("min_replicas=all needs Sentinels to ask (a redis+sentinel:// URL)")
@@ -122,6 +143,7 @@ class ReplicaQuorum:
             log.warning("could not ask the Sentinels for the replicas (%s); keeping %d",
                         e, self._count or 1)
             return self._count or 1
+        views = current_views(views)
         if not views:
             return self._count or 1
         return max(1, len(promotable(views)))

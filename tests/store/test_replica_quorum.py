@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from broker.store.replica_quorum import REFRESH_S, ReplicaQuorum, ReplicaRule, promotable
+from broker.store.replica_quorum import (
+    REFRESH_S,
+    Answers,
+    ReplicaQuorum,
+    ReplicaRule,
+    current_views,
+    promotable,
+)
+
+P = "10.0.0.1:9"  # the primary
 
 
 def _r(port: int, flags: str = "slave") -> dict[str, Any]:
@@ -34,19 +43,35 @@ def test_promotable_replicas(views: list[Sequence[Mapping[str, Any]]], expected:
     assert promotable(views) == expected
 
 
+def test_only_sentinels_naming_the_primary_count_and_never_the_primary_itself() -> None:
+    # Just after a failover: two Sentinels follow the promoted 10.0.0.1:1 (the old
+    # primary :9 now a replica, flagged down); one still names :9 and lists :1 and :2.
+    new = "10.0.0.1:1"
+    answers: Answers = [
+        (new, [_r(2), _r(9, "s_down,slave,disconnected")]),
+        (new, [_r(2), _r(9, "slave,disconnected")]),
+        (P, [_r(1), _r(2)]),
+    ]
+    views = current_views(answers)
+    assert len(views) == 2
+    assert promotable(views) == {"10.0.0.1:2"}
+    assert current_views([(new, [_r(1), _r(2)])]) == [[_r(2)]]
+    assert current_views([("", [_r(1)])]) == []
+
+
 class _Sentinels:
-    """Scripted answers of the Sentinels, and how often they were asked."""
+    """Scripted replica lists of Sentinels that all name ``P``, and how often asked."""
 
     def __init__(self, *answers: list[Sequence[Mapping[str, Any]]] | Exception) -> None:
         self.answers = list(answers)
         self.asked = 0
 
-    def __call__(self) -> list[Sequence[Mapping[str, Any]]]:
+    def __call__(self) -> Answers:
         self.asked += 1
         a = self.answers[min(self.asked, len(self.answers)) - 1]
         if isinstance(a, Exception):
             raise a
-        return a
+        return [(P, view) for view in a]
 
 
 def test_all_asks_at_most_once_a_second_and_again_after_a_shortfall() -> None:
