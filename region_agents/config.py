@@ -44,7 +44,7 @@ class AgentConfig:
     # Re-probe the checkpoint store this often while running (0 = only at start); a
     # failing store is re-probed every store_probe_retry_s so the region comes back soon.
     store_probe_interval_s: float = 30.0
-    store_probe_retry_s: float = 5.0
+    store_probe_retry_s: float = 2.0
     hang_timeout_s: float = 600.0
     python: str = sys.executable
     extra_env: dict[str, str] = field(default_factory=dict)

@@ -165,7 +165,7 @@ class Checkpointer:
         resume_from = run.env.resume_from
         if standby.go_file():
             resume_from = self._standby()
-        wait: OutageWait | None = None
+        wait, run.start_outage = run.start_outage, None  # a wait begun at start goes on
         while True:
             try:
                 step, found, restored, t_locate, t_located = self._resume_once(resume_from)

@@ -123,6 +123,8 @@ class Run:
         flags: SignalFlags,
     ) -> None:
         self.env, self.store, self.flags = env, store, flags
+        # the store was down at start: the wait resume() continues (_agree_store_up)
+        self.start_outage: OutageWait | None = None
         self.total_steps = total_steps
         self.s3_max_concurrency = s3_max_concurrency
         self.log_prefix = log_prefix
@@ -449,25 +451,28 @@ def init(
 
 
 def _agree_store_up(run: Run, down: StoreUnavailable | None) -> None:
-    """The ranks agree that the store answered at start, or wait for it together.
+    """The ranks agree whether the store answered at start; if it did not, they go on
+    building the model and :meth:`Checkpointer.resume` waits for the store.
 
-    Why after the process group: a store that goes down while the ranks start can refuse
-    one rank's probe and answer another's; a rank that exited alone left its peer
-    waiting for it in the rendezvous or the first collective until a timeout traceback.
+    Why agree after the process group: a store that goes down while the ranks start can
+    refuse one rank's probe and answer another's; a rank that exited alone left its
+    peer waiting for it in the rendezvous or the first collective until a timeout
+    traceback. Why not wait here: the script builds its model, optimizer and
+    checkpointer between ``init()`` and ``resume()`` (seconds, tens of seconds on a
+    loaded host), and none of it needs the store. Waiting here put all of it after the
+    outage's end; the fault campaign measured 17 s of a start's recovery spent so. The
+    wait started here (``run.start_outage``) goes on in ``resume()``, one budget for
+    both. With no budget (``CB_STORE_WAIT_S=0``) the ranks give up here, as before.
     """
-    wait: OutageWait | None = None
-    while True:
-        try:
-            agree(down, run.ckpt_group, run.world_size)
-            if wait is not None:
-                run.log(f"checkpoint store answered again after {wait.waited():.1f}s"
-                        f" ({wait.tries} tries); starting")
-            return
-        except StoreUnavailable as exc:
-            wait = wait or OutageWait(run.env.store_wait_s)
+    try:
+        agree(down, run.ckpt_group, run.world_size)
+        return
+    except StoreUnavailable as exc:
+        wait = OutageWait(run.env.store_wait_s)
+        if run.env.store_wait_s <= 0:  # the same on every rank: all raise here
             pause_or_raise(run, wait, exc, "starting")
-        down = None
-        try:
-            run.store.check_reachable()
-        except StoreUnavailable as exc:
-            down = exc
+        run.start_outage = wait
+        run.progress.update(state="store_wait", store_wait_since=wait.since_wall,
+                            store_wait_message=str(exc)[:300])
+        run.log(f"checkpoint store unreachable while starting ({exc}); building the model"
+                " meanwhile, the resume waits for the store")

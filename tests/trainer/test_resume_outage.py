@@ -134,8 +134,9 @@ def test_ranks_agree_on_an_outage_only_one_of_them_saw_at_start(
 
 def test_ranks_wait_out_an_outage_at_start_together(
         s3_server: Any, reference: dict[str, Any]) -> None:
-    """The store refuses from the first start-up probe on for OUTAGE_S: the ranks wait for
-    it together and then train exactly the uninterrupted run's steps."""
+    """The store refuses from the first start-up probe on for OUTAGE_S: the ranks build
+    the model meanwhile, wait for the store together in the resume and then train
+    exactly the uninterrupted run's steps."""
     bucket, work = reference["bucket"], reference["work"]
     log = work / "started.jsonl"
     plan = FaultPlan(outage_when=lambda m, p: "max-keys=1" in p and "prefix=started" in p,
@@ -150,7 +151,9 @@ def test_ranks_wait_out_an_outage_at_start_together(
     assert_clean(run)
     out = run.output(0)
     assert "checkpoint store unreachable while starting" in out, out
-    assert "answered again after" in out, out
+    # The model is built during the outage; the resume is what waits for the store.
+    assert "building the model meanwhile" in out, out
+    assert "answered again after" in out and "resumed at step 0" in out, out
     got = read_log(log)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1)), got
     assert [(r["ids"], r["loss"]) for r in got] == \
