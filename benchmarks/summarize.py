@@ -602,11 +602,17 @@ def _outage_recovery_lines(d: dict[str, Any]) -> list[str]:
         return []
     met = "met" if r.get("goal_met") else "NOT met"
     below = d.get("below_durable", [])
+    rs = r.get("reached_store")
+    beside = "" if not rs else (
+        f" Beside it, without the {rs['not_reached']} starts whose ranks were still importing"
+        f" when the outage ended (they never met the store down): {rs['n']} jobs, p50"
+        f" {rs.get('p50_s', '-')} s, p95 {rs.get('p95_s', '-')} s, max {rs.get('max_s', '-')} s;"
+        f" p95 <= {f(r['goal_p95_s'], 0)} s {'met' if rs.get('goal_met') else 'NOT met'}.")
     return ["", f"Store outages ({r['outages']}, {f(r['outage_s_min'], 0)}-{f(r['outage_s_max'], 0)} s"
                 f" each): {r['n']} jobs held up in all; from the outage's end until each stepped"
                 f" again (or ended): p50 {r.get('p50_s', '-')} s, p95 {r.get('p95_s', '-')} s,"
                 f" max {r.get('max_s', '-')} s, {r['unrecovered']} not within the cap; goal p95"
-                f" <= {f(r['goal_p95_s'], 0)} s {met}. Samples that showed a job below its"
+                f" <= {f(r['goal_p95_s'], 0)} s {met}.{beside} Samples that showed a job below its"
                 f" durable checkpoint: {len(below)}."]
 
 
