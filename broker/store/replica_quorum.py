@@ -112,6 +112,7 @@ class ReplicaQuorum:
         self._lock = threading.Lock()
         self._count = 0  # ALL: the last count (0 = never asked)
         self._at = -1e18
+        self._asking = False
 
     @property
     def enabled(self) -> bool:
@@ -123,9 +124,16 @@ class ReplicaQuorum:
             return self._fixed
         now = self._clock()
         with self._lock:
-            if now - self._at < REFRESH_S and self._count:
+            # fresh, or another thread is asking (Sentinels slow to answer hold up one
+            # write a second, not every write): the last count
+            if self._count and (now - self._at < REFRESH_S or self._asking):
                 return self._count
-        count = self._resolve()
+            self._asking = True
+        try:
+            count = self._resolve()
+        finally:
+            with self._lock:
+                self._asking = False
         with self._lock:
             self._count, self._at = count, now
         return count

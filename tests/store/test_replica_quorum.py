@@ -105,3 +105,31 @@ def test_fixed_counts_never_ask_and_all_needs_sentinels() -> None:
     assert ReplicaQuorum(ReplicaRule.ALL, 1, _Sentinels([])).enabled
     with pytest.raises(ValueError, match="needs Sentinels"):
         ReplicaQuorum(ReplicaRule.ALL, 1)
+
+
+def test_while_one_write_asks_the_sentinels_the_others_use_the_last_count() -> None:
+    """Slow Sentinels hold up the one write that asks, not every write meanwhile."""
+    import threading
+
+    now = [0.0]
+    release, asking = threading.Event(), threading.Event()
+    answers = iter([[[_r(1), _r(2)]], [[_r(1)]]])
+
+    def ask() -> Answers:
+        view = next(answers)
+        if now[0] > 0:  # the second ask blocks until released
+            asking.set()
+            release.wait(10)
+        return [(P, v) for v in view]
+
+    q = ReplicaQuorum(ReplicaRule.ALL, 1, ask, clock=lambda: now[0])
+    assert q.needed() == 2
+    now[0] += REFRESH_S
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(q.needed()))
+    t.start()
+    assert asking.wait(10)
+    assert q.needed() == 2  # not blocked: the last count
+    release.set()
+    t.join(10)
+    assert got == [1] and q.needed() == 1
