@@ -585,7 +585,8 @@ def chaos(d: dict[str, Any]) -> list[str]:
     scheduled = d.get("faults_scheduled", applied)
     faults = (f"{applied} of {scheduled} scheduled faults were applied; the rest were due after every "
               "job had ended" if scheduled > applied else f"{applied} faults")
-    return out + ["", f"`{d['summary']}`", "",
+    notes = ["", d["note"]] if d.get("note") else []
+    return out + notes + ["", f"`{d['summary']}`", "",
                   f"Goal of the fault campaign: 200 jobs, every fault kind, nothing lost, doubled, wrong or stuck. "
                   f"This run: {d['jobs']} jobs, {len(d['by_kind'])} kinds, {faults}; {d['attempts_total']} "
                   f"attempts in all (at most {d['attempts_max']} for one job); {busy} on the 2 cores "
