@@ -182,6 +182,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("memory_every", Kind.INT, 0,
            "in-memory recovery tier: a keeper per node and a snapshot every K steps (0 = off;"
            " docs/recovery.md)", _T | _ALL_EXECUTORS | {Reader.BROKER}, lo=0, hi=MAX_STEPS),
+    Option("memory_keep", Kind.INT, 2,
+           "in-memory tier: steps each keeper holds per rank (1 halves the keepers' memory;"
+           " a node lost mid-send then recovers from the store)", _ALL_EXECUTORS, lo=1, hi=16),
     Option("warm_ranks", Kind.BOOL, True,
            "with the memory tier, relaunched ranks fork from a warm starter per node"
            " (false = always spawn)", frozenset({Reader.LOCAL})),

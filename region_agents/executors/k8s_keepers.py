@@ -60,6 +60,7 @@ from region_agents.executors.k8s_manifests import (
     label_value,
     pinned_to_node,
 )
+from region_agents.executors.memory_keepers import memory_keep
 from trainer.memkeeper import KEEP
 
 log = logging.getLogger(__name__)
@@ -144,9 +145,10 @@ def keeper_resources(snapshot_bytes: int, ranks_per_node: int, keep: int = KEEP)
 
 def keeper_job(job_id: str, node: str, *, namespace: str, image: str = "",
                service_account: str = "", run_as_user: int = DEFAULT_UID,
-               resources: k8s.V1ResourceRequirements | None = None) -> k8s.V1Job:
+               resources: k8s.V1ResourceRequirements | None = None,
+               keep: int = KEEP) -> k8s.V1Job:
     """The one-pod Job of the keeper of ``job_id`` on ``node`` (restricted PSS, as the
-    rank pods). Named by the API server (``generateName``): a keeper lost with its node
+    rank pods), holding ``keep`` steps per rank (the job's ``memory_keep``). Named by the API server (``generateName``): a keeper lost with its node
     may linger while its replacement on another node, or the same one back, is made."""
     labels = {LABEL_MANAGED: MANAGER, LABEL_ROLE: ROLE, LABEL_JOB: label_value(job_id),
               "app.kubernetes.io/name": "computebroker-memory-keeper"}
@@ -162,7 +164,8 @@ def keeper_job(job_id: str, node: str, *, namespace: str, image: str = "",
         name=CONTAINER,
         image=image or DEFAULT_IMAGE,
         command=["python", "-m", "trainer.memkeeper", "--host", "$(POD_IP)",
-                 "--port", str(port), "--port-file", f"{KEEPER_DIR}/keeper.port"],
+                 "--port", str(port), "--port-file", f"{KEEPER_DIR}/keeper.port",
+                 "--keep", str(keep)],
         env=env,
         ports=[k8s.V1ContainerPort(container_port=port, name="keeper")],
         readiness_probe=k8s.V1Probe(tcp_socket=k8s.V1TCPSocketAction(port=port),
@@ -290,11 +293,12 @@ class KeeperJobs:
             raise KeeperError("the placement names no nodes")
         self._ensure_secret(job_id)
         have = self.keepers_of(job_id)
+        keep = memory_keep(options or {})
         resources = keeper_resources(snapshot_bound(options or {}, self.reported.get(job_id, 0)),
-                                     ranks_per_node)
+                                     ranks_per_node, keep)
         for node in nodes:
             if not any(not _pod_gone(p) for p in have.get(node, [])):
-                self._create(job_id, node, image, resources)
+                self._create(job_id, node, image, resources, keep)
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             have = self.keepers_of(job_id)
@@ -322,10 +326,10 @@ class KeeperJobs:
                 raise KeeperError(f"cannot create the keepers' token Secret: {e.status} {e.reason}") from None
 
     def _create(self, job_id: str, node: str, image: str,
-                resources: k8s.V1ResourceRequirements | None = None) -> None:
+                resources: k8s.V1ResourceRequirements | None = None, keep: int = KEEP) -> None:
         body = keeper_job(job_id, node, namespace=self.namespace, image=image or self.image,
                           service_account=self.service_account, run_as_user=self.run_as_user,
-                          resources=resources)
+                          resources=resources, keep=keep)
         try:
             self.batch.create_namespaced_job(self.namespace, body, _preload_content=False)
         except k8s.ApiException as e:

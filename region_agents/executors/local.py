@@ -62,7 +62,7 @@ from region_agents.executors.base import (
 )
 from region_agents.executors.job_dirs import JobDirError, make_job_dir, open_job_dir
 from region_agents.executors.job_user import IdentityPool, JobUser, proc_tools
-from region_agents.executors.memory_keepers import KeeperPool, memory_every
+from region_agents.executors.memory_keepers import KeeperPool, memory_every, memory_keep
 from region_agents.executors.rank_threads import rank_thread_env
 from region_agents.executors.rank_zygotes import WARM_OPTION, Forked, RankZygotes, warm_command
 from region_agents.logship import LogSource
@@ -466,7 +466,9 @@ class LocalExecutor(Executor):
             every = memory_every(dict(spec.spec.trainer.options))
             if every:  # a keeper per node, kept across attempts (docs/recovery.md)
                 try:
-                    base_env.update(self.keepers.env_for(spec.job_id, [n for n, _ in layout], every))
+                    base_env.update(self.keepers.env_for(
+                        spec.job_id, [n for n, _ in layout], every,
+                        memory_keep(dict(spec.spec.trainer.options))))
                 except (OSError, RuntimeError) as e:  # the store tier still works
                     log.warning("%s: memory tier off for this attempt: %s", spec.job_id, e)
             if spec.standby:  # make-before-break: no step before the Go writes this file

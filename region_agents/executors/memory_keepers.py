@@ -33,6 +33,7 @@ from checkpoint_layout import job_options
 log = logging.getLogger(__name__)
 
 OPTION = "memory_every"  # TrainerSpec.options key
+KEEP_OPTION = "memory_keep"  # TrainerSpec.options key: steps each keeper holds per rank
 START_TIMEOUT_S = 30.0
 
 
@@ -40,6 +41,15 @@ def memory_every(options: Mapping[str, str]) -> int:
     """The job's snapshot interval K (0 = the tier is off), read through the one options
     table (checkpoint_layout/job_options.py; SubmitJob refused a bad value)."""
     return job_options.value(options, OPTION, strict=False)
+
+
+def memory_keep(options: Mapping[str, str]) -> int:
+    """Steps each of the job's keepers holds per rank (2 unless the job says), read
+    through the one options table. Why a job may say 1: a large model's keepers then hold
+    half the memory (the 200m model: 3 GB per copy instead of 6), at the cost that a node
+    lost while a snapshot is half-sent leaves no step every rank holds, so that recovery
+    uses the store."""
+    return job_options.value(options, KEEP_OPTION, strict=False)
 
 
 @dataclass
@@ -57,18 +67,20 @@ class KeeperPool:
         self._tokens: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def env_for(self, job_id: str, node_ids: list[str], every: int) -> dict[str, str]:
+    def env_for(self, job_id: str, node_ids: list[str], every: int,
+                keep: int | None = None) -> dict[str, str]:
         """The ranks' CB_MEMORY_* variables for this attempt's nodes, in node-rank order
-        (a node seen for the first time, e.g. a spare, gets a new, empty keeper)."""
+        (a node seen for the first time, e.g. a spare, gets a new, empty keeper holding
+        ``keep`` steps per rank; None: the keeper's default)."""
         from trainer.memkeeper import TOKEN_ENV
         from trainer.memtier import EVERY_ENV, KEEPERS_ENV
 
         with self._lock:
             token = self._tokens.setdefault(job_id, secrets.token_hex(16))
-            addresses = [self._ensure(job_id, node, token).address for node in node_ids]
+            addresses = [self._ensure(job_id, node, token, keep).address for node in node_ids]
         return {EVERY_ENV: str(every), KEEPERS_ENV: ",".join(addresses), TOKEN_ENV: token}
 
-    def _ensure(self, job_id: str, node: str, token: str) -> _Keeper:
+    def _ensure(self, job_id: str, node: str, token: str, keep: int | None = None) -> _Keeper:
         keeper = self._keepers.get((job_id, node))
         if keeper is not None and keeper.proc.poll() is None:
             return keeper
@@ -84,7 +96,8 @@ class KeeperPool:
                "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with open(d / f"{node}.log", "ab") as out:
             proc = subprocess.Popen(
-                [self.python, "-m", "trainer.memkeeper", "--port-file", str(port_file)],
+                [self.python, "-m", "trainer.memkeeper", "--port-file", str(port_file),
+                 *(["--keep", str(keep)] if keep else [])],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)  # a terminal's Ctrl-C to the agent spares it
         deadline = time.monotonic() + START_TIMEOUT_S
