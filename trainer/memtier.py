@@ -69,6 +69,18 @@ EVERY_ENV = "CB_MEMORY_EVERY"
 KEEPERS_ENV = "CB_MEMORY_KEEPERS"
 NODE_ID_ENV = "CB_NODE_ID"  # the node's name, as the launcher names keepers
 CONNECT_TIMEOUT_S = 5.0
+# A request's socket timeout: a base plus the payload at a floor rate. Why not a fixed
+# 60 s: Python's sendall counts its timeout over the whole send, and one rank's
+# snapshot of the 200m model is 1-3 GB; on a loaded host (the keeper's receive competing
+# with training for the cores) that send can take more than a minute without anything
+# being wrong, and a timeout would drop that snapshot and reconnect.
+IO_TIMEOUT_S = 60.0
+IO_MIN_BYTES_PER_S = 8 << 20
+
+
+def io_timeout(nbytes: int) -> float:
+    """Seconds a request moving ``nbytes`` may take before the keeper counts as gone."""
+    return IO_TIMEOUT_S + nbytes / IO_MIN_BYTES_PER_S
 # Below this many shard bytes the copy stays on the training thread: a few MB copy in a
 # millisecond or two, while handing them to the tier's thread costs more (GIL hand-offs
 # over hundreds of small tensors; measured by benchmarks/bench_memtier.py on the small
@@ -99,13 +111,15 @@ class KeeperClient:
 
     def request(self, header: dict[str, Any], payload: Payload | Sequence[Payload] = b""
                 ) -> tuple[dict[str, Any], bytearray]:
+        segments = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+        size = sum(memoryview(seg).nbytes for seg in segments)
         with self._lock:
             for attempt in (0, 1):
                 try:
                     if self._sock is None:
                         self._sock = socket.create_connection(self._addr, timeout=CONNECT_TIMEOUT_S)
-                        self._sock.settimeout(60.0)
-                    send_msg(self._sock, {**header, "token": self.token}, payload)
+                    self._sock.settimeout(io_timeout(size))
+                    send_msg(self._sock, {**header, "token": self.token}, segments)
                     return recv_msg(self._sock)
                 except OSError:
                     if self._sock is not None:
