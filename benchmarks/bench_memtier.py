@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -51,17 +53,30 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.procstats import proc_cpu_s  # noqa: E402
+from benchmarks.memtier_job import SIZES as JOB_SIZES  # noqa: E402
+from benchmarks.procstats import cgroup_memory_peak, peak_rss_kb, proc_cpu_s  # noqa: E402
 from tests.trainer.launch import Run, launch, read_log  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "memtier.json"
 TOKEN = "bench-token"
 KS = (1, 2, 4, 8)
-# Besides the trainer's presets: a model between "small" (1M params, ms steps, a
+# Besides the trainer's presets: models between "small" (1M params, ms steps, a
 # checkpoint that loads in no time) and "200m" (too large for 3 ranks plus their
-# keepers in this machine's memory), so recovery compares paths with real bytes.
-BENCH_MODELS = {"60m": {"vocab_size": 32000, "d_model": 512, "n_layers": 8, "n_heads": 8,
-                        "d_ff": 2048, "seq_len": 128}}
+# keepers beside other work in this machine's memory), so recovery compares paths with
+# real bytes; the recovery job (benchmarks/memtier_job.py) has the same table.
+BENCH_MODELS = {name: dataclasses.asdict(cfg) for name, cfg in JOB_SIZES.items()}
+
+
+def model_params(name: str) -> int:
+    """Parameters of the benchmark's model ``name`` (built on the meta device: no memory)."""
+    import torch
+
+    from trainer.config import MODEL_PRESETS, ModelConfig
+    from trainer.model import TransformerLM
+
+    cfg = ModelConfig(**BENCH_MODELS[name]) if name in BENCH_MODELS else MODEL_PRESETS[name]
+    with torch.device("meta"):
+        return sum(p.numel() for p in TransformerLM(cfg).parameters())
 
 
 def med(xs: list[float]) -> float:
@@ -158,7 +173,10 @@ def overhead_phases(args: argparse.Namespace, run: Any, ckpt: Any, one_step: Any
                       f"{o['inside'][-1] * 1e3:.2f} ms inside", flush=True)
     ckpt.memory = mem
     if run.is_main:
-        Path(args.out).write_text(json.dumps({"phases": out, "report": mem.report()}))
+        params = sum(p.numel() for p in ckpt.manager.model.parameters())  # local shards
+        Path(args.out).write_text(json.dumps({
+            "phases": out, "report": mem.report(), "local_params_rank0": params,
+            "peak_rss_kb_rank0": peak_rss_kb(os.getpid())}))
     # no final checkpoint (run.finish() would write one: 3 GB for 200m, not measured)
     torch.distributed.barrier()
     sys.stdout.flush()
@@ -237,6 +255,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                  ",".join(str(k.proc.pid) for k in keepers)])
         wait_codes(run, args.timeout, keepers=keepers)
         raw = json.loads(out.read_text())
+        keeper_peaks = [peak_rss_kb(k.proc.pid) for k in keepers]
     finally:
         for k in keepers:
             k.kill()
@@ -249,6 +268,10 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "off_cpu_ms_per_step": round(med(off["cpu"]) * 1e3, 2),
         "off_wall_ms_per_step": round(med(off["wall"]) * 1e3, 2),
         "snapshot_bytes_rank0": raw["report"]["snapshot_bytes"],
+        "params": model_params(args.model),
+        "memory": {"peak_rss_mb_rank0": round(raw["peak_rss_kb_rank0"] / 1024),
+                   "peak_rss_mb_keepers": [round(kb / 1024) for kb in keeper_peaks],
+                   "cgroup": cgroup_memory_peak()},
         "per_k": {},
         "raw": ph,
     }
@@ -274,7 +297,22 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         }
     meets = [k for k in args.ks if res["per_k"][str(k)]["cpu_overhead"] <= args.goal]
     res["smallest_k_meeting_goal_cpu"] = meets[0] if meets else None
+    res.update(k_for_goal(ph, args.goal))
     return res
+
+
+def k_for_goal(phases: dict[str, dict[str, list[float]]], goal: float) -> dict[str, Any]:
+    """The rank's CPU for one snapshot (K=1: one per step, minus the same round's tier-off
+    step) and the smallest K whose share of a step's CPU is within ``goal``. Why derived:
+    a 200m step takes seconds of CPU, so phases long enough for K=8 do not fit a shared
+    machine's afternoon; a snapshot costs the same whichever step takes it."""
+    if "k1" not in phases:
+        return {}
+    off, k1 = phases["off"]["cpu"], phases["k1"]["cpu"]
+    per_snapshot = med([b - a for a, b in zip(off, k1, strict=True)])
+    step = med(off)
+    k = max(1, math.ceil(per_snapshot / (goal * step))) if per_snapshot > 0 else 1
+    return {"per_snapshot_cpu_s": round(per_snapshot, 3), "k_for_goal_from_per_snapshot_cost": k}
 
 
 # ------------------------------------------------------------------ part (b): recovery
@@ -298,6 +336,7 @@ STAGES = (
 AGENT_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?: (\S+) attempt (\d+) "
                         r"(finished|launched|warm)")
 SCRIPT = REPO / "examples" / "byo" / "train_plain.py"
+JOB_SCRIPT = REPO / "benchmarks" / "memtier_job.py"  # --recovery-model
 REGION = "us-east-2"
 
 
@@ -343,13 +382,82 @@ def warm_nodes(root: Path, job_id: str) -> set[str]:
     return ready
 
 
-def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
+def _job_procs(job_id: str) -> dict[str, list[int]]:
+    """The pids of ``job_id``'s ranks and memory keepers ("ranks", "keepers"), from /proc.
+    A rank forked by a warm starter keeps its starter's command line and environment in
+    /proc, so ranks are the starters' children and the processes spawned with the job's
+    environment that are neither starters nor keepers."""
+    procs: dict[int, tuple[bytes, list[bytes], int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                procs[int(d.name)] = ((d / "cmdline").read_bytes(),
+                                      (d / "environ").read_bytes().split(b"\0"),
+                                      int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]))
+            except (OSError, ValueError, IndexError):
+                continue
+    mine = f"CB_JOB_ID={job_id}".encode()
+    starters = {pid for pid, (cmd, env, _) in procs.items()
+                if b"trainer.warm_start" in cmd and mine in env}
+    out: dict[str, list[int]] = {"ranks": [], "keepers": []}
+    for pid, (cmd, env, ppid) in procs.items():
+        if b"trainer.memkeeper" in cmd and f"/memory-keepers/{job_id}/".encode() in cmd:
+            out["keepers"].append(pid)
+        elif ppid in starters or (mine in env and pid not in starters
+                                  and b"trainer.memkeeper" not in cmd):
+            out["ranks"].append(pid)
+    return out
+
+
+class MemoryWatch:
+    """Samples a job's ranks' and keepers' peak RSS (VmHWM, read while they live) and the
+    machine's lowest MemAvailable on a thread; ``low`` is set when the machine runs short
+    (the benchmark then stops: other people's work shares this machine)."""
+
+    def __init__(self, job_id: str, min_free_gb: float) -> None:
+        import threading
+
+        self.job_id, self.min_free_gb = job_id, min_free_gb
+        self.peak_kb: dict[str, dict[int, int]] = {"ranks": {}, "keepers": {}}
+        self.min_available_gb = float("inf")
+        self.low = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            free = mem_available_gb()
+            self.min_available_gb = min(self.min_available_gb, free)
+            if free < self.min_free_gb:
+                self.low.set()
+            for kind, pids in _job_procs(self.job_id).items():
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        kb = peak_rss_kb(pid)
+                        self.peak_kb[kind][pid] = max(self.peak_kb[kind].get(pid, 0), kb)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        return {"peak_rss_mb_ranks_max": round(max(self.peak_kb["ranks"].values(), default=0) / 1024),
+                "peak_rss_mb_keepers_max": round(max(self.peak_kb["keepers"].values(), default=0)
+                                                 / 1024),
+                "rank_processes_seen": len(self.peak_kb["ranks"]),
+                "keeper_processes_seen": len(self.peak_kb["keepers"]),
+                "min_mem_available_gb": round(self.min_available_gb, 2)}
+
+
+def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
+             model: str = "") -> dict[str, Any]:
     """The whole path through a real broker and agent (the local executor, one rank per
     node, a spare in the pool): kill node 1 (its rank, keeper and warm starter: SIGKILL),
     let the agent, the broker and the relaunch do the rest, and read every stage's end
     from the logs, the job's events and the relaunch's Progress.startup. ``warm``: the
     job's warm rank starters on (the kill waits until its nodes' and the spare's are
-    ready, the steady state of a running job), else ``warm_ranks=0``."""
+    ready, the steady state of a running job), else ``warm_ranks=0``. ``model``: run
+    benchmarks/memtier_job.py with that LM size (keepers holding ``--recovery-keep``
+    steps) instead of the small MLP of examples/byo/train_plain.py."""
     from computebroker.v1 import common_pb2 as pb
     from tests.e2e.test_replace_in_place import kill_node
     from tests.fixtures.cluster import Cluster, wait_until
@@ -362,12 +470,25 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
     # every kill is a node failure, which counts against max_node_failures (10 an hour by
     # default; never against max_restarts)
     cluster.start_broker("--set", "max_restarts=1000", "--set", "max_node_failures=1000")
-    cluster.start_agent(REGION, nodes=nodes + 1, gpus=1, spares=1)
+    # a slow model's steps on a loaded machine are minutes apart: not a hang
+    cluster.start_agent(REGION, "--hang-timeout-s", "3600", nodes=nodes + 1, gpus=1, spares=1)
     code = tmp / f"project-{warm}"
     code.mkdir()
-    shutil.copy(SCRIPT, code / "train_plain.py")
+    script = JOB_SCRIPT if model else SCRIPT
+    shutil.copy(script, code / script.name)
     log = tmp / f"loss-{warm}.jsonl"
     samples: list[dict[str, Any]] = []
+    if model:
+        run_cmd = ["python", script.name, "--model", model, "--checkpoint-every", str(c),
+                   "--loss-log", str(log)]
+        options = {"memory_every": "1", "memory_keep": str(args.recovery_keep)}
+    else:
+        run_cmd = ["python", script.name, "--steps", str(steps), "--checkpoint-every",
+                   str(c), "--step-sleep", str(args.step_sleep), "--loss-log", str(log),
+                   "--log-every", str(10**6)]
+        options = {"memory_every": "1"}
+    options["warm_ranks"] = "1" if warm else "0"
+    watch: MemoryWatch | None = None
     try:
         with cluster.client() as client:
             client.set_team_quota(team="ml", guaranteed_gpus=8)
@@ -375,17 +496,23 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
                        what="agent connected")
             handle = client.submit({
                 "name": "bench-recovery", "team": "ml", "nodes": nodes, "gpus_per_node": 1,
-                "workdir": str(code),
-                "run": ["python", "train_plain.py", "--steps", str(steps), "--checkpoint-every",
-                        str(c), "--step-sleep", str(args.step_sleep), "--loss-log", str(log),
-                        "--log-every", str(10**6)],
-                "trainer": {"total_steps": steps, "options": {"memory_every": "1",
-                                                              "warm_ranks": "1" if warm else "0"}}})
+                "workdir": str(code), "run": run_cmd,
+                "trainer": {"total_steps": steps, "options": options}})
+            watch = MemoryWatch(handle.id, args.min_free_gb)
+
+            def wait(pred: Any, what: str) -> Any:
+                """wait_until, stopped early when the machine runs short of memory."""
+                def check() -> Any:
+                    if watch is not None and watch.low.is_set():
+                        raise SystemExit(f"stopped: under {args.min_free_gb} GB of memory "
+                                         "left on the machine")
+                    return pred()
+                return wait_until(check, timeout=args.timeout, what=what)
             start = 0
             for i in range(2 * args.kills):
                 path = "memory" if i % 2 == 0 else "store"
-                job = wait_until(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING
-                                 and j, timeout=args.timeout, what=f"running\n{cluster.logs()}")
+                job = wait(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING
+                           and j, f"running\n{cluster.logs()}")
                 attempt = job.attempt
                 ready: set[str] = set()
                 if warm:  # the attempt's nodes and the spare: nodes + 1 starters
@@ -395,9 +522,9 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
                     done = [r["step"] for r in read_log(log) if r["attempt"] == attempt]
                     start = max(start, *done) if done else start
                 target = (start // c + 1) * c + off
-                wait_until(lambda a=attempt, t=target: log.exists() and any(
+                wait(lambda a=attempt, t=target: log.exists() and any(
                     r["attempt"] == a and r["step"] >= t for r in read_log(log)),
-                    timeout=args.timeout, what=f"step {target}\n{cluster.logs()}")
+                    f"step {target}\n{cluster.logs()}")
                 placed = [a.node_id for a in handle.status().placement.nodes]
                 victim = placed[1]
                 t_kill = time.time()
@@ -405,9 +532,9 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
                 if path == "store":  # rank 1's other copy (node 2's keeper) lost too
                     _kill_keeper(cluster.root, handle.id, placed[2])
                 last = max(r["step"] for r in read_log(log) if r["attempt"] == attempt)
-                job = wait_until(lambda a=attempt, t=t_kill: (j := handle.status()).attempt > a
-                                 and j.progress.startup.get("first_step", 0) > t and j,
-                                 timeout=args.timeout, what=f"the relaunch\n{cluster.logs()}")
+                job = wait(lambda a=attempt, t=t_kill: (j := handle.status()).attempt > a
+                           and j.progress.startup.get("first_step", 0) > t and j,
+                           f"the relaunch\n{cluster.logs()}")
                 events = client.events(handle.id)
                 marks: dict[str, float] = {"kill": t_kill}
                 for e in events:
@@ -449,6 +576,7 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
                 start = max(r["step"] for r in read_log(log) if r["attempt"] == job.attempt)
             client.cancel(handle.id, reason="benchmark over")
     finally:
+        memory = watch.stop() if watch is not None else {}
         cluster.stop()
     by = {p: [s for s in samples if s["path"] == p] for p in ("memory", "store")}
     summary = {p: {"downtime_s_median": round(med([s["downtime_s"] for s in v]), 3),
@@ -465,6 +593,7 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool) -> dict[str, Any]:
                                 / summary["store"]["downtime_s_median"], 3),
         "samples": samples,
         "load_average_1_during": [s["load_average_1"] for s in samples],
+        "memory_use": memory,
     }
 
 
@@ -498,12 +627,21 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=2, help="kills per path (memory, store)")
     ap.add_argument("--ckpt-every-recovery", type=int, default=10)
     ap.add_argument("--kill-offset", type=int, default=7)
+    ap.add_argument("--recovery-model", default="",
+                    help="recovery: benchmarks/memtier_job.py with this LM size (58m, 134m, "
+                         "200m), warm starters only, written as recovery_<size>; default: the "
+                         "small MLP, with and without warm starters (recovery_small)")
+    ap.add_argument("--recovery-keep", type=int, default=2,
+                    help="recovery with --recovery-model: steps each keeper holds per rank")
+    ap.add_argument("--min-free-gb", type=float, default=1.5,
+                    help="stop when the machine's MemAvailable falls below this")
     ap.add_argument("--skip-recovery", action="store_true")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--reuse-runs", default="",
                     help="recovery: a partial file of runs already measured (not run again)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other parts of an existing result file")
+    ap.add_argument("--results", default=str(RESULTS), help="the JSON file written")
     ap.add_argument("--timeout", type=float, default=3600)
     # worker-only
     ap.add_argument("--worker", action="store_true")
@@ -520,7 +658,8 @@ def main() -> None:
 
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="bench-memtier-"))
-    prev = json.loads(RESULTS.read_text()) if args.merge and RESULTS.exists() else {}
+    results = Path(args.results)
+    prev = json.loads(results.read_text()) if args.merge and results.exists() else {}
     result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), torch CPU, gloo; "
                    "keepers and S3 (moto) on loopback",
@@ -531,7 +670,23 @@ def main() -> None:
             key = f"overhead_{args.model}"
             result[key] = overhead(args, tmp)
             result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
-        if not args.skip_recovery:
+        if not args.skip_recovery and args.recovery_model:
+            rec = recovery(args, tmp, True, args.recovery_model)
+            result[f"recovery_{args.recovery_model}"] = {
+                "method": "real broker + agent (local executor, one rank per node, 1 spare, warm"
+                          " rank starters); downtime = SIGKILL of node 1's rank, keeper and"
+                          " starter -> the relaunch's first step done, detection and decision"
+                          " included; store = local disk (page cache)",
+                "model": f"benchmarks/memtier_job.py --model {args.recovery_model}",
+                "params": model_params(args.recovery_model), "nodes": 3, "ranks": 3,
+                "global_batch": 3, "keeper_keep": args.recovery_keep,
+                "checkpoint_every": args.ckpt_every_recovery,
+                "kill_offset_after_checkpoint": args.kill_offset, "kills_per_path": args.kills,
+                "stages": [name for name, _, _ in STAGES],
+                **rec, "cgroup": cgroup_memory_peak(),
+                "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "load_average_1_5_15_end": [round(x, 2) for x in os.getloadavg()]}
+        elif not args.skip_recovery:
             runs = json.loads(Path(args.reuse_runs).read_text()) if args.reuse_runs else {}
             for warm in (False, True):  # the same job, without then with warm starters
                 name = "warm rank starters" if warm else "spawned ranks (warm_ranks=0)"
@@ -556,8 +711,8 @@ def main() -> None:
     result["load_average_1_5_15_start"] = [round(x, 2) for x in load_start]
     result["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     merged = {**prev, **result}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(merged, indent=2) + "\n")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(merged, indent=2) + "\n")
     for key, d in merged.items():
         if key.startswith("overhead_"):
             print(f"{key}: tier off {d['off_cpu_ms_per_step']} ms CPU/step; snapshot "
@@ -566,10 +721,13 @@ def main() -> None:
                 print(f"  K={k}: CPU {v['cpu_overhead']:+.2%}, training thread "
                       f"{v['training_thread_share']:.2%}, keepers {v['keepers_cpu_share']:.2%}")
     for key, r in merged.items():
+        if key.startswith("recovery_") and "runs" not in r:
+            print(f"{key}: memory {r['memory']}, store {r['store']}, downtime ratio "
+                  f"{r['downtime_ratio']}")
         for name, run in r.get("runs", {}).items() if key.startswith("recovery_") else ():
             print(f"{key} {name}: memory {run['memory']}, store {run['store']}, downtime "
                   f"ratio {run['downtime_ratio']}")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":

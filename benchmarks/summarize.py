@@ -1131,6 +1131,18 @@ def memtier(d: dict[str, Any]) -> list[str]:
         best = o.get("smallest_k_meeting_goal_cpu")
         out += ["", f"Smallest K within the goal on the rank's CPU (keepers not counted): "
                 f"{best if best else 'none measured'}."]
+        if o.get("k_for_goal_from_per_snapshot_cost"):
+            out.append(f"From the measured cost of one snapshot ({f(o['per_snapshot_cpu_s'], 2)} s of "
+                       f"the rank's CPU against {f(o['off_cpu_ms_per_step'] / 1e3, 2)} s per step), "
+                       f"the goal is reached at K={o['k_for_goal_from_per_snapshot_cost']}.")
+        if o.get("memory"):
+            m = o["memory"]
+            cg = m.get("cgroup") or {}
+            out.append(f"{f(o.get('params', 0) / 1e6, 0)}M parameters. Memory: rank 0 peak RSS "
+                       f"{m['peak_rss_mb_rank0']:,} MB, keepers' peak RSS "
+                       f"{', '.join(f'{x:,}' for x in m['peak_rss_mb_keepers'])} MB"
+                       + (f"; the run's cgroup peak {cg['peak_bytes'] / 2**30:.1f} GiB (page cache "
+                          "included)" if cg.get("peak_bytes") else "") + ".")
     for key in sorted(k for k in d if k.startswith("recovery_")):
         out += _recovery_lines(d, d[key])
     return out
@@ -1160,8 +1172,11 @@ def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"{r['kill_offset_after_checkpoint']} steps after one; {r['kills_per_path']} kill(s) "
         "per path alternating on one job (memory: node 1's rank and keeper lost; store: "
         "node 2's keeper too, so rank 1's both copies are gone). Medians per stage (the upper "
-        "middle value of an even count), seconds; a tiny model, so the store's read is cheap "
-        "here and the memory path's gain is the lost steps:",
+        "middle value of an even count), seconds"
+        + ("; a tiny model, so the store's read is cheap here and the memory path's gain is the "
+           "lost steps:" if not r.get("params") else
+           f"; {r['params'] / 1e6:,.0f}M parameters + AdamW, keepers holding "
+           f"{r.get('keeper_keep', 2)} step(s) per rank:"),
         "",
     ]
     cols = [(name, run, path) for name, run in runs.items() for path in ("memory", "store")]
@@ -1183,6 +1198,13 @@ def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
         out.append(f"- {name or 'run'}{when}: downtime ratio memory/store "
                    f"{f(run['downtime_ratio'], 2)} (goal <= {d['goal']['downtime_ratio']}); "
                    f"1-minute load average {', '.join(f(x, 1) for x in la) or '?'} at the kills.")
+        if run.get("memory_use"):
+            m, cg = run["memory_use"], r.get("cgroup") or {}
+            out.append(f"- memory: peak RSS of a rank {m['peak_rss_mb_ranks_max']:,} MB, of a keeper "
+                       f"{m['peak_rss_mb_keepers_max']:,} MB"
+                       + (f", the run's cgroup peak {cg['peak_bytes'] / 2**30:.1f} GiB (page cache "
+                          "included)" if cg.get("peak_bytes") else "")
+                       + f"; the machine's lowest MemAvailable {f(m['min_mem_available_gb'], 1)} GB.")
     return out
 
 
