@@ -225,17 +225,39 @@ def mem_available_gb() -> float:
     return float("inf")
 
 
+class MemoryStop(SystemExit):
+    """The run stopped itself because the machine ran short of memory; ``seen``: what it
+    measured until then (written to the results as ``stopped_<part>_<model>``, so a run
+    too large for the machine still leaves its figures)."""
+
+    def __init__(self, message: str, seen: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.seen = seen
+
+
 def wait_codes(run: Run, timeout: float, min_free_gb: float = 1.5,
                keepers: list[Keeper] | None = None) -> None:
     """Wait for the ranks; stop them and their keepers first if the machine runs short of
     memory (it is shared: the 200m model's snapshots take gigabytes per rank and keeper)."""
     end = time.monotonic() + timeout
+    peaks: dict[int, int] = {}
+    lowest = float("inf")
     while any(p.poll() is None for p in run.procs) and time.monotonic() < end:
-        if mem_available_gb() < min_free_gb:
+        for pid in [p.pid for p in run.procs] + [k.proc.pid for k in keepers or []]:
+            with contextlib.suppress(OSError):
+                peaks[pid] = max(peaks.get(pid, 0), peak_rss_kb(pid))
+        lowest = min(lowest, free := mem_available_gb())
+        if free < min_free_gb:
             run.kill()
             for k in keepers or []:
                 k.kill()
-            raise SystemExit(f"stopped: under {min_free_gb} GB of memory left on the machine")
+            keeper_pids = {k.proc.pid for k in keepers or []}
+            raise MemoryStop(f"stopped: under {min_free_gb} GB of memory left on the machine", {
+                "peak_rss_mb_ranks": [round(kb / 1024) for pid, kb in peaks.items()
+                                      if pid not in keeper_pids],
+                "peak_rss_mb_keepers": [round(kb / 1024) for pid, kb in peaks.items()
+                                        if pid in keeper_pids],
+                "min_mem_available_gb": round(lowest, 2)})
         time.sleep(0.5)
     codes = run.wait(max(1.0, end - time.monotonic()))
     if codes != [0] * len(codes):
@@ -253,7 +275,7 @@ def overhead(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                  str(args.rounds), "--steps",
                                  str(args.steps), "--out", str(out), "--keeper-pids",
                                  ",".join(str(k.proc.pid) for k in keepers)])
-        wait_codes(run, args.timeout, keepers=keepers)
+        wait_codes(run, args.timeout, args.min_free_gb, keepers=keepers)
         raw = json.loads(out.read_text())
         keeper_peaks = [peak_rss_kb(k.proc.pid) for k in keepers]
     finally:
@@ -440,6 +462,9 @@ class MemoryWatch:
     def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
         return {"peak_rss_mb_ranks_max": round(max(self.peak_kb["ranks"].values(), default=0) / 1024),
                 "peak_rss_mb_keepers_max": round(max(self.peak_kb["keepers"].values(), default=0)
                                                  / 1024),
@@ -504,8 +529,11 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                 """wait_until, stopped early when the machine runs short of memory."""
                 def check() -> Any:
                     if watch is not None and watch.low.is_set():
-                        raise SystemExit(f"stopped: under {args.min_free_gb} GB of memory "
-                                         "left on the machine")
+                        done = [r["step"] for r in read_log(log)] if log.exists() else []
+                        raise MemoryStop(f"stopped: under {args.min_free_gb} GB of memory "
+                                         "left on the machine",
+                                         {**watch.summary(), "steps_done": max(done, default=0),
+                                          "kills_done": len(samples)})
                     return pred()
                 return wait_until(check, timeout=args.timeout, what=what)
             start = 0
@@ -665,11 +693,14 @@ def main() -> None:
                    "keepers and S3 (moto) on loopback",
         "goal": {"overhead_at_k1": args.goal, "downtime_ratio": 0.3, "lost_steps": 1},
     }
+    stopped: MemoryStop | None = None
     try:
+        part = "overhead"
         if not args.skip_overhead:
             key = f"overhead_{args.model}"
             result[key] = overhead(args, tmp)
             result[key]["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
+        part = "recovery"
         if not args.skip_recovery and args.recovery_model:
             rec = recovery(args, tmp, True, args.recovery_model)
             result[f"recovery_{args.recovery_model}"] = {
@@ -706,6 +737,14 @@ def main() -> None:
                 "step_sleep_s": args.step_sleep, "stages": [name for name, _, _ in STAGES],
                 "runs": runs,
                 "load_average_1_5_15_end": [round(x, 2) for x in os.getloadavg()]}
+    except MemoryStop as e:  # keep what it saw; the parts measured before stay too
+        stopped = e
+        name = args.model if part == "overhead" else (args.recovery_model or "small")
+        result[f"stopped_{part}_{name}"] = {
+            "reason": str(e), **e.seen, "cgroup": cgroup_memory_peak(),
+            "args": {k: v for k, v in vars(args).items() if not k.startswith("worker")},
+            "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["load_average_1_5_15_start"] = [round(x, 2) for x in load_start]
@@ -728,6 +767,8 @@ def main() -> None:
             print(f"{key} {name}: memory {run['memory']}, store {run['store']}, downtime "
                   f"ratio {run['downtime_ratio']}")
     print(f"wrote {results}")
+    if stopped is not None:
+        raise stopped
 
 
 if __name__ == "__main__":

@@ -1145,6 +1145,21 @@ def memtier(d: dict[str, Any]) -> list[str]:
                           "included)" if cg.get("peak_bytes") else "") + ".")
     for key in sorted(k for k in d if k.startswith("recovery_")):
         out += _recovery_lines(d, d[key])
+    for key in sorted(k for k in d if k.startswith("stopped_")):
+        st = d[key]
+        cg = st.get("cgroup") or {}
+        part, _, model = key.removeprefix("stopped_").partition("_")
+        seen = [f"{what} {', '.join(f'{x:,}' for x in st[k])} MB" for k, what in (
+            ("peak_rss_mb_ranks", "ranks' peak RSS"), ("peak_rss_mb_keepers", "keepers' peak RSS"))
+            if st.get(k)]
+        if st.get("peak_rss_mb_ranks_max"):
+            seen.append(f"a rank's peak RSS {st['peak_rss_mb_ranks_max']:,} MB, a keeper's "
+                        f"{st['peak_rss_mb_keepers_max']:,} MB")
+        if cg.get("peak_bytes"):
+            seen.append(f"the run's cgroup peak {cg['peak_bytes'] / 2**30:.1f} GiB")
+        out += ["", f"Not measured: the {part} part with model `{model}` ({st.get('measured', '?')}, "
+                f"1-minute load average {f(st['load_average_1_5_15'][0], 1)}) {st['reason']}"
+                + (f" ({', '.join(seen)})" if seen else "") + "."]
     return out
 
 
