@@ -254,9 +254,9 @@ def wait_codes(run: Run, timeout: float, min_free_gb: float = 1.5,
             keeper_pids = {k.proc.pid for k in keepers or []}
             raise MemoryStop(f"stopped: under {min_free_gb} GB of memory left on the machine", {
                 "peak_rss_mb_ranks": [round(kb / 1024) for pid, kb in peaks.items()
-                                      if pid not in keeper_pids],
+                                      if pid not in keeper_pids and kb],
                 "peak_rss_mb_keepers": [round(kb / 1024) for pid, kb in peaks.items()
-                                        if pid in keeper_pids],
+                                        if pid in keeper_pids and kb],
                 "min_mem_available_gb": round(lowest, 2)})
         time.sleep(0.5)
     codes = run.wait(max(1.0, end - time.monotonic()))
