@@ -429,7 +429,8 @@ class MemoryTier:
             self.stats.failed += 1
         if self.stats.bytes == 0 and self.run.rank == 0:
             self.run.log(f"memory tier: snapshot of rank 0 is {size / 1e6:.1f} MB, "
-                         f"every {self.every} step(s), copied to 2 keepers")
+                         f"every {self.every} step(s), copied to "
+                         f"{2 if self.buddy is not None else 1} keeper(s)")
         self.stats.bytes = size
         self.stats.send_s += time.perf_counter() - t0
         self.run.progress.update(lazy=True, memory_tier=self.report())  # rank 0's view
