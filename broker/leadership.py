@@ -241,6 +241,7 @@ class Leadership:
         # now" and gets the grace period from this moment (contracts, agent stream rule 2).
         ops.agents.reload()
         ops.started_time = ops.clock()
+        ops.applier.hot.clear()  # the other leader wrote meanwhile: read the store again
         self.scheduler = SchedulerLoop(ops, JobsView(self.store, ops.applier.hub),
                                        RecordsView(self.store), self.store.acquire_lease, self.holder)
         self._leader = True
@@ -258,6 +259,7 @@ class Leadership:
             self.scheduler.stop()
             self.scheduler = None
         self.ops.applier.set_poke(lambda: None)
+        self.ops.applier.hot.clear()
         for a in self.ops.agents.all():
             if a.session is not None:
                 a.session.close()  # the agent reconnects, to the new leader

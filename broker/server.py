@@ -214,7 +214,7 @@ class BrokerServer:
         applier = Applier(store, EventHub(), agents, telemetry, self.config)
         ops = JobOps(applier)
         self.ops = ops
-        jobs, records = JobsView(store, applier.hub), RecordsView(store)
+        jobs, records = JobsView(store, applier.hub, applier.hot), RecordsView(store)
         self.metrics_port = telemetry.start_metrics(
             self.config.metrics_listen,
             None if self.config.insecure_dev else (self.config.tls_cert, self.config.tls_key))

@@ -66,6 +66,18 @@ def skip_refused(agent_id: str, messages: Iterator[apb.AgentMessage]) -> Iterato
         yield msg
 
 
+def _progress_sig(p: pb.Progress) -> bytes:
+    """A listed progress as bytes, its ``updated_time`` aside: the stored progress is
+    compared without it too (``updates.tells_nothing_new``), and an agent that stamps
+    each listing with the time it made it must not make every entry look new."""
+    t = p.updated_time
+    p.updated_time = 0
+    try:
+        return p.SerializeToString(deterministic=True)
+    finally:
+        p.updated_time = t
+
+
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
     """``leading``: is this replica still the leader? Checked before applying each agent
     message, so a replica that lost its lease (e.g. resumed after SIGSTOP) stops acting
@@ -281,7 +293,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         # read acknowledged an end a failover would lose. The read is confirmed, and so is
         # whatever the handling read after it (a re-read on a write conflict).
         terminal = u.state in ATTEMPT_TERMINAL
-        job = self.jobs.find_confirmed(u.job_id) if terminal else self.jobs.find(u.job_id)
+        job = self.jobs.find_confirmed(u.job_id) if terminal else self.jobs.find_live(u.job_id)
         if not self._assigned(agent.agent_id, u.job_id, u.attempt, job):
             log.warning("agent %s sent an update for %s attempt %d, which it never ran: ignored",
                         agent.agent_id, u.job_id, u.attempt)
@@ -335,11 +347,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         seen = agent.heartbeat_seen
         now_seen: dict[str, tuple[int, int, bytes]] = {}
         for r in hb.running:
-            sig = (r.attempt, r.state, r.progress.SerializeToString(deterministic=True))
+            sig = (r.attempt, r.state, _progress_sig(r.progress))
             if not full and seen.get(r.job_id) == sig:
                 now_seen[r.job_id] = sig
                 continue
-            job = self.jobs.find(r.job_id)
+            job = self.jobs.find_live(r.job_id)
             if job is not None and standby.is_standby(job, agent.agent_id, r.attempt):
                 continue  # make-before-break: held before its first step, not stale
             if job is None or not self.ops.is_current(job, agent.agent_id, r.attempt):
@@ -447,7 +459,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         return None
 
     def _log_chunk(self, agent: AgentState, chunk: lpb.LogChunk) -> None:
-        job = self.jobs.find(chunk.job_id)  # read once for the check and the ingest
+        job = self.jobs.find_live(chunk.job_id)  # read once for the check and the ingest
         if not self._assigned(agent.agent_id, chunk.job_id, chunk.attempt, job):
             log.warning("agent %s sent logs of %s attempt %d, which it never ran: ignored",
                         agent.agent_id, chunk.job_id, chunk.attempt)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from broker.api.errors import NotFound as ApiNotFound
 from broker.auth.audit import PendingAudit, pending_audit
+from broker.jobs.hot_jobs import HotJobs
 from broker.jobs.outcome import Command, Outcome, SendGo, SendLaunch, SendStop, WakeScheduler
 from broker.store.base import NotFound, Store, StoreError, VersionConflict
 from broker.store.group_commit import GroupCommit, LoopSink
@@ -55,6 +56,9 @@ class Applier:
         self.creates = GroupCommit(store)
         # Told every committed job (the scheduler's live-job set, broker/scheduling/live_jobs.py).
         self._listeners: list[Callable[[pb.Job], None]] = []
+        # The jobs agents run, as last committed: their streams read them from memory
+        # (broker/jobs/hot_jobs.py). Told before the listeners, in _committed.
+        self.hot = HotJobs()
 
     def set_poke(self, poke: Callable[[], None], queued: Callable[[], None] | None = None) -> None:
         """The scheduler loop's wake-up (a no-op while this replica is a standby);
@@ -159,6 +163,7 @@ class Applier:
             self._queued()
 
     def _committed(self, out: Outcome) -> None:
+        self.hot.committed(out.job)
         for fn in list(self._listeners):
             fn(out.job)
         if out.events:

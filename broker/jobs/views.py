@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from broker.api.errors import NotFound as ApiNotFound
+from broker.jobs.hot_jobs import HotJobs
 from broker.jobs.hub import EventHub
 from broker.jobs.shared_reads import SharedReads
 from broker.store.base import (
@@ -39,9 +40,10 @@ def job_not_found(job_id: str) -> str:
 class JobsView:
     """Jobs and their events, read-only; ``hub`` wakes watchers after each commit."""
 
-    def __init__(self, store: Store, hub: EventHub) -> None:
+    def __init__(self, store: Store, hub: EventHub, hot: HotJobs | None = None) -> None:
         self._store = store
         self.hub = hub
+        self._hot = hot
         self._shared = SharedReads()
 
     def get(self, job_id: str) -> pb.Job:
@@ -55,6 +57,16 @@ class JobsView:
             return self._store.get_job(job_id)
         except NotFound:
             return None
+
+    def find_live(self, job_id: str) -> pb.Job | None:
+        """:meth:`find`, from memory when the job holds GPUs and was last written by this
+        leader (broker/jobs/hot_jobs.py): the agent streams' read, once per message.
+        Read-only; a decision acknowledged as durable uses :meth:`find_confirmed`."""
+        if self._hot is not None:
+            job = self._hot.get(job_id)
+            if job is not None:
+                return job
+        return self.find(job_id)
 
     def find_confirmed(self, job_id: str) -> pb.Job | None:
         """:meth:`find`, once the store's replicas hold what it read (Store.get_job_confirmed):
