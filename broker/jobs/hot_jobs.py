@@ -13,16 +13,22 @@ each commit, so the job an agent talks about is at hand without a read.
 
 What keeps it right:
 
-* **Only commits fill it**, never a read: a reader that raced a commit cannot put an
-  older copy back. A miss (a job not written since this broker leads, or not holding
-  GPUs) is read from the store, as before.
+* **Commits fill it** (and the scheduler's reads, below), never a stream's own miss; a
+  miss (a job not holding GPUs, or not written or re-read since this broker leads) is
+  read from the store, as before. Versions decide, not arrival order: a copy older than
+  the one kept (or than a forgotten job's tombstone) is ignored.
 * **The higher version wins** (concurrent writers may report out of order), and a job
   that leaves the holding phases is dropped (it has no running attempt to talk about),
   leaving its version behind for a while so a late report of an older copy stays out.
 * **Bounded staleness for writers behind the applier's back** (an operator tool on the
-  same SQLite file): an entry older than ``max_age_s`` is a miss. Nothing is written
+  same SQLite file): the scheduler's safety re-read of its live jobs (every 30 s,
+  broker/scheduling/live_jobs.py) tells this cache every job it read because its
+  version moved, under the same rule (the higher version wins). Nothing is written
   from a stale copy anyway: every write is a compare-and-set on the version, which
-  re-reads the store on a conflict.
+  re-reads the store on a conflict. An entry does not age out by itself: a job whose
+  trainer reports no progress is written once, at its start, and is then talked about
+  for hours; and a leader behind on its writes must not fall back to the store reads
+  that put it behind.
 * **Cleared when leadership changes** (broker/leadership.py): a replica that led before
   has not seen the other leader's writes.
 * Decisions that are acknowledged as durable (an attempt's end) still read the store
@@ -43,7 +49,7 @@ from collections.abc import Callable
 from broker.jobs.lifecycle import HOLDING
 from computebroker.v1 import common_pb2 as pb
 
-MAX_AGE_S = 30.0  # as the scheduler's resync of its live jobs (broker/scheduling/live_jobs.py)
+TOMBSTONE_S = 30.0  # how long a forgotten job's version keeps older copies out
 
 
 class HotJobs:
@@ -51,12 +57,12 @@ class HotJobs:
     committed copy of a job holding GPUs, or None (read the store).
 
     A commit of a job that does not hold GPUs leaves a *tombstone* (its version) for
-    ``max_age_s``: two writers of one job tell their commits after the fact, so the
+    ``tombstone_s``: two writers of one job tell their commits after the fact, so the
     listener of an older version (a RUNNING copy) may run after the one of a newer
     (the end); the tombstone keeps that older copy out."""
 
-    def __init__(self, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_age_s = max_age_s
+    def __init__(self, tombstone_s: float = TOMBSTONE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tombstone_s = tombstone_s
         self._clock = clock
         self._lock = threading.Lock()
         # job id -> (the job, or None for a tombstone; its version; when it was told)
@@ -66,7 +72,8 @@ class HotJobs:
         self.misses = 0
 
     def committed(self, job: pb.Job) -> None:
-        """A job write committed: keep its copy while it holds GPUs, else a tombstone."""
+        """A job write committed (or the store read with a version the cache may not
+        have seen): keep its copy while it holds GPUs, else a tombstone."""
         copy = None
         if job.phase in HOLDING:
             copy = pb.Job()
@@ -82,19 +89,19 @@ class HotJobs:
                 self._tombstones.append((now, job.id))
 
     def _prune(self, now: float) -> None:
-        """Drop tombstones older than ``max_age_s`` (lock held)."""
-        while self._tombstones and now - self._tombstones[0][0] > self.max_age_s:
+        """Drop tombstones older than ``tombstone_s`` (lock held)."""
+        while self._tombstones and now - self._tombstones[0][0] > self.tombstone_s:
             t, job_id = self._tombstones.popleft()
             entry = self._jobs.get(job_id)
             if entry is not None and entry[0] is None and entry[2] == t:
                 del self._jobs[job_id]
 
     def get(self, job_id: str) -> pb.Job | None:
-        """The job as last committed here, or None: not holding GPUs, not written by
-        this broker since it leads, or not written for ``max_age_s``. Read-only."""
+        """The job as last committed here, or None: not holding GPUs, or not written
+        (nor re-read by the scheduler) since this broker leads. Read-only."""
         with self._lock:
             entry = self._jobs.get(job_id)
-        if entry is None or entry[0] is None or self._clock() - entry[2] > self.max_age_s:
+        if entry is None or entry[0] is None:
             self.misses += 1
             return None
         self.hits += 1

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import placement
@@ -74,8 +74,23 @@ class SchedulerLoop:
         self.passes = 0
         self.last_snapshot: placement.Snapshot | None = None  # what the last pass decided on
         # Live jobs kept from the applier's commits between full reads (live_jobs.py).
-        self.live = LiveJobs(lambda: self.jobs.iter(phases=LIVE),
-                             read_versions=lambda: self.jobs.versions(LIVE), read_one=self.jobs.find)
+        # What it reads from the store goes to the agent streams' memory copies too
+        # (broker/jobs/hot_jobs.py: the newer version wins), so a job changed behind
+        # the applier's back is seen there within one re-read.
+        hot = ops.applier.hot
+
+        def read_all() -> Iterator[pb.Job]:
+            for job in self.jobs.iter(phases=LIVE):
+                hot.committed(job)
+                yield job
+
+        def read_one(job_id: str) -> pb.Job | None:
+            job = self.jobs.find(job_id)
+            if job is not None:
+                hot.committed(job)
+            return job
+
+        self.live = LiveJobs(read_all, read_versions=lambda: self.jobs.versions(LIVE), read_one=read_one)
         self._requests = SnapshotMemo()
         self._nodes = NodeMemo()
         # The placement pass runs on a kept-alive capacity index and running-job

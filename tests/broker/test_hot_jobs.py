@@ -26,6 +26,13 @@ def start(tmp_path: Path) -> tuple[Broker, FakeAgent]:
     return b, agent
 
 
+def _with_label(job: pb.Job, note: str) -> pb.Job:
+    out = pb.Job()
+    out.CopyFrom(job)
+    out.spec.labels["ops-note"] = note
+    return out
+
+
 def test_reports_are_judged_from_memory_and_progress_stays_monotone(tmp_path: Path) -> None:
     b, agent = start(tmp_path)
     try:
@@ -74,6 +81,20 @@ def test_a_write_behind_the_appliers_back_is_kept(tmp_path: Path) -> None:
         assert got.progress.step == 60
         assert got.spec.labels["ops-note"] == "edited by a tool"
         assert got.version >= stored.version + 2
+        # The scheduler's read of the store (its safety re-read; here: forced) brings a
+        # write behind the back into memory too.
+        b.store.update_job(edited_again := _with_label(got, "second"), got.version)
+        sched = b.server.leadership.scheduler
+        sched.live.forget()
+        sched.poke()
+        wait_until(lambda: (c := b.ops.applier.hot.get(job.id)) is not None
+                   and c.spec.labels["ops-note"] == "second", 10, "the re-read in memory")
+        assert b.ops.applier.hot.get(job.id).version == edited_again.version + 1
+        acks = len(agent.update_acks)
+        agent.update(job.id, launch.attempt, RUNNING, step=70)
+        wait_until(lambda: len(agent.update_acks) > acks, 10, "step 60 acked")
+        got = b.store.get_job(job.id)
+        assert got.progress.step == 70 and got.spec.labels["ops-note"] == "second"
     finally:
         agent.close()
         b.stop()

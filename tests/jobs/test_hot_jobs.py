@@ -56,9 +56,9 @@ def test_a_late_older_copy_after_a_failed_launch_stays_out() -> None:
     assert hot.get("j1") is None
 
 
-def test_tombstones_are_pruned_after_max_age() -> None:
+def test_tombstones_are_pruned_after_a_while() -> None:
     clock = Clock()
-    hot = HotJobs(max_age_s=30.0, clock=clock)
+    hot = HotJobs(tombstone_s=30.0, clock=clock)
     for i in range(100):
         hot.committed(job(1, phase=pb.JOB_PHASE_PENDING, jid=f"q{i}"))
     assert len(hot._jobs) == 100  # tombstones
@@ -67,15 +67,13 @@ def test_tombstones_are_pruned_after_max_age() -> None:
     assert set(hot._jobs) == {"r"}
 
 
-def test_an_old_entry_is_a_miss() -> None:
+def test_an_entry_does_not_age_out() -> None:
+    """A job whose trainer reports no progress is written once and talked about for
+    hours; a leader behind on its writes must not fall back to store reads."""
     clock = Clock()
-    hot = HotJobs(max_age_s=30.0, clock=clock)
+    hot = HotJobs(tombstone_s=30.0, clock=clock)
     hot.committed(job(1))
-    clock.t += 29.0
-    assert hot.get("j1") is not None
-    clock.t += 2.0
-    assert hot.get("j1") is None
-    hot.committed(job(2))  # a new commit renews it
+    clock.t += 3600.0
     assert hot.get("j1") is not None
 
 
