@@ -74,7 +74,7 @@ class AgentState:
     spot_triggered: set[str] = field(default_factory=set)
     # Heartbeat entries found plainly current last time: job id -> (attempt, state,
     # progress bytes); heartbeats counted for the periodic full check (agent_service).
-    heartbeat_seen: dict[str, tuple[int, int, bytes]] = field(default_factory=dict)
+    heartbeat_seen: dict[str, tuple[int, int, bytes | None]] = field(default_factory=dict)
     heartbeats: int = 0
     # (record, node count, nodes by id): nodes_by_id's index of this record
     _by_id: tuple[object, int, dict] | None = field(default=None, repr=False, compare=False)

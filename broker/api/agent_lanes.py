@@ -9,8 +9,14 @@ of that job (a hash of the job id), so one stream has several writes in flight; 
 share commits (the store's write group) while each job's messages stay in the order
 the agent sent them (its last log lines before its end, a RUNNING before a SUCCEEDED).
 
-What is not per job (heartbeats, a refused command) waits for the lanes to drain
-first (:meth:`Lanes.drain`), so it sees every earlier message applied, as before.
+What is not per job (heartbeats, a refused command) is a *barrier*
+(:meth:`Lanes.barrier`): it runs once every lane has applied what was put before it,
+and each lane's later messages wait until it has run, so it sees every earlier message
+applied and no later one, as when the stream was applied in one thread. It used to be
+waited for by the stream's reader (``drain``); with 10,000 running attempts and the
+leader behind, a heartbeat's wait kept the reader from reading for 20 s, so the agent's
+next messages were not even seen and the agent was declared lost (its 500 attempts
+relaunched) while it was sending all along. The reader now only hands over.
 """
 
 from __future__ import annotations
@@ -44,6 +50,15 @@ class Lanes:
             self._pending += 1
         self._queues[zlib.crc32(key.encode()) % len(self._queues)].put(item)
 
+    def barrier(self, run: Callable[[], None]) -> None:
+        """Run ``run()`` after everything put so far, before anything put after (on a
+        lane thread; the caller does not wait)."""
+        with self._cv:
+            self._pending += 1
+        b = _Barrier(run, len(self._queues))
+        for q in self._queues:
+            q.put(b)
+
     def drain(self) -> None:
         """Return once everything put so far has run."""
         with self._cv:
@@ -59,15 +74,48 @@ class Lanes:
             item = q.get()
             if item is _END:
                 return
+            if isinstance(item, _Barrier):
+                if item.arrive():
+                    self._done()
+                continue
             try:
                 self._run(item)
             except Exception:  # noqa: BLE001 - run() reports its own errors; a lane must not die
                 log.exception("agent stream lane: a message failed")
             finally:
-                with self._cv:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._cv.notify_all()
+                self._done()
+
+    def _done(self) -> None:
+        with self._cv:
+            self._pending -= 1
+            if self._pending == 0:
+                self._cv.notify_all()
+
+
+class _Barrier:
+    """Put in every lane: the last lane to reach it runs it, the others wait for that."""
+
+    def __init__(self, run: Callable[[], None], lanes: int) -> None:
+        self._run = run
+        self._left = lanes
+        self._lock = threading.Lock()
+        self._ran = threading.Event()
+
+    def arrive(self) -> bool:
+        """Called by each lane on reaching it; True in the lane that ran it."""
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if not last:
+            self._ran.wait()
+            return False
+        try:
+            self._run()
+        except Exception:  # noqa: BLE001 - run() reports its own errors; a lane must not die
+            log.exception("agent stream lane: a message failed")
+        finally:
+            self._ran.set()
+        return True
 
 
 _END = object()

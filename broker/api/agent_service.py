@@ -15,6 +15,7 @@ unhealthy, a missing attempt, a refused launch). Inbound messages are dispatched
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -66,10 +67,14 @@ def skip_refused(agent_id: str, messages: Iterator[apb.AgentMessage]) -> Iterato
         yield msg
 
 
-def _progress_sig(p: pb.Progress) -> bytes:
+def _progress_sig(r: apb.RunningAttempt) -> bytes | None:
     """A listed progress as bytes, its ``updated_time`` aside: the stored progress is
     compared without it too (``updates.tells_nothing_new``), and an agent that stamps
-    each listing with the time it made it must not make every entry look new."""
+    each listing with the time it made it must not make every entry look new. None:
+    the entry lists no progress (touching ``r.progress`` would make it list one)."""
+    if not r.HasField("progress"):
+        return None
+    p = r.progress
     t = p.updated_time
     p.updated_time = 0
     try:
@@ -232,8 +237,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
     def _read(self, agent: AgentState, session: AgentSession,
               request_iterator: Iterator[apb.AgentMessage]) -> None:
         """Read the agent's messages: a job's updates and log chunks go to its lane
-        (broker/api/agent_lanes.py: several in flight, in order per job); the rest is
-        handled here once the lanes have applied everything sent before it."""
+        (broker/api/agent_lanes.py: several in flight, in order per job); the rest is a
+        barrier across the lanes (applied after everything sent before it, before
+        anything sent after it), except an accepted command ack, handled here."""
         lanes = Lanes(lambda item: self._handle(agent, session, *item),  # type: ignore[misc]
                       name=f"agent-{agent.agent_id}")
         try:
@@ -254,9 +260,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 if kind in ("job_update", "log_chunk"):
                     lanes.put(payload.job_id, (kind, payload))
                     continue
-                if kind != "ack" or not payload.accepted:
-                    lanes.drain()  # a heartbeat or refusal sees every earlier message applied
-                self._handle(agent, session, kind, payload)
+                if kind == "ack" and payload.accepted:
+                    self._handle(agent, session, kind, payload)
+                    continue
+                # A heartbeat or a refusal sees every earlier message applied and no later
+                # one; the reader goes on reading meanwhile (agent_lanes.py says why).
+                lanes.barrier(functools.partial(self._handle, agent, session, kind, payload))
         except grpc.RpcError:
             pass
         except Exception:  # noqa: BLE001
@@ -345,9 +354,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         agent.heartbeats += 1
         full = agent.heartbeats % DRIFT_FULL_EVERY == 0
         seen = agent.heartbeat_seen
-        now_seen: dict[str, tuple[int, int, bytes]] = {}
+        now_seen: dict[str, tuple[int, int, bytes | None]] = {}
         for r in hb.running:
-            sig = (r.attempt, r.state, _progress_sig(r.progress))
+            sig = (r.attempt, r.state, _progress_sig(r))
             if not full and seen.get(r.job_id) == sig:
                 now_seen[r.job_id] = sig
                 continue

@@ -311,7 +311,14 @@ class JobOps:
                             job.id, agent.agent_id, Trigger.AGENT_LOST,
                             message=f"agent {agent.agent_id} lost (no message for {silent:.0f}s)"))
         done = {j.id for j in changed}
+        # The plain case, nearly every job at fleet scale (10,000 running), in two field
+        # reads: on a registered agent not lost, no stop in flight (stop_due and the
+        # pre-copy hold both need one). Per job, the full checks below cost a lock and
+        # a dozen field reads: ~15% of a leader's CPU at 10,000 running.
+        fine = {a.agent_id for a in self.agents.all() if not a.lost}
         for job in holding:
+            if not job.stop_reason and job.placement.agent_id in fine:
+                continue
             if job.id in done:
                 continue
             agent = self.agents.get(job.placement.agent_id)

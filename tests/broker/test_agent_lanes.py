@@ -84,3 +84,57 @@ def test_a_failing_message_does_not_stop_its_lane() -> None:
     lanes.drain()
     assert ran == [0, 2]
     lanes.close()
+
+
+def test_a_barrier_sees_every_earlier_message_and_no_later_one_and_does_not_block_the_caller() -> None:
+    """A heartbeat is a barrier: applied after all that came before it and before all
+    that came after it, in every lane; the stream's reader hands it over and reads on
+    (waiting for the lanes had the leader declare a busy agent lost)."""
+    applied: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def run(item: object) -> None:
+        job, n = item  # type: ignore[misc]
+        if n == 0:
+            gate.wait(10)  # the first commit is slow: every lane backs up behind it
+        with lock:
+            applied.append((job, n))
+
+    lanes = Lanes(run, "test", lanes=4)
+    for j in range(8):
+        lanes.put(f"job-{j}", (f"job-{j}", 0))
+    seen_at_barrier: list[tuple[str, int]] = []
+
+    def heartbeat() -> None:
+        with lock:
+            seen_at_barrier.extend(applied)
+
+    t0 = time.monotonic()
+    lanes.barrier(heartbeat)
+    for j in range(8):
+        lanes.put(f"job-{j}", (f"job-{j}", 1))
+    assert time.monotonic() - t0 < 0.5, "the caller waited for the lanes"
+    time.sleep(0.1)
+    assert not seen_at_barrier and not applied  # still held behind the slow commits
+    gate.set()
+    lanes.drain()
+    assert sorted(seen_at_barrier) == [(f"job-{j}", 0) for j in range(8)]  # all before, none after
+    assert sorted(applied) == sorted([(f"job-{j}", n) for j in range(8) for n in (0, 1)])
+    lanes.close()
+
+
+def test_a_failing_barrier_does_not_stop_the_lanes() -> None:
+    ran: list[int] = []
+
+    def boom() -> None:
+        raise RuntimeError("bad heartbeat")
+
+    lanes = Lanes(lambda item: ran.append(item), "test", lanes=3)  # type: ignore[arg-type, func-returns-value]
+    lanes.put("a", 1)
+    lanes.barrier(boom)
+    lanes.put("a", 2)
+    lanes.barrier(lambda: ran.append(3))
+    lanes.drain()
+    assert ran == [1, 2, 3]
+    lanes.close()

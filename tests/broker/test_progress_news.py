@@ -132,6 +132,15 @@ def test_unchanged_heartbeat_entries_skip_the_store_but_a_lost_stop_is_still_cau
         moved.CopyFrom(stored)
         moved.attempt = launch.attempt + 1
         b.store.update_job(moved, stored.version)
+        # The streams judge running jobs on the leader's memory copies (broker/jobs/
+        # hot_jobs.py), which learn a write behind the applier's back from the
+        # scheduler's next read of the store (its safety re-read; here: forced). A Stop
+        # this broker sent and the agent lost is in memory at once (its own write).
+        sched = b.server.leadership.scheduler
+        sched.live.forget()
+        sched.poke()
+        wait_until(lambda: (c := b.ops.applier.hot.get(job.id)) is None or c.attempt == moved.attempt,
+                   10, "the scheduler's re-read")
         for _ in range(agent_service.DRIFT_FULL_EVERY):
             heartbeat_with(agent, job.id, launch.attempt, 10)
         stop = agent.wait_stop(job.id, apb.STOP_REASON_STALE_ATTEMPT, timeout=10)
@@ -139,3 +148,22 @@ def test_unchanged_heartbeat_entries_skip_the_store_but_a_lost_stop_is_still_cau
     finally:
         agent.close()
         b.stop()
+
+
+def test_a_listing_differing_only_in_its_time_is_unchanged_and_no_progress_stays_none() -> None:
+    """The heartbeat entry's signature (agent_service._progress_sig): an agent stamping
+    each listing with the time it made it does not make every entry news; an entry that
+    lists no progress is not given one by being looked at (a step 0 would be written)."""
+    from broker.api.agent_service import _progress_sig
+
+    a = apb.RunningAttempt(job_id="j", attempt=1, state=RUNNING,
+                           progress=pb.Progress(step=5, loss=1.5, updated_time=100.0))
+    b = apb.RunningAttempt(job_id="j", attempt=1, state=RUNNING,
+                           progress=pb.Progress(step=5, loss=1.5, updated_time=200.0))
+    assert _progress_sig(a) == _progress_sig(b)
+    assert a.progress.updated_time == 100.0 and b.progress.updated_time == 200.0
+    c = apb.RunningAttempt(job_id="j", attempt=1, state=RUNNING, progress=pb.Progress(step=6))
+    assert _progress_sig(c) != _progress_sig(a)
+    bare = apb.RunningAttempt(job_id="j", attempt=1, state=RUNNING)
+    assert _progress_sig(bare) is None
+    assert not bare.HasField("progress")
