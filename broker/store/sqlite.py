@@ -483,22 +483,26 @@ class SQLiteStore(SQLiteLogs, Store):
                        events: Sequence[pb.JobEvent]) -> pb.Job:
         stored = versioned_copy(job, expected_version + 1)
         team, crid, phase, region = job_columns(stored)
-        row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
-        if row is None:
-            raise NotFound(f"job {stored.id!r} not found")
-        if row[0] != expected_version:
-            raise VersionConflict(
-                f"job {stored.id!r} is at version {row[0]}, expected {expected_version}"
-            )
+        # The compare and the set in one statement; the version is read only to say why
+        # nothing was updated. Why: the group's leader runs every member's statements,
+        # and each one gives up the GIL and waits to get it back (5 ms at worst behind
+        # a scheduling pass): at 10,000 running, a statement less per progress write.
         try:
-            conn.execute(
+            cur = conn.execute(
                 "UPDATE jobs SET team = ?, client_request_id = ?, phase = ?, region = ?,"
-                " version = ?, data = ? WHERE id = ?",
+                " version = ?, data = ? WHERE id = ? AND version = ?",
                 (team, crid, phase, region, stored.version, stored.SerializeToString(),
-                 stored.id),
+                 stored.id, expected_version),
             )
         except sqlite3.IntegrityError as e:
             raise AlreadyExists(f"request id ({team!r}, {crid!r}) already used") from e
+        if cur.rowcount != 1:
+            row = conn.execute("SELECT version FROM jobs WHERE id = ?", (stored.id,)).fetchone()
+            if row is None:
+                raise NotFound(f"job {stored.id!r} not found")
+            raise VersionConflict(
+                f"job {stored.id!r} is at version {row[0]}, expected {expected_version}"
+            )
         SQLiteStore._insert_events(conn, stored.id, events)
         return stored
 
