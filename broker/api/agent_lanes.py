@@ -16,7 +16,10 @@ applied and no later one, as when the stream was applied in one thread. It used 
 waited for by the stream's reader (``drain``); with 10,000 running attempts and the
 leader behind, a heartbeat's wait kept the reader from reading for 20 s, so the agent's
 next messages were not even seen and the agent was declared lost (its 500 attempts
-relaunched) while it was sending all along. The reader now only hands over.
+relaunched) while it was sending all along. The reader now only hands over. What bounds
+the lanes instead is :data:`MAX_QUEUED`: with that many messages queued the reader waits
+(``wait_below``), leaving the rest in the agent through gRPC's flow control, and keeps
+the agent seen meanwhile (broker/api/agent_service.py ``_room``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 LANES = 8  # per agent stream
+MAX_QUEUED = 2048  # messages a stream's lanes hold before its reader stops reading
 
 
 class Lanes:
@@ -58,6 +62,13 @@ class Lanes:
         b = _Barrier(run, len(self._queues))
         for q in self._queues:
             q.put(b)
+
+    def wait_below(self, limit: int, timeout: float) -> bool:
+        """Wait until fewer than ``limit`` messages are queued or running (True), or
+        ``timeout`` (False). The reader's backpressure: a leader that is behind leaves
+        the rest in the agent (gRPC flow control) instead of buffering all of it."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._pending < limit, timeout)
 
     def drain(self) -> None:
         """Return once everything put so far has run."""
@@ -88,7 +99,7 @@ class Lanes:
     def _done(self) -> None:
         with self._cv:
             self._pending -= 1
-            if self._pending == 0:
+            if self._pending == 0 or self._pending == MAX_QUEUED // 2:
                 self._cv.notify_all()
 
 

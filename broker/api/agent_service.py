@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from broker.agents.registry import AgentRegistry, AgentSession, AgentState
-from broker.api.agent_lanes import Lanes
+from broker.api.agent_lanes import MAX_QUEUED, Lanes
 from broker.api.errors import InvalidArgument, rpc
 from broker.api.validation import validate_register
 from broker.auth.identity import CredentialKind, Role
@@ -251,6 +251,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     break
                 if not self.agents.touch(agent.agent_id, session):
                     break  # superseded by a newer stream of the same agent
+                if not self._room(agent, session, lanes):
+                    break
                 kind = msg.WhichOneof("msg")
                 handler = self.HANDLERS.get(kind or "")
                 if handler is None:
@@ -274,6 +276,15 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             lanes.drain()  # the stream ends once all it carried is applied, as before
             lanes.close()
             self.agents.disconnect(agent.agent_id, session)
+
+    def _room(self, agent: AgentState, session: AgentSession, lanes: Lanes) -> bool:
+        """Wait while this stream's lanes hold ``MAX_QUEUED`` messages (False: the stream
+        was superseded meanwhile). The agent stays seen while it waits: it is the
+        leader that is behind, not the agent that is silent."""
+        while not lanes.wait_below(MAX_QUEUED, 1.0):
+            if session.closed.is_set() or not self.agents.touch(agent.agent_id, session):
+                return False
+        return True
 
     def _handle(self, agent: AgentState, session: AgentSession, kind: str, payload: object) -> None:
         """Apply one message and send its reply (a JobUpdate's ack once committed)."""

@@ -138,3 +138,19 @@ def test_a_failing_barrier_does_not_stop_the_lanes() -> None:
     lanes.drain()
     assert ran == [1, 2, 3]
     lanes.close()
+
+
+def test_wait_below_is_the_readers_backpressure() -> None:
+    """A leader behind on its writes stops reading (gRPC flow control keeps the rest in
+    the agent) rather than buffering a whole fleet's reports in memory."""
+    gate = threading.Event()
+    lanes = Lanes(lambda item: gate.wait(10), "test", lanes=2)
+    for i in range(6):
+        lanes.put(f"job-{i}", i)
+    t0 = time.monotonic()
+    assert not lanes.wait_below(4, 0.2)  # full: the reader would wait (and keep the agent seen)
+    assert time.monotonic() - t0 >= 0.2
+    assert lanes.wait_below(10, 0.2)  # room
+    gate.set()
+    assert lanes.wait_below(1, 5.0)
+    lanes.close()
