@@ -898,6 +898,11 @@ def frontends(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def load_span(load: list[float]) -> str:
+    """A window's 1-minute load average at its start and end, as "a-b"."""
+    return f"{load[0]:.0f}-{load[1]:.0f}"
+
+
 def running(d: dict[str, Any]) -> list[str]:
     """The live broker with many running attempts (bench_running.py): this build, and the
     build before the agent-path changes when ``running_before.json`` is committed too."""
@@ -938,6 +943,17 @@ def running(d: dict[str, Any]) -> list[str]:
                 f" {sto['log_lines_sent']:,} /"
                 f" {sto['log_lines_stored']:,} | {sto['jobs_behind_last_sent_step']} |"
                 f" {s['loadavg_start'][0]:.0f}-{s['loadavg_end'][0]:.0f} |")
+    reps = d.get("repeats", {})
+    for n, runs in reps.items():  # other runs of this build at a size (the row above is one)
+        def med(key: str, runs: list = runs) -> str:
+            xs = sorted(r[key] for r in runs)
+            return f(xs[len(xs) // 2], 0)
+        out += ["", f"Repeated runs at {int(n):,} running (this branch's last commits, the table's row last):"
+                f" ack p99 {' / '.join(f(r['ack_p99_ms'], 0) for r in runs)} ms (median {med('ack_p99_ms')}),"
+                f" watch p99 {' / '.join(f(r['watch_p99_ms'], 0) for r in runs)} ms (median"
+                f" {med('watch_p99_ms')}), GetJob p99 {' / '.join(f(r['getjob_p99_ms'], 0) for r in runs)} ms"
+                f" (median {med('getjob_p99_ms')}), CPU {' / '.join(f(r['cpu_cores'], 2) for r in runs)}"
+                f" cores; load {', '.join(load_span(r['load']) for r in runs)}."]
     g = d["goals"]
     out += ["", f"Goals at 10,000 running: broker CPU at most {g['cpu_cores']:g} core, p99"
             f" progress-to-visible at most {g['p99_visible_s']:g} s, every log line stored and"
