@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from broker.api.batched_reports import BatchedReports
 from broker.api.workers import _Mailbox
 from broker.jobs.hub import EventHub
 from broker.store.base import StoreError
@@ -52,11 +53,6 @@ BEAT_S = 1.0  # a front-end reports at least this often (an empty message: its b
 SILENT_S = 3.0  # a front-end heard before and silent this long: the leader re-reads
 FORGET_S = 60.0  # a front-end silent this long is gone: no longer tracked
 FRONTENDS_RECENT_S = 5.0  # the leader publishes changes only while a front-end was heard
-# Under a stream of submits a report waits this long for company (each message costs
-# the leader's GIL a decode and a scheduler wake-up whatever it carries); a lone submit
-# is reported at once, so a quiet leader admits it without the delay.
-REPORT_LINGER_S = 0.02
-REPORT_BUSY_S = 0.1
 
 
 class BusListener:
@@ -199,6 +195,24 @@ class LeaderBus:
                 log.warning("store bus: job changes not announced: %s", e)
 
 
+class _BusReports(BatchedReports):
+    """A front-end's creations, published on the store's pub/sub for the leader."""
+
+    retryable = (StoreError,)
+
+    def __init__(self, store: RedisStore, name: str, frontend_id: int) -> None:
+        super().__init__(BEAT_S)
+        self.store, self.name, self.frontend_id = store, name, frontend_id
+
+    def send(self, batch: list[pb.Job]) -> None:
+        self.store.publish(TOPIC_CREATED, wpb.JobsCreatedRequest(
+            worker=self.frontend_id, sender=self.name, jobs=batch).SerializeToString())
+
+    def dropped(self, batch: list[pb.Job], error: BaseException) -> None:
+        # stopping: the leader re-reads the store when this front-end falls silent
+        log.warning("front-end: %d creation report(s) not sent: %s", len(batch), error)
+
+
 class FrontendBus:
     """A front-end's end: its creations out (batched, with a beat), the leader's job
     changes in (waking this process's watchers)."""
@@ -206,12 +220,16 @@ class FrontendBus:
     def __init__(self, store: RedisStore, name: str, frontend_id: int, hub: EventHub) -> None:
         self.store, self.name, self.frontend_id, self.hub = store, name, frontend_id, hub
         self.listener = BusListener(store, TOPIC_CHANGED, self._on_changed, lambda: None)
-        self._cond = threading.Condition()
-        self._queue: list[pb.Job] = []
-        self._closed = False
-        self.sent = 0
-        self.messages = 0
-        self._thread = threading.Thread(target=self._report, name="bus-reports", daemon=True)
+        self.reports = _BusReports(store, name, frontend_id)
+        self._thread = threading.Thread(target=self.reports.run, name="bus-reports", daemon=True)
+
+    @property
+    def sent(self) -> int:
+        return self.reports.sent
+
+    @property
+    def messages(self) -> int:
+        return self.reports.messages
 
     @property
     def connected(self) -> bool:
@@ -223,14 +241,10 @@ class FrontendBus:
 
     def add(self, job: pb.Job) -> None:
         """The applier's listener: a job this front-end committed."""
-        with self._cond:
-            self._queue.append(job)
-            self._cond.notify()
+        self.reports.add(job)
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
+        self.reports.close()
         self._thread.join(timeout=10)
         self.listener.stop()
 
@@ -242,36 +256,3 @@ class FrontendBus:
         for job_id in ids:
             self.hub.notify(job_id)
 
-    def _report(self) -> None:
-        last = 0.0  # monotonic time of the previous message
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed,
-                                    timeout=max(0.0, last + BEAT_S - time.monotonic()))
-            if self._queue and not self._closed and time.monotonic() - last < REPORT_BUSY_S:
-                time.sleep(REPORT_LINGER_S)
-            with self._cond:
-                batch, self._queue = self._queue, []
-                if not batch and self._closed:
-                    return
-            if not batch and time.monotonic() - last < BEAT_S:
-                continue
-            last = time.monotonic()
-            data = wpb.JobsCreatedRequest(worker=self.frontend_id, sender=self.name,
-                                          jobs=batch).SerializeToString()
-            pause = 0.2
-            while True:
-                try:
-                    self.store.publish(TOPIC_CREATED, data)
-                    self.sent += len(batch)
-                    self.messages += 1
-                    break
-                except StoreError as e:
-                    if not batch or self._closed:
-                        # a beat (the next follows), or stopping: the leader re-reads the
-                        # store when this front-end falls silent
-                        if batch:
-                            log.warning("front-end: %d creation report(s) not sent: %s", len(batch), e)
-                        break
-                    time.sleep(pause)  # the jobs are stored; only their announcement waits
-                    pause = min(pause * 2, 2.0)

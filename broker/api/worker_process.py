@@ -22,6 +22,7 @@ import grpc
 
 from broker.agents.registry import AgentRegistry
 from broker.api.aio_server import SUBMIT_METHOD, AsyncSubmit, LoopServer
+from broker.api.batched_reports import BatchedReports
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.errors import BrokerError
 from broker.api.forwarding import Forwarder, link_metadata
@@ -69,13 +70,6 @@ log = logging.getLogger("broker.api.worker")
 
 # JobService methods a worker serves itself; every other one goes to the core.
 LOCAL_JOB_METHODS = ("SubmitJob", "GetJob", "ListJobs", "GetJobEvents", "WatchJob")
-# A report waits this long for company: each JobsCreated call costs the core's one GIL
-# about 0.15 ms whatever it carries (at one job per call that was 0.2 ms of the core per
-# submit). Only under a stream of submits (the previous report went out less than
-# REPORT_BUSY_S ago): a lone submit is reported at once, so a quiet broker admits it
-# without the delay; in a storm the scheduler paces its passes far slower anyway.
-REPORT_LINGER_S = 0.02
-REPORT_BUSY_S = 0.1
 
 
 class CoreFollower:
@@ -123,65 +117,29 @@ class CoreFollower:
             self.first.set()
 
 
-class CreationReports:
+class CreationReports(BatchedReports):
     """Jobs this worker created, sent to the core in batches (one call per batch)."""
 
+    retryable = (grpc.RpcError,)
+
     def __init__(self, stub: wgrpc.WorkerLinkStub, key: str, slot: int) -> None:
+        super().__init__(WORKER_BEAT_S)
         self.stub, self.key, self.slot = stub, key, slot
-        self._cond = threading.Condition()
-        self._queue: list[pb.Job] = []
-        self._closed = False
-        self.sent = 0
-        self.calls = 0
 
-    def add(self, job: pb.Job) -> None:  # the applier's listener
-        with self._cond:
-            self._queue.append(job)
-            self._cond.notify()
+    @property
+    def calls(self) -> int:
+        return self.messages
 
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
+    def send(self, batch: list[pb.Job]) -> None:
+        self.stub.JobsCreated(wpb.JobsCreatedRequest(worker=self.slot, jobs=batch),
+                              metadata=link_metadata(self.key), timeout=5)
 
-    def run(self) -> None:
-        last = 0.0  # monotonic time of the previous report
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed,
-                                    timeout=max(0.0, last + WORKER_BEAT_S - time.monotonic()))
-            if self._queue and not self._closed and time.monotonic() - last < REPORT_BUSY_S:
-                time.sleep(REPORT_LINGER_S)
-            with self._cond:
-                batch, self._queue = self._queue, []
-                if not batch and self._closed:
-                    return
-            if not batch and time.monotonic() - last < WORKER_BEAT_S:
-                continue
-            # An empty batch is the beat: the core takes a worker silent for a few
-            # seconds as frozen and reads the store (workers.WORKER_SILENT_S).
-            last = time.monotonic()
-            pause = 0.2
-            while True:
-                try:
-                    self.stub.JobsCreated(wpb.JobsCreatedRequest(worker=self.slot, jobs=batch),
-                                          metadata=link_metadata(self.key), timeout=5)
-                    self.sent += len(batch)
-                    self.calls += 1
-                    break
-                except grpc.RpcError as e:
-                    if not batch:
-                        break  # a beat: the next one follows
-                    if self._closed:
-                        # Stopping (the core is gone or stopping): a core starting up
-                        # reads every live job from the store on its first pass.
-                        log.warning("worker %d: %d creation report(s) not delivered: %s",
-                                    self.slot, len(batch), e.code())
-                        break
-                    # A frozen or busy core: keep the batch until it answers (the
-                    # jobs are stored; only the scheduler's hearing of them waits).
-                    time.sleep(pause)
-                    pause = min(pause * 2, 2.0)
+    def dropped(self, batch: list[pb.Job], error: BaseException) -> None:
+        # Stopping (the core is gone or stopping): a core starting up reads every live
+        # job from the store on its first pass.
+        code = error.code() if isinstance(error, grpc.RpcError) else error
+        log.warning("worker %d: %d creation report(s) not delivered: %s",
+                    self.slot, len(batch), code)
 
 
 class WorkerJobOps(JobOps):
