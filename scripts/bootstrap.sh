@@ -76,12 +76,15 @@ fi
 flock -u 9
 
 if [ "${1:-}" = "test" ]; then
-  # Debian packages: redis-server (HA store tests), chromium (console tests: Playwright
+  # Debian packages: redis-server (HA store tests), iproute2, chromium (console tests: Playwright
   # drives it at /usr/bin/chromium; no browser is ever downloaded by `playwright install`).
   missing=""
   command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
   command -v redis-sentinel >/dev/null 2>&1 || missing="$missing redis-sentinel"
   [ -x /usr/bin/chromium ] || missing="$missing chromium"
+  # iproute2: `ip netns` for the tests that put brokers, front-ends and agents on
+  # separate network hosts (tests/fixtures/netns.py); a slim image may lack it.
+  command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
   if [ -n "$missing" ]; then
     echo ">> installing$missing (Debian packages)"
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
