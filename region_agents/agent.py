@@ -478,8 +478,10 @@ class RegionAgent:
             key = (ack.job_id, ack.attempt)
             upd = self._unacked.get(key)
             if upd is not None and upd.state == ack.state:
-                del self._unacked[key]
+                # The record on disk first, then memory: whoever sees the update gone
+                # from the re-send set also finds the record marked acknowledged.
                 self.executor.acknowledged(ack.job_id, ack.attempt)
+                del self._unacked[key]
 
     def _on_launch(self, command_id: str, launch: agent_pb2.Launch) -> None:
         with self._lock:
