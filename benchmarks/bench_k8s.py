@@ -529,6 +529,9 @@ def main() -> int:
         wait_until(lambda: _ready_nodes(cp) >= args.nodes, timeout=600, interval=2,
                    what=f"{args.nodes} nodes Ready\n{kwok.tail()}")
         out["nodes_ready_s"] = round(time.monotonic() - t, 2)  # KWOK initialised them all
+        wait_until(lambda: _ready_nodes(cp, untainted=True) >= args.nodes, timeout=900,
+                   interval=5, what=f"{args.nodes} nodes free of lifecycle taints")
+        out["nodes_untainted_s"] = round(time.monotonic() - t, 2)  # the fill starts after
         import yaml
 
         for name in ("namespace.yaml", "agent.yaml"):
@@ -680,12 +683,22 @@ def probe(args: argparse.Namespace, cp: Any, c: Any, watch: BindWatch, agent: An
             "stages": stage_breakdown(stamps)}
 
 
-def _ready_nodes(cp: Any) -> int:
-    """Nodes whose Ready condition is True now (all of them, if heartbeats kept up)."""
+def _ready_nodes(cp: Any, untainted: bool = False) -> int:
+    """Nodes whose Ready condition is True now (all of them, if heartbeats kept up).
+
+    ``untainted``: and that the node lifecycle controller has also lifted its
+    ``node.kubernetes.io/not-ready`` / ``unreachable`` taints from. It lags the condition
+    by minutes on a loaded machine, the agent reports such nodes cordoned, and the
+    scheduler refuses pods there, so a fill started before would measure that lag."""
     lst = json.loads(cp.core().list_node(_preload_content=False).data)
-    return sum(1 for n in lst.get("items") or []
-               for c in (n.get("status") or {}).get("conditions") or []
-               if c.get("type") == "Ready" and c.get("status") == "True")
+    lifecycle = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    n_ready = 0
+    for n in lst.get("items") or []:
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (n.get("status") or {}).get("conditions") or [])
+        tainted = any(t.get("key") in lifecycle for t in (n.get("spec") or {}).get("taints") or [])
+        n_ready += ready and not (untainted and tainted)
+    return n_ready
 
 
 def _region_gpus(client: Any, region: str) -> int:

@@ -49,6 +49,8 @@ class ObjectCache:
         self.what = what
         self.on_change = on_change
         self._objects: dict[str, dict] = {}
+        # names changed since the last take_changed(); None: a relist replaced everything
+        self._changed: set[str] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.synced = threading.Event()
@@ -79,6 +81,17 @@ class ObjectCache:
         with self._lock:
             return self._objects.get(name)
 
+    def take_changed(self) -> set[str] | None:
+        """Names added, modified or deleted since the previous call; ``None`` when a
+        (re)list replaced the cache, or on the first call: everything may differ.
+
+        Why: a consumer that derives something per object (the agent's node health, every
+        tick) then redoes only what changed. At 2,000 nodes a full re-derivation five
+        times a second was a steady share of the agent's CPU. One consumer per cache."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+            return changed
+
     def _relist(self) -> str:
         resp = self.list_fn(_preload_content=False, **self.kwargs)  # JSON, not models
         lst = json.loads(resp.data)
@@ -86,6 +99,7 @@ class ObjectCache:
         objs = {o["metadata"]["name"]: o for o in lst.get("items") or []}
         with self._lock:
             self._objects = objs
+            self._changed = None
         self.synced.set()
         if self.on_change:
             self.on_change()
@@ -120,6 +134,8 @@ class ObjectCache:
                             self._objects.pop(name, None)
                         else:
                             self._objects[name] = obj
+                        if self._changed is not None:
+                            self._changed.add(name)
                     if self.on_change:
                         self.on_change()
             except Exception as e:  # noqa: BLE001 - a watch breaks: resume (or relist)

@@ -317,8 +317,12 @@ class KubernetesExecutor(Executor):
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
                                 on_change=self.changed.set, namespace=namespace,
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
-        self.node_cache = ObjectCache(self.core.list_node, what="nodes",
-                                      on_change=self.changed.set).start()
+        # Node changes do not wake the pod pass: nothing in it reads nodes (a pod on a
+        # lost node ends by its deletion, judged by time), and 2,000 nodes' status
+        # updates would make that pass over every pod run at every tick.
+        self.node_cache = ObjectCache(self.core.list_node, what="nodes").start()
+        self._node_health: dict[str, tuple[bool, str]] = {}  # known node -> health_of
+        self._node_spot: set[str] = set()  # known nodes carrying the spot taint
         self.fences = Fences(self.pods.get, lambda p: pod_ended(p, time.time()))
         self.owners = OwnerBook(owners_path) if owners_path else None
         logs_core = k8s.CoreV1Api(_sized_client(api_client, max_log_streams + 4))
@@ -353,24 +357,35 @@ class KubernetesExecutor(Executor):
     def node_signals(self) -> tuple[dict[str, float], dict[str, tuple[bool, str]]]:
         """(spot notices: node -> reclaim deadline, health: node -> (healthy, reason))
         of the known GPU nodes, from the Node watch. A node whose object is gone is
-        unhealthy. The agent merges them with its own notice path (signals.py)."""
-        objs = self.node_cache.snapshot()
+        unhealthy. The agent merges them with its own notice path (signals.py).
+
+        Called at every agent tick: only nodes whose object changed since the previous
+        call (or that joined the known set) are judged again."""
+        changed = self.node_cache.take_changed()
         now = time.time()
-        spot: dict[str, float] = {}
-        health: dict[str, tuple[bool, str]] = {}
         with self._lock:
-            known = list(self._nodes)
-        for name in known:
-            obj = objs.get(name)
+            known = set(self._nodes)
+        health, spotted = self._node_health, self._node_spot
+        for name in [n for n in health if n not in known]:  # left the inventory
+            del health[name]
+            spotted.discard(name)
+            self._spot_seen.pop(name, None)
+        todo = known if changed is None else (changed & known) | (known - health.keys())
+        for name in todo:
+            obj = self.node_cache.get(name)
             if obj is None:
                 health[name] = (False, "Node object deleted")
+                spotted.discard(name)
                 continue
             health[name] = health_of(obj)
             if spot_tainted(obj):
-                spot[name] = self._spot_seen.setdefault(name, now) + SPOT_WARNING_S
+                spotted.add(name)
+                self._spot_seen.setdefault(name, now)
             else:
+                spotted.discard(name)
                 self._spot_seen.pop(name, None)
-        return spot, health
+        spot = {name: self._spot_seen[name] + SPOT_WARNING_S for name in spotted}
+        return spot, dict(health)
 
     # ---- launch ------------------------------------------------------------------
     def ranks(self, spec: AttemptSpec) -> int:

@@ -114,6 +114,31 @@ def test_spot_taint_and_health_reach_the_agent_from_the_node_watch(cluster_a, ku
         ex.shutdown()
 
 
+def test_the_watch_cache_names_what_changed_since_it_was_last_asked(cluster_a) -> None:
+    """The agent judges node health per tick from what changed (ObjectCache.take_changed),
+    not from all nodes again: the cache must name every changed object, and say "all"
+    after a (re)list. ConfigMaps stand in for nodes: nothing else writes them here."""
+    from region_agents.executors.k8s_watch import ObjectCache
+
+    ns = make_namespace(cluster_a)
+    core = cluster_a.core()
+    for name in ("a", "b", "c"):
+        core.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": {"v": "0"}})
+    cache = ObjectCache(core.list_namespaced_config_map, what="configmaps", namespace=ns).start()
+    try:
+        assert cache.take_changed() is None  # the first answer: everything is new
+        assert cache.take_changed() == set()
+        core.patch_namespaced_config_map("b", ns, {"data": {"v": "1"}})
+        core.delete_namespaced_config_map("c", ns)
+        seen: set[str] = set()
+        wait(lambda: (seen.update(cache.take_changed() or set()), seen == {"b", "c"})[1],
+             what="the changes named")
+        assert cache.get("b")["data"]["v"] == "1" and cache.get("c") is None
+        assert cache.take_changed() == set()
+    finally:
+        cache.stop()
+
+
 def test_a_stopped_kubelet_makes_the_node_unhealthy(cluster_a, kubelet) -> None:
     """Ready=Unknown, as the node lifecycle controller sets it for a silent kubelet."""
     ex, _ = executor_for(cluster_a)
