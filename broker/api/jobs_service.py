@@ -129,7 +129,11 @@ class JobService(jobs_pb2_grpc.JobServiceServicer):
         # The job's span (child of the SDK's, from the metadata); submit stores its traceparent.
         with self.ops.telemetry.job_span(context.invocation_metadata()):
             job, created = self.ops.submit(request.spec, request.client_request_id, who.actor)
-        return jpb.SubmitJobResponse(job=visible(job, who), created=created)
+        # CopyFrom, not the job= keyword: the keyword path copies a 3.5 KB job field by
+        # field through Python (~2x the CPU of one C-level copy).
+        out = jpb.SubmitJobResponse(created=created)
+        out.job.CopyFrom(visible(job, who))
+        return out
 
     def _readable(self, job_id: str, context: grpc.ServicerContext,
                   permission: Permission = Permission.JOBS_READ) -> pb.Job:

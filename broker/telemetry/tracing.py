@@ -169,6 +169,12 @@ def context_from_traceparent(traceparent: str) -> otel_context.Context | None:
     return _PROPAGATOR.extract({"traceparent": traceparent})
 
 
+def carries_traceparent(metadata: Sequence[tuple[str, Any]] | None) -> bool:
+    """Whether gRPC ``metadata`` holds a W3C ``traceparent`` (the one key
+    :func:`context_from_metadata` can find a parent in)."""
+    return any(k.lower() == "traceparent" for k, _ in metadata or ())
+
+
 def context_from_metadata(metadata: Sequence[tuple[str, Any]] | None) -> otel_context.Context:
     carrier = {k.lower(): v for k, v in (metadata or ()) if isinstance(v, str)}
     return _PROPAGATOR.extract(carrier)

@@ -122,3 +122,31 @@ def test_callers_trace_context_reaches_the_job_and_the_launch(mbroker: Broker) -
         assert "TRACEPARENT" not in agent.wait_launch(plain.id).env
     finally:
         agent.close()
+
+
+def test_job_span_opens_nothing_without_a_callers_trace() -> None:
+    """With no tracer provider, a submit whose metadata holds no ``traceparent`` skips
+    the span and the job gets no trace parent (the cheap path every untraced submit
+    takes); one that holds it still gets the caller's trace. Upper-case keys count too
+    (gRPC lower-cases them on the wire; an in-process caller may not)."""
+    from opentelemetry import trace
+
+    from broker.telemetry import BrokerTelemetry
+    from broker.telemetry.tracing import carries_traceparent, tracing_on
+
+    assert not tracing_on(), "this module's premise: no tracer provider in the process"
+    tel = BrokerTelemetry()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    tp = f"00-{trace_id}-00f067aa0ba902b7-01"
+    assert not carries_traceparent([("authorization", "Bearer x"), ("x-other", "1")])
+    assert not carries_traceparent(None)
+    assert carries_traceparent([("Traceparent", tp)])
+    with tel.job_span([("authorization", "Bearer x")]):
+        assert not trace.get_current_span().get_span_context().is_valid
+        job = pb.Job(id="j-1")
+        tel.stamp_job(job)
+        assert job.trace_parent == ""
+    with tel.job_span([("authorization", "Bearer x"), ("traceparent", tp)]):
+        job = pb.Job(id="j-2")
+        tel.stamp_job(job)
+        assert job.trace_parent.split("-")[1] == trace_id
