@@ -848,6 +848,52 @@ def submit_cpu(d: dict[str, Any], before_name: str = "submit_cpu_before",
     return out
 
 
+def submit_cpu_repeat(d: dict[str, Any]) -> list[str]:
+    """The empty-store pair again right after the main run, in the reverse order (this
+    build first, then the one before it: ``submit_cpu_repeat_before.json``)."""
+    return submit_cpu(d, before_name="submit_cpu_repeat_before", title=(
+        "### Broker CPU per SubmitJob, the empty store again, order reversed"
+        " (`python benchmarks/bench_submit_cpu.py --pending 0`)"))
+
+
+def submit_stages(d: dict[str, Any]) -> list[str]:
+    """Where a SubmitJob's own Python goes (bench_submit_stages.py): thread CPU per stage
+    of the composed handler called in process; the build before when
+    ``submit_stages_before.json`` is committed too."""
+    before = load("submit_stages_before")
+    st = d["setup"]
+    builds = [(r.get("label") or name, r) for name, r in (("before", before), ("this", d)) if r]
+    out = [
+        "### Where a SubmitJob's own CPU goes (`python benchmarks/bench_submit_stages.py`)",
+        "",
+        f"A real broker (TLS config, tokens, audit, {st['store']}) whose composed SubmitJob"
+        f" handler is called in process by {st['threads']} threads with each request's wire bytes"
+        f" ({st['spec_bytes']:,}-byte specs, {st['submits']:,} submits a run): no gRPC transport,"
+        " no TLS record layer, which `bench_submit_cpu.py`'s no-op calibration measures. Each"
+        " stage is the calling thread's CPU (`thread_time`, so waits for the group commit or"
+        " the GIL are not counted) summed over threads per submit; an indented stage is part"
+        " of the nearest less indented one above it; *process* is every thread's CPU per submit with nothing wrapped"
+        f" (the calibration of the same run). Median of {st['runs']} runs; microseconds.",
+        "",
+        "| stage | " + " | ".join(f"{name} us" for name, _ in builds) + " |",
+        "|---|" + "---|" * len(builds),
+        "| **process CPU per submit** | " + " | ".join(
+            f(r["median"]["process_cpu_us_per_submit"], 0) for _, r in builds) + " |",
+    ]
+    depth = {"": -1}
+    for row in d["layout"]:
+        label = row["stage"]
+        depth[label] = depth[row["part_of"]] + 1
+        name = "&nbsp;&nbsp;" * depth[label] + label
+        out.append(f"| {name} | " + " | ".join(
+            f(r["median"]["stages_us_per_submit"][label], 0) if label in r["median"]["stages_us_per_submit"]
+            else "-" for _, r in builds) + " |")
+    loads = "; ".join(f"{name} {load_span([r['machine']['loadavg_start'][0], r['machine']['loadavg_end'][0]])}"
+                      for name, r in builds)
+    out += ["", f"Load average (1 min) at start and end: {loads} (2 cores, shared)."]
+    return out
+
+
 def frontends(d: dict[str, Any]) -> list[str]:
     """SubmitJob rate by API front-end count (bench_frontends.py), with where the CPU went."""
     st = d["setup"]
@@ -1255,6 +1301,7 @@ def render() -> str:
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
+                     ("submit_cpu_repeat", submit_cpu_repeat), ("submit_stages", submit_stages),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
                      ("k8s", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
