@@ -397,7 +397,9 @@ class AsyncSubmit:
         with self.ops.telemetry.job_span(ctx.invocation_metadata()):
             job, created = await self._create(spec, request.client_request_id, who.actor, pending,
                                               writing)
-        return jpb.SubmitJobResponse(job=visible(job, who), created=created)
+        out = jpb.SubmitJobResponse(created=created)
+        out.job.CopyFrom(visible(job, who))  # one C-level copy (jobs_service.py says why)
+        return out
 
     async def _create(self, spec: pb.JobSpec, request_id: str, actor: str,
                       pending: PendingAudit, writing: list[bool]) -> tuple[pb.Job, bool]:
