@@ -53,18 +53,26 @@ BEAT_S = 1.0  # a front-end reports at least this often (an empty message: its b
 SILENT_S = 3.0  # a front-end heard before and silent this long: the leader re-reads
 FORGET_S = 60.0  # a front-end silent this long is gone: no longer tracked
 FRONTENDS_RECENT_S = 5.0  # the leader publishes changes only while a front-end was heard
+PRIMARY_CHECK_S = 2.0  # with Sentinels: how often a subscription checks it is on the primary
 
 
 class BusListener:
     """One subscription, kept: reconnects after any error, and calls ``on_subscribed``
     each time the subscription is (re)established (announcements made meanwhile may be
-    lost, so the caller re-reads what they would have told)."""
+    lost, so the caller re-reads what they would have told).
+
+    With Sentinels it also checks, every ``PRIMARY_CHECK_S``, that the server it is
+    subscribed on is still the primary they name: messages are published on the primary,
+    and a subscription left on a server that is no longer it (cut off rather than
+    killed, so its socket never closes) would hear nothing while looking healthy."""
 
     def __init__(self, store: RedisStore, topic: str, on_message: Callable[[bytes], None],
                  on_subscribed: Callable[[], None]) -> None:
         self.store, self.topic = store, topic
         self.on_message, self.on_subscribed = on_message, on_subscribed
         self.connected = threading.Event()
+        self.subscriptions = 0  # subscriptions established (the first, then each re-subscription)
+        self.address = ""  # "host:port" of the server subscribed on ("" while not)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"bus-{topic}", daemon=True)
 
@@ -75,6 +83,11 @@ class BusListener:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    @property
+    def reconnects(self) -> int:
+        """Re-subscriptions after the first (a Redis restart, a failover, a dropped link)."""
+        return max(0, self.subscriptions - 1)
+
     def _run(self) -> None:
         pause = 0.1
         while not self._stop.is_set():
@@ -82,11 +95,18 @@ class BusListener:
             try:
                 sub = self.store.subscriber()
                 sub.subscribe(self.store.bus_channel(self.topic))
+                checked = time.monotonic()
                 while not self._stop.is_set():
                     msg = sub.get_message(timeout=0.5)
+                    if time.monotonic() - checked >= PRIMARY_CHECK_S:
+                        checked = time.monotonic()
+                        self._check_primary(sub)
                     if msg is None:
                         continue
                     if msg["type"] == "subscribe":  # also after redis-py's own reconnects
+                        conn = sub.connection
+                        self.address = f"{conn.host}:{conn.port}" if conn is not None else ""
+                        self.subscriptions += 1
                         self.connected.set()
                         pause = 0.1
                         self.on_subscribed()
@@ -96,6 +116,7 @@ class BusListener:
                 if self.connected.is_set():
                     log.warning("store bus %s: subscription lost: %s", self.topic, e)
                 self.connected.clear()
+                self.address = ""
             finally:
                 if sub is not None:
                     with contextlib.suppress(Exception):
@@ -104,6 +125,18 @@ class BusListener:
                 return
             pause = min(pause * 2, 2.0)
         self.connected.clear()
+
+    def _check_primary(self, sub: object) -> None:
+        """Raise (so the loop subscribes again, on the primary) when the Sentinels name a
+        primary other than the server this subscription is on."""
+        if not self.connected.is_set():
+            return
+        primary = self.store.primary_address()
+        if primary is None or not self.address:
+            return  # one server, or no Sentinel answered: nothing to compare with
+        if primary != self.address:
+            raise ConnectionError(f"subscribed on {self.address}, but the Sentinels name"
+                                  f" {primary} the primary")
 
 
 class LeaderBus:

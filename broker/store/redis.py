@@ -557,5 +557,17 @@ class RedisStore(RedisLogs, Store):
         """A pub/sub connection from this store's pool (with Sentinel: the primary's)."""
         return self._r.pubsub()
 
+    def primary_address(self) -> str | None:
+        """``host:port`` of the primary the Sentinels name now; None for a one-server URL
+        or when no Sentinel answers. A long-lived subscription compares it with its own
+        server: pub/sub messages are only heard on the server they were published on."""
+        if not self.target.is_sentinel:
+            return None
+        try:
+            host, port = self._pool.get_master_address()  # type: ignore[attr-defined]
+        except (redis.RedisError, OSError):
+            return None
+        return f"{host}:{port}"
+
     def close(self) -> None:
         self._pool.disconnect()

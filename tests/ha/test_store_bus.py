@@ -93,6 +93,9 @@ def test_a_silent_frontend_and_a_lost_subscription_make_the_leader_reread(
         store._r.client_kill_filter(_type="pubsub")
         wait_until(lambda: leader.rereads > before, timeout=15, what="re-read on resubscribe")
         assert leader.bus.listener.connected.is_set()
+        assert leader.bus.listener.reconnects >= 1  # counted (a front-end's metrics show it)
+        assert leader.bus.listener.address == f"127.0.0.1:{own.port}"
+        assert store.primary_address() is None  # one server: nothing to compare with
     finally:
         leader.bus.stop()
         store.close()
