@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -109,9 +109,13 @@ class BrokerTelemetry:
         self.series = UsageSeries()
 
     # ---- metrics plumbing ----------------------------------------------------------
-    def start_metrics(self, listen: str, tls: tuple[str, str] | None = None) -> int:
+    def start_metrics(self, listen: str, tls: tuple[str, str] | None = None, *,
+                      scheduler: bool = True, extra: Callable[[Any], None] | None = None) -> int:
         """Serve Prometheus text on ``listen`` ("host:port"; port 0 = free); "" = off.
-        ``tls`` = (cert file, key file): HTTPS (the broker's own certificate)."""
+        ``tls`` = (cert file, key file): HTTPS (the broker's own certificate).
+        ``scheduler=False`` (an API front-end): no ``agents_connected`` 0 before the first
+        pass, which a process that never schedules would report for ever. ``extra``:
+        called with the meter to add a role's own instruments."""
         if not listen:
             return 0
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -128,9 +132,13 @@ class BrokerTelemetry:
         self._provider = MeterProvider(
             metric_readers=readers,
             resource=Resource.create({"service.name": "compute-broker"}))
-        self._build_instruments(self._provider.get_meter(TRACER_NAME))
-        with self._lock:  # a scrape before the first scheduler pass: no agent yet, not "no series"
-            self._gauges.setdefault("agents_connected", {(): 0})
+        meter = self._provider.get_meter(TRACER_NAME)
+        self._build_instruments(meter)
+        if extra is not None:
+            extra(meter)
+        if scheduler:
+            with self._lock:  # a scrape before the first scheduler pass: no agent yet, not "no series"
+                self._gauges.setdefault("agents_connected", {(): 0})
         certfile, keyfile = tls if tls else (None, None)
         server, _thread = start_http_server(port, addr=host, registry=registry,
                                             certfile=certfile, keyfile=keyfile)
