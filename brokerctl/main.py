@@ -371,7 +371,8 @@ def build_parser() -> _Parser:
                    help="DEV ONLY: no TLS, no auth, loopback only, every caller is operator")
     s.add_argument("--frontend", action="store_true", default=None,
                    help="an API front-end on the shared Redis store: serves submits, job"
-                        " reads and WatchJob; never leads or schedules")
+                        " reads and WatchJob, sends other calls on to the leader; never"
+                        " leads or schedules")
     s.add_argument("--frontend-id", type=int, metavar="N",
                    help="distinct per front-end, 0..191 (its job ids' stream)")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any BrokerConfig field")

@@ -19,10 +19,12 @@ front-end or replica a retry lands on.
 
 What a front-end does not do: lead, schedule, hold agent streams, or serve calls whose
 effects live in the leader's memory (cancels and other transitions, quotas, tokens,
-log follows): those it refuses UNAVAILABLE naming the leader, as a standby does, so an
-SDK given both addresses moves on. It needs no lease and no fencing: a creation
-conflicts with nobody, and every replica hears it on the bus (a standby promoted later
-reads every live job from the store anyway).
+log follows): those it sends on to the leader of the moment *as the caller*, with the
+caller's own token, and relays the answer (broker/api/leader_proxy.py), so ``brokerctl``
+pointed at a front-end just works. Agents dialling it are refused UNAVAILABLE naming the
+leader. It needs no lease and no fencing: a creation conflicts with nobody, and every
+replica hears it on the bus (a standby promoted later reads every live job from the
+store anyway).
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from google.protobuf import struct_pb2
 from broker.agents.registry import AgentRegistry
 from broker.api.edge import EdgeGate, IdleWatch
 from broker.api.errors import BrokerError
+from broker.api.frontend_metrics import FrontendCounters, Refusal
 from broker.api.health import add_probes
 from broker.api.jobs_service import JobService, submit_checks
+from broker.api.leader_proxy import LeaderChannel, LeaderProxy
 from broker.api.pipeline import LayeredServer
 from broker.api.store_bus import FrontendBus
 from broker.api.streams import StreamBudget, StreamLimits
@@ -88,26 +92,42 @@ LEADER_INFO_TTL_S = 2.0
 
 
 class LeaderPointer:
-    """Who leads, as the store's leader record says (read at most every 2 s): what a
-    caller of a method the front-end does not serve is told."""
+    """Who leads, as the store's leader record says (read at most every 2 s): where a
+    call for the leader is sent (broker/api/leader_proxy.py), and what a caller is told
+    when it cannot be."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._at = -LEADER_INFO_TTL_S
         self._text = "the leader"
+        self._address = ""
+
+    def _read(self) -> None:
+        now = time.monotonic()
+        if now - self._at < LEADER_INFO_TTL_S:
+            return
+        self._at = now
+        try:
+            rec = self.store.get_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct)
+            info = dict(rec.items()) if isinstance(rec, struct_pb2.Struct) else {}
+            self._address = str(info.get("address") or "")
+            self._text = (f"the leader {info.get('holder') or 'unknown'}"
+                          f" ({self._address or 'address unknown'})")
+        except Exception:  # noqa: BLE001 - keep the last address: the store may be failing over
+            self._text = "the leader (unknown: the store did not answer)"
 
     def describe(self) -> str:
-        now = time.monotonic()
-        if now - self._at >= LEADER_INFO_TTL_S:
-            self._at = now
-            try:
-                rec = self.store.get_record(KIND_LEADER, LEASE_NAME, struct_pb2.Struct)
-                info = dict(rec.items()) if isinstance(rec, struct_pb2.Struct) else {}
-                self._text = (f"the leader {info.get('holder') or 'unknown'}"
-                              f" ({info.get('address') or 'address unknown'})")
-            except Exception:  # noqa: BLE001 - only used for a message
-                self._text = "the leader (unknown: the store did not answer)"
+        self._read()
         return self._text
+
+    def address(self) -> str:
+        """The leader's advertised ``host:port`` ("" = none on record)."""
+        self._read()
+        return self._address
+
+    def forget(self) -> None:
+        """The leader did not answer: read the record again at the next ask."""
+        self._at = -LEADER_INFO_TTL_S
 
 
 class FrontendRole:
@@ -115,14 +135,16 @@ class FrontendRole:
     subscribed (the store answers and the leader can hear it), and refuses otherwise,
     naming why, so a load balancer's next try lands on another front-end."""
 
-    def __init__(self, bus: FrontendBus) -> None:
-        self.bus = bus
+    def __init__(self, bus: FrontendBus, counters: FrontendCounters | None = None) -> None:
+        self.bus, self.counters = bus, counters
 
     @property
     def is_leader(self) -> bool:
         return self.bus.connected
 
     def standby_message(self) -> str:
+        if self.counters is not None:  # asked once per refused call
+            self.counters.refused(Refusal.STORE_UNREACHABLE)
         return ("this API front-end cannot reach the state store; retry (another front-end"
                 " or the leader may answer)")
 
@@ -149,6 +171,30 @@ def refusing_servicer(service: Any, names: list[str], message: Callable[[str], s
             full = f"{service.name}.{m.name}"
             setattr(target, m.name, stream(full) if m.server_streaming else unary(full))
     return target
+
+
+def count_submits(job_service: JobService, counters: FrontendCounters) -> None:
+    """Count each SubmitJob ``job_service`` answers (created or a retry's first job)."""
+    submit = job_service.SubmitJob
+
+    def counted(request: Any, context: grpc.ServicerContext) -> Any:
+        resp = submit(request, context)
+        counters.submitted(resp.created)
+        return resp
+
+    job_service.SubmitJob = counted  # type: ignore[method-assign]
+
+
+def leader_methods() -> list[str]:
+    """``Service.Method`` of every call a front-end sends on to the leader: all of the
+    job, capacity and auth services except what it serves itself (LOCAL_JOB_METHODS)."""
+    out = []
+    for module, service in ((jobs_pb2, "JobService"), (capacity_pb2, "CapacityService"),
+                            (auth_pb2, "AuthService")):
+        desc = module.DESCRIPTOR.services_by_name[service]
+        out += [f"{desc.full_name}/{m.name}" for m in desc.methods
+                if not (service == "JobService" and m.name in LOCAL_JOB_METHODS)]
+    return out
 
 
 class FrontendServer:
@@ -180,13 +226,21 @@ class FrontendServer:
         self.bus = FrontendBus(store, self.name, cfg.frontend_id, hub)
         self.bus.start()
         agents = AgentRegistry(store)
-        applier = Applier(store, hub, agents, BrokerTelemetry(), cfg)
+        telemetry = self.telemetry = BrokerTelemetry()
+        counters = self.counters = FrontendCounters(
+            lambda: {"changed": self.bus.listener.reconnects}, lambda: self.bus.connected)
+        self.metrics_port = telemetry.start_metrics(
+            cfg.metrics_listen, None if cfg.insecure_dev else (cfg.tls_cert, cfg.tls_key),
+            scheduler=False, extra=counters.register)
+        applier = Applier(store, hub, agents, telemetry, cfg)
         applier.add_listener(self.bus.add)
         ops = self.ops = WorkerJobOps(applier)
         jobs = JobsView(store, hub)
         tokens = TokenManager.for_config(store, cfg)
+        proxied = leader_methods()
         auth = AuthInterceptor(Authenticator(tokens, cfg.insecure_dev, CertRevocations(
-            cfg.tls_crl, cfg.cert_deny_list, cfg.tls_ca)), AuditLog(store))
+            cfg.tls_crl, cfg.cert_deny_list, cfg.tls_ca)), AuditLog(store),
+            unaudited=frozenset(f"/{full}" for full in proxied))  # the leader audits those
         self._idle = IdleWatch(cfg.stream_idle_timeout_s)
         budget = StreamBudget(StreamLimits.from_config(cfg))
         grpc_server = grpc.server(
@@ -194,7 +248,7 @@ class FrontendServer:
                                        thread_name_prefix="rpc"),
             options=server_options(cfg))
         server = LayeredServer(grpc_server, [
-            auth, EdgeGate(budget, self._idle), StandbyGate(FrontendRole(self.bus))])  # type: ignore[arg-type]
+            auth, EdgeGate(budget, self._idle), StandbyGate(FrontendRole(self.bus, counters))])  # type: ignore[arg-type]
         blobs = open_blob_store(cfg.workdir_store or default_store_url(cfg.store))
         submit_check = submit_checks(cfg, agents, blobs, jobs)
 
@@ -208,27 +262,35 @@ class FrontendServer:
 
         leader = LeaderPointer(store)
 
-        def elsewhere(method: str) -> str:
-            return (f"this is an API front-end (it serves job submission, job reads and"
-                    f" WatchJob); {method} is served by {leader.describe()}")
+        def unknown(method: str) -> str:
+            counters.refused(Refusal.LEADER_UNKNOWN)
+            return (f"this is an API front-end: it sends {method} on to the leader, and no"
+                    f" leader is on record yet ({leader.describe()}); retry shortly")
+
+        self._leader = LeaderChannel(cfg, leader.address)
+        proxy = LeaderProxy(self._leader, unknown, counters.forwarded, leader.forget)
+
+        def agents_elsewhere(method: str) -> str:
+            return (f"agents connect to the leader's agent port, not to an API front-end:"
+                    f" {leader.describe()}")
 
         def every(module: Any, service: str) -> tuple[Any, list[str]]:
             desc = module.DESCRIPTOR.services_by_name[service]
             return desc, [m.name for m in desc.methods]
 
         job_service = JobService(ops, jobs, cfg, checked)
+        count_submits(job_service, counters)
         desc, names = every(jobs_pb2, "JobService")
-        refusing_servicer(desc, [n for n in names if n not in LOCAL_JOB_METHODS], elsewhere,
-                          base=job_service)
+        proxy.servicer(desc, [n for n in names if n not in LOCAL_JOB_METHODS],
+                       jobs_pb2_grpc.JobServiceStub, base=job_service)
         jobs_pb2_grpc.add_JobServiceServicer_to_server(job_service, server)
-        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(
-            refusing_servicer(*every(capacity_pb2, "CapacityService"), elsewhere), server)
-        auth_pb2_grpc.add_AuthServiceServicer_to_server(
-            refusing_servicer(*every(auth_pb2, "AuthService"), elsewhere), server)
+        capacity_pb2_grpc.add_CapacityServiceServicer_to_server(proxy.servicer(
+            *every(capacity_pb2, "CapacityService"), capacity_pb2_grpc.CapacityServiceStub), server)
+        auth_pb2_grpc.add_AuthServiceServicer_to_server(proxy.servicer(
+            *every(auth_pb2, "AuthService"), auth_pb2_grpc.AuthServiceStub), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             refusing_servicer(*every(agent_pb2, "AgentService"),
-                              lambda m: f"agents connect to the leader's agent port, not to an"
-                                        f" API front-end: {leader.describe()}"), server)
+                              agents_elsewhere), server)
         workdir_pb2_grpc.add_WorkdirServiceServicer_to_server(
             WorkdirService(blobs, cfg.workdir_max_bytes), server)
         self.health = add_probes(server, reflection=cfg.reflection)
@@ -282,7 +344,9 @@ class FrontendServer:
             self.health.enter_graceful_shutdown()  # type: ignore[attr-defined]
             self._server.stop(grace).wait(grace + 5)
         self.bus.close()  # after the server: the last creations are still announced
+        self._leader.close()
         self._idle.close()
+        self.telemetry.close()
         self.store.close()
 
     def wait(self, timeout: float | None = None) -> bool:

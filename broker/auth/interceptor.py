@@ -140,9 +140,14 @@ class AuthInterceptor:
     A pipeline :class:`~broker.api.pipeline.Layer` (the name is from when it was a gRPC
     interceptor)."""
 
-    def __init__(self, authenticator: Authenticator, audit: AuditLog | None) -> None:
+    def __init__(self, authenticator: Authenticator, audit: AuditLog | None,
+                 unaudited: frozenset[str] = frozenset()) -> None:
+        """``unaudited``: full method names whose calls this process authenticates but
+        does not audit, because another process that audits them serves them (an API
+        front-end sends those on to the leader: broker/api/leader_proxy.py)."""
         self.authn = authenticator
         self.audit = audit
+        self.unaudited = unaudited
 
     def wrap(self, handler: Any, method: str) -> Any:
         """``method``'s handler behind authentication; public probes are left as is."""
@@ -185,7 +190,8 @@ class AuthInterceptor:
         assert principal is not None and rule is not None
         # No audit log (a core serving calls its API workers forwarded, which audited
         # them): nothing to record, and no record to ride along a write.
-        return AuthedContext(context, principal), rule.mutation and self.audit is not None
+        return AuthedContext(context, principal), (rule.mutation and self.audit is not None
+                                                   and method not in self.unaudited)
 
     def _finish(self, ctx: AuthedContext, method: str, request: Any, failed: bool) -> None:
         if self.audit is None:
