@@ -12,7 +12,8 @@ redis-server. Every client here talks to the front-end only, with real tokens:
   it sends on), never the front-end;
 * an anonymous call is refused by the front-end and never reaches the leader; a token
   revoked on the leader is refused for the leader's calls at once, whatever the
-  front-end's token cache still says.
+  front-end's token cache still says;
+* with the leader gone, such a call is UNAVAILABLE (retried by clients), saying so.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def test_calls_for_the_leader_are_sent_on_as_the_caller(tmp_path: Path,
                                     broker_id="px-fe", agent_listen="", **shared))
     pki = session_pki()
     channels: list[grpc.Channel] = []
+    stopped: list[Broker] = []
 
     def jobs_as(creds: ClientCredentials) -> jobs_pb2_grpc.JobServiceStub:
         ch = make_channel(f"127.0.0.1:{fe.port}", creds)
@@ -110,8 +112,19 @@ def test_calls_for_the_leader_are_sent_on_as_the_caller(tmp_path: Path,
             alice.CancelJob(jpb.CancelJobRequest(job_id=job.id), timeout=15)
         assert revoked.value.code() is grpc.StatusCode.UNAUTHENTICATED, revoked.value.details()
         assert fe.counters.proxied.get("OK", 0) >= 3  # two quotas and the cancel
+
+        # No leader at all: UNAVAILABLE (the client retries, as during a failover).
+        leader.stop()
+        stopped.append(leader)
+        op = jobs_as(pki.operator())
+        with pytest.raises(grpc.RpcError) as gone:
+            op.CancelJob(jpb.CancelJobRequest(job_id=job.id), timeout=15)
+        assert gone.value.code() is grpc.StatusCode.UNAVAILABLE, gone.value.details()
+        assert "leader" in gone.value.details()
+        assert fe.counters.proxied.get("UNAVAILABLE", 0) + sum(fe.counters.refusals.values()) >= 1
     finally:
         for c in channels:
             c.close()
         fe.stop(0.5)
-        leader.stop()
+        if not stopped:
+            leader.stop()
