@@ -13,10 +13,15 @@ SIGKILLed. Afterwards:
   and the leader's writes wake the front-end's watchers again;
 * every submit the front-end acknowledged, before, during or after the failover, is in
   the store.
+
+And the store bus alone when the primary is frozen instead (SIGSTOP): its sockets stay
+open, and only the bus's own check against the Sentinels moves it (without that check
+both ends were still on the frozen primary 20 s after the promotion).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -155,3 +160,51 @@ def test_frontend_bus_follows_the_promoted_primary_and_loses_no_acknowledged_sub
         agent.close()
         fe.stop(0.5)
         leader.stop()
+
+
+def test_bus_leaves_a_frozen_primary_for_the_promoted_one(sentinel_cluster: SentinelCluster) -> None:
+    """A primary frozen (SIGSTOP: a host cut off rather than killed) keeps its sockets
+    open, so a subscription on it sees no error, and would hear nothing published on the
+    primary the Sentinels promote instead. Each end checks every 2 s that it is on the
+    primary the Sentinels name, and moves: a front-end's creation announced after the
+    failover reaches the leader, long before a health check would notice (30 s)."""
+    from broker.api.store_bus import FrontendBus
+    from broker.jobs.hub import EventHub
+    from computebroker.v1 import common_pb2 as pb
+    from tests.ha.test_store_bus import Leader
+
+    c = sentinel_cluster
+    url = c.url(prefix=f"fz{uuid.uuid4().hex[:8]}")
+    leader_store, fe_store = RedisStore(url), RedisStore(url)
+    leader = Leader(leader_store)
+    fe = FrontendBus(fe_store, "fe-frozen", 6, EventHub())
+    frozen: list[int] = []
+    try:
+        leader.bus.start()
+        fe.start()
+        wait_until(lambda: leader.bus.listener.connected.is_set() and fe.connected, timeout=30,
+                   what="both ends subscribed")
+        old = c.primary_port()
+        assert old is not None
+        assert leader.bus.listener.address == fe.listener.address == f"127.0.0.1:{old}"
+        c.servers[old].proc.send_signal(signal.SIGSTOP)
+        frozen.append(old)
+        new = c.wait_promoted(old)
+        moved = time.monotonic()
+        promoted = f"127.0.0.1:{new}"
+        wait_until(lambda: leader.bus.listener.address == promoted
+                   and fe.listener.address == promoted, timeout=20,
+                   what=f"both ends on {promoted} (leader {leader.bus.listener.address!r},"
+                        f" front-end {fe.listener.address!r})")
+        followed_s = time.monotonic() - moved
+        fe.add(pb.Job(id="j-after-failover"))
+        wait_until(lambda: "j-after-failover" in leader.jobs, timeout=30,
+                   what="a creation announced after the failover heard by the leader")
+        print(f"frozen primary: both ends on the promoted one {followed_s:.2f} s after it was named")
+    finally:
+        for port in frozen:
+            c.servers[port].proc.send_signal(signal.SIGCONT)
+        fe.close()
+        leader.bus.stop()
+        leader_store.close()
+        fe_store.close()
