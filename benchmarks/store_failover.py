@@ -9,6 +9,8 @@ writes have succeeded again for ``--after`` seconds; then a fresh client on the 
 primary checks that every acknowledged submit is there and every acknowledged terminal
 update is SUCCEEDED. A write answered UNAVAILABLE is not acknowledged and not counted.
 
+The store URL's ``min_replicas`` is ``all`` (``--min-replicas``; the default for Sentinel
+URLs: each write waits for every replica the Sentinels may promote).
 Baseline in the same run: the same repetition with ``min_replicas=0`` (no WAIT), which
 shows what WAIT buys (acknowledged writes the failover may lose) and costs (write rate).
 
@@ -60,7 +62,7 @@ from tests.fixtures.redis_sentinel import (  # noqa: E402
 class Outcome:
     """One repetition's result; ``*_lost`` must be 0."""
 
-    min_replicas: int
+    min_replicas: str  # the store URL's min_replicas: "all" (the Sentinel default) or a count
     acked_submits: int = 0
     acked_terminal: int = 0
     refused_writes: int = 0  # answered UNAVAILABLE (or another store error): not acknowledged
@@ -76,7 +78,7 @@ def _job(job_id: str, phase: int = pb.JOB_PHASE_PENDING) -> pb.Job:
     return pb.Job(id=job_id, spec=pb.JobSpec(team="ml", name=f"n-{job_id}"), phase=phase)
 
 
-def run_once(workdir: Path, *, min_replicas: int = 1, writers: int = 4, before_s: float = 1.0,
+def run_once(workdir: Path, *, min_replicas: str = "all", writers: int = 4, before_s: float = 1.0,
              after_s: float = 2.0, running: int = 60) -> Outcome:
     """One repetition (see the module docstring)."""
     cluster = start_sentinel_cluster(workdir)
@@ -384,6 +386,9 @@ def main() -> None:
     ap.add_argument("--baseline-reps", type=int, default=3,
                     help="repetitions without replica confirmation (min_replicas=0)")
     ap.add_argument("--writers", type=int, default=4)
+    ap.add_argument("--min-replicas", default="all",
+                    help="the store URL's min_replicas for the measured repetitions: 'all' (the"
+                         " default for Sentinel URLs: every replica they may promote) or a count")
     ap.add_argument("--broker-reps", type=int, default=0,
                     help="repetitions under a real broker with a scripted agent (every other"
                          " one with the agent's stream cut mid-failover and dialled again)")
@@ -445,7 +450,8 @@ def main() -> None:
             "benchmark": "store_failover",
             "complete": complete,
             "sentinel": {"down_after_ms": DOWN_AFTER_MS, "failover_timeout_ms": FAILOVER_TIMEOUT_MS,
-                         "quorum": 2, "replicas": 2, "sentinels": 3},
+                         "quorum": 2, "replicas": 2, "sentinels": 3,
+                         "min_replicas": args.min_replicas},
             "writers": args.writers,
             "summary": {k: summary(v) for k, v in runs.items()},
             "runs": runs,
@@ -467,11 +473,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="cb-failover-") as tmp:
         for i in range(args.reps):
-            o = run_once(Path(tmp) / f"w{i}", writers=args.writers)
+            o = run_once(Path(tmp) / f"w{i}", min_replicas=args.min_replicas, writers=args.writers)
             runs["wait"].append(asdict(o))
             print(f"rep {i + 1}/{args.reps}: {asdict(o)}", flush=True)
         for i in range(args.baseline_reps):
-            o = run_once(Path(tmp) / f"b{i}", min_replicas=0, writers=args.writers)
+            o = run_once(Path(tmp) / f"b{i}", min_replicas="0", writers=args.writers)
             runs["baseline_no_wait"].append(asdict(o))
             print(f"baseline {i + 1}/{args.baseline_reps}: {asdict(o)}", flush=True)
 

@@ -379,7 +379,10 @@ def store_failover(d: dict[str, Any]) -> list[str]:
         "| failover median / max s | writes resume max s | submits/s before kill (median) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for key, label in (("wait", "WAIT 1 (min_replicas=1)"), ("baseline_no_wait", "none (min_replicas=0)")):
+    waited = str(sn.get("min_replicas", "1"))  # runs before the "all" default waited for 1
+    wait_label = ("every promotable replica (min_replicas=all)" if waited == "all"
+                  else f"WAIT {waited} (min_replicas={waited})")
+    for key, label in (("wait", wait_label), ("baseline_no_wait", "none (min_replicas=0)")):
         r = d["summary"].get(key)
         if r and r["reps"]:
             out.append(f"| {label} | {r['reps']} | {r['acked_submits']:,} | {r['acked_terminal']:,} | "
