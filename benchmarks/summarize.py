@@ -409,7 +409,9 @@ def store_failover_broker(d: dict[str, Any]) -> list[str]:
            f"--broker-baseline-reps {d['broker_baseline_summary']['reps']}`)", "",
            f"Redis primary SIGKILLed during a submit burst and running jobs' terminal updates; primary + "
            f"{sn['replicas']} replicas + {sn['sentinels']} Sentinels (down-after {sn['down_after_ms']} ms), "
-           "a fresh cluster and broker per repetition."]
+           "a fresh cluster and broker per repetition."
+           + (" The broker's writes wait for every replica the Sentinels may promote (the default "
+              "`min_replicas=all`)." if sn.get("min_replicas") == "all" else "")]
     out += _broker_failover_lines(d)
     b = d["broker_summary"]
     attached = (f"; the promoted primary had a replica online again (from then on writes can be "
