@@ -161,6 +161,12 @@ class BrokerConfig(BaseModel):
     proactive_min_dwell_s: float = Field(600.0, ge=0)
     proactive_max_moves: int = Field(4, ge=1, le=1000)
     proactive_movable_gpus: int = Field(8, ge=1)
+    # Growing back (broker/scheduling/grow_watch.py): a job shrunk in place after a node
+    # loss is relaunched at its requested size once capacity for it has stayed free
+    # grow_back_settle_s (hysteresis: a flapping node causes no churn), and at most once
+    # per grow_back_min_interval_s after its shrink or its last grow back.
+    grow_back_settle_s: float = Field(60.0, ge=0)
+    grow_back_min_interval_s: float = Field(300.0, ge=0)
     # Recovery policy (broker/jobs/recovery.py POLICIES) for jobs without a
     # cb.recovery-policy label: "move-anywhere" (default), "stay-in-place",
     # "better-capacity", "defragment", ...

@@ -244,9 +244,23 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
+def shrunk_text(job: common_pb2.Job) -> str:
+    """That the job runs below its requested size after a node loss, and why it has not
+    grown back yet ("" when it runs at full size; docs/recovery.md "Growing back")."""
+    rec = job.shrunk
+    if not rec.requested_nodes:
+        return ""
+    text = (f"running shrunk: {rec.running_nodes} of {rec.requested_nodes} nodes since losing"
+            f" {', '.join(rec.lost_nodes) or 'a node'}")
+    return text + (f"; {rec.waiting}" if rec.waiting else "")
+
+
 def _job_reason(job: common_pb2.Job) -> str:
-    return job.pending_reason if job.pending_reason else (
-        job.message if phase_name(job.phase) == "failed" else "")
+    if job.pending_reason:
+        return job.pending_reason
+    if phase_name(job.phase) == "failed":
+        return job.message
+    return shrunk_text(job) if phase_name(job.phase) == "running" else ""
 
 
 def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: int = 100,
@@ -485,6 +499,8 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
         rows.append(("checkpoint", Text(note, style="yellow")))
     if job.pending_reason:
         rows.append(("pending", Text(job.pending_reason, style="yellow")))
+    if shrunk_text(job):
+        rows.append(("size", Text(shrunk_text(job), style="yellow")))
     for r in job.refusals:  # agents that refused its Launch (broker/jobs/backoff.py)
         rows.append(("refused", Text(f"{r.agent_id} ({r.region or '?'}) x{r.count}, last {when(r.time)},"
                                      f" avoided until {when(r.until)}: {r.message or 'no reason given'}",

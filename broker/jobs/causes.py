@@ -109,6 +109,7 @@ class Cause(enum.StrEnum):
     NODE_UNHEALTHY = "node_unhealthy"
     BETTER_CAPACITY = "better_capacity"
     DEFRAGMENT = "defragment"
+    GROW_BACK = "grow_back"
     USER_CANCEL = "user_cancel"
 
     @property
@@ -146,6 +147,7 @@ _TEXT = {
     Cause.NODE_UNHEALTHY: "node became unhealthy",
     Cause.BETTER_CAPACITY: "cheaper or better capacity",
     Cause.DEFRAGMENT: "moved to free a block for a waiting gang",
+    Cause.GROW_BACK: "capacity returned: relaunched at its requested size",
     Cause.USER_CANCEL: "cancelled by a user",
 }
 _EMERGENCY = frozenset({Cause.SPOT_INTERRUPTION, Cause.AGENT_LOST, Cause.ATTEMPT_MISSING})

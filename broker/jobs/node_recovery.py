@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import transitions
+from broker.jobs import grow_back, transitions
 from broker.jobs.lifecycle import QUEUED
 from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
 from broker.jobs.recovery import Relaunch, RelaunchPlan
@@ -94,6 +94,9 @@ def decide(job: pb.Job, inp: Decided, now: float, config: BrokerConfig) -> Outco
                         f" ({inp.plan.why})", details=details)
         out = transitions.admit(tx.job, inp.admit, now, config)
         if out is not None:
+            if inp.plan.kind is Relaunch.SHRINK_IN_PLACE:  # to grow back once capacity returns
+                grow_back.shrank(out.job, tuple(rec.survivors), tuple(rec.lost_nodes),
+                                 inp.plan.why, now)
             return Outcome(job=out.job, events=(*tx.events, *out.events), commands=out.commands)
         # its agent refuses this job lately (backoff.py): the ordinary path instead
         tx = begin(job, now)

@@ -197,6 +197,12 @@ class JobOps:
         out = self._apply(job_id, node_recovery.decide, inp)
         return out.job if out is not None and out.job.phase not in TERMINAL else None
 
+    def apply_grow(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> pb.Job | None:
+        """Apply one of broker/jobs/grow_back.py's transitions (the scheduler's
+        grow-back step, broker/scheduling/grow_watch.py); the job as written, or None."""
+        out = self._apply(job_id, fn, inp)
+        return out.job if out is not None and out.job.phase not in TERMINAL else None
+
     def release_unplaced(self, job_id: str) -> pb.Job | None:
         """A held proactive move whose standby the scheduler could not place: Stop now."""
         out = self._apply(job_id, precopy.release_unplaced, None)

@@ -69,6 +69,9 @@ class Trigger(enum.Enum):
     # An attempt failed and its agent blamed specific nodes (JobUpdate.failed_nodes): the
     # relaunch may replace just those nodes in place (:meth:`RecoveryPolicy.relaunch`).
     NODE_LOST = "node_lost"
+    # A job running shrunk after a node loss finds capacity for its requested size again
+    # (:meth:`RecoveryPolicy.grow`): checkpoint first, then relaunch at full size.
+    GROW_BACK = "grow_back"
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,9 @@ class RecoveryPolicy:
             # sig.nodes = the block being freed: the relaunch must not land back in it.
             return StopPlan(StopKind.MIGRATE, Cause.DEFRAGMENT, True, config.preempt_grace_s,
                             exclude_nodes=sig.nodes)
+        if t is Trigger.GROW_BACK:
+            # sig.nodes = the full-size placement the relaunch takes (grow_back.py)
+            return StopPlan(StopKind.MIGRATE, Cause.GROW_BACK, True, config.preempt_grace_s)
         if t is Trigger.HANG:
             return StopPlan(StopKind.MIGRATE, Cause.HANG, False, 0.0, exclude_nodes=self.avoid(sig))
         if t in self.loss_triggers:
@@ -250,6 +256,43 @@ class RecoveryPolicy:
             left=len(view.survivors), min_nodes=view.min_nodes)
         return RelaunchPlan(kind, blocker, why, swaps)
 
+    # Whether a job shrunk in place grows back to its requested size once capacity returns.
+    grow_back: bool = True
+
+    def grow(self, view: ShrunkView) -> GrowPlan:
+        """A job running shrunk (``Job.shrunk``): GROW_BACK when the policy grows jobs
+        back, the job is elastic, its agent's pool has free capacity for the missing nodes
+        (the lost nodes healthy again, free nodes, ready spares; same block when the pool
+        has blocks), the team's quota has room for the extra GPUs, the capacity has stayed
+        free for ``settle_s`` (hysteresis: a flapping node does not cause churn) and the
+        last shrink or grow back is at least ``min_interval_s`` old (rate limit); else it
+        stays shrunk, the first blocker in :data:`GROW_RULES`' order being the reason shown."""
+        nodes: tuple[str, ...] = ()
+        missing = view.requested - view.running
+        if not self.grow_back:
+            blocker = GrowBlocker.POLICY
+        elif not view.elastic:
+            blocker = GrowBlocker.NOT_ELASTIC
+        elif len(view.free) < missing:
+            blocker = GrowBlocker.NO_CAPACITY
+        elif view.quota_short:
+            blocker = GrowBlocker.QUOTA
+        elif view.now - view.capacity_since < view.settle_s:
+            blocker = GrowBlocker.SETTLING
+        elif view.now - view.last_change < view.min_interval_s:
+            blocker = GrowBlocker.RATE_LIMIT
+        else:
+            blocker = GrowBlocker.NONE
+            nodes = view.free[:missing]
+        kind, text = GROW_RULES[blocker]
+        why = text.format(
+            requested=view.requested, running=view.running, missing=missing,
+            free=len(view.free), pool=view.pool or "(default)", policy=self.name,
+            quota=view.quota_short, nodes=", ".join(nodes),
+            settle=f"{max(0.0, view.settle_s - (view.now - view.capacity_since)):.0f}",
+            wait=f"{max(0.0, view.min_interval_s - (view.now - view.last_change)):.0f}")
+        return GrowPlan(kind, blocker, why, nodes)
+
     def _no_spare(self, view: LostNodes) -> Blocker:
         """No spare for every lost node: may the job go on with its survivors alone?"""
         if not view.elastic:
@@ -328,6 +371,71 @@ RELAUNCH_RULES: dict[Blocker, tuple[Relaunch, str]] = {
 }
 NO_SPARE_BLOCKERS = frozenset({Blocker.NO_SPARE, Blocker.SHRINK, Blocker.NO_SPARE_NO_SHRINK,
                                Blocker.BELOW_MIN_NODES})
+
+
+class Grow(enum.Enum):
+    """What a job running shrunk does at a scheduler pass."""
+
+    GROW_BACK = "grow_back"  # checkpoint first, relaunch at the requested size
+    STAY = "stay"  # keep running shrunk (the blocker says why)
+
+
+class GrowBlocker(enum.Enum):
+    """What keeps a shrunk job from growing back (NONE: nothing)."""
+
+    NONE = "none"
+    POLICY = "policy"  # the job's recovery policy never grows back
+    NOT_ELASTIC = "not_elastic"  # a fixed-size job never runs shrunk (an odd record)
+    NO_CAPACITY = "no_capacity"  # too few free nodes in its pool (block) for the full size
+    # the team's quota (guarantee, borrowing, region cap) has no room for the extra GPUs
+    QUOTA = "quota"
+    SETTLING = "settling"  # the capacity has not been free long enough (hysteresis)
+    RATE_LIMIT = "rate_limit"  # the last shrink or grow back is too recent
+
+
+# The decision, as data: what each grow-back blocker means and how `brokerctl job` and
+# events say it. Order of meaning: capacity first, then quota, then the time limits.
+GROW_RULES: dict[GrowBlocker, tuple[Grow, str]] = {
+    GrowBlocker.NONE: (Grow.GROW_BACK, "capacity returned: {nodes} free in pool {pool}"),
+    GrowBlocker.POLICY: (Grow.STAY, "recovery policy {policy} does not grow jobs back"),
+    GrowBlocker.NOT_ELASTIC: (Grow.STAY, "the job's size is fixed (no elasticity)"),
+    GrowBlocker.NO_CAPACITY: (Grow.STAY, "waiting for capacity: {missing} more node(s) needed"
+                                         " in pool {pool}, {free} free"),
+    GrowBlocker.QUOTA: (Grow.STAY, "capacity returned but the team's quota has no room for"
+                                   " the extra nodes: {quota}"),
+    GrowBlocker.SETTLING: (Grow.STAY, "capacity returned; growing back if it stays free"
+                                      " {settle} s more"),
+    GrowBlocker.RATE_LIMIT: (Grow.STAY, "capacity returned; growing back in {wait} s (at most"
+                                        " one resize per interval)"),
+}
+
+
+@dataclass(frozen=True)
+class ShrunkView:
+    """What the scheduler's pass knows about a job running shrunk and its pool now."""
+
+    requested: int  # the node count it asked for
+    running: int  # the node count it runs at
+    pool: str
+    free: tuple[str, ...]  # nodes that could take the missing ranks now, best first
+    now: float
+    capacity_since: float  # free capacity for the full size seen continuously since
+    last_change: float  # the shrink or the latest grow back, whichever is newer
+    settle_s: float
+    min_interval_s: float
+    quota_short: str = ""  # why the team's quota cannot take the extra GPUs ("" = it can)
+    elastic: bool = True
+
+
+@dataclass(frozen=True)
+class GrowPlan:
+    """The policy's answer for a shrunk job: grow back (on ``nodes`` besides its own) or
+    stay, and why (events, ``brokerctl job``)."""
+
+    kind: Grow
+    blocker: GrowBlocker
+    why: str
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -414,6 +522,7 @@ class NoMigration(RecoveryPolicy):
     name: str = "no-migration"
     replace_in_place: bool = False  # the simulator's baselines have no spares either
     shrink_in_place: bool = False  # nor a memory tier to shrink from
+    grow_back: bool = False  # so nothing to grow back from
     _KILL = {Trigger.SPOT_NOTICE: (StopKind.MIGRATE, Cause.SPOT_INTERRUPTION),
              Trigger.PLAN_ENDING: (StopKind.MIGRATE, Cause.PLAN_ENDING),
              Trigger.REGION_DRAIN: (StopKind.DRAIN, Cause.REGION_DRAIN)}

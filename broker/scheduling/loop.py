@@ -29,7 +29,14 @@ from broker.jobs.lifecycle import CHECKPOINTING, LIVE, PENDING, QUEUED
 from broker.jobs.ops import JobOps
 from broker.jobs.recovery import Signal, Trigger
 from broker.jobs.views import JobsView, RecordsView
-from broker.scheduling import exclusions, plan_watch, preemption_rules, replacements, warm_spares
+from broker.scheduling import (
+    exclusions,
+    grow_watch,
+    plan_watch,
+    preemption_rules,
+    replacements,
+    warm_spares,
+)
 from broker.scheduling.admission import LiveAdmission
 from broker.scheduling.live_jobs import LiveJobs
 from broker.scheduling.proactive_watch import ProactiveWatch
@@ -221,6 +228,8 @@ class SchedulerLoop:
         # Jobs that lost nodes: replaced in place on a spare, or sent to the store path,
         # before placement can hand their survivors to anyone else (replacements.py).
         relaunched = replacements.relaunch_lost(ops, live, snapshot)
+        # Jobs stopped to grow back: on their full-size nodes at once (grow_watch.py).
+        relaunched += grow_watch.relaunch_grown(ops, merged(live, relaunched), snapshot)
         if relaunched:
             live = merged(live, relaunched)
             snapshot = snapshot_of(live)
@@ -242,6 +251,7 @@ class SchedulerLoop:
             self.apply(decisions, live, snapshot)
         if snapshot.nodes:
             self.proactive.check(live, snapshot, decisions)
+            grow_watch.check(ops, live, snapshot, decisions)
         return decisions
 
     def _release_unplaced(self, job: pb.Job, snapshot: placement.Snapshot) -> None:

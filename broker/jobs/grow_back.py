@@ -1,0 +1,149 @@
+"""A job shrunk in place after a node loss, and its way back to the requested size.
+
+Why a record on the job (``Job.shrunk``): a shrink (``Relaunch.SHRINK_IN_PLACE``,
+broker/jobs/node_recovery.py) keeps an elastic job training on its survivors at once,
+but the user asked for more nodes. The way back happens over several scheduler passes
+and survives a broker restart: each pass the recovery policy looks at the job's pool
+(:meth:`broker.jobs.recovery.RecoveryPolicy.grow`, rules ``GROW_RULES``); capacity must
+stay free for a settle time (hysteresis) and resizes are rate-limited; then the job is
+stopped checkpoint first like any planned move (Trigger.GROW_BACK), and once stopped it
+is admitted at once on its survivors plus the returned nodes (broker/scheduling/
+grow_watch.py). The record says all along why the job still runs shrunk
+(``brokerctl job``), and is cleared with a "grew back to N nodes" event once an attempt
+runs at the requested size.
+
+All functions here are pure transitions (job in, :class:`Outcome` out), applied by
+``JobOps`` live and callable by the simulator alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker.jobs import transitions
+from broker.jobs.lifecycle import QUEUED, RUNNING
+from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
+from broker.jobs.recovery import Grow, GrowPlan, Signal, Trigger, plan_stop
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from computebroker.v1 import common_pb2 as pb
+
+
+def shrank(job: pb.Job, survivors: tuple[str, ...], lost: tuple[str, ...], why: str,
+           now: float) -> None:
+    """Record (on a transaction's copy) that ``job`` now runs on ``survivors`` alone. A
+    second shrink keeps the requested size and adds its lost nodes."""
+    rec = job.shrunk
+    if not rec.requested_nodes:
+        rec.requested_nodes = job.spec.resources.nodes or (len(survivors) + len(lost))
+    rec.running_nodes = len(survivors)
+    rec.since = now
+    rec.why = why
+    rec.lost_nodes.extend(n for n in lost if n not in rec.lost_nodes)
+    rec.capacity_since = 0.0
+    rec.waiting = "waiting for capacity"
+    del rec.grow_nodes[:]
+
+
+def is_shrunk(job: pb.Job) -> bool:
+    """The job has a shrink to grow back from."""
+    return job.HasField("shrunk") and job.shrunk.requested_nodes > 0
+
+
+def last_change(job: pb.Job) -> float:
+    """The shrink or the latest grow back, whichever is newer (the rate limit's start)."""
+    return max(job.shrunk.since, job.shrunk.grow_time)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One pass's look at a shrunk running job: the policy's plan, with the capacity
+    hysteresis start it was computed with (0 = no capacity for the full size now)."""
+
+    plan: GrowPlan
+    capacity_since: float
+    full_nodes: tuple[str, ...] = ()  # GROW_BACK: survivors then the returned nodes
+
+
+def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Outcome | None:
+    """Write what the pass saw: STAY updates the reason shown and the hysteresis start
+    (no write when neither changed); GROW_BACK stops the attempt checkpoint first
+    (Trigger.GROW_BACK through the job's policy, like any planned move) and records the
+    full-size placement its relaunch takes."""
+    if job.phase != RUNNING or job.stop_reason or not is_shrunk(job):
+        return None
+    rec = job.shrunk
+    if inp.plan.kind is Grow.STAY:
+        if (rec.waiting, rec.capacity_since) == (inp.plan.why, inp.capacity_since):
+            return None
+        tx = begin(job, now)
+        tx.job.shrunk.waiting = inp.plan.why
+        tx.job.shrunk.capacity_since = inp.capacity_since
+        return seal(tx)
+    requested = rec.requested_nodes
+    sig = Signal(Trigger.GROW_BACK, nodes=inp.full_nodes)
+    stop = plan_stop(sig, job, config, now)
+    if stop is None:
+        return None
+    out = transitions.request_stop(
+        job, transitions.StopRequest(
+            plan=stop, actor="scheduler",
+            message=f"growing back to {requested} nodes: {inp.plan.why}; checkpoint first,"
+                    f" then relaunched on {', '.join(inp.full_nodes)}",
+            details={"rule": Trigger.GROW_BACK.value, "blocker": inp.plan.blocker.value,
+                     "nodes": ",".join(inp.full_nodes), "requested_nodes": str(requested)}),
+        now, config)
+    if out is None:
+        return None
+    j = out.job
+    s = j.shrunk
+    s.grow_time = now
+    s.grow_backs += 1
+    s.capacity_since = inp.capacity_since
+    s.waiting = f"growing back: {inp.plan.why}"
+    del s.grow_nodes[:]
+    s.grow_nodes.extend(inp.full_nodes)
+    # a lost node that came back is trusted again for this job (the relaunch takes it)
+    keep = [n for n in j.excluded_nodes if n not in inp.full_nodes]
+    del j.excluded_nodes[:]
+    j.excluded_nodes.extend(keep)
+    return out
+
+
+def relaunch_missed(job: pb.Job, why: str, now: float, config: BrokerConfig) -> Outcome | None:
+    """The full-size nodes were taken (or are unusable) by the time the stopped job was
+    queued: forget them; ordinary placement places it (elastic: the full size first)."""
+    if job.phase not in QUEUED or not job.shrunk.grow_nodes:
+        return None
+    tx = begin(job, now)
+    del tx.job.shrunk.grow_nodes[:]
+    tx.job.shrunk.waiting = f"the grow back's nodes were not free at the relaunch ({why})"
+    tx.note("grow_back", reason="nodes_taken", actor="scheduler",
+            message=f"grow back: {why}; placed by the scheduler like any queued job instead")
+    return seal(tx, WakeScheduler())
+
+
+def grown(job: pb.Job, inp: None, now: float, config: BrokerConfig) -> Outcome | None:
+    """An attempt runs at the requested size again: say so and forget the shrink
+    (``inp``: nothing; the signature is every transition's)."""
+    if job.phase != RUNNING or not is_shrunk(job):
+        return None
+    size = len(job.placement.nodes)
+    rec = job.shrunk
+    if size < rec.requested_nodes:
+        return None
+    tx = begin(job, now)
+    why = ("capacity returned" if rec.grow_backs else "placed at full size again")
+    tx.note("grew_back", reason="capacity_returned" if rec.grow_backs else "relaunched",
+            actor="scheduler",
+            message=f"grew back to {size} nodes: {why} (ran at {rec.running_nodes} of"
+                    f" {rec.requested_nodes} for {now - rec.since:.0f} s after losing"
+                    f" {', '.join(rec.lost_nodes)})",
+            details={"nodes": ",".join(a.node_id for a in job.placement.nodes),
+                     "requested_nodes": str(rec.requested_nodes),
+                     "shrunk_s": f"{now - rec.since:.1f}"})
+    tx.job.ClearField("shrunk")
+    return seal(tx)
+

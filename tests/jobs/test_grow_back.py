@@ -1,0 +1,268 @@
+"""A job shrunk in place grows back: the policy's rows, the pure transitions, and the
+scheduler pass's view of the pool (docs/recovery.md "Growing back").
+
+Policy rows (:meth:`RecoveryPolicy.grow`, ``GROW_RULES``): grow when capacity returned;
+not when the team's quota has no room for the extra nodes; not within the settle time
+(hysteresis) nor the rate limit; not for a fixed-size job; never under a policy that does
+not grow back. Transitions (broker/jobs/grow_back.py): the shrink records the requested
+size, a STAY pass writes only what changed, GROW_BACK stops the attempt checkpoint first
+and records the full-size nodes (a lost node that came back is no longer avoided), and
+the first attempt running at full size says "grew back to 3 nodes: capacity returned".
+The pass's view (broker/scheduling/grow_watch.py) is built from a real snapshot of agent
+and job records: which nodes count, in which order, and the hysteresis start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import placement
+from broker.agents.registry import AgentSession, AgentState
+from broker.jobs import grow_back as gb
+from broker.jobs import node_recovery as nr
+from broker.jobs import transitions as t
+from broker.jobs import updates
+from broker.jobs.causes import Cause, StopKind
+from broker.jobs.lifecycle import CHECKPOINTING, QUEUED, RUNNING
+from broker.jobs.outcome import SendStop
+from broker.jobs.recovery import (
+    POLICIES,
+    Grow,
+    GrowBlocker,
+    LostNodes,
+    RecoveryPolicy,
+    ShrunkView,
+    Signal,
+    Trigger,
+)
+from broker.scheduling import grow_watch
+from broker.scheduling import snapshot as snap
+from computebroker.v1 import agent_pb2 as apb
+from computebroker.v1 import capacity_pb2 as cpb
+from computebroker.v1 import common_pb2 as pb
+from tests.jobs.helpers import AGENT, CFG, must, spec, submitted, update
+
+NOW = 10_000.0
+
+
+def shrunk_view(**kw: object) -> ShrunkView:
+    """3 requested, 2 running, the lost node n1 free for 120 s, shrunk 600 s ago."""
+    base: dict[str, object] = dict(requested=3, running=2, pool="p", free=("n1", "n3"), now=NOW,
+                                   capacity_since=NOW - 120, last_change=NOW - 600, settle_s=60.0,
+                                   min_interval_s=300.0, quota_short="", elastic=True)
+    base.update(kw)
+    return ShrunkView(**base)  # type: ignore[arg-type]
+
+
+GROW_CASES = [
+    ({}, (Grow.GROW_BACK, GrowBlocker.NONE, ("n1",), "capacity returned: n1 free in pool p")),
+    (dict(free=()), (Grow.STAY, GrowBlocker.NO_CAPACITY, (),
+                     "waiting for capacity: 1 more node(s) needed in pool p, 0 free")),
+    (dict(requested=4, running=1, free=("n1", "n3")),
+     (Grow.STAY, GrowBlocker.NO_CAPACITY, (), "waiting for capacity: 3 more node(s) needed in pool p,"
+                                             " 2 free")),
+    (dict(quota_short="team ml over quota for any accelerator: uses 2 of 2 guaranteed GPUs and"
+                      " needs 1 more (borrowing disabled)"),
+     (Grow.STAY, GrowBlocker.QUOTA, (), "capacity returned but the team's quota has no room for the"
+                                        " extra nodes: team ml over quota for any accelerator: uses 2"
+                                        " of 2 guaranteed GPUs and needs 1 more (borrowing disabled)")),
+    (dict(capacity_since=NOW - 20), (Grow.STAY, GrowBlocker.SETTLING, (),
+                                     "capacity returned; growing back if it stays free 40 s more")),
+    (dict(capacity_since=NOW), (Grow.STAY, GrowBlocker.SETTLING, (),
+                                "capacity returned; growing back if it stays free 60 s more")),
+    (dict(last_change=NOW - 100), (Grow.STAY, GrowBlocker.RATE_LIMIT, (),
+                                   "capacity returned; growing back in 200 s (at most one resize"
+                                   " per interval)")),
+    (dict(elastic=False), (Grow.STAY, GrowBlocker.NOT_ELASTIC, (),
+                           "the job's size is fixed (no elasticity)")),
+    (dict(settle_s=0.0, min_interval_s=0.0, capacity_since=NOW, last_change=NOW),
+     (Grow.GROW_BACK, GrowBlocker.NONE, ("n1",), "capacity returned: n1 free in pool p")),
+]
+
+
+@pytest.mark.parametrize(("kw", "want"), GROW_CASES, ids=[f"{c[1][1].name}-{i}" for i, c in enumerate(GROW_CASES)])
+def test_grow_back_policy_rows(kw: dict, want: tuple) -> None:
+    plan = RecoveryPolicy().grow(shrunk_view(**kw))
+    assert (plan.kind, plan.blocker, plan.nodes, plan.why) == want
+
+
+def test_policies_without_a_memory_tier_never_grow_back() -> None:
+    for name in ("no-migration", "failover"):
+        plan = POLICIES[name].grow(shrunk_view())
+        assert (plan.kind, plan.blocker) == (Grow.STAY, GrowBlocker.POLICY), name
+        assert plan.why == f"recovery policy {name} does not grow jobs back"
+    for name in ("move-anywhere", "stay-in-place", "better-capacity", "defragment"):
+        assert POLICIES[name].grow(shrunk_view()).kind is Grow.GROW_BACK, name
+
+
+def test_the_grow_back_trigger_is_a_checkpoint_first_move() -> None:
+    plan = RecoveryPolicy().plan(Signal(Trigger.GROW_BACK, nodes=("n0", "n2", "n1")),
+                                 pb.Job(), CFG, NOW)
+    assert plan is not None
+    assert (plan.kind, plan.cause, plan.checkpoint_first, plan.grace_s, plan.exclude_nodes) == (
+        StopKind.MIGRATE, Cause.GROW_BACK, True, CFG.preempt_grace_s, ())
+
+
+def shrunk_running() -> pb.Job:
+    """3 nodes asked (2 at least), n1 lost, no spare: shrunk in place onto n0, n2 at
+    t=140 and running attempt 2 at t=150."""
+    s = spec(nodes=3, elastic=(2, 3))
+    s.trainer.options["memory_every"] = "1"
+    adm3 = placement.Admission(job_id="j-1", agent_id=AGENT, region="us-east-2",
+                               assignments=(("n0", 8), ("n1", 8), ("n2", 8)), pool="p")
+    j = must(t.admit(submitted(s), t.Admit(adm3, {}, "s3://b"), 110.0, CFG))
+    j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=14, ckpt=10), 120.0, CFG))
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=-9,
+                                             failed=("n1",)), 130.0, CFG))
+    plan = RecoveryPolicy().relaunch(Signal(Trigger.NODE_LOST, nodes=("n1",)), nr_view(j))
+    adm2 = dataclasses.replace(adm3, assignments=(("n0", 8), ("n2", 8)))
+    j = must(nr.decide(j, nr.Decided(plan, t.Admit(adm2, {}, "s3://b")), 140.0, CFG))
+    return must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=15, ckpt=10), 150.0, CFG))
+
+
+def nr_view(j: pb.Job) -> LostNodes:
+    return LostNodes(lost=tuple(j.node_recovery.lost_nodes), survivors=tuple(j.node_recovery.survivors),
+                     agent_id=AGENT, pool="p", memory_every=1, elastic=True, min_nodes=2)
+
+
+def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
+    j = shrunk_running()
+    rec = j.shrunk
+    assert j.phase == RUNNING and gb.is_shrunk(j)
+    assert (rec.requested_nodes, rec.running_nodes, rec.since, list(rec.lost_nodes)) == (3, 2, 140.0, ["n1"])
+    assert rec.why.startswith("no ready spare for n1 in pool p")
+    assert "n1" in j.excluded_nodes  # the relaunch avoided it (move-anywhere)
+
+    # a pass that sees no capacity: the reason is written once, not again while unchanged
+    stay = RecoveryPolicy().grow(shrunk_view(free=(), capacity_since=0.0))
+    out = gb.observe(j, gb.Observed(stay, 0.0), 200.0, CFG)
+    assert out is not None and not out.events and not out.commands
+    j = out.job
+    assert j.shrunk.waiting == "waiting for capacity: 1 more node(s) needed in pool p, 0 free"
+    assert gb.observe(j, gb.Observed(stay, 0.0), 210.0, CFG) is None
+
+    # capacity seen (settling): the hysteresis start is kept on the job
+    settling = RecoveryPolicy().grow(shrunk_view(capacity_since=300.0, now=310.0))
+    j = must(gb.observe(j, gb.Observed(settling, 300.0), 310.0, CFG))
+    assert j.shrunk.capacity_since == 300.0 and "stays free" in j.shrunk.waiting
+
+    # grow back: checkpoint-first stop, full-size nodes recorded, n1 trusted again
+    grow = RecoveryPolicy().grow(shrunk_view(now=1000.0, capacity_since=300.0, last_change=140.0))
+    assert grow.kind is Grow.GROW_BACK
+    out = gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1000.0, CFG)
+    assert out is not None
+    j = out.job
+    assert j.phase == CHECKPOINTING and j.stop_reason == "migrate"
+    stop = next(c for c in out.commands if isinstance(c, SendStop))
+    assert stop.checkpoint_first and stop.kind is StopKind.MIGRATE and stop.attempt == 2
+    assert j.migrations[-1].cause == "grow_back"
+    assert list(j.shrunk.grow_nodes) == ["n0", "n2", "n1"]
+    assert (j.shrunk.grow_time, j.shrunk.grow_backs) == (1000.0, 1)
+    assert "n1" not in j.excluded_nodes
+    moved = [e for e in out.events if e.to_phase == CHECKPOINTING]
+    assert moved and moved[0].reason == "grow_back"
+    assert moved[0].message.startswith("growing back to 3 nodes: capacity returned: n1 free in pool p;"
+                                       " checkpoint first, then relaunched on n0, n2, n1")
+    assert gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1001.0, CFG) is None  # stopping
+
+    # the attempt checkpointed: queued, then admitted on the full-size nodes
+    u = update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=20, ckpt=20)
+    j = must(updates.attempt_ended(j, u, 1010.0, CFG))
+    assert j.phase in QUEUED and list(j.shrunk.grow_nodes) == ["n0", "n2", "n1"]
+    adm = placement.Admission(job_id=j.id, agent_id=AGENT, region="us-east-2",
+                              assignments=(("n0", 8), ("n2", 8), ("n1", 8)), pool="p")
+    j = must(t.admit(j, t.Admit(adm, {}, "s3://b"), 1011.0, CFG))
+    assert gb.grown(j, None, 1012.0, CFG) is None  # not running yet
+    j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=21, ckpt=20), 1015.0, CFG))
+    out = gb.grown(j, None, 1016.0, CFG)
+    assert out is not None
+    assert not out.job.HasField("shrunk")
+    assert [(e.type, e.reason) for e in out.events] == [("grew_back", "capacity_returned")]
+    assert out.events[0].message == ("grew back to 3 nodes: capacity returned (ran at 2 of 3 for 876 s"
+                                     " after losing n1)")
+
+
+def test_a_grow_back_whose_nodes_were_taken_falls_back_to_ordinary_placement() -> None:
+    j = shrunk_running()
+    grow = RecoveryPolicy().grow(shrunk_view(now=1000.0, capacity_since=300.0, last_change=140.0))
+    j = must(gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1000.0, CFG))
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=20, ckpt=20),
+                                   1010.0, CFG))
+    out = gb.relaunch_missed(j, "n1 no longer free", 1011.0, CFG)
+    assert out is not None and out.job.phase in QUEUED and not out.job.shrunk.grow_nodes
+    assert gb.is_shrunk(out.job)  # still short of its size until it runs at 3
+    assert out.events[0].message == ("grow back: n1 no longer free; placed by the scheduler like any"
+                                     " queued job instead")
+
+
+# ---- the pass's view, from real agent and job records -------------------------------------
+
+T0 = 1_800_000_000.0
+
+
+def agent(count: int = 5, spares: int = 0) -> AgentState:
+    nodes = [pb.Node(id=f"n{i}", region="r", zone="z", gpus=1, accelerator="sim", pool="p",
+                     healthy=True, capacity_type=pb.CAPACITY_TYPE_ON_DEMAND) for i in range(count)]
+    nodes.append(pb.Node(id="x0", region="r", zone="z", gpus=1, accelerator="sim", pool="other",
+                         healthy=True, capacity_type=pb.CAPACITY_TYPE_ON_DEMAND))
+    rec = apb.Register(agent_id="a1", region="r", nodes=nodes, pool_spares={"p": spares} if spares else {})
+    return AgentState("a1", rec, last_seen=T0, session=AgentSession("a1"))
+
+
+def running_job(job_id: str, nodes: tuple[str, ...], requested: int = 0, team: str = "ml") -> pb.Job:
+    j = pb.Job(id=job_id, phase=RUNNING, created_time=T0, version=1, attempt=2, spec=pb.JobSpec(
+        team=team, priority_class="training",
+        resources=pb.Resources(nodes=requested or len(nodes), gpus_per_node=1)))
+    if requested:
+        j.spec.elasticity.min_nodes, j.spec.elasticity.max_nodes = 2, requested
+        j.shrunk.requested_nodes, j.shrunk.running_nodes = requested, len(nodes)
+        j.shrunk.since = T0 - 1000
+        j.shrunk.lost_nodes.append("n1")
+        j.excluded_nodes.extend(["n1", "n4"])  # n4: avoided for an older failure
+    j.placement.agent_id, j.placement.region, j.placement.pool = "a1", "r", "p"
+    j.placement.nodes.extend(pb.NodeAssignment(node_id=n, gpus=1) for n in nodes)
+    return j
+
+
+def build(jobs: list[pb.Job], teams: list[cpb.TeamQuota] = (), spares: int = 0) -> placement.Snapshot:
+    return snap.build(now=T0, agents=[agent(spares=spares)], jobs=jobs, teams=teams, plans=[],
+                      draining=[], priority_of=lambda spec: 50)
+
+
+def test_the_lost_node_comes_first_then_free_nodes_then_spares_never_avoided_or_busy() -> None:
+    j = running_job("j", ("n0", "n2"), requested=3)
+    s = build([j])
+    used = grow_watch.used_nodes(s, None)
+    assert grow_watch.candidates(j, s, used) == ("n1", "n3")  # n4 avoided, x0 another pool
+    other = running_job("o", ("n1",))
+    s = build([j, other])
+    assert grow_watch.candidates(j, s, grow_watch.used_nodes(s, None)) == ("n3",)
+    s = build([j], spares=1)  # n3 is the pool's spare now: last
+    assert s.spares == frozenset({"n3"})
+    assert grow_watch.candidates(j, s, grow_watch.used_nodes(s, None)) == ("n1", "n3")
+
+
+def test_the_view_keeps_the_hysteresis_start_and_asks_quota_for_the_extra_nodes_only() -> None:
+    j = running_job("j", ("n0", "n2"), requested=3)
+    s = build([j])
+    v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
+    assert (v.requested, v.running, v.free, v.capacity_since, v.last_change) == (
+        3, 2, ("n1", "n3"), T0, T0 - 1000)
+    assert RecoveryPolicy().grow(v).blocker is GrowBlocker.SETTLING
+    j.shrunk.capacity_since = T0 - 61
+    v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
+    assert v.capacity_since == T0 - 61 and RecoveryPolicy().grow(v).nodes == ("n1",)
+    # capacity gone again (another job took n1 and n3): the start is forgotten
+    s = build([j, running_job("o", ("n1", "n3"))])
+    v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
+    assert (v.free, v.capacity_since) == ((), 0.0)
+    # quota: 2 GPUs held of a 2-GPU guarantee, the extra node does not fit
+    s = build([j], teams=[cpb.TeamQuota(team="ml", quotas=[cpb.QuotaEntry(guaranteed_gpus=2)])])
+    v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
+    plan = RecoveryPolicy().grow(v)
+    assert plan.blocker is GrowBlocker.QUOTA and "needs 1 more" in plan.why
+    s = build([j], teams=[cpb.TeamQuota(team="ml", quotas=[cpb.QuotaEntry(guaranteed_gpus=3)])])
+    v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
+    assert v.quota_short == ""
