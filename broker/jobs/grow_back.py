@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.jobs import transitions
+from broker.jobs.causes import Cause, Family
 from broker.jobs.lifecycle import QUEUED, RUNNING
 from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
 from broker.jobs.recovery import Grow, GrowPlan, Signal, Trigger, plan_stop
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
+    from broker.jobs.lifecycle import Tx
     from computebroker.v1 import common_pb2 as pb
 
 
@@ -112,6 +114,18 @@ def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Out
     return out
 
 
+def relaunch_due(job: pb.Job) -> bool:
+    """A queued job whose current attempt was stopped to grow back (checkpoint written):
+    the scheduler admits it on ``Shrunk.grow_nodes``. Not when the attempt ended any
+    other way (a failure, a loss: the ordinary relaunch paths take it)."""
+    if job.phase not in QUEUED or not is_shrunk(job) or not job.shrunk.grow_nodes:
+        return False
+    if job.requeue_cause != Family.MIGRATION.value or not job.migrations:
+        return False
+    m = job.migrations[-1]
+    return m.cause == Cause.GROW_BACK.value and m.from_attempt == job.attempt
+
+
 def relaunch_missed(job: pb.Job, why: str, now: float, config: BrokerConfig) -> Outcome | None:
     """The full-size nodes were taken (or are unusable) by the time the stopped job was
     queued: forget them; ordinary placement places it (elastic: the full size first)."""
@@ -125,25 +139,33 @@ def relaunch_missed(job: pb.Job, why: str, now: float, config: BrokerConfig) -> 
     return seal(tx, WakeScheduler())
 
 
-def grown(job: pb.Job, inp: None, now: float, config: BrokerConfig) -> Outcome | None:
-    """An attempt runs at the requested size again: say so and forget the shrink
-    (``inp``: nothing; the signature is every transition's)."""
+def note_grown(tx: Tx, actor: str = "scheduler") -> None:
+    """On a transaction: when the job runs at its requested size again, say so and
+    forget the shrink (called as the attempt reports RUNNING, broker/jobs/updates.py)."""
+    job = tx.job
     if job.phase != RUNNING or not is_shrunk(job):
-        return None
+        return
     size = len(job.placement.nodes)
     rec = job.shrunk
     if size < rec.requested_nodes:
-        return None
-    tx = begin(job, now)
-    why = ("capacity returned" if rec.grow_backs else "placed at full size again")
-    tx.note("grew_back", reason="capacity_returned" if rec.grow_backs else "relaunched",
-            actor="scheduler",
+        return
+    now = tx.now
+    why = "capacity returned" if rec.grow_backs else "placed at full size again"
+    tx.note("grew_back", reason="capacity_returned" if rec.grow_backs else "relaunched", actor=actor,
             message=f"grew back to {size} nodes: {why} (ran at {rec.running_nodes} of"
                     f" {rec.requested_nodes} for {now - rec.since:.0f} s after losing"
                     f" {', '.join(rec.lost_nodes)})",
             details={"nodes": ",".join(a.node_id for a in job.placement.nodes),
                      "requested_nodes": str(rec.requested_nodes),
                      "shrunk_s": f"{now - rec.since:.1f}"})
-    tx.job.ClearField("shrunk")
-    return seal(tx)
+    job.ClearField("shrunk")
 
+
+def grown(job: pb.Job, inp: None, now: float, config: BrokerConfig) -> Outcome | None:
+    """The scheduler's fallback of :func:`note_grown` (a record an older broker left):
+    a running job at its requested size has its shrink closed (``inp``: nothing)."""
+    if job.phase != RUNNING or not is_shrunk(job) or len(job.placement.nodes) < job.shrunk.requested_nodes:
+        return None
+    tx = begin(job, now)
+    note_grown(tx)
+    return seal(tx)

@@ -153,6 +153,8 @@ class RecoveryPolicy:
                             exclude_nodes=sig.nodes)
         if t is Trigger.GROW_BACK:
             # sig.nodes = the full-size placement the relaunch takes (grow_back.py)
+            if not self.grow_back:
+                return None
             return StopPlan(StopKind.MIGRATE, Cause.GROW_BACK, True, config.preempt_grace_s)
         if t is Trigger.HANG:
             return StopPlan(StopKind.MIGRATE, Cause.HANG, False, 0.0, exclude_nodes=self.avoid(sig))

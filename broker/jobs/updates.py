@@ -13,7 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import budgets, loss_series, migration, node_recovery, standby, store_wait
+from broker.jobs import (
+    budgets,
+    grow_back,
+    loss_series,
+    migration,
+    node_recovery,
+    standby,
+    store_wait,
+)
 from broker.jobs.causes import Cause, Family, StopKind
 from broker.jobs.handoff import SourceEnd
 from broker.jobs.lifecycle import (
@@ -138,6 +146,7 @@ def progress(job: pb.Job, inp: AgentUpdate, now: float, config: BrokerConfig) ->
                         + (f" with {ranks} rank(s)" if ranks else ""),
                 details={"ranks": str(ranks)} if ranks else None)
         migration.running(j, now, u.timings if u.HasField("timings") else None)
+        grow_back.note_grown(tx, actor=inp.actor)  # a shrunk job at its full size again
     elif j.phase == LAUNCHING and not u.HasField("progress") and not new_ranks and \
             u.HasField("store_wait") == bool(j.store_wait.ranks_since):
         return None  # (a STARTING report with the ranks just started is kept: log headers)

@@ -142,7 +142,7 @@ def check(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot,
 
 def relaunch_grown(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot) -> list[pb.Job]:
     """Admit each job stopped to grow back on its recorded full-size nodes, at once."""
-    todo = [j for j in live if j.phase in QUEUED and grow_back.is_shrunk(j) and j.shrunk.grow_nodes]
+    todo = [j for j in live if grow_back.relaunch_due(j)]
     if not todo:
         return []
     by_id = {n.id: n for n in snapshot.nodes}

@@ -13,7 +13,9 @@ checkpoints into ./checkpoints and resumes from there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -58,6 +60,9 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow down (for demos/tests)")
+    p.add_argument("--step-sleep-file", default="",
+                   help="when this file exists, its number replaces --step-sleep (slow a running"
+                        " job down or speed it up from outside, for demos/tests)")
     p.add_argument("--log-every", type=int, default=50, help="print the loss every N steps")
     p.add_argument("--loss-log", default="", help="rank 0 appends {step, loss, ids} per step")
     p.add_argument("--export", default="", help="write the final full model state here")
@@ -93,10 +98,14 @@ def main() -> None:
                                     "world_size": run.world_size, "attempt": run.attempt}) + "\n")
         if step % args.log_every == 0:
             run.log(f"step {step} loss {loss:.4f}")
-        if args.step_sleep:
+        pause = args.step_sleep
+        if args.step_sleep_file:
+            with contextlib.suppress(OSError, ValueError):
+                pause = float(Path(args.step_sleep_file).read_text())
+        if pause:
             import time
 
-            time.sleep(args.step_sleep)
+            time.sleep(pause)
         run.step_done(step, loss=loss, tokens=args.global_batch)  # cb
     if args.export:  # a collective: every rank takes part, rank 0 writes
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,

@@ -93,6 +93,7 @@ def test_policies_without_a_memory_tier_never_grow_back() -> None:
         plan = POLICIES[name].grow(shrunk_view())
         assert (plan.kind, plan.blocker) == (Grow.STAY, GrowBlocker.POLICY), name
         assert plan.why == f"recovery policy {name} does not grow jobs back"
+        assert POLICIES[name].plan(Signal(Trigger.GROW_BACK), pb.Job(), CFG, NOW) is None
     for name in ("move-anywhere", "stay-in-place", "better-capacity", "defragment"):
         assert POLICIES[name].grow(shrunk_view()).kind is Grow.GROW_BACK, name
 
@@ -171,17 +172,36 @@ def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
     u = update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=20, ckpt=20)
     j = must(updates.attempt_ended(j, u, 1010.0, CFG))
     assert j.phase in QUEUED and list(j.shrunk.grow_nodes) == ["n0", "n2", "n1"]
+    assert gb.relaunch_due(j)  # the pass admits it on those nodes
     adm = placement.Admission(job_id=j.id, agent_id=AGENT, region="us-east-2",
                               assignments=(("n0", 8), ("n2", 8), ("n1", 8)), pool="p")
     j = must(t.admit(j, t.Admit(adm, {}, "s3://b"), 1011.0, CFG))
     assert gb.grown(j, None, 1012.0, CFG) is None  # not running yet
-    j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=21, ckpt=20), 1015.0, CFG))
-    out = gb.grown(j, None, 1016.0, CFG)
-    assert out is not None
+    # its first running report closes the record
+    out = updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=21, ckpt=20), 1015.0, CFG)
+    assert out is not None and out.job.phase == RUNNING
     assert not out.job.HasField("shrunk")
-    assert [(e.type, e.reason) for e in out.events] == [("grew_back", "capacity_returned")]
-    assert out.events[0].message == ("grew back to 3 nodes: capacity returned (ran at 2 of 3 for 876 s"
-                                     " after losing n1)")
+    grew = [e for e in out.events if e.type == "grew_back"]
+    assert [(e.reason, e.message) for e in grew] == [(
+        "capacity_returned", "grew back to 3 nodes: capacity returned (ran at 2 of 3 for 875 s"
+                             " after losing n1)")]
+    assert gb.grown(out.job, None, 1016.0, CFG) is None  # nothing left to close
+
+
+def test_an_attempt_that_fails_while_stopping_to_grow_takes_the_ordinary_path() -> None:
+    j = shrunk_running()
+    grow = RecoveryPolicy().grow(shrunk_view(now=1000.0, capacity_since=300.0, last_change=140.0))
+    j = must(gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1000.0, CFG))
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=1), 1010.0, CFG))
+    assert j.phase in QUEUED and not gb.relaunch_due(j)
+
+
+def test_the_pass_closes_a_full_size_record_left_open() -> None:
+    j = shrunk_running()
+    j.placement.nodes.add(node_id="n1", gpus=8)  # e.g. a record an older broker left open
+    out = gb.grown(j, None, 2000.0, CFG)
+    assert out is not None and not out.job.HasField("shrunk")
+    assert out.events[0].message.startswith("grew back to 3 nodes: placed at full size again")
 
 
 def test_a_grow_back_whose_nodes_were_taken_falls_back_to_ordinary_placement() -> None:
