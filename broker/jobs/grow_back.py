@@ -115,10 +115,13 @@ def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Out
 
 
 def relaunch_due(job: pb.Job) -> bool:
-    """A queued job whose current attempt was stopped to grow back (checkpoint written):
-    the scheduler admits it on ``Shrunk.grow_nodes``. Not when the attempt ended any
-    other way (a failure, a loss: the ordinary relaunch paths take it)."""
+    """A queued job whose current attempt was stopped to grow back: the scheduler admits
+    it on ``Shrunk.grow_nodes`` (a stop that failed instead of checkpointing still is the
+    move, from the last durable checkpoint). Not after a node loss (the attempt's agent
+    blamed nodes: the NODE_LOST relaunch decides) nor after a requeue of another cause."""
     if job.phase not in QUEUED or not is_shrunk(job) or not job.shrunk.grow_nodes:
+        return False
+    if job.node_recovery.failed_attempt == job.attempt:
         return False
     if job.requeue_cause != Family.MIGRATION.value or not job.migrations:
         return False

@@ -154,7 +154,8 @@ def relaunch_grown(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot
         nodes = tuple(job.shrunk.grow_nodes)
         g = gpus_per_node(job)
         gone = [n for n in nodes if n not in by_id or not by_id[n].healthy or used.get(n, 0)
-                or by_id[n].agent_id != pl.agent_id]
+                or by_id[n].agent_id != pl.agent_id or n in job.excluded_nodes
+                or (by_id[n].cordoned and n not in snapshot.spares)]
         why = f"{', '.join(gone)} no longer free" if gone else quota.short(
             job.spec.team, job.spec.resources.accelerator, g * len(nodes), pl.region)
         if why:

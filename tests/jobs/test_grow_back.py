@@ -188,12 +188,16 @@ def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
     assert gb.grown(out.job, None, 1016.0, CFG) is None  # nothing left to close
 
 
-def test_an_attempt_that_fails_while_stopping_to_grow_takes_the_ordinary_path() -> None:
+def test_a_grow_back_stop_that_fails_still_grows_back_from_the_last_checkpoint() -> None:
     j = shrunk_running()
     grow = RecoveryPolicy().grow(shrunk_view(now=1000.0, capacity_since=300.0, last_change=140.0))
     j = must(gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1000.0, CFG))
-    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=1), 1010.0, CFG))
-    assert j.phase in QUEUED and not gb.relaunch_due(j)
+    failed = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_FAILED, exit_code=76),
+                                        1010.0, CFG))
+    assert failed.phase in QUEUED and gb.relaunch_due(failed)  # the move, from the last checkpoint
+    # a later node loss of the relaunched job is NODE_LOST's to decide, not this record's
+    failed.node_recovery.failed_attempt = failed.attempt
+    assert not gb.relaunch_due(failed)
 
 
 def test_the_pass_closes_a_full_size_record_left_open() -> None:
