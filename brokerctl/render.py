@@ -311,7 +311,8 @@ def jobs_table(jobs: Iterable[common_pb2.Job], now: float | None = None, width: 
         cells: list[object] = [_clip(c, w) for c, w in zip(r, widths, strict=True)]
         cells[3] = Text(cells[3], style=PHASE_STYLE.get(r[3], ""))
         if with_reason:
-            cells[-1] = Text(cells[-1], style="yellow" if job.pending_reason else "dim")
+            cells[-1] = Text(cells[-1], style="yellow" if job.pending_reason or shrunk_text(job)
+                             else "dim")
         table.add_row(*cells)
     return table
 
@@ -336,15 +337,15 @@ def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: i
     parts: list[object] = [jobs_table(jobs, now, width, with_reason=with_reason)]
     if with_reason:
         # In a pipe the REASON cell already holds all of it (wrapped).
-        below = [] if full_values() else [j for j in jobs if j.pending_reason
-                                          and len(j.pending_reason) > 40]
+        below = [] if full_values() else [j for j in jobs if (j.pending_reason
+                                          and len(j.pending_reason) > 40) or shrunk_text(j)]
     else:
         below = [j for j in jobs if _job_reason(j)]
     for j in below:
         line = Text(f"{j.id} ", style="bold")
         label = "pending" if j.pending_reason else phase_name(j.phase)
         line.append(_clip(f"{label}: {_job_reason(j)}", max(10, width - len(j.id) - 1)),
-                    style="yellow" if j.pending_reason else "red")
+                    style="yellow" if j.pending_reason or shrunk_text(j) else "red")
         parts.append(line)
     return Group(*parts)
 
@@ -543,7 +544,9 @@ def job_detail(job: common_pb2.Job, events: Sequence[common_pb2.JobEvent] | None
             swaps = ", ".join(f"{n} -> {s}" for n, s in sorted(rec.replaced.items()))
             prow.append(("node loss", f"attempt {rec.failed_attempt} lost"
                          f" {', '.join(rec.lost_nodes)}: "
-                         + (f"replaced in place ({swaps})" if swaps else "relaunched from the store")
+                         + (f"replaced in place ({swaps})" if swaps
+                            else f"shrunk in place onto {', '.join(rec.survivors)}"
+                            if rec.plan == "shrink_in_place" else "relaunched from the store")
                          + (f", state from {rec.tier}" if rec.tier else "")))
         parts.append(Panel(_kv(prow), title="progress", box=box.ROUNDED, expand=False))
 

@@ -163,3 +163,26 @@ def test_job_detail_shows_make_before_break_downtime_and_pre_copy() -> None:
     held.precopy.error = "AccessDenied"
     assert "move 2: pre-copy of the last periodic checkpoint failed: AccessDenied" in "\n".join(
         render.move_notes(2, held, now))
+
+
+def test_a_shrunk_job_says_so_in_job_and_jobs() -> None:
+    """A job that shrank in place after a node loss: `brokerctl job`'s `size` line and
+    `brokerctl jobs`' reason name the sizes, the lost node and why it has not grown back
+    (on a terminal a line below the table, cut at the width; in a pipe whole)."""
+    j = job(1)
+    j.placement.nodes.add(node_id="n0", gpus=8)
+    j.shrunk.requested_nodes, j.shrunk.running_nodes = 16, 15
+    j.shrunk.lost_nodes.append("use2-p5-003")
+    j.shrunk.waiting = "capacity returned; growing back if it stays free 40 s more"
+    want = ("running shrunk: 15 of 16 nodes since losing use2-p5-003; capacity returned;"
+            " growing back if it stays free 40 s more")
+    assert render.shrunk_text(j) == want
+    detail = text_of(render.job_detail(j, []))
+    flat = " ".join(detail.replace("│", " ").split())
+    assert f"size {want}" in flat
+    assert all(len(line) <= 100 for line in detail.splitlines())
+    listed = text_of(render.jobs_view([j, job(2)]))  # a terminal: the line below, cut at 100
+    assert f"{j.id} running: running shrunk: 15 of 16 nodes since losing use2-p5-003;" in listed
+    assert job(2).id in listed and render.shrunk_text(job(2)) == ""
+    with render.full_values_mode():
+        assert want in " ".join(text_of(render.jobs_view([j]), width=80).split())
