@@ -353,7 +353,7 @@ def jobs_view(jobs: Iterable[common_pb2.Job], now: float | None = None, width: i
 _CAUSE_PHRASE = {"spot": "a spot notice", "drain": "a region drain", "plan-end": "its plan's end",
                  "agent-lost": "its agent was lost", "missing": "its attempt went missing",
                  "cheaper": "cheaper capacity", "unhealthy": "an unhealthy node",
-                 "refused": "a refused launch"}
+                 "refused": "a refused launch", "grow-back": "capacity for its full size returned"}
 
 
 def _nodes_of(world_size: int, gpus_per_node: int) -> str:
@@ -625,7 +625,8 @@ _CAUSE_SHORT = {_C.MIGRATION_CAUSE_SPOT_INTERRUPTION: "spot", _C.MIGRATION_CAUSE
                 _C.MIGRATION_CAUSE_ATTEMPT_MISSING: "missing", _C.MIGRATION_CAUSE_BETTER_CAPACITY: "cheaper",
                 _C.MIGRATION_CAUSE_NODE_UNHEALTHY: "unhealthy", _C.MIGRATION_CAUSE_LAUNCH_REFUSED: "refused"}
 _CAUSE_BY_NAME = {"spot_interruption": "spot", "region_drain": "drain", "plan_ending": "plan-end",
-                  "agent_lost": "agent-lost", "attempt_missing": "missing", "better_capacity": "cheaper"}
+                  "agent_lost": "agent-lost", "attempt_missing": "missing", "better_capacity": "cheaper",
+                  "grow_back": "grow-back"}
 
 
 def move_cause(m: common_pb2.Migration) -> str:
