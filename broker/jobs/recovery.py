@@ -22,6 +22,7 @@ overrides it with the spec label ``cb.recovery-policy`` (one of :data:`POLICIES`
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -291,8 +292,8 @@ class RecoveryPolicy:
             requested=view.requested, running=view.running, missing=missing,
             free=len(view.free), pool=view.pool or "(default)", policy=self.name,
             quota=view.quota_short, nodes=", ".join(nodes),
-            settle=f"{max(0.0, view.settle_s - (view.now - view.capacity_since)):.0f}",
-            wait=f"{max(0.0, view.min_interval_s - (view.now - view.last_change)):.0f}")
+            settle=_utc(view.capacity_since + view.settle_s), settle_s=f"{view.settle_s:.0f}",
+            wait=_utc(view.last_change + view.min_interval_s), interval=f"{view.min_interval_s:.0f}")
         return GrowPlan(kind, blocker, why, nodes)
 
     def _no_spare(self, view: LostNodes) -> Blocker:
@@ -405,11 +406,18 @@ GROW_RULES: dict[GrowBlocker, tuple[Grow, str]] = {
                                          " in pool {pool}, {free} free"),
     GrowBlocker.QUOTA: (Grow.STAY, "capacity returned but the team's quota has no room for"
                                    " the extra nodes: {quota}"),
-    GrowBlocker.SETTLING: (Grow.STAY, "capacity returned; growing back if it stays free"
-                                      " {settle} s more"),
-    GrowBlocker.RATE_LIMIT: (Grow.STAY, "capacity returned; growing back in {wait} s (at most"
-                                        " one resize per interval)"),
+    # Absolute times, not countdowns: the reason stays the same from pass to pass, so a
+    # waiting job is not rewritten every pass.
+    GrowBlocker.SETTLING: (Grow.STAY, "capacity returned; growing back at {settle} if it"
+                                      " stays free ({settle_s} s settle time)"),
+    GrowBlocker.RATE_LIMIT: (Grow.STAY, "capacity returned; growing back at {wait} (at most"
+                                        " one resize per {interval} s)"),
 }
+
+
+def _utc(t: float) -> str:
+    """A wall-clock time for reasons people read (UTC, to the second)."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 @dataclass(frozen=True)

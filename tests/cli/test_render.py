@@ -173,9 +173,9 @@ def test_a_shrunk_job_says_so_in_job_and_jobs() -> None:
     j.placement.nodes.add(node_id="n0", gpus=8)
     j.shrunk.requested_nodes, j.shrunk.running_nodes = 16, 15
     j.shrunk.lost_nodes.append("use2-p5-003")
-    j.shrunk.waiting = "capacity returned; growing back if it stays free 40 s more"
+    j.shrunk.waiting = "capacity returned; growing back at 02:47:20 UTC if it stays free"
     want = ("running shrunk: 15 of 16 nodes since losing use2-p5-003; capacity returned;"
-            " growing back if it stays free 40 s more")
+            " growing back at 02:47:20 UTC if it stays free")
     assert render.shrunk_text(j) == want
     detail = text_of(render.job_detail(j, []))
     flat = " ".join(detail.replace("│", " ").split())

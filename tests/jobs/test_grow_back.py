@@ -69,12 +69,14 @@ GROW_CASES = [
                                         " extra nodes: team ml over quota for any accelerator: uses 2"
                                         " of 2 guaranteed GPUs and needs 1 more (borrowing disabled)")),
     (dict(capacity_since=NOW - 20), (Grow.STAY, GrowBlocker.SETTLING, (),
-                                     "capacity returned; growing back if it stays free 40 s more")),
+                                     "capacity returned; growing back at 02:47:20 UTC if it stays"
+                                     " free (60 s settle time)")),
     (dict(capacity_since=NOW), (Grow.STAY, GrowBlocker.SETTLING, (),
-                                "capacity returned; growing back if it stays free 60 s more")),
+                                "capacity returned; growing back at 02:47:40 UTC if it stays free"
+                                " (60 s settle time)")),
     (dict(last_change=NOW - 100), (Grow.STAY, GrowBlocker.RATE_LIMIT, (),
-                                   "capacity returned; growing back in 200 s (at most one resize"
-                                   " per interval)")),
+                                   "capacity returned; growing back at 02:50:00 UTC (at most one"
+                                   " resize per 300 s)")),
     (dict(elastic=False), (Grow.STAY, GrowBlocker.NOT_ELASTIC, (),
                            "the job's size is fixed (no elasticity)")),
     (dict(settle_s=0.0, min_interval_s=0.0, capacity_since=NOW, last_change=NOW),
@@ -148,6 +150,9 @@ def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
     settling = RecoveryPolicy().grow(shrunk_view(capacity_since=300.0, now=310.0))
     j = must(gb.observe(j, gb.Observed(settling, 300.0), 310.0, CFG))
     assert j.shrunk.capacity_since == 300.0 and "stays free" in j.shrunk.waiting
+    later = RecoveryPolicy().grow(shrunk_view(capacity_since=300.0, now=330.0))
+    assert later.blocker is GrowBlocker.SETTLING
+    assert gb.observe(j, gb.Observed(later, 300.0), 330.0, CFG) is None  # same reason: no write
 
     # grow back: checkpoint-first stop, full-size nodes recorded, n1 trusted again
     grow = RecoveryPolicy().grow(shrunk_view(now=1000.0, capacity_since=300.0, last_change=140.0))
