@@ -126,6 +126,9 @@ def check(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot,
                     full = (*(a.node_id for a in job.placement.nodes), *plan.nodes)
                     for n in plan.nodes:  # not offered to another shrunk job this pass
                         used[n] = used.get(n, 0) + gpus_per_node(job)
+                    # nor the quota room: two jobs of a team cannot both grow into it
+                    quota.charge(job.spec.team, job.spec.resources.accelerator,
+                                 len(plan.nodes) * gpus_per_node(job), job.placement.region)
                 out = ops.apply_grow(job.id, grow_back.observe,
                                      Observed(plan=plan, capacity_since=view.capacity_since,
                                               full_nodes=full))

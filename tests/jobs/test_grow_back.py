@@ -295,3 +295,44 @@ def test_the_view_keeps_the_hysteresis_start_and_asks_quota_for_the_extra_nodes_
     s = build([j], teams=[cpb.TeamQuota(team="ml", quotas=[cpb.QuotaEntry(guaranteed_gpus=3)])])
     v = grow_watch.view_of(j, s, grow_watch.used_nodes(s, None), 60.0, 300.0)
     assert v.quota_short == ""
+
+
+class _Jobs:
+    """What :func:`grow_watch.check` needs of ``JobOps``: the config and the write of a
+    transition (applied to records held here, as the simulator applies them)."""
+
+    def __init__(self, jobs: list[pb.Job]) -> None:
+        self.config = CFG.model_copy(update={"grow_back_settle_s": 0.0, "grow_back_min_interval_s": 0.0})
+        self.jobs = {j.id: j for j in jobs}
+
+    def apply_grow(self, job_id: str, fn, inp):  # noqa: ANN001, ANN201
+        out = fn(self.jobs[job_id], inp, T0, self.config)
+        if out is None:
+            return None
+        self.jobs[job_id] = out.job
+        return out.job
+
+
+def test_two_shrunk_jobs_of_a_team_do_not_grow_into_the_same_room() -> None:
+    """Two free nodes (n1, n6), two shrunk jobs each one node short, and quota for one
+    more GPU: the first grows back on its lost node, the second stays with the quota
+    reason (the pass charges what it lets through)."""
+    a = running_job("a", ("n0", "n2"), requested=3)
+    b = running_job("b", ("n3", "n4"), requested=3)
+    del b.shrunk.lost_nodes[:], b.excluded_nodes[:]
+    b.shrunk.lost_nodes.append("n5")
+    b.excluded_nodes.append("n5")
+    other = running_job("o", ("n5",), team="other")
+    nodes = [pb.Node(id=f"n{i}", region="r", zone="z", gpus=1, accelerator="sim", pool="p",
+                     healthy=True, capacity_type=pb.CAPACITY_TYPE_ON_DEMAND) for i in range(7)]
+    ag = AgentState("a1", apb.Register(agent_id="a1", region="r", nodes=nodes), last_seen=T0,
+                    session=AgentSession("a1"))
+    s = snap.build(now=T0, agents=[ag], jobs=[a, b, other], priority_of=lambda spec: 50, plans=[],
+                   draining=[], teams=[cpb.TeamQuota(team="ml", quotas=[cpb.QuotaEntry(guaranteed_gpus=5)])])
+    ops = _Jobs([a, b])
+    changed = grow_watch.check(ops, [a, b, other], s)  # type: ignore[arg-type]
+    assert {j.id for j in changed} == {"a", "b"}
+    ga, gb_ = ops.jobs["a"], ops.jobs["b"]
+    assert ga.phase == CHECKPOINTING and list(ga.shrunk.grow_nodes) == ["n0", "n2", "n1"]
+    assert gb_.phase == RUNNING and gb_.shrunk.waiting.startswith(
+        "capacity returned but the team's quota has no room for the extra nodes: team ml")
