@@ -102,6 +102,10 @@ def test_lost_node_without_a_spare_shrinks_in_place_then_grows_back(
         shown = " ".join(re.sub("[│╭╮╰╯─]", " ", cli(cluster, "job", shrunk.id)).split())
         assert f"running shrunk: 2 of 3 nodes since losing {NODES[1]}; waiting for capacity" in shown
 
+        # the node comes back only once the shrunk attempt trains (its first step logged):
+        # otherwise the way back would start before the 2 ranks ever stepped
+        wait_until(lambda: any(r["attempt"] == lost_attempt + 1 for r in read_log(log)),
+                   timeout=240, what=f"attempt 2's first step\n{cluster.logs()}")
         health.unlink()  # the node is back
         grown = wait_until(
             lambda: ((j := handle.status()).attempt == lost_attempt + 2 and j),
