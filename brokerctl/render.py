@@ -246,7 +246,7 @@ def _clip(text: str, width: int) -> str:
 
 def shrunk_text(job: common_pb2.Job) -> str:
     """That the job runs below its requested size after a node loss, and why it has not
-    grown back yet ("" when it runs at full size; docs/recovery.md "Growing back")."""
+    grown back yet ("" when it runs at full size; docs/operator/moves.md)."""
     rec = job.shrunk
     if not rec.requested_nodes:
         return ""

@@ -181,6 +181,7 @@ def test_a_shrunk_job_says_so_in_job_and_jobs() -> None:
     flat = " ".join(detail.replace("│", " ").split())
     assert f"size {want}" in flat
     assert all(len(line) <= 100 for line in detail.splitlines())
-    listed = text_of(render.jobs_view([j, job(2)]))  # a terminal: the line below, cut at 100
+    with render.full_values_mode(False):  # a terminal: the line below, cut at 100
+        listed = text_of(render.jobs_view([j, job(2)]))
     assert f"{j.id} running: running shrunk: 15 of 16 nodes since losing use2-p5-003;" in listed
     assert job(2).id in listed and render.shrunk_text(job(2)) == ""

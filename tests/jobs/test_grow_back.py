@@ -1,5 +1,5 @@
 """A job shrunk in place grows back: the policy's rows, the pure transitions, and the
-scheduler pass's view of the pool (docs/recovery.md "Growing back").
+scheduler pass's view of the pool (docs/recovery.md, docs/operator/moves.md).
 
 Policy rows (:meth:`RecoveryPolicy.grow`, ``GROW_RULES``): grow when capacity returned;
 not when the team's quota has no room for the extra nodes; not within the settle time
