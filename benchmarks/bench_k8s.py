@@ -29,7 +29,8 @@ Measured:
   what the goal is about, and the goal is judged on it (from the broker's decision);
 * the rate at which Launches reach the cluster (the agent's Service creates per second
   over the fill) and the longest pause between two of them: the broker's side;
-* with ``--profile-broker``, where the broker spends its time during the fill: py-spy
+* with ``--profile-broker``, where the broker spends its time during the fill, and with
+  ``--profile-agent``, where the agent spends its steady-state CPU: py-spy
   (if installed) samples it and the functions with the most samples are recorded;
 * the agent's CPU and RSS (from /proc) during the fill and over ``--steady`` seconds of
   steady state with every pod running; the baseline is the same agent over the same
@@ -478,6 +479,8 @@ def main() -> int:
                     help="after the fill: 2-pod jobs launched one by one into the full cluster")
     ap.add_argument("--probe-rate", type=float, default=1.0,
                     help="their submit rate (jobs/s): launches, not a queue")
+    ap.add_argument("--profile-agent", action="store_true",
+                    help="sample the agent with py-spy over the steady window (top functions)")
     ap.add_argument("--profile-broker", action="store_true",
                     help="sample the broker with py-spy during the fill (top functions recorded)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -607,7 +610,10 @@ def main() -> int:
         out["probe"] = probe(args, cp, c, watch, agent, sa_user)
         audit1 = len(cp.audited_requests())
         comp1 = component_cpu(cp)
+        agent_prof = (Profiler(pid, root / "agent-profile.txt") if args.profile_agent else None)
         out["agent_steady"] = cpu_share(pid, args.steady)
+        if agent_prof is not None:
+            out["agent_profile_steady"] = agent_prof.stop()
         out["control_plane_steady_cpu_fraction_of_core"] = cpu_shares(
             comp1, component_cpu(cp), args.steady)
         steady = [r for r in cp.audited_requests()[audit1:] if r["user"]["username"] == sa_user]
