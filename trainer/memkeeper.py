@@ -5,8 +5,18 @@ recovery restarts every rank, survivors included; the node's keeper outlives the
 survivors restore from their own node and a replacement node's ranks from the buddy
 node's keeper. Why not pickle: the keeper listens on a port and must never execute what
 it receives. It stores opaque payloads (what the ranks serialized) under
-`(job, rank, step)`, keeps at most `KEEP` steps per `(job, rank)` (bounded memory), and
-answers only requests carrying the job's token.
+`(job, rank, step)`, holds at most `KEEP` snapshots per `(job, rank)` *counting the one
+arriving* (bounded memory: see `Store.begin_put`), and answers only requests carrying the
+job's token.
+
+Why the one arriving counts: a put's payload is received into a buffer of its full size
+before it is stored, so a keeper that dropped its oldest step only once the new one was
+complete held `KEEP + 1` snapshots per rank while receiving (measured: a 58M-parameter
+job's keepers peaked at 1.4x the bound they reported). With the default `KEEP = 2` the
+keeper holds the newest complete step and the one arriving: a double buffer, enough
+because ranks start a snapshot only once every rank's previous one is complete (the
+ranks agree on it, trainer/memtier.py), so the newest complete step of every rank is
+one and the same step whatever is in flight when a node dies.
 
 Wire format, both ways: a 4-byte big-endian header length, a JSON header, then
 `header["size"]` payload bytes (0 when none). Requests: `put` (job, rank, step, world,
@@ -35,7 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-KEEP = 2  # steps held per (job, rank): the newest complete one survives a half-sent next
+KEEP = 2  # snapshots held per (job, rank), the arriving one included: the newest complete
+# one survives a half-sent next
 TOKEN_ENV = "CB_MEMORY_TOKEN"
 MAX_HEADER = 64 * 1024
 MAX_RANGES = 4096  # per ranged get (the header's size bounds it too)
@@ -70,17 +81,27 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
+def recv_header(sock: socket.socket) -> dict[str, Any]:
+    """A message's header; its `size` payload bytes follow on the socket."""
     (n,) = struct.unpack(">I", _recv_exact(sock, 4))
     if n > MAX_HEADER:
         raise ValueError(f"header of {n} bytes is too large")
-    header = json.loads(_recv_exact(sock, n))
+    return json.loads(_recv_exact(sock, n))
+
+
+def recv_payload(sock: socket.socket, header: dict[str, Any]) -> bytearray:
     size = int(header.get("size", 0))
-    return header, _recv_exact(sock, size) if size else bytearray()
+    return _recv_exact(sock, size) if size else bytearray()
+
+
+def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
+    header = recv_header(sock)
+    return header, recv_payload(sock, header)
 
 
 class Store:
-    """The snapshots held, newest `KEEP` steps per (job, rank); thread-safe."""
+    """The snapshots held, at most `keep` per (job, rank) with the one arriving
+    (`begin_put`); thread-safe."""
 
     def __init__(self, keep: int = KEEP) -> None:
         if keep < 1:
@@ -89,6 +110,20 @@ class Store:
         self._lock = threading.Lock()
         self._data: dict[tuple[str, int], dict[int, bytearray]] = {}
         self._world: dict[tuple[str, int, int], int] = {}  # (job, rank, step) -> world size
+
+    def begin_put(self, job: str, rank: int, step: int) -> None:
+        """A put of `step` is about to be received: make room for it first, so the keeper
+        never holds more than `keep` snapshots of a rank, the arriving one included.
+        Drops the rank's steps at or after `step` (`put` says why) and its oldest until
+        `keep - 1` are left. With `keep` 2 the newest complete step stays while the next
+        arrives; with 1 nothing does (a node lost mid-send: the store is used)."""
+        with self._lock:
+            held = self._data.get((job, rank), {})
+            for s in [s for s in held if s >= step]:
+                self._drop(job, rank, s)
+            held = self._data.get((job, rank), {})
+            for old in sorted(held)[:max(0, len(held) - (self.keep - 1))]:
+                self._drop(job, rank, old)
 
     def put(self, job: str, rank: int, step: int, payload: bytearray, world: int = 0) -> None:
         """Hold `step`; drop what is older than the newest `KEEP`, and anything newer than
@@ -149,7 +184,9 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         while True:
             try:
-                header, payload = recv_msg(sock)
+                header = recv_header(sock)
+                self.server.before_payload(header)
+                payload = recv_payload(sock, header)
             except (ConnectionError, OSError, ValueError):
                 return
             try:
@@ -157,6 +194,10 @@ class _Handler(socketserver.BaseRequestHandler):
             except (KeyError, TypeError, ValueError) as exc:
                 reply, out = {"ok": False, "error": f"bad request: {exc}"}, b""
             send_msg(sock, reply, out)
+            # Why: this thread then blocks on the connection's next message, maybe for
+            # the rank's lifetime; a payload or a reply's snapshot still referenced here
+            # would stay in memory after the store dropped it, outside the bound.
+            del payload, out
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -167,6 +208,17 @@ class _Server(socketserver.ThreadingTCPServer):
         super().__init__(addr, _Handler)
         self.token = token
         self.store = Store(keep)
+
+    def before_payload(self, h: dict[str, Any]) -> None:
+        """A put with the job's token: room for its payload before it is received
+        (`Store.begin_put`). Anything malformed is left to `answer`, which refuses it."""
+        if h.get("op") != "put" or not hmac.compare_digest(str(h.get("token", "")), self.token):
+            return
+        try:
+            job, rank, step = str(h["job"]), int(h["rank"]), int(h["step"])
+        except (KeyError, TypeError, ValueError):
+            return
+        self.store.begin_put(job, rank, step)
 
     def answer(self, h: dict[str, Any], payload: bytearray) -> tuple[dict[str, Any], Payload]:
         if not hmac.compare_digest(str(h.get("token", "")), self.token):
@@ -222,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--port-file", required=True, help="the bound port is written here")
     p.add_argument("--keep", type=int, default=KEEP,
-                   help=f"steps held per (job, rank), default {KEEP}; 1 halves the memory "
-                        "but a snapshot half-sent by one rank when a node dies leaves no step "
-                        "every rank holds (the store is used then)")
+                   help=f"snapshots held per (job, rank), the one arriving included, default "
+                        f"{KEEP} (the newest complete one while the next arrives); 1 halves "
+                        "the memory but a node lost while a snapshot is being sent leaves no "
+                        "step every rank holds (the store is used then)")
     args = p.parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "")
     if not token:

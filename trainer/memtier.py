@@ -294,12 +294,26 @@ class MemoryTier:
         return cls(run, manager, every, addresses, node, os.environ.get(TOKEN_ENV, ""))
 
     # -------------------------------------------------------------- snapshot
-    def maybe_snapshot(self, step: int, samples_seen: int) -> None:
+    def busy(self) -> bool:
+        """The previous snapshot is still being copied or sent."""
+        return self._inflight is not None and not self._inflight.done()
+
+    def maybe_snapshot(self, step: int, samples_seen: int, any_busy: bool = False) -> None:
         """Every `every` steps: take this rank's state; the copy of its shards into the
-        host buffers and the send run on the tier's thread (see `_overlap`)."""
+        host buffers and the send run on the tier's thread (see `_overlap`).
+
+        `any_busy`: some rank's previous snapshot was still being sent when the ranks
+        last agreed (`Run.step_done`); then every rank skips this one. Why agreed and not
+        each rank's own view: a rank that skipped alone left the keepers with other
+        steps of it than of the others, and a node lost then found no step every rank
+        held newer than the durable checkpoint (seen at 58M parameters, where a
+        snapshot takes about a step to send). Agreed, a snapshot starts on any rank
+        only once every rank's previous one is complete, so the newest complete step
+        is the same for all ranks and a keeper needs to hold only that one while the
+        next arrives (trainer/memkeeper.py)."""
         if step % self.every:
             return
-        if self._inflight is not None and not self._inflight.done():
+        if any_busy or self.busy():
             self.stats.skipped += 1
             return
         t0 = time.perf_counter()

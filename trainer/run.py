@@ -156,7 +156,8 @@ class Run:
         self._ckpt: Checkpointer | None = None
         self._t_last = time.perf_counter()
         self._exit_code: int | None = None
-        self._agreed: tuple[bool, bool] | None = None  # flags carried by all_sum
+        # flags carried by all_sum: (stop, checkpoint now, a rank's snapshot still sending)
+        self._agreed: tuple[bool, bool, bool] | None = None
 
     # --------------------------------------------------------------- helpers
     @property
@@ -178,11 +179,17 @@ class Run:
         v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(1).to(self.device)
         if self.world_size == 1:
             return float(v[0])
-        flags = torch.tensor(self.flags.local(), dtype=torch.float32, device=self.device)
+        flags = torch.tensor([*self.flags.local(), int(self._snapshot_busy())],
+                             dtype=torch.float32, device=self.device)
         t = torch.cat([v, flags])
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        self._agreed = (bool(t[1].item() > 0), bool(t[2].item() > 0))
+        self._agreed = (bool(t[1].item() > 0), bool(t[2].item() > 0), bool(t[3].item() > 0))
         return float(t[0])
+
+    def _snapshot_busy(self) -> bool:
+        """This rank's previous memory-tier snapshot is still being sent (see step_done)."""
+        ck = self._ckpt
+        return ck is not None and ck.memory is not None and ck.memory.busy()
 
     def shard(
         self,
@@ -274,15 +281,18 @@ class Run:
         if ck is not None and not ck._warm:
             self.log(f"async checkpoint staging buffers ready in {ck.warm():.2f}s")
         agreed, self._agreed = self._agreed, None
-        stop, ckpt_now = (
-            self.flags.settle(*agreed) if agreed is not None else self.flags.agree(self.device)
-        )
+        if agreed is not None:
+            stop, ckpt_now, busy = (*self.flags.settle(*agreed[:2]), agreed[2])
+        else:
+            stop, ckpt_now, busy = self.flags.agree(self.device, self._snapshot_busy())
         if stop:
             self._stop(step)
         if ck is not None and (ckpt_now or (ck.every and step % ck.every == 0)):
             ck.save(step)
         if ck is not None and ck.memory is not None:
-            ck.memory.maybe_snapshot(step, ck.samples_seen)
+            # `busy` is every rank's view: all take this snapshot or all skip it, so the
+            # keepers hold the same steps of every rank (trainer/memtier.py says why)
+            ck.memory.maybe_snapshot(step, ck.samples_seen, any_busy=busy)
 
     def _first_step_done(self) -> None:
         """This attempt's start is over: its stages go to the progress file (the

@@ -62,15 +62,18 @@ class SignalFlags:
             self.term_time = time.monotonic()  # learned from a peer's SIGTERM
         return stop, ckpt
 
-    def agree(self, device: torch.device) -> tuple[bool, bool]:
-        """(stop, checkpoint_now) as agreed by all ranks (one all_reduce MAX)."""
+    def agree(self, device: torch.device, busy: bool = False) -> tuple[bool, bool, bool]:
+        """(stop, checkpoint_now, any rank's snapshot still sending) as agreed by all
+        ranks (one all_reduce MAX). `busy`: this rank's memory-tier snapshot is still
+        being sent; carried here so that every rank skips or takes the next snapshot
+        alike (trainer/memtier.py `maybe_snapshot`) without a collective of its own."""
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(self.local(), dtype=torch.int32, device=device)
+        t = torch.tensor([*self.local(), int(busy)], dtype=torch.int32, device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return self.settle(bool(t[0].item()), bool(t[1].item()))
+        return (*self.settle(bool(t[0].item()), bool(t[1].item())), bool(t[2].item()))
 
 
 _installed: SignalFlags | None = None

@@ -128,18 +128,17 @@ def _mib(n: int) -> str:
 def keeper_resources(snapshot_bytes: int, ranks_per_node: int, keep: int = KEEP) -> k8s.V1ResourceRequirements:
     """The keeper pod's memory, from the tier's own bound (docs/recovery.md): a keeper
     serves the ranks of its node and of its ward node (the ring's previous node), each
-    rank's newest ``keep`` snapshots, so it holds ``keep x 2 x ranks_per_node x
-    snapshot`` bytes: that (plus the base) is the request. While a rank's next snapshot
-    arrives the keeper holds it beside the ``keep`` it has (it frees the oldest only once
-    the new one is complete): ``(keep + 1) x 2 x ranks_per_node x snapshot``, with
-    :data:`SLACK` for ranks whose shards are larger than rank 0's, is the limit -- above
-    it the tier's bound is broken and the kernel's OOM kill says so. Size unknown (0):
-    the base request alone, no limit (a limit would be a guess)."""
+    rank's at most ``keep`` snapshots counting the one arriving (it makes room for a
+    put before receiving it, trainer/memkeeper.py), so it holds at most ``keep x 2 x
+    ranks_per_node x snapshot`` bytes: that (plus the base) is the request, and with
+    :data:`SLACK` for ranks whose shards are larger than rank 0's the limit -- above it
+    the tier's bound is broken and the kernel's OOM kill says so. Size unknown (0): the
+    base request alone, no limit (a limit would be a guess)."""
     served = 2 * max(1, ranks_per_node)
     if snapshot_bytes <= 0:
         return k8s.V1ResourceRequirements(requests={"memory": _mib(BASE_BYTES)})
     request = BASE_BYTES + keep * served * snapshot_bytes
-    limit = BASE_BYTES + int((keep + 1) * served * snapshot_bytes * SLACK)
+    limit = BASE_BYTES + int(keep * served * snapshot_bytes * SLACK)
     return k8s.V1ResourceRequirements(requests={"memory": _mib(request)}, limits={"memory": _mib(limit)})
 
 

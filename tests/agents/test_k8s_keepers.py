@@ -99,8 +99,8 @@ def test_a_rank_finds_its_keeper_by_its_node_name(monkeypatch: pytest.MonkeyPatc
 
 def test_keeper_memory_is_the_tiers_own_bound() -> None:
     """A keeper serves its node's ranks and its ward node's (2 x ranks per node), KEEP
-    snapshots each: that is the request; one more snapshot each while the next arrives,
-    with slack for larger shards, is the limit. 100 MiB per rank, 4 ranks per node."""
+    snapshots each counting the one arriving: that is the request, and with slack for
+    larger shards the limit. 100 MiB per rank, 4 ranks per node."""
     from region_agents.executors.k8s_keepers import BASE_BYTES, SLACK, keeper_resources
     from trainer.memkeeper import KEEP
 
@@ -108,8 +108,8 @@ def test_keeper_memory_is_the_tiers_own_bound() -> None:
     r = keeper_resources(snap, 4)
     mib = 2**20
     assert r.requests == {"memory": f"{(BASE_BYTES + KEEP * 8 * snap) // mib}Mi"}  # 1664Mi at KEEP=2
-    assert r.limits == {"memory": f"{(BASE_BYTES + int((KEEP + 1) * 8 * snap * SLACK)) // mib}Mi"}
-    assert KEEP == 2 and r.requests["memory"] == "1664Mi" and r.limits["memory"] == "3064Mi"
+    assert r.limits == {"memory": f"{(BASE_BYTES + int(KEEP * 8 * snap * SLACK)) // mib}Mi"}
+    assert KEEP == 2 and r.requests["memory"] == "1664Mi" and r.limits["memory"] == "2064Mi"
     # size unknown: the base request, no limit (a limit would be a guess)
     unknown = keeper_resources(0, 4)
     assert unknown.requests == {"memory": "64Mi"} and not unknown.limits
@@ -133,7 +133,7 @@ def test_the_manifest_carries_the_memory() -> None:
 
     job = keeper_job("j", "n0", namespace="t", resources=keeper_resources(10 * 2**20, 1))
     c = client.ApiClient().sanitize_for_serialization(job)["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"] == {"requests": {"memory": "104Mi"}, "limits": {"memory": "139Mi"}}
+    assert c["resources"] == {"requests": {"memory": "104Mi"}, "limits": {"memory": "114Mi"}}
     plain = client.ApiClient().sanitize_for_serialization(keeper_job("j", "n0", namespace="t"))
     assert plain["spec"]["template"]["spec"]["containers"][0]["resources"] == {
         "requests": {"memory": "64Mi"}}

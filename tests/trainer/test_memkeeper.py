@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from trainer.memkeeper import KEEP, Store, recv_msg, send_msg, serve
+from trainer.memkeeper import KEEP, TOKEN_ENV, Store, recv_msg, send_msg, serve
 from trainer.memtier import KeeperClient
 
 
@@ -124,3 +130,61 @@ def test_newest_complete_step_needs_every_old_rank_of_one_world() -> None:
     mixed = three | {(0, 14, 2), (1, 14, 2), (2, 14, 3)}
     assert newest_complete([mixed], 1) == (14, 2)
     assert newest_complete([], 1) is None
+
+
+def _kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"{field} missing")
+
+
+def test_a_keeper_process_stays_within_its_bound_while_a_put_arrives(tmp_path: Path) -> None:
+    """A real keeper process serving two ranks (its node's and its ward's), KEEP = 2:
+    it makes room for a put before receiving it, so its resident memory never exceeds
+    KEEP snapshots per rank, the arriving one included (it used to hold KEEP + 1 while
+    receiving); a snapshot read by a connection that then stays open is not kept alive
+    by it; and a put half-sent when its sender dies leaves the newest complete step."""
+    size = 40 << 20  # above glibc's largest mmap threshold: freed memory goes back at once
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.memkeeper", "--port-file",
+                             str(port_file)], env={**os.environ, TOKEN_ENV: "tok"})
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "keeper did not start"
+            time.sleep(0.02)
+        addr = f"127.0.0.1:{port_file.read_text()}"
+        ranks = {r: KeeperClient(addr, "tok") for r in (0, 1)}
+        assert ranks[0].request({"op": "stats"})[0]["ok"]
+        base = _kb(proc.pid, "VmRSS")
+        payload = b"\x01" * size
+        reader = KeeperClient(addr, "tok")  # a restore's connection, left open
+        for step in (1, 2, 3, 4):
+            for r, c in ranks.items():
+                assert c.request({"op": "put", "job": "j", "rank": r, "step": step}, payload)[0]["ok"]
+            if step == 2:
+                assert len(reader.request({"op": "get", "job": "j", "rank": 0, "step": 2})[1]) == size
+        # rank 0's step 5 arrives half, then its node dies
+        host, _, port = addr.rpartition(":")
+        with socket.create_connection((host, int(port))) as raw:
+            head = json.dumps({"op": "put", "job": "j", "rank": 0, "step": 5, "token": "tok",
+                               "size": size}).encode()
+            raw.sendall(struct.pack(">I", len(head)) + head + payload[:size // 2])
+            deadline = time.monotonic() + 10
+            while ranks[1].request({"op": "steps", "job": "j", "rank": 0})[0]["steps"] != [4]:
+                assert time.monotonic() < deadline, "the oldest step was not dropped first"
+                time.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while ranks[1].request({"op": "index", "job": "j"})[0]["ranks"] != {
+                "0": {"4": 0}, "1": {"3": 0, "4": 0}}:
+            assert time.monotonic() < deadline, "the half-sent put changed what is held"
+            time.sleep(0.01)
+        assert ranks[1].request({"op": "stats"})[0]["bytes"] == 3 * size
+        bound_kb = 2 * KEEP * size // 1024  # two ranks served, KEEP each
+        peak = _kb(proc.pid, "VmHWM") - base
+        assert peak <= bound_kb * 1.05, f"peak {peak} kB over the bound {bound_kb} kB"
+        assert _kb(proc.pid, "VmRSS") - base <= 3 * size // 1024 * 1.05  # what it holds now
+    finally:
+        proc.kill()
+        proc.wait()

@@ -11,6 +11,10 @@ the gang is relaunched on the survivors plus a spare node with an empty keeper:
 * when both copies of a shard are gone (node 1's and node 2's keepers killed), every rank
   falls back to the newest durable checkpoint, and the progress file says which tier;
 * each keeper holds at most 2 steps of each rank it serves (bounded memory);
+* a node lost while a snapshot is half-sent, with one node's link so slow that its
+  ranks' sends take several steps: every rank took and skipped the same snapshots, so
+  the relaunch resumes from the newest snapshot every rank completed (the one before the
+  half-sent one), never from the durable checkpoint and never from a mix of steps;
 * with no spare, the gang shrinks to the 2 survivors: their ranks read the 3 old shards
   from the keepers (node 1's from its buddy copy on node 2) and DCP reshards them
   3 -> 2; at most one step lost, then every step's samples and loss equal the
@@ -19,11 +23,15 @@ the gang is relaunched on the survivors plus a spare node with an empty keeper:
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +42,7 @@ from tests.trainer.launch import REPO, Run, launch, read_log
 from tests.trainer.test_library_example import wait_codes
 from tests.trainer.test_trainer_processes import assert_matches
 from trainer.memkeeper import KEEP, TOKEN_ENV
-from trainer.memtier import KeeperClient
+from trainer.memtier import KeeperClient, newest_complete
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "examples" / "byo" / "train_plain.py")
@@ -78,8 +86,9 @@ def keepers(tmp_path: Path):
 
 
 def run_job(workdir: Path, ckpt: Path, log: Path, keepers: list[Keeper] | None, *,
-            attempt: int, sleep: float, nodes: int = NODES) -> Run:
-    argv = [SCRIPT, "--steps", str(STEPS), "--checkpoint-every", "5", "--loss-log", str(log),
+            attempt: int, sleep: float, nodes: int = NODES, checkpoint_every: int = 5) -> Run:
+    argv = [SCRIPT, "--steps", str(STEPS), "--checkpoint-every", str(checkpoint_every),
+            "--loss-log", str(log),
             "--step-sleep", str(sleep), "--seed", "4"]
     env = {}
     if keepers is not None:
@@ -194,3 +203,129 @@ def test_no_spare_the_survivors_reshard_from_memory(
     for k in (ks[0], ks[2]):
         index = KeeperClient(k.address, TOKEN).request({"op": "index", "job": "j-mem"})[0]
         assert set(index["ranks"]) <= {"0", "1"}, index
+
+
+class SlowLink:
+    """A TCP proxy in front of one node's keeper: a slow network to that node. It
+    forwards every message as is, but holds each put half-sent for `hold` seconds
+    (`half_sent` is set meanwhile), and drops the rest when the sender died in between
+    (a node lost mid-send: the keeper sees the connection close mid-message)."""
+
+    def __init__(self, target: str, hold: float) -> None:
+        host, _, port = target.rpartition(":")
+        self.target, self.hold = (host, int(port)), hold
+        self.half_sent = threading.Event()
+        self.held = 0  # puts held so far
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        self._conns: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._pipe, args=(client,), daemon=True)
+            self._conns.append(t)
+            t.start()
+
+    @staticmethod
+    def _exact(sock: socket.socket, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = sock.recv(min(1 << 20, n - len(buf)))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return bytes(buf)
+
+    def _pipe(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.target)
+
+        def back() -> None:  # the keeper's replies, verbatim
+            try:
+                while data := upstream.recv(1 << 16):
+                    client.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while True:
+                prefix = self._exact(client, 4)
+                head = self._exact(client, int.from_bytes(prefix, "big"))
+                header = json.loads(head)
+                payload = self._exact(client, int(header.get("size", 0)))
+                upstream.sendall(prefix + head)
+                if header.get("op") != "put" or not payload:
+                    upstream.sendall(payload)
+                    continue
+                half = len(payload) // 2
+                upstream.sendall(payload[:half])
+                self.held += 1
+                self.half_sent.set()
+                time.sleep(self.hold)
+                self.half_sent.clear()
+                readable, _, _ = select.select([client], [], [], 0)
+                if readable and not client.recv(1, socket.MSG_PEEK):
+                    return  # the sender is gone: the rest never arrives
+                upstream.sendall(payload[half:])
+        except OSError:
+            pass
+        finally:
+            upstream.close()
+            client.close()
+
+    def close(self) -> None:
+        self._server.close()
+        for t in self._conns:
+            t.join(timeout=10)
+
+
+def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_completed(
+    tmp_path: Path, keepers, reference: list[dict[str, Any]]
+) -> None:
+    """Node 1's link is slow (each put held 0.8 s, several steps): its rank's own sends
+    and rank 0's buddy sends outlast steps, rank 2's do not. The ranks agree on which
+    snapshots to skip, so the keepers hold the same steps of every rank; the whole gang
+    dies while a put is half-sent, and the relaunch resumes from the snapshot before it
+    (no durable checkpoint exists: the store would start at step 0)."""
+    ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
+    ks = [keepers(f"n{i}") for i in range(NODES)]
+    slow = SlowLink(ks[1].address, hold=0.8)
+    try:
+        a1 = run_job(tmp_path / "a1", ckpt, log, [ks[0], slow, ks[2]], attempt=1, sleep=0.1,
+                     checkpoint_every=1000)
+        deadline = time.monotonic() + 180
+        while not (slow.held >= 3 and slow.half_sent.is_set()):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in a1.procs), \
+                a1.output()
+            time.sleep(0.005)
+        a1.kill()  # every rank at once, a put half-sent
+    finally:
+        slow.close()
+    last = read_log(log)[-1]["step"]
+    views: dict[int, set[int]] = {}  # old rank -> steps held on any keeper
+    for k in ks:
+        assert k.stats()["snapshots"] <= 2 * KEEP  # bounded: KEEP of the own rank and the ward's
+        index = KeeperClient(k.address, TOKEN).request({"op": "index", "job": "j-mem"})[0]
+        for rank, steps in index["ranks"].items():
+            views.setdefault(int(rank), set()).update(int(s) for s in steps)
+    held = {(r, s, NODES) for r, steps in views.items() for s in steps}
+    complete = newest_complete([held], 1)
+    assert complete is not None, f"no step every rank holds: {views}"
+    step = complete[0]
+    # Agreed skips: past the newest complete step, only the half-sent one exists anywhere.
+    newer = {s for steps in views.values() for s in steps if s > step}
+    assert len(newer) <= 1, f"ranks hold different steps: {views}"
+    assert 0 < step < last, (step, last, views)
+
+    a2 = run_job(tmp_path / "a2", ckpt, log, ks, attempt=2, sleep=0.0, checkpoint_every=1000)
+    wait_codes(a2, 0)
+    prog = a2.progress()
+    assert prog["resume_tier"] == "memory" and prog["resumed_step"] == step, (prog, views)
+    records = final_records(log)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert_matches(reference, records, exact=False)
