@@ -555,6 +555,7 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                     f"step {target}\n{cluster.logs()}")
                 placed = [a.node_id for a in handle.status().placement.nodes]
                 victim = placed[1]
+                tier_report = _memory_tier_report(cluster.root, handle.id)
                 t_kill = time.time()
                 kill_node(cluster.root, handle.id, victim, attempt=attempt)
                 if path == "store":  # rank 1's other copy (node 2's keeper) lost too
@@ -597,6 +598,12 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                                                                        key=lambda kv: kv[1])},
                     "load_average_1": round(os.getloadavg()[0], 2),
                     "warm_starters_at_kill": sorted(ready),
+                    # rank 0's tier report just before the kill: snapshots taken and
+                    # skipped (the previous one still sending: the real interval), bytes
+                    "memory_tier_at_kill": tier_report,
+                    # what the job's events say about the tier the resume came from
+                    "event": next((e.message for e in client.events(handle.id)
+                                   if e.type == "recovered" and e.time >= t_kill), ""),
                 }
                 samples.append(sample)
                 print(f"kill {i} ({path}): after step {last}, resumed {resumed}, downtime "
@@ -614,6 +621,11 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                        s["stages_s"][name] for s in v if s["stages_s"][name] is not None])
                        else None) for name, _, _ in STAGES}}
                for p, v in by.items()}
+    snap = max((s["memory_tier_at_kill"].get("snapshot_bytes", 0) for s in samples), default=0)
+    if memory and snap:  # a keeper serves two ranks (its node's, its ward's), `keep` each
+        keep = args.recovery_keep if model else 2
+        memory["keeper_bound_mb"] = round(keep * 2 * snap / 2**20)
+        memory["snapshot_mb_rank0"] = round(snap / 2**20)
     return {
         "warm_ranks": warm,
         "memory": summary["memory"], "store": summary["store"],
@@ -623,6 +635,19 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
         "load_average_1_during": [s["load_average_1"] for s in samples],
         "memory_use": memory,
     }
+
+
+def _memory_tier_report(root: Path, job_id: str) -> dict[str, Any]:
+    """Rank 0's ``memory_tier`` report from the job's newest progress file under ``root``
+    (trainer/memtier.py ``report``); {} when there is none yet."""
+    files = [p for p in root.rglob("progress.json") if job_id in str(p)]
+    for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            tier = json.loads(path.read_text()).get("memory_tier")
+            if isinstance(tier, dict):
+                return {k: tier[k] for k in ("every", "taken", "skipped", "failed",
+                                             "snapshot_bytes", "keeper_bytes") if k in tier}
+    return {}
 
 
 def _kill_keeper(root: Path, job_id: str, node: str) -> None:

@@ -1282,11 +1282,24 @@ def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
                    f"1-minute load average {', '.join(f(x, 1) for x in la) or '?'} at the kills.")
         if run.get("memory_use"):
             m, cg = run["memory_use"], r.get("cgroup") or {}
+            bound = (f" (its bound: {r.get('keeper_keep', 2)} snapshot(s) of each of the 2 ranks it "
+                     f"serves, the arriving one included, {m['snapshot_mb_rank0']:,} MB each: "
+                     f"{m['keeper_bound_mb']:,} MB)" if m.get("keeper_bound_mb") else "")
             out.append(f"- memory: peak RSS of a rank {m['peak_rss_mb_ranks_max']:,} MB, of a keeper "
-                       f"{m['peak_rss_mb_keepers_max']:,} MB"
+                       f"{m['peak_rss_mb_keepers_max']:,} MB{bound}"
                        + (f", the run's cgroup peak {cg['peak_bytes'] / 2**30:.1f} GiB (page cache "
                           "included)" if cg.get("peak_bytes") else "")
                        + f"; the machine's lowest MemAvailable {f(m['min_mem_available_gb'], 1)} GB.")
+        for smp in run.get("samples", []):
+            tier = smp.get("memory_tier_at_kill") or {}
+            if not tier:
+                continue
+            out.append(f"- {smp['path']} kill: after step {smp['killed_after_step']}, resumed at "
+                       f"{smp['resumed_step']} ({smp['lost_steps']} lost); before the kill rank 0 "
+                       f"had taken {tier.get('taken', '?')} snapshot(s) every "
+                       f"{tier.get('every', '?')} step(s) and skipped {tier.get('skipped', '?')} "
+                       "(the previous one still sending on some rank)"
+                       + (f"; the job's event: \"{smp['event']}\"." if smp.get("event") else "."))
     return out
 
 

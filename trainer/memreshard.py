@@ -64,6 +64,38 @@ def chunk_of(key: str, value: DTensor) -> tuple[list[int], list[int]]:
     return list(item.tensor_data.chunk.offsets), list(item.tensor_data.size)
 
 
+def replica_share(value: DTensor) -> tuple[int, int]:
+    """(this rank's index among the ranks holding the same local chunk of ``value``, how
+    many hold it): the product of the mesh dimensions ``value`` is replicated over (HSDP's
+    "replicate"), 1 when none."""
+    mesh, coord = value.device_mesh, value.device_mesh.get_coordinate()
+    index, count = 0, 1
+    for dim, placement in enumerate(value.placements):
+        if placement.is_replicate():
+            assert coord is not None
+            index, count = index * mesh.size(dim) + coord[dim], count * mesh.size(dim)
+    return index, count
+
+
+def replica_piece(local: torch.Tensor, index: int, count: int) -> tuple[torch.Tensor, int] | None:
+    """The part of a replicated local chunk that replica ``index`` of ``count`` keeps in
+    its snapshot, and its first row (dim 0) in the chunk; None: another replica keeps it.
+
+    Why: with HSDP every replica group holds the same shards, and a snapshot of each in
+    full sent to two keepers moved ``2 x replicas`` copies of the state per snapshot
+    (one rank per node: the whole model per rank; at 58M parameters 0.7 GB per rank,
+    more than a step's time to send on a 2-core host, so snapshots were skipped). Split
+    by rows, the replicas together hold one copy, and each part has its buddy copy. A
+    chunk with fewer rows than replicas is kept whole by replica 0."""
+    if count <= 1:
+        return local, 0
+    if local.dim() == 0 or local.shape[0] < count:
+        return (local, 0) if index == 0 else None
+    rows = local.shape[0]
+    start, end = rows * index // count, rows * (index + 1) // count
+    return local[start:end], start
+
+
 @dataclass(frozen=True)
 class Head:
     """One old rank's snapshot head (trainer/memtier.py `encode`) and where its tensor

@@ -14,13 +14,20 @@ TCP, never a collective, so it cannot interleave with FSDP's gloo/NCCL traffic.
 Parameters changed outside `optimizer.step()` between two steps would race the copy:
 nothing in the library does that; a script that does should not use the tier.
 
+Which steps: every rank takes or skips a snapshot alike (skipped while any rank's
+previous one is still sending, agreed in the per-step flags all-reduce, `maybe_snapshot`),
+so the keepers hold the same steps of every rank and one complete set is always there
+while the next is in flight. A model replicated over ranks (HSDP, e.g. one rank per
+node) has each replica keep only its rows of the shard it shares with the others
+(`memreshard.replica_piece`): the replicas together send one copy, not one each.
+
 Restore: ranks ask every keeper (keepers hold shards by rank, so any node order works)
 which steps of which old ranks they hold, and agree on the newest step whose every old
 rank's shard some keeper holds. On the same world size (replace in place: survivors
 plus a spare in the lost node's place) each rank copies its own old shard into its live
-tensors. On another world size (shrink in place: the survivors only) the snapshots are
-read as a DCP checkpoint and DCP reshards them (trainer/memreshard.py), exactly as a
-store resume reshards N -> M. Either way `resume_tier: memory`. A shard with both
+tensors. On another world size (shrink in place: the survivors only), or when the
+snapshots are replicas' parts, they are read as a DCP checkpoint and DCP reshards them
+(trainer/memreshard.py), exactly as a store resume reshards N -> M. Either way `resume_tier: memory`. A shard with both
 copies gone, a keeper unreachable or any failure on any rank: the store.
 
 Uses torch's private DCP helpers `flatten_state_dict` / `set_element` (as DCP itself
@@ -346,8 +353,15 @@ class MemoryTier:
             chunks: dict[str, tuple[list[int], list[int]]] = {}
             for key, value in flat.items():
                 if isinstance(value, DTensor):
-                    chunks[key] = memreshard.chunk_of(key, value)
-                    value = value.to_local()
+                    offsets, size = memreshard.chunk_of(key, value)
+                    piece = memreshard.replica_piece(value.to_local(),
+                                                     *memreshard.replica_share(value))
+                    if piece is None:  # another replica of this chunk keeps it
+                        continue
+                    value, first_row = piece
+                    if first_row:
+                        offsets = [offsets[0] + first_row, *offsets[1:]]
+                    chunks[key] = (offsets, size)
                 if isinstance(value, torch.Tensor):
                     tensors.append((key, value.detach()))
                     continue
@@ -503,7 +517,7 @@ class MemoryTier:
         step, saved_world = choice
         failure, peer = "", False
         try:
-            if saved_world == self.run.world_size:
+            if saved_world == self.run.world_size and not self._replicated():
                 client = held[(self.run.rank, step, saved_world)]
                 peer = client is not self.own
                 reply, payload = client.request(
@@ -522,6 +536,13 @@ class MemoryTier:
             self.manager._prepared = None
             return None
         return Restored(step, saved_world, [r for r, (_, p) in enumerate(outcomes) if p])
+
+    def _replicated(self) -> bool:
+        """The model is replicated over ranks (HSDP): each rank's snapshot holds only its
+        part of its replicas' shard (`memreshard.replica_piece`), so even on the same
+        world size a rank's state is read from several snapshots, through DCP."""
+        return any(isinstance(p, DTensor) and memreshard.replica_share(p)[1] > 1
+                   for p in self.manager.model.parameters())
 
     def _reshard(self, step: int, saved_world: int,
                  held: dict[tuple[int, int, int], KeeperClient]) -> bool:

@@ -86,7 +86,11 @@ def keepers(tmp_path: Path):
 
 
 def run_job(workdir: Path, ckpt: Path, log: Path, keepers: list[Keeper] | None, *,
-            attempt: int, sleep: float, nodes: int = NODES, checkpoint_every: int = 5) -> Run:
+            attempt: int, sleep: float, nodes: int = NODES, checkpoint_every: int = 5,
+            hsdp: bool = False) -> Run:
+    """`hsdp`: each rank says it is its node's only one (LOCAL_WORLD_SIZE=1), as a job
+    with one rank per node does, so the library's layout is HSDP: every rank holds the
+    whole model, a replica of the others."""
     argv = [SCRIPT, "--steps", str(STEPS), "--checkpoint-every", str(checkpoint_every),
             "--loss-log", str(log),
             "--step-sleep", str(sleep), "--seed", "4"]
@@ -95,7 +99,9 @@ def run_job(workdir: Path, ckpt: Path, log: Path, keepers: list[Keeper] | None, 
         env = {"CB_MEMORY_EVERY": "1", "CB_MEMORY_KEEPERS": ",".join(k.address for k in keepers),
                TOKEN_ENV: TOKEN}
     return launch(workdir, nodes, "{}", str(ckpt), attempt=attempt, argv=argv, job_id="j-mem",
-                  env=env, rank_env={r: {"NODE_RANK": str(r)} for r in range(nodes)})
+                  env=env, rank_env={r: {"NODE_RANK": str(r),
+                                         **({"LOCAL_WORLD_SIZE": "1"} if hsdp else {})}
+                                     for r in range(nodes)})
 
 
 @pytest.fixture(scope="module")
@@ -291,13 +297,15 @@ def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_complet
     and rank 0's buddy sends outlast steps, rank 2's do not. The ranks agree on which
     snapshots to skip, so the keepers hold the same steps of every rank; the whole gang
     dies while a put is half-sent, and the relaunch resumes from the snapshot before it
-    (no durable checkpoint exists: the store would start at step 0)."""
+    (no durable checkpoint exists: the store would start at step 0). One rank per node
+    (HSDP, 3 replicas): each rank's snapshot holds a third of the state, so the restore
+    reads every rank's state from all three snapshots."""
     ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
     ks = [keepers(f"n{i}") for i in range(NODES)]
     slow = SlowLink(ks[1].address, hold=0.8)
     try:
         a1 = run_job(tmp_path / "a1", ckpt, log, [ks[0], slow, ks[2]], attempt=1, sleep=0.1,
-                     checkpoint_every=1000)
+                     checkpoint_every=1000, hsdp=True)
         deadline = time.monotonic() + 180
         while not (slow.held >= 3 and slow.half_sent.is_set()):
             assert time.monotonic() < deadline and all(p.poll() is None for p in a1.procs), \
@@ -322,10 +330,18 @@ def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_complet
     assert len(newer) <= 1, f"ranks hold different steps: {views}"
     assert 0 < step < last, (step, last, views)
 
-    a2 = run_job(tmp_path / "a2", ckpt, log, ks, attempt=2, sleep=0.0, checkpoint_every=1000)
+    a2 = run_job(tmp_path / "a2", ckpt, log, ks, attempt=2, sleep=0.0, checkpoint_every=1000,
+                 hsdp=True)
     wait_codes(a2, 0)
     prog = a2.progress()
     assert prog["resume_tier"] == "memory" and prog["resumed_step"] == step, (prog, views)
+    assert prog["resumed_from_world_size"] == NODES and prog["restored_from_peer"], prog
+    # each rank keeps a third of the replicated state (parameters and AdamW's two moments)
+    sys.path.insert(0, str(Path(SCRIPT).parent))
+    from train_plain import MLP
+
+    state = sum(p.numel() * p.element_size() for p in MLP().parameters()) * 3
+    assert state / 3 <= prog["memory_tier"]["snapshot_bytes"] < state / 2, (state, prog)
     records = final_records(log)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_matches(reference, records, exact=False)

@@ -61,3 +61,19 @@ def test_each_snapshot_equals_the_live_state_of_its_step(tmp_path: Path) -> None
     assert report["layouts"] == 2  # walked once, and once more after the replacement
     stats = report["stats"]
     assert stats["taken"] == 8 and stats["failed"] == 0 and stats["side_copy_s_per_snapshot"] > 0
+
+
+def test_replicas_split_a_chunk_by_rows_and_together_keep_it_once() -> None:
+    """HSDP: the ranks holding the same chunk each keep a part of it in their snapshots."""
+    from trainer.memreshard import replica_piece
+
+    chunk = torch.arange(21.0).reshape(7, 3)
+    parts = [replica_piece(chunk, i, 3) for i in range(3)]
+    assert [p[1] for p in parts] == [0, 2, 4]  # first rows: 7 rows as 2, 2, 3
+    assert torch.equal(torch.cat([p[0] for p in parts]), chunk)
+    assert all(p[0].data_ptr() >= chunk.data_ptr() for p in parts)  # views, not copies
+    small = torch.ones(2, 4)  # fewer rows than replicas: replica 0 keeps it whole
+    assert replica_piece(small, 0, 3)[0] is small and replica_piece(small, 2, 3) is None
+    scalar = torch.tensor(5.0)
+    assert replica_piece(scalar, 0, 2) == (scalar, 0) and replica_piece(scalar, 1, 2) is None
+    assert replica_piece(chunk, 0, 1) == (chunk, 0)  # not replicated: all of it
