@@ -12,7 +12,7 @@ job's token.
 Why the one arriving counts: a put's payload is received into a buffer of its full size
 before it is stored, so a keeper that dropped its oldest step only once the new one was
 complete held `KEEP + 1` snapshots per rank while receiving (measured: a 58M-parameter
-job's keepers peaked at 1.4x the bound they reported). With the default `KEEP = 2` the
+job's keepers peaked at 1.5x their bound). With the default `KEEP = 2` the
 keeper holds the newest complete step and the one arriving: a double buffer, enough
 because ranks start a snapshot only once every rank's previous one is complete (the
 ranks agree on it, trainer/memtier.py), so the newest complete step of every rank is

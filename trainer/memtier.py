@@ -27,8 +27,9 @@ rank's shard some keeper holds. On the same world size (replace in place: surviv
 plus a spare in the lost node's place) each rank copies its own old shard into its live
 tensors. On another world size (shrink in place: the survivors only), or when the
 snapshots are replicas' parts, they are read as a DCP checkpoint and DCP reshards them
-(trainer/memreshard.py), exactly as a store resume reshards N -> M. Either way `resume_tier: memory`. A shard with both
-copies gone, a keeper unreachable or any failure on any rank: the store.
+(trainer/memreshard.py), exactly as a store resume reshards N -> M. Either way
+`resume_tier: memory`. A shard with both copies gone, a keeper unreachable or any
+failure on any rank: the store.
 
 Uses torch's private DCP helpers `flatten_state_dict` / `set_element` (as DCP itself
 does) so a snapshot's keys are exactly the store's. Configured by the launcher

@@ -42,7 +42,7 @@ from tests.trainer.launch import REPO, Run, launch, read_log
 from tests.trainer.test_library_example import wait_codes
 from tests.trainer.test_trainer_processes import assert_matches
 from trainer.memkeeper import KEEP, TOKEN_ENV
-from trainer.memtier import KeeperClient, newest_complete
+from trainer.memtier import PREFIX, KeeperClient, head_length, load_head, newest_complete
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "examples" / "byo" / "train_plain.py")
@@ -329,6 +329,23 @@ def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_complet
     newer = {s for steps in views.values() for s in steps if s > step}
     assert len(newer) <= 1, f"ranks hold different steps: {views}"
     assert 0 < step < last, (step, last, views)
+    # HSDP: the three replicas' snapshots of a step hold the state (parameters and AdamW's
+    # two moments) once between them, not once each
+    sys.path.insert(0, str(Path(SCRIPT).parent))
+    from train_plain import MLP
+
+    state = sum(p.numel() * p.element_size() for p in MLP().parameters()) * 3
+    held_bytes = 0
+    for rank in range(NODES):
+        keeper = next(k for k in ks if str(step) in KeeperClient(k.address, TOKEN).request(
+            {"op": "index", "job": "j-mem"})[0]["ranks"].get(str(rank), {}))
+        c = KeeperClient(keeper.address, TOKEN)
+        prefix = c.request({"op": "get", "job": "j-mem", "rank": rank, "step": step,
+                            "ranges": [[0, PREFIX]]})[1]
+        head = c.request({"op": "get", "job": "j-mem", "rank": rank, "step": step,
+                          "ranges": [[PREFIX, head_length(prefix)]]})[1]
+        held_bytes += sum(t[3] for t in load_head(head)["tensors"])
+    assert state <= held_bytes <= state * 1.02, (state, held_bytes)
 
     a2 = run_job(tmp_path / "a2", ckpt, log, ks, attempt=2, sleep=0.0, checkpoint_every=1000,
                  hsdp=True)
@@ -336,12 +353,6 @@ def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_complet
     prog = a2.progress()
     assert prog["resume_tier"] == "memory" and prog["resumed_step"] == step, (prog, views)
     assert prog["resumed_from_world_size"] == NODES and prog["restored_from_peer"], prog
-    # each rank keeps a third of the replicated state (parameters and AdamW's two moments)
-    sys.path.insert(0, str(Path(SCRIPT).parent))
-    from train_plain import MLP
-
-    state = sum(p.numel() * p.element_size() for p in MLP().parameters()) * 3
-    assert state / 3 <= prog["memory_tier"]["snapshot_bytes"] < state / 2, (state, prog)
     records = final_records(log)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_matches(reference, records, exact=False)
