@@ -528,6 +528,11 @@ class MemoryTier:
                 self._fill(decode(payload), step)
             else:
                 peer = self._reshard(step, saved_world, held)
+                if saved_world == self.run.world_size:
+                    # replicas' parts: every rank reads some from other nodes' keepers, as
+                    # planned; "from a peer" stays what it says on the same world size,
+                    # that this rank's own old shard came from another node's copy
+                    peer = held[(self.run.rank, step, saved_world)] is not self.own
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back
             failure = f"rank {self.run.rank}: {(str(exc).strip().splitlines() or [repr(exc)])[-1]}"
         outcomes = self._gather((failure, peer))

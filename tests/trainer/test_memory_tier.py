@@ -352,7 +352,8 @@ def test_a_node_lost_mid_snapshot_resumes_from_the_newest_set_every_rank_complet
     wait_codes(a2, 0)
     prog = a2.progress()
     assert prog["resume_tier"] == "memory" and prog["resumed_step"] == step, (prog, views)
-    assert prog["resumed_from_world_size"] == NODES and prog["restored_from_peer"], prog
+    # every rank's own part was on its own node's keeper (none was lost)
+    assert prog["resumed_from_world_size"] == NODES and prog["restored_from_peer"] == [], prog
     records = final_records(log)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert_matches(reference, records, exact=False)
