@@ -741,6 +741,7 @@ def main() -> None:
                 "stages": [name for name, _, _ in STAGES],
                 **rec, "cgroup": cgroup_memory_peak(),
                 "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "load_average_1_5_15_start": [round(x, 2) for x in load_start],
                 "load_average_1_5_15_end": [round(x, 2) for x in os.getloadavg()]}
         elif not args.skip_recovery:
             runs = json.loads(Path(args.reuse_runs).read_text()) if args.reuse_runs else {}
@@ -772,8 +773,10 @@ def main() -> None:
             "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result["load_average_1_5_15_start"] = [round(x, 2) for x in load_start]
-    result["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
+    if not args.skip_overhead or not prev:  # the overhead part's load (a recovery
+        # section carries its own; merging one must not rewrite the overhead's figures)
+        result["load_average_1_5_15_start"] = [round(x, 2) for x in load_start]
+        result["load_average_1_5_15_end"] = [round(x, 2) for x in os.getloadavg()]
     merged = {**prev, **result}
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(merged, indent=2) + "\n")
