@@ -25,7 +25,6 @@ Why these choices:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sqlite3
@@ -55,6 +54,15 @@ from broker.store.base import (
 from broker.store.checkpoint_index import job_prefix_key
 from broker.store.group_commit import GroupWriter
 from broker.store.private_files import private_dirs, private_sqlite
+from broker.store.sqlite_batch import (
+    PUT_RECORDS,
+    RetryCarefully,
+    insert_rows,
+    values_insert,
+    write_logs,
+    write_records,
+    write_updates,
+)
 from broker.store.sqlite_logs import LOG_SCHEMA, SQLiteLogs
 from broker.store.write_turn import WriteTurn
 from computebroker.v1 import common_pb2 as pb
@@ -168,25 +176,8 @@ CREATE TABLE IF NOT EXISTS leases (
 log = logging.getLogger(__name__)
 
 
-class _RetryCarefully(Exception):  # noqa: N818 - a signal, not an error
-    """A batch of job creations written whole failed (a duplicate, most likely): roll
-    the transaction back and write the group again with a savepoint per member."""
-
-
-_INSERT_JOBS = "INSERT INTO jobs (id, team, client_request_id, phase, region, version, data) VALUES "
-_INSERT_EVENTS = "INSERT INTO events (job_id, seq, data) VALUES "
-_INSERT_RECORDS = "INSERT INTO records (kind, key, data) VALUES "
-_BATCH_ROWS = 64  # rows per multi-row INSERT: few distinct statements to cache and prepare
-
-
-@functools.lru_cache(maxsize=256)
-def _multi_row(head: str, width: int, rows: int) -> str:
-    """``head`` + ``rows`` placeholders groups of ``width``; with the records' upsert."""
-    one = "(" + ", ".join("?" * width) + ")"
-    sql = head + ", ".join([one] * rows)
-    if head is _INSERT_RECORDS:
-        sql += " ON CONFLICT (kind, key) DO UPDATE SET data = excluded.data"
-    return sql
+_INSERT_JOBS = values_insert("INSERT INTO jobs (id, team, client_request_id, phase, region, version, data)")
+_INSERT_EVENTS = values_insert("INSERT INTO events (job_id, seq, data)")
 
 
 _PUT_RECORD = ("INSERT INTO records (kind, key, data) VALUES (?, ?, ?)"
@@ -333,14 +324,15 @@ class SQLiteStore(SQLiteLogs, Store):
 
     def _write_group(self, group: list[tuple[str, object]]) -> list[object]:
         """One transaction for a group of writes (job batches, job updates, log chunks
-        and record puts), in queue order; a whole-transaction failure (Fenced, COMMIT)
-        reaches them all. A job update or log append that fails on its own (a version
-        conflict, a job gone) rolls back alone (SAVEPOINT) and raises to its caller
-        only: the others commit.
+        and record puts); a whole-transaction failure (Fenced, COMMIT) reaches them all.
+        A job update that fails on its own (a version conflict, a job gone) raises to its
+        caller only: the others commit.
 
-        Job batches are first written whole: one multi-row INSERT each for their jobs,
-        their events and their riders, no savepoint, no read (a new job's events are
-        numbered from 1). Why: SQLite's Python module lets go of the GIL for every
+        The group is first written whole, a few multi-row statements per kind
+        (:meth:`_write_batched`, broker/store/sqlite_batch.py: a job update or log chunk
+        used to cost ~5 statements of its own). Job batches likewise: one multi-row
+        INSERT each for their jobs, their events and their riders, no savepoint, no read
+        (a new job's events are numbered from 1). Why: SQLite's Python module lets go of the GIL for every
         statement it steps, and under 16 concurrent submits each let-go was a thread
         switch or two: a savepoint per member, a MAX(seq) read and one INSERT per row
         were ~6 statements per submit against ~6 per group now (the switches, not the
@@ -349,35 +341,60 @@ class SQLiteStore(SQLiteLogs, Store):
         back and the group written again the careful way, a savepoint per member, so a
         failing member still fails alone and the others are written once."""
         try:
-            return self._write_group_once(group, careful=False)
-        except _RetryCarefully:
-            return self._write_group_once(group, careful=True)
+            with self._tx() as conn:
+                return self._write_batched(conn, group)
+        except RetryCarefully:
+            with self._tx() as conn:
+                return self._write_members(conn, group)
 
-    def _write_group_once(self, group: list[tuple[str, object]], careful: bool) -> list[object]:
+    def _write_batched(self, conn: sqlite3.Connection, group: list[tuple[str, object]]) -> list[object]:
+        """The group by kind, each kind in a few multi-row statements (sqlite_batch.py),
+        members of a kind in queue order. Kinds touch disjoint rows within one group (a
+        job is updated only after its creation returned, i.e. in a later group), so
+        writing creations, then updates, then log chunks, then records stores what the
+        queue order would."""
+        out: list[object] = [None] * len(group)
+        by_kind: dict[str, list[int]] = {}
+        for i, (kind, _) in enumerate(group):
+            by_kind.setdefault(kind, []).append(i)
+        try:
+            for i in by_kind.get("jobs", ()):
+                out[i] = self._create_batch(conn, group[i][1])  # type: ignore[arg-type]
+            for kind, write in (("update", write_updates), ("logs", write_logs)):
+                at = by_kind.get(kind, [])
+                for i, r in zip(at, write(conn, [group[i][1] for i in at]), strict=True):  # type: ignore[misc]
+                    out[i] = r
+            if "record" in by_kind:
+                write_records(conn, [group[i][1] for i in by_kind["record"]])  # type: ignore[misc]
+        except (sqlite3.Error, ValueError, TypeError) as e:
+            raise RetryCarefully from e
+        return out
+
+    def _write_members(self, conn: sqlite3.Connection, group: list[tuple[str, object]]) -> list[object]:
+        """The careful way, member by member in queue order, a savepoint for each that
+        may fail alone."""
         out: list[object] = []
-        with self._tx() as conn:
-            for kind, item in group:
-                if kind == "jobs":
-                    create = self._create_members if careful else self._create_batch
-                    out.append(create(conn, item))  # type: ignore[arg-type]
-                elif kind == "record":
-                    conn.execute(_PUT_RECORD, item)  # type: ignore[arg-type]
-                    out.append(None)
-                else:
-                    write = self._update_member if kind == "update" else self._append_logs_member
-                    conn.execute("SAVEPOINT member")
-                    try:
-                        out.append(write(conn, *item))  # type: ignore[misc]
-                    except StoreError as e:
-                        conn.execute("ROLLBACK TO member")
-                        out.append(e)
-                    conn.execute("RELEASE member")
+        for kind, item in group:
+            if kind == "jobs":
+                out.append(self._create_members(conn, item))  # type: ignore[arg-type]
+            elif kind == "record":
+                conn.execute(_PUT_RECORD, item)  # type: ignore[arg-type]
+                out.append(None)
+            else:
+                write = self._update_member if kind == "update" else self._append_logs_member
+                conn.execute("SAVEPOINT member")
+                try:
+                    out.append(write(conn, *item))  # type: ignore[misc]
+                except StoreError as e:
+                    conn.execute("ROLLBACK TO member")
+                    out.append(e)
+                conn.execute("RELEASE member")
         return out
 
     @staticmethod
     def _create_batch(conn: sqlite3.Connection, items: list[CreateItem]) -> list[pb.Job | StoreError]:
         """New jobs, their events and riders in one multi-row INSERT per table (see
-        :meth:`_write_group`); any statement's failure raises :class:`_RetryCarefully`."""
+        :meth:`_write_group`); any statement's failure raises :class:`RetryCarefully`."""
         out: list[pb.Job | StoreError] = []
         jobs: list[object] = []
         events: list[object] = []
@@ -397,15 +414,13 @@ class SQLiteStore(SQLiteLogs, Store):
             for kind, key, message in riders_of(item):
                 riders.extend((kind, key, message.SerializeToString()))
         try:
-            for sql, args, width in ((_INSERT_JOBS, jobs, 7), (_INSERT_EVENTS, events, 3),
-                                     (_INSERT_RECORDS, riders, 3)):
-                for at in range(0, len(args), _BATCH_ROWS * width):
-                    part = args[at:at + _BATCH_ROWS * width]
-                    conn.execute(_multi_row(sql, width, len(part) // width), part)
+            insert_rows(conn, _INSERT_JOBS[0], 7, jobs, _INSERT_JOBS[1])
+            insert_rows(conn, _INSERT_EVENTS[0], 3, events, _INSERT_EVENTS[1])
+            insert_rows(conn, PUT_RECORDS[0], 3, riders, PUT_RECORDS[1])
             for stored in written:
                 _index_row(conn, stored)
         except (sqlite3.Error, ValueError, TypeError) as e:
-            raise _RetryCarefully from e
+            raise RetryCarefully from e
         return out
 
     def _create_members(self, conn: sqlite3.Connection,

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 
 from broker.store import logs_common as lc
 from broker.store.group_commit import GroupWriter
+from broker.store.sqlite_batch import trim
 from computebroker.v1 import logs_pb2 as lpb
 
 LOG_SCHEMA = """
@@ -77,27 +78,11 @@ class SQLiteLogs:
                          "VALUES (?, ?, ?, ?, ?)", rows)
         total += sum(r[3] for r in rows)
         if total > max_bytes:
-            total, dropped = self._trim(conn, job_id, chunk.attempt, total, dropped, max_bytes)
+            total, dropped = trim(conn, job_id, chunk.attempt, total, dropped, max_bytes)
         conn.execute("INSERT OR REPLACE INTO log_attempts (job_id, attempt, bytes, last_seq, "
                      "dropped) VALUES (?, ?, ?, ?, ?)",
                      (job_id, chunk.attempt, total, last_seq, dropped))
         return fresh.end
-
-    @staticmethod
-    def _trim(conn: sqlite3.Connection, job_id: str, attempt: int, total: int, dropped: int,
-              max_bytes: int) -> tuple[int, int]:
-        """Drop the oldest lines until the attempt fits; return (bytes, dropped)."""
-        cut = 0
-        for seq, cost in conn.execute("SELECT seq, cost FROM log_lines WHERE job_id = ? AND "
-                                      "attempt = ? ORDER BY seq", (job_id, attempt)):
-            if total <= max_bytes:
-                break
-            total -= cost
-            dropped += 1
-            cut = seq
-        conn.execute("DELETE FROM log_lines WHERE job_id = ? AND attempt = ? AND seq <= ?",
-                     (job_id, attempt, cut))
-        return total, dropped
 
     def log_offsets(self, job_id: str) -> list[lpb.LogOffset]:
         rows = self._read("SELECT key, end_offset FROM log_streams WHERE job_id = ? ORDER BY key",
