@@ -717,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ramp-timeout", type=float, default=600.0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra broker settings")
     p.add_argument("--label", default="")
+    p.add_argument("--note", default="", help="what this build changed (shown under the table)")
     p.add_argument("--keep-logs", default="", help="copy each broker.log into this directory")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -725,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     result: dict = {
-        "benchmark": "running", "label": args.label,
+        "benchmark": "running", "label": args.label, "note": args.note,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "loadavg_start": list(os.getloadavg())},
         "setup": {"agents": args.agents, "agent_procs": args.agent_procs, "nodes": args.nodes,

@@ -994,6 +994,9 @@ def running(d: dict[str, Any]) -> list[str]:
                 f" {sto['log_lines_sent']:,} /"
                 f" {sto['log_lines_stored']:,} | {sto['jobs_behind_last_sent_step']} |"
                 f" {s['loadavg_start'][0]:.0f}-{s['loadavg_end'][0]:.0f} |")
+    for r in (before, d):  # what each build changed, as its run recorded it
+        if r is not None and r.get("note"):
+            out += ["", f"{r.get('label') or 'this'}: {r['note']}"]
     reps = d.get("repeats", {})
     for n, runs in reps.items():  # other runs of this build at a size (the row above is one)
         def med(key: str, runs: list = runs) -> str:
