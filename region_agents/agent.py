@@ -205,8 +205,12 @@ class RegionAgent:
         self.logs = LogShipper()  # ranks' stdout/stderr -> LogChunk (region_agents/logship.py)
         # Attempts a previous agent process started ship on from where the broker's copy
         # ends (RegisterAck's offsets; nothing is sent before it).
+        # An executor whose own threads write the rank files says when they grow, and the
+        # shipper then reads only those (not a stat of every file of every attempt a second).
+        self._logs_notified = executor.notify_log_writes(self.logs.notify)
         for r in executor.running():
-            self.logs.track(r.job_id, r.attempt, executor.log_sources(r.job_id, r.attempt))
+            self.logs.track(r.job_id, r.attempt, executor.log_sources(r.job_id, r.attempt),
+                            notified=self._logs_notified)
 
     # ---- public ----------------------------------------------------------------
     def start(self) -> None:
@@ -704,7 +708,8 @@ class RegionAgent:
             self._ranks.pop(key, None)
             raise
         self.logs.track(launch.job_id, launch.attempt,
-                        self.executor.log_sources(launch.job_id, launch.attempt))
+                        self.executor.log_sources(launch.job_id, launch.attempt),
+                        notified=self._logs_notified)
         t = self._timings.setdefault((launch.job_id, launch.attempt), agent_pb2.AttemptTimings())
         t.spawn_time = time.time()
 

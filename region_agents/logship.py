@@ -21,6 +21,7 @@ agent sends it before the attempt's terminal JobUpdate.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -60,6 +61,9 @@ class _Attempt:
     finished: float | None = None  # clock time of flush
     shipped: float = float("-inf")  # clock time of the last non-final read
     next_tail: int = 0  # round-robin start: every rank gets its turn under the budget
+    # its files grow only with a notify() (the agent's own readers write them): looked at
+    # only then, not every interval
+    notified: bool = False
 
 
 class LogShipper:
@@ -78,12 +82,27 @@ class LogShipper:
         self.clock = clock
         self.wall = wall
         self._attempts: dict[tuple[str, int], _Attempt] = {}
+        # notified attempts whose files grew since they were last read (notify() is
+        # called from the writers' threads; everything else runs under the agent's lock)
+        self._grew: set[tuple[str, int]] = set()
+        self._grew_lock = threading.Lock()
 
-    def track(self, job_id: str, attempt: int, sources: Iterable[LogSource]) -> None:
-        """Start shipping an attempt's files (from offset 0)."""
+    def track(self, job_id: str, attempt: int, sources: Iterable[LogSource],
+              notified: bool = False) -> None:
+        """Start shipping an attempt's files (from offset 0). ``notified``: the files grow
+        only with a :meth:`notify`, so they are not looked at otherwise (they are read
+        once now: they may hold lines already, e.g. rebuilt after an agent restart)."""
         now = self.clock()
         self._attempts[(job_id, attempt)] = _Attempt(
-            job_id, attempt, [_Tail(s) for s in sources], tokens=2.0 * self.rate, refilled=now)
+            job_id, attempt, [_Tail(s) for s in sources], tokens=2.0 * self.rate, refilled=now,
+            notified=notified)
+        if notified:
+            self.notify(job_id, attempt)
+
+    def notify(self, job_id: str, attempt: int) -> None:
+        """An attempt's files grew (thread-safe: called by the threads that write them)."""
+        with self._grew_lock:
+            self._grew.add((job_id, attempt))
 
     def tracked(self) -> list[tuple[str, int]]:
         return sorted(self._attempts)
@@ -95,24 +114,34 @@ class LogShipper:
         for att in self._attempts.values():
             for t in att.tails:
                 t.offset = known.get((att.job_id, att.attempt, t.source.rank, t.source.stream), 0)
+            if att.notified:
+                self.notify(att.job_id, att.attempt)  # read again from the new offsets
 
     def poll(self) -> list[lpb.LogChunk]:
         """New complete lines of every attempt, within each attempt's byte budget;
         finished attempts ship everything left, last partial line included."""
         now = self.clock()
         out: list[lpb.LogChunk] = []
+        with self._grew_lock:
+            grew, self._grew = self._grew, set()
         for key, att in list(self._attempts.items()):
             if att.finished is not None:
                 out.extend(self._read(att, final=True))
                 if now - att.finished > self.keep_finished_s:
                     del self._attempts[key]
                 continue
+            if att.notified and key not in grew:
+                continue  # nothing was written to its files since they were last read
             if now - att.shipped < self.interval_s:
+                if att.notified:
+                    self.notify(*key)  # grew: read at its next turn
                 continue
             att.shipped = now
             att.tokens = min(2.0 * self.rate, att.tokens + (now - att.refilled) * self.rate)
             att.refilled = now
             out.extend(self._read(att, final=False))
+            if att.notified and att.tokens <= 0:
+                self.notify(*key)  # its budget ran out: the rest at its next turn
         return out
 
     def flush(self, job_id: str, attempt: int) -> list[lpb.LogChunk]:

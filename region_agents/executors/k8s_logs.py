@@ -173,6 +173,7 @@ class _Resume:
 @dataclass
 class _Attempt:
     dir: Path
+    key: tuple[str, int] = ("", 0)  # (job id, attempt): what on_write names
     lock: threading.Lock = field(default_factory=threading.Lock)
     pods: dict[str, _PodStream] = field(default_factory=dict)
     ended: float = 0.0  # monotonic time the executor reported its end (0: running)
@@ -189,6 +190,9 @@ class PodLogs:
                  on_done: Callable[[], None] = lambda: None) -> None:
         self.core = core
         self.on_done = on_done  # a pod's log is read to its end (the executor's wake-up)
+        # called (job id, attempt) after lines were appended to an attempt's rank files:
+        # the agent's log shipper then reads only attempts that grew (set_on_write)
+        self.on_write: Callable[[str, int], None] = lambda job_id, attempt: None
         self.namespace = namespace
         self.root = Path(root)
         self.container = container
@@ -214,7 +218,7 @@ class PodLogs:
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is None:
-                att = _Attempt(self._dir(job_id, attempt))
+                att = _Attempt(self._dir(job_id, attempt), (job_id, attempt))
                 _rebuild(att.dir)  # before any stream appends: journals are the truth
                 self._attempts[(job_id, attempt)] = att
             return att
@@ -534,6 +538,7 @@ class _PodStream:
             for name, data in per_file.items():
                 with open(self.att.dir / name, "ab") as f:
                     f.write(data)
+        self.owner.on_write(*self.att.key)
 
 
 def _why(e: Exception) -> str:

@@ -134,7 +134,11 @@ VANISH_TIMEOUT_S = 60.0
 # a Launch waits this long for an older attempt's pods to end (k8s_fence.py), longer
 # than a pod on a lost node takes to count as ended (VANISH_TIMEOUT_S)
 FENCE_TIMEOUT_S = VANISH_TIMEOUT_S + 30.0
-FULL_PASS_S = 1.0  # poll() looks at every pod at least this often, else on watch events
+TIME_PASS_S = 1.0  # poll() looks at attempts whose state time alone changes this often
+# ... and at every attempt and pod this often, whatever the watches said (a safety net:
+# what the pod watch and the time checks see is judged at once, so this should find
+# nothing new)
+FULL_PASS_S = 30.0
 LOG_DRAIN_S = 20.0  # an ended attempt waits at most this long for its pods' last lines
 CONTAINER = "trainer"
 # attempts whose API objects are created at once (and as many pod creates beside them:
@@ -251,6 +255,10 @@ class _K8sAttempt:
     last_sent_time: float = 0.0
     running_since: float = 0.0  # all pods' containers running (the hang clock's start)
     drain_since: float = 0.0  # when its end was known, while its pods' logs are read
+    progress_unsent: bool = False  # ``last`` is newer than what was reported (rate limit)
+    # one of its pods is being deleted and still counts as running: it ends by time
+    # (its node gone: VANISH_TIMEOUT_S after its deadline), with no watch event to say so
+    ends_by_time: bool = False
     hang_timeout_s: float = 600.0
     # annotations every pod of the attempt must carry (set on pods created later too)
     wanted: dict[str, str] = field(default_factory=dict)
@@ -313,9 +321,16 @@ class KubernetesExecutor(Executor):
         self._pod_creator = ThreadPoolExecutor(workers, thread_name_prefix="k8s-create-pod")
         # kills, cleanups (a request per pod, by name) and keepers' ends, off the lock
         self._ender = ThreadPoolExecutor(enders, thread_name_prefix="k8s-end")
-        self._last_pass = 0.0
+        self._last_pass = 0.0  # the last pass over every attempt (FULL_PASS_S)
+        self._last_time_pass = 0.0  # the last look at attempts due by time (TIME_PASS_S)
+        # The pod watch's changes wake a pass over only the attempts whose pods changed
+        # (self.changed, set by everything else, wakes a pass over all of them). Why: at
+        # 2,500 running attempts a pass over every one each second was a tenth of a core.
+        self.pods_changed = threading.Event()
+        self._pods_of_key: dict[tuple[str, int], dict[str, dict]] = {}  # attempt -> its pods
+        self._key_of: dict[str, tuple[str, int]] = {}  # pod name -> its attempt
         self.pods = ObjectCache(self.core.list_namespaced_pod, what="pods",
-                                on_change=self.changed.set, namespace=namespace,
+                                on_change=self.pods_changed.set, namespace=namespace,
                                 label_selector=f"{LABEL_MANAGED}={MANAGER}").start()
         # Node changes do not wake the pod pass: nothing in it reads nodes (a pod on a
         # lost node ends by its deletion, judged by time), and 2,000 nodes' status
@@ -768,6 +783,7 @@ class KubernetesExecutor(Executor):
                     snap = parse_progress(json.loads(raw))
                     if snap is not None:
                         att.last = snap
+                        att.progress_unsent = True
                         self.keepers.saw(att.spec.job_id, snap.raw)  # sizes later keepers
 
     def fail(self, job_id: str, attempt: int, message: str, failed_nodes: list[str]) -> None:
@@ -793,49 +809,121 @@ class KubernetesExecutor(Executor):
         the ranks' store wait is news at once)."""
         sig = snap.signature()
         if sig == att.last_sent_sig:
+            att.progress_unsent = False
             return
         waits = (att.last_sent_sig or ())[-1:] != sig[-1:]
         if not waits and now - att.last_sent_time < self.progress_interval_s:
-            return
+            return  # progress_unsent stays: a pass by time sends it
         att.last_sent_sig, att.last_sent_time = sig, now
+        att.progress_unsent = False
         self._events.append(AttemptEvent(att.spec.job_id, att.spec.attempt, att.state,
                                          snap.progress, store_wait=snap.store_wait()))
 
     def poll(self) -> list[AttemptEvent]:
+        """The attempts' news since the last call. Called ~5 times a second by the agent.
+
+        Three kinds of pass, each judging an attempt by the same rules (``_judge``):
+        * every attempt, when something other than the pod watch asked (a launch done, a
+          stop, a kill, a pod's log read to its end), after a relist of the pods, and
+          every ``FULL_PASS_S`` whatever happened;
+        * the attempts whose pods the watch changed, as soon as it did;
+        * every ``TIME_PASS_S``, the attempts whose state time alone can change: the hang
+          detector's deadline passed, pods being deleted on a node that may be gone,
+          an end waiting for its pods' logs, progress held back by the rate limit."""
         with self._lock:
             now = time.time()
-            # The agent polls ~5 times a second; a pass over every pod is only needed
-            # when a watch delivered something, or once a second for what time alone
-            # changes (hang detection, pods whose node is gone).
-            if not self.changed.is_set() and now - self._last_pass < FULL_PASS_S:
-                out, self._events = self._events, []
-                return out
-            self.changed.clear()
-            self._last_pass = now
-            groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
-            for p in self.pods.snapshot().values():
-                k = pod_key(p)
-                if k is not None:
-                    groups[k].append(p)
-            for key, att in list(self._attempts.items()):
-                if att.created is not None:
-                    continue  # its objects are being made: nothing to judge yet
-                if self.pod_logs is not None:
-                    self.pod_logs.sync(*key, groups.get(key, []), self._pod_ranks(att))
-                self._poll_one(att, groups.get(key, []), now)
-                if att.state in TERMINAL:
-                    del self._attempts[key]
-            for key, pods in groups.items():
-                if key not in self._attempts:  # ended (reported) or a stranger's leftovers
-                    for p in pods:
-                        if pod_ended(p, now):
-                            self._release(p)
+            if self.changed.is_set() or now - self._last_pass >= FULL_PASS_S:
+                self.changed.clear()
+                self.pods_changed.clear()
+                self._last_pass = self._last_time_pass = now
+                self.pods.take_changed()  # everything is read below
+                self._index_all()
+                self._judge(list(self._attempts), set(self._pods_of_key), now)
+            else:
+                keys: set[tuple[str, int]] = set()
+                if self.pods_changed.is_set():
+                    self.pods_changed.clear()
+                    changed = self.pods.take_changed()
+                    if changed is None:  # relisted: every pod may differ
+                        self._index_all()
+                        keys = set(self._attempts) | set(self._pods_of_key)
+                    else:
+                        keys = self._index(changed)
+                if now - self._last_time_pass >= TIME_PASS_S:
+                    self._last_time_pass = now
+                    keys.update(k for k, a in self._attempts.items() if self._due_by_time(a, now))
+                if keys:
+                    self._judge([k for k in keys if k in self._attempts], keys, now)
             self._sweep_keepers(now)
             out, self._events = self._events, []
             return out
 
+    def _index_all(self) -> None:
+        """Group every watched pod by its attempt, from scratch."""
+        self._pods_of_key, self._key_of = defaultdict(dict), {}
+        for name, p in self.pods.snapshot().items():
+            k = pod_key(p)
+            if k is not None:
+                self._pods_of_key[k][name] = p
+                self._key_of[name] = k
+        self._pods_of_key = dict(self._pods_of_key)
+
+    def _index(self, names: set[str]) -> set[tuple[str, int]]:
+        """Apply the watch's changes to pods ``names``; the attempts they touched."""
+        touched: set[tuple[str, int]] = set()
+        for name in names:
+            old = self._key_of.pop(name, None)
+            if old is not None:
+                touched.add(old)
+                group = self._pods_of_key.get(old)
+                if group is not None:
+                    group.pop(name, None)
+                    if not group:
+                        del self._pods_of_key[old]
+            p = self.pods.get(name)
+            k = pod_key(p) if p is not None else None
+            if k is not None:
+                self._pods_of_key.setdefault(k, {})[name] = p
+                self._key_of[name] = k
+                touched.add(k)
+        return touched
+
+    @staticmethod
+    def _due_by_time(att: _K8sAttempt, now: float) -> bool:
+        """Can time alone have changed what ``_poll_one`` would decide for ``att``?"""
+        if att.created is not None:
+            return False
+        if att.stop_mode or att.failure or att.drain_since or att.ends_by_time or att.progress_unsent:
+            return True
+        if att.running_since and att.hang_timeout_s > 0:
+            beat = max(att.last.heartbeat if att.last else 0.0, att.running_since)
+            return now - beat > att.hang_timeout_s
+        return False
+
+    def _judge(self, attempts: list[tuple[str, int]], pod_keys: set[tuple[str, int]],
+               now: float) -> None:
+        """Judge ``attempts`` on their pods; release the ended pods of attempts among
+        ``pod_keys`` that are no longer ours (ended and reported, or a stranger's)."""
+        for key in attempts:
+            att = self._attempts.get(key)
+            if att is None or att.created is not None:
+                continue  # its objects are being made: nothing to judge yet
+            pods = [p for _, p in sorted(self._pods_of_key.get(key, {}).items())]
+            if self.pod_logs is not None:
+                self.pod_logs.sync(*key, pods, self._pod_ranks(att))
+            self._poll_one(att, pods, now)
+            if att.state in TERMINAL:
+                del self._attempts[key]
+        for key in pod_keys:
+            if key not in self._attempts:
+                for p in list(self._pods_of_key.get(key, {}).values()):
+                    if pod_ended(p, now):
+                        self._release(p)
+
     def _poll_one(self, att: _K8sAttempt, pods: list[dict], now: float) -> None:
         self._read_progress(att, pods)
+        att.ends_by_time = any((p.get("metadata") or {}).get("deletionTimestamp")
+                               and not pod_ended(p, now) for p in pods)
         crashed: list[tuple[dict, int, str]] = []  # (pod, exit code, why) newly seen
         for pod in pods:
             name = pod["metadata"]["name"]
@@ -953,6 +1041,13 @@ class KubernetesExecutor(Executor):
         return True
 
     # ---- rank output ------------------------------------------------------------------
+    def notify_log_writes(self, fn: Callable[[str, int], None]) -> bool:
+        """The pods' lines are appended by our own readers (k8s_logs.py): they say when."""
+        if self.pod_logs is None:
+            return False
+        self.pod_logs.on_write = fn
+        return True
+
     def log_sources(self, job_id: str, attempt: int) -> list[LogSource]:
         """Per-rank files filled from the pods' logs (k8s_logs.py)."""
         with self._lock:

@@ -117,3 +117,49 @@ def test_running_attempts_are_read_once_per_interval(tmp_path: Path) -> None:
     with open(out, "ab") as f:
         f.write(b"c\n")
     assert texts(shipper.flush("j-1", 2)) == ["c"]  # the end does not wait
+
+
+def test_notified_files_are_read_only_after_a_notify_and_nothing_is_lost(tmp_path: Path) -> None:
+    """An executor whose own threads write the rank files (Kubernetes: the pod log
+    readers) notifies; the shipper then never looks at an unchanged attempt's files, and
+    every line still ships: the first read, each notify, the budget's remainder, a rewind."""
+    clock = Clock()
+    shipper = LogShipper(clock=clock, wall=lambda: 5.0, interval_s=1.0, rate_bytes_per_s=8)
+    out = tmp_path / "rank-0.stdout"
+    out.write_bytes(b"rebuilt\n")  # already there when tracked (an agent restart)
+    shipper.track("j-1", 1, [LogSource(0, "stdout", out)], notified=True)
+    assert texts(shipper.poll()) == ["rebuilt"]
+    with open(out, "ab") as f:
+        f.write(b"quiet\n")
+    clock.t += 5
+    assert shipper.poll() == []  # not notified: its files are not even looked at
+    shipper.notify("j-1", 1)
+    assert texts(shipper.poll()) == ["quiet"]
+    with open(out, "ab") as f:  # more than the budget (16 bytes a turn): two turns
+        f.write(b"aaaaaaaaaaaaaaa\nbbbbbbbbbbbbbbb\nccc\n")
+    shipper.notify("j-1", 1)
+    clock.t += 5
+    first = texts(shipper.poll())
+    clock.t += 0.5
+    assert shipper.poll() == []  # within its interval: it keeps its turn for later
+    clock.t += 5
+    second = texts(shipper.poll())
+    clock.t += 5
+    third = texts(shipper.poll())
+    assert first + second + third == ["aaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbb", "ccc"], (first, second, third)
+    clock.t += 5
+    assert shipper.poll() == []  # all read: nothing without a new notify
+    shipper.rewind([lpb.LogOffset(job_id="j-1", attempt=1, rank=0, stream="stdout", end_offset=8)])
+    clock.t += 5
+    assert texts(shipper.poll())[:1] == ["quiet"]  # resent from the broker's offset
+
+
+def test_an_unnotified_attempt_is_read_every_interval(tmp_path: Path) -> None:
+    """The local executor's ranks write their files themselves: looked at each interval."""
+    shipper, out, _, clock = setup(tmp_path, interval_s=1.0)
+    out.write_bytes(b"x\n")
+    assert texts(shipper.poll()) == ["x"]
+    with open(out, "ab") as f:
+        f.write(b"y\n")
+    clock.t += 1.0
+    assert texts(shipper.poll()) == ["y"]
