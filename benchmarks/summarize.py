@@ -1325,7 +1325,7 @@ def render() -> str:
                      ("submit_cpu_repeat", submit_cpu_repeat), ("submit_stages", submit_stages),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
-                     ("k8s", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
+                     ("k8s", k8s), ("k8s_idle_passes_first", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)
