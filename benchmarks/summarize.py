@@ -1105,9 +1105,24 @@ def k8s(d: dict[str, Any]) -> list[str]:
            if "agent_registrations" in d else ""),
         "",
         *stage_table,
+        *k8s_agent_profile(d),
         f"Goals: Launch -> bound p99 <= 2 s: {'met' if g['launch_to_bound_p99_le_2s'] else 'missed'};"
         f" agent steady-state CPU <= 10% of a core: {'met' if g['agent_steady_cpu_le_10pct'] else 'missed'}.",
     ]
+
+
+def k8s_agent_profile(d: dict[str, Any], top: int = 6) -> list[str]:
+    """With ``--profile-agent``: where the steady agent's samples were, its busiest
+    functions (threads waiting on a condition left out: they are idle, not work)."""
+    prof = d.get("agent_profile_steady") or {}
+    idle = ("Condition.wait", "Event.wait", "StopSignals.wait", "channel_spin")
+    busy = [(name, share) for name, share in prof.get("self") or []
+            if not name.startswith(idle) and "channel_spin" not in name][:top]
+    if not busy:
+        return []
+    listed = "; ".join(f"{name} {share:.1%}" for name, share in busy)
+    return [f"The steady agent's busiest functions (py-spy, {prof.get('samples', 0):,} samples over all"
+            f" threads, share of samples on top of the stack): {listed}.", ""]
 
 
 def k8s_stages(d: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -1325,7 +1340,7 @@ def render() -> str:
                      ("submit_cpu_repeat", submit_cpu_repeat), ("submit_stages", submit_stages),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
-                     ("k8s", k8s), ("k8s_idle_passes_first", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
+                     ("k8s", k8s), ("k8s_idle_passes_first", k8s), ("k8s_profile_before_idle_passes", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):
         d = load(name)

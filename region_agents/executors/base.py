@@ -235,8 +235,8 @@ class Executor(abc.ABC):
         """Ask to be told ``fn(job_id, attempt)`` whenever an attempt's rank files (its
         ``log_sources``) grow; True if this executor can. Why: the agent's log shipper
         then looks at an attempt's files only when they grew, instead of a ``stat`` of
-        every rank's files of every attempt each second (at 2,500 attempts, a third of
-        an idle Kubernetes agent's CPU). False (the default): ranks write the files
+        every rank's files of every attempt each second (at 2,500 attempts, about half
+        of a Kubernetes agent's steady CPU). False (the default): ranks write the files
         themselves, and only looking tells."""
         return False
 
