@@ -144,12 +144,22 @@ def clock(t: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
-def pending_note(job: pb.Job, now: float) -> str:
-    """The pending reason while the job waits for a store ("" = not waiting)."""
+def pending_note(job: pb.Job, now: float, store_ok_since: float = 0.0) -> str:
+    """The pending reason while the job waits for a store ("" = not waiting).
+
+    ``store_ok_since`` is when the region's store probe last turned healthy
+    (Register.checkpoint_store_ok_since, 0 = unknown). Once that is after the job's last
+    failed attempt the outage is over: the note says the store answers again, so what
+    follows it (the placement's own reason, e.g. no free capacity in the region that
+    holds the checkpoint) reads as the cause of the wait, not a store that is back."""
     w = job.store_wait
     if not w.count:
         return ""
     where = f"checkpoint store of {w.region}" if w.region else "checkpoint store"
+    if store_ok_since and store_ok_since > w.last_time:
+        return (f"{where} answers again since {clock(store_ok_since)} (unreachable from"
+                f" {clock(w.since)}; {w.count} attempt(s) hit the outage, no restart counted);"
+                " placing again")
     when = (f"next try after {clock(w.until)}" if w.until > now else "next try when it answers")
     return (f"{where} unreachable since {clock(w.since)}; retrying ({when}; {w.count} attempt(s)"
             f" hit the outage, no restart counted): {w.message or 'unreachable'}")

@@ -322,6 +322,13 @@ class SchedulerLoop:
         if store_note and not snapshot.nodes:
             default = store_note
         reserved = {r.job_id: r for r in getattr(decisions, "reservations", [])}
+        # when each region's store probe last turned healthy (a waiting job's note says
+        # the store answers again once that is after its last failed attempt)
+        store_ok: dict[str, float] = {}
+        for a in ops.agents.connected():
+            ok = a.record.checkpoint_store_ok_since
+            if ok > store_ok.get(a.region, 0.0):
+                store_ok[a.region] = ok
         for job in live:  # one walk over the live jobs per pass: keep its cheap tests first
             if job.phase not in QUEUED or job.id in admitted:
                 if job.phase == CHECKPOINTING and job.id not in placed_standby:
@@ -337,7 +344,9 @@ class SchedulerLoop:
             refused = backoff.pending_note(job, snapshot.now) if job.refusals else ""
             if refused and refused not in reason:
                 reason = f"{refused}; {reason}" if reason else refused
-            outage = store_wait.pending_note(job, snapshot.now) if job.store_wait.count else ""
+            outage = (store_wait.pending_note(job, snapshot.now,
+                                              store_ok.get(job.store_wait.region, 0.0))
+                      if job.store_wait.count else "")
             if outage and outage not in reason:
                 reason = f"{outage}; {reason}" if reason else outage
             if reason and reason != job.pending_reason and job.phase == PENDING:

@@ -11,14 +11,20 @@ raises at every start, on the same broker, ends FAILED at max_restarts (1 restar
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from computebroker.v1 import common_pb2 as pb
-from tests.e2e.test_replace_in_place import REGION, SCRIPT, cli, events_of, kill_node
+from tests.e2e.test_replace_in_place import (
+    REGION,
+    SCRIPT,
+    cli,
+    events_of,
+    kill_node,
+    submit_plain_job,
+)
 from tests.fixtures.cluster import Cluster, wait_until
 from tests.trainer.launch import launch, read_log
 from tests.trainer.test_trainer_processes import assert_matches
@@ -59,19 +65,10 @@ def test_node_losses_spend_their_own_budget_and_a_crash_loop_stops_at_max_restar
         cluster: Cluster, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
     cluster.start_broker("--set", "max_restarts=1")
     cluster.start_agent(REGION, nodes=4, gpus=1)
-    code = tmp_path / "project"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train_plain.py")
-    log = tmp_path / "loss.jsonl"
     with cluster.client() as client:
-        client.set_team_quota(team="ml", guaranteed_gpus=8)
-        wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
-                   what=f"agent connected\n{cluster.logs()}")
-        handle = client.submit({
-            "name": "budget", "team": "ml", "nodes": 2, "gpus_per_node": 1, "workdir": str(code),
-            "run": ["python", "train_plain.py", *TRAIN_ARGS, "--step-sleep", "0.3",
-                    "--loss-log", str(log)],
-            "trainer": {"total_steps": STEPS}})
+        handle, log = submit_plain_job(cluster, client, tmp_path, {
+            "name": "budget", "nodes": 2, "gpus_per_node": 1, "trainer": {"total_steps": STEPS}},
+            train_args=TRAIN_ARGS)
         lost = [lose_a_node_at(cluster, handle, log, 1, 6),
                 lose_a_node_at(cluster, handle, log, 2, 14)]
         job = handle.wait(timeout=400)

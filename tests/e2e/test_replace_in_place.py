@@ -117,6 +117,29 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return once_per_session(key_of("byo plain reference", 3, str(SCRIPT), TRAIN_ARGS), run_it)
 
 
+def submit_plain_job(cluster: Cluster, client: Any, tmp_path: Path, spec: dict[str, Any],
+                     train_args: list[str] = TRAIN_ARGS, extra_run: tuple[str, ...] = ()
+                     ) -> tuple[Any, Path]:
+    """Submit ``spec`` (team ``ml``) running the example script from a fresh project dir.
+
+    The preamble the node-loss tests share: the script is copied into ``tmp_path/project``
+    (the job's workdir), team ``ml`` gets 8 GPUs of quota, the first agent is waited for,
+    and the job runs ``train_plain.py`` with ``train_args``, 0.3 s per step, then
+    ``extra_run``, logging each step's samples and loss; the handle and that log."""
+    code = tmp_path / "project"
+    code.mkdir()
+    shutil.copy(SCRIPT, code / "train_plain.py")
+    log = tmp_path / "loss.jsonl"
+    client.set_team_quota(team="ml", guaranteed_gpus=8)
+    wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
+               what=f"agent connected\n{cluster.logs()}")
+    handle = client.submit({
+        "team": "ml", **spec, "workdir": str(code),
+        "run": ["python", "train_plain.py", *train_args, "--step-sleep", "0.3", *extra_run,
+                "--loss-log", str(log)]})
+    return handle, log
+
+
 def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nodes: int = 4
                         ) -> tuple[Any, pb.Job, Path, int, Any, list[str], set[str]]:
     """Submit the 3-node job on ``nodes`` nodes (the highest one the spare), lose its
@@ -124,19 +147,10 @@ def run_and_lose_a_node(cluster: Cluster, tmp_path: Path, memory_every: int, nod
     cluster.start_broker()
     cluster.start_agent(REGION, nodes=nodes, gpus=1, spares=1)
     spare = f"{REGION}-n-{nodes - 1:03d}"
-    code = tmp_path / "project"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train_plain.py")
-    log = tmp_path / "loss.jsonl"
     client_cm = cluster.client()
     client = client_cm.__enter__()
-    client.set_team_quota(team="ml", guaranteed_gpus=8)
-    wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
-               what=f"agent connected\n{cluster.logs()}")
-    handle = client.submit({
-        "name": "rip", "team": "ml", "nodes": 3, "gpus_per_node": 1, "workdir": str(code),
-        "run": ["python", "train_plain.py", *TRAIN_ARGS, "--step-sleep", "0.3",
-                "--loss-log", str(log)],
+    handle, log = submit_plain_job(cluster, client, tmp_path, {
+        "name": "rip", "nodes": 3, "gpus_per_node": 1,
         "trainer": {"total_steps": STEPS, "options": {"memory_every": str(memory_every)}}})
     first = wait_until(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING and j,
                        timeout=240, what=f"attempt 1 running\n{cluster.logs()}")

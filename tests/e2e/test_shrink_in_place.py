@@ -28,7 +28,6 @@ the shrunk phase so the grow back happens before the last step, then speeds it u
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,11 @@ from tests.e2e import test_replace_in_place as rip
 from tests.e2e.test_replace_in_place import (
     NODES,
     REGION,
-    SCRIPT,
     STEPS,
-    TRAIN_ARGS,
     cli,
     events_of,
     kill_node,
+    submit_plain_job,
 )
 from tests.fixtures.cluster import Cluster, wait_until
 from tests.trainer.launch import read_log
@@ -58,22 +56,13 @@ def test_lost_node_without_a_spare_shrinks_in_place_then_grows_back(
         cluster: Cluster, tmp_path: Path, reference: list[dict[str, Any]]) -> None:
     cluster.start_broker("--set", "grow_back_settle_s=2", "--set", "grow_back_min_interval_s=3")
     cluster.start_agent(REGION, nodes=3, gpus=1)
-    code = tmp_path / "project"
-    code.mkdir()
-    shutil.copy(SCRIPT, code / "train_plain.py")
-    log = tmp_path / "loss.jsonl"
     pace = tmp_path / "step-sleep"
     health = cluster.root / "agents" / REGION / "node-health" / NODES[1]
     with cluster.client() as client:
-        client.set_team_quota(team="ml", guaranteed_gpus=8)
-        wait_until(lambda: any(r.connected for r in client.regions()), timeout=120,
-                   what=f"agent connected\n{cluster.logs()}")
-        handle = client.submit({
-            "name": "shrink", "team": "ml", "nodes": 3, "gpus_per_node": 1,
-            "min_nodes": 2, "max_nodes": 3, "workdir": str(code),
-            "run": ["python", "train_plain.py", *TRAIN_ARGS, "--step-sleep", "0.3",
-                    "--step-sleep-file", str(pace), "--loss-log", str(log)],
-            "trainer": {"total_steps": STEPS, "options": {"memory_every": "1"}}})
+        handle, log = submit_plain_job(cluster, client, tmp_path, {
+            "name": "shrink", "nodes": 3, "gpus_per_node": 1, "min_nodes": 2, "max_nodes": 3,
+            "trainer": {"total_steps": STEPS, "options": {"memory_every": "1"}}},
+            extra_run=("--step-sleep-file", str(pace)))
         first = wait_until(lambda: (j := handle.status()).phase == pb.JOB_PHASE_RUNNING and j,
                            timeout=240, what=f"attempt 1 running\n{cluster.logs()}")
         assert [a.node_id for a in first.placement.nodes] == NODES[:3], first.placement

@@ -240,3 +240,17 @@ def test_launch_tells_the_ranks_how_long_they_may_wait_for_the_store() -> None:
     assert out is not None
     assert next(c.launch for c in out.commands if hasattr(c, "launch")).env[
         store_wait.STORE_WAIT_ENV] == "120"
+
+
+def test_once_the_store_answers_again_the_note_says_so_not_unreachable() -> None:
+    """A job still pending after the outage's end (waiting for capacity in the region
+    that holds its checkpoint) must not keep saying the store is unreachable."""
+    job = _fail(launching(190.0), 200.0)
+    w = job.store_wait
+    assert "unreachable since" in store_wait.pending_note(job, 201.0)
+    # a probe healthy since before the failed attempt says nothing about this outage
+    assert "unreachable since" in store_wait.pending_note(job, 201.0, store_ok_since=w.last_time - 5)
+    back = store_wait.pending_note(job, 260.0, store_ok_since=250.0)
+    assert back.startswith("checkpoint store of us-east-2 answers again since "), back
+    assert store_wait.clock(250.0) in back and store_wait.clock(w.since) in back, back
+    assert "no restart counted" in back and "unreachable since" not in back, back
