@@ -41,6 +41,7 @@ checks out its own connection, and all read-modify-write logic runs server-side.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -76,13 +77,14 @@ from broker.store.base import (
     versioned_copy,
 )
 from broker.store.checkpoint_index import job_prefix_key
-from broker.store.group_commit import GroupWriter
+from broker.store.redis_batch import RedisWriteGroup, Write, script_call
 from broker.store.redis_logs import RedisLogs
 from broker.store.redis_url import RedisTarget, parse_redis_url
 from broker.store.replica_quorum import Answers, ReplicaQuorum, ReplicaRule
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _TOKEN_TTL_S = 600
 _LIST_BATCH = 200
@@ -150,7 +152,11 @@ class RedisStore(RedisLogs, Store):
         self._lease = self._r.register_script(scripts.LEASE)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
         self._prefix_index_built = False  # <p>:ckpt checked (built once if missing)
-        self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
+        # Job, event and record writes (and confirmation barriers) queue here: concurrent
+        # writers share one pipeline and one WAIT (broker/store/redis_batch.py).
+        self._writes = RedisWriteGroup(
+            self._r, self._call, self.replicas_needed, self._wait_ms,
+            (self._create, self._update, self._append, self._record), self._replicas.stale)
         if retry_attempts is None:
             retry_attempts = _SENTINEL_RETRY_ATTEMPTS if target.is_sentinel else 5
         if retry_max_delay_s is None:
@@ -276,33 +282,28 @@ class RedisStore(RedisLogs, Store):
 
     # ---- jobs ----------------------------------------------------------------------
     def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        stored = new_job_copy(job)
-        args = self._job_args(stored, events) + _create_tail(stored, ())
-        res = self._write_one(self._create, args)
-        if res == -9:
-            raise self._fenced()
-        if res == -1:
-            raise AlreadyExists(f"job {stored.id!r} already exists")
-        if res == -2:
-            raise AlreadyExists(
-                f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already exists"
-            )
-        return stored
+        res = self.create_jobs([(job, events)])[0]
+        if isinstance(res, StoreError):
+            raise res
+        return res
 
     def create_jobs(self, items: Sequence[CreateItem]) -> list[pb.Job | StoreError]:
-        """The CREATE script once per member, all in one pipeline (one round trip).
-        Each script is atomic and fenced on its own (a member's riders are written by
-        its script, only with its job); a retried pipeline is safe because each member
-        carries its own request token."""
+        """The CREATE script once per item, one member of the store's write group (the
+        batch rides in one pipeline with the other writes queued meanwhile, under one
+        WAIT). Each script is atomic and fenced on its own (a member's riders are
+        written by its script, only with its job); a retried pipeline is safe because
+        each item carries its own request token."""
         stored = [new_job_copy(item[0]) for item in items]
+        if not stored:
+            return []
         argv = [self._job_args(st, item[1]) + _create_tail(st, riders_of(item))
                 for st, item in zip(stored, items, strict=True)]
+        return self._writes.submit(Write(  # type: ignore[return-value]
+            [script_call(self._create, a) for a in argv],
+            lambda res: self._created(stored, res)))
 
-        def queue(pipe: object) -> None:
-            for a in argv:
-                self._create(args=a, client=pipe)
-
-        res = self._write(queue) if argv else []
+    def _created(self, stored: list[pb.Job], res: list[object]) -> list[pb.Job | StoreError]:
+        """Each CREATE's answer: the job, or its own AlreadyExists; fenced: all of them."""
         out: list[pb.Job | StoreError] = []
         for st, r in zip(stored, res, strict=True):
             if r == -9:
@@ -329,15 +330,16 @@ class RedisStore(RedisLogs, Store):
         two fails the pipeline; the retry reads the promoted primary afresh."""
         if not self._min_replicas:
             return self.get_job(job_id)
-        data, _ = self._write(lambda c: (c.hget(self._k("job", job_id), "d"),  # type: ignore[attr-defined]
-                                         c.incr(self._k("barrier"))))  # type: ignore[attr-defined]
+        data = self._writes.submit(Write(
+            [("HGET", self._k("job", job_id), "d"), ("INCR", self._k("barrier"))],
+            lambda res: res[0]))
         if data is None:
             raise NotFound(f"job {job_id!r} not found")
         return decode(pb.Job, data, f"job {job_id}")
 
     def confirm_replicated(self) -> None:
-        if self._min_replicas:
-            self._write(lambda c: c.incr(self._k("barrier")))  # type: ignore[attr-defined]
+        if self._min_replicas:  # the barrier rides in the write group, under its WAIT
+            self._writes.submit(Write([("INCR", self._k("barrier"))], lambda res: None))
 
     def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
                                ) -> list[str]:
@@ -396,9 +398,16 @@ class RedisStore(RedisLogs, Store):
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
     ) -> pb.Job:
+        """Compare-and-set in the UPDATE script, one member of the write group: many
+        agent streams' progress and ends share a pipeline and a WAIT."""
         stored = versioned_copy(job, expected_version + 1)
         args = self._job_args(stored, events, str(expected_version))
-        code, value = self._write_one(self._update, args)  # type: ignore[misc]
+        return self._writes.submit(Write(  # type: ignore[return-value]
+            [script_call(self._update, args)],
+            lambda res: self._updated(stored, expected_version, res[0])))
+
+    def _updated(self, stored: pb.Job, expected_version: int, reply: object) -> pb.Job:
+        code, value = reply  # type: ignore[misc]
         if code == -9:
             raise self._fenced()
         if code == -1:
@@ -493,32 +502,33 @@ class RedisStore(RedisLogs, Store):
 
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         args = [*self._base_args(), job_id, len(events), *(_event_bytes(e) for e in events)]
-        start = self._write_one(self._append, args)
-        if start == -9:
-            raise self._fenced()
-        if start == -1:
-            raise NotFound(f"job {job_id!r} not found")
-        return numbered_events(job_id, start, events)
+
+        def finish(res: list[object]) -> list[pb.JobEvent]:
+            start = res[0]
+            if start == -9:
+                raise self._fenced()
+            if start == -1:
+                raise NotFound(f"job {job_id!r} not found")
+            return numbered_events(job_id, int(start), events)  # type: ignore[call-overload]
+
+        return self._writes.submit(Write([script_call(self._append, args)], finish))  # type: ignore[return-value]
 
     # ---- keyed records ---------------------------------------------------------------
     def _write_record(self, kind: str, key: str, data: bytes, delete: bool) -> int:
+        """One RECORD script in the write group: concurrent record writes (an audit
+        record per mutating RPC, agent bookkeeping) share a pipeline and a WAIT with
+        each other and with job writes, each still its own fenced script."""
         args = [*self._base_args(), kind, key, data, "1" if delete else "0"]
-        res = self._write_one(self._record, args)
-        if res == -9:
-            raise self._fenced()
-        return int(res)
+
+        def finish(res: list[object]) -> int:
+            if res[0] == -9:
+                raise self._fenced()
+            return int(res[0])  # type: ignore[call-overload]
+
+        return self._writes.submit(Write([script_call(self._record, args)], finish))  # type: ignore[return-value]
 
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        """Concurrent record writes share one pipeline (one round trip), each still
-        its own fenced script (broker/store/group_commit.py)."""
-        self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
-
-    def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
-        def queue(pipe: object) -> None:
-            for a in argvs:
-                self._record(args=a, client=pipe)
-
-        return [self._fenced() if r == -9 else None for r in self._write(queue)]
+        self._write_record(kind, key, message.SerializeToString(), delete=False)
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
@@ -570,4 +580,8 @@ class RedisStore(RedisLogs, Store):
         return f"{host}:{port}"
 
     def close(self) -> None:
+        w = self._writes
+        if w.groups:  # how well the write group shared round trips and WAITs
+            log.info("redis store %s: %d writes in %d pipelines (%.1f per pipeline), %d WAITs",
+                     self.prefix, w.members, w.groups, w.members / w.groups, w.waits)
         self._pool.disconnect()
