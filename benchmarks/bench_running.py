@@ -34,6 +34,12 @@ a ``--seconds`` steady window measures:
   its store read: each job's stored step against the last step its agent sent, and
   the log lines stored against the lines sent (per job, all jobs).
 
+``--store`` picks the broker's state store: ``sqlite`` (the default above), ``redis``
+(one redis-server, no replica) or ``redis-sentinel`` (the documented HA deployment on
+loopback: a primary, two replicas and three Sentinels, ``min_replicas=all``, so every
+acknowledged write waits for both replicas); the store check reads the same counts
+from Redis.
+
 ``BENCH_BROKER_ROOT`` runs the broker from another tree (a before/after comparison);
 ``BENCH_BROKER_PREFIX`` puts a wrapper (e.g. a profiler) before ``-m brokerctl``.
 
@@ -575,6 +581,80 @@ async def drive(broker: Broker, pki, n_running: int, args, procs: list, ctl: lis
             await ch.close()
 
 
+def redis_store_check(url: str, stats: dict) -> dict:
+    """:func:`store_check` for a Redis store: the same counts, read from its keys."""
+    from broker.store.redis import RedisStore
+
+    store = RedisStore(url)
+    r, p = store._r, store.prefix
+    try:
+        stored: dict[str, int] = {}
+        for key in r.scan_iter(match=f"{p}:loglines:*", count=1000):
+            job_id = key.decode().split(":")[2]
+            stored[job_id] = stored.get(job_id, 0) + int(r.llen(key))
+        dropped = sum(int(r.hget(k, "dropped") or 0) for k in r.scan_iter(match=f"{p}:logmeta:*", count=1000))
+        ids = list(stats["last_step"])
+        pipe = r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(store._k("job", job_id), "d")
+        behind = checked = 0
+        for job_id, data in zip(ids, pipe.execute(), strict=True):
+            if data is None:
+                continue
+            checked += 1
+            if pb.Job.FromString(data).progress.step < stats["last_step"][job_id]:
+                behind += 1
+    finally:
+        store.close()
+    sent = stats["lines"]
+    missing = {j: n - stored.get(j, 0) for j, n in sent.items() if stored.get(j, 0) != n}
+    return {"log_lines_sent": sum(sent.values()), "log_lines_stored": sum(stored.values()),
+            "log_lines_dropped_by_bound": dropped, "jobs_with_missing_lines": len(missing),
+            "jobs_checked": checked, "jobs_behind_last_sent_step": behind}
+
+
+class StoreUnderTest:
+    """The broker's store for one size: its URL, the servers behind it, the check."""
+
+    def __init__(self, kind: str, workdir: Path) -> None:
+        self.kind = kind
+        self.db = workdir / "broker.sqlite"
+        self.servers: list = []
+        self.cluster = None
+        if kind == "sqlite":
+            self.url = f"sqlite:///{self.db}"
+        elif kind == "redis":
+            from tests.fixtures.redis_server import start_redis
+
+            server = start_redis(workdir / "redis")
+            self.servers.append(server)
+            self.url = f"{server.url}?prefix=bench"
+        elif kind == "redis-sentinel":
+            from tests.fixtures.redis_sentinel import start_sentinel_cluster
+
+            self.cluster = start_sentinel_cluster(workdir / "redis")
+            self.url = self.cluster.url(prefix="bench")
+        else:
+            raise ValueError(f"unknown store {kind!r}")
+
+    def check(self, stats: dict) -> dict:
+        return store_check(self.db, stats) if self.kind == "sqlite" else redis_store_check(self.url, stats)
+
+    def stop(self) -> None:
+        from tests.fixtures.redis_server import stop_redis
+
+        for server in self.servers:
+            stop_redis(server)
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+STORE_NAMES = {"sqlite": "sqlite (WAL, synchronous=FULL)",
+               "redis": "redis (one server, no replica, no persistence)",
+               "redis-sentinel": "redis+sentinel (primary, 2 replicas, 3 Sentinels; min_replicas=all: "
+                                 "every acknowledged write waits for both replicas; no persistence)"}
+
+
 def store_check(db: Path, stats: dict) -> dict:
     """Read the stopped broker's store: log lines stored vs sent, and each job's stored
     step vs the last step its agent sent (every acked update is in the store)."""
@@ -624,11 +704,15 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
         fleet = agent_ids(args.agents)
         pki = create_dev_pki(tmpd / "pki", agents=fleet,
                              users=[("op", Role.OPERATOR, ""), ("bench", Role.MEMBER, TEAM)])
-        db = tmpd / "broker.sqlite"
+        store = StoreUnderTest(args.store, tmpd)
         settings = dict(pki.broker_settings)
         settings.update({"max_agent_streams": str(args.agents + 8)})
         settings.update(kv.split("=", 1) for kv in args.set)
-        broker = Broker(tmpd, f"sqlite:///{db}", settings)
+        try:
+            broker = Broker(tmpd, store.url, settings)
+        except BaseException:
+            store.stop()
+            raise
         ctx = mp.get_context("spawn")
         out: mp.Queue = ctx.Queue()
         ctl: list[mp.Queue] = []
@@ -659,6 +743,9 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
             stats = merge([out.get(timeout=120)[1] for _ in procs])
             for pr in procs:
                 pr.join(30)
+        except BaseException:
+            store.stop()
+            raise
         finally:
             broker.stop()
             shutil_copy_log(tmpd, args, n_running)
@@ -674,7 +761,10 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
         res["sent"] = {k: stats[k] for k in ("updates_sent", "acks", "chunks_sent", "heartbeats", "hb_acks",
                                              "launches", "finished", "unacked")}
         res["sent"]["agent_errors"] = stats["errors"][:10]
-        res["store"] = store_check(db, stats)
+        try:
+            res["store"] = store.check(stats)
+        finally:
+            store.stop()
         return res
 
 
@@ -719,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="")
     p.add_argument("--note", default="", help="what this build changed (shown under the table)")
     p.add_argument("--keep-logs", default="", help="copy each broker.log into this directory")
+    p.add_argument("--store", choices=sorted(STORE_NAMES), default="sqlite", help="the broker's state store")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
 
@@ -733,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
                   "gpus": args.nodes * GPUS_PER_NODE, "report_s": args.report_s,
                   "log_lines_per_report": args.log_lines, "submit_rate": args.submit_rate,
                   "steady_seconds": args.seconds, "watched_jobs": args.watched,
-                  "watchers_per_job": args.watchers, "store": "sqlite (WAL, synchronous=FULL)",
+                  "watchers_per_job": args.watchers, "store": STORE_NAMES[args.store],
                   "transport": "agents: mutual TLS, agent certificates; users: TLS + bearer token",
                   "broker_settings": dict(kv.split("=", 1) for kv in args.set)},
         "goals": {"cpu_cores": GOAL_CPU_CORES, "p99_visible_s": GOAL_P99_VISIBLE_S},

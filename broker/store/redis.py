@@ -19,6 +19,13 @@ Why it is built this way:
   ``_TOKEN_TTL_S`` and a retried write returns that result instead of applying twice.
 - **Durability** is the Redis server's job: run it with ``appendonly yes`` +
   ``appendfsync always`` (or replicas) to match SQLite's "lose nothing" guarantee.
+- **Write group** (broker/store/redis_batch.py): job creations and updates, event
+  appends, record writes and confirmation barriers that arrive while a write is on the
+  wire go out together, one pipeline and (with replicas to confirm) one ``WAIT`` for the
+  whole group; a member whose script refuses (a version conflict, a missing job) fails
+  alone, a ``WAIT`` that falls short fails them all. Rank log chunks ride in the group
+  too, unconfirmed as before (redis_logs.py). The lease is written on its own (a
+  renewal never queues behind a group).
 - All keys live under ``<prefix>:`` (``?prefix=`` in the URL, default ``cb``) so
   several brokers/tests can share one server. Scripts build keys from the prefix, so
   this targets a single primary (with replicas/Sentinel), not Redis Cluster.
@@ -150,13 +157,15 @@ class RedisStore(RedisLogs, Store):
         self._append = self._r.register_script(scripts.APPEND)
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
+        self._logput = self._r.register_script(scripts.LOGPUT)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
         self._prefix_index_built = False  # <p>:ckpt checked (built once if missing)
         # Job, event and record writes (and confirmation barriers) queue here: concurrent
         # writers share one pipeline and one WAIT (broker/store/redis_batch.py).
         self._writes = RedisWriteGroup(
             self._r, self._call, self.replicas_needed, self._wait_ms,
-            (self._create, self._update, self._append, self._record), self._replicas.stale)
+            (self._create, self._update, self._append, self._record, self._logput),
+            self._replicas.stale)
         if retry_attempts is None:
             retry_attempts = _SENTINEL_RETRY_ATTEMPTS if target.is_sentinel else 5
         if retry_max_delay_s is None:

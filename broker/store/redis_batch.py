@@ -15,7 +15,9 @@ What a member is told, decided in one place (:meth:`RedisWriteGroup._results`):
 * the ``WAIT`` fell short (or failed): **every** member gets :class:`StoreUnavailable`,
   whatever its script answered. Its write may be on the primary only; nobody is told
   it happened, and every write is safe to retry (request tokens, client request ids).
-  Never an acknowledgement a failover could take back.
+  Never an acknowledgement a failover could take back. (Members that never waited for
+  the replicas, rank log chunks, keep their own answer; a group of only such members
+  sends no ``WAIT``.)
 * otherwise each member alone: its own script's answer (a version conflict, a job not
   found, a fenced leader) becomes its own error, a Redis error reply to one of its
   commands is its own error, and the others are acknowledged. Each script is atomic
@@ -41,7 +43,7 @@ flight, nothing waits on a timer. This module is only what is Redis about a grou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from redis.commands.core import Script
@@ -52,14 +54,29 @@ from broker.store.group_commit import GroupWriter
 Command = tuple[object, ...]
 
 
+Plan = Callable[[list[object], dict], list[Command]]
+
+
 @dataclass(slots=True)
 class Write:
     """One member of a group: its commands (sent in order, one after the other) and how
     their replies become its result. ``finish`` raises the member's own error (a
-    StoreError such as VersionConflict) or returns what its caller gets."""
+    StoreError such as VersionConflict) or returns what its caller gets.
+
+    ``confirm``: whether the member's acknowledgement waits for the replicas (False for
+    rank log lines, which agents re-send from their offsets: they never did).
+
+    A member that must read before it knows what to write (a log chunk: which of its
+    lines are new) gives ``reads`` and ``plan`` instead of ``commands``: every such
+    member's reads go out first, in one pipeline for the whole group, and ``plan`` turns
+    its replies into its commands, in queue order, with a dict the group's plans share
+    (what an earlier member of the group will have written when a later one's runs)."""
 
     commands: list[Command]
     finish: Callable[[list[object]], object]
+    confirm: bool = True
+    reads: list[Command] = field(default_factory=list)
+    plan: Plan | None = None
 
 
 def script_call(script: Script, args: Sequence[object], keys: Sequence[str] = ()) -> Command:
@@ -115,17 +132,41 @@ class RedisWriteGroup:
         replies, acks = self._call(lambda: self._send(group, needed))  # type: ignore[arg-type, misc]
         return self._results(group, replies, needed, acks)
 
+    def _plan(self, group: list[Write]) -> list[list[Command]]:
+        """Each member's commands: its own, or (members with reads) what its plan makes
+        of its reads' replies, all reads in one pipeline. Run on every try of the group:
+        a retry plans afresh from what the server holds then."""
+        if not any(w.reads for w in group):
+            return [w.commands for w in group]
+        pipe = self._client.pipeline(transaction=False)
+        for w in group:
+            for cmd in w.reads:
+                pipe.execute_command(*cmd)
+        out = pipe.execute(raise_on_error=True)
+        shared: dict = {}
+        commands: list[list[Command]] = []
+        at = 0
+        for w in group:
+            n = len(w.reads)
+            commands.append(w.plan(out[at:at + n], shared) if w.plan is not None else w.commands)
+            at += n
+        return commands
+
     def _send(self, group: list[Write], needed: int) -> tuple[list[list[object]], int]:
         """Every member's commands and one WAIT, in one pipeline; members that met a
         NOSCRIPT again after loading the scripts. Returns each member's replies and the
-        fewest confirmations any pipeline got (``needed`` when none was asked)."""
+        fewest confirmations any pipeline got (``needed`` when none was asked). No WAIT
+        for a group with no member to confirm."""
+        commands = self._plan(group)
+        if not any(w.confirm for w in group):
+            needed = 0
         replies: list[list[object]] = [[] for _ in group]
         todo = list(range(len(group)))
         acks = needed
         for attempt in range(2):
             pipe = self._client.pipeline(transaction=False)
             for i in todo:
-                for cmd in group[i].commands:
+                for cmd in commands[i]:
                     pipe.execute_command(*cmd)
             if needed:
                 pipe.execute_command("WAIT", needed, self._wait_ms)
@@ -136,7 +177,7 @@ class RedisWriteGroup:
                 acks = min(acks, got if isinstance(got, int) else -1)
             at = 0
             for i in todo:
-                n = len(group[i].commands)
+                n = len(commands[i])
                 replies[i] = out[at:at + n]
                 at += n
             todo = [i for i in todo if any(_no_script(r) for r in replies[i])]
@@ -149,14 +190,17 @@ class RedisWriteGroup:
     def _results(self, group: list[Write], replies: list[list[object]], needed: int,
                  acks: int) -> list[object]:
         """What each member is told (the rules in the module docstring)."""
-        if needed and acks < needed:
+        short = bool(needed) and acks < needed and any(w.confirm for w in group)
+        if short:
             self._on_short()
-            shown = "no answer" if acks < 0 else f"{acks} of {needed}"
-            return [StoreUnavailable(
-                f"state store replica did not confirm the write ({shown} within "
-                f"{self._wait_ms} ms); not acknowledged, retry later") for _ in group]
+        shown = "no answer" if acks < 0 else f"{acks} of {needed}"
         out: list[object] = []
         for write, mine in zip(group, replies, strict=True):
+            if short and write.confirm:
+                out.append(StoreUnavailable(
+                    f"state store replica did not confirm the write ({shown} within "
+                    f"{self._wait_ms} ms); not acknowledged, retry later"))
+                continue
             failed = next((r for r in mine if isinstance(r, BaseException)), None)
             if failed is not None:
                 out.append(failed)

@@ -25,7 +25,9 @@ import redis
 
 from broker.store.base import AlreadyExists, NotFound, StoreUnavailable, VersionConflict
 from broker.store.redis import RedisStore
+from broker.store.sqlite import SQLiteStore
 from computebroker.v1 import common_pb2 as pb
+from computebroker.v1 import logs_pb2 as lpb
 from tests.fixtures.redis_server import RedisServer, start_redis, stop_redis
 
 
@@ -42,7 +44,7 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     work = tmp_path_factory.mktemp("redis-pair")
-    primary = start_redis(work)
+    primary = start_redis(work, extra_args=("--repl-diskless-sync-delay", "0"))
     replica = start_redis(work, extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
     try:
         r = redis.Redis(port=replica.port)
@@ -259,5 +261,110 @@ def test_a_server_without_the_scripts_loads_them_and_writes_once(redis_server: R
         assert store.update_job(a, 1, [_ev("e2")]).version == 2
         assert [e.message for e in store.list_events("a")] == ["e1", "e2"]
         assert store.get_job("a").version == 2
+    finally:
+        store.close()
+
+
+def _chunk(rank: int, offset: int, lines: list[str], attempt: int = 1) -> lpb.LogChunk:
+    return lpb.LogChunk(job_id="L", attempt=attempt, rank=rank, stream="stdout", offset=offset,
+                        lines=lines, sizes=[len(x.encode()) + 1 for x in lines])
+
+
+# (chunk, bound): continuing offsets, a resend, a gap, another rank, another attempt, and
+# chunks that push attempt 1 over its bound (trimmed the careful way) with one after them
+_CHUNKS = [
+    (_chunk(0, 0, ["a1", "a2"]), 1 << 20),
+    (_chunk(0, 6, ["a3"]), 1 << 20),
+    (_chunk(0, 0, ["a1", "a2", "a3", "a4"]), 1 << 20),  # a resend: only a4 is new
+    (_chunk(1, 0, ["b1"]), 1 << 20),
+    (_chunk(0, 20, ["a6"]), 1 << 20),  # a gap: marked
+    (_chunk(0, 0, ["x1"], attempt=2), 1 << 20),
+    (_chunk(1, 3, ["b2" * 20]), 40),  # over the bound: the oldest lines go
+    (_chunk(1, 44, ["b3"]), 40),
+]
+
+
+def _logs_of(store: object) -> tuple:
+    out = []
+    for attempt in (1, 2):
+        lines, dropped = store.read_logs("L", attempt)  # type: ignore[attr-defined]
+        out.append(([(ln.seq, ln.rank, ln.text) for ln in lines], dropped))
+    offs = [(o.attempt, o.rank, o.stream, o.end_offset) for o in store.log_offsets("L")]  # type: ignore[attr-defined]
+    return tuple(out), offs
+
+
+def test_log_chunks_in_one_group_store_what_one_at_a_time_does(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """The group's log chunks are planned together (later chunks of an attempt see what
+    earlier ones will write) and must store exactly what SQLite, one chunk at a time,
+    stores: the same lines, seqs, dropped counts and offsets, the same ends returned."""
+    ref = SQLiteStore(str(tmp_path / "ref.sqlite"))
+    store = RedisStore(f"{redis_server.url}?prefix=l{uuid.uuid4().hex[:10]}")
+    try:
+        want_ends = [ref.append_logs("L", c, bound) for c, bound in _CHUNKS]
+        first, *rest = [lambda c=c, b=b: store.append_logs("L", c, b) for c, b in _CHUNKS]
+        before = store._writes.groups
+        got_ends = _one_group(redis_server.port, first, rest)
+        assert store._writes.groups - before == 2
+        assert got_ends == want_ends
+        assert _logs_of(store) == _logs_of(ref)
+    finally:
+        store.close()
+        ref.close()
+
+
+def test_a_log_chunk_whose_stream_moved_after_its_plan_is_written_the_careful_way(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another writer appends between the group's read and its write: the chunk's
+    LOGPUT refuses (the offsets moved) and the chunk is written again from what is
+    stored, so each line is still stored once."""
+    url = f"{redis_server.url}?prefix=m{uuid.uuid4().hex[:10]}"
+    store, other = RedisStore(url), RedisStore(url)
+    ref = SQLiteStore(str(tmp_path / "ref.sqlite"))
+    try:
+        plan = store._writes._plan
+        interloped: list[int] = []
+
+        def plan_then_interlope(group: list) -> list:
+            commands = plan(group)
+            if not interloped:  # the other store writes the stream after our read
+                interloped.append(other.append_logs("L", _chunk(0, 0, ["a1", "a2", "a3"]), 1 << 20))
+            return commands
+
+        monkeypatch.setattr(store._writes, "_plan", plan_then_interlope)
+        assert store.append_logs("L", _chunk(0, 0, ["a1", "a2"]), 1 << 20) == 9  # a1+a2+a3 stored
+        assert interloped == [9]
+        for c in (_chunk(0, 0, ["a1", "a2", "a3"]),):
+            ref.append_logs("L", c, 1 << 20)
+        assert _logs_of(store) == _logs_of(ref)
+    finally:
+        store.close()
+        other.close()
+        ref.close()
+
+
+def test_log_chunks_are_not_failed_by_a_short_wait(pair: Pair) -> None:
+    """Rank log lines were never confirmed by the replicas (agents re-send from their
+    offsets): in a group whose WAIT falls short the job writes are UNAVAILABLE and the
+    chunks are stored and acknowledged."""
+    store = RedisStore(pair.url(min_replicas=1, replica_wait_ms=300))
+    try:
+        job = store.create_job(_job("L"))
+        os.kill(pair.replica.proc.pid, signal.SIGSTOP)
+        try:
+            res = _one_group(pair.primary.port, lambda: store.update_job(job, 1), [
+                lambda: store.append_logs("L", _chunk(0, 0, ["a1"]), 1 << 20),
+                lambda: store.update_job(_job("L"), 2),
+                lambda: store.append_logs("L", _chunk(0, 3, ["a2"]), 1 << 20),
+            ])
+        finally:
+            os.kill(pair.replica.proc.pid, signal.SIGCONT)
+        assert isinstance(res[0], StoreUnavailable) and isinstance(res[2], StoreUnavailable)
+        assert res[1] == 3 and res[3] == 6
+        assert [ln.text for ln in store.read_logs("L", 1)[0]] == ["a1", "a2"]
+        # a group of log chunks alone sends no WAIT at all
+        waits = store._writes.waits
+        assert store.append_logs("L", _chunk(0, 6, ["a3"]), 1 << 20) == 9
+        assert store._writes.waits == waits
     finally:
         store.close()
