@@ -466,7 +466,7 @@ async def submit_many(stubs: list, meta: tuple, start: int, n: int, tag: str) ->
 
 
 async def drive(broker: Broker, pki, n_running: int, args, procs: list, ctl: list, out: mp.Queue,  # noqa: ANN001
-                say) -> dict:
+                say, store_calls=None) -> dict:  # noqa: ANN001
     """Ramp to ``n_running`` running attempts, then the steady window."""
     creds = grpc.ssl_channel_credentials(root_certificates=pki.ca.ca_pem)
     channels = [grpc.aio.secure_channel(broker.address, creds, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -529,6 +529,7 @@ async def drive(broker: Broker, pki, n_running: int, args, procs: list, ctl: lis
         sub_lat: list[float] = []
         stop_at = time.monotonic() + args.seconds
         c0, w0, load0 = proc_cpu_s(pid), time.monotonic(), os.getloadavg()
+        cmd0 = store_calls() if store_calls else {}
         rss_samples: list[int] = []
         i = n_running
 
@@ -553,6 +554,10 @@ async def drive(broker: Broker, pki, n_running: int, args, procs: list, ctl: lis
         await asyncio.gather(submitter(), sampler())
         wall = time.monotonic() - w0
         cpu = proc_cpu_s(pid) - c0
+        if store_calls:  # the store's own count of what the window sent it, per second
+            cmd1 = store_calls()
+            res["store_calls_per_s"] = {k: round((cmd1.get(k, 0) - cmd0.get(k, 0)) / wall, 1)
+                                        for k in sorted(cmd1) if cmd1.get(k, 0) > cmd0.get(k, 0)}
         broadcast("unmeasure")
         # Every update acked before the store is read: the agents stop reporting (their
         # heartbeats go on) and the acks of what is in flight arrive.
@@ -636,6 +641,18 @@ class StoreUnderTest:
             self.url = self.cluster.url(prefix="bench")
         else:
             raise ValueError(f"unknown store {kind!r}")
+
+    def calls(self) -> dict[str, int] | None:
+        """Redis: commands the primary ran so far, by name (``INFO commandstats``); the
+        WAITs among them are the replica confirmations."""
+        if self.kind == "sqlite":
+            return None
+        import redis
+
+        port = self.cluster.primary_port() if self.cluster is not None else self.servers[0].port
+        with redis.Redis(port=port) as r:
+            stats = r.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
     def check(self, stats: dict) -> dict:
         return store_check(self.db, stats) if self.kind == "sqlite" else redis_store_check(self.url, stats)
@@ -736,7 +753,8 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
                                  daemon=True)
                 pr.start()
                 procs.append(pr)
-            res = asyncio.run(drive(broker, pki, n_running, args, procs, ctl, out, say))
+            res = asyncio.run(drive(broker, pki, n_running, args, procs, ctl, out, say,
+                                    store.calls if args.store != "sqlite" else None))
             readers: Readers = res.pop("_readers")
             for q in ctl:
                 q.put("stop")

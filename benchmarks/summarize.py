@@ -949,18 +949,28 @@ def frontends(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def running_redis(d: dict[str, Any]) -> list[str]:
+    """bench_running.py on the Redis store with replicas: main's code (one round trip and
+    one WAIT a write) and the write group's builds, run in the same session."""
+    return running(d, ("running_redis_main",),
+                   "### Many running jobs on the Redis store with replicas"
+                   " (`python benchmarks/bench_running.py --store redis-sentinel`)")
+
+
 def load_span(load: list[float]) -> str:
     """A window's 1-minute load average at its start and end, as "a-b"."""
     return f"{load[0]:.0f}-{load[1]:.0f}"
 
 
-def running(d: dict[str, Any]) -> list[str]:
+def running(d: dict[str, Any], befores: tuple[str, ...] = ("running_before",),
+            title: str = "### Many running jobs (`python benchmarks/bench_running.py`)") -> list[str]:
     """The live broker with many running attempts (bench_running.py): this build, and the
-    build before the agent-path changes when ``running_before.json`` is committed too."""
-    before = load("running_before")
+    builds it is compared with (``befores``: result files run in the same session, e.g.
+    ``running_before.json``, the build before the agent-path changes), rows before it."""
+    rows = [(name, r) for name in befores if (r := load(name)) is not None]
     st = d["setup"]
     out = [
-        "### Many running jobs (`python benchmarks/bench_running.py`)",
+        title,
         "",
         f"A real broker (`brokerctl serve`, {st['store']}) and {st['agents']} fake region agents"
         f" in {st['agent_procs']} processes speaking the real agent stream over mutual TLS with"
@@ -980,9 +990,7 @@ def running(d: dict[str, Any]) -> list[str]:
         " GetJob p99 ms | unacked after | log lines sent / stored | steps behind | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, r in (("before", before), ("this", d)):
-        if r is None:
-            continue
+    for label, r in (*rows, ("this", d)):
         for n, v in r["sizes"].items():
             s, vis, sto = v["steady"], v["visible"], v["store"]
             out.append(
@@ -994,9 +1002,17 @@ def running(d: dict[str, Any]) -> list[str]:
                 f" {sto['log_lines_sent']:,} /"
                 f" {sto['log_lines_stored']:,} | {sto['jobs_behind_last_sent_step']} |"
                 f" {s['loadavg_start'][0]:.0f}-{s['loadavg_end'][0]:.0f} |")
-    for r in (before, d):  # what each build changed, as its run recorded it
-        if r is not None and r.get("note"):
+    for _, r in (*rows, ("this", d)):  # what each build changed, as its run recorded it
+        if r.get("note"):
             out += ["", f"{r.get('label') or 'this'}: {r['note']}"]
+    for _, r in (*rows, ("this", d)):  # a Redis store's own count of the window's commands
+        for n, v in r["sizes"].items():
+            calls = v.get("store_calls_per_s")
+            if calls:
+                top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+                out += ["", f"{r.get('label') or 'this'} at {int(n):,} running, commands a second at the"
+                        " Redis primary in the window: " + ", ".join(f"{k} {f(x, 0)}" for k, x in top)
+                        + f" (WAIT {f(calls.get('wait', 0), 0)})."]
     reps = d.get("repeats", {})
     for n, runs in reps.items():  # other runs of this build at a size (the row above is one)
         def med(key: str, runs: list = runs) -> str:
@@ -1008,6 +1024,8 @@ def running(d: dict[str, Any]) -> list[str]:
                 f" {med('watch_p99_ms')}), GetJob p99 {' / '.join(f(r['getjob_p99_ms'], 0) for r in runs)} ms"
                 f" (median {med('getjob_p99_ms')}), CPU {' / '.join(f(r['cpu_cores'], 2) for r in runs)}"
                 f" cores; load {', '.join(load_span(r['load']) for r in runs)}."]
+    if befores != ("running_before",):
+        return out
     g = d["goals"]
     out += ["", f"Goals at 10,000 running: broker CPU at most {g['cpu_cores']:g} core, p99"
             f" progress-to-visible at most {g['p99_visible_s']:g} s, every log line stored and"
@@ -1340,6 +1358,7 @@ def render() -> str:
                      ("submit_cpu_repeat", submit_cpu_repeat), ("submit_stages", submit_stages),
                      ("frontends", frontends),
                      ("frontends_everysec", frontends), ("running", running),
+                     ("running_redis", running_redis),
                      ("k8s", k8s), ("k8s_idle_passes_first", k8s), ("k8s_profile_before_idle_passes", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):

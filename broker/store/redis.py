@@ -593,4 +593,5 @@ class RedisStore(RedisLogs, Store):
         if w.groups:  # how well the write group shared round trips and WAITs
             log.info("redis store %s: %d writes in %d pipelines (%.1f per pipeline), %d WAITs",
                      self.prefix, w.members, w.groups, w.members / w.groups, w.waits)
+        w.close()
         self._pool.disconnect()

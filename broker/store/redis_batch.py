@@ -126,6 +126,13 @@ class RedisWriteGroup:
     def submit(self, write: Write) -> object:
         return self._writer.submit(write)
 
+    def close(self) -> None:
+        """Let the group writer's thread end, where the group-commit machinery has one to
+        end (``GroupWriter.close``); without one there is nothing to stop."""
+        stop = getattr(self._writer, "close", None)
+        if stop is not None:
+            stop()
+
     # ---- one group -----------------------------------------------------------------
     def _write_group(self, group: list[Write]) -> list[object]:
         needed = self._needed()

@@ -159,7 +159,9 @@ end
 local n = tonumber(ARGV[18])
 if n < 0 then return 0 end
 redis.call('HSET', offk, field, ARGV[13])
-for i = 1, n do redis.call('RPUSH', lines, ARGV[18 + i]) end
+for at = 1, n, 500 do  -- one RPUSH per 500 lines (unpack's stack bound)
+  redis.call('RPUSH', lines, unpack(ARGV, 18 + at, 18 + math.min(n, at + 499)))
+end
 redis.call('HSET', meta, 'bytes', ARGV[14], 'last_seq', ARGV[15], 'dropped', ARGV[16])
 return 0
 """
