@@ -105,6 +105,15 @@ _SENTINEL_RETRY_MAX_DELAY_S = 30.0
 
 
 _FIRST_RETRY_WAIT_S = 0.05  # wait_exponential(multiplier=0.05)'s first wait
+# The write group retries at most this far apart (module docstring of redis_batch.py).
+_GROUP_RETRY_MAX_WAIT_S = 0.25
+
+
+def _retry_budget_s(attempts: int, max_delay_s: float) -> float:
+    """How long a call's retries may go on: the sleeps of ``attempts`` tries on the
+    per-call schedule (0.05 s doubling up to 2 s), at most ``max_delay_s``."""
+    waits = [_FIRST_RETRY_WAIT_S] + [min(2.0, 0.05 * 2 ** n) for n in range(1, attempts - 1)]
+    return min(sum(waits), max_delay_s)
 
 
 def _rider_args(riders: Sequence[tuple[str, str, Message]]) -> list[object]:
@@ -163,7 +172,7 @@ class RedisStore(RedisLogs, Store):
         # Job, event and record writes (and confirmation barriers) queue here: concurrent
         # writers share one pipeline and one WAIT (broker/store/redis_batch.py).
         self._writes = RedisWriteGroup(
-            self._r, self._call, self.replicas_needed, self._wait_ms,
+            self._r, lambda fn: self._call(fn, self._group_retry), self.replicas_needed, self._wait_ms,
             (self._create, self._update, self._append, self._record, self._logput),
             self._replicas.stale)
         if retry_attempts is None:
@@ -176,6 +185,17 @@ class RedisStore(RedisLogs, Store):
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts - 1) | stop_after_delay(retry_max_delay_s),
             wait=wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        ) if retry_attempts > 1 else None
+        # The write group's retry: the same time budget, tried at most every 0.25 s. Why:
+        # one group holds every write queued behind it, so a retry sleeping 2 s after the
+        # promoted primary is up keeps them all waiting (independent writes used to
+        # straggle, and some came back sooner); one poller a quarter second is cheap.
+        self._group_retry = retry(
+            retry=retry_if_exception_type(_TRANSIENT),
+            stop=(stop_after_delay(_retry_budget_s(retry_attempts, retry_max_delay_s))
+                  & stop_after_attempt(retry_attempts - 1)) | stop_after_delay(retry_max_delay_s),
+            wait=wait_exponential(multiplier=0.05, max=_GROUP_RETRY_MAX_WAIT_S),
             reraise=True,
         ) if retry_attempts > 1 else None
 
@@ -199,17 +219,19 @@ class RedisStore(RedisLogs, Store):
                                                      **common)
 
     # ---- plumbing ------------------------------------------------------------------
-    def _call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` with bounded retries; a store still unreachable after them is
-        :class:`StoreUnavailable` (UNAVAILABLE to API callers, never INTERNAL)."""
+    def _call(self, fn: Callable[[], T], retrying: Callable | None = None) -> T:
+        """Run ``fn`` with bounded retries (``retrying``: another schedule than the
+        store's own); a store still unreachable after them is :class:`StoreUnavailable`
+        (UNAVAILABLE to API callers, never INTERNAL)."""
+        again = retrying or self._retry
         try:
             try:
                 return fn()
             except _TRANSIENT:
-                if self._retry is None:
+                if again is None:
                     raise
             time.sleep(_FIRST_RETRY_WAIT_S)  # the backoff the retry loop would have waited
-            return self._retry(fn)()
+            return again(fn)()
         except _TRANSIENT as e:
             raise StoreUnavailable(f"redis unavailable: {e}") from e
 
