@@ -362,10 +362,12 @@ def store(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def store_failover(d: dict[str, Any]) -> list[str]:
+def store_failover(d: dict[str, Any],
+                   title: str = "### State store failover (`python benchmarks/store_failover.py`)",
+                   ) -> list[str]:
     sn = d["sentinel"]
     out = [
-        "### State store failover (`python benchmarks/store_failover.py`)",
+        title,
         "",
         f"Redis primary SIGKILLed mid-burst; primary + {sn['replicas']} replicas + {sn['sentinels']} "
         f"Sentinels (quorum {sn['quorum']}, down-after {sn['down_after_ms']} ms), {d['writers']} "
@@ -398,6 +400,13 @@ def store_failover(d: dict[str, Any]) -> list[str]:
     elif b.get("reps"):
         out += _broker_failover_lines(d)
     return out
+
+
+def store_failover_write_group(d: dict[str, Any]) -> list[str]:
+    """The same fault with the Redis store's write group (one pipeline and one WAIT for
+    the writes that queue together), a shorter run than the 20 repetitions above."""
+    return store_failover(d, "### State store failover with the Redis write group"
+                             " (`python benchmarks/store_failover.py`)")
 
 
 def store_failover_broker(d: dict[str, Any]) -> list[str]:
@@ -954,7 +963,8 @@ def running_redis(d: dict[str, Any]) -> list[str]:
     one WAIT a write) and the write group's builds, run in the same session."""
     return running(d, ("running_redis_main",),
                    "### Many running jobs on the Redis store with replicas"
-                   " (`python benchmarks/bench_running.py --store redis-sentinel`)")
+                   " (`python benchmarks/bench_running.py --store redis-sentinel`)",
+                   ("running_redis_writer_thread", "running_redis_main_2", "running_redis_2"))
 
 
 def load_span(load: list[float]) -> str:
@@ -963,11 +973,13 @@ def load_span(load: list[float]) -> str:
 
 
 def running(d: dict[str, Any], befores: tuple[str, ...] = ("running_before",),
-            title: str = "### Many running jobs (`python benchmarks/bench_running.py`)") -> list[str]:
+            title: str = "### Many running jobs (`python benchmarks/bench_running.py`)",
+            afters: tuple[str, ...] = ()) -> list[str]:
     """The live broker with many running attempts (bench_running.py): this build, and the
     builds it is compared with (``befores``: result files run in the same session, e.g.
     ``running_before.json``, the build before the agent-path changes), rows before it."""
     rows = [(name, r) for name in befores if (r := load(name)) is not None]
+    later = [(name, r) for name in afters if (r := load(name)) is not None]
     st = d["setup"]
     out = [
         title,
@@ -990,7 +1002,7 @@ def running(d: dict[str, Any], befores: tuple[str, ...] = ("running_before",),
         " GetJob p99 ms | unacked after | log lines sent / stored | steps behind | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, r in (*rows, ("this", d)):
+    for label, r in (*rows, ("this", d), *later):
         for n, v in r["sizes"].items():
             s, vis, sto = v["steady"], v["visible"], v["store"]
             out.append(
@@ -1002,17 +1014,17 @@ def running(d: dict[str, Any], befores: tuple[str, ...] = ("running_before",),
                 f" {sto['log_lines_sent']:,} /"
                 f" {sto['log_lines_stored']:,} | {sto['jobs_behind_last_sent_step']} |"
                 f" {s['loadavg_start'][0]:.0f}-{s['loadavg_end'][0]:.0f} |")
-    for _, r in (*rows, ("this", d)):  # what each build changed, as its run recorded it
+    for _, r in (*rows, ("this", d), *later):  # what each build changed, as its run recorded it
         if r.get("note"):
             out += ["", f"{r.get('label') or 'this'}: {r['note']}"]
-    for _, r in (*rows, ("this", d)):  # a Redis store's own count of the window's commands
+    for _, r in (*rows, ("this", d), *later):  # a Redis store's own count of the window's commands
         for n, v in r["sizes"].items():
             calls = v.get("store_calls_per_s")
             if calls:
-                top = sorted(calls.items(), key=lambda kv: -kv[1])[:6]
+                shown = ", ".join(f"{k.upper()} {f(calls.get(k, 0), 0)}"
+                                  for k in ("wait", "evalsha", "script|exists", "watch", "exec"))
                 out += ["", f"{r.get('label') or 'this'} at {int(n):,} running, commands a second at the"
-                        " Redis primary in the window: " + ", ".join(f"{k} {f(x, 0)}" for k, x in top)
-                        + f" (WAIT {f(calls.get('wait', 0), 0)})."]
+                        f" Redis primary in the window: {shown} ({f(sum(calls.values()), 0)} in all)."]
     reps = d.get("repeats", {})
     for n, runs in reps.items():  # other runs of this build at a size (the row above is one)
         def med(key: str, runs: list = runs) -> str:
@@ -1352,6 +1364,7 @@ def render() -> str:
                      ("proactive", proactive_rules), ("migration", migration), ("mbb", mbb),
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
                      ("store_failover_broker", store_failover_broker),
+                     ("store_failover_write_group", store_failover_write_group),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
