@@ -1,31 +1,45 @@
-"""Group commit of job creations: concurrent submits share one store write.
+"""Group commit: concurrent writes share one store write (one transaction, one fsync).
 
 Why: with SQLite at synchronous=FULL every transaction ends in an fsync, so one
-transaction per SubmitJob caps submits at the disk's fsync rate whatever the CPU
-(Redis: one round trip per submit). Submits that arrive while a write is in flight
-queue up, and the next write takes them all: one transaction (one fsync) or one
-pipeline for the whole group. Nothing waits on a timer: a lone submit is written at
-once, batches form only under load, exactly when they pay.
+transaction per write caps writes at the disk's fsync rate whatever the CPU (Redis: one
+round trip per write). Writes that arrive while a write is in flight queue up, and the
+next write takes them all: one transaction (one fsync) or one pipeline for the whole
+group. Nothing waits on a timer: a lone write is written at once, batches form only
+under load, exactly when they pay.
 
-No extra thread either (no hand-off per submit): the first caller to find the store
-idle becomes the *leader*, writes the queue (its own item first) and hands the
-results back; when it is done and more items queued meanwhile, it promotes the
-oldest waiter to lead the next group, and returns. Every caller gets its own
-member's result: its stored job, or the error that member alone met (a duplicate
-request id raises AlreadyExists for that member only, as ``Store.create_job``
-would); a failure of the whole write (Fenced, StoreUnavailable) goes to every
-member of that group. Leader fencing is kept: the store checks the lease epoch
+Who writes: a caller that finds the writer idle writes its own group at once, in its
+own thread (no hand-off: a lone submit costs no thread switch). Everything queued
+while a group is being written is written by the writer's own thread (one per
+``GroupWriter``, started on first use), which keeps writing groups while the queue is
+non-empty and then goes idle. Leadership never passes from member to member: that
+hand-off (waking the oldest waiter to lead, which then had to win the interpreter
+lock back among a hundred threads just woken with their results) was where a leader
+with 10,000 running attempts spent its time between commits
+(benchmarks/bench_running.py). The writer thread takes the next group the moment it
+has handed out the last one's results, so the group that queued during a COMMIT's
+fsync goes in the next transaction, without anyone waiting to be chosen.
+
+Every caller gets its own member's result: its stored job, or the error that member
+alone met (a duplicate request id raises AlreadyExists for that member only, as
+``Store.create_job`` would); a failure of the whole write (Fenced, StoreUnavailable)
+goes to every member of that group. Nothing is answered before the write returned
+(for SQLite: its COMMIT). Leader fencing is kept: the store checks the lease epoch
 inside each group's transaction / script.
 
 Callers on an event loop (the API workers' grpc.aio server) must never block, so
-they cannot lead: :meth:`GroupWriter.submit_soon` queues a member with a sink instead
-of a lock, and a group whose oldest member is such a one is led by the writer's own
-thread (started on first use). Members of the same group share the write whichever
-way they came; results for loop callers go back one call per sink per group
+they never write: :meth:`GroupWriter.submit_soon` queues a member with a sink instead
+of a lock, and the writer thread writes it. Members of the same group share the write
+whichever way they came; results for loop callers go back one call per sink per group
 (:class:`LoopSink`: one ``call_soon_threadsafe`` wake-up of the loop for the whole
 group, not one per member).
-"""
 
+The interface, for any store (SQLite's write group and job creations use it; Redis's
+record puts too): ``GroupWriter(write)`` where ``write(items) -> results`` writes a
+list of items in one go and returns one result per item (an exception instance: that
+member's own error); then ``submit(item)`` from any thread (blocks until written),
+``submit_soon(item, sink)`` from an event loop (a future), ``close()`` to stop the
+writer thread once the queue is empty.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -47,7 +61,7 @@ class _Member(Generic[T, R]):
     to wake its caller: the cheapest wake-up CPython has (an Event is a Condition, a
     second lock and a waiter list; at thousands of submits a second that showed)."""
 
-    __slots__ = ("item", "done", "result", "error", "lead", "sink", "future")
+    __slots__ = ("item", "done", "result", "error", "sink", "future")
 
     def __init__(self, item: T, sink: LoopSink | None = None,
                  future: asyncio.Future | None = None) -> None:
@@ -59,7 +73,6 @@ class _Member(Generic[T, R]):
             self.done.acquire()
         self.result: R | None = None
         self.error: BaseException | None = None
-        self.lead = False  # woken to lead the next group rather than with a result
 
 
 class LoopSink:
@@ -90,62 +103,98 @@ class GroupWriter(Generic[T, R]):
     per item, in order (an exception instance = that member's own error)."""
 
     def __init__(self, write: Callable[[list[T]], Sequence[R | BaseException]],
-                 max_group: int = MAX_GROUP) -> None:
+                 max_group: int = MAX_GROUP, name: str = "group-commit") -> None:
         self._write = write
         self.max_group = max_group
+        self.name = name
         self._lock = threading.Lock()
         self._queue: list[_Member[T, R]] = []
-        self._busy = False
+        self._busy = False  # a group is being written (by a caller or the writer thread)
+        self._closing = False
         self.groups = 0  # writes made (for tests and benchmarks)
         self.members = 0  # items written through them
-        self._leader_wake: threading.Semaphore | None = None  # the writer thread's (submit_soon)
-
-    def submit_soon(self, item: T, sink: LoopSink) -> asyncio.Future:
-        """Queue ``item`` without blocking (call on ``sink``'s loop): the returned future
-        gets ``write``'s result for it, or its error. If the writer is idle its own
-        thread leads the group; else the item rides with the next group."""
-        fut = sink.loop.create_future()
-        me: _Member[T, R] = _Member(item, sink, fut)
-        with self._lock:
-            self._queue.append(me)
-            lead = not self._busy
-            self._busy = True
-            if lead:
-                self._writer_thread().release()
-        return fut
-
-    def _writer_thread(self) -> threading.Semaphore:
-        """The thread that leads groups for loop callers (under ``_lock``)."""
-        if self._leader_wake is None:
-            self._leader_wake = threading.Semaphore(0)
-            threading.Thread(target=self._lead_for_loops, args=(self._leader_wake,),
-                             name="group-commit", daemon=True).start()
-        return self._leader_wake
-
-    def _lead_for_loops(self, wake: threading.Semaphore) -> None:
-        while True:
-            wake.acquire()
-            self._lead()
+        self.thread_groups = 0  # of them, written by the writer thread
+        self._wake: threading.Semaphore | None = None  # the writer thread's (None: not started)
 
     def submit(self, item: T) -> R:
+        """Queue ``item`` and return its result once its group is written (or raise
+        its error). Writes it at once in this thread if the writer is idle."""
         me: _Member[T, R] = _Member(item)
         with self._lock:
             self._queue.append(me)
             lead = not self._busy
             self._busy = True
-        if not lead:
-            me.done.acquire()  # released once: with our result, or to lead the next group
-            if not me.lead:
-                return self._result(me)
-        self._lead()
+        if lead:
+            self._write_group(on_thread=False)
+            self._after_own_group()
+        else:
+            me.done.acquire()  # released once, by the writer, with our result
         return self._result(me)
 
-    def _lead(self) -> None:
-        """Write one group (starting with the leader's own member), hand out results,
-        then pass the lead to the oldest waiter, or go idle."""
+    def submit_soon(self, item: T, sink: LoopSink) -> asyncio.Future:
+        """Queue ``item`` without blocking (call on ``sink``'s loop): the returned future
+        gets ``write``'s result for it, or its error. The writer thread writes it (at
+        once if idle, else with the next group)."""
+        fut = sink.loop.create_future()
+        me: _Member[T, R] = _Member(item, sink, fut)
+        with self._lock:
+            self._queue.append(me)
+            if not self._busy:
+                self._busy = True
+                self._writer().release()
+        return fut
+
+    def close(self) -> None:
+        """Stop the writer thread once the queue is empty (a store closing). A later
+        submit still works: it writes itself or starts the thread again."""
+        with self._lock:
+            self._closing = True
+            if self._wake is not None and not self._busy:
+                self._busy = True  # the thread's to clear: it finds the queue empty and ends
+                self._wake.release()
+
+    def _after_own_group(self) -> None:
+        """A caller wrote its own group: what queued meanwhile goes to the writer
+        thread (never to another caller), or the writer goes idle."""
+        with self._lock:
+            if self._queue or (self._closing and self._wake is not None):
+                self._writer().release()  # _busy stays set: the thread's now
+            else:
+                self._busy = False
+
+    def _writer(self) -> threading.Semaphore:
+        """The writer thread's wake-up (started on first use; call under ``_lock``)."""
+        if self._wake is None:
+            self._wake = threading.Semaphore(0)
+            self._closing = False
+            threading.Thread(target=self._run, args=(self._wake,), name=self.name,
+                             daemon=True).start()
+        return self._wake
+
+    def _run(self, wake: threading.Semaphore) -> None:
+        """The writer thread: woken with the queue non-empty (``_busy`` set for it), it
+        writes groups until the queue is empty, then goes idle and waits."""
+        while True:
+            wake.acquire()
+            while self._write_group(on_thread=True):
+                pass
+            with self._lock:
+                if self._queue:  # queued after the last take: still ours (_busy stays set)
+                    wake.release()
+                    continue
+                self._busy = False
+                if self._closing:
+                    self._wake = None
+                    return
+
+    def _write_group(self, on_thread: bool) -> bool:
+        """Write one group from the head of the queue and hand out its results; False
+        (writing nothing) when the queue is empty."""
         with self._lock:
             group = self._queue[: self.max_group]
             del self._queue[: len(group)]
+        if not group:
+            return False
         try:
             results = self._write([m.item for m in group])
             if len(results) != len(group):
@@ -162,24 +211,16 @@ class GroupWriter(Generic[T, R]):
         with self._lock:
             self.groups += 1
             self.members += len(group)
-            nxt = self._queue[0] if self._queue else None
-            if nxt is None:
-                self._busy = False
-            elif nxt.sink is not None:  # a loop caller cannot lead: the writer thread does
-                self._writer_thread().release()
-                nxt = None
-            else:
-                nxt.lead = True
+            self.thread_groups += on_thread
         sinks: dict[int, tuple[LoopSink, list[_Member[T, R]]]] = {}
-        for m in group:  # each lock is held here (the leader holds its own): one release each
+        for m in group:  # each thread member's lock is held (a writing caller's: by itself)
             if m.sink is None:
                 m.done.release()
             else:
                 sinks.setdefault(id(m.sink), (m.sink, []))[1].append(m)
         for sink, members in sinks.values():
             sink.deliver(members)
-        if nxt is not None:
-            nxt.done.release()
+        return True
 
     @staticmethod
     def _result(m: _Member[T, R]) -> R:

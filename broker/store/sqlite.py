@@ -215,7 +215,9 @@ class SQLiteStore(SQLiteLogs, Store):
         # Processes sharing the file take turns per write transaction (write_turn.py).
         self._turn = WriteTurn(path) if path != ":memory:" else None
         # Job creations and record puts queue here and share transactions (group commit).
-        self._writes: GroupWriter[tuple[str, object], object] = GroupWriter(self._write_group)
+        # A dedicated writer thread keeps writing groups while writes queue (group_commit.py).
+        self._writes: GroupWriter[tuple[str, object], object] = GroupWriter(
+            self._write_group, name="sqlite-writer")
         # Reads get their own connection (a file only; ":memory:" is per connection):
         # in WAL mode a reader sees every committed write and never waits for the
         # writer, so GetJob/ListJobs/WatchJob do not queue behind a commit's fsync.
@@ -602,6 +604,7 @@ class SQLiteStore(SQLiteLogs, Store):
 
     def close(self) -> None:
         w = self._writes
+        w.close()
         if w.groups:  # how well group commit amortized the fsyncs (a batch of jobs is one write)
             log.info("sqlite store %s: %d writes in %d transactions (%.1f per commit)",
                      self.path, w.members, w.groups, w.members / w.groups)
