@@ -10,14 +10,13 @@ to get it back behind a hundred busy threads each time: at ~5 statements a membe
 (benchmarks/bench_running.py; py-spy found most agent-lane threads waiting in the
 write group). Here a group costs a fixed handful of statements whatever its size:
 
-* **updates**: one read of every target job's version, then one
+* **updates**: one read of every target job's version and last event seq, then one
   ``UPDATE ... FROM (VALUES ...)`` per table-full; members whose version does not match
   get their own VersionConflict / NotFound from that read, without a write (the
   transaction holds the write lock, so the read is exact). Two updates of one job in
   one group are applied in queue order (the later one sees the earlier's version, as
-  one after the other would), in separate statements. Their events: one read of each
-  job's last seq, one multi-row INSERT.
-* **log chunks**: one read of the touched streams' end offsets and one of the touched
+  one after the other would), in separate statements. Their events: one multi-row INSERT.
+* **log chunks**: one read of the touched streams' end offsets and the touched
   attempts' totals, then dedup, numbering and the per-attempt bound worked out in
   Python in queue order (logs_common.py, the same rules as one chunk at a time), then
   one multi-row INSERT of the lines and one upsert each of the streams and attempts.
@@ -106,17 +105,18 @@ def values_insert(into: str, upsert: str = "") -> tuple[str, str]:
     return f"{into} SELECT * FROM (VALUES ", f") WHERE column1 IS NOT NULL{upsert}"
 
 
-def _json_one(conn: sqlite3.Connection, sql: str, arg: object) -> object:
+def _json_one(conn: sqlite3.Connection, sql: str, *args: object) -> object:
     """A read whose answer is one JSON value (one row: one GIL round trip)."""
-    (data,) = conn.execute(sql, (json.dumps(arg),)).fetchone()
+    (data,) = conn.execute(sql, [json.dumps(a) for a in args]).fetchone()
     return json.loads(data) if data else None
 
 
 # ---- updates --------------------------------------------------------------------------
-_VERSIONS = ("SELECT json_group_object(id, version) FROM jobs"
-             " WHERE id IN (SELECT value FROM json_each(?))")
-_LAST_SEQS = ("SELECT json_group_object(value, (SELECT MAX(seq) FROM events WHERE job_id = value))"
-              " FROM json_each(?)")
+# Each target job's version and last event seq, in one read (one statement less for the
+# group's writer to win the interpreter lock back after: the writer thread's time).
+_VERSIONS = ("SELECT json_group_object(id, json_array(version,"
+             " (SELECT MAX(seq) FROM events WHERE job_id = jobs.id)))"
+             " FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
 _UPDATE_HEAD = "UPDATE jobs SET team = v.column2, client_request_id = v.column3, phase = v.column4," \
                " region = v.column5, version = v.column6, data = v.column7 FROM (VALUES "
 _UPDATE_TAIL = ") AS v WHERE jobs.id = v.column1 AND jobs.version = v.column8"
@@ -129,7 +129,9 @@ def write_updates(conn: sqlite3.Connection, items: list[UpdateItem]) -> list[pb.
     """Compare-and-set every item (in order); each gets its stored job or its own error."""
     if not items:
         return []
-    versions: dict[str, int] = _json_one(conn, _VERSIONS, sorted({j.id for j, _, _ in items})) or {}  # type: ignore[assignment]
+    read: dict[str, list[int | None]] = _json_one(conn, _VERSIONS, sorted({j.id for j, _, _ in items})) or {}  # type: ignore[assignment]
+    versions: dict[str, int] = {j: v for j, (v, _) in read.items()}  # type: ignore[misc]
+    last: dict[str, int | None] = {j: s for j, (_, s) in read.items()}
     out: list[pb.Job | StoreError] = []
     rounds: list[list[object]] = []  # a job's n-th update in the group goes in round n
     nth: dict[str, int] = {}
@@ -157,7 +159,6 @@ def write_updates(conn: sqlite3.Connection, items: list[UpdateItem]) -> list[pb.
         if insert_rows(conn, _UPDATE_HEAD, 8, flat, _UPDATE_TAIL) != want:
             raise RetryCarefully(f"{want} job updates expected to match")  # cannot happen: read above
     if with_events:
-        last: dict[str, int | None] = _json_one(conn, _LAST_SEQS, sorted({j for j, _ in with_events})) or {}  # type: ignore[assignment]
         rows: list[object] = []
         for job_id, events in with_events:
             first = (last.get(job_id) or 0) + 1
@@ -169,12 +170,15 @@ def write_updates(conn: sqlite3.Connection, items: list[UpdateItem]) -> list[pb.
 
 
 # ---- log chunks -----------------------------------------------------------------------
-_STREAM_ENDS = ("SELECT json_group_array(json_array(s.job_id, s.key, s.end_offset))"
-                " FROM json_each(?) AS p JOIN log_streams AS s"
-                " ON s.job_id = p.value ->> 0 AND s.key = p.value ->> 1")
-_ATTEMPT_TOTALS = ("SELECT json_group_array(json_array(a.job_id, a.attempt, a.bytes, a.last_seq, a.dropped))"
-                   " FROM json_each(?) AS p JOIN log_attempts AS a"
-                   " ON a.job_id = p.value ->> 0 AND a.attempt = p.value ->> 1")
+# The touched streams' end offsets and the touched attempts' totals, in one read.
+_ENDS_AND_TOTALS = (
+    "SELECT json_array("
+    "(SELECT json_group_array(json_array(s.job_id, s.key, s.end_offset))"
+    " FROM json_each(?1) AS p JOIN log_streams AS s"
+    " ON s.job_id = p.value ->> 0 AND s.key = p.value ->> 1),"
+    "(SELECT json_group_array(json_array(a.job_id, a.attempt, a.bytes, a.last_seq, a.dropped))"
+    " FROM json_each(?2) AS p JOIN log_attempts AS a"
+    " ON a.job_id = p.value ->> 0 AND a.attempt = p.value ->> 1))")
 _INSERT_LINES = values_insert("INSERT INTO log_lines (job_id, attempt, seq, cost, data)")
 _UPSERT_STREAMS = values_insert("INSERT INTO log_streams (job_id, key, end_offset)",
                                 " ON CONFLICT (job_id, key) DO UPDATE SET end_offset = excluded.end_offset")
@@ -188,10 +192,10 @@ def write_logs(conn: sqlite3.Connection, items: list[LogItem]) -> list[int]:
     if not items:
         return []
     keys = {(job_id, lc.stream_key(c.attempt, c.rank, c.stream)) for job_id, c, _ in items}
-    ends: dict[tuple[str, str], int] = {(j, k): e for j, k, e in _json_one(conn, _STREAM_ENDS, sorted(keys)) or ()}  # type: ignore[union-attr]
     atts = sorted({(job_id, c.attempt) for job_id, c, _ in items})
-    totals: dict[tuple[str, int], list[int]] = {
-        (j, a): [b, s, d] for j, a, b, s, d in _json_one(conn, _ATTEMPT_TOTALS, atts) or ()}  # type: ignore[union-attr]
+    got_ends, got_totals = _json_one(conn, _ENDS_AND_TOTALS, sorted(keys), atts)  # type: ignore[misc]
+    ends: dict[tuple[str, str], int] = {(j, k): e for j, k, e in got_ends}
+    totals: dict[tuple[str, int], list[int]] = {(j, a): [b, s, d] for j, a, b, s, d in got_totals}
     out: list[int] = []
     lines: list[object] = []
     streams: dict[tuple[str, str], int] = {}

@@ -66,10 +66,10 @@ def test_a_group_costs_the_same_statements_at_4_and_at_200_members(tmp_path: Pat
         assert out[1::3] == [2 * (len(j) + 3) for j in ids]  # each stream's end: both lines
         assert not [s for s in traced if "SAVEPOINT" in s], traced  # no member alone
         counts.append(len(traced))
-    # BEGIN, 3 for the updates (versions, UPDATE, last seqs) and 1 for their events, 5 for
-    # the chunks (2 reads, lines, streams, attempts), 1 for the records, COMMIT; at 200
+    # BEGIN, 2 for the updates (versions and last seqs, UPDATE) and 1 for their events, 4
+    # for the chunks (1 read, lines, streams, attempts), 1 for the records, COMMIT; at 200
     # members the 400 log lines take a second INSERT (256 rows a statement)
-    assert counts == [12, 13], counts
+    assert counts == [10, 11], counts
     for j in big:
         got = store.get_job(j)
         assert got.version == 2 and got.progress.step == 50 + big.index(j)
