@@ -57,6 +57,7 @@ import multiprocessing as mp
 import os
 import platform
 import random
+import re
 import socket
 import sqlite3
 import subprocess
@@ -767,6 +768,7 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
         finally:
             broker.stop()
             shutil_copy_log(tmpd, args, n_running)
+            writes = store_writes(tmpd / "broker.log")
         # progress-to-visible
         watch_lat = [t - stats["sent_at"][f"{j}:{s}"] for j, s, t in readers.watch_seen
                      if f"{j}:{s}" in stats["sent_at"]]
@@ -783,7 +785,20 @@ def run_size(n_running: int, args, say) -> dict:  # noqa: ANN001
             res["store"] = store.check(stats)
         finally:
             store.stop()
+        if writes:
+            res["store_writes"] = writes
         return res
+
+
+def store_writes(log_path: Path) -> dict:
+    """The SQLite store's own count, logged when it closes: writes and the transactions
+    (fsyncs) they shared, over the broker's whole life (ramp and window)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    m = re.search(r"(\d+) writes in (\d+) transactions", text)
+    if not m:
+        return {}
+    w, t = int(m.group(1)), int(m.group(2))
+    return {"writes": w, "transactions": t, "per_commit": round(w / t, 1) if t else 0.0}
 
 
 def shutil_copy_log(tmpd: Path, args, n: int) -> None:  # noqa: ANN001
