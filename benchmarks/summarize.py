@@ -974,7 +974,7 @@ def load_span(load: list[float]) -> str:
 
 def running(d: dict[str, Any], befores: tuple[str, ...] = ("running_before",),
             title: str = "### Many running jobs (`python benchmarks/bench_running.py`)",
-            afters: tuple[str, ...] = ("running_quiet_main",)) -> list[str]:
+            afters: tuple[str, ...] = ("running_main_sizes", "running_quiet_main")) -> list[str]:
     """The live broker with many running attempts (bench_running.py): this build, and the
     builds it is compared with (``befores``: result files run in the same session, e.g.
     ``running_before.json``, the build before the agent-path changes), rows before it."""
