@@ -33,6 +33,7 @@ from brokersdk.client import (
     strategy_name,
     topology_name,
 )
+from brokersdk.size import below_size_text
 from computebroker.v1 import capacity_pb2, common_pb2
 
 PHASE_STYLE = {
@@ -245,14 +246,10 @@ def _clip(text: str, width: int) -> str:
 
 
 def shrunk_text(job: common_pb2.Job) -> str:
-    """That the job runs below its requested size after a node loss, and why it has not
-    grown back yet ("" when it runs at full size; docs/operator/moves.md)."""
-    rec = job.shrunk
-    if not rec.requested_nodes:
-        return ""
-    text = (f"running shrunk: {rec.running_nodes} of {rec.requested_nodes} nodes since losing"
-            f" {', '.join(rec.lost_nodes) or 'a node'}")
-    return text + (f"; {rec.waiting}" if rec.waiting else "")
+    """That the job runs below its requested size (shrunk after a node loss, moved or
+    placed elastically on fewer nodes), since when, why, and why it has not grown back
+    yet ("" when it runs at full size; docs/operator/moves.md)."""
+    return below_size_text(job)
 
 
 def _job_reason(job: common_pb2.Job) -> str:

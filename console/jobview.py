@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from brokersdk.enums import TERMINAL_PHASES, capacity_type_name, phase_name
+from brokersdk.size import below_size_text
 from computebroker.v1 import common_pb2 as pb
 
 # A stopped attempt: its bar ends at the first of these after its launch.
@@ -79,6 +80,8 @@ class JobView:
     loss_range: tuple[float, float]
     steps_range: tuple[int, int]
     log_lines: list[str]
+    # "running at 2 of 4 ranks since ... (why)" while it runs below its requested size
+    size: str = ""
 
     @property
     def loss_count(self) -> int:
@@ -269,7 +272,17 @@ def build_job_view(job: pb.Job, events: Sequence[pb.JobEvent], log_lines: list[s
     return JobView(job, phase_name(job.phase), t0, t1, attempts, ticks,
                    migration_rows(job.migrations, t0, t1, events),
                    goodput_parts(job.goodput, job, now),
-                   points, lrange, srange, log_lines)
+                   points, lrange, srange, log_lines, size_line(job))
+
+
+# Phases in which a job below its size holds (or is leaving) its smaller placement.
+_SIZED = frozenset({pb.JOB_PHASE_LAUNCHING, pb.JOB_PHASE_RUNNING, pb.JOB_PHASE_CHECKPOINTING})
+
+
+def size_line(job: pb.Job) -> str:
+    """That the job runs below its requested size, since when and why (the same words as
+    `brokerctl job`'s size line); "" at full size or while it is not placed."""
+    return below_size_text(job) if job.phase in _SIZED else ""
 
 
 def log_text(records: Iterable[object], limit: int = 500) -> list[str]:

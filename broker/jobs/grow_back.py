@@ -1,16 +1,20 @@
-"""A job shrunk in place after a node loss, and its way back to the requested size.
+"""A job running below its requested size, and its way back to that size.
 
-Why a record on the job (``Job.shrunk``): a shrink (``Relaunch.SHRINK_IN_PLACE``,
-broker/jobs/node_recovery.py) keeps an elastic job training on its survivors at once,
-but the user asked for more nodes. The way back happens over several scheduler passes
-and survives a broker restart: each pass the recovery policy looks at the job's pool
+Why a record on the job (``Job.shrunk``, broker/jobs/below_size.py): an elastic job can
+come to run on fewer nodes than it asked for by three routes (``SizeRoute``): a shrink
+in place after a node loss (``Relaunch.SHRINK_IN_PLACE``, broker/jobs/node_recovery.py),
+a move that found room for only part of it (a spot notice moving it 2 -> 1 nodes into
+another region), or a placement that started it small because only part fitted. The
+user asked for more nodes. The way back is the same for every route, happens over
+several scheduler passes and survives a broker restart: each pass the recovery policy
+looks at the job's pool in its current region
 (:meth:`broker.jobs.recovery.RecoveryPolicy.grow`, rules ``GROW_RULES``); capacity must
 stay free for a settle time (hysteresis) and resizes are rate-limited; then the job is
 stopped checkpoint first like any planned move (Trigger.GROW_BACK), and once stopped it
-is admitted at once on its survivors plus the returned nodes (broker/scheduling/
-grow_watch.py). The record says all along why the job still runs shrunk
-(``brokerctl job``), and is cleared with a "grew back to N nodes" event once an attempt
-runs at the requested size.
+is admitted at once on its current nodes plus the returned ones (broker/scheduling/
+grow_watch.py). The record says all along why the job still runs small and which route
+made it so (``brokerctl job``, the console), and is cleared with a "grew back to N
+nodes" event once an attempt runs at the requested size.
 
 All functions here are pure transitions (job in, :class:`Outcome` out), applied by
 ``JobOps`` live and callable by the simulator alike.
@@ -21,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.jobs import transitions
+from broker.jobs import below_size, transitions
 from broker.jobs.causes import Cause, Family
 from broker.jobs.lifecycle import QUEUED, RUNNING
 from broker.jobs.outcome import Outcome, WakeScheduler, begin, seal
-from broker.jobs.recovery import Grow, GrowPlan, Signal, Trigger, plan_stop
+from broker.jobs.recovery import ROUTE_TEXT, Grow, GrowPlan, Signal, SizeRoute, Trigger, plan_stop
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -33,25 +37,9 @@ if TYPE_CHECKING:
     from computebroker.v1 import common_pb2 as pb
 
 
-def shrank(job: pb.Job, survivors: tuple[str, ...], lost: tuple[str, ...], why: str,
-           now: float) -> None:
-    """Record (on a transaction's copy) that ``job`` now runs on ``survivors`` alone. A
-    second shrink keeps the requested size and adds its lost nodes."""
-    rec = job.shrunk
-    if not rec.requested_nodes:
-        rec.requested_nodes = job.spec.resources.nodes or (len(survivors) + len(lost))
-    rec.running_nodes = len(survivors)
-    rec.since = now
-    rec.why = why
-    rec.lost_nodes.extend(n for n in lost if n not in rec.lost_nodes)
-    rec.capacity_since = 0.0
-    rec.waiting = "waiting for capacity"
-    del rec.grow_nodes[:]
-
-
-def is_shrunk(job: pb.Job) -> bool:
-    """The job has a shrink to grow back from."""
-    return job.HasField("shrunk") and job.shrunk.requested_nodes > 0
+# The record itself (and a shrink's, node_recovery.py) is broker/jobs/below_size.py's.
+shrank = below_size.shrank
+is_shrunk = below_size.is_shrunk
 
 
 def last_change(job: pb.Job) -> float:
@@ -85,6 +73,7 @@ def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Out
         tx.job.shrunk.capacity_since = inp.capacity_since
         return seal(tx)
     requested = rec.requested_nodes
+    route = below_size.route_of(job)
     sig = Signal(Trigger.GROW_BACK, nodes=inp.full_nodes)
     stop = plan_stop(sig, job, config, now)
     if stop is None:
@@ -93,9 +82,11 @@ def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Out
         job, transitions.StopRequest(
             plan=stop, actor="scheduler",
             message=f"growing back to {requested} nodes: {inp.plan.why}; checkpoint first,"
-                    f" then relaunched on {', '.join(inp.full_nodes)}",
+                    f" then relaunched on {', '.join(inp.full_nodes)} (ran at"
+                    f" {rec.running_nodes} of {requested}: {_how(job)})",
             details={"rule": Trigger.GROW_BACK.value, "blocker": inp.plan.blocker.value,
-                     "nodes": ",".join(inp.full_nodes), "requested_nodes": str(requested)}),
+                     "nodes": ",".join(inp.full_nodes), "requested_nodes": str(requested),
+                     "route": route.value}),
         now, config)
     if out is None:
         return None
@@ -112,6 +103,14 @@ def observe(job: pb.Job, inp: Observed, now: float, config: BrokerConfig) -> Out
     del j.excluded_nodes[:]
     j.excluded_nodes.extend(keep)
     return out
+
+
+def _how(job: pb.Job) -> str:
+    """How the job came to run small, for people (the route's own words)."""
+    rec = job.shrunk
+    if below_size.route_of(job) is SizeRoute.SHRINK_IN_PLACE:
+        return f"shrunk in place after losing {', '.join(rec.lost_nodes) or 'a node'}"
+    return rec.why or ROUTE_TEXT[below_size.route_of(job)].format(region=job.placement.region)
 
 
 def relaunch_due(job: pb.Job) -> bool:
@@ -156,11 +155,11 @@ def note_grown(tx: Tx, actor: str = "scheduler") -> None:
     why = "capacity returned" if rec.grow_backs else "placed at full size again"
     tx.note("grew_back", reason="capacity_returned" if rec.grow_backs else "relaunched", actor=actor,
             message=f"grew back to {size} nodes: {why} (ran at {rec.running_nodes} of"
-                    f" {rec.requested_nodes} for {now - rec.since:.0f} s after losing"
-                    f" {', '.join(rec.lost_nodes)})",
+                    f" {rec.requested_nodes} for {now - rec.since:.0f} s: {_how(job)})",
             details={"nodes": ",".join(a.node_id for a in job.placement.nodes),
                      "requested_nodes": str(rec.requested_nodes),
-                     "shrunk_s": f"{now - rec.since:.1f}"})
+                     "shrunk_s": f"{now - rec.since:.1f}",
+                     "route": below_size.route_of(job).value})
     job.ClearField("shrunk")
 
 

@@ -70,7 +70,8 @@ class Trigger(enum.Enum):
     # An attempt failed and its agent blamed specific nodes (JobUpdate.failed_nodes): the
     # relaunch may replace just those nodes in place (:meth:`RecoveryPolicy.relaunch`).
     NODE_LOST = "node_lost"
-    # A job running shrunk after a node loss finds capacity for its requested size again
+    # A job running below its requested size (shrunk after a node loss, moved or placed
+    # elastically on fewer nodes) finds capacity for that size again
     # (:meth:`RecoveryPolicy.grow`): checkpoint first, then relaunch at full size.
     GROW_BACK = "grow_back"
 
@@ -259,20 +260,24 @@ class RecoveryPolicy:
             left=len(view.survivors), min_nodes=view.min_nodes)
         return RelaunchPlan(kind, blocker, why, swaps)
 
-    # Whether a job shrunk in place grows back to its requested size once capacity returns.
+    # Whether a job running below its requested size grows back once capacity returns,
+    # and after which routes (:class:`SizeRoute`: a shrink in place, an elastic move, an
+    # elastic placement); the rules are the same for every route (:data:`GROW_RULES`).
     grow_back: bool = True
+    grow_routes: frozenset[SizeRoute] = field(default_factory=lambda: frozenset(SizeRoute))
 
     def grow(self, view: ShrunkView) -> GrowPlan:
-        """A job running shrunk (``Job.shrunk``): GROW_BACK when the policy grows jobs
-        back, the job is elastic, its agent's pool has free capacity for the missing nodes
-        (the lost nodes healthy again, free nodes, ready spares; same block when the pool
-        has blocks), the team's quota has room for the extra GPUs, the capacity has stayed
+        """A job running below its size (``Job.shrunk``, whichever :class:`SizeRoute` made
+        it small): GROW_BACK when the policy grows jobs back after that route, the job is
+        elastic, its agent's pool (so its current region) has free capacity for the missing
+        nodes (the lost nodes healthy again, free nodes, ready spares; same block when the
+        pool has blocks), the team's quota has room for the extra GPUs, the capacity has stayed
         free for ``settle_s`` (hysteresis: a flapping node does not cause churn) and the
         last shrink or grow back is at least ``min_interval_s`` old (rate limit); else it
         stays shrunk, the first blocker in :data:`GROW_RULES`' order being the reason shown."""
         nodes: tuple[str, ...] = ()
         missing = view.requested - view.running
-        if not self.grow_back:
+        if not self.grow_back or view.route not in self.grow_routes:
             blocker = GrowBlocker.POLICY
         elif not view.elastic:
             blocker = GrowBlocker.NOT_ELASTIC
@@ -293,8 +298,9 @@ class RecoveryPolicy:
             free=len(view.free), pool=view.pool or "(default)", policy=self.name,
             quota=view.quota_short, nodes=", ".join(nodes),
             settle=_utc(view.capacity_since + view.settle_s), settle_s=f"{view.settle_s:.0f}",
-            wait=_utc(view.last_change + view.min_interval_s), interval=f"{view.min_interval_s:.0f}")
-        return GrowPlan(kind, blocker, why, nodes)
+            wait=_utc(view.last_change + view.min_interval_s), interval=f"{view.min_interval_s:.0f}",
+            route=ROUTE_TEXT[view.route].format(region=view.region or "its region"))
+        return GrowPlan(kind, blocker, why, nodes, view.route)
 
     def _no_spare(self, view: LostNodes) -> Blocker:
         """No spare for every lost node: may the job go on with its survivors alone?"""
@@ -383,6 +389,28 @@ class Grow(enum.Enum):
     STAY = "stay"  # keep running shrunk (the blocker says why)
 
 
+class SizeRoute(enum.Enum):
+    """How a job came to run below its requested size (``Shrunk.route``): every route
+    grows back by the same rules (:data:`GROW_RULES`); the decision says which it was."""
+
+    SHRINK_IN_PLACE = "shrink_in_place"  # a node loss, no spare: went on with its survivors
+    ELASTIC_MOVE = "elastic_move"  # a move (spot notice, drain, ...) placed it on fewer nodes
+    ELASTIC_PLACEMENT = "elastic_placement"  # placement started it on fewer: only part fitted
+
+    @classmethod
+    def of(cls, value: str) -> SizeRoute:
+        """The record's route; "" (a record an older broker wrote) was a shrink in place."""
+        return cls(value) if value else cls.SHRINK_IN_PLACE
+
+
+# How events and `brokerctl job` name each route ({region}: where the job runs now).
+ROUTE_TEXT: dict[SizeRoute, str] = {
+    SizeRoute.SHRINK_IN_PLACE: "shrunk in place after a node loss",
+    SizeRoute.ELASTIC_MOVE: "moved elastically to {region} on fewer nodes",
+    SizeRoute.ELASTIC_PLACEMENT: "placed elastically in {region} on fewer nodes (only part fitted)",
+}
+
+
 class GrowBlocker(enum.Enum):
     """What keeps a shrunk job from growing back (NONE: nothing)."""
 
@@ -400,7 +428,7 @@ class GrowBlocker(enum.Enum):
 # events say it. Order of meaning: capacity first, then quota, then the time limits.
 GROW_RULES: dict[GrowBlocker, tuple[Grow, str]] = {
     GrowBlocker.NONE: (Grow.GROW_BACK, "capacity returned: {nodes} free in pool {pool}"),
-    GrowBlocker.POLICY: (Grow.STAY, "recovery policy {policy} does not grow jobs back"),
+    GrowBlocker.POLICY: (Grow.STAY, "recovery policy {policy} does not grow jobs back ({route})"),
     GrowBlocker.NOT_ELASTIC: (Grow.STAY, "the job's size is fixed (no elasticity)"),
     GrowBlocker.NO_CAPACITY: (Grow.STAY, "waiting for capacity: {missing} more node(s) needed"
                                          " in pool {pool}, {free} free"),
@@ -435,6 +463,8 @@ class ShrunkView:
     min_interval_s: float
     quota_short: str = ""  # why the team's quota cannot take the extra GPUs ("" = it can)
     elastic: bool = True
+    route: SizeRoute = SizeRoute.SHRINK_IN_PLACE  # how it came to run below its size
+    region: str = ""  # where it runs now: growing back stays there (its agent and pool)
 
 
 @dataclass(frozen=True)
@@ -446,6 +476,7 @@ class GrowPlan:
     blocker: GrowBlocker
     why: str
     nodes: tuple[str, ...] = ()
+    route: SizeRoute = SizeRoute.SHRINK_IN_PLACE  # which route made the job small
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.api.errors import FailedPrecondition
-from broker.jobs import backoff, migration, precopy, shown_progress, store_wait
+from broker.jobs import backoff, below_size, migration, precopy, shown_progress, store_wait
 from broker.jobs.causes import Cause, Family, MoveState, StopKind
 from broker.jobs.lifecycle import (
     ADMITTED,
@@ -245,6 +245,7 @@ def admit(job: pb.Job, inp: Admit, now: float, config: BrokerConfig) -> Outcome 
     j = tx.job
     pl = placement_of(adm, inp.nodes, inp.explanation)
     j.placement.CopyFrom(pl)
+    below_size.admitted(j, job.phase, now)  # placed on fewer nodes than asked: to grow back
     where = f"{adm.region}/{adm.agent_id} on {len(adm.assignments)} node(s)"
     if j.phase == PENDING:
         tx.move(ADMITTED, "admitted", reason="placed", actor="scheduler",

@@ -1,4 +1,11 @@
-"""Growing jobs that run shrunk back to their requested size: the scheduler pass's side.
+"""Growing jobs that run below their requested size back to it: the scheduler pass's side.
+
+Every route that made a job small (a shrink in place, an elastic move, an elastic
+placement: ``Job.shrunk.route``) is handled alike here; the policy's decision names it.
+Growing back stays in the job's current region: its agent and pool (a gang never spans
+agents), so the survivors keep their nodes and the checkpoint stays in the region's
+store; moving elsewhere at full size is a move with a transfer, which the proactive
+policies weigh (better capacity), not this step.
 
 Why in the scheduler's pass: whether a shrunk job's pool has room for its missing nodes
 again (a lost node healthy and free, another job gone, a spare free) is a fact of the
@@ -28,7 +35,7 @@ from __future__ import annotations
 import logging
 
 import placement
-from broker.jobs import grow_back
+from broker.jobs import below_size, grow_back
 from broker.jobs.grow_back import Observed
 from broker.jobs.lifecycle import QUEUED, RUNNING
 from broker.jobs.ops import JobOps
@@ -100,7 +107,8 @@ def view_of(job: pb.Job, snapshot: placement.Snapshot, used: dict[str, int], set
     return ShrunkView(requested=rec.requested_nodes, running=running, pool=pl.pool, free=free,
                       now=snapshot.now, capacity_since=since, last_change=grow_back.last_change(job),
                       settle_s=settle_s, min_interval_s=min_interval_s, quota_short=short,
-                      elastic=is_elastic(job))
+                      elastic=is_elastic(job), route=below_size.route_of(job),
+                      region=pl.region)
 
 
 def check(ops: JobOps, live: list[pb.Job], snapshot: placement.Snapshot,

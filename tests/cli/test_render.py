@@ -173,9 +173,10 @@ def test_a_shrunk_job_says_so_in_job_and_jobs() -> None:
     j.placement.nodes.add(node_id="n0", gpus=8)
     j.shrunk.requested_nodes, j.shrunk.running_nodes = 16, 15
     j.shrunk.lost_nodes.append("use2-p5-003")
+    j.shrunk.since = 9_000.0
     j.shrunk.waiting = "capacity returned; growing back at 02:47:20 UTC if it stays free"
-    want = ("running shrunk: 15 of 16 nodes since losing use2-p5-003; capacity returned;"
-            " growing back at 02:47:20 UTC if it stays free")
+    want = ("running at 15 of 16 nodes since 02:30:00 UTC (shrunk in place after losing"
+            " use2-p5-003); capacity returned; growing back at 02:47:20 UTC if it stays free")
     assert render.shrunk_text(j) == want
     detail = text_of(render.job_detail(j, []))
     flat = " ".join(detail.replace("│", " ").split())
@@ -183,5 +184,20 @@ def test_a_shrunk_job_says_so_in_job_and_jobs() -> None:
     assert all(len(line) <= 100 for line in detail.splitlines())
     with render.full_values_mode(False):  # a terminal: the line below, cut at 100
         listed = text_of(render.jobs_view([j, job(2)]))
-    assert f"{j.id} running: running shrunk: 15 of 16 nodes since losing use2-p5-003;" in listed
+    assert f"{j.id} running: running at 15 of 16 nodes since 02:30:00 UTC (shrunk in place" in listed
     assert job(2).id in listed and render.shrunk_text(job(2)) == ""
+
+
+def test_a_job_an_elastic_move_left_small_says_so_in_ranks() -> None:
+    """A move placed a 2-node job of 2 ranks per node on one node: the reported ranks
+    (2) against the requested size in ranks (4), and the move that made it small."""
+    j = job(1)
+    j.placement.nodes.add(node_id="e0", gpus=8)
+    j.placement.ranks = 2
+    rec = j.shrunk
+    rec.requested_nodes, rec.running_nodes, rec.since, rec.route = 2, 1, 9_000.0, "elastic_move"
+    rec.why = "a move (spot interruption) found room for 1 of 2 nodes in eu-west-1"
+    rec.waiting = "waiting for capacity: 1 more node(s) needed in pool p, 0 free"
+    assert render.shrunk_text(j) == (
+        "running at 2 of 4 ranks since 02:30:00 UTC (a move (spot interruption) found room for 1"
+        " of 2 nodes in eu-west-1); waiting for capacity: 1 more node(s) needed in pool p, 0 free")

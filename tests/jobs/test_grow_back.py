@@ -35,7 +35,9 @@ from broker.jobs.recovery import (
     RecoveryPolicy,
     ShrunkView,
     Signal,
+    SizeRoute,
     Trigger,
+    plan_stop,
 )
 from broker.scheduling import grow_watch
 from broker.scheduling import snapshot as snap
@@ -90,11 +92,34 @@ def test_grow_back_policy_rows(kw: dict, want: tuple) -> None:
     assert (plan.kind, plan.blocker, plan.nodes, plan.why) == want
 
 
+@pytest.mark.parametrize("route", list(SizeRoute), ids=[r.value for r in SizeRoute])
+@pytest.mark.parametrize(("kw", "want"), GROW_CASES, ids=[f"{c[1][1].name}-{i}" for i, c in enumerate(GROW_CASES)])
+def test_every_route_grows_back_by_the_same_rows(route: SizeRoute, kw: dict, want: tuple) -> None:
+    """A job an elastic move or an elastic placement left small meets the same rules as a
+    shrink in place (settle time, rate limit, quota, capacity); the plan names its route."""
+    plan = RecoveryPolicy().grow(shrunk_view(route=route, region="eu-west-1", **kw))
+    assert (plan.kind, plan.blocker, plan.nodes, plan.why) == want
+    assert plan.route is route
+
+
+def test_the_policy_rows_name_the_route_and_a_policy_may_grow_back_some_routes_only() -> None:
+    only_shrinks = dataclasses.replace(RecoveryPolicy(), grow_routes=frozenset({SizeRoute.SHRINK_IN_PLACE}))
+    assert only_shrinks.grow(shrunk_view()).kind is Grow.GROW_BACK
+    plan = only_shrinks.grow(shrunk_view(route=SizeRoute.ELASTIC_MOVE, region="eu-west-1"))
+    assert (plan.kind, plan.blocker, plan.route) == (Grow.STAY, GrowBlocker.POLICY, SizeRoute.ELASTIC_MOVE)
+    assert plan.why == ("recovery policy move-anywhere does not grow jobs back (moved elastically to"
+                        " eu-west-1 on fewer nodes)")
+    plan = POLICIES["failover"].grow(shrunk_view(route=SizeRoute.ELASTIC_PLACEMENT, region="r"))
+    assert plan.why == ("recovery policy failover does not grow jobs back (placed elastically in r"
+                        " on fewer nodes (only part fitted))")
+
+
 def test_policies_without_a_memory_tier_never_grow_back() -> None:
     for name in ("no-migration", "failover"):
         plan = POLICIES[name].grow(shrunk_view())
         assert (plan.kind, plan.blocker) == (Grow.STAY, GrowBlocker.POLICY), name
-        assert plan.why == f"recovery policy {name} does not grow jobs back"
+        assert plan.why == (f"recovery policy {name} does not grow jobs back (shrunk in place"
+                            " after a node loss)")
         assert POLICIES[name].plan(Signal(Trigger.GROW_BACK), pb.Job(), CFG, NOW) is None
     for name in ("move-anywhere", "stay-in-place", "better-capacity", "defragment"):
         assert POLICIES[name].grow(shrunk_view()).kind is Grow.GROW_BACK, name
@@ -169,8 +194,10 @@ def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
     assert "n1" not in j.excluded_nodes
     moved = [e for e in out.events if e.to_phase == CHECKPOINTING]
     assert moved and moved[0].reason == "grow_back"
-    assert moved[0].message.startswith("growing back to 3 nodes: capacity returned: n1 free in pool p;"
-                                       " checkpoint first, then relaunched on n0, n2, n1")
+    assert moved[0].message == ("growing back to 3 nodes: capacity returned: n1 free in pool p;"
+                                " checkpoint first, then relaunched on n0, n2, n1 (ran at 2 of 3:"
+                                " shrunk in place after losing n1)")
+    assert moved[0].details["route"] == "shrink_in_place"
     assert gb.observe(j, gb.Observed(grow, 300.0, ("n0", "n2", "n1")), 1001.0, CFG) is None  # stopping
 
     # the attempt checkpointed: queued, then admitted on the full-size nodes
@@ -188,8 +215,8 @@ def test_a_shrink_records_the_requested_size_and_the_way_back() -> None:
     assert not out.job.HasField("shrunk")
     grew = [e for e in out.events if e.type == "grew_back"]
     assert [(e.reason, e.message) for e in grew] == [(
-        "capacity_returned", "grew back to 3 nodes: capacity returned (ran at 2 of 3 for 875 s"
-                             " after losing n1)")]
+        "capacity_returned", "grew back to 3 nodes: capacity returned (ran at 2 of 3 for 875 s:"
+                             " shrunk in place after losing n1)")]
     assert gb.grown(out.job, None, 1016.0, CFG) is None  # nothing left to close
 
 
@@ -336,3 +363,87 @@ def test_two_shrunk_jobs_of_a_team_do_not_grow_into_the_same_room() -> None:
     assert ga.phase == CHECKPOINTING and list(ga.shrunk.grow_nodes) == ["n0", "n2", "n1"]
     assert gb_.phase == RUNNING and gb_.shrunk.waiting.startswith(
         "capacity returned but the team's quota has no room for the extra nodes: team ml")
+
+
+# ---- the other routes: an elastic move, an elastic placement ---------------------------------
+
+def _adm(*nodes: str, region: str = "us-east-2") -> t.Admit:
+    return t.Admit(placement.Admission(job_id="j-1", agent_id=AGENT, region=region,
+                                       assignments=tuple((n, 8) for n in nodes), pool="p"),
+                   {}, "s3://b")
+
+
+def test_an_elastic_placement_below_the_requested_size_records_its_route() -> None:
+    j = must(t.admit(submitted(spec(nodes=3, elastic=(1, 3))), _adm("n0"), 110.0, CFG))
+    rec = j.shrunk
+    assert gb.is_shrunk(j) and rec.route == SizeRoute.ELASTIC_PLACEMENT.value
+    assert (rec.requested_nodes, rec.running_nodes, rec.since, list(rec.lost_nodes)) == (3, 1, 110.0, [])
+    assert rec.why == "placement found room for 1 of 3 nodes in us-east-2"
+    # full size, or a fixed-size job: no record
+    assert not gb.is_shrunk(must(t.admit(submitted(spec(nodes=3, elastic=(1, 3))),
+                                         _adm("n0", "n1", "n2"), 110.0, CFG)))
+    assert not gb.is_shrunk(must(t.admit(submitted(spec(nodes=1)), _adm("n0"), 110.0, CFG)))
+
+
+def moved_small() -> pb.Job:
+    """2 nodes asked (1 at least), running in us-east-2 on n0, n1; a spot notice moves it
+    checkpoint first and it is placed on the one node eu-west-1 has (2 -> 1)."""
+    j = must(t.admit(submitted(spec(nodes=2, elastic=(1, 2))), _adm("n0", "n1"), 110.0, CFG))
+    assert not gb.is_shrunk(j)
+    j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=14, ckpt=10), 120.0, CFG))
+    stop = plan_stop(Signal(Trigger.SPOT_NOTICE, nodes=("n0", "n1"), deadline=250.0), j, CFG, 130.0)
+    assert stop is not None
+    j = must(t.request_stop(j, t.StopRequest(plan=stop, actor="agent", message="spot notice"), 130.0, CFG))
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=15, ckpt=15),
+                                   140.0, CFG))
+    j = must(t.admit(j, _adm("e0", region="eu-west-1"), 150.0, CFG))
+    return must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=16, ckpt=15), 160.0, CFG))
+
+
+def test_an_elastic_move_below_the_requested_size_grows_back_in_its_region() -> None:
+    j = moved_small()
+    rec = j.shrunk
+    assert j.phase == RUNNING and j.placement.region == "eu-west-1"
+    assert (rec.route, rec.requested_nodes, rec.running_nodes, rec.since) == (
+        SizeRoute.ELASTIC_MOVE.value, 2, 1, 150.0)
+    assert rec.why == "a move (spot interruption) found room for 1 of 2 nodes in eu-west-1"
+    # the same rules: within the rate limit after the move, it stays
+    v = shrunk_view(requested=2, running=1, free=("e1",), now=300.0, capacity_since=200.0,
+                    last_change=gb.last_change(j), route=gb.below_size.route_of(j), region="eu-west-1")
+    assert RecoveryPolicy().grow(v).blocker is GrowBlocker.RATE_LIMIT
+    grow = RecoveryPolicy().grow(dataclasses.replace(v, now=500.0))
+    assert grow.kind is Grow.GROW_BACK and grow.nodes == ("e1",)
+    out = gb.observe(j, gb.Observed(grow, 200.0, ("e0", "e1")), 500.0, CFG)
+    assert out is not None and out.job.phase == CHECKPOINTING
+    moved = [e for e in out.events if e.to_phase == CHECKPOINTING]
+    assert moved[0].message == ("growing back to 2 nodes: capacity returned: e1 free in pool p;"
+                                " checkpoint first, then relaunched on e0, e1 (ran at 1 of 2: a move"
+                                " (spot interruption) found room for 1 of 2 nodes in eu-west-1)")
+    assert moved[0].details["route"] == "elastic_move"
+    j = must(updates.attempt_ended(out.job, update(out.job, apb.ATTEMPT_STATE_CHECKPOINTED, step=30,
+                                                   ckpt=30), 510.0, CFG))
+    assert gb.relaunch_due(j)
+    j = must(t.admit(j, _adm("e0", "e1", region="eu-west-1"), 511.0, CFG))
+    out = updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=31, ckpt=30), 520.0, CFG)
+    assert out is not None and not out.job.HasField("shrunk")
+    grew = [e for e in out.events if e.type == "grew_back"]
+    assert [e.message for e in grew] == [
+        "grew back to 2 nodes: capacity returned (ran at 1 of 2 for 370 s: a move (spot"
+        " interruption) found room for 1 of 2 nodes in eu-west-1)"]
+    assert grew[0].details["route"] == "elastic_move"
+
+
+def test_placed_small_again_keeps_the_route_and_the_start() -> None:
+    """A grow back whose nodes were taken is placed like any queued job: if that is
+    small again, the record keeps its route and start (the rate limit is not reset) and
+    follows the new running size."""
+    j = moved_small()
+    grow = RecoveryPolicy().grow(shrunk_view(requested=2, running=1, free=("e1",), now=500.0,
+                                             capacity_since=200.0, last_change=150.0))
+    j = must(gb.observe(j, gb.Observed(grow, 200.0, ("e0", "e1")), 500.0, CFG))
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=30, ckpt=30),
+                                   510.0, CFG))
+    j = must(gb.relaunch_missed(j, "e1 no longer free", 511.0, CFG))
+    j = must(t.admit(j, _adm("e2", region="eu-west-1"), 512.0, CFG))
+    rec = j.shrunk
+    assert (rec.route, rec.since, rec.running_nodes, rec.grow_time) == ("elastic_move", 150.0, 1, 500.0)

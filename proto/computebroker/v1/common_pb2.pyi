@@ -524,7 +524,7 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., version: _Optional[int] = ..., attempt: _Optional[int] = ..., client_request_id: _Optional[str] = ..., created_time: _Optional[float] = ..., updated_time: _Optional[float] = ..., started_time: _Optional[float] = ..., finished_time: _Optional[float] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., excluded_nodes: _Optional[_Iterable[str]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., restarts: _Optional[int] = ..., stop_reason: _Optional[str] = ..., stop_requested_time: _Optional[float] = ..., phase_time: _Optional[float] = ..., last_checkpoint_time: _Optional[float] = ..., requeue_cause: _Optional[str] = ..., attempt_started_time: _Optional[float] = ..., relaunches: _Optional[int] = ..., migrations: _Optional[_Iterable[_Union[Migration, _Mapping]]] = ..., trace_parent: _Optional[str] = ..., standby: _Optional[_Union[Standby, _Mapping]] = ..., launch_refusals: _Optional[int] = ..., refusals: _Optional[_Iterable[_Union[LaunchRefusal, _Mapping]]] = ..., loss_series: _Optional[_Iterable[_Union[LossPoint, _Mapping]]] = ..., owner: _Optional[str] = ..., store_wait: _Optional[_Union[StoreWait, _Mapping]] = ..., region_checkpoints: _Optional[_Iterable[_Union[RegionCheckpoint, _Mapping]]] = ..., preemptions: _Optional[int] = ..., checkpoint_shares: _Optional[_Iterable[_Union[CheckpointShare, _Mapping]]] = ..., node_recovery: _Optional[_Union[NodeRecovery, _Mapping]] = ..., node_failures: _Optional[int] = ..., node_failure_times: _Optional[_Iterable[float]] = ..., shrunk: _Optional[_Union[Shrunk, _Mapping]] = ...) -> None: ...
 
 class Shrunk(_message.Message):
-    __slots__ = ("requested_nodes", "running_nodes", "since", "why", "lost_nodes", "capacity_since", "waiting", "grow_time", "grow_backs", "grow_nodes")
+    __slots__ = ("requested_nodes", "running_nodes", "since", "why", "lost_nodes", "capacity_since", "waiting", "grow_time", "grow_backs", "grow_nodes", "route")
     REQUESTED_NODES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_NODES_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +535,7 @@ class Shrunk(_message.Message):
     GROW_TIME_FIELD_NUMBER: _ClassVar[int]
     GROW_BACKS_FIELD_NUMBER: _ClassVar[int]
     GROW_NODES_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
     requested_nodes: int
     running_nodes: int
     since: float
@@ -545,7 +546,8 @@ class Shrunk(_message.Message):
     grow_time: float
     grow_backs: int
     grow_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, requested_nodes: _Optional[int] = ..., running_nodes: _Optional[int] = ..., since: _Optional[float] = ..., why: _Optional[str] = ..., lost_nodes: _Optional[_Iterable[str]] = ..., capacity_since: _Optional[float] = ..., waiting: _Optional[str] = ..., grow_time: _Optional[float] = ..., grow_backs: _Optional[int] = ..., grow_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    route: str
+    def __init__(self, requested_nodes: _Optional[int] = ..., running_nodes: _Optional[int] = ..., since: _Optional[float] = ..., why: _Optional[str] = ..., lost_nodes: _Optional[_Iterable[str]] = ..., capacity_since: _Optional[float] = ..., waiting: _Optional[str] = ..., grow_time: _Optional[float] = ..., grow_backs: _Optional[int] = ..., grow_nodes: _Optional[_Iterable[str]] = ..., route: _Optional[str] = ...) -> None: ...
 
 class NodeRecovery(_message.Message):
     __slots__ = ("failed_attempt", "lost_nodes", "survivors", "step_at_failure", "plan", "why", "relaunch_attempt", "replaced", "tier")
