@@ -92,7 +92,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("console")
     cluster = Cluster(root=root)
     # The default: a "progress" event every 50 steps (the loss curve must not depend on them).
-    cluster.broker_args = ["--set", "progress_event_every_steps=50"]
+    cluster.broker_args = ["--set", "progress_event_every_steps=50",
+                           "--set", "grow_back_settle_s=1", "--set", "grow_back_min_interval_s=2"]
     cluster.start_broker()
     cluster.start_agent("us-east-2", nodes=2, gpus=1, price=1.0)
     cluster.start_agent("eu-west-1", nodes=2, gpus=1, price=3.0)
@@ -368,6 +369,29 @@ def test_spot_notice_is_the_named_cause_of_a_move_and_the_node_shows_reclaimed(e
     assert "reclaimed" in row.inner_text() and "0.50/GPU-h" in row.inner_text()
     assert page.locator(".cell[data-node]").count() == 0  # the table instead of the map
     env.shot(page, "fleet-table")
+
+    # A 2-node elastic job finds room for 1 node only (eu-west-1's other node runs the
+    # spot job, us-east-2 is drained, the spot node reclaimed): its page says it runs
+    # below its size and why; once the spot job ends it grows back, and its history
+    # shows the grow-back move (the module's broker settles 1 s, resizes at most every 2 s).
+    small = spec("grower", nodes=2, steps=4000, every=5, sleep=0.15)
+    small.elasticity.min_nodes, small.elasticity.max_nodes = 1, 2
+    grower = client.submit(small)
+    env.cluster.wait_progressing(grower, 2)
+    page.goto(f"{env.console.url}/jobs/{grower.id}")
+    size = page.locator("#job-size")
+    size.wait_for(timeout=WAIT_MS)
+    assert size.inner_text().startswith("running at 1 of 2 ranks since ")
+    assert "(placement found room for 1 of 2 nodes in eu-west-1)" in size.inner_text()
+    env.shot(page, "job-below-size")
+    spotty.cancel()
+    page.locator("table.migrations tr.migration", has_text="grow_back").filter(
+        has_text="done").wait_for(timeout=WAIT_MS)
+    page.reload()
+    assert page.locator("#job-size").count() == 0 and page.locator(".attempt-bar").count() == 2
+    assert len(grower.status().placement.nodes) == 2
+    grower.cancel()
+    grower.wait(timeout=120)
 
 
 def _post(url: str, path: str, form: dict[str, str], cookie: str = "",
