@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 import placement
 from broker.agents.registry import AgentSession, AgentState
 from broker.config import BrokerConfig
+from broker.jobs import below_size, grow_back, proactive, transitions, updates
 from broker.jobs import node_recovery as live_node_recovery
-from broker.jobs import proactive, transitions, updates
 from broker.jobs.causes import Cause
 from broker.jobs.lifecycle import HOLDING, LAUNCHING, QUEUED, RUNNING, TERMINAL
 from broker.jobs.outcome import Outcome, SendLaunch, SendStop, WakeScheduler
-from broker.jobs.recovery import Relaunch, RelaunchPlan, Signal, Trigger, plan_stop
-from broker.scheduling import exclusions, preemption_rules, replacements
+from broker.jobs.recovery import Grow, Relaunch, RelaunchPlan, Signal, Trigger, plan_stop
+from broker.scheduling import exclusions, grow_watch, preemption_rules, replacements
 from broker.scheduling import snapshot as snapmod
 from broker.scheduling import spares as spares_mod
 from computebroker.v1 import agent_pb2 as apb
@@ -115,13 +115,29 @@ class SimJob:
     # NODE_LOST relaunch plans the broker's policy chose: blocker ("none" = in place) -> count
     recoveries: dict[str, int] = field(default_factory=dict)
     # a running job's failure: (failure time, periodic checkpoint wall, memory snapshot wall,
-    # memory snapshot work, lost-time bucket), for an in-place relaunch from memory
-    mem_point: tuple[float, float, float, float, str] | None = None
+    # memory snapshot work, lost-time bucket, GPUs it held), for an in-place relaunch from memory
+    mem_point: tuple[float, float, float, float, str, int] | None = None
+    grow_backs: int = 0  # grow-back moves begun (broker/jobs/grow_back.py)
 
     @property
     def gpus(self) -> int:
+        """The GPUs it asked for (its work is measured at this size)."""
         return self.nodes * self.gpn
 
+    @property
+    def held(self) -> int:
+        """The GPUs its current allocation holds (fewer while it runs below its size)."""
+        return sum(g for _, g in self.alloc) if self.alloc else self.gpus
+
+    @property
+    def frac(self) -> float:
+        """The share of its requested nodes it runs on: its speed scales with it."""
+        return len(self.alloc) / self.nodes if self.alloc and self.nodes else 1.0
+
+
+# NODE_LOST plans that resume from the peers' memory (a spare in the lost node's place, or
+# the survivors alone): the rest resume from the store
+_FROM_MEMORY = frozenset({Relaunch.REPLACE_IN_PLACE.value, Relaunch.SHRINK_IN_PLACE.value})
 
 _KIND = {pb.CAPACITY_TYPE_SPOT: "spot", pb.CAPACITY_TYPE_TRAINING_PLAN: "plan",
          pb.CAPACITY_TYPE_ON_DEMAND: "on_demand"}
@@ -189,6 +205,7 @@ class Simulation:
         self._fit_memo: dict[tuple, str] = {}
         self.pipe_free: dict[object, float] = {}  # shared store / link -> when it is free again
         self.left_out = 0  # queued jobs the quota filter kept out of passes, summed over passes
+        self.small: set[str] = set()  # jobs with a below-size record (Job.shrunk)
 
     # ---- set-up ------------------------------------------------------------------------
     def _teams(self) -> tuple[placement.TeamQuota, ...]:
@@ -254,6 +271,8 @@ class Simulation:
         spec.expected_duration_s = estimates.estimate(
             estimates.EstimateModel(scn.duration_estimate), tj.duration_s, tj.id, self.seed,
             sigma=scn.estimate_sigma, padding=scn.estimate_padding)
+        if self.nf.elastic_jobs and nodes > 1:  # may run (and shrink) down to one node
+            spec.elasticity.min_nodes, spec.elasticity.max_nodes = 1, nodes
         spec.trainer.checkpoint_every = max(1, int(scn.checkpoint.interval_s))
         spec.trainer.step_sleep_s = 1.0
         if self.nf.memory_every:  # the memory tier: the broker's relaunch rule reads it
@@ -375,6 +394,8 @@ class Simulation:
         old = sj.job.phase
         sj.job = out.job
         sj.req = sj.run = None
+        if out.job.HasField("shrunk"):  # below its size: the pass looks at it (growing back)
+            self.small.add(sj.tj.id)
         ph = out.job.phase
         if ph in QUEUED:
             self.queued[sj.tj.id] = sj
@@ -412,7 +433,7 @@ class Simulation:
         ck = self.scn.checkpoint
         region = sj.job.placement.region
         t = self.now
-        if sj.mem_point is not None and sj.job.node_recovery.plan == Relaunch.REPLACE_IN_PLACE.value:
+        if sj.mem_point is not None and sj.job.node_recovery.plan in _FROM_MEMORY:
             self._launch_from_memory(sj)
             return
         sj.mem_point = None
@@ -422,21 +443,21 @@ class Simulation:
                 t = self._shared(("link", *sorted((sj.ckpt_region, region))), sj.ckpt_bytes, gbps, gbps, t)
             t = self._shared(("store", region), sj.ckpt_bytes, ck.read_gbps, ck.store_gbps, t)
         delay = t - self.now + ck.process_start_s
-        self._charge(sj, sj.next_cost, delay * sj.gpus)
+        self._charge(sj, sj.next_cost, delay * sj.held)
         self.push(self.now + delay, RUN, (sj, sj.epoch))
 
     def _launch_from_memory(self, sj: SimJob) -> None:
         """An in-place relaunch after a node loss: the survivors and the spare resume from
         the last in-memory snapshot (the spare reads the lost node's shard from its buddy
         after joining), not from the periodic checkpoint the failure was charged back to."""
-        fail_t, wall_ckpt, wall_mem, work_mem, bucket = sj.mem_point
+        fail_t, wall_ckpt, wall_mem, work_mem, bucket, held = sj.mem_point
         sj.mem_point = None
-        sj.lost[bucket] = sj.lost.get(bucket, 0.0) - (fail_t - wall_ckpt) * sj.gpus  # not lost after all
-        self._charge(sj, NODE_REPLACED, (fail_t - wall_mem) * sj.gpus)
+        sj.lost[bucket] = sj.lost.get(bucket, 0.0) - (fail_t - wall_ckpt) * held  # not lost after all
+        self._charge(sj, NODE_REPLACED, (fail_t - wall_mem) * held)
         sj.durable = max(sj.durable, work_mem)
         shard = sj.ckpt_bytes / max(1, sj.nodes)
         delay = self.nf.rejoin_s + shard / (self.nf.peer_gbps * 1e9)
-        self._charge(sj, NODE_REPLACED, delay * sj.gpus)
+        self._charge(sj, NODE_REPLACED, delay * sj.held)
         self.push(self.now + delay, RUN, (sj, sj.epoch))
 
     def _agent_stop(self, sj: SimJob, c: SendStop, old_phase: int) -> None:
@@ -494,7 +515,7 @@ class Simulation:
             wall, work = self._periodic(sj, self.now)
             lost_wall = self.now - wall
             cause = sj.stop_cause.value if sj.stop_cause else "failure"
-            self._charge(sj, cause, lost_wall * sj.gpus)
+            self._charge(sj, cause, lost_wall * sj.held)
             if work > sj.durable:
                 sj.ckpt_region = sj.region
             sj.durable = work
@@ -518,24 +539,25 @@ class Simulation:
             if self.used[n] > self.node[n].node.gpus:
                 raise SimError(f"node {n} over-allocated: {self.used[n]} > {self.node[n].node.gpus} GPUs")
         self.holding[sj.tj.id] = sj
-        self.region_used[sj.region] += sj.gpus
-        self.team_used[sj.tj.team] += sj.gpus
+        self.region_used[sj.region] += sj.held
+        self.team_used[sj.tj.team] += sj.held
 
     def _release(self, sj: SimJob) -> None:
         if sj.tj.id not in self.holding:
             return
         self._account_teams()
         dt = self.now - sj.admit_t
-        sj.alloc_gpu_s += dt * sj.gpus
+        held = sj.held
+        sj.alloc_gpu_s += dt * held
         kind = _KIND.get(sj.ctype, "on_demand")
         if kind != "plan":
-            sj.cost[kind] = sj.cost.get(kind, 0.0) + dt * sj.gpus * sj.price / 3600.0
+            sj.cost[kind] = sj.cost.get(kind, 0.0) + dt * held * sj.price / 3600.0
         for n, g in sj.alloc:
             self.used[n] -= g
             self.on_node[n].discard(sj.tj.id)
         del self.holding[sj.tj.id]
-        self.region_used[sj.region] -= sj.gpus
-        self.team_used[sj.tj.team] -= sj.gpus
+        self.region_used[sj.region] -= held
+        self.team_used[sj.tj.team] -= held
         sj.run_t0 = -1.0
         sj.hang_t = -1.0
         sj.epoch += 1
@@ -621,11 +643,17 @@ class Simulation:
         sj.run_t0 = self.now
         if sj.first_start < 0:
             sj.first_start = self.now
+        if self.nf.grow_back and sj.job.HasField("shrunk"):
+            self.wake()  # below its size: the next pass looks for room to grow back
         sj.speed = self._speed(sj)
         left = (sj.tj.duration_s - sj.durable) / sj.speed
         self.push(self.now + left, FINISH, (sj, sj.epoch))
 
     def _speed(self, sj: SimJob) -> float:
+        """Work per second: the share of its nodes it runs on, times the topology's."""
+        return sj.frac * self._topology_speed(sj)
+
+    def _topology_speed(self, sj: SimJob) -> float:
         if len(sj.alloc) <= 1:
             return 1.0
         ns = [self.node[n].node for n, _ in sj.alloc]
@@ -640,7 +668,7 @@ class Simulation:
         if epoch != sj.epoch or sj.job.phase != RUNNING:
             return
         wall = (self.now - sj.run_t0)
-        self._charge(sj, TOPOLOGY, (wall - (sj.tj.duration_s - sj.durable)) * sj.gpus)
+        self._charge(sj, TOPOLOGY, (wall - (sj.tj.duration_s - sj.durable) / sj.frac) * sj.held)
         sj.durable = sj.tj.duration_s
         u = apb.JobUpdate(job_id=sj.tj.id, attempt=sj.job.attempt, state=apb.ATTEMPT_STATE_SUCCEEDED)
         self._release(sj)
@@ -652,16 +680,16 @@ class Simulation:
         if epoch != sj.epoch or sj.job.phase not in HOLDING:
             return
         cause = sj.stop_cause.value if sj.stop_cause else "preemption"
-        self._charge(sj, cause, (self.now - sj.stop_t) * sj.gpus)  # GPUs held while saving
+        self._charge(sj, cause, (self.now - sj.stop_t) * sj.held)  # GPUs held while saving
         if saved:
             ran = sj.stop_work - sj.durable
-            self._charge(sj, TOPOLOGY, ((sj.stop_t - sj.run_t0) - ran) * sj.gpus)
+            self._charge(sj, TOPOLOGY, ((sj.stop_t - sj.run_t0) - ran / sj.frac) * sj.held)
             sj.durable = sj.stop_work
             sj.ckpt_region = sj.region
             sj.job.last_checkpoint_time = self.now
         else:  # the grace ran out: back to the last periodic checkpoint
             wall, work = self._periodic(sj, sj.stop_t)
-            self._charge(sj, cause, (sj.stop_t - wall) * sj.gpus)
+            self._charge(sj, cause, (sj.stop_t - wall) * sj.held)
             if work > sj.durable:
                 sj.ckpt_region = sj.region
             sj.durable = work
@@ -811,7 +839,7 @@ class Simulation:
         if running and self.nf.memory_every:
             wall_ckpt, _ = self._periodic(sj, self.now)
             wall_mem, work_mem = self._periodic(sj, self.now, self.nf.memory_snapshot_s)
-            point = (self.now, wall_ckpt, wall_mem, work_mem, Cause.ATTEMPT_FAILED.value)
+            point = (self.now, wall_ckpt, wall_mem, work_mem, Cause.ATTEMPT_FAILED.value, sj.held)
         self.failed(sj, node_id)
         sj.mem_point = point
         if live_node_recovery.undecided(sj.job):
@@ -987,7 +1015,10 @@ class Simulation:
         self._forgive_exclusions()
         if self.undecided:
             self._relaunch_lost()
-        if not self.queued and (self.policy.proactive is Proactive.NONE or not self.holding):
+        growing = self.nf.grow_back and self.small
+        if growing:
+            self._relaunch_grown()
+        if not self.queued and not growing and (self.policy.proactive is Proactive.NONE or not self.holding):
             return  # nothing to place (a proactive policy still looks for better homes)
         snap = self.snapshot()
         dec = self.decide(snap)
@@ -995,8 +1026,71 @@ class Simulation:
         self.in_tick = True
         try:
             self.apply_decisions(snap, dec)
+            if growing:
+                self._grow_check(snap, dec)
         finally:
             self.in_tick = False
+        self.small = {j for j in self.small if j in self.sj and below_size.is_shrunk(self.sj[j].job)}
+
+    # ---- growing back (the live pass's grow_watch steps, called as they are) ---------------
+    def _relaunch_grown(self) -> None:
+        """Before placement: each job stopped to grow back is admitted at once on its
+        full-size nodes, or left to ordinary placement if they were taken."""
+        todo = [self.sj[j].job for j in sorted(self.small) if j in self.queued
+                and grow_back.relaunch_due(self.sj[j].job)]
+        if todo:
+            self.in_tick = True
+            try:
+                grow_watch.relaunch_grown(_GrowOps(self), todo, self.snapshot())
+            finally:
+                self.in_tick = False
+
+    def _grow_check(self, snap: placement.Snapshot, dec: placement.Decisions) -> None:
+        """After placement: each running job below its size asks its policy (settle time,
+        rate limit, quota) and grows back checkpoint first, or says why not. While one
+        has seen capacity (settling, rate-limited) the next pass is asked for, as the live
+        loop's one-second passes would look again."""
+        live = [self.sj[j].job for j in sorted(self.small)
+                if j in self.holding and self.sj[j].job.phase == RUNNING]
+        if not live:
+            return
+        grow_watch.check(_GrowOps(self), live, snap, dec)
+        if any(self.sj[j.id].job.phase == RUNNING and self.sj[j.id].job.shrunk.capacity_since
+               for j in live):
+            self.wake()
+
+    def apply_grow(self, job_id: str, fn: Callable[..., Outcome | None], inp: object) -> pb.Job | None:
+        """What ``JobOps.apply_grow`` does live, plus the simulated agent's part of a
+        grow-back stop: its last periodic checkpoint reported, the stop's cause kept (the
+        time it costs is charged to ``grow_back``), the move counted."""
+        sj = self.sj[job_id]
+        growing = (isinstance(inp, grow_back.Observed) and inp.plan.kind is Grow.GROW_BACK
+                   and sj.job.phase == RUNNING)
+        if growing:
+            self._note_checkpoint(sj)
+        out = fn(sj.job, inp, self.now, self.cfg)
+        if out is None:
+            return None
+        if growing and out.job.phase != RUNNING:
+            sj.stop_cause = Cause.GROW_BACK
+            sj.migrations += 1
+            sj.grow_backs += 1
+        self.apply(sj, out)
+        return sj.job if sj.job.phase not in TERMINAL else None
+
+    def launch(self, job_id: str, admission: placement.Admission, explanation: str = "",
+               spare_nodes: tuple[str, ...] = ()) -> pb.Job | None:
+        """What ``JobOps.launch`` does live (a grow back's relaunch on its full-size nodes);
+        ``spare_nodes`` (warm rank starters live) changes no decision here."""
+        sj = self.sj[job_id]
+        out = transitions.admit(sj.job, transitions.Admit(admission, {}, f"sim://{admission.region}",
+                                                          explanation=explanation),
+                                self.now, self.cfg)
+        if out is None:
+            return None
+        self._hold(sj, admission)
+        self.apply(sj, out)
+        return sj.job
 
     def _forgive_exclusions(self) -> None:
         """The live pass's first step (``exclusions.to_forgive``, then
@@ -1112,6 +1206,16 @@ class Simulation:
             sj = self.sj[p.job_id]
             if sj.job.phase == RUNNING and self.trigger(sj, p.signal, actor="proactive"):
                 self.moving.add(sj.tj.id)
+
+
+class _GrowOps:
+    """What ``grow_watch.check`` and ``relaunch_grown`` need of the live ``JobOps``: the
+    config, the write of a grow-back transition, the launch (the simulation applies them)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.config = sim.cfg
+        self.apply_grow = sim.apply_grow
+        self.launch = sim.launch
 
 
 class _RelaunchOps:

@@ -27,6 +27,15 @@ through the region's store (shared pipe) wherever the job is placed.
 
 The memory tier is the job's trainer option ``memory_every`` (the live rule reads it):
 ``tier: memory`` sets it on every job, ``memory_snapshot_s`` steps of one second.
+
+Running below the requested size (``elastic_jobs``): a job on fewer nodes than it asked
+for trains at that fraction of its speed (linear scaling: the same GPU-seconds per unit
+of work, so goodput is unchanged and the job takes longer). A shrink in place resumes
+from memory like a replacement (``rejoin_s`` plus the lost node's shard at
+``peer_gbps``). Growing back is the live broker's pass step as is
+(``grow_watch.check`` after placement, ``grow_watch.relaunch_grown`` before it): a
+checkpoint-first stop (its time charged to ``grow_back``) and a relaunch at full size
+from that checkpoint, with the broker's settle time and rate limit.
 """
 
 from __future__ import annotations
@@ -56,6 +65,14 @@ class NodeFailures:
     memory_snapshot_s: float = 60.0  # K steps of running between in-memory snapshots
     peer_gbps: float = 12.5  # GB/s from the buddy's host memory to the replacement
     rejoin_s: float = 90.0  # a spare joins and the ranks re-initialise their collectives
+    # multi-node jobs are elastic down to one node (``spec.elasticity``): with the memory
+    # tier and no spare a node loss shrinks them in place, and placement may start them
+    # (or a move place them) on fewer nodes when only part fits; False: fixed-size gangs
+    elastic_jobs: bool = False
+    # jobs below their requested size grow back when capacity returns (the live pass's
+    # step, broker/scheduling/grow_watch.py, with the broker's settle time and rate
+    # limit); False: they stay small until they end, as before growing back existed
+    grow_back: bool = True
 
     @property
     def memory_every(self) -> int:
