@@ -118,6 +118,8 @@ class SimJob:
     # memory snapshot work, lost-time bucket, GPUs it held), for an in-place relaunch from memory
     mem_point: tuple[float, float, float, float, str, int] | None = None
     grow_backs: int = 0  # grow-back moves begun (broker/jobs/grow_back.py)
+    # times it came to run below its size, by route (Job.shrunk.route)
+    small_routes: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -394,8 +396,10 @@ class Simulation:
         old = sj.job.phase
         sj.job = out.job
         sj.req = sj.run = None
-        if out.job.HasField("shrunk"):  # below its size: the pass looks at it (growing back)
-            self.small.add(sj.tj.id)
+        if out.job.HasField("shrunk") and sj.tj.id not in self.small:  # below its size:
+            self.small.add(sj.tj.id)  # the pass looks at it (growing back)
+            route = below_size.route_of(out.job).value
+            sj.small_routes[route] = sj.small_routes.get(route, 0) + 1
         ph = out.job.phase
         if ph in QUEUED:
             self.queued[sj.tj.id] = sj

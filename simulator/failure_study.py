@@ -9,7 +9,9 @@ failures; Meta's rate (1.8 h MTTF per 16,384 GPUs, scaled to the fleet) with the
 tier only (what a job without the memory tier gets), with one reserved spare per
 on-demand pool, with the memory tier but no spares, and with both; and the same at ten
 times Meta's rate (a stress row: the fleet is small, so at Meta's rate it sees few
-failures). How each job that lost a node comes back is the live broker's decision
+failures); then with elastic multi-node jobs (down to one node), with and without growing
+back (the live pass's step: a job shrunk in place or started small returns to its size
+when nodes free up, after the broker's settle time and rate limit). How each job that lost a node comes back is the live broker's decision
 (``RecoveryPolicy.relaunch``, see :mod:`simulator.node_recovery`): in place only with the
 memory tier and a ready spare in the lost node's block, and never for a one-node job.
 Writes ``result.json`` (deterministic: same inputs and seed, same bytes), ``timing.json``
@@ -57,10 +59,27 @@ VARIANTS: tuple[Variant, ...] = (
             NodeFailures(mttf_h_per_16k_gpus=META / 10, spares_per_pool=1)),
     Variant("10x-memory-spares", "10x Meta's rate; memory tier (60 s), 1 spare per pool",
             NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, spares_per_pool=1)),
+    # Elastic multi-node jobs (down to one node): a node loss without a spare shrinks them
+    # in place, and placement may start them small; with and without growing back.
+    Variant("none-elastic-stay", "no node failures; elastic jobs, no grow back",
+            NodeFailures(elastic_jobs=True, grow_back=False)),
+    Variant("none-elastic-grow", "no node failures; elastic jobs, grow back",
+            NodeFailures(elastic_jobs=True)),
+    Variant("meta-elastic-stay", "Meta's rate; memory tier, no spares, elastic jobs, no grow back",
+            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, elastic_jobs=True, grow_back=False)),
+    Variant("meta-elastic-grow", "Meta's rate; memory tier, no spares, elastic jobs, grow back",
+            NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, elastic_jobs=True)),
+    Variant("10x-elastic-stay", "10x Meta's rate; memory tier, no spares, elastic jobs, no grow back",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, elastic_jobs=True,
+                         grow_back=False)),
+    Variant("10x-elastic-grow", "10x Meta's rate; memory tier, no spares, elastic jobs, grow back",
+            NodeFailures(mttf_h_per_16k_gpus=META / 10, tier=Tier.MEMORY, elastic_jobs=True)),
 )
 
-# RELAUNCH_RULES' blockers as the study's columns ("none" = replaced in place)
+# RELAUNCH_RULES' blockers as the study's columns ("none" = replaced in place, "shrink" =
+# shrunk in place onto the survivors; the rest went through the store)
 IN_PLACE = "none"
+SHRUNK = "shrink"
 FAILURE_BUCKETS = ("auto_resume", "node_replaced")  # lost GPU-hours a node failure caused
 
 
@@ -86,9 +105,12 @@ def run(trace_path: str, scenario_path: str, limit: int | None, seed: int,
         timing[v.name] = round(time.process_time() - c0, 2)
         m = metrics.collect(sim)
         rec: dict[str, int] = {}
+        small: dict[str, int] = {}
         for j in sim.sj.values():
             for k, n in j.recoveries.items():
                 rec[k] = rec.get(k, 0) + n
+            for k, n in j.small_routes.items():
+                small[k] = small.get(k, 0) + n
         node_mtbf = s.node_failures.node_mtbf_h(s.regions[0].gpus_per_node, s.regions[0].node_mtbf_h)
         out["variants"].append(metrics._r({
             "name": v.name, "text": v.text,
@@ -99,6 +121,9 @@ def run(trace_path: str, scenario_path: str, limit: int | None, seed: int,
             "failures_under_jobs": dict(sorted(rec.items())),
             "lost_gpu_h_node_failures": sum(m["lost_gpu_h"].get(b, 0.0) for b in FAILURE_BUCKETS),
             "lost_gpu_h_total": m["lost_gpu_h_total"],
+            "below_size": dict(sorted(small.items())),
+            "grow_backs": sum(j.grow_backs for j in sim.sj.values()),
+            "lost_gpu_h_grow_back": m["lost_gpu_h"].get("grow_back", 0.0),
         }))
     return out, timing
 
@@ -112,17 +137,25 @@ def markdown(res: dict, timing: dict) -> str:
              "Failures under jobs: how the broker's recovery policy relaunched each job that lost a"
              " node (in place, or from the store and why: the rule that blocked the in-place plan).",
              "",
-             "| variant | node MTBF h | goodput | failures under jobs: in place / from store (why)"
-             " | lost GPU-h (failures) | lost GPU-h (all) | JCT mean h | JCT p99 h | CPU s |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "Below size: how often a job came to run on fewer nodes than it asked for (shrunk"
+             " in place, placed or moved elastically), and how many grow-back moves followed"
+             " (their lost GPU-h: the checkpoint-first stop and the relaunch).", "",
+             "| variant | node MTBF h | goodput | failures under jobs: replaced / shrunk / from store"
+             " (why) | lost GPU-h (failures) | lost GPU-h (all) | below size: shrunk / placed / moved"
+             " | grow backs (lost GPU-h) | JCT mean h | JCT p99 h | CPU s |",
+             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
     for v in res["variants"]:
         f = v["failures_under_jobs"]
         mtbf = "-" if v["node_failures"] is None else f"{v['node_mtbf_h']:.0f}"
-        why = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in sorted(f.items()) if k != IN_PLACE)
-        store = sum(n for k, n in f.items() if k != IN_PLACE)
+        why = ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in sorted(f.items())
+                        if k not in (IN_PLACE, SHRUNK))
+        store = sum(n for k, n in f.items() if k not in (IN_PLACE, SHRUNK))
+        b = v.get("below_size", {})
+        below = " / ".join(str(b.get(r, 0)) for r in ("shrink_in_place", "elastic_placement", "elastic_move"))
         lines.append(f"| {v['text']} | {mtbf} | {v['goodput'] * 100:.2f} % | {f.get(IN_PLACE, 0)} / "
-                     f"{store}{f' ({why})' if why else ''} | "
-                     f"{v['lost_gpu_h_node_failures']:.1f} | {v['lost_gpu_h_total']:.0f} | "
+                     f"{f.get(SHRUNK, 0)} / {store}{f' ({why})' if why else ''} | "
+                     f"{v['lost_gpu_h_node_failures']:.1f} | {v['lost_gpu_h_total']:.0f} | {below} | "
+                     f"{v.get('grow_backs', 0)} ({v.get('lost_gpu_h_grow_back', 0.0):.1f}) | "
                      f"{v['jct_mean_h']:.2f} | {v['jct_p99_h']:.2f} | {timing.get(v['name'], 0):.1f} |")
     return "\n".join(lines) + "\n"
 
