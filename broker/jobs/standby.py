@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import placement
-from broker.jobs import handoff, migration, precopy, shown_progress, store_wait
+from broker.jobs import below_size, handoff, migration, precopy, shown_progress, store_wait
 from broker.jobs.causes import Cause, StopKind
 from broker.jobs.lifecycle import CHECKPOINTING, LAUNCHING, MIGRATING, Tx
 from computebroker.v1 import agent_pb2 as apb
@@ -158,6 +158,7 @@ def promote(tx: Tx, end: handoff.SourceEnd, actor: str) -> SendGo | None:
     j.relaunches += 1
     shown_progress.start_at_resume_step(j)
     j.placement.CopyFrom(sb.placement)
+    below_size.admitted(j, j.phase, tx.now)  # a move onto fewer nodes: to grow back later
     sb.go_time = tx.now
     sb.resume_from = resume_from
     migration.launched(j, tx.now, resume_from)

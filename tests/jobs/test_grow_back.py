@@ -447,3 +447,25 @@ def test_placed_small_again_keeps_the_route_and_the_start() -> None:
     j = must(t.admit(j, _adm("e2", region="eu-west-1"), 512.0, CFG))
     rec = j.shrunk
     assert (rec.route, rec.since, rec.running_nodes, rec.grow_time) == ("elastic_move", 150.0, 1, 500.0)
+
+
+def test_a_make_before_break_move_onto_fewer_nodes_records_its_route() -> None:
+    """The standby of a make-before-break move becomes the job's attempt without a new
+    admission: its promotion writes the same record when it has fewer nodes."""
+    from broker.jobs import standby
+
+    mbb = CFG.model_copy(update={"make_before_break": True})
+    j = must(t.admit(submitted(spec(nodes=2, elastic=(1, 2))), _adm("n0", "n1"), 110.0, mbb))
+    j = must(updates.progress(j, update(j, apb.ATTEMPT_STATE_RUNNING, step=5, ckpt=4), 120.0, mbb))
+    plan = plan_stop(Signal(Trigger.REGION_DRAIN), j, mbb, 130.0)
+    assert plan is not None
+    j = must(t.request_stop(j, t.StopRequest(plan=plan, actor="operator", message="drain"), 130.0, mbb))
+    adm = placement.Admission(job_id=j.id, agent_id="eu", region="eu-west-1", assignments=(("e0", 8),))
+    j = must(standby.reserve(j, standby.ReserveStandby(adm, {}, "s3://cb-eu-west-1"), 131.0, mbb))
+    assert not gb.is_shrunk(j)  # reserved, not the job's attempt yet
+    j = must(updates.attempt_ended(j, update(j, apb.ATTEMPT_STATE_CHECKPOINTED, step=6, ckpt=6),
+                                   140.0, mbb))
+    assert j.attempt == 2 and j.placement.region == "eu-west-1"
+    rec = j.shrunk
+    assert (rec.route, rec.requested_nodes, rec.running_nodes, rec.since) == ("elastic_move", 2, 1, 140.0)
+    assert rec.why == "a move (region drain) found room for 1 of 2 nodes in eu-west-1"
