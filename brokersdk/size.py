@@ -27,6 +27,8 @@ def below_size_text(job: common_pb2.Job) -> str:
     if not rec.requested_nodes:
         return ""
     pl = job.placement
+    if len(pl.nodes) >= rec.requested_nodes:
+        return ""  # placed at its full size again (the record closes when it runs)
     running = len(pl.nodes) or rec.running_nodes
     if pl.ranks > 0 and running:
         per_node = max(1, pl.ranks // running)

@@ -142,6 +142,25 @@ def test_unfinished_attempt_of_a_finished_job_ends_at_the_next_launch() -> None:
     assert (a1.end, a2.end, a1.ongoing, a2.ongoing) == (20, 50, False, False)
 
 
+def test_a_job_below_its_size_says_so_while_placed_and_not_once_at_full_size() -> None:
+    job = pb.Job(id="j", phase=pb.JOB_PHASE_RUNNING, created_time=1000.0)
+    job.placement.region, job.placement.ranks = "eu-west-1", 2
+    job.placement.nodes.add(node_id="e0", gpus=8)
+    rec = job.shrunk
+    rec.requested_nodes, rec.running_nodes, rec.since, rec.route = 2, 1, 9_000.0, "elastic_move"
+    rec.why = "a move (spot interruption) found room for 1 of 2 nodes in eu-west-1"
+    rec.waiting = "waiting for capacity: 1 more node(s) needed in pool h100, 0 free"
+    view = build_job_view(job, [], [], now=9_100.0)
+    assert view.size == ("running at 2 of 4 ranks since 02:30:00 UTC (a move (spot interruption)"
+                         " found room for 1 of 2 nodes in eu-west-1); waiting for capacity: 1 more"
+                         " node(s) needed in pool h100, 0 free")
+    job.phase = pb.JOB_PHASE_MIGRATING  # not placed: the pending reason speaks instead
+    assert build_job_view(job, [], [], now=9_100.0).size == ""
+    job.phase = pb.JOB_PHASE_LAUNCHING  # relaunched at full size: the record closes once it runs
+    job.placement.nodes.add(node_id="e1", gpus=8)
+    assert build_job_view(job, [], [], now=9_100.0).size == ""
+
+
 def test_gantt_places_plans_per_region_and_tells_reserved_from_backfill() -> None:
     plans = [cpb.TrainingPlan(id="tp-a", region="r1", team="ml", start_time=1000,
                               end_time=2000, instance_count=2, gpus_per_instance=8),
