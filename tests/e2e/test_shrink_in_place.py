@@ -13,7 +13,7 @@ SIGKILLed). Asserted:
   node's shard from its buddy copy), losing at most 1 step, newer than the durable
   checkpoint; the event says "recovered from memory (step S, lost L steps, world 3 -> 2)";
 * while the lost node is down (the agent's node-health file) the job runs shrunk and
-  says so (`brokerctl job`: "running shrunk: 2 of 3 nodes ... waiting for capacity");
+  says so (`brokerctl job`: "running at 2 of 3 ranks since ... (shrunk in place after losing NODE); waiting for capacity");
 * once the node is healthy again (and has stayed so for the settle time), the broker
   stops attempt 2 checkpoint first (cause grow_back) and relaunches the job at once on
   the survivors plus the returned node: attempt 3 runs 3 ranks, resharding the 2-rank
@@ -89,7 +89,8 @@ def test_lost_node_without_a_spare_shrinks_in_place_then_grows_back(
         assert (rec.plan, list(rec.lost_nodes)) == ("shrink_in_place", [NODES[1]])
         # the panel's cells wrap at 100 columns: read the words without the box
         shown = " ".join(re.sub("[│╭╮╰╯─]", " ", cli(cluster, "job", shrunk.id)).split())
-        assert f"running shrunk: 2 of 3 nodes since losing {NODES[1]}; waiting for capacity" in shown
+        assert "size running at 2 of 3 ranks since " in shown, shown
+        assert f"(shrunk in place after losing {NODES[1]}); waiting for capacity" in shown, shown
 
         # the node comes back only once the shrunk attempt trains (its first step logged):
         # otherwise the way back would start before the 2 ranks ever stepped
