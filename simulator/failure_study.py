@@ -41,6 +41,7 @@ class Variant:
     name: str
     text: str
     failures: NodeFailures | None  # None: no node failures at all
+    no_failures: bool = False  # the section's other settings, but no node failures at all
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -62,9 +63,9 @@ VARIANTS: tuple[Variant, ...] = (
     # Elastic multi-node jobs (down to one node): a node loss without a spare shrinks them
     # in place, and placement may start them small; with and without growing back.
     Variant("none-elastic-stay", "no node failures; elastic jobs, no grow back",
-            NodeFailures(elastic_jobs=True, grow_back=False)),
+            NodeFailures(elastic_jobs=True, grow_back=False), no_failures=True),
     Variant("none-elastic-grow", "no node failures; elastic jobs, grow back",
-            NodeFailures(elastic_jobs=True)),
+            NodeFailures(elastic_jobs=True), no_failures=True),
     Variant("meta-elastic-stay", "Meta's rate; memory tier, no spares, elastic jobs, no grow back",
             NodeFailures(mttf_h_per_16k_gpus=META, tier=Tier.MEMORY, elastic_jobs=True, grow_back=False)),
     Variant("meta-elastic-grow", "Meta's rate; memory tier, no spares, elastic jobs, grow back",
@@ -84,9 +85,9 @@ FAILURE_BUCKETS = ("auto_resume", "node_replaced")  # lost GPU-hours a node fail
 
 
 def apply(scn: scenario_mod.Scenario, v: Variant) -> scenario_mod.Scenario:
-    if v.failures is None:
+    if v.failures is None or v.no_failures:
         regions = tuple(dataclasses.replace(r, node_mtbf_h=0.0) for r in scn.regions)
-        return dataclasses.replace(scn, regions=regions, node_failures=NodeFailures())
+        return dataclasses.replace(scn, regions=regions, node_failures=v.failures or NodeFailures())
     return dataclasses.replace(scn, node_failures=v.failures)
 
 
@@ -111,10 +112,12 @@ def run(trace_path: str, scenario_path: str, limit: int | None, seed: int,
                 rec[k] = rec.get(k, 0) + n
             for k, n in j.small_routes.items():
                 small[k] = small.get(k, 0) + n
+        ran_small = [j.finish_t - j.tj.submit_s for j in sim.sj.values() if j.small_routes and j.ended]
         node_mtbf = s.node_failures.node_mtbf_h(s.regions[0].gpus_per_node, s.regions[0].node_mtbf_h)
         out["variants"].append(metrics._r({
             "name": v.name, "text": v.text,
-            "node_failures": None if v.failures is None else s.to_dict()["node_failures"],
+            "node_failures": None if v.failures is None or v.no_failures else s.to_dict()["node_failures"],
+            "settings": None if v.failures is None else s.to_dict()["node_failures"],
             "node_mtbf_h": node_mtbf,
             "goodput": m["goodput"], "utilisation": m["utilisation"],
             "jct_mean_h": m["jct_s"]["mean"] / 3600, "jct_p99_h": m["jct_s"]["p99"] / 3600,
@@ -124,6 +127,9 @@ def run(trace_path: str, scenario_path: str, limit: int | None, seed: int,
             "below_size": dict(sorted(small.items())),
             "grow_backs": sum(j.grow_backs for j in sim.sj.values()),
             "lost_gpu_h_grow_back": m["lost_gpu_h"].get("grow_back", 0.0),
+            # the jobs that ran below their size at some point: their own JCT
+            "below_size_jobs": len(ran_small),
+            "below_size_jct_mean_h": (sum(ran_small) / len(ran_small) / 3600) if ran_small else 0.0,
         }))
     return out, timing
 
@@ -142,8 +148,8 @@ def markdown(res: dict, timing: dict) -> str:
              " (their lost GPU-h: the checkpoint-first stop and the relaunch).", "",
              "| variant | node MTBF h | goodput | failures under jobs: replaced / shrunk / from store"
              " (why) | lost GPU-h (failures) | lost GPU-h (all) | below size: shrunk / placed / moved"
-             " | grow backs (lost GPU-h) | JCT mean h | JCT p99 h | CPU s |",
-             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+             " | grow backs (lost GPU-h) | JCT mean h of those jobs | JCT mean h | JCT p99 h | CPU s |",
+             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for v in res["variants"]:
         f = v["failures_under_jobs"]
         mtbf = "-" if v["node_failures"] is None else f"{v['node_mtbf_h']:.0f}"
@@ -156,7 +162,9 @@ def markdown(res: dict, timing: dict) -> str:
                      f"{f.get(SHRUNK, 0)} / {store}{f' ({why})' if why else ''} | "
                      f"{v['lost_gpu_h_node_failures']:.1f} | {v['lost_gpu_h_total']:.0f} | {below} | "
                      f"{v.get('grow_backs', 0)} ({v.get('lost_gpu_h_grow_back', 0.0):.1f}) | "
-                     f"{v['jct_mean_h']:.2f} | {v['jct_p99_h']:.2f} | {timing.get(v['name'], 0):.1f} |")
+                     + (f"{v['below_size_jct_mean_h']:.2f} ({v['below_size_jobs']}) | "
+                        if v.get("below_size_jobs") else "- | ")
+                     + f"{v['jct_mean_h']:.2f} | {v['jct_p99_h']:.2f} | {timing.get(v['name'], 0):.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -168,8 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policy", default=PolicyKind.OURS.value)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     a = ap.parse_args(argv)
-    res, timing = run(a.trace, a.scenario, a.limit_jobs, a.seed, PolicyKind(a.policy))
+    names = [n for n in a.only.split(",") if n]
+    unknown = sorted(set(names) - {v.name for v in VARIANTS})
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(v.name for v in VARIANTS)}")
+    chosen = tuple(v for v in VARIANTS if not names or v.name in names)
+    res, timing = run(a.trace, a.scenario, a.limit_jobs, a.seed, PolicyKind(a.policy), chosen)
     d = Path(a.out)
     d.mkdir(parents=True, exist_ok=True)
     (d / "result.json").write_text(json.dumps(res, sort_keys=True, indent=1) + "\n")
