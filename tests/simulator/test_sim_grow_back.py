@@ -69,7 +69,7 @@ def test_a_busy_run_with_elastic_jobs_conserves_gpus_and_time(tmp_path):
     """The busy mixed scenario (spot, a plan, node failures, hangs, an outage, a drain, a
     reclaim) with elastic gangs and the memory tier: shrinks, elastic placements and
     moves, and grow backs all happen; every pass checks that no GPU is counted twice;
-    every job ends once and its time adds up; growing back shortens the mean JCT (a
+    every job ends once and its time adds up; in this run growing back shortens the mean JCT (a
     fraction of a second of CPU per run)."""
     from broker.jobs.lifecycle import SUCCEEDED
     from simulator import metrics
