@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -167,6 +168,8 @@ class _Rank:
     start_ticks: int = 0
     forked: bool = False  # started by a warm starter (rank_zygotes.py): not our child
     gone_since: float = 0.0
+    # a forked rank's starter still runs (None: unknown, e.g. re-adopted after a restart)
+    starter_alive: Callable[[], bool] | None = None
 
     @property
     def exit_path(self) -> Path:
@@ -189,7 +192,11 @@ class _Rank:
 
     def _starter_may_write(self) -> bool:
         """A forked rank's starter writes its exit status within moments of its end
-        (trainer/warm_start.py reaps every 20 ms): wait that long, not forever."""
+        (trainer/warm_start.py reaps every 20 ms): wait that long, not forever, and not
+        at all when the starter is dead too (a lost node takes both: nothing will write
+        it, and the wait only delays the recovery)."""
+        if self.starter_alive is not None and not self.starter_alive():
+            return False
         now = time.monotonic()
         self.gone_since = self.gone_since or now
         return now - self.gone_since < STARTER_EXIT_WAIT_S
@@ -532,7 +539,8 @@ class LocalExecutor(Executor):
                                 pgid = forked.pid
                             ticks = records.proc_start_ticks(forked.pid) or 0
                             ranks.append(_Rank(rank, node_id, None, err_path, pid=forked.pid,
-                                               start_ticks=ticks, forked=True))
+                                               start_ticks=ticks, forked=True,
+                                               starter_alive=forked.starter_alive))
                             rank += 1
                             continue
                         try:

@@ -70,6 +70,12 @@ class Forked:
 
     pid: int
     go_fd: int
+    starter: subprocess.Popen | None = None  # the starter that forked it (and reaps it)
+
+    def starter_alive(self) -> bool:
+        """Its starter still runs, so it will write the rank's exit status when the rank
+        ends; a dead one (lost with its node) never will."""
+        return self.starter is not None and self.starter.poll() is None
 
     def go(self) -> None:
         """Let the rank run (its pid is durable in the attempt record now)."""
@@ -160,7 +166,7 @@ class RankZygotes:
                 os.close(go_r)
                 with contextlib.suppress(OSError):
                     s.sock.setblocking(False)
-        return Forked(pid, go_w)
+        return Forked(pid, go_w, s.proc)
 
     def nodes(self, job_id: str) -> list[str]:
         with self._lock:
