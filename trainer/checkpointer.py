@@ -201,6 +201,14 @@ class Checkpointer:
             durable = parse_step(found[1]) if found is not None else 0
             t0 = time.perf_counter()
             restored = self.memory.restore(min_step=max(1, durable))
+            laps = self.memory.restore_s
+            if laps:  # where the restore's time went, for the benchmark and an operator
+                moved = self.memory.restore_bytes
+                run.progress.update(memory_restore_s=laps, memory_restore_bytes=moved)
+                run.log("memory tier: restore stages " + ", ".join(
+                    f"{k} {v:.2f}s" for k, v in laps.items())
+                    + f"; read {moved['read'] / 1e6:.1f} MB, {moved['direct'] / 1e6:.1f} MB "
+                      "of it straight into the live tensors")
             if restored is not None:
                 step, from_peer = restored.step, restored.from_peer
                 how = ("" if restored.saved_world == run.world_size else

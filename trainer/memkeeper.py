@@ -99,6 +99,24 @@ def recv_msg(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
     return header, recv_payload(sock, header)
 
 
+def recv_payload_into(sock: socket.socket, header: dict[str, Any],
+                      dests: Sequence[memoryview]) -> None:
+    """A message's payload received straight into `dests`, back to back (writable views
+    whose sizes add up to the payload's): a restore lands a ranged get's bytes in the
+    tensors they belong to, with no buffer of its own in between and no copy after."""
+    size = int(header.get("size", 0))
+    want = sum(d.nbytes for d in dests)
+    if size != want:
+        raise ValueError(f"payload is {size} bytes, {want} expected")
+    for dest in dests:
+        view, got, n = dest.cast("B"), 0, dest.nbytes
+        while got < n:
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ConnectionError("connection closed mid-message")
+            got += k
+
+
 class Store:
     """The snapshots held, at most `keep` per (job, rank) with the one arriving
     (`begin_put`); thread-safe."""

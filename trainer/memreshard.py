@@ -15,8 +15,9 @@ small items. So here:
   such as AdamW's `step`) to the lowest rank, as a store save does;
 * `SnapshotReader` is a DCP `StorageReader` over the keepers: `dcp.load` plans the
   reads for the new rank's state dict against that metadata, and the reader fetches
-  only the stored chunks those reads touch (ranged gets: one request per old rank),
-  narrows them to the requested boxes and hands them to the planner.
+  only the bytes of the boxes those reads need (ranged gets: one request per old rank,
+  all old ranks at once), received straight into the target tensors where a box is one
+  contiguous run (else its stored chunk is narrowed, as torch's file reader does).
 
 The same shape as torch's `FileSystemReader.read_data`; what differs is where bytes
 come from (keepers, by old rank) and that the small items are already in the heads.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +55,12 @@ from torch.distributed.checkpoint.planner_helpers import _create_write_items
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-# (old rank, [(offset, length), ...]) -> those bytes of its snapshot, in order
-Fetch = Callable[[int, list[tuple[int, int]]], Sequence[memoryview]]
+from trainer.shardfile import byte_view
+
+# (old rank, [(offset, length), ...], [destination, ...]): receive those bytes of its
+# snapshot into the destinations (writable views of the same sizes, in order); called from
+# several threads at once, one old rank each
+Fetch = Callable[[int, list[tuple[int, int]], list[memoryview]], None]
 
 
 def chunk_of(key: str, value: DTensor) -> tuple[list[int], list[int]]:
@@ -151,14 +157,27 @@ def global_metadata(heads: list[Head]) -> Metadata:
 class SnapshotReader(StorageReader):
     """A DCP StorageReader over the keepers' snapshots of one step (see the module
     docstring). Used with ``dcp.load(..., no_dist=True)``: ranks plan their reads alone
-    and agree on the outcome afterwards, as the store path does."""
+    and agree on the outcome afterwards, as the store path does.
 
-    def __init__(self, metadata: Metadata, heads: list[Head], fetch: Fetch) -> None:
+    How the bytes travel (`read_data`): every old rank's snapshot is fetched at once, one
+    request per old rank on a connection of its own (`fetch` may run concurrently), so no
+    keeper waits for another's answer and a keeper serving two old ranks serves both in
+    parallel. Only the bytes of the requested boxes travel, and they land straight in the
+    target tensors when a box is one contiguous run in both the snapshot and the target
+    (rows of a shard: every FSDP/HSDP reshard along dim 0), with no buffer in between
+    and no copy after; any other box (a column slice) comes as its whole stored chunk
+    into a scratch tensor and is narrowed and copied as DCP's file reader does."""
+
+    def __init__(self, metadata: Metadata, heads: list[Head], fetch: Fetch,
+                 parallel: int = 8) -> None:
         super().__init__()
         self.metadata = metadata
         self.heads = {h.rank: h for h in heads}
         self.fetch = fetch
+        self.parallel = max(1, parallel)
         self.read_from: set[int] = set()  # old ranks whose bytes this rank read
+        self.bytes_read = 0
+        self.direct_bytes = 0  # of those, received straight into the target tensors
 
     def reset(self, checkpoint_id: Any = None) -> None:
         """Nothing to reset: one reader per restore."""
@@ -184,6 +203,7 @@ class SnapshotReader(StorageReader):
         by_rank: dict[int, list[ReadItem]] = {}
         for item in plan.items:
             by_rank.setdefault(self.metadata.storage_data[item.storage_index], []).append(item)
+        reads: list[_RankRead] = []
         for rank, items in sorted(by_rank.items()):
             head = self.heads[rank]
             tensor_items = [i for i in items if i.type != LoadItemType.BYTE_IO]
@@ -197,20 +217,26 @@ class SnapshotReader(StorageReader):
             for item in plain:  # small plain tensors travelled in the head
                 self._copy(planner, item, head.small[item.storage_index.fqn])
             stored = [i for i in tensor_items if i.storage_index.fqn not in head.small]
-            if not stored:
-                continue
-            spans = head.spans()
-            keys = sorted({i.storage_index.fqn for i in stored}, key=lambda k: spans[k][0])
-            views = self.fetch(rank, [(spans[k][0], spans[k][1]) for k in keys])
-            self.read_from.add(rank)
-            chunks = {}
-            for key, view in zip(keys, views, strict=True):
-                _, nbytes, dtype, shape = spans[key]
-                raw = (torch.frombuffer(view, dtype=torch.uint8) if nbytes
-                       else torch.empty(0, dtype=torch.uint8))
-                chunks[key] = raw.view(getattr(torch, dtype)).reshape(shape)
-            for item in stored:
-                self._copy(planner, item, chunks[item.storage_index.fqn])
+            if stored:
+                reads.append(_plan_rank_read(rank, head, stored, planner))
+        todo = [r for r in reads if r.ranges]
+        for r in reads:
+            self.bytes_read += sum(n for _, n in r.ranges)
+            self.direct_bytes += sum(d.nbytes for d, (_, t) in zip(r.dests, r.direct, strict=True)
+                                     if t is not None)
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(todo)),
+                                    thread_name_prefix="cb-memread") as pool:
+                futures = {pool.submit(self.fetch, r.rank, r.ranges, r.dests): r for r in todo}
+                for fut in as_completed(futures):
+                    fut.result()  # the first failure fails the restore (the store it is)
+                    self.read_from.add(futures[fut].rank)
+        for r in reads:  # every byte is in place: commit, narrowing the scratch chunks
+            for item, target in r.direct:
+                if target is not None:
+                    planner.commit_tensor(item, target)
+            for item, chunk in r.scratch_items:
+                self._copy(planner, item, chunk)
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -224,3 +250,70 @@ class SnapshotReader(StorageReader):
                                f"!= target {tuple(target.size())}")
         target.copy_(part)
         planner.commit_tensor(item, target)
+
+
+@dataclass
+class _RankRead:
+    """One old rank's part of a restore: the byte ranges of its snapshot to fetch and
+    where each lands, then what to commit (items received in place) and to copy (items
+    narrowed out of a scratch chunk)."""
+
+    rank: int
+    ranges: list[tuple[int, int]]
+    dests: list[memoryview]
+    direct: list[tuple[ReadItem, torch.Tensor | None]]  # per range; None: a scratch chunk
+    scratch_items: list[tuple[ReadItem, torch.Tensor]]
+
+
+def box_span(shape: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]
+             ) -> tuple[int, int] | None:
+    """(first element, elements) of the box ``offsets``/``lengths`` in a row-major tensor
+    of ``shape`` when the box is one contiguous run (leading dims of length 1, then one
+    dim of any length, then full dims); None when it is not (e.g. a column slice)."""
+    dims = len(shape)
+    k = next((i for i in range(dims) if lengths[i] != 1), dims - 1)
+    if any(lengths[i] != shape[i] for i in range(k + 1, dims)):
+        return None
+    stride, first = 1, 0
+    for i in reversed(range(dims)):
+        first += offsets[i] * stride
+        stride *= shape[i]
+    count = 1
+    for n in lengths:
+        count *= n
+    return first, count
+
+
+def _plan_rank_read(rank: int, head: Head, items: list[ReadItem],
+                    planner: LoadPlanner) -> _RankRead:
+    """Where each of ``items`` (tensor items stored in ``rank``'s snapshot) comes from and
+    lands (see `SnapshotReader`)."""
+    spans = head.spans()
+    read = _RankRead(rank, [], [], [], [])
+    scratch: dict[str, torch.Tensor] = {}
+    for item in items:
+        fqn = item.storage_index.fqn
+        off, nbytes, dtype_name, shape = spans[fqn]
+        dtype = getattr(torch, dtype_name)
+        target = planner.resolve_tensor(item).detach()
+        span = box_span(shape, item.storage_offsets, item.lengths)
+        if (span is not None and target.device.type == "cpu" and target.dtype == dtype
+                and target.is_contiguous() and list(target.size()) == list(item.lengths)):
+            first, count = span
+            size = count * dtype.itemsize
+            if size == 0:
+                planner.commit_tensor(item, target)
+                continue
+            read.ranges.append((off + first * dtype.itemsize, size))
+            read.dests.append(byte_view(target))
+            read.direct.append((item, target))
+            continue
+        chunk = scratch.get(fqn)
+        if chunk is None:  # the whole stored chunk, once however many items narrow it
+            chunk = scratch[fqn] = torch.empty(shape, dtype=dtype)
+            if nbytes:
+                read.ranges.append((off, nbytes))
+                read.dests.append(byte_view(chunk))
+                read.direct.append((item, None))
+        read.scratch_items.append((item, chunk))
+    return read

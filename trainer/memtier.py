@@ -24,12 +24,15 @@ node) has each replica keep only its rows of the shard it shares with the others
 Restore: ranks ask every keeper (keepers hold shards by rank, so any node order works)
 which steps of which old ranks they hold, and agree on the newest step whose every old
 rank's shard some keeper holds. On the same world size (replace in place: survivors
-plus a spare in the lost node's place) each rank copies its own old shard into its live
-tensors. On another world size (shrink in place: the survivors only), or when the
-snapshots are replicas' parts, they are read as a DCP checkpoint and DCP reshards them
-(trainer/memreshard.py), exactly as a store resume reshards N -> M. Either way
-`resume_tier: memory`. A shard with both copies gone, a keeper unreachable or any
-failure on any rank: the store.
+plus a spare in the lost node's place) each rank reads its own old shard straight into
+its live tensors. On another world size (shrink in place: the survivors only), or when
+the snapshots are replicas' parts, they are read as a DCP checkpoint and DCP reshards
+them (trainer/memreshard.py), exactly as a store resume reshards N -> M; every old
+rank's snapshot is read at once on a connection of its own, and only the rows this rank
+needs travel, received straight into the live tensors. Either way `resume_tier:
+memory`. A shard with both copies gone, a keeper unreachable or any failure on any
+rank: the store. Where a restore's time went is in `restore_s` (and the progress file's
+`memory_restore_s`, and one log line).
 
 Uses torch's private DCP helpers `flatten_state_dict` / `set_element` (as DCP itself
 does) so a snapshot's keys are exactly the store's. Configured by the launcher
@@ -51,7 +54,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -66,7 +69,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
 from trainer import memreshard, rng
-from trainer.memkeeper import TOKEN_ENV, Payload, recv_msg, send_msg
+from trainer.memkeeper import (
+    TOKEN_ENV,
+    Payload,
+    recv_header,
+    recv_msg,
+    recv_payload,
+    recv_payload_into,
+    send_msg,
+)
 from trainer.shardfile import byte_view
 
 if TYPE_CHECKING:
@@ -136,6 +147,39 @@ class KeeperClient:
                     if attempt:
                         raise
         raise AssertionError("unreachable")
+
+    def request_into(self, header: dict[str, Any], dests: Sequence[memoryview]) -> dict[str, Any]:
+        """A request whose reply's payload is received straight into ``dests`` (writable
+        views, back to back: a ranged get's ranges in order); the reply's header. A reply
+        without the payload (``ok`` false) raises RuntimeError with the keeper's error."""
+        size = sum(d.nbytes for d in dests)
+        with self._lock:
+            for attempt in (0, 1):
+                try:
+                    if self._sock is None:
+                        self._sock = socket.create_connection(self._addr, timeout=CONNECT_TIMEOUT_S)
+                    self._sock.settimeout(io_timeout(size))
+                    send_msg(self._sock, {**header, "token": self.token})
+                    reply = recv_header(self._sock)
+                    if not reply.get("ok"):
+                        recv_payload(self._sock, reply)  # none, normally: keep the stream whole
+                        raise RuntimeError(str(reply.get("error", "no payload")))
+                    recv_payload_into(self._sock, reply, dests)
+                    return reply
+                except (OSError, ValueError):
+                    # ValueError: a payload of another size; the stream is out of step
+                    if self._sock is not None:
+                        self._sock.close()
+                    self._sock = None
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+            self._sock = None
 
 
 MAGIC = b"CBMT\x01\x00\x00\x00"  # snapshot format 1: magic, head length, head, tensor bytes
@@ -213,6 +257,19 @@ def decode(payload: bytearray) -> dict[str, Any]:
 
 
 RANGES_PER_GET = 1000  # byte ranges per keeper request (its header size is bounded)
+READ_PARALLEL = 8  # old ranks' snapshots a restoring rank reads at once (a connection each)
+
+
+class _Laps:
+    """Seconds since the previous lap, by name (where a restore's time went)."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into, self.t = into, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = round(self.into.get(name, 0.0) + now - self.t, 3)
+        self.t = now
 
 
 def newest_complete(views: list[set[tuple[int, int, int]]], min_step: int
@@ -268,6 +325,8 @@ class MemoryTier:
         # so a relaunch that places nodes in another order still finds each rank's copy.
         self.all = [self.own] + [KeeperClient(k, token) for i, k in enumerate(keepers) if i != node]
         self.stats = SnapshotStats()
+        self.restore_s: dict[str, float] = {}  # the last restore's laps (see `restore`)
+        self.restore_bytes: dict[str, int] = {"read": 0, "direct": 0}
         self._bufs: dict[str, torch.Tensor] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cb-memtier")
         self._inflight: Future | None = None
@@ -482,20 +541,26 @@ class MemoryTier:
         self._copied = None
 
     # --------------------------------------------------------------- restore
-    def _index(self) -> dict[tuple[int, int, int], KeeperClient]:
-        """(old rank, step, world size it was taken on) -> a keeper holding that shard (the
-        own node's when it does). A keeper that does not answer holds nothing."""
-        held: dict[tuple[int, int, int], KeeperClient] = {}
+    def _index(self) -> dict[tuple[int, int, int], list[KeeperClient]]:
+        """(old rank, step, world size it was taken on) -> the keepers holding that shard,
+        the own node's first. Every keeper is asked at once (one that is slow to answer
+        delays the others by nothing); a keeper that does not answer holds nothing."""
         header = {"op": "index", "job": self.run.env.job_id}
-        for client in reversed(self.all):  # the own node's last, so it wins
+
+        def ask(client: KeeperClient) -> dict[str, Any]:
             try:
-                reply, _ = client.request(header)
+                return client.request(header)[0]
             except OSError:
-                continue
+                return {}
+
+        with ThreadPoolExecutor(max_workers=len(self.all), thread_name_prefix="cb-memindex") as pool:
+            replies = list(pool.map(ask, self.all))
+        held: dict[tuple[int, int, int], list[KeeperClient]] = {}
+        for client, reply in zip(self.all, replies, strict=True):  # the own node's first
             for rank, steps in (reply.get("ranks") or {}).items():
                 for step, world in steps.items():
                     if int(world) > 0:
-                        held[(int(rank), int(step), int(world))] = client
+                        held.setdefault((int(rank), int(step), int(world)), []).append(client)
         return held
 
     def _gather(self, obj: Any) -> list[Any]:
@@ -509,33 +574,35 @@ class MemoryTier:
     def restore(self, min_step: int) -> Restored | None:
         """Restore the newest step >= `min_step` whose every old rank's shard the keepers
         hold, on this world size or resharded from another; None: every rank falls back
-        to the store. Collective: every rank calls it."""
+        to the store. Collective: every rank calls it. `restore_s` says afterwards where
+        this rank's time went (index, heads, prepare, read, apply, agree)."""
+        self.restore_s = {}
+        self.restore_bytes = {"read": 0, "direct": 0}
+        lap = _Laps(self.restore_s)
         held = self._index()
         views = self._gather(sorted(held))
         choice = newest_complete([{tuple(x) for x in v} for v in views], max(1, min_step))
+        lap("index")
         if choice is None:
             return None
         step, saved_world = choice
         failure, peer = "", False
         try:
             if saved_world == self.run.world_size and not self._replicated():
-                client = held[(self.run.rank, step, saved_world)]
+                client = held[(self.run.rank, step, saved_world)][0]
                 peer = client is not self.own
-                reply, payload = client.request(
-                    {"op": "get", "job": self.run.env.job_id, "rank": self.run.rank, "step": step})
-                if not reply.get("ok"):
-                    raise RuntimeError(reply.get("error", "no payload"))
-                self._fill(decode(payload), step)
+                self._own_shard(client, step, lap)
             else:
-                peer = self._reshard(step, saved_world, held)
+                peer = self._reshard(step, saved_world, held, lap)
                 if saved_world == self.run.world_size:
                     # replicas' parts: every rank reads some from other nodes' keepers, as
                     # planned; "from a peer" stays what it says on the same world size,
                     # that this rank's own old shard came from another node's copy
-                    peer = held[(self.run.rank, step, saved_world)] is not self.own
+                    peer = self.own not in held[(self.run.rank, step, saved_world)]
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank falls back
             failure = f"rank {self.run.rank}: {(str(exc).strip().splitlines() or [repr(exc)])[-1]}"
         outcomes = self._gather((failure, peer))
+        lap("agree")
         bad = [f for f, _ in outcomes if f]
         if bad:
             self.run.log(f"memory tier: restore of step {step} failed ({bad[0]}); using the store")
@@ -550,71 +617,165 @@ class MemoryTier:
         return any(isinstance(p, DTensor) and memreshard.replica_share(p)[1] > 1
                    for p in self.manager.model.parameters())
 
+    def _sources(self, step: int, saved_world: int,
+                 held: dict[tuple[int, int, int], list[KeeperClient]]) -> dict[int, KeeperClient]:
+        """The keeper each old rank's snapshot is read from: the own node's when it holds
+        it (no network), else of its holders the one this restore asks least so far, so
+        the reads spread over the keepers instead of queueing at one."""
+        asked: dict[str, int] = {}
+        out: dict[int, KeeperClient] = {}
+        for q in range(saved_world):
+            holders = held[(q, step, saved_world)]
+            pick = holders[0] if holders[0] is self.own else min(
+                holders, key=lambda c: asked.get(c.address, 0))
+            asked[pick.address] = asked.get(pick.address, 0) + 1
+            out[q] = pick
+        return out
+
     def _reshard(self, step: int, saved_world: int,
-                 held: dict[tuple[int, int, int], KeeperClient]) -> bool:
+                 held: dict[tuple[int, int, int], list[KeeperClient]], lap: _Laps) -> bool:
         """Load step `step` of a `saved_world`-rank run onto this world size through DCP
-        (trainer/memreshard.py); True when any bytes came from another node's keeper."""
+        (trainer/memreshard.py); True when any bytes came from another node's keeper.
+
+        Every old rank's snapshot is read on a connection of its own, all at once (the
+        heads, then the shards' bytes straight into the live tensors: `SnapshotReader`)."""
         from trainer.checkpoint import RNG_PER_RANK
 
         job = self.run.env.job_id
-        sources = {q: held[(q, step, saved_world)] for q in range(saved_world)}
+        sources = self._sources(step, saved_world, held)
+        conns = {q: KeeperClient(c.address, c.token) for q, c in sources.items()}
+        fetchers = {q: _fetcher(conn, job, q, step) for q, conn in conns.items()}
 
-        def get(q: int, ranges: list[tuple[int, int]]) -> list[memoryview]:
-            out: list[memoryview] = []
-            for i in range(0, len(ranges), RANGES_PER_GET):
-                part = ranges[i:i + RANGES_PER_GET]
-                reply, data = sources[q].request({"op": "get", "job": job, "rank": q, "step": step,
-                                                  "ranges": [list(r) for r in part]})
-                if not reply.get("ok"):
-                    raise RuntimeError(f"rank {q}'s step {step}: {reply.get('error')}")
-                view, off = memoryview(data), 0
-                for _, n in part:
-                    out.append(view[off:off + n])
-                    off += n
-            return out
+        def fetch(q: int, ranges: list[tuple[int, int]], into: list[memoryview]) -> None:
+            fetchers[q](ranges, into)
 
-        heads = []
-        for q in range(saved_world):
-            n = head_length(get(q, [(0, PREFIX)])[0])
-            head = load_head(get(q, [(PREFIX, n)])[0])
+        def head_of(q: int) -> memreshard.Head:
+            head, start = _read_head(fetchers[q])
             if int(head["step"]) != step or int(head["world_size"]) != saved_world \
                     or "chunks" not in head:
                 raise RuntimeError(f"rank {q}'s snapshot is not step {step} of {saved_world} ranks")
-            heads.append(memreshard.Head(q, head["tensors"], head["small"], head["chunks"],
-                                         PREFIX + n))
-        prepared = self.manager.prepare_load()
-        prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.run.rank, saved_world)
-        reader = memreshard.SnapshotReader(memreshard.global_metadata(heads), heads, get)
-        dcp.load(prepared, storage_reader=reader, no_dist=True)
+            return memreshard.Head(q, head["tensors"], head["small"], head["chunks"], start)
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(saved_world, READ_PARALLEL),
+                                    thread_name_prefix="cb-memhead") as pool:
+                heads = list(pool.map(head_of, range(saved_world)))
+            lap("heads")
+            prepared = self.manager.prepare_load()
+            prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.run.rank, saved_world)
+            reader = memreshard.SnapshotReader(memreshard.global_metadata(heads), heads, fetch,
+                                               parallel=READ_PARALLEL)
+            lap("prepare")
+            dcp.load(prepared, storage_reader=reader, no_dist=True)
+            self.restore_bytes = {"read": reader.bytes_read, "direct": reader.direct_bytes}
+            lap("read")
+        finally:
+            for conn in conns.values():
+                conn.close()
         self.manager._prepared = None
         extra = self.manager.apply_state(prepared, {"rng": RNG_PER_RANK, "step": step})
+        lap("apply")
         if int(extra["step"]) != step:
             raise RuntimeError(f"snapshot says step {extra['step']}, expected {step}")
         return any(sources[q] is not self.own for q in reader.read_from)
 
-    def _fill(self, saved: dict[str, Any], step: int) -> None:
-        """Copy a snapshot into the live state (same world size, same shard shapes)."""
+    def _own_shard(self, client: KeeperClient, step: int, lap: _Laps) -> None:
+        """Same world size, unreplicated: this rank's old shard into its live tensors. The
+        snapshot's head first, then every tensor's bytes in ranged gets received straight
+        into the live tensor each restores (no buffer of the whole snapshot, no copy
+        after; a tensor whose dtype or layout differs goes through a scratch tensor)."""
         from trainer.checkpoint import RNG_PER_RANK
 
-        if int(saved["world_size"]) != self.run.world_size:
-            raise RuntimeError(f"snapshot from {saved['world_size']} ranks")
-        prepared = self.manager.prepare_load()
-        prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(self.run.rank, self.run.world_size)
-        flat, mapping = flatten_state_dict(prepared)
-        snap = saved["state"]
-        if set(snap) != set(flat):
-            diff = sorted(set(snap) ^ set(flat))
-            raise RuntimeError(f"snapshot keys differ from the model's: {diff[:4]}")
-        for key, target in flat.items():
-            value = snap[key]
+        rank, world = self.run.rank, self.run.world_size
+        conn = KeeperClient(client.address, client.token)
+        try:
+            fetch = _fetcher(conn, self.run.env.job_id, rank, step)
+            head, start = _read_head(fetch)
+            if int(head["world_size"]) != world or int(head["step"]) != step:
+                raise RuntimeError(f"snapshot is step {head['step']} of {head['world_size']} ranks")
+            lap("heads")
+            prepared = self.manager.prepare_load()
+            prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(rank, world)
+            flat, mapping = flatten_state_dict(prepared)
+            stored, small = head["tensors"], head["small"]
+            keys = {key for key, *_ in stored} | set(small)
+            if keys != set(flat):
+                diff = sorted(keys ^ set(flat))
+                raise RuntimeError(f"snapshot keys differ from the model's: {diff[:4]}")
+            ranges: list[tuple[int, int]] = []
+            dests: list[memoryview] = []
+            scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
+            off = start
+            for key, dtype_name, shape, nbytes in stored:
+                local = _local(flat[key], key)
+                if list(local.shape) != list(shape):
+                    raise RuntimeError(f"{key}: shard shape {tuple(shape)} != {tuple(local.shape)}")
+                dtype = getattr(torch, dtype_name)
+                if nbytes:
+                    if local.dtype == dtype and local.is_contiguous() and local.device.type == "cpu":
+                        dests.append(byte_view(local))
+                    else:
+                        tmp = torch.empty(shape, dtype=dtype)
+                        dests.append(byte_view(tmp))
+                        scratch.append((local, tmp))
+                    ranges.append((off, nbytes))
+                off += nbytes
+            lap("prepare")
+            fetch(ranges, dests)
+            for local, tmp in scratch:
+                local.copy_(tmp)
+            read = sum(n for _, n in ranges)
+            self.restore_bytes = {"read": read,
+                                  "direct": read - sum(t.nbytes for _, t in scratch)}
+            lap("read")
+        finally:
+            conn.close()
+        for key, value in small.items():
+            target = flat[key]
             if isinstance(target, torch.Tensor):
-                local = target.to_local() if isinstance(target, DTensor) else target
+                local = _local(target, key)
                 if local.shape != value.shape:
-                    raise RuntimeError(f"{key}: shard shape {tuple(value.shape)} != {tuple(local.shape)}")
+                    raise RuntimeError(f"{key}: shape {tuple(value.shape)} != {tuple(local.shape)}")
                 local.copy_(value)
             else:
                 set_element(prepared, mapping[key], value)
         self.manager._prepared = None
         extra = self.manager.apply_state(prepared, {"rng": RNG_PER_RANK, "step": step})
+        lap("apply")
         if int(extra["step"]) != step:
             raise RuntimeError(f"snapshot says step {extra['step']}, expected {step}")
+
+
+def _local(target: Any, key: str) -> torch.Tensor:
+    """The live local tensor behind a state dict entry (a DTensor's local shard)."""
+    if not isinstance(target, torch.Tensor):
+        raise RuntimeError(f"{key}: the snapshot has a tensor, the model has {type(target).__name__}")
+    return target.to_local() if isinstance(target, DTensor) else target
+
+
+Fetch = Callable[[list[tuple[int, int]], list[memoryview]], None]
+
+
+def _fetcher(conn: KeeperClient, job: str, rank: int, step: int) -> Fetch:
+    """Ranged gets of one snapshot over ``conn``: ([(offset, length)], [destination])
+    -> the bytes received into the destinations (views of the same sizes, in order)."""
+
+    def fetch(ranges: list[tuple[int, int]], into: list[memoryview]) -> None:
+        for i in range(0, len(ranges), RANGES_PER_GET):
+            part = ranges[i:i + RANGES_PER_GET]
+            try:
+                conn.request_into({"op": "get", "job": job, "rank": rank, "step": step,
+                                   "ranges": [list(r) for r in part]}, into[i:i + RANGES_PER_GET])
+            except RuntimeError as exc:
+                raise RuntimeError(f"rank {rank}'s step {step}: {exc}") from None
+
+    return fetch
+
+
+def _read_head(fetch: Fetch) -> tuple[dict[str, Any], int]:
+    """A snapshot's head (`encode`) and where its tensor bytes start, in two small gets."""
+    prefix = bytearray(PREFIX)
+    fetch([(0, PREFIX)], [memoryview(prefix)])
+    raw = bytearray(head_length(prefix))
+    fetch([(PREFIX, len(raw))], [memoryview(raw)])
+    return load_head(raw), PREFIX + len(raw)
