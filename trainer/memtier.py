@@ -664,8 +664,8 @@ class MemoryTier:
                                     thread_name_prefix="cb-memhead") as pool:
                 heads = list(pool.map(head_of, range(saved_world)))
             lap("heads")
-            stored = {key: (dtype, list(h.chunks[key][1]) if key in h.chunks else list(shape))
-                      for h in heads for key, dtype, shape, _ in h.tensors}
+            stored = {key: (dtype, list(h.chunks[key][1]) if key in h.chunks else list(shape),
+                            key in h.chunks) for h in heads for key, dtype, shape, _ in h.tensors}
             self._seeded = seed_optimizer_state(self.manager.optim, self.manager.model, stored,
                                                 {k: v for h in heads for k, v in h.small.items()})
             prepared = self.manager.prepare_load()
@@ -701,10 +701,12 @@ class MemoryTier:
             if int(head["world_size"]) != world or int(head["step"]) != step:
                 raise RuntimeError(f"snapshot is step {head['step']} of {head['world_size']} ranks")
             lap("heads")
-            stored, small = head["tensors"], head["small"]
-            self._seeded = seed_optimizer_state(
-                self.manager.optim, self.manager.model,
-                {key: (dtype, list(shape)) for key, dtype, shape, _ in stored}, small)
+            stored, small, chunks = head["tensors"], head["small"], head.get("chunks")
+            if chunks is not None:  # which tensors are DTensor chunks: the state's types
+                self._seeded = seed_optimizer_state(
+                    self.manager.optim, self.manager.model,
+                    {key: (dtype, list(chunks[key][1]) if key in chunks else list(shape),
+                           key in chunks) for key, dtype, shape, _ in stored}, small)
             prepared = self.manager.prepare_load()
             prepared["trainer"][rng.PER_RANK_KEY] = rng.load_template(rank, world)
             flat, mapping = flatten_state_dict(prepared)
@@ -760,7 +762,8 @@ OPTIM_STATE = "optim.state."  # flattened optimizer state keys: optim.state.<fqn
 
 
 def seed_optimizer_state(optim: Any, model: torch.nn.Module,
-                         stored: dict[str, tuple[str, list[int]]], small: dict[str, Any]) -> bool:
+                         stored: dict[str, tuple[str, list[int], bool]],
+                         small: dict[str, Any]) -> bool:
     """Give a never-stepped optimizer the state a snapshot says it had (empty tensors of
     each entry's dtype and global shape, the small entries as saved), so that a restore
     reads the snapshot straight into them; False (nothing done) when that cannot be
@@ -773,11 +776,13 @@ def seed_optimizer_state(optim: Any, model: torch.nn.Module,
     58M-parameter rank's restore from the keepers, longer than reading the bytes. The
     values it computes are overwritten by the restore anyway.
 
-    ``stored``: flattened key -> (dtype, global shape) of the snapshot's big tensors;
-    ``small``: its small items. Only the ``optim.state.<fqn>.<name>`` entries are used,
-    and only when every parameter the optimizer holds gets state and every big entry has
-    its parameter's global shape (AdamW, Adam, SGD with momentum...; an optimizer with
-    factored state, e.g. Adafactor, keeps the old way)."""
+    ``stored``: flattened key -> (dtype, global shape, sharded: a DTensor's chunk) of the
+    snapshot's tensors; ``small``: its small items. Only the ``optim.state.<fqn>.<name>``
+    entries are used, and only when every parameter the optimizer holds gets state, every
+    sharded entry has its parameter's global shape (made like the parameter, a DTensor
+    of its placements) and every plain one is a scalar (AdamW's ``step``) or the shape of
+    its plain parameter (AdamW, Adam, SGD with momentum...; an optimizer with factored
+    state, e.g. Adafactor, keeps the old way)."""
     if not isinstance(optim, torch.optim.Optimizer) or optim.state:
         return False
     by_fqn = dict(model.named_parameters())
@@ -790,11 +795,15 @@ def seed_optimizer_state(optim: Any, model: torch.nn.Module,
         if param is None:
             return False
         if key in stored:
-            dtype_name, shape = stored[key]
-            if list(param.shape) != list(shape):
+            dtype_name, shape, sharded = stored[key]
+            dtype = getattr(torch, dtype_name)
+            like_param = list(param.shape) == list(shape) and sharded == isinstance(param, DTensor)
+            if like_param:
+                value: Any = torch.empty_like(param, dtype=dtype, requires_grad=False)
+            elif not sharded and not shape:
+                value = torch.zeros((), dtype=dtype)
+            else:
                 return False
-            value: Any = torch.empty_like(param, dtype=getattr(torch, dtype_name),
-                                          requires_grad=False)
         else:
             got = small[key]
             value = got.detach().clone() if isinstance(got, torch.Tensor) else copy.deepcopy(got)
