@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -582,6 +583,12 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                     marks["agent_launched"] = agent[("launched", job.attempt)]
                 marks.update(dict(job.progress.startup))
                 tier = job.progress.resume.tier
+                # where the relaunch's restore went (rank 0's laps, trainer/memtier.py),
+                # and a steady step of the killed attempt (what first_step compares with)
+                laps = _restore_laps(cluster.root, handle.id)
+                times = [r["time"] for r in read_log(log)
+                         if r["attempt"] == attempt and "time" in r][-5:]
+                steady = med([b - a for a, b in itertools.pairwise(times)]) if len(times) > 1 else None
                 first_new = min(r["step"] for r in read_log(log) if r["attempt"] == job.attempt)
                 resumed = first_new - 1
                 if tier != path:
@@ -604,6 +611,9 @@ def recovery(args: argparse.Namespace, tmp: Path, warm: bool,
                     # what the job's events say about the tier the resume came from
                     "event": next((e.message for e in client.events(handle.id)
                                    if e.type == "recovered" and e.time >= t_kill), ""),
+                    "restore_laps_s": laps.get("memory_restore_s", {}),
+                    "restore_bytes": laps.get("memory_restore_bytes", {}),
+                    "steady_step_s_before_kill": round(steady, 3) if steady else None,
                 }
                 samples.append(sample)
                 print(f"kill {i} ({path}): after step {last}, resumed {resumed}, downtime "
@@ -647,6 +657,18 @@ def _memory_tier_report(root: Path, job_id: str) -> dict[str, Any]:
             if isinstance(tier, dict):
                 return {k: tier[k] for k in ("every", "taken", "skipped", "failed",
                                              "snapshot_bytes", "keeper_bytes") if k in tier}
+    return {}
+
+
+def _restore_laps(root: Path, job_id: str) -> dict[str, Any]:
+    """The newest progress file's record of the relaunch's restore from the keepers
+    (``memory_restore_s``: seconds per lap of rank 0's restore, ``memory_restore_bytes``);
+    {} when it has none (no memory tier)."""
+    files = [p for p in root.rglob("progress.json") if job_id in str(p)]
+    for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True):
+        with contextlib.suppress(OSError, ValueError):
+            got = json.loads(path.read_text())
+            return {k: got[k] for k in ("memory_restore_s", "memory_restore_bytes") if k in got}
     return {}
 
 

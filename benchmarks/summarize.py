@@ -1296,7 +1296,8 @@ def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
     runs = r.get("runs") or {"": r}
     out = [
         "",
-        f"Recovery after a node kill: {r['method']}. "
+        (f"**{r['label']}.** " if r.get("label") else "")
+        + f"Recovery after a node kill: {r['method']}. "
         f"`{r['model']}`, {r['nodes']} nodes x 1 rank, durable checkpoint every "
         f"{r['checkpoint_every']} steps (local store), node 1 killed "
         f"{r['kill_offset_after_checkpoint']} steps after one; {r['kills_per_path']} kill(s) "
@@ -1348,6 +1349,15 @@ def _recovery_lines(d: dict[str, Any], r: dict[str, Any]) -> list[str]:
                        f"{tier.get('every', '?')} step(s) and skipped {tier.get('skipped', '?')} "
                        "(the previous one still sending on some rank)"
                        + (f"; the job's event: \"{smp['event']}\"." if smp.get("event") else "."))
+            laps = smp.get("restore_laps_s") or {}
+            if laps:  # where rank 0's restore from the keepers went (trainer/memtier.py)
+                moved = smp.get("restore_bytes") or {}
+                out.append(f"  Rank 0's restore: {', '.join(f'{k} {f(v, 2)} s' for k, v in laps.items())}"
+                           + (f"; {moved['read'] / 1e6:,.0f} MB read, "
+                              f"{moved['direct'] / 1e6:,.0f} MB of it straight into the live tensors"
+                              if moved.get("read") else "")
+                           + (f"; a steady step before the kill took {f(smp['steady_step_s_before_kill'], 1)} s"
+                              if smp.get("steady_step_s_before_kill") else "") + ".")
     return out
 
 
