@@ -92,7 +92,13 @@ def test_lost_node_replaced_in_place_restores_from_peer_memory(ex, tmp_path: Pat
 
     prog = json.loads(progress)
     assert prog["resume_tier"] == "memory" and prog["restored_from_peer"] == [1], prog
-    assert last - 1 <= prog["resumed_step"] <= last, (last, prog["resumed_step"])
+    # At most one snapshot interval lost, plus one step per snapshot the ranks skipped
+    # because the previous one was still sending (by design, under load: the tier's own
+    # count, rank 0's view in attempt 1's progress file; a loaded box showed 2 lost once).
+    first = json.loads((tmp_path / "work" / "jobs" / "j-mem" / "attempt-1" / "progress.json")
+                       .read_text())
+    skipped = first.get("memory_tier", {}).get("skipped", 0)
+    assert last - 1 - skipped <= prog["resumed_step"] <= last, (last, prog["resumed_step"], skipped)
     by_step = {r["step"]: r for r in read_log(log)}
     assert sorted(by_step) == list(range(1, STEPS + 1))
     assert_matches(read_log(ref_log), [by_step[s] for s in sorted(by_step)], exact=False)
