@@ -403,9 +403,9 @@ def store_failover(d: dict[str, Any],
 
 
 def store_failover_write_group(d: dict[str, Any]) -> list[str]:
-    """The same fault with the Redis store's write group (one pipeline and one WAIT for
-    the writes that queue together), a shorter run than the 20 repetitions above."""
-    return store_failover(d, "### State store failover with the Redis write group"
+    """The same fault with a Redis write group (one pipeline and one WAIT for the writes
+    that queue together) that was measured and not kept: its note says why."""
+    return store_failover(d, "### State store failover with a Redis write group, not kept"
                              " (`python benchmarks/store_failover.py`)")
 
 
@@ -959,12 +959,11 @@ def frontends(d: dict[str, Any]) -> list[str]:
 
 
 def running_redis(d: dict[str, Any]) -> list[str]:
-    """bench_running.py on the Redis store with replicas: main's code (one round trip and
-    one WAIT a write) and the write group's builds, run in the same session."""
-    return running(d, ("running_redis_main",),
-                   "### Many running jobs on the Redis store with replicas"
-                   " (`python benchmarks/bench_running.py --store redis-sentinel`)",
-                   ("running_redis_writer_thread", "running_redis_main_2", "running_redis_2"))
+    """bench_running.py on the Redis store with replicas (one round trip and one WAIT a
+    write), two runs in one session."""
+    return running(d, (), "### Many running jobs on the Redis store with replicas"
+                          " (`python benchmarks/bench_running.py --store redis-sentinel`)",
+                   ("running_redis_2",))
 
 
 def load_span(load: list[float]) -> str:
@@ -1380,8 +1379,7 @@ def render() -> str:
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
                      ("submit_cpu_repeat", submit_cpu_repeat), ("submit_stages", submit_stages),
                      ("frontends", frontends),
-                     ("frontends_everysec", frontends), ("running", running),
-                     ("running_redis", running_redis),
+                     ("frontends_everysec", frontends), ("running", running), ("running_redis", running_redis),
                      ("k8s", k8s), ("k8s_idle_passes_first", k8s), ("k8s_profile_before_idle_passes", k8s), ("k8s_before_idle_passes", k8s), ("k8s_before_node_watch", k8s), ("k8s_400", k8s), ("k8s_400_6threads", k8s),
                      ("node_deltas", node_deltas),
                      ("console", console), ("usage_series", usage_series), ("sim", sim)):

@@ -19,13 +19,6 @@ Why it is built this way:
   ``_TOKEN_TTL_S`` and a retried write returns that result instead of applying twice.
 - **Durability** is the Redis server's job: run it with ``appendonly yes`` +
   ``appendfsync always`` (or replicas) to match SQLite's "lose nothing" guarantee.
-- **Write group** (broker/store/redis_batch.py): job creations and updates, event
-  appends, record writes and confirmation barriers that arrive while a write is on the
-  wire go out together, one pipeline and (with replicas to confirm) one ``WAIT`` for the
-  whole group; a member whose script refuses (a version conflict, a missing job) fails
-  alone, a ``WAIT`` that falls short fails them all. Rank log chunks ride in the group
-  too, unconfirmed as before (redis_logs.py). The lease is written on its own (a
-  renewal never queues behind a group).
 - All keys live under ``<prefix>:`` (``?prefix=`` in the URL, default ``cb``) so
   several brokers/tests can share one server. Scripts build keys from the prefix, so
   this targets a single primary (with replicas/Sentinel), not Redis Cluster.
@@ -48,7 +41,6 @@ checks out its own connection, and all read-modify-write logic runs server-side.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -84,14 +76,13 @@ from broker.store.base import (
     versioned_copy,
 )
 from broker.store.checkpoint_index import job_prefix_key
-from broker.store.redis_batch import RedisWriteGroup, Write, script_call
+from broker.store.group_commit import GroupWriter
 from broker.store.redis_logs import RedisLogs
 from broker.store.redis_url import RedisTarget, parse_redis_url
 from broker.store.replica_quorum import Answers, ReplicaQuorum, ReplicaRule
 from computebroker.v1 import common_pb2 as pb
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
 
 _TOKEN_TTL_S = 600
 _LIST_BATCH = 200
@@ -105,15 +96,6 @@ _SENTINEL_RETRY_MAX_DELAY_S = 30.0
 
 
 _FIRST_RETRY_WAIT_S = 0.05  # wait_exponential(multiplier=0.05)'s first wait
-# The write group retries at most this far apart (module docstring of redis_batch.py).
-_GROUP_RETRY_MAX_WAIT_S = 0.25
-
-
-def _retry_budget_s(attempts: int, max_delay_s: float) -> float:
-    """How long a call's retries may go on: the sleeps of ``attempts`` tries on the
-    per-call schedule (0.05 s doubling up to 2 s), at most ``max_delay_s``."""
-    waits = [_FIRST_RETRY_WAIT_S] + [min(2.0, 0.05 * 2 ** n) for n in range(1, attempts - 1)]
-    return min(sum(waits), max_delay_s)
 
 
 def _rider_args(riders: Sequence[tuple[str, str, Message]]) -> list[object]:
@@ -166,15 +148,9 @@ class RedisStore(RedisLogs, Store):
         self._append = self._r.register_script(scripts.APPEND)
         self._record = self._r.register_script(scripts.RECORD)
         self._lease = self._r.register_script(scripts.LEASE)
-        self._logput = self._r.register_script(scripts.LOGPUT)
         self._fence: tuple[str, str] = ("", "")  # (epoch key, epoch) or off
         self._prefix_index_built = False  # <p>:ckpt checked (built once if missing)
-        # Job, event and record writes (and confirmation barriers) queue here: concurrent
-        # writers share one pipeline and one WAIT (broker/store/redis_batch.py).
-        self._writes = RedisWriteGroup(
-            self._r, lambda fn: self._call(fn, self._group_retry), self.replicas_needed, self._wait_ms,
-            (self._create, self._update, self._append, self._record, self._logput),
-            self._replicas.stale)
+        self._records: GroupWriter[list[object], None] = GroupWriter(self._put_records)
         if retry_attempts is None:
             retry_attempts = _SENTINEL_RETRY_ATTEMPTS if target.is_sentinel else 5
         if retry_max_delay_s is None:
@@ -185,17 +161,6 @@ class RedisStore(RedisLogs, Store):
             retry=retry_if_exception_type(_TRANSIENT),
             stop=stop_after_attempt(retry_attempts - 1) | stop_after_delay(retry_max_delay_s),
             wait=wait_exponential(multiplier=0.05, max=2.0),
-            reraise=True,
-        ) if retry_attempts > 1 else None
-        # The write group's retry: the same time budget, tried at most every 0.25 s. Why:
-        # one group holds every write queued behind it, so a retry sleeping 2 s after the
-        # promoted primary is up keeps them all waiting (independent writes used to
-        # straggle, and some came back sooner); one poller a quarter second is cheap.
-        self._group_retry = retry(
-            retry=retry_if_exception_type(_TRANSIENT),
-            stop=(stop_after_delay(_retry_budget_s(retry_attempts, retry_max_delay_s))
-                  & stop_after_attempt(retry_attempts - 1)) | stop_after_delay(retry_max_delay_s),
-            wait=wait_exponential(multiplier=0.05, max=_GROUP_RETRY_MAX_WAIT_S),
             reraise=True,
         ) if retry_attempts > 1 else None
 
@@ -219,19 +184,17 @@ class RedisStore(RedisLogs, Store):
                                                      **common)
 
     # ---- plumbing ------------------------------------------------------------------
-    def _call(self, fn: Callable[[], T], retrying: Callable | None = None) -> T:
-        """Run ``fn`` with bounded retries (``retrying``: another schedule than the
-        store's own); a store still unreachable after them is :class:`StoreUnavailable`
-        (UNAVAILABLE to API callers, never INTERNAL)."""
-        again = retrying or self._retry
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` with bounded retries; a store still unreachable after them is
+        :class:`StoreUnavailable` (UNAVAILABLE to API callers, never INTERNAL)."""
         try:
             try:
                 return fn()
             except _TRANSIENT:
-                if again is None:
+                if self._retry is None:
                     raise
             time.sleep(_FIRST_RETRY_WAIT_S)  # the backoff the retry loop would have waited
-            return again(fn)()
+            return self._retry(fn)()
         except _TRANSIENT as e:
             raise StoreUnavailable(f"redis unavailable: {e}") from e
 
@@ -313,28 +276,33 @@ class RedisStore(RedisLogs, Store):
 
     # ---- jobs ----------------------------------------------------------------------
     def create_job(self, job: pb.Job, events: Sequence[pb.JobEvent] = ()) -> pb.Job:
-        res = self.create_jobs([(job, events)])[0]
-        if isinstance(res, StoreError):
-            raise res
-        return res
+        stored = new_job_copy(job)
+        args = self._job_args(stored, events) + _create_tail(stored, ())
+        res = self._write_one(self._create, args)
+        if res == -9:
+            raise self._fenced()
+        if res == -1:
+            raise AlreadyExists(f"job {stored.id!r} already exists")
+        if res == -2:
+            raise AlreadyExists(
+                f"request id ({stored.spec.team!r}, {stored.client_request_id!r}) already exists"
+            )
+        return stored
 
     def create_jobs(self, items: Sequence[CreateItem]) -> list[pb.Job | StoreError]:
-        """The CREATE script once per item, one member of the store's write group (the
-        batch rides in one pipeline with the other writes queued meanwhile, under one
-        WAIT). Each script is atomic and fenced on its own (a member's riders are
-        written by its script, only with its job); a retried pipeline is safe because
-        each item carries its own request token."""
+        """The CREATE script once per member, all in one pipeline (one round trip).
+        Each script is atomic and fenced on its own (a member's riders are written by
+        its script, only with its job); a retried pipeline is safe because each member
+        carries its own request token."""
         stored = [new_job_copy(item[0]) for item in items]
-        if not stored:
-            return []
         argv = [self._job_args(st, item[1]) + _create_tail(st, riders_of(item))
                 for st, item in zip(stored, items, strict=True)]
-        return self._writes.submit(Write(  # type: ignore[return-value]
-            [script_call(self._create, a) for a in argv],
-            lambda res: self._created(stored, res)))
 
-    def _created(self, stored: list[pb.Job], res: list[object]) -> list[pb.Job | StoreError]:
-        """Each CREATE's answer: the job, or its own AlreadyExists; fenced: all of them."""
+        def queue(pipe: object) -> None:
+            for a in argv:
+                self._create(args=a, client=pipe)
+
+        res = self._write(queue) if argv else []
         out: list[pb.Job | StoreError] = []
         for st, r in zip(stored, res, strict=True):
             if r == -9:
@@ -361,16 +329,15 @@ class RedisStore(RedisLogs, Store):
         two fails the pipeline; the retry reads the promoted primary afresh."""
         if not self._min_replicas:
             return self.get_job(job_id)
-        data = self._writes.submit(Write(
-            [("HGET", self._k("job", job_id), "d"), ("INCR", self._k("barrier"))],
-            lambda res: res[0]))
+        data, _ = self._write(lambda c: (c.hget(self._k("job", job_id), "d"),  # type: ignore[attr-defined]
+                                         c.incr(self._k("barrier"))))  # type: ignore[attr-defined]
         if data is None:
             raise NotFound(f"job {job_id!r} not found")
         return decode(pb.Job, data, f"job {job_id}")
 
     def confirm_replicated(self) -> None:
-        if self._min_replicas:  # the barrier rides in the write group, under its WAIT
-            self._writes.submit(Write([("INCR", self._k("barrier"))], lambda res: None))
+        if self._min_replicas:
+            self._write(lambda c: c.incr(self._k("barrier")))  # type: ignore[attr-defined]
 
     def checkpoint_prefix_jobs(self, keys: Sequence[str], inside: tuple[str, str] | None = None,
                                ) -> list[str]:
@@ -429,16 +396,9 @@ class RedisStore(RedisLogs, Store):
     def update_job(
         self, job: pb.Job, expected_version: int, events: Sequence[pb.JobEvent] = ()
     ) -> pb.Job:
-        """Compare-and-set in the UPDATE script, one member of the write group: many
-        agent streams' progress and ends share a pipeline and a WAIT."""
         stored = versioned_copy(job, expected_version + 1)
         args = self._job_args(stored, events, str(expected_version))
-        return self._writes.submit(Write(  # type: ignore[return-value]
-            [script_call(self._update, args)],
-            lambda res: self._updated(stored, expected_version, res[0])))
-
-    def _updated(self, stored: pb.Job, expected_version: int, reply: object) -> pb.Job:
-        code, value = reply  # type: ignore[misc]
+        code, value = self._write_one(self._update, args)  # type: ignore[misc]
         if code == -9:
             raise self._fenced()
         if code == -1:
@@ -533,33 +493,32 @@ class RedisStore(RedisLogs, Store):
 
     def append_events(self, job_id: str, events: Sequence[pb.JobEvent]) -> list[pb.JobEvent]:
         args = [*self._base_args(), job_id, len(events), *(_event_bytes(e) for e in events)]
-
-        def finish(res: list[object]) -> list[pb.JobEvent]:
-            start = res[0]
-            if start == -9:
-                raise self._fenced()
-            if start == -1:
-                raise NotFound(f"job {job_id!r} not found")
-            return numbered_events(job_id, int(start), events)  # type: ignore[call-overload]
-
-        return self._writes.submit(Write([script_call(self._append, args)], finish))  # type: ignore[return-value]
+        start = self._write_one(self._append, args)
+        if start == -9:
+            raise self._fenced()
+        if start == -1:
+            raise NotFound(f"job {job_id!r} not found")
+        return numbered_events(job_id, start, events)
 
     # ---- keyed records ---------------------------------------------------------------
     def _write_record(self, kind: str, key: str, data: bytes, delete: bool) -> int:
-        """One RECORD script in the write group: concurrent record writes (an audit
-        record per mutating RPC, agent bookkeeping) share a pipeline and a WAIT with
-        each other and with job writes, each still its own fenced script."""
         args = [*self._base_args(), kind, key, data, "1" if delete else "0"]
-
-        def finish(res: list[object]) -> int:
-            if res[0] == -9:
-                raise self._fenced()
-            return int(res[0])  # type: ignore[call-overload]
-
-        return self._writes.submit(Write([script_call(self._record, args)], finish))  # type: ignore[return-value]
+        res = self._write_one(self._record, args)
+        if res == -9:
+            raise self._fenced()
+        return int(res)
 
     def put_record(self, kind: str, key: str, message: Message) -> None:
-        self._write_record(kind, key, message.SerializeToString(), delete=False)
+        """Concurrent record writes share one pipeline (one round trip), each still
+        its own fenced script (broker/store/group_commit.py)."""
+        self._records.submit([*self._base_args(), kind, key, message.SerializeToString(), "0"])
+
+    def _put_records(self, argvs: list[list[object]]) -> list[None | StoreError]:
+        def queue(pipe: object) -> None:
+            for a in argvs:
+                self._record(args=a, client=pipe)
+
+        return [self._fenced() if r == -9 else None for r in self._write(queue)]
 
     def get_record(self, kind: str, key: str, message_type: type[Message]) -> Message | None:
         data = self._call(lambda: self._r.hget(self._k("rec", kind), key))
@@ -611,9 +570,4 @@ class RedisStore(RedisLogs, Store):
         return f"{host}:{port}"
 
     def close(self) -> None:
-        w = self._writes
-        if w.groups:  # how well the write group shared round trips and WAITs
-            log.info("redis store %s: %d writes in %d pipelines (%.1f per pipeline), %d WAITs",
-                     self.prefix, w.members, w.groups, w.members / w.groups, w.waits)
-        w.close()
         self._pool.disconnect()

@@ -6,20 +6,10 @@ end offset; ``logmeta:<job>:<attempt>`` hash bytes / last_seq / dropped;
 contiguous and only the head is ever trimmed, so the line with seq ``s`` sits at
 index ``s - dropped - 1``.
 
-Why not a Lua script that does it all, like job writes: the dedup and accounting rules
-live in Python (``logs_common``) shared with SQLite. So a chunk is planned in Python
-and applied by a compare-and-set script: it joins the store's write group
-(broker/store/redis_batch.py), where every log chunk of a group reads its stream's end
-offset and its attempt's totals in one pipeline, the group's plans are made in queue
-order (a later chunk of the same attempt sees what an earlier one will have written),
-and each chunk's ``LOGPUT`` script rides in the group's write pipeline. ``LOGPUT``
-writes only if the offset and totals are still what the plan saw; if not (another
-process appended meanwhile), and when a chunk would push its attempt over the bound
-(trimming reads the oldest lines' sizes), the chunk is written the careful way instead:
-an optimistic WATCH/MULTI transaction, as every chunk used to be. An append is
-idempotent by construction (offset dedup), so any retry may repeat it. Log lines are
-not confirmed by the replicas (agents re-send from their offsets after a reconnect):
-a group's WAIT falling short does not fail them.
+Why an optimistic WATCH/MULTI transaction and not a Lua script like job writes: the
+dedup and accounting rules live in Python (``logs_common``) shared with SQLite, and
+an append is idempotent by construction (offset dedup), so the store's transient-error
+retry may safely repeat it.
 
 Leader fencing (docs/contracts.md §9): like every other store write, an append is
 refused with ``Fenced`` once another broker was granted the lease. The lease's epoch key
@@ -34,31 +24,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
-from redis.commands.core import Script
 
 from broker.store import logs_common as lc
-from broker.store.redis_batch import Command, RedisWriteGroup, Write, script_call
 from computebroker.v1 import logs_pb2 as lpb
 
 T = TypeVar("T")
 _HEAD_BATCH = 256
-
-
-def _text(raw: object) -> str:
-    """A stored counter as the script compares it ('' = absent)."""
-    if raw is None:
-        return ""
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-class _Plan:
-    """One chunk's plan: its stream's new end, or that it goes the careful way."""
-
-    __slots__ = ("end", "careful")
-
-    def __init__(self) -> None:
-        self.end = 0
-        self.careful = False
 
 
 class RedisLogs:
@@ -69,59 +40,8 @@ class RedisLogs:
     _call: Callable[[Callable[[], Any]], Any]
     _fence: tuple[str, str]
     _fenced: Callable[[], Exception]
-    _writes: RedisWriteGroup
-    _logput: Script
-    _base_args: Callable[[], list[object]]
 
     def append_logs(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
-        """Store a chunk's new lines, in the store's write group (module docstring)."""
-        off_k = self._k("logoff", job_id)
-        meta_k = self._k("logmeta", job_id, str(chunk.attempt))
-        list_k = self._k("loglines", job_id, str(chunk.attempt))
-        field = lc.stream_key(chunk.attempt, chunk.rank, chunk.stream)
-        plan = _Plan()
-
-        def make(replies: list[object], shared: dict) -> list[Command]:
-            raw_end, meta = replies
-            plan.careful = bool(shared.get(("careful", meta_k)))
-            if plan.careful:  # an earlier chunk of this attempt went the careful way
-                return []
-            exp_end = shared.get(("end", off_k, field), _text(raw_end))
-            exp_meta = shared.get(("meta", meta_k), tuple(_text(v) for v in meta))  # type: ignore[union-attr]
-            stored_end = int(exp_end or 0)
-            fresh = lc.fresh_lines(chunk, stored_end)
-            plan.end = fresh.end
-            if fresh.end == stored_end and not fresh.lines:  # nothing new: check the fence only
-                return [script_call(self._logput, [*self._base_args(), off_k, field, exp_end, meta_k,
-                                                   *exp_meta, "", "", "", "", list_k, -1])]
-            total, last_seq, dropped = (int(v) if v else 0 for v in exp_meta)
-            last_seq = lc.number(fresh.lines, last_seq)
-            total += sum(lc.line_cost(ln) for ln in fresh.lines)
-            if total > max_bytes:  # trimming reads stored lines: the careful way
-                shared[("careful", meta_k)] = plan.careful = True
-                return []
-            new_meta = (str(total), str(last_seq), str(dropped))
-            shared[("end", off_k, field)] = str(fresh.end)
-            shared[("meta", meta_k)] = new_meta
-            return [script_call(self._logput, [
-                *self._base_args(), off_k, field, exp_end, meta_k, *exp_meta, fresh.end, *new_meta,
-                list_k, len(fresh.lines), *(ln.SerializeToString() for ln in fresh.lines)])]
-
-        def finish(replies: list[object]) -> int:
-            if plan.careful or not replies or replies[0] == -2:
-                return self._append_logs_tx(job_id, chunk, max_bytes)
-            if replies[0] == -9:
-                raise self._fenced()
-            return plan.end
-
-        return self._writes.submit(Write(  # type: ignore[return-value]
-            [], finish, confirm=False,
-            reads=[("HGET", off_k, field), ("HMGET", meta_k, "bytes", "last_seq", "dropped")],
-            plan=make))
-
-    def _append_logs_tx(self, job_id: str, chunk: lpb.LogChunk, max_bytes: int) -> int:
-        """The careful way: the whole read-modify-write in one WATCH/MULTI transaction
-        (redis-py runs ``tx`` again when a watched key changed before EXEC)."""
         off_k = self._k("logoff", job_id)
         meta_k = self._k("logmeta", job_id, str(chunk.attempt))
         list_k = self._k("loglines", job_id, str(chunk.attempt))

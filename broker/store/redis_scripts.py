@@ -141,27 +141,3 @@ if cur then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return redis.call('INCR', KEYS[2])
 """
-
-# A log chunk's planned write (broker/store/redis_logs.py), applied only if the stream's
-# end offset and the attempt's totals are still what the plan was made from.
-# ARGV: prefix, token, token_ttl, fence_key, fence_epoch, offsets key, field, expected end,
-#       meta key, expected bytes, expected last_seq, expected dropped ('' = absent),
-#       new end, new bytes, new last_seq, new dropped, lines key, n (-1: check only), lines...
-# Returns 0 written (or nothing to write) | -2 the state moved: plan again | -9 fenced
-LOGPUT = LUA_COMMON + r"""
-if fenced() then return -9 end
-local offk, field, meta, lines = ARGV[6], ARGV[7], ARGV[9], ARGV[17]
-if (redis.call('HGET', offk, field) or '') ~= ARGV[8] then return -2 end
-local m = redis.call('HMGET', meta, 'bytes', 'last_seq', 'dropped')
-if (m[1] or '') ~= ARGV[10] or (m[2] or '') ~= ARGV[11] or (m[3] or '') ~= ARGV[12] then
-  return -2
-end
-local n = tonumber(ARGV[18])
-if n < 0 then return 0 end
-redis.call('HSET', offk, field, ARGV[13])
-for at = 1, n, 500 do  -- one RPUSH per 500 lines (unpack's stack bound)
-  redis.call('RPUSH', lines, unpack(ARGV, 18 + at, 18 + math.min(n, at + 499)))
-end
-redis.call('HSET', meta, 'bytes', ARGV[14], 'last_seq', ARGV[15], 'dropped', ARGV[16])
-return 0
-"""
