@@ -1374,6 +1374,7 @@ def render() -> str:
                      ("transfer", transfer), ("store", store), ("store_failover", store_failover),
                      ("store_failover_broker", store_failover_broker),
                      ("store_failover_write_group", store_failover_write_group),
+                     ("store_failover_broker_quiet", store_failover_broker),
                      ("library", library), ("memtier", memtier),
                      ("workdir", workdir), ("unpack", unpack), ("auth", auth), ("peer_gate", peer_gate), ("streams", streams),
                      ("submit_cpu", submit_cpu), ("submit_cpu_workers_aio", submit_cpu_workers),
