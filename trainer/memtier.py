@@ -128,19 +128,19 @@ class KeeperClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
-    def request(self, header: dict[str, Any], payload: Payload | Sequence[Payload] = b""
-                ) -> tuple[dict[str, Any], bytearray]:
-        segments = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
-        size = sum(memoryview(seg).nbytes for seg in segments)
+    def _exchange(self, size: int, talk: Callable[[socket.socket], Any],
+                  out_of_step: tuple[type[Exception], ...] = (OSError,)) -> Any:
+        """``talk`` over this keeper's connection (made on first use), retried once on a
+        fresh connection: a keeper's idle connection may have been dropped, and after an
+        error the stream may be out of step (``out_of_step``), so it is never reused."""
         with self._lock:
             for attempt in (0, 1):
                 try:
                     if self._sock is None:
                         self._sock = socket.create_connection(self._addr, timeout=CONNECT_TIMEOUT_S)
                     self._sock.settimeout(io_timeout(size))
-                    send_msg(self._sock, {**header, "token": self.token}, segments)
-                    return recv_msg(self._sock)
-                except OSError:
+                    return talk(self._sock)
+                except out_of_step:
                     if self._sock is not None:
                         self._sock.close()
                     self._sock = None
@@ -148,32 +148,31 @@ class KeeperClient:
                         raise
         raise AssertionError("unreachable")
 
+    def request(self, header: dict[str, Any], payload: Payload | Sequence[Payload] = b""
+                ) -> tuple[dict[str, Any], bytearray]:
+        segments = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+        size = sum(memoryview(seg).nbytes for seg in segments)
+
+        def talk(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
+            send_msg(sock, {**header, "token": self.token}, segments)
+            return recv_msg(sock)
+        return self._exchange(size, talk)
+
     def request_into(self, header: dict[str, Any], dests: Sequence[memoryview]) -> dict[str, Any]:
         """A request whose reply's payload is received straight into ``dests`` (writable
         views, back to back: a ranged get's ranges in order); the reply's header. A reply
         without the payload (``ok`` false) raises RuntimeError with the keeper's error."""
-        size = sum(d.nbytes for d in dests)
-        with self._lock:
-            for attempt in (0, 1):
-                try:
-                    if self._sock is None:
-                        self._sock = socket.create_connection(self._addr, timeout=CONNECT_TIMEOUT_S)
-                    self._sock.settimeout(io_timeout(size))
-                    send_msg(self._sock, {**header, "token": self.token})
-                    reply = recv_header(self._sock)
-                    if not reply.get("ok"):
-                        recv_payload(self._sock, reply)  # none, normally: keep the stream whole
-                        raise RuntimeError(str(reply.get("error", "no payload")))
-                    recv_payload_into(self._sock, reply, dests)
-                    return reply
-                except (OSError, ValueError):
-                    # ValueError: a payload of another size; the stream is out of step
-                    if self._sock is not None:
-                        self._sock.close()
-                    self._sock = None
-                    if attempt:
-                        raise
-        raise AssertionError("unreachable")
+
+        def talk(sock: socket.socket) -> dict[str, Any]:
+            send_msg(sock, {**header, "token": self.token})
+            reply = recv_header(sock)
+            if not reply.get("ok"):
+                recv_payload(sock, reply)  # none, normally: keep the stream whole
+                raise RuntimeError(str(reply.get("error", "no payload")))
+            recv_payload_into(sock, reply, dests)
+            return reply
+        # ValueError: a payload of another size; the stream is out of step
+        return self._exchange(sum(d.nbytes for d in dests), talk, (OSError, ValueError))
 
     def close(self) -> None:
         with self._lock:
